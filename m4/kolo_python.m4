@@ -1,0 +1,44 @@
+# kolo_python.m4 -- the Python interpreter for the bindings and their tests.
+#
+# KOLO_CHECK_PYTHON
+#   PYTHON (precious variable) defaults to /usr/bin/python3, else python3
+#   from PATH. Nothing here is fatal: it only reports whether the
+#   interpreter runs and can `import numpy` and `import torch`.
+#
+# Substitutes PYTHON (empty when no interpreter was found);
+# AM_CONDITIONALs HAVE_PYTHON, HAVE_NUMPY, HAVE_TORCH. Sets
+# kolo_have_python, kolo_have_numpy, kolo_have_torch, kolo_python_summary.
+
+# _KOLO_PYTHON_MODULE(MODULE, VARIABLE): VARIABLE=yes when $PYTHON can
+# import MODULE; the module's version goes to kolo_VARIABLE_version.
+m4_define([_KOLO_PYTHON_MODULE],
+[AC_MSG_CHECKING([whether $PYTHON can import $1])
+kolo_$2_version=`$PYTHON -c 'import $1; print($1.__version__)' 2>&AS_MESSAGE_LOG_FD | sed -n '$p'`
+AS_IF([test -n "$kolo_$2_version"], [kolo_have_$2=yes], [kolo_have_$2=no])
+AC_MSG_RESULT([$kolo_have_$2${kolo_$2_version:+ ($kolo_$2_version)}])])
+
+AC_DEFUN([KOLO_CHECK_PYTHON],
+[AC_ARG_VAR([PYTHON], [Python interpreter for the bindings and their tests @<:@default=/usr/bin/python3@:>@])
+AS_IF([test -z "$PYTHON"],
+  [AS_IF([test -x /usr/bin/python3],
+     [PYTHON=/usr/bin/python3],
+     [AC_PATH_PROG([PYTHON], [python3])])])
+kolo_have_python=no
+kolo_have_numpy=no
+kolo_have_torch=no
+AS_IF([test -n "$PYTHON"],
+  [AC_MSG_CHECKING([whether $PYTHON runs])
+   kolo_python_version=`$PYTHON -c 'import platform; print(platform.python_version())' 2>&AS_MESSAGE_LOG_FD`
+   AS_IF([test -n "$kolo_python_version"], [kolo_have_python=yes])
+   AC_MSG_RESULT([$kolo_have_python${kolo_python_version:+ ($kolo_python_version)}])])
+AS_IF([test "x$kolo_have_python" = xyes],
+  [_KOLO_PYTHON_MODULE([numpy], [numpy])
+   _KOLO_PYTHON_MODULE([torch], [torch])
+   kolo_python_summary="$PYTHON $kolo_python_version (numpy: $kolo_have_numpy${kolo_numpy_version:+ $kolo_numpy_version}, torch: $kolo_have_torch${kolo_torch_version:+ $kolo_torch_version})"],
+  [test -n "$PYTHON"],
+  [kolo_python_summary="no ($PYTHON does not run: no Python bindings tests)"
+   PYTHON=],
+  [kolo_python_summary="no (no python3 found: no Python bindings tests)"])
+AM_CONDITIONAL([HAVE_PYTHON], [test "x$kolo_have_python" = xyes])
+AM_CONDITIONAL([HAVE_NUMPY], [test "x$kolo_have_numpy" = xyes])
+AM_CONDITIONAL([HAVE_TORCH], [test "x$kolo_have_torch" = xyes])])

@@ -1,0 +1,67 @@
+/*
+ * local_ops.c — the backend of a job of one rank: every collective is a
+ * copy (or nothing). It lets a program written for kolo run unchanged as a
+ * single process, without a launcher or a rendezvous.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "ops.h"
+
+static int local_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
+                      size_t errlen)
+{
+    (void)err, (void)errlen;
+    if (cfg->size != 1) {
+        snprintf(err, errlen, "the local backend serves jobs of one rank, "
+                              "not %d", cfg->size);
+        return KOLO_ERR_INTERNAL;
+    }
+    *ctx = NULL;
+    return KOLO_OK;
+}
+
+static void local_finalize(void *ctx) { (void)ctx; }
+
+static int local_allreduce(void *ctx, const void *in, void *out, size_t count,
+                           size_t elem_size, kolo__ops_reduce_fn reduce,
+                           char *err, size_t errlen)
+{
+    (void)ctx, (void)reduce, (void)err, (void)errlen;
+    if (in != NULL && in != out)
+        memcpy(out, in, count * elem_size);
+    return KOLO_OK;
+}
+
+static int local_allgather(void *ctx, const void *in, void *out, size_t bytes,
+                           char *err, size_t errlen)
+{
+    (void)ctx, (void)err, (void)errlen;
+    if (in != out)
+        memmove(out, in, bytes);
+    return KOLO_OK;
+}
+
+static int local_gather(void *ctx, const void *in, void *out, size_t bytes,
+                        int root, char *err, size_t errlen)
+{
+    (void)root;
+    return local_allgather(ctx, in, out, bytes, err, errlen);
+}
+
+static int local_broadcast(void *ctx, void *buf, size_t bytes, int root,
+                           char *err, size_t errlen)
+{
+    (void)ctx, (void)buf, (void)bytes, (void)root, (void)err, (void)errlen;
+    return KOLO_OK;
+}
+
+const kolo__ops_t kolo__ops_local = {
+    .name = "local",
+    .init = local_init,
+    .finalize = local_finalize,
+    .allreduce = local_allreduce,
+    .allgather = local_allgather,
+    .gather = local_gather,
+    .broadcast = local_broadcast,
+};

@@ -1,0 +1,87 @@
+/*
+ * ops.h — the one small table where the runtime meets a backend.
+ *
+ * The runtime never includes a backend's header and a backend never reaches
+ * into the runtime's tables: everything between them passes through
+ * kolo__ops_t. A backend is a file under ops/<name>/ that defines one
+ * const kolo__ops_t filled with designated initializers, every slot set.
+ *
+ * Contract for every slot:
+ *  - Called from the runtime's background thread only, one call at a time,
+ *    and in the same order on every rank (these are collectives).
+ *  - Returns KOLO_OK or a negative KOLO_ERR_* code; on failure writes one
+ *    sentence to err (errlen bytes, NUL-terminated) that says what failed,
+ *    including the peer rank when known. KOLO_ERR_TIMEOUT when no progress
+ *    was made within the configured timeout; KOLO_ERR_RANK_LOST when a peer
+ *    closed its connection; KOLO_ERR_BACKEND otherwise.
+ *  - Blocks in the kernel (sockets, condition variables) while waiting for
+ *    peers: it must never spin, because ranks share cores with the
+ *    training threads.
+ *  - Must not throw, longjmp or exit: C++ backends catch everything at the
+ *    boundary.
+ */
+#ifndef KOLO_OPS_H
+#define KOLO_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kolo.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element-wise reduction: out[i] = a[i] (op) b[i] for n elements; out may
+ * alias a or b. Supplied by the runtime, so every backend reduces every
+ * dtype the same way. */
+typedef void (*kolo__ops_reduce_fn)(void *out, const void *a, const void *b,
+                                    size_t n);
+
+typedef struct kolo__ops_config {
+    int rank, size;
+    const char *rendezvous; /* "file:DIR" */
+    const char *hostname;   /* address to bind */
+    double timeout_s;       /* per-operation progress timeout */
+    double start_timeout_s; /* how long init waits for every rank */
+} kolo__ops_config_t;
+
+typedef struct kolo__ops {
+    const char *name;
+
+    /* Connects to every rank of the job. On success *ctx is the backend's
+     * state, passed to every other call. */
+    int (*init)(const kolo__ops_config_t *cfg, void **ctx, char *err,
+                size_t errlen);
+    /* Releases everything init acquired (sockets, threads, files). */
+    void (*finalize)(void *ctx);
+
+    /* Allreduce of count elements of elem_size bytes with `reduce`. in may
+     * equal out; in == NULL means out holds the input. */
+    int (*allreduce)(void *ctx, const void *in, void *out, size_t count,
+                     size_t elem_size, kolo__ops_reduce_fn reduce, char *err,
+                     size_t errlen);
+    /* Every rank contributes `bytes` bytes; out receives size * bytes,
+     * rank-major. */
+    int (*allgather)(void *ctx, const void *in, void *out, size_t bytes,
+                     char *err, size_t errlen);
+    /* Like allgather, but only root's out is written (out is ignored
+     * elsewhere and may be NULL). */
+    int (*gather)(void *ctx, const void *in, void *out, size_t bytes, int root,
+                  char *err, size_t errlen);
+    /* root's buf is copied into every rank's buf. */
+    int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, char *err,
+                     size_t errlen);
+} kolo__ops_t;
+
+/* The backends this build has. kolo__ops_local serves jobs of one rank. */
+extern const kolo__ops_t kolo__ops_local;
+#ifdef KOLO_HAVE_GLOO
+extern const kolo__ops_t kolo__ops_gloo;
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KOLO_OPS_H */

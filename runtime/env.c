@@ -1,0 +1,221 @@
+/*
+ * env.c — one table drives the parsing, the defaults and the documentation
+ * of every KOLO_* variable, so the three can never disagree.
+ *
+ * Each row: {name, default, doc, parser, offset into kolo__config_t}. A
+ * parser takes the text and a pointer to the field and returns 0, or -1 with
+ * a short description of what it expected; kolo__config_load turns that into
+ * a message naming the variable. Cross-field checks (rank < size, ...) come
+ * after the table.
+ */
+#include "env.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int (*parse_fn)(const char *text, void *field, const char **expected);
+
+typedef struct config_row {
+    const char *name;
+    const char *dflt; /* NULL: no default, the field keeps its preset */
+    const char *doc;
+    parse_fn parse;
+    size_t offset;
+} config_row_t;
+
+static int parse_int(const char *text, int64_t *out, int64_t lo, int64_t hi)
+{
+    char *end;
+    long long v;
+
+    errno = 0;
+    v = strtoll(text, &end, 10);
+    while (*end == ' ')
+        end++;
+    if (errno != 0 || end == text || *end != '\0' || v < lo || v > hi)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static int parse_nonneg(const char *text, void *field, const char **expected)
+{
+    *expected = "a non-negative integer";
+    return parse_int(text, field, 0, INT64_MAX);
+}
+
+static int parse_positive(const char *text, void *field, const char **expected)
+{
+    *expected = "a positive integer";
+    return parse_int(text, field, 1, INT32_MAX);
+}
+
+/* Byte counts accept a K, M or G suffix (powers of 1024). */
+static int parse_bytes(const char *text, void *field, const char **expected)
+{
+    char *end;
+    long long v;
+    int64_t mult = 1;
+
+    *expected = "a number of bytes (optionally with K, M or G)";
+    errno = 0;
+    v = strtoll(text, &end, 10);
+    if (errno != 0 || end == text || v < 0)
+        return -1;
+    switch (*end) {
+    case 'k': case 'K': mult = 1024; end++; break;
+    case 'm': case 'M': mult = 1024 * 1024; end++; break;
+    case 'g': case 'G': mult = 1024 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'B' || *end == 'b')
+        end++;
+    if (*end != '\0' || v > INT64_MAX / mult)
+        return -1;
+    *(int64_t *)field = v * mult;
+    return 0;
+}
+
+static int parse_seconds(const char *text, void *field, const char **expected)
+{
+    char *end;
+    double v;
+
+    *expected = "a non-negative number";
+    errno = 0;
+    v = strtod(text, &end);
+    if (errno != 0 || end == text || *end != '\0' || !isfinite(v) || v < 0)
+        return -1;
+    *(double *)field = v;
+    return 0;
+}
+
+static int parse_string(const char *text, void *field, const char **expected)
+{
+    *expected = "at most 4095 characters";
+    if (strlen(text) >= 4096)
+        return -1;
+    strcpy(field, text);
+    return 0;
+}
+
+static int parse_host(const char *text, void *field, const char **expected)
+{
+    *expected = "a host name or address of at most 255 characters";
+    if (strlen(text) >= 256 || text[0] == '\0')
+        return -1;
+    strcpy(field, text);
+    return 0;
+}
+
+static int parse_level(const char *text, void *field, const char **expected)
+{
+    int level;
+
+    *expected = "one of trace, debug, info, warning, error, off";
+    if (kolo__log_level_parse(text, &level) != 0)
+        return -1;
+    *(int64_t *)field = level;
+    return 0;
+}
+
+#define F(field) offsetof(kolo__config_t, field)
+
+static const config_row_t rows[] = {
+    {"KOLO_RANK", "0", "rank of this process", parse_nonneg, F(rank)},
+    {"KOLO_SIZE", "1", "number of ranks in the job", parse_positive, F(size)},
+    {"KOLO_LOCAL_RANK", NULL, "rank among the ranks of this host (default: KOLO_RANK)",
+     parse_nonneg, F(local_rank)},
+    {"KOLO_LOCAL_SIZE", NULL, "ranks on this host (default: KOLO_SIZE)",
+     parse_positive, F(local_size)},
+    {"KOLO_CROSS_RANK", "0", "index of this host", parse_nonneg, F(cross_rank)},
+    {"KOLO_CROSS_SIZE", "1", "number of hosts", parse_positive, F(cross_size)},
+    {"KOLO_RENDEZVOUS", "", "where ranks meet: file:DIR (kolorun sets it)",
+     parse_string, F(rendezvous)},
+    {"KOLO_HOSTNAME", "127.0.0.1", "address this rank's transport binds",
+     parse_host, F(hostname)},
+    {"KOLO_FUSION_THRESHOLD", "134217728",
+     "bytes of tensors fused into one reduction (0: no fusion)", parse_bytes,
+     F(fusion_threshold)},
+    {"KOLO_CYCLE_TIME", "5",
+     "milliseconds between negotiation rounds while tensors wait for other ranks",
+     parse_seconds, F(cycle_time_ms)},
+    {"KOLO_CACHE_CAPACITY", "1024",
+     "negotiated tensors remembered by the response cache (0: off)",
+     parse_nonneg, F(cache_capacity)},
+    {"KOLO_TIMEOUT_SECONDS", "60",
+     "a backend operation that makes no progress this long fails",
+     parse_seconds, F(timeout_s)},
+    {"KOLO_START_TIMEOUT", "60",
+     "seconds init waits for every rank to arrive", parse_seconds,
+     F(start_timeout_s)},
+    {"KOLO_LOG_LEVEL", "warning", "trace, debug, info, warning, error or off",
+     parse_level, F(log_level)},
+};
+
+#undef F
+
+int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *),
+                      kolo__err_t *err)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        const config_row_t *row = &rows[i];
+        const char *value = getenv_fn(row->name);
+        const char *expected = "";
+        void *field = (char *)cfg + row->offset;
+
+        if (value == NULL)
+            value = row->dflt;
+        if (value == NULL)
+            continue;
+        if (row->parse(value, field, &expected) != 0)
+            return kolo__err_set(err, KOLO_ERR_CONFIG,
+                                 "environment variable %s='%s' is invalid: "
+                                 "expected %s",
+                                 row->name, value, expected);
+    }
+    if (getenv_fn("KOLO_LOCAL_RANK") == NULL)
+        cfg->local_rank = cfg->rank;
+    if (getenv_fn("KOLO_LOCAL_SIZE") == NULL)
+        cfg->local_size = cfg->size;
+
+    if (cfg->rank >= cfg->size)
+        return kolo__err_set(err, KOLO_ERR_CONFIG,
+                             "KOLO_RANK=%lld is not below KOLO_SIZE=%lld",
+                             (long long)cfg->rank, (long long)cfg->size);
+    if (cfg->local_rank >= cfg->local_size)
+        return kolo__err_set(err, KOLO_ERR_CONFIG,
+                             "KOLO_LOCAL_RANK=%lld is not below KOLO_LOCAL_SIZE=%lld",
+                             (long long)cfg->local_rank, (long long)cfg->local_size);
+    if (cfg->cross_rank >= cfg->cross_size)
+        return kolo__err_set(err, KOLO_ERR_CONFIG,
+                             "KOLO_CROSS_RANK=%lld is not below KOLO_CROSS_SIZE=%lld",
+                             (long long)cfg->cross_rank, (long long)cfg->cross_size);
+    if (cfg->size > 1 && cfg->rendezvous[0] == '\0')
+        return kolo__err_set(err, KOLO_ERR_CONFIG,
+                             "KOLO_SIZE=%lld but KOLO_RENDEZVOUS is not set: "
+                             "start multi-rank jobs with kolorun",
+                             (long long)cfg->size);
+    if (cfg->rendezvous[0] != '\0' && strncmp(cfg->rendezvous, "file:", 5) != 0)
+        return kolo__err_set(err, KOLO_ERR_CONFIG,
+                             "environment variable KOLO_RENDEZVOUS='%s' is "
+                             "invalid: expected file:DIR",
+                             cfg->rendezvous);
+    if (cfg->timeout_s <= 0)
+        return kolo__err_set(err, KOLO_ERR_CONFIG,
+                             "environment variable KOLO_TIMEOUT_SECONDS must be "
+                             "positive");
+    return KOLO_OK;
+}
+
+void kolo__config_print_doc(void *out)
+{
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+        fprintf(out, "%-24s %-12s %s\n", rows[i].name,
+                rows[i].dflt ? rows[i].dflt : "-", rows[i].doc);
+}

@@ -1,0 +1,36 @@
+/*
+ * env.h — the runtime's configuration, read from KOLO_* environment
+ * variables through one table (env.c) that holds each variable's name,
+ * default, documentation, parser and place in kolo__config_t.
+ */
+#ifndef KOLO_ENV_H
+#define KOLO_ENV_H
+
+#include <stdint.h>
+
+#include "common.h"
+
+typedef struct kolo__config {
+    int64_t rank, size;
+    int64_t local_rank, local_size;
+    int64_t cross_rank, cross_size;
+    char rendezvous[4096];   /* "file:DIR"; empty for a job of one rank */
+    char hostname[256];      /* address the Gloo transport binds */
+    int64_t fusion_threshold; /* bytes */
+    double cycle_time_ms;
+    int64_t cache_capacity;
+    double timeout_s;
+    double start_timeout_s;
+    int64_t log_level;
+} kolo__config_t;
+
+/* Reads every variable through `getenv_fn` (getenv in the runtime; a fake
+ * in the tests). On a bad value returns KOLO_ERR_CONFIG with a message that
+ * names the variable, the value and what was expected. */
+int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *),
+                      kolo__err_t *err);
+
+/* Writes "NAME  default  doc" lines for every variable to `out` (FILE*). */
+void kolo__config_print_doc(void *out);
+
+#endif /* KOLO_ENV_H */

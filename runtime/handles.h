@@ -1,0 +1,50 @@
+/*
+ * handles.h — the handle table: what the training thread polls and waits
+ * on.
+ *
+ * A handle is created IN_PROGRESS when a tensor is enqueued, completed once
+ * by the background thread with a status and, on failure, a message, and
+ * released by kolo_wait. Ids only grow, so a released or never-issued id is
+ * recognised and refused. The table outlives kolo_shutdown, so a handle
+ * completed by the shutdown can still be waited afterwards.
+ */
+#ifndef KOLO_HANDLES_H
+#define KOLO_HANDLES_H
+
+#include <pthread.h>
+
+#include "common.h"
+#include "map.h"
+
+typedef struct kolo__handles {
+    pthread_mutex_t mu;
+    pthread_cond_t cv; /* broadcast on every completion */
+    kolo__map_t map;   /* id -> record */
+    kolo_handle_t next_id;
+} kolo__handles_t;
+
+int kolo__handles_init(kolo__handles_t *h);
+void kolo__handles_destroy(kolo__handles_t *h);
+
+/* A new IN_PROGRESS handle. */
+int kolo__handles_new(kolo__handles_t *h, kolo_handle_t *id, kolo__err_t *err);
+
+/* Sets the final status (msg may be NULL when status is KOLO_OK) and wakes
+ * the waiters. Completing twice keeps the first result. */
+void kolo__handles_complete(kolo__handles_t *h, kolo_handle_t id, int status,
+                            const char *msg);
+
+/* KOLO_IN_PROGRESS, the final status, or KOLO_ERR_INVALID_HANDLE. */
+int kolo__handles_poll(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err);
+
+/* Blocks until done, releases the handle and returns its status; the
+ * message of a failure goes to err. */
+int kolo__handles_wait(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err);
+
+/* The message of a done, failed, unreleased handle, else NULL. */
+const char *kolo__handles_error(kolo__handles_t *h, kolo_handle_t id);
+
+/* Number of handles not yet released. */
+size_t kolo__handles_count(kolo__handles_t *h);
+
+#endif /* KOLO_HANDLES_H */

@@ -1,0 +1,290 @@
+/*
+ * message.c — encode and decode negotiation messages (format in
+ * message.h). The decoder reads through a cursor that knows how many bytes
+ * are left; every read checks first, so no input can make it read out of
+ * bounds, and counts are checked against the bytes that could hold them
+ * before anything is allocated.
+ */
+#include "message.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Smallest encoded request / response: name_len + 1 name byte + 4 u8 +
+ * count. Used to bound `n` before allocating. */
+#define MIN_ITEM_BYTES (2 + 1 + 4 + 8)
+#define HEADER_BYTES (4 + 2 + 2 + 4 + 4)
+
+const char *kolo__coll_name(int coll)
+{
+    switch (coll) {
+    case KOLO__COLL_ALLREDUCE: return "allreduce";
+    default: return "unknown collective";
+    }
+}
+
+int kolo__params_equal(const kolo__params_t *a, const kolo__params_t *b)
+{
+    return a->coll == b->coll && a->dtype == b->dtype && a->op == b->op &&
+           a->count == b->count;
+}
+
+void kolo__bytes_free(kolo__bytes_t *b)
+{
+    free(b->data);
+    b->data = NULL;
+    b->len = b->cap = 0;
+}
+
+/* ---- writing ----------------------------------------------------------- */
+
+typedef struct writer {
+    kolo__bytes_t *out;
+    int failed;
+} writer_t;
+
+static void put(writer_t *w, const void *p, size_t n)
+{
+    kolo__bytes_t *b = w->out;
+    if (w->failed)
+        return;
+    if (b->len + n > b->cap) {
+        size_t ncap = b->cap ? b->cap : 256;
+        uint8_t *nd;
+        while (ncap < b->len + n)
+            ncap *= 2;
+        nd = realloc(b->data, ncap);
+        if (nd == NULL) {
+            w->failed = 1;
+            return;
+        }
+        b->data = nd;
+        b->cap = ncap;
+    }
+    memcpy(b->data + b->len, p, n);
+    b->len += n;
+}
+
+/* The wire is little-endian; so is every machine we build for, which the
+ * static assertion below makes explicit instead of swapping bytes. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "kolo's wire format assumes a little-endian host");
+
+static void put_u8(writer_t *w, uint8_t v) { put(w, &v, 1); }
+static void put_u16(writer_t *w, uint16_t v) { put(w, &v, 2); }
+static void put_u32(writer_t *w, uint32_t v) { put(w, &v, 4); }
+static void put_i64(writer_t *w, int64_t v) { put(w, &v, 8); }
+
+static void put_str(writer_t *w, const char *s, size_t max)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n > max)
+        n = max;
+    put_u16(w, (uint16_t)n);
+    put(w, s, n);
+}
+
+static void put_params(writer_t *w, const kolo__params_t *p, uint8_t last)
+{
+    put_u8(w, p->coll);
+    put_u8(w, p->dtype);
+    put_u8(w, p->op);
+    put_u8(w, last);
+    put_i64(w, p->count);
+}
+
+int kolo__msg_encode(const kolo__msg_t *msg, kolo__bytes_t *out,
+                     kolo__err_t *err)
+{
+    writer_t w = {out, 0};
+
+    out->len = 0;
+    put_u32(&w, KOLO__MSG_MAGIC);
+    put_u16(&w, KOLO__MSG_VERSION);
+    put_u16(&w, msg->kind);
+    put_u32(&w, (uint32_t)msg->rank);
+    put_u32(&w, msg->n);
+    for (uint32_t i = 0; i < msg->n; i++) {
+        if (msg->kind == KOLO__MSG_REQUESTS) {
+            const kolo__request_t *r = &msg->u.requests[i];
+            put_str(&w, r->name, KOLO_MAX_NAME_LEN);
+            put_params(&w, &r->params, 0);
+        } else {
+            const kolo__response_t *r = &msg->u.responses[i];
+            put_str(&w, r->name, KOLO_MAX_NAME_LEN);
+            /* The status travels as its negated value in one byte. */
+            put_params(&w, &r->params, (uint8_t)(-r->status));
+            if (r->status != KOLO_OK)
+                put_str(&w, r->text, KOLO__MSG_MAX_TEXT);
+        }
+    }
+    if (w.failed)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "out of memory encoding a negotiation message "
+                             "of %u tensors",
+                             msg->n);
+    return KOLO_OK;
+}
+
+/* ---- reading ----------------------------------------------------------- */
+
+typedef struct reader {
+    const uint8_t *p;
+    size_t left;
+} reader_t;
+
+static int get(reader_t *r, void *dst, size_t n)
+{
+    if (r->left < n)
+        return -1;
+    memcpy(dst, r->p, n);
+    r->p += n;
+    r->left -= n;
+    return 0;
+}
+
+/* Reads a u16-prefixed string of at most `max` bytes into a new
+ * NUL-terminated copy. */
+static int get_str(reader_t *r, size_t max, size_t min, char **out)
+{
+    uint16_t n;
+    char *s;
+
+    if (get(r, &n, 2) != 0 || n > max || n < min || r->left < n)
+        return -1;
+    if (memchr(r->p, '\0', n) != NULL)
+        return -1;
+    s = malloc((size_t)n + 1);
+    if (s == NULL)
+        return -2;
+    memcpy(s, r->p, n);
+    s[n] = '\0';
+    r->p += n;
+    r->left -= n;
+    *out = s;
+    return 0;
+}
+
+static int get_params(reader_t *r, kolo__params_t *p, uint8_t *last)
+{
+    if (get(r, &p->coll, 1) || get(r, &p->dtype, 1) || get(r, &p->op, 1) ||
+        get(r, last, 1) || get(r, &p->count, 8))
+        return -1;
+    if (p->coll >= KOLO__COLL_COUNT_ || p->dtype >= KOLO_DTYPE_COUNT_ ||
+        p->op >= KOLO_OP_COUNT_ || p->count < 0)
+        return -1;
+    return 0;
+}
+
+void kolo__msg_free(kolo__msg_t *msg)
+{
+    if (msg->kind == KOLO__MSG_REQUESTS && msg->u.requests != NULL) {
+        for (uint32_t i = 0; i < msg->n; i++)
+            free(msg->u.requests[i].name);
+        free(msg->u.requests);
+    } else if (msg->kind == KOLO__MSG_RESPONSES && msg->u.responses != NULL) {
+        for (uint32_t i = 0; i < msg->n; i++) {
+            free(msg->u.responses[i].name);
+            free(msg->u.responses[i].text);
+        }
+        free(msg->u.responses);
+    }
+    memset(msg, 0, sizeof(*msg));
+}
+
+int kolo__msg_decode(const uint8_t *data, size_t len, int from_rank,
+                     kolo__msg_t *msg, kolo__err_t *err)
+{
+    reader_t r = {data, len};
+    uint32_t magic, n, rank;
+    uint16_t version, kind;
+    const char *what = "header";
+    int rc;
+
+    memset(msg, 0, sizeof(*msg));
+    if (data == NULL && len > 0)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "negotiation message from rank %d is NULL",
+                             from_rank);
+    if (get(&r, &magic, 4) || get(&r, &version, 2) || get(&r, &kind, 2) ||
+        get(&r, &rank, 4) || get(&r, &n, 4))
+        goto malformed;
+    what = "magic or version";
+    if (magic != KOLO__MSG_MAGIC || version != KOLO__MSG_VERSION)
+        goto malformed;
+    what = "kind";
+    if (kind != KOLO__MSG_REQUESTS && kind != KOLO__MSG_RESPONSES)
+        goto malformed;
+    what = "tensor count";
+    if (n > r.left / MIN_ITEM_BYTES)
+        goto malformed;
+
+    msg->kind = kind;
+    msg->rank = (int32_t)rank;
+    if (kind == KOLO__MSG_REQUESTS) {
+        msg->u.requests = calloc(n ? n : 1, sizeof(kolo__request_t));
+        if (msg->u.requests == NULL)
+            goto no_memory;
+    } else {
+        msg->u.responses = calloc(n ? n : 1, sizeof(kolo__response_t));
+        if (msg->u.responses == NULL)
+            goto no_memory;
+    }
+
+    for (uint32_t i = 0; i < n; i++) {
+        uint8_t last;
+        char **name = kind == KOLO__MSG_REQUESTS ? &msg->u.requests[i].name
+                                                 : &msg->u.responses[i].name;
+        kolo__params_t *p = kind == KOLO__MSG_REQUESTS
+                                ? &msg->u.requests[i].params
+                                : &msg->u.responses[i].params;
+        what = "tensor name";
+        rc = get_str(&r, KOLO_MAX_NAME_LEN, 1, name);
+        if (rc == -2)
+            goto no_memory;
+        msg->n = i + 1; /* so that kolo__msg_free frees what was read */
+        if (rc != 0)
+            goto malformed;
+        what = "tensor parameters";
+        if (get_params(&r, p, &last) != 0)
+            goto malformed;
+        if (kind == KOLO__MSG_RESPONSES) {
+            kolo__response_t *resp = &msg->u.responses[i];
+            resp->status = -(int32_t)last;
+            what = "response status";
+            if (resp->status < KOLO_ERR_INTERNAL)
+                goto malformed;
+            if (resp->status != KOLO_OK) {
+                what = "error text";
+                rc = get_str(&r, KOLO__MSG_MAX_TEXT, 0, &resp->text);
+                if (rc == -2)
+                    goto no_memory;
+                if (rc != 0)
+                    goto malformed;
+            }
+        } else if (last != 0) {
+            what = "request flags";
+            goto malformed;
+        }
+    }
+    msg->n = n;
+    what = "trailing bytes";
+    if (r.left != 0)
+        goto malformed;
+    return KOLO_OK;
+
+malformed:
+    rc = kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                       "malformed negotiation message from rank %d: bad %s "
+                       "at byte %zu of %zu",
+                       from_rank, what, len - r.left, len);
+    kolo__msg_free(msg);
+    return rc;
+no_memory:
+    rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                       "out of memory decoding a negotiation message of %zu "
+                       "bytes from rank %d",
+                       len, from_rank);
+    kolo__msg_free(msg);
+    return rc;
+}

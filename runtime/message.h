@@ -1,0 +1,92 @@
+/*
+ * message.h — the negotiation messages and their wire format.
+ *
+ * A request list goes from every rank to the coordinator: the tensors this
+ * rank has enqueued that the response cache could not settle. A response
+ * list goes from the coordinator to every rank: the tensors that are now
+ * ready everywhere (or failed), in the order every rank executes them.
+ *
+ * Wire format (little-endian, no padding), version 1:
+ *   header:   u32 magic 'KOLO' | u16 version | u16 kind | i32 rank | u32 n
+ *   request:  u16 name_len | name | u8 coll | u8 dtype | u8 op | u8 flags |
+ *             i64 count
+ *   response: u16 name_len | name | u8 coll | u8 dtype | u8 op | u8 status |
+ *             i64 count | [status != OK: u16 text_len | text]
+ * Decoding checks every length against what is left of the buffer, so a
+ * truncated or hostile message is refused, never read past its end.
+ */
+#ifndef KOLO_MESSAGE_H
+#define KOLO_MESSAGE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common.h"
+
+#define KOLO__MSG_MAGIC 0x4f4c4f4bu /* "KOLO" */
+#define KOLO__MSG_VERSION 1
+#define KOLO__MSG_MAX_TEXT 4000
+
+typedef enum kolo__coll {
+    KOLO__COLL_ALLREDUCE = 0,
+    KOLO__COLL_COUNT_
+} kolo__coll_t;
+
+const char *kolo__coll_name(int coll);
+
+typedef enum kolo__msg_kind {
+    KOLO__MSG_REQUESTS = 1,
+    KOLO__MSG_RESPONSES = 2
+} kolo__msg_kind_t;
+
+/* What must agree across ranks for one tensor. */
+typedef struct kolo__params {
+    uint8_t coll;  /* kolo__coll_t */
+    uint8_t dtype; /* kolo_dtype_t */
+    uint8_t op;    /* kolo_op_t */
+    int64_t count;
+} kolo__params_t;
+
+int kolo__params_equal(const kolo__params_t *a, const kolo__params_t *b);
+
+typedef struct kolo__request {
+    char *name; /* owned, NUL-terminated */
+    kolo__params_t params;
+} kolo__request_t;
+
+typedef struct kolo__response {
+    char *name; /* owned */
+    kolo__params_t params;
+    int32_t status; /* KOLO_OK or a KOLO_ERR_* code */
+    char *text;     /* owned; the error message, NULL when OK */
+} kolo__response_t;
+
+typedef struct kolo__msg {
+    uint16_t kind;
+    int32_t rank; /* the sender */
+    uint32_t n;
+    union {
+        kolo__request_t *requests;
+        kolo__response_t *responses;
+    } u;
+} kolo__msg_t;
+
+/* A growable byte buffer. */
+typedef struct kolo__bytes {
+    uint8_t *data;
+    size_t len, cap;
+} kolo__bytes_t;
+
+void kolo__bytes_free(kolo__bytes_t *b);
+
+/* Encoding appends to `out` (which it resets first). */
+int kolo__msg_encode(const kolo__msg_t *msg, kolo__bytes_t *out,
+                     kolo__err_t *err);
+/* Decodes `len` bytes into `msg` (allocating its arrays and strings).
+ * Returns KOLO_ERR_INVALID_ARGUMENT with a description of the first problem
+ * on malformed input; `from_rank` is only used in that message. */
+int kolo__msg_decode(const uint8_t *data, size_t len, int from_rank,
+                     kolo__msg_t *msg, kolo__err_t *err);
+void kolo__msg_free(kolo__msg_t *msg);
+
+#endif /* KOLO_MESSAGE_H */

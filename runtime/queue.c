@@ -1,0 +1,165 @@
+/*
+ * queue.c — the tensor queue (design in queue.h).
+ */
+#include "queue.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+kolo__entry_t *kolo__entry_new(const char *name)
+{
+    kolo__entry_t *e = calloc(1, sizeof(*e));
+    if (e == NULL)
+        return NULL;
+    e->name = kolo__strdup(name);
+    if (e->name == NULL) {
+        free(e);
+        return NULL;
+    }
+    return e;
+}
+
+void kolo__entry_free(kolo__entry_t *e)
+{
+    if (e != NULL) {
+        free(e->name);
+        free(e);
+    }
+}
+
+int kolo__queue_init(kolo__queue_t *q)
+{
+    pthread_condattr_t attr;
+
+    memset(q, 0, sizeof(*q));
+    kolo__map_init(&q->in_flight);
+    if (pthread_mutex_init(&q->mu, NULL) != 0)
+        return -1;
+    /* Timed waits use the monotonic clock, immune to wall-clock jumps. */
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    if (pthread_cond_init(&q->cv, &attr) != 0) {
+        pthread_condattr_destroy(&attr);
+        pthread_mutex_destroy(&q->mu);
+        return -1;
+    }
+    pthread_condattr_destroy(&attr);
+    return 0;
+}
+
+void kolo__queue_destroy(kolo__queue_t *q)
+{
+    kolo__entry_t *e = q->head;
+    while (e != NULL) {
+        kolo__entry_t *next = e->next;
+        kolo__entry_free(e);
+        e = next;
+    }
+    kolo__map_free(&q->in_flight);
+    pthread_cond_destroy(&q->cv);
+    pthread_mutex_destroy(&q->mu);
+}
+
+int kolo__queue_push(kolo__queue_t *q, kolo__entry_t *e, kolo__err_t *err)
+{
+    int rc = KOLO_OK;
+
+    pthread_mutex_lock(&q->mu);
+    if (q->closed) {
+        rc = kolo__err_set(err, q->close_err.code, "%s", q->close_err.msg);
+    } else if (kolo__map_gets(&q->in_flight, e->name) != NULL) {
+        rc = kolo__err_set(err, KOLO_ERR_DUPLICATE_NAME,
+                           "tensor '%s' is already in flight on this rank: "
+                           "wait for its handle before enqueuing it again",
+                           e->name);
+    } else if (kolo__map_puts(&q->in_flight, e->name, e) != 0) {
+        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                           "out of memory enqueuing tensor '%s'", e->name);
+    } else {
+        e->next = NULL;
+        if (q->tail != NULL)
+            q->tail->next = e;
+        else
+            q->head = e;
+        q->tail = e;
+        pthread_cond_signal(&q->cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return rc;
+}
+
+/* Waits with q->mu held; returns when there is something to do or the
+ * deadline passes. */
+static void wait_locked(kolo__queue_t *q, int64_t timeout_us)
+{
+    struct timespec deadline;
+
+    if (timeout_us == 0)
+        return;
+    if (timeout_us > 0) {
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        deadline.tv_sec += timeout_us / 1000000;
+        deadline.tv_nsec += (timeout_us % 1000000) * 1000;
+        if (deadline.tv_nsec >= 1000000000) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000;
+        }
+    }
+    while (q->head == NULL && !q->shutdown_requested) {
+        if (timeout_us < 0)
+            pthread_cond_wait(&q->cv, &q->mu);
+        else if (pthread_cond_timedwait(&q->cv, &q->mu, &deadline) == ETIMEDOUT)
+            break;
+    }
+}
+
+int kolo__queue_wait(kolo__queue_t *q, int64_t timeout_us)
+{
+    int ready;
+    pthread_mutex_lock(&q->mu);
+    wait_locked(q, timeout_us);
+    ready = q->head != NULL || q->shutdown_requested;
+    pthread_mutex_unlock(&q->mu);
+    return ready;
+}
+
+kolo__entry_t *kolo__queue_take(kolo__queue_t *q, int64_t timeout_us,
+                                int *shutdown)
+{
+    kolo__entry_t *list;
+
+    pthread_mutex_lock(&q->mu);
+    wait_locked(q, timeout_us);
+    list = q->head;
+    q->head = q->tail = NULL;
+    *shutdown = q->shutdown_requested;
+    pthread_mutex_unlock(&q->mu);
+    return list;
+}
+
+void kolo__queue_release(kolo__queue_t *q, const char *name)
+{
+    pthread_mutex_lock(&q->mu);
+    kolo__map_dels(&q->in_flight, name);
+    pthread_mutex_unlock(&q->mu);
+}
+
+void kolo__queue_request_shutdown(kolo__queue_t *q)
+{
+    pthread_mutex_lock(&q->mu);
+    q->shutdown_requested = 1;
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
+}
+
+void kolo__queue_close(kolo__queue_t *q, const kolo__err_t *err)
+{
+    pthread_mutex_lock(&q->mu);
+    if (!q->closed) {
+        q->closed = 1;
+        q->close_err = *err;
+    }
+    pthread_mutex_unlock(&q->mu);
+}

@@ -1,0 +1,78 @@
+/*
+ * queue.h — the tensor queue between the training threads and the
+ * background thread.
+ *
+ * Training threads push entries (an enqueued tensor: name, buffers,
+ * parameters, handle); the background thread takes everything pushed so
+ * far in one call. The queue also owns the set of names in flight on this
+ * rank, so a second enqueue of a name that has not completed is refused at
+ * once, and it carries the two signals that end the background thread's
+ * sleep: new work, and a shutdown request.
+ *
+ * One mutex and one condition variable; the background thread sleeps on the
+ * condition variable with a timeout and is woken by every push, so it never
+ * spins and never misses work.
+ */
+#ifndef KOLO_QUEUE_H
+#define KOLO_QUEUE_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "common.h"
+#include "map.h"
+#include "message.h"
+
+typedef struct kolo__entry {
+    struct kolo__entry *next; /* link in the queue or a pending list */
+    char *name;               /* owned */
+    kolo_handle_t handle;
+    const void *input;
+    void *output;
+    kolo__params_t params;
+    int64_t enqueued_us;
+} kolo__entry_t;
+
+/* Allocates an entry with a copy of the name; NULL when out of memory. */
+kolo__entry_t *kolo__entry_new(const char *name);
+void kolo__entry_free(kolo__entry_t *e);
+
+typedef struct kolo__queue {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    kolo__entry_t *head, *tail;
+    kolo__map_t in_flight; /* name -> entry, from push until release */
+    int shutdown_requested;
+    int closed; /* pushes are refused with close_err */
+    kolo__err_t close_err;
+} kolo__queue_t;
+
+int kolo__queue_init(kolo__queue_t *q);
+/* Frees the entries still queued (the caller has completed them). */
+void kolo__queue_destroy(kolo__queue_t *q);
+
+/* Adds the entry and wakes the background thread. Fails with
+ * KOLO_ERR_DUPLICATE_NAME when the name is in flight, or with the close
+ * error once the queue is closed; the entry is not taken then. */
+int kolo__queue_push(kolo__queue_t *q, kolo__entry_t *e, kolo__err_t *err);
+
+/* Waits until work is queued, a shutdown is requested, or timeout_us
+ * passes (0: do not wait; < 0: no timeout), then detaches and returns the
+ * queued entries in push order (NULL if none). *shutdown is set to 1 once a
+ * shutdown has been requested. */
+kolo__entry_t *kolo__queue_take(kolo__queue_t *q, int64_t timeout_us,
+                                int *shutdown);
+
+/* Like take's wait, without taking: returns 1 when work or a shutdown
+ * request is there. */
+int kolo__queue_wait(kolo__queue_t *q, int64_t timeout_us);
+
+/* The name's operation has completed: it may be enqueued again. */
+void kolo__queue_release(kolo__queue_t *q, const char *name);
+
+void kolo__queue_request_shutdown(kolo__queue_t *q);
+
+/* From now on pushes fail with this error. */
+void kolo__queue_close(kolo__queue_t *q, const kolo__err_t *err);
+
+#endif /* KOLO_QUEUE_H */
