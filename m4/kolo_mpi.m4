@@ -74,7 +74,7 @@ AS_IF([test "x$with_mpi" != xno],
          kolo_mpi_how="$kolo_mpi_prefix"])
       AS_IF([test -z "$kolo_mpi_how"],
         [MPI_LIBS=-lmpi
-         kolo_mpi_how="-lmpi"])
+         kolo_mpi_how="the default paths"])
       AC_LANG_PUSH([C])
       KOLO_SAVE_FLAGS
       CFLAGS="$CFLAGS $MPI_CFLAGS"
@@ -88,7 +88,9 @@ AS_IF([test "x$with_mpi" != xno],
          AC_MSG_RESULT([$kolo_have_mpi])
          AS_IF([test "x$kolo_have_mpi" = xno],
            [kolo_mpi_why="a program using MPI does not link with $MPI_LIBS (see config.log)"])],
-        [kolo_mpi_why="mpi.h not found (flags from $kolo_mpi_how)"])
+        [AS_IF([test "x$kolo_mpi_how" = "xthe default paths"],
+           [kolo_mpi_why="found no mpicc, no pkg-config ompi-c or mpich, and no mpi.h in the default paths"],
+           [kolo_mpi_why="mpi.h does not compile with the flags from $kolo_mpi_how (see config.log)"])])
       KOLO_RESTORE_FLAGS
       AC_LANG_POP([C])])])
 AS_IF([test "x$kolo_have_mpi" = xyes],

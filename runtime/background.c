@@ -253,7 +253,9 @@ void *kolo__background_main(void *arg)
         int pending = kolo__negotiate_pending(rt), shutdown, stop_rank;
         int64_t timeout = pending ? (progressed ? 0 : cycle_us) : idle_us;
         size_t done_before;
+        int64_t t0 = kolo__now_us();
         kolo__entry_t *fresh = kolo__queue_take(&rt->queue, timeout, &shutdown);
+        int64_t t1 = kolo__now_us();
 
         if (fresh == NULL && !pending && !shutdown)
             idle_us = idle_us * 2 < IDLE_MAX_US ? idle_us * 2 : IDLE_MAX_US;
@@ -267,12 +269,19 @@ void *kolo__background_main(void *arg)
             stop_all(rt, 0, &err);
             break;
         }
+        int64_t t2 = kolo__now_us();
         if (execute(rt, &err) != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
             stop_all(rt, 0, &err);
             break;
         }
         progressed = (size_t)rt->completed != done_before;
+        kolo__trace("round %lld: slept %lld us (timeout %lld), negotiated in "
+                    "%lld us, executed in %lld us, %zu completed, %s pending",
+                    (long long)rt->cycles, (long long)(t1 - t0), (long long)timeout,
+                    (long long)(t2 - t1), (long long)(kolo__now_us() - t2),
+                    (size_t)rt->completed - done_before,
+                    kolo__negotiate_pending(rt) ? "some" : "none");
         if (stop_rank >= 0) {
             if (stop_rank == rt->rank)
                 kolo__err_set(&err, KOLO_ERR_SHUTDOWN,

@@ -27,6 +27,9 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KOLO_HALF_X86 1
 #include <immintrin.h>
+#if defined(__clang__)
+#include <cpuid.h>
+#endif
 #else
 #define KOLO_HALF_X86 0
 #endif
@@ -163,6 +166,25 @@ f32_to_bf16_avx2(const float *in, uint16_t *out, size_t n)
 static atomic_int g_cpu_simd = -1;
 static atomic_int g_force_scalar = 0;
 
+#if KOLO_HALF_X86
+/* gcc's __builtin_cpu_supports knows "f16c"; clang 14's does not, so there
+ * we read the CPUID bit (leaf 1, ECX bit 29) ourselves. Only consulted
+ * after the "avx" probe, which also checks that the OS saves the YMM
+ * registers. */
+#if defined(__clang__)
+static int cpu_has_f16c(void)
+{
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#else
+static int cpu_has_f16c(void)
+{
+    return __builtin_cpu_supports("f16c");
+}
+#endif
+#endif
+
 static int cpu_simd(void)
 {
     int s = atomic_load_explicit(&g_cpu_simd, memory_order_relaxed);
@@ -173,7 +195,7 @@ static int cpu_simd(void)
     /* Needed if we run before libgcc's own constructor (e.g. from another
      * constructor); harmless otherwise. */
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c"))
+    if (__builtin_cpu_supports("avx") && cpu_has_f16c())
         s |= KOLO__HALF_SIMD_F16C;
     if (__builtin_cpu_supports("avx2"))
         s |= KOLO__HALF_SIMD_AVX2;

@@ -8,6 +8,7 @@
  *   test-allreduce mismatch         same name, different count/dtype/op
  *   test-allreduce accumulate       backward_passes > 1
  *   test-allreduce shutdown         shutdown with work pending
+ *   test-allreduce idle [seconds]   an idle job uses (almost) no CPU
  *
  * Every rank generates every rank's data from (seed, rank, tensor, step), so
  * it computes the expected result itself, without the library. Values are
@@ -407,6 +408,36 @@ static void mode_shutdown(void)
     MUST(kolo_shutdown());
 }
 
+/* CPU seconds this process has used (all threads). */
+static double cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* An idle job must not spin: ranks that enqueue nothing for a while use
+ * almost no CPU. A spinning background thread would use a whole core; the
+ * bound (5% of a core) is twenty times below that, not a timing figure. */
+static void mode_idle(double seconds)
+{
+    double c0, c1;
+    float x = 1;
+
+    expect_ok("warmup");
+    c0 = cpu_seconds();
+    usleep((useconds_t)(seconds * 1e6));
+    c1 = cpu_seconds();
+    printf("rank %d: idle for %.1f s used %.1f ms of CPU (%.2f%% of a core)\n",
+           rank, seconds, (c1 - c0) * 1e3, 100 * (c1 - c0) / seconds);
+    CHECK(c1 - c0 < 0.05 * seconds, "idle job used %.3f s of CPU in %.1f s",
+          c1 - c0, seconds);
+    /* And it still works after the idle period. */
+    CHECK(one("after/idle", 1, KOLO_FLOAT32, KOLO_OP_SUM, &x) == KOLO_OK &&
+              x == (float)size,
+          "allreduce after idle: %s", kolo_last_error());
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "random";
@@ -421,6 +452,8 @@ int main(int argc, char **argv)
         mode_mismatch();
     else if (strcmp(mode, "accumulate") == 0)
         mode_accumulate();
+    else if (strcmp(mode, "idle") == 0)
+        mode_idle(argc > 2 ? atof(argv[2]) : 3.0);
     else if (strcmp(mode, "shutdown") == 0) {
         mode_shutdown();
         goto done;

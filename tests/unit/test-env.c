@@ -1,0 +1,462 @@
+/*
+ * test-env.c — unit tests of runtime/env.{h,c}: the KOLO_* configuration.
+ *
+ * Why these tests: a bad variable must stop kolo_init with a message that
+ * names the variable (and the bad value), never be silently replaced by a
+ * default; and the defaults must be the ones kolo.h documents. The variables
+ * come from a table passed through kolo__config_load's getenv hook, so the
+ * tests never touch the process environment.
+ */
+#include <check.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "env.h"
+
+/* ---- a fake environment ------------------------------------------------ */
+
+#define MAX_VARS 32
+static const char *fake_names[MAX_VARS];
+static const char *fake_values[MAX_VARS];
+static int fake_n;
+static int fake_lookups_of_unknown; /* names outside KOLO_* */
+
+static void fake_reset(void)
+{
+    fake_n = 0;
+    fake_lookups_of_unknown = 0;
+}
+
+static void fake_set(const char *name, const char *value)
+{
+    for (int i = 0; i < fake_n; i++)
+        if (strcmp(fake_names[i], name) == 0) {
+            fake_values[i] = value;
+            return;
+        }
+    ck_assert_int_lt(fake_n, MAX_VARS);
+    fake_names[fake_n] = name;
+    fake_values[fake_n] = value;
+    fake_n++;
+}
+
+static const char *fake_getenv(const char *name)
+{
+    if (strncmp(name, "KOLO_", 5) != 0)
+        fake_lookups_of_unknown++;
+    for (int i = 0; i < fake_n; i++)
+        if (strcmp(fake_names[i], name) == 0)
+            return fake_values[i];
+    return NULL;
+}
+
+static void load_ok(kolo__config_t *cfg)
+{
+    kolo__err_t err;
+    int rc;
+    kolo__err_clear(&err);
+    rc = kolo__config_load(cfg, fake_getenv, &err);
+    ck_assert_msg(rc == KOLO_OK, "load failed (%d): %s", rc, err.msg);
+    ck_assert_int_eq(err.code, KOLO_OK);
+}
+
+/* Loads and expects KOLO_ERR_CONFIG with each of the given texts (NULL
+ * ends the list) in the message. */
+static void load_fails(const char *first, ...)
+{
+    kolo__config_t cfg;
+    kolo__err_t err;
+    int rc;
+    va_list ap;
+
+    kolo__err_clear(&err);
+    rc = kolo__config_load(&cfg, fake_getenv, &err);
+    ck_assert_msg(rc == KOLO_ERR_CONFIG, "load returned %d, expected %d (%s)",
+                  rc, KOLO_ERR_CONFIG, err.msg);
+    ck_assert_int_eq(err.code, KOLO_ERR_CONFIG);
+    va_start(ap, first);
+    for (const char *want = first; want != NULL; want = va_arg(ap, const char *))
+        ck_assert_msg(strstr(err.msg, want) != NULL, "'%s' not in message: %s",
+                      want, err.msg);
+    va_end(ap);
+}
+
+/* One variable set to a bad value: the message names both. */
+static void bad_value(const char *name, const char *value)
+{
+    char quoted[512];
+    fake_reset();
+    fake_set(name, value);
+    snprintf(quoted, sizeof quoted, "'%s'", value);
+    load_fails(name, quoted, "expected", (const char *)NULL);
+}
+
+/* ---- defaults and parsing ---------------------------------------------- */
+
+START_TEST(defaults)
+{
+    kolo__config_t cfg;
+
+    fake_reset();
+    memset(&cfg, 0x5a, sizeof cfg);
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.rank, 0);
+    ck_assert_int_eq(cfg.size, 1);
+    ck_assert_int_eq(cfg.local_rank, 0);
+    ck_assert_int_eq(cfg.local_size, 1);
+    ck_assert_int_eq(cfg.cross_rank, 0);
+    ck_assert_int_eq(cfg.cross_size, 1);
+    ck_assert_str_eq(cfg.rendezvous, "");
+    ck_assert_str_eq(cfg.hostname, "127.0.0.1");
+    ck_assert_int_eq(cfg.fusion_threshold, 128 * 1024 * 1024); /* kolo.h */
+    ck_assert_double_eq(cfg.cycle_time_ms, 5.0);
+    ck_assert_int_eq(cfg.cache_capacity, 1024);
+    ck_assert_double_eq(cfg.timeout_s, 60.0);
+    ck_assert_double_eq(cfg.start_timeout_s, 60.0);
+    ck_assert_int_eq(cfg.log_level, KOLO__LOG_WARNING);
+    ck_assert_int_eq(fake_lookups_of_unknown, 0);
+}
+END_TEST
+
+START_TEST(every_variable_parsed)
+{
+    kolo__config_t cfg;
+
+    fake_reset();
+    fake_set("KOLO_RANK", "5");
+    fake_set("KOLO_SIZE", "8");
+    fake_set("KOLO_LOCAL_RANK", "1");
+    fake_set("KOLO_LOCAL_SIZE", "4");
+    fake_set("KOLO_CROSS_RANK", "1");
+    fake_set("KOLO_CROSS_SIZE", "2");
+    fake_set("KOLO_RENDEZVOUS", "file:/tmp/kolo-job-42");
+    fake_set("KOLO_HOSTNAME", "node7.cluster");
+    fake_set("KOLO_FUSION_THRESHOLD", "1048577");
+    fake_set("KOLO_CYCLE_TIME", "2.5");
+    fake_set("KOLO_CACHE_CAPACITY", "0");
+    fake_set("KOLO_TIMEOUT_SECONDS", "0.25");
+    fake_set("KOLO_START_TIMEOUT", "300");
+    fake_set("KOLO_LOG_LEVEL", "debug");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.rank, 5);
+    ck_assert_int_eq(cfg.size, 8);
+    ck_assert_int_eq(cfg.local_rank, 1);
+    ck_assert_int_eq(cfg.local_size, 4);
+    ck_assert_int_eq(cfg.cross_rank, 1);
+    ck_assert_int_eq(cfg.cross_size, 2);
+    ck_assert_str_eq(cfg.rendezvous, "file:/tmp/kolo-job-42");
+    ck_assert_str_eq(cfg.hostname, "node7.cluster");
+    ck_assert_int_eq(cfg.fusion_threshold, 1048577);
+    ck_assert_double_eq(cfg.cycle_time_ms, 2.5);
+    ck_assert_int_eq(cfg.cache_capacity, 0);
+    ck_assert_double_eq(cfg.timeout_s, 0.25);
+    ck_assert_double_eq(cfg.start_timeout_s, 300.0);
+    ck_assert_int_eq(cfg.log_level, KOLO__LOG_DEBUG);
+}
+END_TEST
+
+START_TEST(local_rank_and_size_default_to_rank_and_size)
+{
+    kolo__config_t cfg;
+
+    fake_reset();
+    fake_set("KOLO_RANK", "2");
+    fake_set("KOLO_SIZE", "3");
+    fake_set("KOLO_RENDEZVOUS", "file:/x");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.local_rank, 2);
+    ck_assert_int_eq(cfg.local_size, 3);
+}
+END_TEST
+
+START_TEST(fusion_threshold_suffixes)
+{
+    static const struct {
+        const char *text;
+        int64_t bytes;
+    } cases[] = {
+        {"0", 0},
+        {"1", 1},
+        {"64K", 64 * 1024},
+        {"64k", 64 * 1024},
+        {"64KB", 64 * 1024},
+        {"3M", 3 * 1024 * 1024},
+        {"3m", 3 * 1024 * 1024},
+        {"3MB", 3 * 1024 * 1024},
+        {"2G", 2LL * 1024 * 1024 * 1024},
+        {"2g", 2LL * 1024 * 1024 * 1024},
+        {"8Gb", 8LL * 1024 * 1024 * 1024},
+        {"100B", 100},
+        {"0M", 0},
+        {"8589934592", 8589934592LL},
+        {"8589934591G", 8589934591LL * 1024 * 1024 * 1024},
+    };
+    kolo__config_t cfg;
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fake_reset();
+        fake_set("KOLO_FUSION_THRESHOLD", cases[i].text);
+        load_ok(&cfg);
+        ck_assert_msg(cfg.fusion_threshold == cases[i].bytes,
+                      "KOLO_FUSION_THRESHOLD=%s gave %lld, expected %lld",
+                      cases[i].text, (long long)cfg.fusion_threshold,
+                      (long long)cases[i].bytes);
+    }
+}
+END_TEST
+
+START_TEST(log_levels)
+{
+    static const struct {
+        const char *text;
+        int level;
+    } cases[] = {
+        {"trace", KOLO__LOG_TRACE},     {"debug", KOLO__LOG_DEBUG},
+        {"info", KOLO__LOG_INFO},       {"warning", KOLO__LOG_WARNING},
+        {"warn", KOLO__LOG_WARNING},    {"error", KOLO__LOG_ERROR},
+        {"off", KOLO__LOG_OFF},         {"DEBUG", KOLO__LOG_DEBUG},
+        {"Error", KOLO__LOG_ERROR},
+    };
+    kolo__config_t cfg;
+
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fake_reset();
+        fake_set("KOLO_LOG_LEVEL", cases[i].text);
+        load_ok(&cfg);
+        ck_assert_msg(cfg.log_level == cases[i].level,
+                      "KOLO_LOG_LEVEL=%s gave %lld", cases[i].text,
+                      (long long)cfg.log_level);
+    }
+}
+END_TEST
+
+/* ---- invalid values ------------------------------------------------------ */
+
+START_TEST(bad_fusion_threshold)
+{
+    const char *bad[] = {"abc", "", "-1", "-1K", "1.5M", "10T", "10KK",
+                         "K", "99999999999999999999",
+                         "9223372036854775807K", "8589934592G"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        bad_value("KOLO_FUSION_THRESHOLD", bad[i]);
+}
+END_TEST
+
+START_TEST(bad_cycle_time)
+{
+    const char *bad[] = {"-1", "-0.5", "abc", "", "5ms", "nan", "inf",
+                         "1e999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        bad_value("KOLO_CYCLE_TIME", bad[i]);
+}
+END_TEST
+
+START_TEST(bad_integers)
+{
+    bad_value("KOLO_SIZE", "0");
+    bad_value("KOLO_SIZE", "-2");
+    bad_value("KOLO_SIZE", "two");
+    bad_value("KOLO_SIZE", "");
+    bad_value("KOLO_SIZE", "2147483648"); /* above INT32_MAX */
+    bad_value("KOLO_RANK", "-1");
+    bad_value("KOLO_RANK", "1x");
+    bad_value("KOLO_RANK", "99999999999999999999");
+    bad_value("KOLO_LOCAL_RANK", "-3");
+    bad_value("KOLO_LOCAL_SIZE", "0");
+    bad_value("KOLO_CROSS_RANK", "z");
+    bad_value("KOLO_CROSS_SIZE", "0");
+    bad_value("KOLO_CACHE_CAPACITY", "-1");
+    bad_value("KOLO_CACHE_CAPACITY", "1k");
+}
+END_TEST
+
+START_TEST(bad_other_values)
+{
+    char longhost[300], longdir[5000];
+
+    bad_value("KOLO_LOG_LEVEL", "loud");
+    bad_value("KOLO_LOG_LEVEL", "");
+    bad_value("KOLO_LOG_LEVEL", "2");
+    bad_value("KOLO_TIMEOUT_SECONDS", "-5");
+    bad_value("KOLO_TIMEOUT_SECONDS", "soon");
+    bad_value("KOLO_START_TIMEOUT", "-1");
+    bad_value("KOLO_HOSTNAME", "");
+    memset(longhost, 'h', sizeof longhost - 1);
+    longhost[sizeof longhost - 1] = '\0';
+    bad_value("KOLO_HOSTNAME", longhost);
+    strcpy(longdir, "file:");
+    memset(longdir + 5, 'd', sizeof longdir - 6);
+    longdir[sizeof longdir - 1] = '\0';
+    fake_reset();
+    fake_set("KOLO_RENDEZVOUS", longdir);
+    load_fails("KOLO_RENDEZVOUS", (const char *)NULL);
+}
+END_TEST
+
+START_TEST(rank_not_below_size)
+{
+    fake_reset();
+    fake_set("KOLO_RANK", "2");
+    fake_set("KOLO_SIZE", "2");
+    fake_set("KOLO_RENDEZVOUS", "file:/tmp/r");
+    load_fails("KOLO_RANK=2", "KOLO_SIZE=2", (const char *)NULL);
+    fake_set("KOLO_RANK", "7");
+    load_fails("KOLO_RANK=7", "KOLO_SIZE=2", (const char *)NULL);
+    /* Without KOLO_SIZE a job has one rank: rank 1 is out of range. */
+    fake_reset();
+    fake_set("KOLO_RANK", "1");
+    load_fails("KOLO_RANK=1", "KOLO_SIZE=1", (const char *)NULL);
+}
+END_TEST
+
+START_TEST(local_and_cross_rank_not_below_size)
+{
+    fake_reset();
+    fake_set("KOLO_SIZE", "4");
+    fake_set("KOLO_RENDEZVOUS", "file:/tmp/r");
+    fake_set("KOLO_LOCAL_RANK", "2");
+    fake_set("KOLO_LOCAL_SIZE", "2");
+    load_fails("KOLO_LOCAL_RANK=2", "KOLO_LOCAL_SIZE=2", (const char *)NULL);
+    fake_reset();
+    fake_set("KOLO_CROSS_RANK", "1");
+    load_fails("KOLO_CROSS_RANK=1", "KOLO_CROSS_SIZE=1", (const char *)NULL);
+}
+END_TEST
+
+START_TEST(multi_rank_needs_rendezvous)
+{
+    kolo__config_t cfg;
+
+    fake_reset();
+    fake_set("KOLO_SIZE", "2");
+    load_fails("KOLO_SIZE=2", "KOLO_RENDEZVOUS", (const char *)NULL);
+    /* Empty counts as unset. */
+    fake_set("KOLO_RENDEZVOUS", "");
+    load_fails("KOLO_RENDEZVOUS", (const char *)NULL);
+    fake_set("KOLO_RENDEZVOUS", "file:/tmp/job");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.size, 2);
+}
+END_TEST
+
+START_TEST(rendezvous_scheme_checked)
+{
+    kolo__config_t cfg;
+    const char *bad[] = {"redis:x", "/tmp/dir", "FILE:/tmp", "file", "tcp://h:1"};
+
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char quoted[64];
+        fake_reset();
+        fake_set("KOLO_RENDEZVOUS", bad[i]);
+        snprintf(quoted, sizeof quoted, "'%s'", bad[i]);
+        load_fails("KOLO_RENDEZVOUS", quoted, "file:", (const char *)NULL);
+        /* The same with a multi-rank job. */
+        fake_set("KOLO_SIZE", "2");
+        load_fails("KOLO_RENDEZVOUS", quoted, (const char *)NULL);
+    }
+    /* A one-rank job may name a rendezvous; it is kept. */
+    fake_reset();
+    fake_set("KOLO_RENDEZVOUS", "file:/tmp/solo");
+    load_ok(&cfg);
+    ck_assert_str_eq(cfg.rendezvous, "file:/tmp/solo");
+}
+END_TEST
+
+/* 0 parses as a number but is refused afterwards; env.h promises the same
+ * message as for any bad value: the variable, the value, what was
+ * expected. */
+START_TEST(timeout_must_be_positive)
+{
+    const char *zeros[] = {"0", "0.0"};
+    for (size_t i = 0; i < sizeof zeros / sizeof zeros[0]; i++) {
+        char quoted[16];
+        fake_reset();
+        fake_set("KOLO_TIMEOUT_SECONDS", zeros[i]);
+        snprintf(quoted, sizeof quoted, "'%s'", zeros[i]);
+        load_fails("KOLO_TIMEOUT_SECONDS", quoted, "positive",
+                   (const char *)NULL);
+    }
+}
+END_TEST
+
+START_TEST(first_bad_variable_reported)
+{
+    kolo__config_t cfg;
+    kolo__err_t err;
+    int size_named, level_named;
+
+    /* Two bad variables: the message is about one of them, whole (the
+     * variable with its value), not a mix of the two. */
+    fake_reset();
+    fake_set("KOLO_LOG_LEVEL", "loud");
+    fake_set("KOLO_SIZE", "0");
+    ck_assert_int_eq(kolo__config_load(&cfg, fake_getenv, &err),
+                     KOLO_ERR_CONFIG);
+    size_named = strstr(err.msg, "KOLO_SIZE='0'") != NULL;
+    level_named = strstr(err.msg, "KOLO_LOG_LEVEL='loud'") != NULL;
+    ck_assert_msg(size_named + level_named == 1, "message: %s", err.msg);
+}
+END_TEST
+
+START_TEST(print_doc_lists_every_variable)
+{
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    const char *names[] = {"KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK",
+                           "KOLO_LOCAL_SIZE", "KOLO_CROSS_RANK",
+                           "KOLO_CROSS_SIZE", "KOLO_RENDEZVOUS",
+                           "KOLO_HOSTNAME", "KOLO_FUSION_THRESHOLD",
+                           "KOLO_CYCLE_TIME", "KOLO_CACHE_CAPACITY",
+                           "KOLO_TIMEOUT_SECONDS", "KOLO_START_TIMEOUT",
+                           "KOLO_LOG_LEVEL"};
+
+    ck_assert_ptr_nonnull(f);
+    kolo__config_print_doc(f);
+    fclose(f);
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        ck_assert_msg(strstr(text, names[i]) != NULL, "%s not documented",
+                      names[i]);
+    ck_assert_ptr_nonnull(strstr(text, "134217728"));
+    free(text);
+}
+END_TEST
+
+static Suite *env_suite(void)
+{
+    Suite *s = suite_create("env");
+    TCase *tc = tcase_create("parse");
+    tcase_add_test(tc, defaults);
+    tcase_add_test(tc, every_variable_parsed);
+    tcase_add_test(tc, local_rank_and_size_default_to_rank_and_size);
+    tcase_add_test(tc, fusion_threshold_suffixes);
+    tcase_add_test(tc, log_levels);
+    tcase_add_test(tc, print_doc_lists_every_variable);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("invalid");
+    tcase_add_test(tc, bad_fusion_threshold);
+    tcase_add_test(tc, bad_cycle_time);
+    tcase_add_test(tc, bad_integers);
+    tcase_add_test(tc, bad_other_values);
+    tcase_add_test(tc, rank_not_below_size);
+    tcase_add_test(tc, local_and_cross_rank_not_below_size);
+    tcase_add_test(tc, multi_rank_needs_rendezvous);
+    tcase_add_test(tc, rendezvous_scheme_checked);
+    tcase_add_test(tc, timeout_must_be_positive);
+    tcase_add_test(tc, first_bad_variable_reported);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    SRunner *sr = srunner_create(env_suite());
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
