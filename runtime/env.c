@@ -85,10 +85,13 @@ static int parse_seconds(const char *text, void *field, const char **expected)
     char *end;
     double v;
 
-    *expected = "a non-negative number";
+    /* The upper bound (about 11 days) keeps every conversion to integer
+     * micro- or milliseconds far from overflow. */
+    *expected = "a number from 0 to 1000000";
     errno = 0;
     v = strtod(text, &end);
-    if (errno != 0 || end == text || *end != '\0' || !isfinite(v) || v < 0)
+    if (errno != 0 || end == text || *end != '\0' || !isfinite(v) || v < 0 ||
+        v > 1e6)
         return -1;
     *(double *)field = v;
     return 0;
@@ -175,9 +178,10 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
             continue;
         if (row->parse(value, field, &expected) != 0)
             return kolo__err_set(err, KOLO_ERR_CONFIG,
-                                 "environment variable %s='%s' is invalid: "
-                                 "expected %s",
-                                 row->name, value, expected);
+                                 "environment variable %s='%.200s%s' is "
+                                 "invalid: expected %s",
+                                 row->name, value,
+                                 strlen(value) > 200 ? "..." : "", expected);
     }
     if (getenv_fn("KOLO_LOCAL_RANK") == NULL)
         cfg->local_rank = cfg->rank;
@@ -201,15 +205,22 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
                              "KOLO_SIZE=%lld but KOLO_RENDEZVOUS is not set: "
                              "start multi-rank jobs with kolorun",
                              (long long)cfg->size);
-    if (cfg->rendezvous[0] != '\0' && strncmp(cfg->rendezvous, "file:", 5) != 0)
+    if (cfg->rendezvous[0] != '\0' &&
+        (strncmp(cfg->rendezvous, "file:", 5) != 0 || cfg->rendezvous[5] == '\0'))
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "environment variable KOLO_RENDEZVOUS='%s' is "
                              "invalid: expected file:DIR",
                              cfg->rendezvous);
     if (cfg->timeout_s <= 0)
         return kolo__err_set(err, KOLO_ERR_CONFIG,
-                             "environment variable KOLO_TIMEOUT_SECONDS must be "
-                             "positive");
+                             "environment variable KOLO_TIMEOUT_SECONDS='%s' is "
+                             "invalid: expected a positive number of seconds",
+                             getenv_fn("KOLO_TIMEOUT_SECONDS"));
+    if (cfg->start_timeout_s <= 0)
+        return kolo__err_set(err, KOLO_ERR_CONFIG,
+                             "environment variable KOLO_START_TIMEOUT='%s' is "
+                             "invalid: expected a positive number of seconds",
+                             getenv_fn("KOLO_START_TIMEOUT"));
     return KOLO_OK;
 }
 

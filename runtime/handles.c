@@ -120,8 +120,17 @@ int kolo__handles_wait(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err)
         pthread_mutex_unlock(&h->mu);
         return status;
     }
-    while (r->status == KOLO_IN_PROGRESS)
+    while (r->status == KOLO_IN_PROGRESS) {
         pthread_cond_wait(&h->cv, &h->mu);
+        /* Another thread waiting on the same handle may have released it
+         * meanwhile: look it up again rather than trust the pointer. */
+        r = kolo__map_get(&h->map, &id, sizeof(id));
+        if (r == NULL) {
+            status = invalid(h, id, err);
+            pthread_mutex_unlock(&h->mu);
+            return status;
+        }
+    }
     status = r->status;
     if (status < 0)
         kolo__err_set(err, status, "%s", r->msg ? r->msg : kolo_strerror(status));

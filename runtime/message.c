@@ -46,7 +46,7 @@ typedef struct writer {
 static void put(writer_t *w, const void *p, size_t n)
 {
     kolo__bytes_t *b = w->out;
-    if (w->failed)
+    if (w->failed || n == 0)
         return;
     if (b->len + n > b->cap) {
         size_t ncap = b->cap ? b->cap : 256;

@@ -477,8 +477,10 @@ static int full_round(kolo__runtime_t *rt, kolo__err_t *err)
             kolo__complete(rt, e, r->status, r->text);
             continue;
         }
-        if (kolo__cache_put(&rt->cache, r->name, &r->params, &bit, &evicted) == 0 &&
-            evicted)
+        /* An eviction counts even when the insertion then failed (out of
+         * memory): the evicted bit's waiters must be resent either way. */
+        kolo__cache_put(&rt->cache, r->name, &r->params, &bit, &evicted);
+        if (evicted)
             unhit(rt, bit);
         rc = ready_push(rt, e, err);
     }

@@ -49,6 +49,8 @@ for np in 2 3 4; do
     run "np=$np accumulate" "$kolorun" -np "$np" "$prog" accumulate
     run "np=$np shutdown with pending work" "$kolorun" -np "$np" "$prog" shutdown
 done
+run "np=2 idle job does not spin" "$kolorun" -np 2 "$prog" idle 3
+run "np=4 idle job does not spin" "$kolorun" -np 4 "$prog" idle 3
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -90,7 +90,11 @@ static void bad_value(const char *name, const char *value)
     char quoted[512];
     fake_reset();
     fake_set(name, value);
-    snprintf(quoted, sizeof quoted, "'%s'", value);
+    /* Values longer than 200 bytes are shown cut, ending in "...". */
+    if (strlen(value) > 200)
+        snprintf(quoted, sizeof quoted, "'%.200s...'", value);
+    else
+        snprintf(quoted, sizeof quoted, "'%s'", value);
     load_fails(name, quoted, "expected", (const char *)NULL);
 }
 

@@ -95,7 +95,8 @@ static int decode(const uint8_t *data, size_t len, kolo__msg_t *msg,
     return rc;
 }
 
-/* Checks that the input is refused cleanly; returns the error message. */
+/* Checks that the input is refused cleanly, leaving an empty message, and,
+ * when `what` starts with "bad ", that the error names that field. */
 static void expect_refused(const uint8_t *data, size_t len, const char *what)
 {
     kolo__msg_t msg;
