@@ -19,6 +19,15 @@
  *    training threads.
  *  - Must not throw, longjmp or exit: C++ backends catch everything at the
  *    boundary.
+ *
+ * Wake tokens. A rank whose background thread sleeps cannot see that a peer
+ * started a negotiation round, and the peer would block until the sleeper's
+ * timer fired. So a rank that starts a round after sleeping sends every
+ * peer a token carrying the round's number (wake_peers), and the backend
+ * delivers tokens from peers by calling cfg->on_wake from a thread of its
+ * own, which wakes the background thread. The same callback reports a lost
+ * connection (round = UINT64_MAX), so a sleeping rank learns of a dead peer
+ * at once.
  */
 #ifndef KOLO_OPS_H
 #define KOLO_OPS_H
@@ -38,12 +47,17 @@ extern "C" {
 typedef void (*kolo__ops_reduce_fn)(void *out, const void *a, const void *b,
                                     size_t n);
 
+typedef void (*kolo__ops_wake_fn)(void *arg, uint64_t round);
+
 typedef struct kolo__ops_config {
     int rank, size;
     const char *rendezvous; /* "file:DIR" */
     const char *hostname;   /* address to bind */
     double timeout_s;       /* per-operation progress timeout */
     double start_timeout_s; /* how long init waits for every rank */
+    kolo__ops_wake_fn on_wake; /* called from a backend thread; must only
+                                  set a flag and signal (never block) */
+    void *wake_arg;
 } kolo__ops_config_t;
 
 typedef struct kolo__ops {
@@ -72,6 +86,10 @@ typedef struct kolo__ops {
     /* root's buf is copied into every rank's buf. */
     int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, char *err,
                      size_t errlen);
+    /* Sends a wake token for `round` to every other rank; never blocks on a
+     * peer that is not reading. May be called only from the background
+     * thread, like the collectives. */
+    int (*wake_peers)(void *ctx, uint64_t round, char *err, size_t errlen);
 } kolo__ops_t;
 
 /* The backends this build has. kolo__ops_local serves jobs of one rank. */

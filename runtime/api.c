@@ -116,9 +116,15 @@ int kolo_init(void)
                            rt->size);
         goto free_rt;
     }
+    if (kolo__queue_init(&rt->queue) != 0) {
+        rc = kolo__err_set(&err, KOLO_ERR_INTERNAL,
+                           "cannot create the tensor queue's lock");
+        goto free_rt;
+    }
     ocfg = (kolo__ops_config_t){rt->rank, rt->size, rt->cfg.rendezvous,
                                 rt->cfg.hostname, rt->cfg.timeout_s,
-                                rt->cfg.start_timeout_s};
+                                rt->cfg.start_timeout_s, kolo__wake_from_peer,
+                                rt};
     detail[0] = '\0';
     rc = rt->ops->init(&ocfg, &rt->ops_ctx, detail, sizeof(detail));
     if (rc != KOLO_OK) {
@@ -127,7 +133,7 @@ int kolo_init(void)
                       rt->rank, rt->size, rt->ops->name,
                       rt->cfg.rendezvous[0] ? rt->cfg.rendezvous : "none",
                       detail);
-        goto free_rt;
+        goto destroy_queue;
     }
     KOLO__CHECK_GOTO(kolo__runtime_start(rt, &err), rc, finalize_ops);
 
@@ -147,6 +153,8 @@ int kolo_init(void)
 
 finalize_ops:
     rt->ops->finalize(rt->ops_ctx);
+destroy_queue:
+    kolo__queue_destroy(&rt->queue);
 free_rt:
     free(rt);
 unlock:
@@ -192,6 +200,7 @@ int kolo_shutdown(void)
     pthread_join(rt->thread, NULL);
     rt->ops->finalize(rt->ops_ctx);
     kolo__runtime_free(rt);
+    kolo__queue_destroy(&rt->queue);
     free(rt);
     accumulators_free();
     g_rt = NULL;

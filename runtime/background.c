@@ -14,19 +14,24 @@
  * share. It splits the plan into fusion batches (fusion.c), reduces each
  * batch with one backend call and completes the handles.
  *
- * Sleeping. Negotiation is a collective, so a rank that has nothing to do
- * must still join a round now and then (another rank may be waiting to shut
- * down). The thread therefore waits on the queue's condition variable:
- *  - new work or a shutdown request wakes it at once: no cycle sleep sits
- *    on the path of a tensor, and the last rank to enqueue a tensor starts
- *    the round that completes it;
- *  - with tensors waiting for other ranks, it starts the next round at once
- *    after a round that made progress, else after KOLO_CYCLE_TIME;
- *  - with nothing at all to do, it waits KOLO_CYCLE_TIME, doubling up to
- *    IDLE_MAX_US for each idle round, so an idle job costs a few wake-ups a
- *    second and no measurable CPU.
- * While a round waits for slower ranks, the thread is blocked inside the
- * backend (in the kernel), not spinning.
+ * Sleeping. Negotiation is a collective: every rank must join every round.
+ * After a round that completed something, every rank starts the next round
+ * at once (they all know it: the plan is the same everywhere). Otherwise
+ * every rank sleeps on the queue's condition variable until
+ *  - new work or a shutdown request on this rank: it starts the coming
+ *    round, so no timer sits on the path of a tensor. If the last round
+ *    made no progress while some rank had tensors waiting (the round's
+ *    vector says so), those ranks are asleep waiting for others: it first
+ *    sends every peer a wake token for the round (ops.h). After a round
+ *    that made progress, ranks with tensors waiting go straight into the
+ *    next round (blocking in it), so no token is needed to reach them;
+ *  - a peer's token for the coming round: it joins;
+ *  - a timer (KOLO_CYCLE_TIME, doubling for each round that finds nothing
+ *    to do, up to SLEEP_MAX_US): it sends tokens and runs a round, which
+ *    keeps failure detection and shutdown going in a quiet job.
+ * An idle job thus costs one wake-up a second per rank. While a round waits
+ * for slower ranks, the thread is blocked inside the backend (in the
+ * kernel), never spinning.
  *
  * Stopping. The first rank to shut down sets its bit in the round's vector;
  * every rank sees it in the same round, completes that round's plan, fails
@@ -42,7 +47,7 @@
 #include "reduce.h"
 #include "runtime.h"
 
-#define IDLE_MAX_US 100000 /* longest sleep of an idle rank */
+#define SLEEP_MAX_US 1000000 /* longest sleep between rounds */
 #define FUSION_ALIGN 64
 
 void kolo__complete(kolo__runtime_t *rt, kolo__entry_t *e, int status,
@@ -244,25 +249,40 @@ void *kolo__background_main(void *arg)
 {
     kolo__runtime_t *rt = arg;
     int64_t cycle_us = (int64_t)(rt->cfg.cycle_time_ms * 1000.0);
-    int64_t idle_start = cycle_us > 1000 ? cycle_us : 1000;
-    int64_t idle_us = idle_start;
-    int progressed = 1;
+    int64_t sleep_start = cycle_us > 1000 ? cycle_us : 1000;
+    int64_t sleep_us = sleep_start;
+    int progressed = 0;
     kolo__err_t err;
 
     for (;;) {
-        int pending = kolo__negotiate_pending(rt), shutdown, stop_rank;
-        int64_t timeout = pending ? (progressed ? 0 : cycle_us) : idle_us;
+        int pending = kolo__negotiate_pending(rt), shutdown, stop_rank, rc;
+        int64_t timeout = pending && progressed ? 0 : sleep_us;
+        kolo__wake_reason_t reason;
         size_t done_before;
         int64_t t0 = kolo__now_us();
-        kolo__entry_t *fresh = kolo__queue_take(&rt->queue, timeout, &shutdown);
+        kolo__entry_t *fresh = kolo__queue_take_round(
+            &rt->queue, timeout, (uint64_t)rt->cycles, &shutdown, &reason);
         int64_t t1 = kolo__now_us();
-
-        if (fresh == NULL && !pending && !shutdown)
-            idle_us = idle_us * 2 < IDLE_MAX_US ? idle_us * 2 : IDLE_MAX_US;
-        else
-            idle_us = idle_start;
+        char detail[KOLO__ERR_LEN];
 
         kolo__err_clear(&err);
+        /* Peers may be asleep waiting: ask them to join (see the essay). */
+        if (timeout > 0 && reason != KOLO__WOKE_PEER &&
+            (reason != KOLO__WOKE_WORK || rt->others_waiting) &&
+            (rc = rt->ops->wake_peers(rt->ops_ctx, (uint64_t)rt->cycles, detail,
+                                      sizeof(detail))) != KOLO_OK) {
+            kolo__err_set(&err, rc, "rank %d: cannot wake the other ranks: %s",
+                          rt->rank, detail);
+            kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
+            while (fresh != NULL) {
+                kolo__entry_t *next = fresh->next;
+                fail_entry(rt, fresh, &err);
+                fresh = next;
+            }
+            stop_all(rt, 0, &err);
+            break;
+        }
+
         done_before = (size_t)rt->completed;
         if (kolo__negotiate(rt, fresh, shutdown, &stop_rank, &err) != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
@@ -276,6 +296,14 @@ void *kolo__background_main(void *arg)
             break;
         }
         progressed = (size_t)rt->completed != done_before;
+        rt->others_waiting = !progressed && rt->any_pending;
+        /* The sleep grows while rounds find nothing to do anywhere. Both
+         * inputs are the same on every rank, so all ranks back off alike
+         * and a token from one does not reset the others. */
+        if (progressed || rt->any_pending)
+            sleep_us = sleep_start;
+        else
+            sleep_us = sleep_us * 2 < SLEEP_MAX_US ? sleep_us * 2 : SLEEP_MAX_US;
         kolo__trace("round %lld: slept %lld us (timeout %lld), negotiated in "
                     "%lld us, executed in %lld us, %zu completed, %s pending",
                     (long long)rt->cycles, (long long)(t1 - t0), (long long)timeout,
@@ -303,12 +331,8 @@ void *kolo__background_main(void *arg)
 
 int kolo__runtime_start(kolo__runtime_t *rt, kolo__err_t *err)
 {
-    if (kolo__queue_init(&rt->queue) != 0)
-        return kolo__err_set(err, KOLO_ERR_INTERNAL,
-                             "cannot create the tensor queue's lock");
     if (kolo__negotiate_init(rt) != 0) {
         kolo__negotiate_free(rt);
-        kolo__queue_destroy(&rt->queue);
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                              "out of memory for a response cache of %lld "
                              "entries (KOLO_CACHE_CAPACITY)",
@@ -316,7 +340,6 @@ int kolo__runtime_start(kolo__runtime_t *rt, kolo__err_t *err)
     }
     if (pthread_create(&rt->thread, NULL, kolo__background_main, rt) != 0) {
         kolo__negotiate_free(rt);
-        kolo__queue_destroy(&rt->queue);
         return kolo__err_set(err, KOLO_ERR_INTERNAL,
                              "cannot start the background thread");
     }
@@ -324,10 +347,15 @@ int kolo__runtime_start(kolo__runtime_t *rt, kolo__err_t *err)
     return KOLO_OK;
 }
 
+void kolo__wake_from_peer(void *arg, uint64_t round)
+{
+    kolo__runtime_t *rt = arg;
+    kolo__queue_peer_wake(&rt->queue, round);
+}
+
 void kolo__runtime_free(kolo__runtime_t *rt)
 {
     kolo__negotiate_free(rt);
-    kolo__queue_destroy(&rt->queue);
     free(rt->fusion);
     rt->fusion = NULL;
     rt->fusion_cap = 0;

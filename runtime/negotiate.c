@@ -9,7 +9,8 @@
  *  1. The bit vector. Each rank builds a vector of 64-bit words and all
  *     ranks AND-reduce it (one small allreduce):
  *       word 0            flags, stored inverted: bit 0 clear = "I have
- *                         tensors the cache cannot settle"
+ *                         tensors the cache cannot settle"; bit 1 clear =
+ *                         "I have tensors waiting for other ranks"
  *       shutdown words    bit r clear = "rank r asks to shut down"
  *       hit words         bit b set = "I have enqueued the cached tensor b,
  *                         with its cached parameters"
@@ -46,6 +47,7 @@
 #include "runtime.h"
 
 #define FLAG_NO_UNCACHED 1ULL
+#define FLAG_NONE_PENDING 2ULL
 
 #define BIT_GET(words, b) (((words)[(b) / 64] >> ((b) % 64)) & 1ULL)
 #define BIT_SET(words, b) ((words)[(b) / 64] |= 1ULL << ((b) % 64))
@@ -537,6 +539,8 @@ int kolo__negotiate(kolo__runtime_t *rt, kolo__entry_t *fresh, int shutdown,
     }
     if (rt->uncached_head != NULL)
         v[0] &= ~FLAG_NO_UNCACHED;
+    if (kolo__negotiate_pending(rt))
+        v[0] &= ~FLAG_NONE_PENDING;
     if (shutdown)
         BIT_CLR(v + rt->shut_word, (size_t)rt->rank);
 
@@ -546,6 +550,7 @@ int kolo__negotiate(kolo__runtime_t *rt, kolo__entry_t *fresh, int shutdown,
         return backend_failed(rt, rc, "allreduce of the readiness bits", detail,
                               err);
 
+    rt->any_pending = !(v[0] & FLAG_NONE_PENDING);
     for (int r = 0; r < rt->size; r++)
         if (!BIT_GET(v + rt->shut_word, (size_t)r)) {
             *stop_rank = r;

@@ -90,9 +90,15 @@ int kolo__queue_push(kolo__queue_t *q, kolo__entry_t *e, kolo__err_t *err)
     return rc;
 }
 
+static int peer_asks(const kolo__queue_t *q, uint64_t next_round)
+{
+    return q->wake_set && q->wake_round >= next_round;
+}
+
 /* Waits with q->mu held; returns when there is something to do or the
  * deadline passes. */
-static void wait_locked(kolo__queue_t *q, int64_t timeout_us)
+static void wait_locked(kolo__queue_t *q, int64_t timeout_us,
+                        uint64_t next_round)
 {
     struct timespec deadline;
 
@@ -107,7 +113,8 @@ static void wait_locked(kolo__queue_t *q, int64_t timeout_us)
             deadline.tv_nsec -= 1000000000;
         }
     }
-    while (q->head == NULL && !q->shutdown_requested) {
+    while (q->head == NULL && !q->shutdown_requested &&
+           !peer_asks(q, next_round)) {
         if (timeout_us < 0)
             pthread_cond_wait(&q->cv, &q->mu);
         else if (pthread_cond_timedwait(&q->cv, &q->mu, &deadline) == ETIMEDOUT)
@@ -119,24 +126,53 @@ int kolo__queue_wait(kolo__queue_t *q, int64_t timeout_us)
 {
     int ready;
     pthread_mutex_lock(&q->mu);
-    wait_locked(q, timeout_us);
+    wait_locked(q, timeout_us, UINT64_MAX);
     ready = q->head != NULL || q->shutdown_requested;
     pthread_mutex_unlock(&q->mu);
     return ready;
 }
 
-kolo__entry_t *kolo__queue_take(kolo__queue_t *q, int64_t timeout_us,
-                                int *shutdown)
+kolo__entry_t *kolo__queue_take_round(kolo__queue_t *q, int64_t timeout_us,
+                                      uint64_t next_round, int *shutdown,
+                                      kolo__wake_reason_t *reason)
 {
     kolo__entry_t *list;
 
     pthread_mutex_lock(&q->mu);
-    wait_locked(q, timeout_us);
+    wait_locked(q, timeout_us, next_round);
     list = q->head;
     q->head = q->tail = NULL;
     *shutdown = q->shutdown_requested;
+    if (peer_asks(q, next_round))
+        *reason = KOLO__WOKE_PEER;
+    else if (list != NULL)
+        *reason = KOLO__WOKE_WORK;
+    else if (*shutdown)
+        *reason = KOLO__WOKE_SHUTDOWN;
+    else
+        *reason = KOLO__WOKE_TIMEOUT;
+    /* The round about to run answers every token received so far. */
+    q->wake_set = 0;
     pthread_mutex_unlock(&q->mu);
     return list;
+}
+
+kolo__entry_t *kolo__queue_take(kolo__queue_t *q, int64_t timeout_us,
+                                int *shutdown)
+{
+    kolo__wake_reason_t reason;
+    return kolo__queue_take_round(q, timeout_us, UINT64_MAX, shutdown, &reason);
+}
+
+void kolo__queue_peer_wake(kolo__queue_t *q, uint64_t round)
+{
+    pthread_mutex_lock(&q->mu);
+    if (!q->wake_set || round > q->wake_round) {
+        q->wake_set = 1;
+        q->wake_round = round;
+    }
+    pthread_cond_signal(&q->cv);
+    pthread_mutex_unlock(&q->mu);
 }
 
 void kolo__queue_release(kolo__queue_t *q, const char *name)

@@ -11,7 +11,11 @@
  *
  * One mutex and one condition variable; the background thread sleeps on the
  * condition variable with a timeout and is woken by every push, so it never
- * spins and never misses work.
+ * spins and never misses work. A third signal comes from other ranks: a
+ * wake token (ops.h) asking this rank to join negotiation round r. It
+ * counts only while this rank has not run round r yet, so a token that
+ * arrives while the rank is already in that round is not taken for a new
+ * request later.
  */
 #ifndef KOLO_QUEUE_H
 #define KOLO_QUEUE_H
@@ -43,6 +47,8 @@ typedef struct kolo__queue {
     kolo__entry_t *head, *tail;
     kolo__map_t in_flight; /* name -> entry, from push until release */
     int shutdown_requested;
+    int wake_set;        /* a peer asked for round wake_round */
+    uint64_t wake_round; /* the highest round asked for */
     int closed; /* pushes are refused with close_err */
     kolo__err_t close_err;
 } kolo__queue_t;
@@ -62,6 +68,25 @@ int kolo__queue_push(kolo__queue_t *q, kolo__entry_t *e, kolo__err_t *err);
  * shutdown has been requested. */
 kolo__entry_t *kolo__queue_take(kolo__queue_t *q, int64_t timeout_us,
                                 int *shutdown);
+
+/* Why kolo__queue_take_round returned. */
+typedef enum kolo__wake_reason {
+    KOLO__WOKE_WORK = 1,     /* entries were queued */
+    KOLO__WOKE_SHUTDOWN = 2, /* a shutdown was requested */
+    KOLO__WOKE_PEER = 3,     /* a peer asked for this round */
+    KOLO__WOKE_TIMEOUT = 4   /* nothing; the timeout passed (or was 0) */
+} kolo__wake_reason_t;
+
+/* kolo__queue_take for the background thread: also returns when a peer
+ * asked for round `next_round` or a later one, and says why it returned.
+ * Tokens for rounds before next_round are stale and ignored. */
+kolo__entry_t *kolo__queue_take_round(kolo__queue_t *q, int64_t timeout_us,
+                                      uint64_t next_round, int *shutdown,
+                                      kolo__wake_reason_t *reason);
+
+/* A peer asks this rank to run round `round` (called from the backend's
+ * thread). */
+void kolo__queue_peer_wake(kolo__queue_t *q, uint64_t round);
 
 /* Like take's wait, without taking: returns 1 when work or a shutdown
  * request is there. */

@@ -55,13 +55,18 @@ typedef struct kolo__runtime {
     size_t fusion_cap;
     kolo__bytes_t send_buf, recv_buf, resp_buf;
     int64_t cycles;
+    int any_pending;       /* some rank had tensors waiting at the last round */
+    int others_waiting;    /* ranks may sleep waiting for this rank's work */
     uint64_t completed; /* entries completed, for progress detection */
 } kolo__runtime_t;
 
-/* background.c */
+/* background.c. The queue is initialised by the caller first (the backend
+ * may deliver wake tokens to it as soon as it is connected). */
 int kolo__runtime_start(kolo__runtime_t *rt, kolo__err_t *err);
 /* Finishes what kolo__runtime_start set up; the thread has been joined. */
 void kolo__runtime_free(kolo__runtime_t *rt);
+/* The backend's on_wake callback; arg is the runtime. */
+void kolo__wake_from_peer(void *arg, uint64_t round);
 void *kolo__background_main(void *arg);
 
 /* Completes an entry: releases its name and completes its handle. Frees

@@ -14,6 +14,13 @@
  * peers under fresh keys. Waiting for keys is bounded by the start timeout,
  * and a timeout names the ranks that never arrived.
  *
+ * Wake tokens (ops.h) travel on their own slot. A listener thread keeps a
+ * receive from any peer posted and hands each token to the runtime; it
+ * blocks in Gloo's waitRecv (a condition variable), so it costs nothing
+ * while no token comes. A failed receive means a peer's connection is gone:
+ * the listener reports it as a token for round UINT64_MAX, so the runtime
+ * runs a round at once and the backend names the failure.
+ *
  * Only Gloo's newer API (gloo::allreduce, gloo::gather, ...) is used: the
  * older algorithm classes set socket buffer sizes from their first message
  * and mixing the two APIs was measured to slow 64 KiB allreduces 100-fold
@@ -26,7 +33,9 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <atomic>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gloo/allgather.h>
@@ -43,13 +52,49 @@
 
 namespace {
 
+/* A slot no collective uses: collectives build theirs from small tags. */
+constexpr uint64_t kWakeSlot = 0x4b4f4c4f57414b45ULL; /* "KOLOWAKE" */
+
 struct GlooCtx {
     int rank = 0;
     int size = 1;
     uint32_t tag = 0;
     std::shared_ptr<gloo::rendezvous::Context> context;
     std::shared_ptr<gloo::transport::Device> device;
+
+    /* Wake tokens. */
+    kolo__ops_wake_fn on_wake = nullptr;
+    void *wake_arg = nullptr;
+    uint64_t recv_token = 0;
+    std::unique_ptr<gloo::transport::UnboundBuffer> recv_buf;
+    std::vector<uint64_t> send_token;   /* one per rank */
+    std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> send_buf;
+    std::vector<char> send_pending;
+    std::thread listener;
+    std::atomic<bool> stopping{false};
 };
+
+void listen(GlooCtx *g)
+{
+    std::vector<int> peers;
+    for (int r = 0; r < g->size; r++)
+        if (r != g->rank)
+            peers.push_back(r);
+    while (!g->stopping.load()) {
+        try {
+            g->recv_buf->recv(peers, kWakeSlot);
+            /* 30 days: waitRecv needs a finite timeout, and the listener
+             * must not wake for nothing. */
+            if (!g->recv_buf->waitRecv(nullptr, std::chrono::hours(24 * 30)))
+                break; /* aborted by finalize */
+            g->on_wake(g->wake_arg, g->recv_token);
+        } catch (...) {
+            if (!g->stopping.load())
+                g->on_wake(g->wake_arg, UINT64_MAX);
+            break;
+        }
+    }
+}
 
 /* Counts kolo_init calls in this process (see the essay above). */
 int generation = 0;
@@ -184,6 +229,18 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
             std::make_shared<gloo::rendezvous::Context>(cfg->rank, cfg->size);
         g->context->setTimeout(to_ms(cfg->timeout_s));
         g->context->connectFullMesh(store, g->device);
+        if (g->size > 1 && cfg->on_wake != nullptr) {
+            g->on_wake = cfg->on_wake;
+            g->wake_arg = cfg->wake_arg;
+            g->recv_buf = g->context->createUnboundBuffer(&g->recv_token,
+                                                          sizeof(uint64_t));
+            g->send_token.assign(g->size, 0);
+            g->send_pending.assign(g->size, 0);
+            for (int r = 0; r < g->size; r++)
+                g->send_buf.push_back(g->context->createUnboundBuffer(
+                    &g->send_token[r], sizeof(uint64_t)));
+            g->listener = std::thread(listen, g);
+        }
     });
     generation++;
     if (rc != KOLO_OK) {
@@ -198,6 +255,11 @@ void gloo_finalize(void *ctx)
 {
     GlooCtx *g = static_cast<GlooCtx *>(ctx);
     try {
+        if (g->listener.joinable()) {
+            g->stopping.store(true);
+            g->recv_buf->abortWaitRecv();
+            g->listener.join();
+        }
         delete g;
     } catch (...) {
         /* Destructors close sockets; nothing useful to report here. */
@@ -266,6 +328,26 @@ int gloo_broadcast(void *ctx, void *buf, size_t bytes, int root,
     });
 }
 
+int gloo_wake_peers(void *ctx, uint64_t round, char *err, size_t errlen)
+{
+    GlooCtx *g = static_cast<GlooCtx *>(ctx);
+    if (g->listener.get_id() == std::thread::id())
+        return KOLO_OK;
+    return guarded("wake token", err, errlen, [&] {
+        for (int r = 0; r < g->size; r++) {
+            if (r == g->rank)
+                continue;
+            /* The previous token to r has almost always left: r's listener
+             * reposts its receive right after taking one. */
+            if (g->send_pending[r])
+                g->send_buf[r]->waitSend();
+            g->send_token[r] = round;
+            g->send_buf[r]->send(r, kWakeSlot);
+            g->send_pending[r] = 1;
+        }
+    });
+}
+
 } // namespace
 
 extern "C" const kolo__ops_t kolo__ops_gloo = {
@@ -276,4 +358,5 @@ extern "C" const kolo__ops_t kolo__ops_gloo = {
     /* .allgather = */ gloo_allgather,
     /* .gather = */ gloo_gather,
     /* .broadcast = */ gloo_broadcast,
+    /* .wake_peers = */ gloo_wake_peers,
 };

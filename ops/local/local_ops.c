@@ -56,6 +56,13 @@ static int local_broadcast(void *ctx, void *buf, size_t bytes, int root,
     return KOLO_OK;
 }
 
+static int local_wake_peers(void *ctx, uint64_t round, char *err,
+                            size_t errlen)
+{
+    (void)ctx, (void)round, (void)err, (void)errlen;
+    return KOLO_OK;
+}
+
 const kolo__ops_t kolo__ops_local = {
     .name = "local",
     .init = local_init,
@@ -64,4 +71,5 @@ const kolo__ops_t kolo__ops_local = {
     .allgather = local_allgather,
     .gather = local_gather,
     .broadcast = local_broadcast,
+    .wake_peers = local_wake_peers,
 };
