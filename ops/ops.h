@@ -52,6 +52,8 @@ typedef void (*kolo__ops_wake_fn)(void *arg, uint64_t round);
 typedef struct kolo__ops_config {
     int rank, size;
     const char *rendezvous; /* "file:DIR" */
+    const char *prefix;     /* keys of this context in the rendezvous store:
+                               unique per kolo_init and process set */
     const char *hostname;   /* address to bind */
     double timeout_s;       /* per-operation progress timeout */
     double start_timeout_s; /* how long init waits for every rank */
@@ -86,6 +88,23 @@ typedef struct kolo__ops {
     /* root's buf is copied into every rank's buf. */
     int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, char *err,
                      size_t errlen);
+    /* Variable-size allgather: rank r contributes bytes[r] bytes (in, of
+     * bytes[rank] bytes); out receives them concatenated in rank order. */
+    int (*allgatherv)(void *ctx, const void *in, void *out,
+                      const size_t *bytes, char *err, size_t errlen);
+    /* Alltoall: this rank sends send_bytes[j] bytes of `in` (in order) to
+     * rank j and receives recv_bytes[j] bytes from rank j into `out`,
+     * concatenated in rank order. */
+    int (*alltoallv)(void *ctx, const void *in, const size_t *send_bytes,
+                     void *out, const size_t *recv_bytes, char *err,
+                     size_t errlen);
+    /* Reduce-scatter: `work` holds this rank's whole tensor, counts[r]
+     * elements of elem_size per rank block, blocks in rank order; it is
+     * used as scratch. out receives the reduction of this rank's block. */
+    int (*reduce_scatter)(void *ctx, void *work, void *out,
+                          const size_t *counts, size_t elem_size,
+                          kolo__ops_reduce_fn reduce, char *err,
+                          size_t errlen);
     /* Sends a wake token for `round` to every other rank; never blocks on a
      * peer that is not reading. May be called only from the background
      * thread, like the collectives. */

@@ -1,11 +1,13 @@
 /*
- * api.c — the public C API (kolo.h): argument checks, init and shutdown,
- * enqueue, handles, local gradient accumulation, and error strings.
+ * api.c — the public C API (kolo.h) outside the collectives: init and
+ * shutdown, ranks, handles, process sets, and error strings. The
+ * collectives are enqueued in enqueue.c.
  *
- * Locks: g_mu guards the runtime pointer and the accumulators; init and
- * shutdown hold it throughout, so an enqueue racing a shutdown either
- * completes before it or sees "not initialized". Waiting on a handle takes
- * only the handle table's lock, which the background thread needs to
+ * Locks: g_mu guards the runtime pointer, the process-set table (with
+ * sets_mu, which the global set's thread also takes) and the accumulators;
+ * init and shutdown hold it throughout, so an enqueue racing a shutdown
+ * either completes before it or sees "not initialized". Waiting on a handle
+ * takes only the handle table's lock, which the background threads need to
  * complete handles, so a waiter never blocks init or shutdown.
  */
 #include "config.h"
@@ -17,12 +19,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api.h"
 #include "reduce.h"
 #include "runtime.h"
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static kolo__runtime_t *g_rt;
-static kolo__map_t g_accumulators; /* name -> accumulator_t */
+static unsigned g_generation;
 static atomic_int g_rank = -1, g_size = -1, g_local_rank = -1,
                   g_local_size = -1, g_cross_rank = -1, g_cross_size = -1;
 
@@ -37,7 +40,7 @@ static void handles_init_once(void)
     g_handles_ok = kolo__handles_init(&g_handles) == 0;
 }
 
-static kolo__handles_t *handles(void)
+kolo__handles_t *kolo__api_handles(void)
 {
     pthread_once(&g_handles_once, handles_init_once);
     return g_handles_ok ? &g_handles : NULL;
@@ -45,15 +48,13 @@ static kolo__handles_t *handles(void)
 
 /* Every public function that fails returns through here, so that
  * kolo_last_error() always describes the latest failure. */
-static int fail(const kolo__err_t *err)
+int kolo__api_fail(const kolo__err_t *err)
 {
     strcpy(t_last_error, err->msg[0] ? err->msg : kolo_strerror(err->code));
     return err->code;
 }
 
-static int failf(int code, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static int failf(int code, const char *fmt, ...)
+int kolo__api_failf(int code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -64,82 +65,127 @@ static int failf(int code, const char *fmt, ...)
 
 const char *kolo_last_error(void) { return t_last_error; }
 
+kolo__runtime_t *kolo__api_enter(const char *what, kolo__err_t *err)
+{
+    pthread_mutex_lock(&g_mu);
+    if (g_rt == NULL) {
+        pthread_mutex_unlock(&g_mu);
+        kolo__err_set(err, KOLO_ERR_NOT_INITIALIZED,
+                      "%s: kolo is not initialized (call kolo_init first)",
+                      what);
+        return NULL;
+    }
+    return g_rt;
+}
+
+void kolo__api_leave(void) { pthread_mutex_unlock(&g_mu); }
+
+kolo__pset_t *kolo__api_set(kolo__runtime_t *rt, int id, const char *what,
+                            kolo__err_t *err)
+{
+    if (id < 0 || id >= rt->nsets || rt->set_sizes[id] == 0) {
+        kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                      "%s: process set %d does not exist%s", what, id,
+                      id > 0 && id < rt->nsets ? " (it was removed)" : "");
+        return NULL;
+    }
+    if (rt->sets[id] == NULL) {
+        kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                      "%s: rank %d is not a member of process set %d",
+                      what, rt->rank, id);
+        return NULL;
+    }
+    return rt->sets[id];
+}
+
 /* ---- life cycle ----------------------------------------------------------- */
 
 static const char *env_get(const char *name) { return getenv(name); }
 
-static const kolo__ops_t *choose_ops(int size)
+/* Adds a set to the table (id = rt->nsets); ps is NULL on non-members. */
+static int table_add(kolo__runtime_t *rt, kolo__pset_t *ps, int size)
 {
-    if (size == 1)
-        return &kolo__ops_local;
-#ifdef KOLO_HAVE_GLOO
-    return &kolo__ops_gloo;
-#else
-    return NULL;
-#endif
+    kolo__pset_t **sets;
+    int *sizes;
+
+    pthread_mutex_lock(&rt->sets_mu);
+    sets = realloc(rt->sets, (size_t)(rt->nsets + 1) * sizeof(*sets));
+    if (sets != NULL)
+        rt->sets = sets;
+    sizes = realloc(rt->set_sizes, (size_t)(rt->nsets + 1) * sizeof(*sizes));
+    if (sizes != NULL)
+        rt->set_sizes = sizes;
+    if (sets == NULL || sizes == NULL) {
+        pthread_mutex_unlock(&rt->sets_mu);
+        return -1;
+    }
+    rt->sets[rt->nsets] = ps;
+    rt->set_sizes[rt->nsets] = size;
+    rt->nsets++;
+    pthread_mutex_unlock(&rt->sets_mu);
+    return 0;
+}
+
+static void runtime_free(kolo__runtime_t *rt)
+{
+    free(rt->sets);
+    free(rt->set_sizes);
+    pthread_mutex_destroy(&rt->sets_mu);
+    free(rt);
 }
 
 int kolo_init(void)
 {
     kolo__err_t err;
     kolo__runtime_t *rt;
-    kolo__ops_config_t ocfg;
-    char detail[KOLO__ERR_LEN];
+    kolo__pset_t *world = NULL;
+    int *all = NULL;
     int rc;
 
     kolo__err_clear(&err);
-    if (handles() == NULL)
-        return failf(KOLO_ERR_INTERNAL, "cannot create the handle table's lock");
+    if (kolo__api_handles() == NULL)
+        return kolo__api_failf(KOLO_ERR_INTERNAL,
+                               "cannot create the handle table's lock");
     pthread_mutex_lock(&g_mu);
     if (g_rt != NULL) {
         pthread_mutex_unlock(&g_mu);
-        return failf(KOLO_ERR_ALREADY_INITIALIZED,
-                     "kolo_init called twice without kolo_shutdown");
+        return kolo__api_failf(KOLO_ERR_ALREADY_INITIALIZED,
+                               "kolo_init called twice without kolo_shutdown");
     }
     rt = calloc(1, sizeof(*rt));
     if (rt == NULL) {
         rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
         goto unlock;
     }
+    pthread_mutex_init(&rt->sets_mu, NULL);
     KOLO__CHECK_GOTO(kolo__config_load(&rt->cfg, env_get, &err), rc, free_rt);
     kolo__log_threshold = (int)rt->cfg.log_level;
     rt->rank = (int)rt->cfg.rank;
     rt->size = (int)rt->cfg.size;
     rt->handles = &g_handles;
+    rt->generation = g_generation++;
     kolo__log_set_rank(rt->rank);
 
-    rt->ops = choose_ops(rt->size);
-    if (rt->ops == NULL) {
-        rc = kolo__err_set(&err, KOLO_ERR_UNSUPPORTED,
-                           "KOLO_SIZE=%d needs a communication backend, and "
-                           "this kolo was built without Gloo",
-                           rt->size);
+    all = malloc((size_t)rt->size * sizeof(int));
+    if (all == NULL) {
+        rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
         goto free_rt;
     }
-    if (kolo__queue_init(&rt->queue) != 0) {
-        rc = kolo__err_set(&err, KOLO_ERR_INTERNAL,
-                           "cannot create the tensor queue's lock");
+    for (int r = 0; r < rt->size; r++)
+        all[r] = r;
+    KOLO__CHECK_GOTO(kolo__pset_start(rt, KOLO_GLOBAL_PROCESS_SET, all, rt->size,
+                                      &world, &err),
+                     rc, free_rt);
+    if (table_add(rt, world, rt->size) != 0) {
+        rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
+        kolo__pset_stop(world, NULL);
         goto free_rt;
     }
-    ocfg = (kolo__ops_config_t){rt->rank, rt->size, rt->cfg.rendezvous,
-                                rt->cfg.hostname, rt->cfg.timeout_s,
-                                rt->cfg.start_timeout_s, kolo__wake_from_peer,
-                                rt};
-    detail[0] = '\0';
-    rc = rt->ops->init(&ocfg, &rt->ops_ctx, detail, sizeof(detail));
-    if (rc != KOLO_OK) {
-        kolo__err_set(&err, rc, "rank %d of %d could not join the job (%s "
-                      "backend, rendezvous %s): %s",
-                      rt->rank, rt->size, rt->ops->name,
-                      rt->cfg.rendezvous[0] ? rt->cfg.rendezvous : "none",
-                      detail);
-        goto destroy_queue;
-    }
-    KOLO__CHECK_GOTO(kolo__runtime_start(rt, &err), rc, finalize_ops);
+    free(all);
 
     kolo__debug("initialised: rank %d of %d, %s backend, fusion threshold "
                 "%lld bytes, cycle time %.3g ms",
-                rt->rank, rt->size, rt->ops->name,
+                rt->rank, rt->size, world->ops->name,
                 (long long)rt->cfg.fusion_threshold, rt->cfg.cycle_time_ms);
     g_rank = rt->rank;
     g_size = rt->size;
@@ -151,58 +197,38 @@ int kolo_init(void)
     pthread_mutex_unlock(&g_mu);
     return KOLO_OK;
 
-finalize_ops:
-    rt->ops->finalize(rt->ops_ctx);
-destroy_queue:
-    kolo__queue_destroy(&rt->queue);
 free_rt:
-    free(rt);
+    free(all);
+    runtime_free(rt);
 unlock:
     pthread_mutex_unlock(&g_mu);
     kolo__log(KOLO__LOG_ERROR, "kolo_init failed: %s", err.msg);
-    return fail(&err);
-}
-
-/* One named accumulator (backward_passes > 1). */
-typedef struct accumulator {
-    void *sum;
-    int64_t count;
-    kolo_dtype_t dtype;
-    int passes, done;
-} accumulator_t;
-
-static void accumulators_free(void)
-{
-    size_t it = 0;
-    void *v;
-    while (kolo__map_next(&g_accumulators, &it, NULL, &v)) {
-        accumulator_t *acc = v;
-        free(acc->sum);
-        free(acc);
-    }
-    kolo__map_free(&g_accumulators);
+    return kolo__api_fail(&err);
 }
 
 int kolo_shutdown(void)
 {
     kolo__runtime_t *rt;
+    kolo__err_t why;
 
     pthread_mutex_lock(&g_mu);
     rt = g_rt;
     if (rt == NULL) {
         pthread_mutex_unlock(&g_mu);
-        return failf(KOLO_ERR_NOT_INITIALIZED,
-                     "kolo_shutdown called, but kolo is not initialized");
+        return kolo__api_failf(KOLO_ERR_NOT_INITIALIZED,
+                               "kolo_shutdown called, but kolo is not "
+                               "initialized");
     }
-    /* The background thread announces the shutdown to the other ranks in
-     * its next round, fails what is pending and returns. */
-    kolo__queue_request_shutdown(&rt->queue);
-    pthread_join(rt->thread, NULL);
-    rt->ops->finalize(rt->ops_ctx);
-    kolo__runtime_free(rt);
-    kolo__queue_destroy(&rt->queue);
-    free(rt);
-    accumulators_free();
+    /* The global set announces the shutdown to the other ranks in its next
+     * round, fails what is pending and asks the other sets to stop. */
+    kolo__pset_stop(rt->sets[KOLO_GLOBAL_PROCESS_SET], NULL);
+    kolo__err_set(&why, KOLO_ERR_SHUTDOWN,
+                  "kolo was shut down on this rank (rank %d)", rt->rank);
+    for (int i = 1; i < rt->nsets; i++)
+        if (rt->sets[i] != NULL)
+            kolo__pset_stop(rt->sets[i], &why);
+    kolo__api_accumulators_free();
+    runtime_free(rt);
     g_rt = NULL;
     g_rank = g_size = g_local_rank = g_local_size = -1;
     g_cross_rank = g_cross_size = -1;
@@ -210,11 +236,7 @@ int kolo_shutdown(void)
     return KOLO_OK;
 }
 
-int kolo_is_initialized(void)
-{
-    return atomic_load(&g_size) > 0;
-}
-
+int kolo_is_initialized(void) { return atomic_load(&g_size) > 0; }
 int kolo_rank(void) { return g_rank; }
 int kolo_size(void) { return g_size; }
 int kolo_local_rank(void) { return g_local_rank; }
@@ -222,207 +244,186 @@ int kolo_local_size(void) { return g_local_size; }
 int kolo_cross_rank(void) { return g_cross_rank; }
 int kolo_cross_size(void) { return g_cross_size; }
 
-/* ---- enqueue -------------------------------------------------------------- */
+/* ---- process sets --------------------------------------------------------- */
 
-void kolo_allreduce_opts_init(kolo_allreduce_opts_t *opts)
+/* Checks a list of global ranks: in range, each once. */
+static int check_ranks(const kolo__runtime_t *rt, const int *ranks, int n,
+                       const char *what, kolo__err_t *err)
 {
-    if (opts != NULL) {
-        memset(opts, 0, sizeof(*opts));
-        opts->op = KOLO_OP_SUM;
-        opts->backward_passes = 1;
-        opts->average_passes = 0;
+    if (ranks == NULL || n < 1)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s: a process set needs at least one rank", what);
+    for (int i = 0; i < n; i++) {
+        if (ranks[i] < 0 || ranks[i] >= rt->size)
+            return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                                 "%s: rank %d is not a rank of this job of %d",
+                                 what, ranks[i], rt->size);
+        for (int j = 0; j < i; j++)
+            if (ranks[j] == ranks[i])
+                return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                                     "%s: rank %d is listed twice", what,
+                                     ranks[i]);
     }
-}
-
-static int check_args(const char *name, const void *input, void *output,
-                      int64_t count, kolo_dtype_t dtype, kolo_op_t op,
-                      const kolo_handle_t *handle, kolo__err_t *err)
-{
-    size_t len;
-
-    if (handle == NULL)
-        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                             "allreduce: the handle pointer is NULL");
-    if (name == NULL)
-        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                             "allreduce: the tensor name is NULL");
-    len = strnlen(name, KOLO_MAX_NAME_LEN + 1);
-    if (len == 0)
-        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                             "allreduce: the tensor name is empty");
-    if (len > KOLO_MAX_NAME_LEN)
-        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                             "allreduce: the tensor name '%.40s...' is longer "
-                             "than %d bytes",
-                             name, KOLO_MAX_NAME_LEN);
-    if ((unsigned)dtype >= KOLO_DTYPE_COUNT_)
-        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                             "allreduce of tensor '%s': unknown dtype %d",
-                             name, (int)dtype);
-    if ((unsigned)op >= KOLO_OP_COUNT_)
-        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                             "allreduce of tensor '%s': unknown reduction op %d",
-                             name, (int)op);
-    if (!kolo__op_valid_for_dtype(dtype, op))
-        return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
-                             "allreduce of tensor '%s': %s does not apply to %s",
-                             name, kolo_op_name(op), kolo_dtype_name(dtype));
-    if (count < 0 || count > INT64_MAX / (int64_t)kolo_dtype_size(dtype))
-        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                             "allreduce of tensor '%s': invalid element count "
-                             "%lld",
-                             name, (long long)count);
-    if (count > 0 && (input == NULL || output == NULL))
-        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                             "allreduce of tensor '%s': the %s buffer is NULL",
-                             name, input == NULL ? "input" : "output");
     return KOLO_OK;
 }
 
-/* Creates a handle and queues the allreduce. Called with g_mu held. */
-static int enqueue(kolo__runtime_t *rt, const char *name, const void *input,
-                   void *output, int64_t count, kolo_dtype_t dtype,
-                   kolo_op_t op, kolo_handle_t *handle, kolo__err_t *err)
+/* Creates set rt->nsets; the caller holds g_mu and checked the ranks. */
+static int add_set(kolo__runtime_t *rt, const int *ranks, int n, int *id,
+                   kolo__err_t *err)
 {
-    kolo__entry_t *e = kolo__entry_new(name);
-    kolo_handle_t id;
-    int rc;
+    kolo__pset_t *ps = NULL;
+    int member = 0, new_id = rt->nsets;
 
-    if (e == NULL)
+    for (int i = 0; i < n; i++)
+        member |= ranks[i] == rt->rank;
+    /* Members connect among themselves; the others only count the id. */
+    if (member)
+        KOLO__CHECK(kolo__pset_start(rt, new_id, ranks, n, &ps, err));
+    if (table_add(rt, ps, n) != 0) {
+        if (ps != NULL)
+            kolo__pset_stop(ps, NULL);
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                             "out of memory enqueuing tensor '%s'", name);
-    rc = kolo__handles_new(rt->handles, &id, err);
-    if (rc != KOLO_OK) {
-        kolo__entry_free(e);
-        return rc;
+                             "out of memory adding process set %d", new_id);
     }
-    e->handle = id;
-    e->input = input;
-    e->output = output;
-    e->params = (kolo__params_t){KOLO__COLL_ALLREDUCE, (uint8_t)dtype,
-                                 (uint8_t)op, count};
-    e->enqueued_us = kolo__now_us();
-    rc = kolo__queue_push(&rt->queue, e, err);
-    if (rc != KOLO_OK) {
-        /* Never handed out: complete and release it at once. */
-        kolo__handles_complete(rt->handles, id, rc, err->msg);
-        kolo__handles_wait(rt->handles, id, NULL);
-        kolo__entry_free(e);
-        return rc;
-    }
-    *handle = id;
+    *id = new_id;
     return KOLO_OK;
 }
 
-/* backward_passes > 1: accumulate locally; the last pass of a group
- * enqueues the allreduce of the sum. Called with g_mu held. */
-static int accumulate(kolo__runtime_t *rt, const char *name, const void *input,
-                      void *output, int64_t count, kolo_dtype_t dtype,
-                      const kolo_allreduce_opts_t *opts, kolo_handle_t *handle,
-                      kolo__err_t *err)
+int kolo_add_process_set(const int *ranks, int nranks, int *id)
 {
-    accumulator_t *acc = kolo__map_gets(&g_accumulators, name);
-    kolo_handle_t id;
-    int rc;
-
-    if (acc != NULL && (acc->count != count || acc->dtype != dtype ||
-                        acc->passes != opts->backward_passes)) {
-        rc = kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                           "allreduce of tensor '%s': pass %d of %d was "
-                           "accumulated with %lld %s and %d passes, this call "
-                           "has %lld %s and %d passes; the partial sum is "
-                           "discarded",
-                           name, acc->done + 1, acc->passes,
-                           (long long)acc->count, kolo_dtype_name(acc->dtype),
-                           acc->passes, (long long)count,
-                           kolo_dtype_name(dtype), opts->backward_passes);
-        kolo__map_dels(&g_accumulators, name);
-        free(acc->sum);
-        free(acc);
-        return rc;
-    }
-    if (acc == NULL) {
-        acc = calloc(1, sizeof(*acc));
-        if (acc != NULL)
-            acc->sum = calloc(count ? (size_t)count : 1,
-                              kolo__accumulator_elem_size(dtype));
-        if (acc == NULL || acc->sum == NULL ||
-            kolo__map_puts(&g_accumulators, name, acc) != 0) {
-            if (acc != NULL)
-                free(acc->sum);
-            free(acc);
-            return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                                 "out of memory for the accumulator of tensor "
-                                 "'%s' (%lld %s)",
-                                 name, (long long)count, kolo_dtype_name(dtype));
-        }
-        acc->count = count;
-        acc->dtype = dtype;
-        acc->passes = opts->backward_passes;
-    }
-    kolo__accumulate(acc->sum, input, (size_t)count, dtype);
-    if (++acc->done < acc->passes) {
-        /* An intermediate pass: done at once, nothing communicated. */
-        KOLO__CHECK(kolo__handles_new(rt->handles, &id, err));
-        kolo__handles_complete(rt->handles, id, KOLO_OK, NULL);
-        *handle = id;
-        return KOLO_OK;
-    }
-    kolo__accumulate_finish(output, acc->sum, (size_t)count, dtype,
-                            opts->average_passes ? acc->passes : 1);
-    memset(acc->sum, 0, (size_t)count * kolo__accumulator_elem_size(dtype));
-    acc->done = 0;
-    return enqueue(rt, name, output, output, count, dtype, opts->op, handle, err);
-}
-
-int kolo_allreduce_async_opts(const char *name, const void *input,
-                              void *output, int64_t count, kolo_dtype_t dtype,
-                              const kolo_allreduce_opts_t *opts,
-                              kolo_handle_t *handle)
-{
-    kolo_allreduce_opts_t defaults;
     kolo__err_t err;
-    int rc;
+    kolo__runtime_t *rt;
+    int rc, new_id;
 
     kolo__err_clear(&err);
-    if (opts == NULL) {
-        kolo_allreduce_opts_init(&defaults);
-        opts = &defaults;
-    }
-    rc = check_args(name, input, output, count, dtype, opts->op, handle, &err);
+    if (id == NULL)
+        return kolo__api_failf(KOLO_ERR_INVALID_ARGUMENT,
+                               "kolo_add_process_set: id is NULL");
+    if ((rt = kolo__api_enter("kolo_add_process_set", &err)) == NULL)
+        return kolo__api_fail(&err);
+    rc = check_ranks(rt, ranks, nranks, "kolo_add_process_set", &err);
+    if (rc == KOLO_OK)
+        rc = add_set(rt, ranks, nranks, &new_id, &err);
+    kolo__api_leave();
     if (rc != KOLO_OK)
-        return fail(&err);
-    if (opts->backward_passes < 1)
-        return failf(KOLO_ERR_INVALID_ARGUMENT,
-                     "allreduce of tensor '%s': backward_passes must be at "
-                     "least 1, not %d",
-                     name, opts->backward_passes);
-
-    pthread_mutex_lock(&g_mu);
-    if (g_rt == NULL)
-        rc = kolo__err_set(&err, KOLO_ERR_NOT_INITIALIZED,
-                           "allreduce of tensor '%s': kolo is not initialized "
-                           "(call kolo_init first)",
-                           name);
-    else if (opts->backward_passes > 1)
-        rc = accumulate(g_rt, name, input, output, count, dtype, opts, handle,
-                        &err);
-    else
-        rc = enqueue(g_rt, name, input, output, count, dtype, opts->op, handle,
-                     &err);
-    pthread_mutex_unlock(&g_mu);
-    return rc == KOLO_OK ? KOLO_OK : fail(&err);
+        return kolo__api_fail(&err);
+    *id = new_id;
+    return KOLO_OK;
 }
 
-int kolo_allreduce_async(const char *name, const void *input, void *output,
-                         int64_t count, kolo_dtype_t dtype, kolo_op_t op,
-                         kolo_handle_t *handle)
+int kolo_add_process_sets_from_groups(int ngroups, const int *const *groups,
+                                      const int *group_sizes,
+                                      int require_equal_size, int *ids)
 {
-    kolo_allreduce_opts_t opts;
-    kolo_allreduce_opts_init(&opts);
-    opts.op = op;
-    return kolo_allreduce_async_opts(name, input, output, count, dtype, &opts,
-                                     handle);
+    const char *what = "kolo_add_process_sets_from_groups";
+    kolo__err_t err;
+    kolo__runtime_t *rt;
+    int *seen = NULL, rc = KOLO_OK;
+
+    kolo__err_clear(&err);
+    if (ngroups < 1 || groups == NULL || group_sizes == NULL || ids == NULL)
+        return kolo__api_failf(KOLO_ERR_INVALID_ARGUMENT,
+                               "%s: needs at least one group, and non-NULL "
+                               "groups, sizes and ids", what);
+    if ((rt = kolo__api_enter(what, &err)) == NULL)
+        return kolo__api_fail(&err);
+    seen = calloc((size_t)rt->size, sizeof(int));
+    if (seen == NULL) {
+        rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "%s: out of memory", what);
+        goto out;
+    }
+    /* Validate the whole assignment before creating anything. */
+    for (int g = 0; g < ngroups && rc == KOLO_OK; g++) {
+        rc = check_ranks(rt, groups[g], group_sizes[g], what, &err);
+        if (rc == KOLO_OK && require_equal_size && group_sizes[g] != group_sizes[0])
+            rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
+                               "%s: groups must have equal sizes, but group 0 "
+                               "has %d ranks and group %d has %d",
+                               what, group_sizes[0], g, group_sizes[g]);
+        for (int i = 0; rc == KOLO_OK && i < group_sizes[g]; i++) {
+            int r = groups[g][i];
+            if (seen[r])
+                rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
+                                   "%s: rank %d appears in group %d and in "
+                                   "group %d; every rank must appear exactly "
+                                   "once",
+                                   what, r, seen[r] - 1, g);
+            seen[r] = g + 1;
+        }
+    }
+    for (int r = 0; rc == KOLO_OK && r < rt->size; r++)
+        if (!seen[r])
+            rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
+                               "%s: rank %d is in no group; every rank must "
+                               "appear exactly once",
+                               what, r);
+    for (int g = 0; g < ngroups && rc == KOLO_OK; g++)
+        rc = add_set(rt, groups[g], group_sizes[g], &ids[g], &err);
+out:
+    kolo__api_leave();
+    free(seen);
+    return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
+}
+
+int kolo_remove_process_set(int id)
+{
+    kolo__err_t err, why;
+    kolo__runtime_t *rt;
+    kolo__pset_t *ps = NULL;
+    int rc = KOLO_OK;
+
+    kolo__err_clear(&err);
+    if ((rt = kolo__api_enter("kolo_remove_process_set", &err)) == NULL)
+        return kolo__api_fail(&err);
+    if (id == KOLO_GLOBAL_PROCESS_SET)
+        rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
+                           "kolo_remove_process_set: the global process set "
+                           "cannot be removed");
+    else if (id < 0 || id >= rt->nsets || rt->set_sizes[id] == 0)
+        rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
+                           "kolo_remove_process_set: process set %d does not "
+                           "exist", id);
+    if (rc == KOLO_OK) {
+        pthread_mutex_lock(&rt->sets_mu);
+        ps = rt->sets[id];
+        rt->sets[id] = NULL;
+        rt->set_sizes[id] = 0;
+        pthread_mutex_unlock(&rt->sets_mu);
+        kolo__err_set(&why, KOLO_ERR_INVALID_ARGUMENT,
+                      "process set %d was removed", id);
+        /* Members stop the set together: its thread announces the stop in
+         * one more round. */
+        if (ps != NULL)
+            kolo__pset_stop(ps, &why);
+    }
+    kolo__api_leave();
+    return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
+}
+
+int kolo_process_set_rank(int id)
+{
+    kolo__err_t err;
+    kolo__runtime_t *rt = kolo__api_enter("kolo_process_set_rank", &err);
+    int r = -1;
+    if (rt == NULL)
+        return -1;
+    if (id >= 0 && id < rt->nsets && rt->sets[id] != NULL)
+        r = rt->sets[id]->rank;
+    kolo__api_leave();
+    return r;
+}
+
+int kolo_process_set_size(int id)
+{
+    kolo__err_t err;
+    kolo__runtime_t *rt = kolo__api_enter("kolo_process_set_size", &err);
+    int n = -1;
+    if (rt == NULL)
+        return -1;
+    if (id >= 0 && id < rt->nsets && rt->set_sizes[id] > 0)
+        n = rt->set_sizes[id];
+    kolo__api_leave();
+    return n;
 }
 
 /* ---- completion ----------------------------------------------------------- */
@@ -430,31 +431,61 @@ int kolo_allreduce_async(const char *name, const void *input, void *output,
 int kolo_poll(kolo_handle_t handle)
 {
     kolo__err_t err;
-    kolo__handles_t *h = handles();
+    kolo__handles_t *h = kolo__api_handles();
     int rc;
 
     if (h == NULL)
-        return failf(KOLO_ERR_INTERNAL, "the handle table is unavailable");
+        return kolo__api_failf(KOLO_ERR_INTERNAL, "the handle table is unavailable");
     kolo__err_clear(&err);
     rc = kolo__handles_poll(h, handle, &err);
-    return rc < 0 ? fail(&err) : rc;
+    return rc < 0 ? kolo__api_fail(&err) : rc;
 }
 
 int kolo_wait(kolo_handle_t handle)
 {
+    return kolo_wait_result(handle, NULL);
+}
+
+int kolo_wait_result(kolo_handle_t handle, kolo_result_t *result)
+{
     kolo__err_t err;
-    kolo__handles_t *h = handles();
+    kolo__handles_t *h = kolo__api_handles();
+    kolo__result_t *out = NULL;
     int rc;
 
+    if (result != NULL)
+        memset(result, 0, sizeof(*result));
     if (h == NULL)
-        return failf(KOLO_ERR_INTERNAL, "the handle table is unavailable");
+        return kolo__api_failf(KOLO_ERR_INTERNAL, "the handle table is unavailable");
     kolo__err_clear(&err);
-    rc = kolo__handles_wait(h, handle, &err);
-    return rc < 0 ? fail(&err) : rc;
+    rc = kolo__handles_wait_output(h, handle, &err, (void **)&out);
+    if (rc < 0)
+        return kolo__api_fail(&err);
+    if (out != NULL && result != NULL) {
+        result->data = out->data;
+        result->bytes = out->bytes;
+        result->ndim = out->ndim;
+        memcpy(result->shape, out->shape, sizeof(result->shape));
+        result->nsplits = out->nsplits;
+        result->splits = out->splits;
+        out->data = NULL;
+        out->splits = NULL;
+    }
+    kolo__result_free(out);
+    return rc;
+}
+
+void kolo_result_free(kolo_result_t *result)
+{
+    if (result != NULL) {
+        free(result->data);
+        free(result->splits);
+        memset(result, 0, sizeof(*result));
+    }
 }
 
 const char *kolo_handle_error(kolo_handle_t handle)
 {
-    kolo__handles_t *h = handles();
+    kolo__handles_t *h = kolo__api_handles();
     return h ? kolo__handles_error(h, handle) : NULL;
 }

@@ -1,23 +1,26 @@
 /*
- * background.c — the background thread of one rank.
+ * background.c — the background thread of one process set on one rank.
  *
  * DESIGN
  *
  * Threads. The training threads only enqueue (queue.c) and wait on handles
- * (handles.c). One background thread per rank does everything else, so the
- * backend is only ever called from one thread, in the same order on every
- * rank.
+ * (handles.c). Every process set a rank belongs to has one background
+ * thread on that rank (the global set included), which does everything
+ * else for that set: its backend context is only ever called from that
+ * thread, in the same order on every member, and sets never wait for each
+ * other.
  *
  * The cycle. The thread takes what was enqueued since the last cycle, runs
- * one negotiation round with the other ranks (negotiate.c), which yields
+ * one negotiation round with the other members (negotiate.c), which yields
  * the plan: the tensors now ready on every rank, in an order all ranks
- * share. It splits the plan into fusion batches (fusion.c), reduces each
- * batch with one backend call and completes the handles.
+ * share. It splits the allreduces of the plan into fusion batches
+ * (fusion.c), reduces each batch with one backend call, runs the other
+ * collectives one by one, and completes the handles.
  *
- * Sleeping. Negotiation is a collective: every rank must join every round.
- * After a round that completed something, every rank starts the next round
- * at once (they all know it: the plan is the same everywhere). Otherwise
- * every rank sleeps on the queue's condition variable until
+ * Sleeping. Negotiation is a collective: every member must join every
+ * round. After a round that completed something, every rank starts the
+ * next round at once (they all know it: the plan is the same everywhere).
+ * Otherwise every rank sleeps on the queue's condition variable until
  *  - new work or a shutdown request on this rank: it starts the coming
  *    round, so no timer sits on the path of a tensor. If the last round
  *    made no progress while some rank had tensors waiting (the round's
@@ -27,79 +30,103 @@
  *    next round (blocking in it), so no token is needed to reach them;
  *  - a peer's token for the coming round: it joins;
  *  - a timer (KOLO_CYCLE_TIME, doubling for each round that finds nothing
- *    to do, up to SLEEP_MAX_US): it sends tokens and runs a round, which
- *    keeps failure detection and shutdown going in a quiet job.
- * An idle job thus costs one wake-up a second per rank. While a round waits
- * for slower ranks, the thread is blocked inside the backend (in the
- * kernel), never spinning.
+ *    to do anywhere, up to SLEEP_MAX_US): it sends tokens and runs a round,
+ *    which keeps failure detection and shutdown going in a quiet job.
+ * An idle job thus costs one wake-up a second per rank and set. While a
+ * round waits for slower ranks, the thread is blocked inside the backend
+ * (in the kernel), never spinning.
  *
  * Stopping. The first rank to shut down sets its bit in the round's vector;
- * every rank sees it in the same round, completes that round's plan, fails
- * everything still pending with a message naming that rank, closes its
- * queue (later enqueues fail with the same message) and leaves the loop. A
- * backend failure does the same with the backend's message.
+ * every member sees it in the same round, completes that round's plan,
+ * fails everything still pending with a message naming that rank, closes
+ * its queue (later enqueues fail with the same message) and leaves the
+ * loop. A backend failure does the same with the backend's message. When
+ * the global set stops, it asks every other set on the rank to stop with
+ * the same reason; their members do the same, so each set still stops in
+ * one shared round.
  */
+#include "config.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fusion.h"
+#include "half.h"
 #include "reduce.h"
 #include "runtime.h"
 
 #define SLEEP_MAX_US 1000000 /* longest sleep between rounds */
 #define FUSION_ALIGN 64
 
-void kolo__complete(kolo__runtime_t *rt, kolo__entry_t *e, int status,
+void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
                     const char *msg)
 {
-    /* The name is released before the handle completes, so that a training
-     * thread returning from kolo_wait can enqueue the same name again. */
-    kolo__queue_release(&rt->queue, e->name);
-    kolo__handles_complete(rt->handles, e->handle, status, msg);
+    if (e->handle > 0) {
+        /* The name is released before the handle completes, so that a
+         * training thread returning from kolo_wait can enqueue the same
+         * name again. */
+        kolo__queue_release(&ps->queue, e->name);
+        kolo__handles_complete_output(ps->rt->handles, e->handle, status, msg,
+                                      status == KOLO_OK ? e->result : NULL,
+                                      kolo__result_free);
+        if (status == KOLO_OK)
+            e->result = NULL;
+    }
     kolo__entry_free(e);
-    rt->completed++;
+    ps->completed++;
 }
 
 /* Completes an entry that will never run, with a sentence naming it. */
-static void fail_entry(kolo__runtime_t *rt, kolo__entry_t *e,
+static void fail_entry(kolo__pset_t *ps, kolo__entry_t *e,
                        const kolo__err_t *why)
 {
     char msg[KOLO__ERR_LEN + KOLO_MAX_NAME_LEN + 64];
-    snprintf(msg, sizeof(msg), "%s of tensor '%s' did not complete: %s",
-             kolo__coll_name(e->params.coll), e->name, why->msg);
-    kolo__complete(rt, e, why->code, msg);
+    if (strstr(why->msg, e->name) != NULL)
+        snprintf(msg, sizeof(msg), "%s", why->msg);
+    else
+        snprintf(msg, sizeof(msg), "%s of tensor '%s' did not complete: %s",
+                 kolo__coll_name(e->params.coll), e->name, why->msg);
+    kolo__complete(ps, e, why->code, msg);
 }
 
-/* Ends this rank's part in the job: no more enqueues, everything pending
+/* Ends this rank's part in the set: no more enqueues, everything pending
  * fails with `why`. */
-static void stop_all(kolo__runtime_t *rt, size_t first_ready,
-                     const kolo__err_t *why)
+static void stop_all(kolo__pset_t *ps, const kolo__err_t *why)
 {
     int shutdown;
     kolo__entry_t *e;
 
-    kolo__queue_close(&rt->queue, why);
-    e = kolo__queue_take(&rt->queue, 0, &shutdown);
+    kolo__queue_close(&ps->queue, why);
+    e = kolo__queue_take(&ps->queue, 0, &shutdown);
     while (e != NULL) {
         kolo__entry_t *next = e->next;
-        fail_entry(rt, e, why);
+        fail_entry(ps, e, why);
         e = next;
     }
-    for (size_t i = first_ready; i < rt->nready; i++)
-        fail_entry(rt, rt->ready[i], why);
-    rt->nready = 0;
-    kolo__negotiate_drain(rt, fail_entry, why);
+    for (size_t i = 0; i < ps->nready; i++)
+        if (ps->ready[i] != NULL)
+            fail_entry(ps, ps->ready[i], why);
+    ps->nready = 0;
+    kolo__negotiate_drain(ps, fail_entry, why);
+    if (ps->id == KOLO_GLOBAL_PROCESS_SET) {
+        kolo__runtime_t *rt = ps->rt;
+        pthread_mutex_lock(&rt->sets_mu);
+        for (int i = 1; i < rt->nsets; i++)
+            if (rt->sets[i] != NULL)
+                kolo__pset_request_stop(rt->sets[i], why);
+        pthread_mutex_unlock(&rt->sets_mu);
+    }
 }
 
 /* ---- execution ------------------------------------------------------------ */
 
-static int fusion_reserve(kolo__runtime_t *rt, size_t bytes)
+static int fusion_reserve(kolo__pset_t *ps, size_t bytes)
 {
     size_t cap;
     uint8_t *buf;
 
-    if (rt->fusion_cap >= bytes)
+    if (ps->fusion_cap >= bytes)
         return 0;
     cap = (bytes + FUSION_ALIGN - 1) / FUSION_ALIGN * FUSION_ALIGN;
     buf = aligned_alloc(FUSION_ALIGN, cap);
@@ -107,90 +134,353 @@ static int fusion_reserve(kolo__runtime_t *rt, size_t bytes)
         return -1;
     /* Touch every page now, so that reductions never fault pages in. */
     memset(buf, 0, cap);
-    free(rt->fusion);
-    rt->fusion = buf;
-    rt->fusion_cap = cap;
+    free(ps->fusion);
+    ps->fusion = buf;
+    ps->fusion_cap = cap;
     return 0;
 }
 
-/* Reduces the batch rt->ready[order[first..first+n)] with one backend
- * call. On failure, err says which tensors and why. */
-static int run_batch(kolo__runtime_t *rt, const size_t *idx, size_t n,
-                     int64_t bytes, kolo__err_t *err)
+static int backend_error(kolo__pset_t *ps, int rc, const kolo__entry_t *e,
+                         size_t nfused, const char *detail, kolo__err_t *err)
 {
-    kolo__entry_t *e0 = rt->ready[idx[0]];
-    kolo_dtype_t dtype = (kolo_dtype_t)e0->params.dtype;
-    kolo_op_t op = (kolo_op_t)e0->params.op;
-    size_t esize = kolo_dtype_size(dtype);
-    kolo__reduce_fn fn = kolo__reduce_get(dtype, op);
+    if (nfused > 1)
+        return kolo__err_set(err, rc,
+                             "rank %d: %s of tensor '%s' fused with %zu others "
+                             "failed: %s",
+                             ps->rank, kolo__coll_name(e->params.coll), e->name,
+                             nfused - 1, detail);
+    return kolo__err_set(err, rc, "rank %d: %s of tensor '%s' (%lld %s) failed: %s",
+                         ps->rank, kolo__coll_name(e->params.coll), e->name,
+                         (long long)e->params.count,
+                         kolo_dtype_name((kolo_dtype_t)e->params.dtype), detail);
+}
+
+static int no_memory(kolo__pset_t *ps, const kolo__entry_t *e, size_t bytes,
+                     kolo__err_t *err)
+{
+    return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                         "rank %d: out of memory (%zu bytes) for %s of tensor "
+                         "'%s'",
+                         ps->rank, bytes, kolo__coll_name(e->params.coll),
+                         e->name);
+}
+
+/* Copies (and compresses) a float32 tensor into a buffer of the wire dtype,
+ * or copies it as is. */
+static void pack(void *dst, const kolo__entry_t *e)
+{
+    size_t n = (size_t)e->params.count;
+    if (e->params.wire == KOLO_FLOAT16 && e->params.dtype == KOLO_FLOAT32)
+        kolo__f32_to_f16(e->input, dst, n);
+    else if (e->params.wire == KOLO_BFLOAT16 && e->params.dtype == KOLO_FLOAT32)
+        kolo__f32_to_bf16(e->input, dst, n);
+    else
+        memcpy(dst, e->input, n * kolo_dtype_size((kolo_dtype_t)e->params.dtype));
+}
+
+static void unpack(kolo__entry_t *e, const void *src)
+{
+    size_t n = (size_t)e->params.count;
+    if (e->params.wire == KOLO_FLOAT16 && e->params.dtype == KOLO_FLOAT32)
+        kolo__f16_to_f32(src, e->output, n);
+    else if (e->params.wire == KOLO_BFLOAT16 && e->params.dtype == KOLO_FLOAT32)
+        kolo__bf16_to_f32(src, e->output, n);
+    else
+        memcpy(e->output, src, n * kolo_dtype_size((kolo_dtype_t)e->params.dtype));
+}
+
+/* Allreduces the batch ps->ready[idx[0..n)] with one backend call. The
+ * batch shares dtype, op, wire dtype and scale factors. */
+static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
+                         kolo__err_t *err)
+{
+    kolo__entry_t *e0 = ps->ready[idx[0]];
+    const kolo__params_t *p = &e0->params;
+    kolo_dtype_t wire = (kolo_dtype_t)p->wire;
+    size_t esize = kolo_dtype_size(wire), count = 0;
+    kolo__reduce_fn fn = kolo__reduce_get(wire, (kolo_op_t)p->op);
+    int direct = n == 1 && p->wire == p->dtype;
     char detail[KOLO__ERR_LEN];
     const void *in;
     void *out;
-    size_t count;
     int rc;
 
-    if (bytes == 0)
+    for (size_t i = 0; i < n; i++)
+        count += (size_t)ps->ready[idx[i]]->params.count;
+    if (count == 0)
         return KOLO_OK;
-    if (n == 1) {
-        /* Alone: reduce straight from the user's buffers, no copy. */
+    if (direct && p->prescale == 1.0) {
+        /* Alone and uncompressed: reduce straight from the user's buffers,
+         * no copy. */
         in = e0->input == e0->output ? NULL : e0->input;
         out = e0->output;
-        count = (size_t)e0->params.count;
+    } else if (direct) {
+        /* Prescaling must not write the user's input: scale into output. */
+        if (e0->input != e0->output)
+            memcpy(e0->output, e0->input, count * esize);
+        kolo__scale(e0->output, count, wire, p->prescale);
+        in = NULL;
+        out = e0->output;
     } else {
         size_t off = 0;
-        if (fusion_reserve(rt, (size_t)bytes) != 0)
-            return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                                 "rank %d: out of memory for a fusion buffer "
-                                 "of %lld bytes",
-                                 rt->rank, (long long)bytes);
+        if (fusion_reserve(ps, count * esize) != 0)
+            return no_memory(ps, e0, count * esize, err);
         for (size_t i = 0; i < n; i++) {
-            kolo__entry_t *e = rt->ready[idx[i]];
-            size_t b = (size_t)e->params.count * esize;
-            memcpy(rt->fusion + off, e->input, b);
-            off += b;
+            kolo__entry_t *e = ps->ready[idx[i]];
+            pack(ps->fusion + off, e);
+            off += (size_t)e->params.count * esize;
         }
+        if (p->prescale != 1.0)
+            kolo__scale(ps->fusion, count, wire, p->prescale);
         in = NULL;
-        out = rt->fusion;
-        count = (size_t)bytes / esize;
+        out = ps->fusion;
     }
 
-    rc = rt->ops->allreduce(rt->ops_ctx, in, out, count, esize, fn, detail,
+    rc = ps->ops->allreduce(ps->ops_ctx, in, out, count, esize, fn, detail,
                             sizeof(detail));
-    if (rc != KOLO_OK) {
-        if (n == 1)
-            return kolo__err_set(err, rc,
-                                 "rank %d: allreduce of tensor '%s' (%lld %s) "
-                                 "failed: %s",
-                                 rt->rank, e0->name, (long long)count,
-                                 kolo_dtype_name(dtype), detail);
-        return kolo__err_set(err, rc,
-                             "rank %d: allreduce of tensor '%s' fused with %zu "
-                             "others (%lld bytes of %s) failed: %s",
-                             rt->rank, e0->name, n - 1, (long long)bytes,
-                             kolo_dtype_name(dtype), detail);
-    }
-    if (op == KOLO_OP_AVERAGE)
-        kolo__average(out, count, dtype, rt->size);
-    if (n > 1) {
+    if (rc != KOLO_OK)
+        return backend_error(ps, rc, e0, n, detail, err);
+    if (p->op == KOLO_OP_AVERAGE)
+        kolo__average(out, count, wire, ps->size);
+    if (p->postscale != 1.0)
+        kolo__scale(out, count, wire, p->postscale);
+    if (!direct) {
         size_t off = 0;
         for (size_t i = 0; i < n; i++) {
-            kolo__entry_t *e = rt->ready[idx[i]];
-            size_t b = (size_t)e->params.count * esize;
-            memcpy(e->output, rt->fusion + off, b);
-            off += b;
+            kolo__entry_t *e = ps->ready[idx[i]];
+            unpack(e, ps->fusion + off);
+            off += (size_t)e->params.count * esize;
         }
     }
     return KOLO_OK;
 }
 
-/* Executes the plan in rt->ready; completes every entry of it. */
-static int execute(kolo__runtime_t *rt, kolo__err_t *err)
+static int run_broadcast(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
 {
-    size_t n = rt->nready;
+    size_t bytes = (size_t)e->params.count *
+                   kolo_dtype_size((kolo_dtype_t)e->params.dtype);
+    char detail[KOLO__ERR_LEN];
+    int rc;
+
+    if (bytes == 0)
+        return KOLO_OK;
+    rc = ps->ops->broadcast(ps->ops_ctx, e->output, bytes, e->params.root,
+                            detail, sizeof(detail));
+    return rc == KOLO_OK ? KOLO_OK : backend_error(ps, rc, e, 1, detail, err);
+}
+
+/* A new result of `rows` rows shaped like the entry's tensor. */
+static kolo__result_t *new_result(const kolo__entry_t *e, int64_t rows,
+                                  int nsplits)
+{
+    size_t row_bytes = (size_t)e->params.count *
+                       kolo_dtype_size((kolo_dtype_t)e->params.dtype);
+    kolo__result_t *r = calloc(1, sizeof(*r));
+
+    if (r == NULL)
+        return NULL;
+    r->bytes = (size_t)rows * row_bytes;
+    r->data = malloc(r->bytes ? r->bytes : 1);
+    r->splits = calloc((size_t)nsplits, sizeof(int64_t));
+    if (r->data == NULL || r->splits == NULL) {
+        kolo__result_free(r);
+        return NULL;
+    }
+    r->nsplits = nsplits;
+    r->ndim = e->params.ndim;
+    memcpy(r->shape, e->params.shape, sizeof(r->shape));
+    r->shape[0] = rows;
+    return r;
+}
+
+static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
+{
+    size_t row_bytes = (size_t)e->params.count *
+                       kolo_dtype_size((kolo_dtype_t)e->params.dtype);
+    int64_t *rows = calloc((size_t)ps->size, sizeof(int64_t)), total = 0;
+    size_t *bytes = calloc((size_t)ps->size, sizeof(size_t));
+    char detail[KOLO__ERR_LEN];
+    kolo__result_t *res = NULL;
+    int rc;
+
+    if (rows == NULL || bytes == NULL) {
+        rc = no_memory(ps, e, (size_t)ps->size * 16, err);
+        goto out;
+    }
+    /* The first dimension may differ: exchange it first. */
+    rc = ps->ops->allgather(ps->ops_ctx, &e->rows, rows, sizeof(int64_t),
+                            detail, sizeof(detail));
+    if (rc != KOLO_OK) {
+        rc = backend_error(ps, rc, e, 1, detail, err);
+        goto out;
+    }
+    for (int r = 0; r < ps->size; r++) {
+        bytes[r] = (size_t)rows[r] * row_bytes;
+        total += rows[r];
+    }
+    res = new_result(e, total, ps->size);
+    if (res == NULL) {
+        rc = no_memory(ps, e, (size_t)total * row_bytes, err);
+        goto out;
+    }
+    memcpy(res->splits, rows, (size_t)ps->size * sizeof(int64_t));
+    if (res->bytes > 0) {
+        rc = ps->ops->allgatherv(ps->ops_ctx, e->input, res->data, bytes, detail,
+                                 sizeof(detail));
+        if (rc != KOLO_OK) {
+            rc = backend_error(ps, rc, e, 1, detail, err);
+            goto out;
+        }
+    }
+    e->result = res;
+    res = NULL;
+out:
+    kolo__result_free(res);
+    free(rows);
+    free(bytes);
+    return rc;
+}
+
+static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
+{
+    size_t n = (size_t)ps->size;
+    size_t row_bytes = (size_t)e->params.count *
+                       kolo_dtype_size((kolo_dtype_t)e->params.dtype);
+    int64_t *all = calloc(n * n, sizeof(int64_t)), total = 0;
+    size_t *sb = calloc(n, sizeof(size_t)), *rb = calloc(n, sizeof(size_t));
+    char detail[KOLO__ERR_LEN];
+    kolo__result_t *res = NULL;
+    int rc;
+
+    if (all == NULL || sb == NULL || rb == NULL) {
+        rc = no_memory(ps, e, n * n * 8, err);
+        goto out;
+    }
+    /* Every rank learns every rank's splits: what it receives from rank j
+     * is rank j's split for it. */
+    rc = ps->ops->allgather(ps->ops_ctx, e->splits, all, n * sizeof(int64_t),
+                            detail, sizeof(detail));
+    if (rc != KOLO_OK) {
+        rc = backend_error(ps, rc, e, 1, detail, err);
+        goto out;
+    }
+    res = NULL;
+    for (size_t j = 0; j < n; j++) {
+        sb[j] = (size_t)e->splits[j] * row_bytes;
+        rb[j] = (size_t)all[j * n + (size_t)ps->rank] * row_bytes;
+        total += all[j * n + (size_t)ps->rank];
+    }
+    res = new_result(e, total, ps->size);
+    if (res == NULL) {
+        rc = no_memory(ps, e, (size_t)total * row_bytes, err);
+        goto out;
+    }
+    for (size_t j = 0; j < n; j++)
+        res->splits[j] = all[j * n + (size_t)ps->rank];
+    rc = ps->ops->alltoallv(ps->ops_ctx, e->input, sb, res->data, rb, detail,
+                            sizeof(detail));
+    if (rc != KOLO_OK) {
+        rc = backend_error(ps, rc, e, 1, detail, err);
+        goto out;
+    }
+    e->result = res;
+    res = NULL;
+out:
+    kolo__result_free(res);
+    free(all);
+    free(sb);
+    free(rb);
+    return rc;
+}
+
+static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
+                             kolo__err_t *err)
+{
+    const kolo__params_t *p = &e->params;
+    kolo_dtype_t dtype = (kolo_dtype_t)p->dtype;
+    size_t esize = kolo_dtype_size(dtype);
+    int64_t d0 = p->shape[0], row = d0 > 0 ? p->count / d0 : 0;
+    size_t *counts = calloc((size_t)ps->size, sizeof(size_t));
+    char detail[KOLO__ERR_LEN];
+    kolo__result_t *res = NULL;
+    int64_t mine = 0;
+    int rc = KOLO_OK;
+
+    if (counts == NULL || fusion_reserve(ps, (size_t)p->count * esize) != 0) {
+        rc = no_memory(ps, e, (size_t)p->count * esize, err);
+        goto out;
+    }
+    for (int r = 0; r < ps->size; r++) {
+        int64_t rows = d0 / ps->size + (r < d0 % ps->size ? 1 : 0);
+        counts[r] = (size_t)(rows * row);
+        if (r == ps->rank)
+            mine = rows;
+    }
+    res = calloc(1, sizeof(*res));
+    if (res == NULL || (res->splits = calloc((size_t)ps->size, 8)) == NULL ||
+        (res->data = malloc(counts[ps->rank] * esize + 1)) == NULL) {
+        rc = no_memory(ps, e, counts[ps->rank] * esize, err);
+        goto out;
+    }
+    res->bytes = counts[ps->rank] * esize;
+    res->ndim = p->ndim;
+    memcpy(res->shape, p->shape, sizeof(res->shape));
+    res->shape[0] = mine;
+    res->nsplits = ps->size;
+    for (int r = 0; r < ps->size; r++)
+        res->splits[r] = row > 0 ? (int64_t)counts[r] / row : 0;
+    if (p->count > 0) {
+        memcpy(ps->fusion, e->input, (size_t)p->count * esize);
+        if (p->prescale != 1.0)
+            kolo__scale(ps->fusion, (size_t)p->count, dtype, p->prescale);
+        rc = ps->ops->reduce_scatter(ps->ops_ctx, ps->fusion, res->data, counts,
+                                     esize, kolo__reduce_get(dtype, (kolo_op_t)p->op),
+                                     detail, sizeof(detail));
+        if (rc != KOLO_OK) {
+            rc = backend_error(ps, rc, e, 1, detail, err);
+            goto out;
+        }
+        if (p->op == KOLO_OP_AVERAGE)
+            kolo__average(res->data, counts[ps->rank], dtype, ps->size);
+        if (p->postscale != 1.0)
+            kolo__scale(res->data, counts[ps->rank], dtype, p->postscale);
+    }
+    e->result = res;
+    res = NULL;
+out:
+    kolo__result_free(res);
+    free(counts);
+    return rc;
+}
+
+/* The fusion key: allreduces fuse only with the same dtype, op, wire dtype
+ * and scale factors (the scales get a small index per plan). */
+static uint32_t fusion_key(const kolo__params_t *p, const kolo__params_t **scales,
+                           uint32_t *nscales)
+{
+    uint32_t s;
+    if (p->coll != KOLO__COLL_ALLREDUCE)
+        return 0xffffffffu; /* never fused */
+    for (s = 0; s < *nscales; s++)
+        if (scales[s]->prescale == p->prescale &&
+            scales[s]->postscale == p->postscale)
+            break;
+    if (s == *nscales && s < 255)
+        scales[(*nscales)++] = p;
+    return (uint32_t)p->dtype << 24 | (uint32_t)p->op << 16 |
+           (uint32_t)p->wire << 8 | (s & 0xff);
+}
+
+/* Executes the plan in ps->ready; completes every entry of it. */
+static int execute(kolo__pset_t *ps, kolo__err_t *err)
+{
+    size_t n = ps->nready;
     kolo__fusion_item_t *items;
+    const kolo__params_t *scales[256];
+    uint32_t nscales = 0;
     size_t *order;
     kolo__batch_t *batches;
-    long nb;
+    long nb = 0;
     int rc = KOLO_OK;
 
     if (n == 0)
@@ -201,31 +491,55 @@ static int execute(kolo__runtime_t *rt, kolo__err_t *err)
     if (items == NULL || order == NULL || batches == NULL) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "rank %d: out of memory planning %zu tensors",
-                           rt->rank, n);
+                           ps->rank, n);
         goto out;
     }
     for (size_t i = 0; i < n; i++) {
-        const kolo__params_t *p = &rt->ready[i]->params;
-        items[i].key = (uint32_t)p->coll << 16 | (uint32_t)p->dtype << 8 | p->op;
-        items[i].bytes = p->count * (int64_t)kolo_dtype_size((kolo_dtype_t)p->dtype);
+        const kolo__params_t *p = &ps->ready[i]->params;
+        items[i].key = fusion_key(p, scales, &nscales);
+        items[i].bytes = p->count * (int64_t)kolo_dtype_size((kolo_dtype_t)p->wire);
+        if (items[i].key == 0xffffffffu)
+            items[i].bytes = INT64_MAX; /* alone */
     }
-    nb = kolo__fusion_plan(items, n, rt->cfg.fusion_threshold, order, batches);
+    nb = kolo__fusion_plan(items, n, ps->rt->cfg.fusion_threshold, order, batches);
     if (nb < 0) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "rank %d: out of memory planning %zu tensors",
-                           rt->rank, n);
+                           ps->rank, n);
         goto out;
     }
     for (long b = 0; b < nb; b++) {
         const size_t *idx = order + batches[b].first;
-        rc = run_batch(rt, idx, batches[b].n, batches[b].bytes, err);
+        kolo__entry_t *e0 = ps->ready[idx[0]];
+        switch (e0->params.coll) {
+        case KOLO__COLL_ALLREDUCE:
+            rc = run_allreduce(ps, idx, batches[b].n, err);
+            break;
+        case KOLO__COLL_BROADCAST:
+            rc = run_broadcast(ps, e0, err);
+            break;
+        case KOLO__COLL_ALLGATHER:
+            rc = run_allgather(ps, e0, err);
+            break;
+        case KOLO__COLL_ALLTOALL:
+            rc = run_alltoall(ps, e0, err);
+            break;
+        case KOLO__COLL_REDUCESCATTER:
+            rc = run_reducescatter(ps, e0, err);
+            break;
+        default:
+            /* A barrier is done once negotiated: every rank has entered
+             * it by then. */
+            rc = KOLO_OK;
+            break;
+        }
         for (size_t i = 0; i < batches[b].n; i++) {
-            kolo__entry_t *e = rt->ready[idx[i]];
-            rt->ready[idx[i]] = NULL;
+            kolo__entry_t *e = ps->ready[idx[i]];
+            ps->ready[idx[i]] = NULL;
             if (rc == KOLO_OK)
-                kolo__complete(rt, e, KOLO_OK, NULL);
+                kolo__complete(ps, e, KOLO_OK, NULL);
             else
-                fail_entry(rt, e, err);
+                fail_entry(ps, e, err);
         }
         if (rc != KOLO_OK)
             break;
@@ -234,9 +548,9 @@ out:
     /* After a failure, what is left of the plan fails with it: the backend
      * is broken or memory ran out. */
     for (size_t i = 0; rc != KOLO_OK && i < n; i++)
-        if (rt->ready[i] != NULL)
-            fail_entry(rt, rt->ready[i], err);
-    rt->nready = 0;
+        if (ps->ready[i] != NULL)
+            fail_entry(ps, ps->ready[i], err);
+    ps->nready = 0;
     free(items);
     free(order);
     free(batches);
@@ -245,118 +559,215 @@ out:
 
 /* ---- the loop ------------------------------------------------------------- */
 
+/* The reason a set stops when a rank asked to shut down, or the reason the
+ * runtime gave when it closed the queue (the global set stopped). */
+static void stop_reason(kolo__pset_t *ps, int stop_rank, kolo__err_t *err)
+{
+    int gstop = ps->ranks[stop_rank];
+
+    pthread_mutex_lock(&ps->queue.mu);
+    if (ps->queue.closed) {
+        *err = ps->queue.close_err;
+        pthread_mutex_unlock(&ps->queue.mu);
+        return;
+    }
+    pthread_mutex_unlock(&ps->queue.mu);
+    if (gstop == ps->rt->rank)
+        kolo__err_set(err, KOLO_ERR_SHUTDOWN,
+                      "kolo was shut down on this rank (rank %d)", gstop);
+    else if (ps->id == KOLO_GLOBAL_PROCESS_SET)
+        kolo__err_set(err, KOLO_ERR_SHUTDOWN,
+                      "rank %d has shut down, which stops the job", gstop);
+    else
+        kolo__err_set(err, KOLO_ERR_SHUTDOWN,
+                      "process set %d was stopped by rank %d", ps->id, gstop);
+}
+
 void *kolo__background_main(void *arg)
 {
-    kolo__runtime_t *rt = arg;
-    int64_t cycle_us = (int64_t)(rt->cfg.cycle_time_ms * 1000.0);
+    kolo__pset_t *ps = arg;
+    int64_t cycle_us = (int64_t)(ps->rt->cfg.cycle_time_ms * 1000.0);
     int64_t sleep_start = cycle_us > 1000 ? cycle_us : 1000;
     int64_t sleep_us = sleep_start;
     int progressed = 0;
     kolo__err_t err;
 
     for (;;) {
-        int pending = kolo__negotiate_pending(rt), shutdown, stop_rank, rc;
+        int pending = kolo__negotiate_pending(ps), shutdown, stop_rank, rc;
         int64_t timeout = pending && progressed ? 0 : sleep_us;
         kolo__wake_reason_t reason;
-        size_t done_before;
+        uint64_t done_before;
         int64_t t0 = kolo__now_us();
         kolo__entry_t *fresh = kolo__queue_take_round(
-            &rt->queue, timeout, (uint64_t)rt->cycles, &shutdown, &reason);
-        int64_t t1 = kolo__now_us();
+            &ps->queue, timeout, (uint64_t)ps->cycles, &shutdown, &reason);
+        int64_t t1 = kolo__now_us(), t2;
         char detail[KOLO__ERR_LEN];
 
         kolo__err_clear(&err);
         /* Peers may be asleep waiting: ask them to join (see the essay). */
         if (timeout > 0 && reason != KOLO__WOKE_PEER &&
-            (reason != KOLO__WOKE_WORK || rt->others_waiting) &&
-            (rc = rt->ops->wake_peers(rt->ops_ctx, (uint64_t)rt->cycles, detail,
+            (reason != KOLO__WOKE_WORK || ps->others_waiting) &&
+            (rc = ps->ops->wake_peers(ps->ops_ctx, (uint64_t)ps->cycles, detail,
                                       sizeof(detail))) != KOLO_OK) {
             kolo__err_set(&err, rc, "rank %d: cannot wake the other ranks: %s",
-                          rt->rank, detail);
+                          ps->rank, detail);
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
             while (fresh != NULL) {
                 kolo__entry_t *next = fresh->next;
-                fail_entry(rt, fresh, &err);
+                fail_entry(ps, fresh, &err);
                 fresh = next;
             }
-            stop_all(rt, 0, &err);
+            stop_all(ps, &err);
             break;
         }
 
-        done_before = (size_t)rt->completed;
-        if (kolo__negotiate(rt, fresh, shutdown, &stop_rank, &err) != KOLO_OK) {
+        done_before = ps->completed;
+        if (kolo__negotiate(ps, fresh, shutdown, &stop_rank, &err) != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
-            stop_all(rt, 0, &err);
+            stop_all(ps, &err);
             break;
         }
-        int64_t t2 = kolo__now_us();
-        if (execute(rt, &err) != KOLO_OK) {
+        t2 = kolo__now_us();
+        if (execute(ps, &err) != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
-            stop_all(rt, 0, &err);
+            stop_all(ps, &err);
             break;
         }
-        progressed = (size_t)rt->completed != done_before;
-        rt->others_waiting = !progressed && rt->any_pending;
+        progressed = ps->completed != done_before;
+        ps->others_waiting = !progressed && ps->any_pending;
         /* The sleep grows while rounds find nothing to do anywhere. Both
          * inputs are the same on every rank, so all ranks back off alike
          * and a token from one does not reset the others. */
-        if (progressed || rt->any_pending)
+        if (progressed || ps->any_pending)
             sleep_us = sleep_start;
         else
             sleep_us = sleep_us * 2 < SLEEP_MAX_US ? sleep_us * 2 : SLEEP_MAX_US;
-        kolo__trace("round %lld: slept %lld us (timeout %lld), negotiated in "
-                    "%lld us, executed in %lld us, %zu completed, %s pending",
-                    (long long)rt->cycles, (long long)(t1 - t0), (long long)timeout,
-                    (long long)(t2 - t1), (long long)(kolo__now_us() - t2),
-                    (size_t)rt->completed - done_before,
-                    kolo__negotiate_pending(rt) ? "some" : "none");
+        kolo__trace("set %d round %lld: slept %lld us (timeout %lld), "
+                    "negotiated in %lld us, executed in %lld us, %llu "
+                    "completed, %s pending",
+                    ps->id, (long long)ps->cycles, (long long)(t1 - t0),
+                    (long long)timeout, (long long)(t2 - t1),
+                    (long long)(kolo__now_us() - t2),
+                    (unsigned long long)(ps->completed - done_before),
+                    kolo__negotiate_pending(ps) ? "some" : "none");
         if (stop_rank >= 0) {
-            if (stop_rank == rt->rank)
-                kolo__err_set(&err, KOLO_ERR_SHUTDOWN,
-                              "kolo was shut down on this rank (rank %d)",
-                              rt->rank);
-            else
-                kolo__err_set(&err, KOLO_ERR_SHUTDOWN,
-                              "rank %d has shut down, which stops the job",
-                              stop_rank);
-            if (kolo__negotiate_pending(rt))
+            stop_reason(ps, stop_rank, &err);
+            if (kolo__negotiate_pending(ps))
                 kolo__log(KOLO__LOG_WARNING, "%s; tensors still pending on "
                           "this rank fail", err.msg);
-            stop_all(rt, 0, &err);
+            stop_all(ps, &err);
             break;
         }
     }
     return NULL;
 }
 
-int kolo__runtime_start(kolo__runtime_t *rt, kolo__err_t *err)
+/* ---- process sets ---------------------------------------------------------- */
+
+void kolo__wake_from_peer(void *arg, uint64_t round)
 {
-    if (kolo__negotiate_init(rt) != 0) {
-        kolo__negotiate_free(rt);
+    kolo__pset_t *ps = arg;
+    kolo__queue_peer_wake(&ps->queue, round);
+}
+
+static void pset_free(kolo__pset_t *ps)
+{
+    kolo__negotiate_free(ps);
+    kolo__queue_destroy(&ps->queue);
+    free(ps->fusion);
+    free(ps->ranks);
+    free(ps);
+}
+
+int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
+                     kolo__pset_t **out, kolo__err_t *err)
+{
+    kolo__pset_t *ps = calloc(1, sizeof(*ps));
+    kolo__ops_config_t ocfg;
+    char prefix[64], detail[KOLO__ERR_LEN];
+    int rc;
+
+    if (ps == NULL || (ps->ranks = malloc((size_t)size * sizeof(int))) == NULL) {
+        free(ps);
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "out of memory creating process set %d", id);
+    }
+    ps->rt = rt;
+    ps->id = id;
+    ps->size = size;
+    ps->rank = -1;
+    for (int i = 0; i < size; i++) {
+        ps->ranks[i] = ranks[i];
+        if (ranks[i] == rt->rank)
+            ps->rank = i;
+    }
+    if (kolo__queue_init(&ps->queue) != 0) {
+        free(ps->ranks);
+        free(ps);
+        return kolo__err_set(err, KOLO_ERR_INTERNAL,
+                             "cannot create the queue of process set %d", id);
+    }
+    if (kolo__negotiate_init(ps) != 0) {
+        pset_free(ps);
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                              "out of memory for a response cache of %lld "
                              "entries (KOLO_CACHE_CAPACITY)",
                              (long long)rt->cfg.cache_capacity);
     }
-    if (pthread_create(&rt->thread, NULL, kolo__background_main, rt) != 0) {
-        kolo__negotiate_free(rt);
-        return kolo__err_set(err, KOLO_ERR_INTERNAL,
-                             "cannot start the background thread");
+    ps->ops = size == 1 ? &kolo__ops_local : NULL;
+#ifdef KOLO_HAVE_GLOO
+    if (size > 1)
+        ps->ops = &kolo__ops_gloo;
+#endif
+    if (ps->ops == NULL) {
+        pset_free(ps);
+        return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                             "a process set of %d ranks needs a communication "
+                             "backend, and this kolo was built without Gloo",
+                             size);
     }
-    rt->thread_started = 1;
+    snprintf(prefix, sizeof(prefix), "kolo%u/set%d", rt->generation, id);
+    ocfg = (kolo__ops_config_t){ps->rank, size, rt->cfg.rendezvous, prefix,
+                                rt->cfg.hostname, rt->cfg.timeout_s,
+                                rt->cfg.start_timeout_s, kolo__wake_from_peer,
+                                ps};
+    detail[0] = '\0';
+    rc = ps->ops->init(&ocfg, &ps->ops_ctx, detail, sizeof(detail));
+    if (rc != KOLO_OK) {
+        pset_free(ps);
+        if (id == KOLO_GLOBAL_PROCESS_SET)
+            return kolo__err_set(err, rc, "rank %d of %d could not join the "
+                                 "job (rendezvous %s): %s",
+                                 rt->rank, rt->size,
+                                 rt->cfg.rendezvous[0] ? rt->cfg.rendezvous : "none",
+                                 detail);
+        return kolo__err_set(err, rc, "rank %d could not connect process set "
+                             "%d: %s", rt->rank, id, detail);
+    }
+    if (pthread_create(&ps->thread, NULL, kolo__background_main, ps) != 0) {
+        ps->ops->finalize(ps->ops_ctx);
+        pset_free(ps);
+        return kolo__err_set(err, KOLO_ERR_INTERNAL,
+                             "cannot start the background thread of process "
+                             "set %d", id);
+    }
+    ps->thread_started = 1;
+    *out = ps;
     return KOLO_OK;
 }
 
-void kolo__wake_from_peer(void *arg, uint64_t round)
+void kolo__pset_request_stop(kolo__pset_t *ps, const kolo__err_t *why)
 {
-    kolo__runtime_t *rt = arg;
-    kolo__queue_peer_wake(&rt->queue, round);
+    if (why != NULL)
+        kolo__queue_close(&ps->queue, why);
+    kolo__queue_request_shutdown(&ps->queue);
 }
 
-void kolo__runtime_free(kolo__runtime_t *rt)
+void kolo__pset_stop(kolo__pset_t *ps, const kolo__err_t *why)
 {
-    kolo__negotiate_free(rt);
-    free(rt->fusion);
-    rt->fusion = NULL;
-    rt->fusion_cap = 0;
+    kolo__pset_request_stop(ps, why);
+    if (ps->thread_started)
+        pthread_join(ps->thread, NULL);
+    ps->ops->finalize(ps->ops_ctx);
+    pset_free(ps);
 }

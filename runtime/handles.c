@@ -9,7 +9,17 @@
 typedef struct handle_rec {
     int status;
     char *msg; /* owned; NULL on success or while running */
+    void *output;
+    void (*free_fn)(void *);
 } handle_rec_t;
+
+static void rec_free(handle_rec_t *r)
+{
+    if (r->output != NULL)
+        r->free_fn(r->output);
+    free(r->msg);
+    free(r);
+}
 
 int kolo__handles_init(kolo__handles_t *h)
 {
@@ -29,11 +39,8 @@ void kolo__handles_destroy(kolo__handles_t *h)
 {
     size_t it = 0;
     void *v;
-    while (kolo__map_next(&h->map, &it, NULL, &v)) {
-        handle_rec_t *r = v;
-        free(r->msg);
-        free(r);
-    }
+    while (kolo__map_next(&h->map, &it, NULL, &v))
+        rec_free(v);
     kolo__map_free(&h->map);
     pthread_cond_destroy(&h->cv);
     pthread_mutex_destroy(&h->mu);
@@ -65,6 +72,13 @@ int kolo__handles_new(kolo__handles_t *h, kolo_handle_t *id, kolo__err_t *err)
 void kolo__handles_complete(kolo__handles_t *h, kolo_handle_t id, int status,
                             const char *msg)
 {
+    kolo__handles_complete_output(h, id, status, msg, NULL, NULL);
+}
+
+void kolo__handles_complete_output(kolo__handles_t *h, kolo_handle_t id,
+                                   int status, const char *msg, void *output,
+                                   void (*free_fn)(void *))
+{
     handle_rec_t *r;
     /* Copy the message before taking the lock: waiters should not wait on
      * malloc. */
@@ -75,11 +89,16 @@ void kolo__handles_complete(kolo__handles_t *h, kolo_handle_t id, int status,
     if (r != NULL && r->status == KOLO_IN_PROGRESS) {
         r->status = status;
         r->msg = copy;
+        r->output = output;
+        r->free_fn = free_fn;
         copy = NULL;
+        output = NULL;
         pthread_cond_broadcast(&h->cv);
     }
     pthread_mutex_unlock(&h->mu);
     free(copy);
+    if (output != NULL)
+        free_fn(output);
 }
 
 static int invalid(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err)
@@ -110,6 +129,12 @@ int kolo__handles_poll(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err)
 
 int kolo__handles_wait(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err)
 {
+    return kolo__handles_wait_output(h, id, err, NULL);
+}
+
+int kolo__handles_wait_output(kolo__handles_t *h, kolo_handle_t id,
+                              kolo__err_t *err, void **output)
+{
     handle_rec_t *r;
     int status;
 
@@ -136,8 +161,11 @@ int kolo__handles_wait(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err)
         kolo__err_set(err, status, "%s", r->msg ? r->msg : kolo_strerror(status));
     kolo__map_del(&h->map, &id, sizeof(id));
     pthread_mutex_unlock(&h->mu);
-    free(r->msg);
-    free(r);
+    if (output != NULL) {
+        *output = r->output;
+        r->output = NULL;
+    }
+    rec_free(r);
     return status;
 }
 

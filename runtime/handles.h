@@ -34,12 +34,23 @@ int kolo__handles_new(kolo__handles_t *h, kolo_handle_t *id, kolo__err_t *err);
 void kolo__handles_complete(kolo__handles_t *h, kolo_handle_t id, int status,
                             const char *msg);
 
+/* The same, attaching an output that kolo__handles_wait_output hands over;
+ * the table frees it with free_fn if nobody takes it. Takes ownership of
+ * output in every case. */
+void kolo__handles_complete_output(kolo__handles_t *h, kolo_handle_t id,
+                                   int status, const char *msg, void *output,
+                                   void (*free_fn)(void *));
+
 /* KOLO_IN_PROGRESS, the final status, or KOLO_ERR_INVALID_HANDLE. */
 int kolo__handles_poll(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err);
 
 /* Blocks until done, releases the handle and returns its status; the
  * message of a failure goes to err. */
 int kolo__handles_wait(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err);
+
+/* kolo__handles_wait, handing over the attached output (NULL if none). */
+int kolo__handles_wait_output(kolo__handles_t *h, kolo_handle_t id,
+                              kolo__err_t *err, void **output);
 
 /* The message of a done, failed, unreleased handle, else NULL. */
 const char *kolo__handles_error(kolo__handles_t *h, kolo_handle_t id);

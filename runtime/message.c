@@ -10,23 +10,52 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Smallest encoded request / response: name_len + 1 name byte + 4 u8 +
- * count. Used to bound `n` before allocating. */
-#define MIN_ITEM_BYTES (2 + 1 + 4 + 8)
+/* Smallest encoded request / response: name_len + 1 name byte + the fixed
+ * part of the parameters. Used to bound `n` before allocating. */
+#define MIN_ITEM_BYTES (2 + 1 + 4 + 8 + 1 + 1 + 2 + 4 + 8 + 8)
 #define HEADER_BYTES (4 + 2 + 2 + 4 + 4)
 
 const char *kolo__coll_name(int coll)
 {
     switch (coll) {
     case KOLO__COLL_ALLREDUCE: return "allreduce";
+    case KOLO__COLL_BROADCAST: return "broadcast";
+    case KOLO__COLL_ALLGATHER: return "allgather";
+    case KOLO__COLL_ALLTOALL: return "alltoall";
+    case KOLO__COLL_REDUCESCATTER: return "reducescatter";
+    case KOLO__COLL_BARRIER: return "barrier";
+    case KOLO__COLL_JOIN: return "join";
     default: return "unknown collective";
     }
 }
 
+void kolo__params_init(kolo__params_t *p, int coll, int dtype, int op,
+                       int64_t count)
+{
+    memset(p, 0, sizeof(*p));
+    p->coll = (uint8_t)coll;
+    p->dtype = (uint8_t)dtype;
+    p->op = (uint8_t)op;
+    p->count = count;
+    p->wire = (uint8_t)dtype;
+    p->prescale = p->postscale = 1.0;
+}
+
 int kolo__params_equal(const kolo__params_t *a, const kolo__params_t *b)
 {
-    return a->coll == b->coll && a->dtype == b->dtype && a->op == b->op &&
-           a->count == b->count;
+    if (a->coll != b->coll || a->dtype != b->dtype || a->op != b->op ||
+        a->count != b->count || a->wire != b->wire || a->ndim != b->ndim ||
+        a->group != b->group || a->root != b->root ||
+        /* The scales are compared bit for bit: the same code computes
+         * them on every rank. */
+        memcmp(&a->prescale, &b->prescale, sizeof(double)) != 0 ||
+        memcmp(&a->postscale, &b->postscale, sizeof(double)) != 0 ||
+        strcmp(a->group_key, b->group_key) != 0)
+        return 0;
+    for (int i = 0; i < a->ndim && i < KOLO_MAX_DIMS; i++)
+        if (a->shape[i] != b->shape[i])
+            return 0;
+    return 1;
 }
 
 void kolo__bytes_free(kolo__bytes_t *b)
@@ -91,6 +120,16 @@ static void put_params(writer_t *w, const kolo__params_t *p, uint8_t last)
     put_u8(w, p->op);
     put_u8(w, last);
     put_i64(w, p->count);
+    put_u8(w, p->wire);
+    put_u8(w, p->ndim);
+    put_u16(w, p->group);
+    put_u32(w, (uint32_t)p->root);
+    put(w, &p->prescale, 8);
+    put(w, &p->postscale, 8);
+    for (int i = 0; i < p->ndim && i < KOLO_MAX_DIMS; i++)
+        put_i64(w, p->shape[i]);
+    if (p->group > 1)
+        put_str(w, p->group_key, sizeof(p->group_key) - 1);
 }
 
 int kolo__msg_encode(const kolo__msg_t *msg, kolo__bytes_t *out,
@@ -167,12 +206,30 @@ static int get_str(reader_t *r, size_t max, size_t min, char **out)
 
 static int get_params(reader_t *r, kolo__params_t *p, uint8_t *last)
 {
+    uint16_t klen;
+
+    memset(p, 0, sizeof(*p));
     if (get(r, &p->coll, 1) || get(r, &p->dtype, 1) || get(r, &p->op, 1) ||
-        get(r, last, 1) || get(r, &p->count, 8))
+        get(r, last, 1) || get(r, &p->count, 8) || get(r, &p->wire, 1) ||
+        get(r, &p->ndim, 1) || get(r, &p->group, 2) || get(r, &p->root, 4) ||
+        get(r, &p->prescale, 8) || get(r, &p->postscale, 8))
         return -1;
     if (p->coll >= KOLO__COLL_COUNT_ || p->dtype >= KOLO_DTYPE_COUNT_ ||
-        p->op >= KOLO_OP_COUNT_ || p->count < 0)
+        p->op >= KOLO_OP_COUNT_ || p->count < 0 ||
+        p->wire >= KOLO_DTYPE_COUNT_ || p->ndim > KOLO_MAX_DIMS)
         return -1;
+    for (int i = 0; i < p->ndim; i++)
+        if (get(r, &p->shape[i], 8) || p->shape[i] < 0)
+            return -1;
+    if (p->group > 1) {
+        if (get(r, &klen, 2) || klen >= sizeof(p->group_key) || r->left < klen ||
+            memchr(r->p, '\0', klen) != NULL)
+            return -1;
+        memcpy(p->group_key, r->p, klen);
+        p->group_key[klen] = '\0';
+        r->p += klen;
+        r->left -= klen;
+    }
     return 0;
 }
 

@@ -6,12 +6,15 @@
  * list goes from the coordinator to every rank: the tensors that are now
  * ready everywhere (or failed), in the order every rank executes them.
  *
- * Wire format (little-endian, no padding), version 1:
+ * Wire format (little-endian, no padding), version 2:
  *   header:   u32 magic 'KOLO' | u16 version | u16 kind | i32 rank | u32 n
- *   request:  u16 name_len | name | u8 coll | u8 dtype | u8 op | u8 flags |
- *             i64 count
- *   response: u16 name_len | name | u8 coll | u8 dtype | u8 op | u8 status |
- *             i64 count | [status != OK: u16 text_len | text]
+ *   request:  u16 name_len | name | params(flags = 0)
+ *   response: u16 name_len | name | params(flags = -status) |
+ *             [status != OK: u16 text_len | text]
+ *   params:   u8 coll | u8 dtype | u8 op | u8 flags | i64 count |
+ *             u8 wire | u8 ndim | u16 group | i32 root | f64 prescale |
+ *             f64 postscale | i64 shape[ndim] |
+ *             [group > 1: u16 key_len | group key]
  * Decoding checks every length against what is left of the buffer, so a
  * truncated or hostile message is refused, never read past its end.
  */
@@ -24,11 +27,17 @@
 #include "common.h"
 
 #define KOLO__MSG_MAGIC 0x4f4c4f4bu /* "KOLO" */
-#define KOLO__MSG_VERSION 1
+#define KOLO__MSG_VERSION 2
 #define KOLO__MSG_MAX_TEXT 4000
 
 typedef enum kolo__coll {
     KOLO__COLL_ALLREDUCE = 0,
+    KOLO__COLL_BROADCAST = 1,
+    KOLO__COLL_ALLGATHER = 2,
+    KOLO__COLL_ALLTOALL = 3,
+    KOLO__COLL_REDUCESCATTER = 4,
+    KOLO__COLL_BARRIER = 5,
+    KOLO__COLL_JOIN = 6,
     KOLO__COLL_COUNT_
 } kolo__coll_t;
 
@@ -44,8 +53,22 @@ typedef struct kolo__params {
     uint8_t coll;  /* kolo__coll_t */
     uint8_t dtype; /* kolo_dtype_t */
     uint8_t op;    /* kolo_op_t */
+    /* allreduce, broadcast, reducescatter: elements of the tensor;
+     * allgather, alltoall: elements of one row (the first dimension may
+     * differ between ranks and is exchanged when the operation runs) */
     int64_t count;
+    uint8_t wire;  /* dtype on the wire (allreduce compression), else dtype */
+    uint8_t ndim;  /* shape[0] is 0 for allgather and alltoall */
+    uint16_t group; /* members of the tensor's group; 0 or 1: no group */
+    int32_t root;   /* broadcast */
+    double prescale, postscale;
+    int64_t shape[KOLO_MAX_DIMS];
+    char group_key[64]; /* the group's first name, cut; "" without group */
 } kolo__params_t;
+
+/* Fills the defaults: prescale = postscale = 1, wire = dtype, no shape. */
+void kolo__params_init(kolo__params_t *p, int coll, int dtype, int op,
+                       int64_t count);
 
 int kolo__params_equal(const kolo__params_t *a, const kolo__params_t *b);
 

@@ -12,6 +12,7 @@
  *                         tensors the cache cannot settle"; bit 1 clear =
  *                         "I have tensors waiting for other ranks"
  *       shutdown words    bit r clear = "rank r asks to shut down"
+ *       join words        bit r clear = "rank r has joined" (global set)
  *       hit words         bit b set = "I have enqueued the cached tensor b,
  *                         with its cached parameters"
  *       invalid words     bit b clear = "I enqueued the name of cached
@@ -34,6 +35,19 @@
  * The plan of the cycle is the cache hits followed by the OK responses.
  * Because it is derived only from collective results, every rank gets the
  * same plan, whatever order its training loop enqueued in.
+ *
+ * Join. A rank that has joined (kolo_join) sets the hit bit of every
+ * cached allreduce, and the coordinator counts it as having asked for
+ * every name; when such a tensor is ready, the joined rank reduces a
+ * zero-filled stand-in. Any other collective that becomes ready while a
+ * rank is joined fails, with a message naming the joined rank. When every
+ * rank has joined, the joins complete with the rank that joined last.
+ *
+ * Groups. The members of a group are enqueued together, so every rank
+ * sends them in the same request list and the coordinator completes them in
+ * the same pass; if one member fails, it fails the others with it. Grouped
+ * tensors always take the full round (they are not cached), which keeps
+ * the members of a group together in every plan.
  *
  * A cached name enqueued with different parameters invalidates its bit
  * everywhere; ranks that were waiting on that bit resend the tensor through
@@ -61,23 +75,25 @@ static void band64(void *out, const void *a, const void *b, size_t n)
         o[i] = x[i] & y[i];
 }
 
-int kolo__negotiate_init(kolo__runtime_t *rt)
+int kolo__negotiate_init(kolo__pset_t *ps)
 {
-    size_t cap = (size_t)rt->cfg.cache_capacity;
-    size_t shut_words = ((size_t)rt->size + 63) / 64;
+    size_t cap = (size_t)ps->rt->cfg.cache_capacity;
+    size_t rank_words = ((size_t)ps->size + 63) / 64;
 
-    if (kolo__cache_init(&rt->cache, cap) != 0)
+    if (kolo__cache_init(&ps->cache, cap) != 0)
         return -1;
-    rt->hits = calloc(cap ? cap : 1, sizeof(*rt->hits));
-    rt->hit_words = (cap + 63) / 64;
-    rt->shut_word = 1;
-    rt->hit_word = rt->shut_word + shut_words;
-    rt->inv_word = rt->hit_word + rt->hit_words;
-    rt->nwords = rt->inv_word + rt->hit_words;
-    rt->bits = calloc(rt->nwords, sizeof(uint64_t));
-    kolo__map_init(&rt->sent);
-    kolo__map_init(&rt->table);
-    if (rt->hits == NULL || rt->bits == NULL)
+    ps->hits = calloc(cap ? cap : 1, sizeof(*ps->hits));
+    ps->joined = calloc((size_t)ps->size, 1);
+    ps->hit_words = (cap + 63) / 64;
+    ps->shut_word = 1;
+    ps->join_word = ps->shut_word + rank_words;
+    ps->hit_word = ps->join_word + rank_words;
+    ps->inv_word = ps->hit_word + ps->hit_words;
+    ps->nwords = ps->inv_word + ps->hit_words;
+    ps->bits = calloc(ps->nwords, sizeof(uint64_t));
+    kolo__map_init(&ps->sent);
+    kolo__map_init(&ps->table);
+    if (ps->hits == NULL || ps->bits == NULL || ps->joined == NULL)
         return -1;
     return 0;
 }
@@ -92,34 +108,36 @@ static void pending_name_free(kolo__pending_name_t *p)
     }
 }
 
-void kolo__negotiate_free(kolo__runtime_t *rt)
+void kolo__negotiate_free(kolo__pset_t *ps)
 {
     size_t it = 0;
     void *v;
 
-    while (kolo__map_next(&rt->table, &it, NULL, &v))
+    while (kolo__map_next(&ps->table, &it, NULL, &v))
         pending_name_free(v);
-    kolo__map_free(&rt->table);
-    kolo__map_free(&rt->sent);
-    kolo__cache_free(&rt->cache);
-    free(rt->hits);
-    free(rt->bits);
-    free(rt->ready);
-    kolo__bytes_free(&rt->send_buf);
-    kolo__bytes_free(&rt->recv_buf);
-    kolo__bytes_free(&rt->resp_buf);
-    rt->hits = NULL;
-    rt->bits = NULL;
-    rt->ready = NULL;
+    kolo__map_free(&ps->table);
+    kolo__map_free(&ps->sent);
+    kolo__cache_free(&ps->cache);
+    free(ps->hits);
+    free(ps->bits);
+    free(ps->joined);
+    free(ps->ready);
+    kolo__bytes_free(&ps->send_buf);
+    kolo__bytes_free(&ps->recv_buf);
+    kolo__bytes_free(&ps->resp_buf);
+    ps->hits = NULL;
+    ps->bits = NULL;
+    ps->ready = NULL;
 }
 
-int kolo__negotiate_pending(const kolo__runtime_t *rt)
+int kolo__negotiate_pending(const kolo__pset_t *ps)
 {
-    return rt->nhits > 0 || rt->uncached_head != NULL || rt->sent.count > 0;
+    return ps->nhits > 0 || ps->uncached_head != NULL || ps->sent.count > 0 ||
+           ps->join_entry != NULL;
 }
 
-void kolo__negotiate_drain(kolo__runtime_t *rt,
-                           void (*fn)(kolo__runtime_t *, kolo__entry_t *,
+void kolo__negotiate_drain(kolo__pset_t *ps,
+                           void (*fn)(kolo__pset_t *, kolo__entry_t *,
                                       const kolo__err_t *),
                            const kolo__err_t *why)
 {
@@ -127,62 +145,125 @@ void kolo__negotiate_drain(kolo__runtime_t *rt,
     void *v;
     kolo__entry_t *e;
 
-    for (size_t b = 0; b < rt->cache.capacity; b++)
-        if (rt->hits[b] != NULL) {
-            fn(rt, rt->hits[b], why);
-            rt->hits[b] = NULL;
+    for (size_t b = 0; b < ps->cache.capacity; b++)
+        if (ps->hits[b] != NULL) {
+            fn(ps, ps->hits[b], why);
+            ps->hits[b] = NULL;
         }
-    rt->nhits = 0;
-    e = rt->uncached_head;
+    ps->nhits = 0;
+    e = ps->uncached_head;
     while (e != NULL) {
         kolo__entry_t *next = e->next;
-        fn(rt, e, why);
+        fn(ps, e, why);
         e = next;
     }
-    rt->uncached_head = rt->uncached_tail = NULL;
-    while (kolo__map_next(&rt->sent, &it, NULL, &v))
-        fn(rt, v, why);
-    kolo__map_free(&rt->sent);
+    ps->uncached_head = ps->uncached_tail = NULL;
+    while (kolo__map_next(&ps->sent, &it, NULL, &v))
+        fn(ps, v, why);
+    kolo__map_free(&ps->sent);
+    if (ps->join_entry != NULL) {
+        fn(ps, ps->join_entry, why);
+        ps->join_entry = NULL;
+    }
 }
 
-static void uncached_append(kolo__runtime_t *rt, kolo__entry_t *e)
+/* A zero-filled tensor that stands in for an allreduce this rank does not
+ * have because it has joined. It has no handle. */
+static kolo__entry_t *standin(const char *name, const kolo__params_t *p)
+{
+    kolo__entry_t *e = kolo__entry_new(name);
+    size_t bytes = (size_t)p->count * kolo_dtype_size((kolo_dtype_t)p->dtype);
+
+    if (e == NULL)
+        return NULL;
+    e->scratch = calloc(bytes ? bytes : 1, 1);
+    if (e->scratch == NULL) {
+        kolo__entry_free(e);
+        return NULL;
+    }
+    e->params = *p;
+    e->input = e->output = e->scratch;
+    return e;
+}
+
+static void uncached_append(kolo__pset_t *ps, kolo__entry_t *e)
 {
     e->next = NULL;
-    if (rt->uncached_tail != NULL)
-        rt->uncached_tail->next = e;
+    if (ps->uncached_tail != NULL)
+        ps->uncached_tail->next = e;
     else
-        rt->uncached_head = e;
-    rt->uncached_tail = e;
+        ps->uncached_head = e;
+    ps->uncached_tail = e;
 }
 
-static int ready_push(kolo__runtime_t *rt, kolo__entry_t *e, kolo__err_t *err)
+static int ready_push(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
 {
-    if (rt->nready == rt->ready_cap) {
-        size_t ncap = rt->ready_cap ? rt->ready_cap * 2 : 64;
-        kolo__entry_t **nr = realloc(rt->ready, ncap * sizeof(*nr));
+    if (ps->nready == ps->ready_cap) {
+        size_t ncap = ps->ready_cap ? ps->ready_cap * 2 : 64;
+        kolo__entry_t **nr = realloc(ps->ready, ncap * sizeof(*nr));
         if (nr == NULL)
             return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                                  "out of memory planning %zu tensors",
-                                 rt->nready + 1);
-        rt->ready = nr;
-        rt->ready_cap = ncap;
+                                 ps->nready + 1);
+        ps->ready = nr;
+        ps->ready_cap = ncap;
     }
-    rt->ready[rt->nready++] = e;
+    ps->ready[ps->nready++] = e;
     return KOLO_OK;
 }
 
 /* Takes a waiting entry off a cache bit and sends it through the full round
  * next cycle. */
-static void unhit(kolo__runtime_t *rt, size_t bit)
+static void unhit(kolo__pset_t *ps, size_t bit)
 {
-    if (rt->hits[bit] != NULL) {
-        uncached_append(rt, rt->hits[bit]);
-        rt->hits[bit] = NULL;
-        rt->nhits--;
+    if (ps->hits[bit] != NULL) {
+        uncached_append(ps, ps->hits[bit]);
+        ps->hits[bit] = NULL;
+        ps->nhits--;
     }
 }
 
+/* Completes this rank's join: every rank has joined; last_joined is the
+ * rank that joined last (the highest of those that joined in the same
+ * round). */
+static int finish_join(kolo__pset_t *ps, int last_joined, kolo__err_t *err)
+{
+    kolo__entry_t *e = ps->join_entry;
+    kolo__result_t *res = calloc(1, sizeof(*res));
+
+    if (res == NULL || (res->splits = malloc(sizeof(int64_t))) == NULL) {
+        free(res);
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "rank %d: out of memory completing a join",
+                             ps->rank);
+    }
+    res->nsplits = 1;
+    res->splits[0] = last_joined;
+    e->result = res;
+    ps->join_entry = NULL;
+    kolo__complete(ps, e, KOLO_OK, NULL);
+    return KOLO_OK;
+}
+
 /* ---- the coordinator ---------------------------------------------------- */
+
+static void shape_text(const kolo__params_t *p, char *out, size_t len)
+{
+    size_t n = 0;
+    n += (size_t)snprintf(out + n, len - n, "[");
+    for (int i = 0; i < p->ndim && n < len; i++)
+        n += (size_t)snprintf(out + n, len - n, i ? ", %lld" : "%lld",
+                              (p->coll == KOLO__COLL_ALLGATHER ||
+                               p->coll == KOLO__COLL_ALLTOALL) && i == 0
+                                  ? -1LL : (long long)p->shape[i]);
+    if (n < len)
+        snprintf(out + n, len - n, "]");
+    if (p->coll == KOLO__COLL_ALLGATHER || p->coll == KOLO__COLL_ALLTOALL) {
+        char *d = strstr(out, "-1");
+        if (d != NULL) /* the first dimension may differ: show it as N */
+            memmove(d + 1, d + 2, strlen(d + 2) + 1), d[0] = 'N';
+    }
+}
 
 /* Writes why two ranks' requests for one name disagree. */
 static void describe_mismatch(const char *name, int ra, const kolo__params_t *a,
@@ -202,19 +283,63 @@ static void describe_mismatch(const char *name, int ra, const kolo__params_t *a,
                  kolo__coll_name(a->coll), name, ra,
                  kolo_dtype_name((kolo_dtype_t)a->dtype), rb,
                  kolo_dtype_name((kolo_dtype_t)b->dtype));
-    else if (a->count != b->count)
+    else if (a->ndim != b->ndim || memcmp(a->shape, b->shape,
+                                          sizeof(int64_t) * a->ndim) != 0) {
+        char sa[200], sb[200];
+        shape_text(a, sa, sizeof(sa));
+        shape_text(b, sb, sizeof(sb));
+        snprintf(out, len,
+                 "%s of tensor '%s': ranks disagree on the shape%s: rank %d "
+                 "has %s, rank %d has %s",
+                 kolo__coll_name(a->coll), name,
+                 a->coll == KOLO__COLL_ALLGATHER || a->coll == KOLO__COLL_ALLTOALL
+                     ? " (beyond the first dimension)" : "",
+                 ra, sa, rb, sb);
+    } else if (a->count != b->count)
         snprintf(out, len,
                  "%s of tensor '%s': ranks disagree on the number of "
                  "elements: rank %d has %lld, rank %d has %lld",
                  kolo__coll_name(a->coll), name, ra, (long long)a->count, rb,
                  (long long)b->count);
-    else
+    else if (a->op != b->op)
         snprintf(out, len,
                  "%s of tensor '%s': ranks disagree on the reduction: rank %d "
                  "asks for %s, rank %d for %s",
                  kolo__coll_name(a->coll), name, ra,
                  kolo_op_name((kolo_op_t)a->op), rb,
                  kolo_op_name((kolo_op_t)b->op));
+    else if (a->root != b->root)
+        snprintf(out, len,
+                 "%s of tensor '%s': ranks disagree on the root: rank %d names "
+                 "rank %d, rank %d names rank %d",
+                 kolo__coll_name(a->coll), name, ra, (int)a->root, rb,
+                 (int)b->root);
+    else if (memcmp(&a->prescale, &b->prescale, sizeof(double)) != 0)
+        snprintf(out, len,
+                 "%s of tensor '%s': ranks disagree on the prescale factor: "
+                 "rank %d has %.17g, rank %d has %.17g",
+                 kolo__coll_name(a->coll), name, ra, a->prescale, rb,
+                 b->prescale);
+    else if (memcmp(&a->postscale, &b->postscale, sizeof(double)) != 0)
+        snprintf(out, len,
+                 "%s of tensor '%s': ranks disagree on the postscale factor: "
+                 "rank %d has %.17g, rank %d has %.17g",
+                 kolo__coll_name(a->coll), name, ra, a->postscale, rb,
+                 b->postscale);
+    else if (a->wire != b->wire)
+        snprintf(out, len,
+                 "%s of tensor '%s': ranks disagree on the wire compression: "
+                 "rank %d sends %s, rank %d sends %s",
+                 kolo__coll_name(a->coll), name, ra,
+                 kolo_dtype_name((kolo_dtype_t)a->wire), rb,
+                 kolo_dtype_name((kolo_dtype_t)b->wire));
+    else
+        snprintf(out, len,
+                 "%s of tensor '%s': ranks disagree on its group: rank %d has "
+                 "it in a group of %d led by '%s', rank %d in a group of %d "
+                 "led by '%s'",
+                 kolo__coll_name(a->coll), name, ra, a->group, a->group_key, rb,
+                 b->group, b->group_key);
 }
 
 typedef struct resp_list {
@@ -222,10 +347,13 @@ typedef struct resp_list {
     uint32_t n, cap;
 } resp_list_t;
 
-static int resp_push(resp_list_t *l, kolo__pending_name_t *p, int size)
+/* Appends the response for a name that every rank has asked for (or has
+ * joined): OK with the agreed parameters, or an error that says why. */
+static int resp_push(kolo__pset_t *ps, resp_list_t *l, kolo__pending_name_t *p)
 {
     kolo__response_t *r;
     char text[KOLO__MSG_MAX_TEXT];
+    int base = -1, joined_rank = -1;
 
     if (l->n == l->cap) {
         uint32_t ncap = l->cap ? l->cap * 2 : 32;
@@ -235,30 +363,77 @@ static int resp_push(resp_list_t *l, kolo__pending_name_t *p, int size)
         l->items = ni;
         l->cap = ncap;
     }
+    for (int rk = 0; rk < ps->size; rk++) {
+        if (p->have[rk] && base < 0)
+            base = rk;
+        if (!p->have[rk] && joined_rank < 0)
+            joined_rank = rk;
+    }
     r = &l->items[l->n];
     memset(r, 0, sizeof(*r));
     r->name = p->name;
     p->name = NULL;
-    r->params = p->params[0];
+    r->params = p->params[base];
     r->status = KOLO_OK;
-    for (int rk = 1; rk < size; rk++) {
-        if (!kolo__params_equal(&p->params[0], &p->params[rk])) {
-            describe_mismatch(r->name, 0, &p->params[0], rk, &p->params[rk],
-                              text, sizeof(text));
+    if (joined_rank >= 0 && r->params.coll != KOLO__COLL_ALLREDUCE) {
+        snprintf(text, sizeof(text),
+                 "%s of tensor '%s' cannot run while rank %d has joined "
+                 "(kolo_join): only allreduce goes on during a join",
+                 kolo__coll_name(r->params.coll), r->name,
+                 joined_rank);
+        r->status = KOLO_ERR_UNSUPPORTED;
+        r->text = kolo__strdup(text);
+    }
+    for (int rk = base + 1; rk < ps->size && r->status == KOLO_OK; rk++) {
+        if (p->have[rk] && !kolo__params_equal(&p->params[base], &p->params[rk])) {
+            describe_mismatch(r->name, base, &p->params[base], rk,
+                              &p->params[rk], text, sizeof(text));
             r->status = KOLO_ERR_MISMATCH;
             r->text = kolo__strdup(text);
-            break;
         }
     }
     l->n++;
     return 0;
 }
 
+/* The members of a group complete in the same pass; if one failed, the
+ * others fail with it. */
+static void fail_groups_together(resp_list_t *l)
+{
+    for (uint32_t i = 0; i < l->n; i++) {
+        kolo__response_t *bad = &l->items[i];
+        if (bad->status == KOLO_OK || bad->params.group <= 1)
+            continue;
+        for (uint32_t j = 0; j < l->n; j++) {
+            kolo__response_t *r = &l->items[j];
+            char text[KOLO__MSG_MAX_TEXT];
+            if (r->status != KOLO_OK || r->params.group <= 1 ||
+                strcmp(r->params.group_key, bad->params.group_key) != 0)
+                continue;
+            snprintf(text, sizeof(text),
+                     "%s of tensor '%s' failed with its group: %s",
+                     kolo__coll_name(r->params.coll), r->name,
+                     bad->text ? bad->text : "");
+            r->status = bad->status;
+            r->text = kolo__strdup(text);
+        }
+    }
+}
+
+/* A name is complete when every rank has asked for it or has joined. */
+static int complete(const kolo__pset_t *ps, const kolo__pending_name_t *p)
+{
+    for (int r = 0; r < ps->size; r++)
+        if (!p->have[r] && !ps->joined[r])
+            return 0;
+    return p->nhave > 0;
+}
+
 /* Rank 0: reads every rank's requests (rank r's are at recv + r * stride,
  * lens[r] bytes), updates the table and encodes the responses into
- * rt->resp_buf. A malformed message yields a response list whose rank field
+ * ps->resp_buf. A malformed message yields a response list whose rank field
  * is -1 and whose only response carries the error: every rank stops. */
-static int coordinate(kolo__runtime_t *rt, const uint8_t *recv, size_t stride,
+static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
                       const uint64_t *lens, kolo__err_t *err)
 {
     resp_list_t out = {NULL, 0, 0};
@@ -266,13 +441,16 @@ static int coordinate(kolo__runtime_t *rt, const uint8_t *recv, size_t stride,
     kolo__err_t derr;
     int rc = KOLO_OK;
 
-    for (int r = 0; r < rt->size; r++) {
+    for (int r = 0; r < ps->size; r++) {
         kolo__err_clear(&derr);
         if (kolo__msg_decode(recv + (size_t)r * stride, lens[r], r, &msg,
                              &derr) != KOLO_OK ||
             msg.kind != KOLO__MSG_REQUESTS || msg.rank != r) {
-            kolo__response_t fatal = {(char *)"*", {0, 0, 0, 0},
-                                      KOLO_ERR_INTERNAL, derr.msg};
+            kolo__response_t fatal;
+            memset(&fatal, 0, sizeof(fatal));
+            fatal.name = (char *)"*";
+            fatal.status = KOLO_ERR_INTERNAL;
+            fatal.text = derr.msg;
             kolo__msg_t m = {KOLO__MSG_RESPONSES, -1, 1, {.responses = &fatal}};
             if (derr.code == KOLO_OK) /* decoded, but not a request list */
                 snprintf(derr.msg, sizeof(derr.msg),
@@ -284,18 +462,18 @@ static int coordinate(kolo__runtime_t *rt, const uint8_t *recv, size_t stride,
                 free(out.items[i].name), free(out.items[i].text);
             free(out.items);
             kolo__log(KOLO__LOG_ERROR, "%s", derr.msg);
-            return kolo__msg_encode(&m, &rt->resp_buf, err);
+            return kolo__msg_encode(&m, &ps->resp_buf, err);
         }
         derr.code = KOLO_OK;
         for (uint32_t i = 0; i < msg.n; i++) {
             kolo__request_t *q = &msg.u.requests[i];
-            kolo__pending_name_t *p = kolo__map_gets(&rt->table, q->name);
+            kolo__pending_name_t *p = kolo__map_gets(&ps->table, q->name);
             if (p == NULL) {
                 p = calloc(1, sizeof(*p));
                 if (p == NULL ||
-                    (p->params = calloc((size_t)rt->size, sizeof(*p->params))) == NULL ||
-                    (p->have = calloc((size_t)rt->size, 1)) == NULL ||
-                    kolo__map_puts(&rt->table, q->name, p) != 0) {
+                    (p->params = calloc((size_t)ps->size, sizeof(*p->params))) == NULL ||
+                    (p->have = calloc((size_t)ps->size, 1)) == NULL ||
+                    kolo__map_puts(&ps->table, q->name, p) != 0) {
                     pending_name_free(p);
                     rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                                        "out of memory in the coordinator");
@@ -309,9 +487,9 @@ static int coordinate(kolo__runtime_t *rt, const uint8_t *recv, size_t stride,
                 p->nhave++;
             }
             p->params[r] = q->params;
-            if (p->nhave == rt->size) {
-                kolo__map_dels(&rt->table, p->name);
-                if (resp_push(&out, p, rt->size) != 0) {
+            if (complete(ps, p)) {
+                kolo__map_dels(&ps->table, p->name);
+                if (resp_push(ps, &out, p) != 0) {
                     pending_name_free(p);
                     rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                                        "out of memory in the coordinator");
@@ -322,9 +500,28 @@ static int coordinate(kolo__runtime_t *rt, const uint8_t *recv, size_t stride,
         }
         kolo__msg_free(&msg);
     }
+    /* A rank that joined completes the names that only it was missing. */
+    if (ps->njoined > 0) {
+        size_t it = 0;
+        void *v;
+        while (kolo__map_next(&ps->table, &it, NULL, &v)) {
+            kolo__pending_name_t *p = v;
+            if (!complete(ps, p))
+                continue;
+            kolo__map_dels(&ps->table, p->name);
+            if (resp_push(ps, &out, p) != 0) {
+                pending_name_free(p);
+                rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                                   "out of memory in the coordinator");
+                goto free_out;
+            }
+            pending_name_free(p);
+        }
+    }
+    fail_groups_together(&out);
     {
         kolo__msg_t m = {KOLO__MSG_RESPONSES, 0, out.n, {.responses = out.items}};
-        rc = kolo__msg_encode(&m, &rt->resp_buf, err);
+        rc = kolo__msg_encode(&m, &ps->resp_buf, err);
     }
     goto free_out;
 
@@ -351,17 +548,17 @@ static int bytes_reserve(kolo__bytes_t *b, size_t n)
     return 0;
 }
 
-static int backend_failed(kolo__runtime_t *rt, int rc, const char *what,
+static int backend_failed(kolo__pset_t *ps, int rc, const char *what,
                           const char *detail, kolo__err_t *err)
 {
     return kolo__err_set(err, rc, "rank %d: negotiation (%s) failed: %s",
-                         rt->rank, what, detail);
+                         ps->rank, what, detail);
 }
 
 /* The full round (step 2 of the essay). */
-static int full_round(kolo__runtime_t *rt, kolo__err_t *err)
+static int full_round(kolo__pset_t *ps, kolo__err_t *err)
 {
-    const kolo__ops_t *ops = rt->ops;
+    const kolo__ops_t *ops = ps->ops;
     char detail[KOLO__ERR_LEN];
     kolo__request_t *reqs = NULL;
     uint32_t n = 0;
@@ -371,84 +568,84 @@ static int full_round(kolo__runtime_t *rt, kolo__err_t *err)
     int rc;
 
     /* Encode this rank's uncached requests and move them to `sent`. */
-    for (kolo__entry_t *e = rt->uncached_head; e != NULL; e = e->next)
+    for (kolo__entry_t *e = ps->uncached_head; e != NULL; e = e->next)
         n++;
     reqs = calloc(n ? n : 1, sizeof(*reqs));
-    lens = calloc((size_t)rt->size, sizeof(*lens));
+    lens = calloc((size_t)ps->size, sizeof(*lens));
     if (reqs == NULL || lens == NULL) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "out of memory sending %u requests", n);
         goto out;
     }
     n = 0;
-    for (kolo__entry_t *e = rt->uncached_head; e != NULL; e = e->next)
+    for (kolo__entry_t *e = ps->uncached_head; e != NULL; e = e->next)
         reqs[n++] = (kolo__request_t){e->name, e->params};
     {
-        kolo__msg_t m = {KOLO__MSG_REQUESTS, rt->rank, n, {.requests = reqs}};
-        KOLO__CHECK_GOTO(kolo__msg_encode(&m, &rt->send_buf, err), rc, out);
+        kolo__msg_t m = {KOLO__MSG_REQUESTS, ps->rank, n, {.requests = reqs}};
+        KOLO__CHECK_GOTO(kolo__msg_encode(&m, &ps->send_buf, err), rc, out);
     }
-    for (kolo__entry_t *e = rt->uncached_head, *next; e != NULL; e = next) {
+    for (kolo__entry_t *e = ps->uncached_head, *next; e != NULL; e = next) {
         next = e->next;
         e->next = NULL;
-        if (kolo__map_puts(&rt->sent, e->name, e) != 0) {
+        if (kolo__map_puts(&ps->sent, e->name, e) != 0) {
             rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                                "out of memory tracking tensor '%s'", e->name);
             goto out;
         }
-        rt->uncached_head = next;
+        ps->uncached_head = next;
     }
-    rt->uncached_tail = NULL;
+    ps->uncached_tail = NULL;
 
     /* Gather the requests at the coordinator. */
-    mylen = rt->send_buf.len;
-    rc = ops->allgather(rt->ops_ctx, &mylen, lens, sizeof(mylen), detail,
+    mylen = ps->send_buf.len;
+    rc = ops->allgather(ps->ops_ctx, &mylen, lens, sizeof(mylen), detail,
                         sizeof(detail));
     if (rc != KOLO_OK) {
-        rc = backend_failed(rt, rc, "allgather of request sizes", detail, err);
+        rc = backend_failed(ps, rc, "allgather of request sizes", detail, err);
         goto out;
     }
-    for (int r = 0; r < rt->size; r++)
+    for (int r = 0; r < ps->size; r++)
         if (lens[r] > maxlen)
             maxlen = lens[r];
-    if (bytes_reserve(&rt->send_buf, maxlen) != 0 ||
-        (rt->rank == 0 && bytes_reserve(&rt->recv_buf, maxlen * (uint64_t)rt->size) != 0)) {
+    if (bytes_reserve(&ps->send_buf, maxlen) != 0 ||
+        (ps->rank == 0 && bytes_reserve(&ps->recv_buf, maxlen * (uint64_t)ps->size) != 0)) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "out of memory for %llu bytes of requests",
-                           (unsigned long long)maxlen * (uint64_t)rt->size);
+                           (unsigned long long)maxlen * (uint64_t)ps->size);
         goto out;
     }
-    memset(rt->send_buf.data + mylen, 0, maxlen - mylen);
-    rc = ops->gather(rt->ops_ctx, rt->send_buf.data, rt->recv_buf.data, maxlen,
+    memset(ps->send_buf.data + mylen, 0, maxlen - mylen);
+    rc = ops->gather(ps->ops_ctx, ps->send_buf.data, ps->recv_buf.data, maxlen,
                      0, detail, sizeof(detail));
     if (rc != KOLO_OK) {
-        rc = backend_failed(rt, rc, "gather of requests", detail, err);
+        rc = backend_failed(ps, rc, "gather of requests", detail, err);
         goto out;
     }
 
     /* The coordinator decides; everyone learns the decision. */
-    if (rt->rank == 0)
-        KOLO__CHECK_GOTO(coordinate(rt, rt->recv_buf.data, maxlen, lens, err),
+    if (ps->rank == 0)
+        KOLO__CHECK_GOTO(coordinate(ps, ps->recv_buf.data, maxlen, lens, err),
                          rc, out);
-    resplen = rt->rank == 0 ? rt->resp_buf.len : 0;
-    rc = ops->broadcast(rt->ops_ctx, &resplen, sizeof(resplen), 0, detail,
+    resplen = ps->rank == 0 ? ps->resp_buf.len : 0;
+    rc = ops->broadcast(ps->ops_ctx, &resplen, sizeof(resplen), 0, detail,
                         sizeof(detail));
     if (rc != KOLO_OK) {
-        rc = backend_failed(rt, rc, "broadcast of the response size", detail, err);
+        rc = backend_failed(ps, rc, "broadcast of the response size", detail, err);
         goto out;
     }
-    if (bytes_reserve(&rt->resp_buf, resplen) != 0) {
+    if (bytes_reserve(&ps->resp_buf, resplen) != 0) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "out of memory for %llu bytes of responses",
                            (unsigned long long)resplen);
         goto out;
     }
-    rc = ops->broadcast(rt->ops_ctx, rt->resp_buf.data, resplen, 0, detail,
+    rc = ops->broadcast(ps->ops_ctx, ps->resp_buf.data, resplen, 0, detail,
                         sizeof(detail));
     if (rc != KOLO_OK) {
-        rc = backend_failed(rt, rc, "broadcast of responses", detail, err);
+        rc = backend_failed(ps, rc, "broadcast of responses", detail, err);
         goto out;
     }
-    KOLO__CHECK_GOTO(kolo__msg_decode(rt->resp_buf.data, resplen, 0, &resp, err),
+    KOLO__CHECK_GOTO(kolo__msg_decode(ps->resp_buf.data, resplen, 0, &resp, err),
                      rc, out);
     if (resp.kind != KOLO__MSG_RESPONSES || resp.rank < 0) {
         rc = kolo__err_set(err, KOLO_ERR_INTERNAL, "the coordinator stopped "
@@ -463,28 +660,44 @@ static int full_round(kolo__runtime_t *rt, kolo__err_t *err)
     /* Apply the responses in order: cache the OK ones, fail the others. */
     for (uint32_t i = 0; i < resp.n && rc == KOLO_OK; i++) {
         kolo__response_t *r = &resp.u.responses[i];
-        kolo__entry_t *e = kolo__map_dels(&rt->sent, r->name);
+        kolo__entry_t *e = kolo__map_dels(&ps->sent, r->name);
         size_t bit;
         int evicted;
 
-        if (e == NULL) {
+        if (e == NULL && ps->joined[ps->rank]) {
+            /* A tensor this joined rank never enqueued: zeros, or nothing
+             * when it failed. */
+            if (r->status != KOLO_OK)
+                continue;
+            e = standin(r->name, &r->params);
+            if (e == NULL) {
+                rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                                   "rank %d: out of memory for the zeros of "
+                                   "tensor '%s' during a join",
+                                   ps->rank, r->name);
+                break;
+            }
+        } else if (e == NULL) {
             rc = kolo__err_set(err, KOLO_ERR_INTERNAL,
                                "rank %d: the coordinator answered for tensor "
                                "'%s', which this rank never sent",
-                               rt->rank, r->name);
+                               ps->rank, r->name);
             break;
         }
         if (r->status != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", r->text ? r->text : "");
-            kolo__complete(rt, e, r->status, r->text);
+            kolo__complete(ps, e, r->status, r->text);
             continue;
         }
         /* An eviction counts even when the insertion then failed (out of
-         * memory): the evicted bit's waiters must be resent either way. */
-        kolo__cache_put(&rt->cache, r->name, &r->params, &bit, &evicted);
-        if (evicted)
-            unhit(rt, bit);
-        rc = ready_push(rt, e, err);
+         * memory): the evicted bit's waiters must be resent either way.
+         * Grouped tensors are not cached (see the essay). */
+        if (r->params.group <= 1) {
+            kolo__cache_put(&ps->cache, r->name, &r->params, &bit, &evicted);
+            if (evicted)
+                unhit(ps, bit);
+        }
+        rc = ready_push(ps, e, err);
     }
     kolo__msg_free(&resp);
 
@@ -494,15 +707,15 @@ out:
     return rc;
 }
 
-int kolo__negotiate(kolo__runtime_t *rt, kolo__entry_t *fresh, int shutdown,
+int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
                     int *stop_rank, kolo__err_t *err)
 {
-    uint64_t *v = rt->bits;
+    uint64_t *v = ps->bits;
     char detail[KOLO__ERR_LEN];
-    size_t cap = rt->cache.capacity;
+    size_t cap = ps->cache.capacity;
     int rc;
 
-    rt->nready = 0;
+    ps->nready = 0;
     *stop_rank = -1;
 
     /* Sort the new entries: cache hits wait on their bit, the rest go to
@@ -510,71 +723,118 @@ int kolo__negotiate(kolo__runtime_t *rt, kolo__entry_t *fresh, int shutdown,
     for (kolo__entry_t *e = fresh, *next; e != NULL; e = next) {
         size_t bit;
         next = e->next;
-        switch (kolo__cache_lookup(&rt->cache, e->name, &e->params, &bit)) {
+        if (e->params.coll == KOLO__COLL_JOIN) {
+            ps->join_entry = e; /* a second one is refused at enqueue */
+            continue;
+        }
+        if (e->params.group > 1) { /* groups are never cached */
+            uncached_append(ps, e);
+            continue;
+        }
+        switch (kolo__cache_lookup(&ps->cache, e->name, &e->params, &bit)) {
         case KOLO__CACHE_HIT:
-            rt->hits[bit] = e;
-            rt->nhits++;
+            ps->hits[bit] = e;
+            ps->nhits++;
             break;
         case KOLO__CACHE_MISMATCH:
             /* Marked below through the invalid bits; resent next round. */
-            uncached_append(rt, e);
+            uncached_append(ps, e);
             break;
         case KOLO__CACHE_MISS:
-            uncached_append(rt, e);
+            uncached_append(ps, e);
             break;
         }
     }
 
     /* Build this rank's vector (layout in the essay). */
-    memset(v, 0xff, rt->nwords * sizeof(uint64_t));
-    memset(v + rt->hit_word, 0, rt->hit_words * sizeof(uint64_t));
-    for (size_t b = 0; b < cap; b++)
-        if (rt->hits[b] != NULL)
-            BIT_SET(v + rt->hit_word, b);
-    for (kolo__entry_t *e = rt->uncached_head; e != NULL; e = e->next) {
-        size_t bit;
-        if (kolo__cache_lookup(&rt->cache, e->name, &e->params, &bit) ==
-            KOLO__CACHE_MISMATCH)
-            BIT_CLR(v + rt->inv_word, bit);
+    memset(v, 0xff, ps->nwords * sizeof(uint64_t));
+    memset(v + ps->hit_word, 0, ps->hit_words * sizeof(uint64_t));
+    for (size_t b = 0; b < cap; b++) {
+        const kolo__cache_entry_t *c;
+        /* A joined rank has every cached allreduce, as zeros. */
+        if (ps->hits[b] != NULL ||
+            (ps->join_entry != NULL && (c = kolo__cache_at(&ps->cache, b)) != NULL &&
+             c->params.coll == KOLO__COLL_ALLREDUCE))
+            BIT_SET(v + ps->hit_word, b);
     }
-    if (rt->uncached_head != NULL)
+    if (ps->join_entry != NULL)
+        BIT_CLR(v + ps->join_word, (size_t)ps->rank);
+    for (kolo__entry_t *e = ps->uncached_head; e != NULL; e = e->next) {
+        size_t bit;
+        if (kolo__cache_lookup(&ps->cache, e->name, &e->params, &bit) ==
+            KOLO__CACHE_MISMATCH)
+            BIT_CLR(v + ps->inv_word, bit);
+    }
+    if (ps->uncached_head != NULL)
         v[0] &= ~FLAG_NO_UNCACHED;
-    if (kolo__negotiate_pending(rt))
+    if (kolo__negotiate_pending(ps))
         v[0] &= ~FLAG_NONE_PENDING;
     if (shutdown)
-        BIT_CLR(v + rt->shut_word, (size_t)rt->rank);
+        BIT_CLR(v + ps->shut_word, (size_t)ps->rank);
 
-    rc = rt->ops->allreduce(rt->ops_ctx, NULL, v, rt->nwords, sizeof(uint64_t),
+    rc = ps->ops->allreduce(ps->ops_ctx, NULL, v, ps->nwords, sizeof(uint64_t),
                             band64, detail, sizeof(detail));
     if (rc != KOLO_OK)
-        return backend_failed(rt, rc, "allreduce of the readiness bits", detail,
+        return backend_failed(ps, rc, "allreduce of the readiness bits", detail,
                               err);
 
-    rt->any_pending = !(v[0] & FLAG_NONE_PENDING);
-    for (int r = 0; r < rt->size; r++)
-        if (!BIT_GET(v + rt->shut_word, (size_t)r)) {
+    ps->any_pending = !(v[0] & FLAG_NONE_PENDING);
+    for (int r = 0; r < ps->size; r++)
+        if (!BIT_GET(v + ps->shut_word, (size_t)r)) {
             *stop_rank = r;
             break;
         }
+    {
+        int last_joined = -1, njoined = 0;
+        for (int r = 0; r < ps->size; r++) {
+            int j = !BIT_GET(v + ps->join_word, (size_t)r);
+            if (j && !ps->joined[r])
+                last_joined = r; /* the highest of those new this round */
+            ps->joined[r] = (uint8_t)j;
+            njoined += j;
+        }
+        ps->njoined = njoined;
+        if (njoined == ps->size && ps->join_entry != NULL) {
+            /* Everyone has joined: the joins complete, all alike. */
+            KOLO__CHECK(finish_join(ps, last_joined, err));
+        }
+    }
 
     /* Ready cached tensors, in bit order; then forget invalidated bits. */
     for (size_t b = 0; b < cap; b++) {
-        if (BIT_GET(v + rt->hit_word, b) && rt->hits[b] != NULL) {
-            kolo__cache_touch(&rt->cache, b);
-            KOLO__CHECK(ready_push(rt, rt->hits[b], err));
-            rt->hits[b] = NULL;
-            rt->nhits--;
+        const kolo__cache_entry_t *c;
+        if (!BIT_GET(v + ps->hit_word, b))
+            continue;
+        kolo__cache_touch(&ps->cache, b);
+        if (ps->hits[b] != NULL) {
+            KOLO__CHECK(ready_push(ps, ps->hits[b], err));
+            ps->hits[b] = NULL;
+            ps->nhits--;
+        } else if (ps->joined[ps->rank] &&
+                   (c = kolo__cache_at(&ps->cache, b)) != NULL) {
+            kolo__entry_t *s = standin(c->name, &c->params);
+            if (s == NULL)
+                return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                                     "rank %d: out of memory for the zeros of "
+                                     "tensor '%s' during a join",
+                                     ps->rank, c->name);
+            KOLO__CHECK(ready_push(ps, s, err));
         }
     }
+    /* While a rank is joined, only allreduces can complete: the other
+     * cached collectives go to the coordinator, which says why not. */
+    for (size_t b = 0; ps->njoined > 0 && b < cap; b++)
+        if (ps->hits[b] != NULL && ps->hits[b]->params.coll != KOLO__COLL_ALLREDUCE)
+            unhit(ps, b);
     for (size_t b = 0; b < cap; b++) {
-        if (!BIT_GET(v + rt->inv_word, b)) {
-            unhit(rt, b);
-            kolo__cache_erase(&rt->cache, b);
+        if (!BIT_GET(v + ps->inv_word, b)) {
+            unhit(ps, b);
+            kolo__cache_erase(&ps->cache, b);
         }
     }
 
     if (!(v[0] & FLAG_NO_UNCACHED))
-        KOLO__CHECK(full_round(rt, err));
-    rt->cycles++;
+        KOLO__CHECK(full_round(ps, err));
+    ps->cycles++;
     return KOLO_OK;
 }

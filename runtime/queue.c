@@ -21,10 +21,23 @@ kolo__entry_t *kolo__entry_new(const char *name)
     return e;
 }
 
+void kolo__result_free(void *result)
+{
+    kolo__result_t *r = result;
+    if (r != NULL) {
+        free(r->data);
+        free(r->splits);
+        free(r);
+    }
+}
+
 void kolo__entry_free(kolo__entry_t *e)
 {
     if (e != NULL) {
         free(e->name);
+        free(e->splits);
+        free(e->scratch);
+        kolo__result_free(e->result);
         free(e);
     }
 }
@@ -64,28 +77,53 @@ void kolo__queue_destroy(kolo__queue_t *q)
 
 int kolo__queue_push(kolo__queue_t *q, kolo__entry_t *e, kolo__err_t *err)
 {
+    return kolo__queue_push_many(q, &e, 1, err);
+}
+
+int kolo__queue_push_many(kolo__queue_t *q, kolo__entry_t **es, size_t n,
+                          kolo__err_t *err)
+{
     int rc = KOLO_OK;
+    size_t i;
 
     pthread_mutex_lock(&q->mu);
     if (q->closed) {
         rc = kolo__err_set(err, q->close_err.code, "%s", q->close_err.msg);
-    } else if (kolo__map_gets(&q->in_flight, e->name) != NULL) {
-        rc = kolo__err_set(err, KOLO_ERR_DUPLICATE_NAME,
-                           "tensor '%s' is already in flight on this rank: "
-                           "wait for its handle before enqueuing it again",
-                           e->name);
-    } else if (kolo__map_puts(&q->in_flight, e->name, e) != 0) {
-        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                           "out of memory enqueuing tensor '%s'", e->name);
-    } else {
-        e->next = NULL;
-        if (q->tail != NULL)
-            q->tail->next = e;
-        else
-            q->head = e;
-        q->tail = e;
-        pthread_cond_signal(&q->cv);
+        goto unlock;
     }
+    for (i = 0; i < n; i++) {
+        if (kolo__map_gets(&q->in_flight, es[i]->name) != NULL) {
+            rc = kolo__err_set(err, KOLO_ERR_DUPLICATE_NAME,
+                               "tensor '%s' is already in flight on this "
+                               "rank: wait for its handle before enqueuing it "
+                               "again",
+                               es[i]->name);
+            break;
+        }
+        if (kolo__map_puts(&q->in_flight, es[i]->name, es[i]) != 0) {
+            rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                               "out of memory enqueuing tensor '%s'",
+                               es[i]->name);
+            break;
+        }
+    }
+    if (rc != KOLO_OK) {
+        /* Undo the names this call added (a repeated name within the call
+         * was found in flight: it was added by this call). */
+        while (i-- > 0)
+            kolo__map_dels(&q->in_flight, es[i]->name);
+        goto unlock;
+    }
+    for (i = 0; i < n; i++) {
+        es[i]->next = NULL;
+        if (q->tail != NULL)
+            q->tail->next = es[i];
+        else
+            q->head = es[i];
+        q->tail = es[i];
+    }
+    pthread_cond_signal(&q->cv);
+unlock:
     pthread_mutex_unlock(&q->mu);
     return rc;
 }

@@ -35,7 +35,27 @@ typedef struct kolo__entry {
     void *output;
     kolo__params_t params;
     int64_t enqueued_us;
+    int64_t rows;    /* allgather, alltoall: this rank's first dimension */
+    int64_t *splits; /* alltoall: rows sent to each rank (owned) */
+    void *scratch;   /* a buffer the entry owns (a join's zeros) */
+    struct kolo__result *result; /* output for the handle, owned until
+                                    completion hands it over */
 } kolo__entry_t;
+
+/* Output of an allgather, alltoall or reducescatter (or a join's last
+ * rank), attached to its handle until kolo_wait_result hands it over. */
+typedef struct kolo__result {
+    void *data;
+    size_t bytes;
+    int ndim;
+    int64_t shape[KOLO_MAX_DIMS];
+    int nsplits;
+    int64_t *splits;
+} kolo__result_t;
+
+/* Frees a result and what it holds; takes a void * to serve as the handle
+ * table's destructor. */
+void kolo__result_free(void *result);
 
 /* Allocates an entry with a copy of the name; NULL when out of memory. */
 kolo__entry_t *kolo__entry_new(const char *name);
@@ -61,6 +81,11 @@ void kolo__queue_destroy(kolo__queue_t *q);
  * KOLO_ERR_DUPLICATE_NAME when the name is in flight, or with the close
  * error once the queue is closed; the entry is not taken then. */
 int kolo__queue_push(kolo__queue_t *q, kolo__entry_t *e, kolo__err_t *err);
+
+/* Adds n entries at once (a group): all or none. Fails like
+ * kolo__queue_push, naming the first name in flight. */
+int kolo__queue_push_many(kolo__queue_t *q, kolo__entry_t **es, size_t n,
+                          kolo__err_t *err);
 
 /* Waits until work is queued, a shutdown is requested, or timeout_us
  * passes (0: do not wait; < 0: no timeout), then detaches and returns the

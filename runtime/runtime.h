@@ -1,11 +1,17 @@
 /*
  * runtime.h — the state of one initialised kolo, shared by the public API
- * (api.c) and the background thread (background.c, negotiate.c).
+ * (api.c), the background threads (background.c) and negotiation
+ * (negotiate.c).
  *
- * Ownership: fields above "background thread only" are set by kolo_init and
- * read-only until kolo_shutdown, or are thread-safe objects (the queue, the
- * handle table). Fields below are touched by the background thread alone,
- * so they need no lock.
+ * A job has process sets: the global set (id 0, every rank) and the sets
+ * the program adds. Each set a rank belongs to has, on that rank, its own
+ * queue, background thread, backend context, response cache and
+ * negotiation state (kolo__pset_t), so sets never wait for each other.
+ *
+ * Ownership: kolo__runtime_t is set up by kolo_init and read-only until
+ * kolo_shutdown, except the set table (sets_mu). In a kolo__pset_t, the
+ * fields above "background thread only" are set before its thread starts;
+ * those below are touched by that thread alone, so they need no lock.
  */
 #ifndef KOLO_RUNTIME_H
 #define KOLO_RUNTIME_H
@@ -30,66 +36,92 @@ typedef struct kolo__pending_name {
     int nhave;
 } kolo__pending_name_t;
 
-typedef struct kolo__runtime {
-    kolo__config_t cfg;
-    int rank, size;
+typedef struct kolo__runtime kolo__runtime_t;
+
+typedef struct kolo__pset {
+    kolo__runtime_t *rt;
+    int id;
+    int rank, size;  /* this rank's place in the set */
+    int *ranks;      /* [size]: the global rank of each member */
     const kolo__ops_t *ops;
     void *ops_ctx;
     kolo__queue_t queue;
-    kolo__handles_t *handles; /* the process-wide table (api.c) */
     pthread_t thread;
     int thread_started;
 
     /* ---- background thread only ---- */
     kolo__cache_t cache;
     kolo__entry_t **hits;  /* [cache capacity]: entry waiting on that bit */
+    size_t nhits;
     kolo__entry_t *uncached_head, *uncached_tail; /* not yet sent */
     kolo__map_t sent;      /* name -> entry sent to the coordinator */
     kolo__map_t table;     /* coordinator: name -> kolo__pending_name_t */
-    uint64_t *bits;        /* the cycle's AND vector */
-    size_t nwords, shut_word, hit_word, inv_word, hit_words;
-    size_t nhits;          /* entries in hits[] */
-    kolo__entry_t **ready; /* this cycle's plan, filled by kolo__negotiate */
+    uint64_t *bits;        /* the round's AND vector */
+    size_t nwords, shut_word, join_word, hit_word, inv_word, hit_words;
+    kolo__entry_t **ready; /* the round's plan, filled by kolo__negotiate */
     size_t nready, ready_cap;
     uint8_t *fusion;       /* persistent fusion buffer */
     size_t fusion_cap;
     kolo__bytes_t send_buf, recv_buf, resp_buf;
     int64_t cycles;
+    uint64_t completed;    /* entries completed, for progress detection */
     int any_pending;       /* some rank had tensors waiting at the last round */
     int others_waiting;    /* ranks may sleep waiting for this rank's work */
-    uint64_t completed; /* entries completed, for progress detection */
-} kolo__runtime_t;
+    /* join (global set only) */
+    kolo__entry_t *join_entry; /* this rank's pending join */
+    uint8_t *joined;       /* [size]: ranks joined at the last round */
+    int njoined;
+} kolo__pset_t;
 
-/* background.c. The queue is initialised by the caller first (the backend
- * may deliver wake tokens to it as soon as it is connected). */
-int kolo__runtime_start(kolo__runtime_t *rt, kolo__err_t *err);
-/* Finishes what kolo__runtime_start set up; the thread has been joined. */
-void kolo__runtime_free(kolo__runtime_t *rt);
-/* The backend's on_wake callback; arg is the runtime. */
-void kolo__wake_from_peer(void *arg, uint64_t round);
+struct kolo__runtime {
+    kolo__config_t cfg;
+    int rank, size;
+    kolo__handles_t *handles;
+    unsigned generation;   /* counts kolo_init calls: rendezvous prefix */
+    pthread_mutex_t sets_mu;
+    kolo__pset_t **sets;   /* [nsets], by id; NULL: removed or not a member */
+    int *set_sizes;        /* [nsets]: members, also for non-members; 0: removed */
+    int nsets;
+};
+
+/* background.c */
+
+/* Connects a set's backend, starts its thread. ranks[size] are global
+ * ranks; this rank must be among them. */
+int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
+                     kolo__pset_t **out, kolo__err_t *err);
+/* Stops a set (its pending work fails with `why`), joins its thread and
+ * frees it. Every member calls it for the same set. */
+void kolo__pset_stop(kolo__pset_t *ps, const kolo__err_t *why);
+/* Asks a set's thread to stop with `why` without waiting for it. */
+void kolo__pset_request_stop(kolo__pset_t *ps, const kolo__err_t *why);
 void *kolo__background_main(void *arg);
 
-/* Completes an entry: releases its name and completes its handle. Frees
- * the entry. */
-void kolo__complete(kolo__runtime_t *rt, kolo__entry_t *e, int status,
+/* Completes an entry: releases its name and completes its handle (with
+ * the entry's result, if any). Frees the entry. */
+void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
                     const char *msg);
 
 /* negotiate.c: one negotiation round. `fresh` are the entries taken from
- * the queue this cycle. Fills rt->ready / rt->nready with the entries that
- * are ready on every rank, in plan order, and completes the ones that
- * failed negotiation (mismatches). Sets *stop_rank to the lowest rank that
- * asked to shut down, or -1. A failure returned here (the backend, or a
- * protocol error) ends the job. */
-int kolo__negotiate(kolo__runtime_t *rt, kolo__entry_t *fresh, int shutdown,
+ * the queue this cycle. Fills ps->ready / ps->nready with the entries that
+ * are ready on every rank, in plan order (with zero-filled stand-ins for
+ * the allreduces of ranks that joined), and completes the ones that failed
+ * negotiation. Sets *stop_rank to the lowest set rank that asked to shut
+ * down, or -1. A failure returned here (the backend, or a protocol error)
+ * ends the set. */
+int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
                     int *stop_rank, kolo__err_t *err);
-int kolo__negotiate_init(kolo__runtime_t *rt);
-void kolo__negotiate_free(kolo__runtime_t *rt);
+int kolo__negotiate_init(kolo__pset_t *ps);
+void kolo__negotiate_free(kolo__pset_t *ps);
 /* Calls fn on every entry the negotiation still holds, removing them. */
-void kolo__negotiate_drain(kolo__runtime_t *rt,
-                           void (*fn)(kolo__runtime_t *, kolo__entry_t *,
+void kolo__negotiate_drain(kolo__pset_t *ps,
+                           void (*fn)(kolo__pset_t *, kolo__entry_t *,
                                       const kolo__err_t *),
                            const kolo__err_t *why);
 /* 1 when this rank holds entries that wait for other ranks. */
-int kolo__negotiate_pending(const kolo__runtime_t *rt);
+int kolo__negotiate_pending(const kolo__pset_t *ps);
+
+/* The backend's on_wake callback; arg is the set. */
+void kolo__wake_from_peer(void *arg, uint64_t round);
 
 #endif /* KOLO_RUNTIME_H */

@@ -4,9 +4,12 @@
 # "N passed, N failed" lines), prints the tail of every failed log, and ends
 # with one line "N passed, N failed".
 #
-# Usage: tests/summary.sh [BUILDDIR]
+# Usage: tests/summary.sh [BUILDDIR [MAKE_CHECK_STATUS]]
+# A non-zero MAKE_CHECK_STATUS with no failed test log means the tests
+# could not be built or run: that counts as a failure too.
 set -u
 dir=${1:-.}
+check_status=${2:-0}
 passed=0
 failed=0
 while IFS= read -r trs; do
@@ -32,5 +35,9 @@ while IFS= read -r trs; do
         [ -z "$line" ] && ! grep -qE 'Checks: ' "$log" && failed=$((failed + 1))
     fi
 done < <(find "$dir" -name '*.trs' | sort)
+if [ "$check_status" -ne 0 ] && [ "$failed" -eq 0 ]; then
+    echo "---- make check failed (exit $check_status) before any test failed: the tests did not build or run"
+    failed=$((failed + 1))
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -145,29 +145,68 @@ KOLO_EXPORT int kolo_local_size(void);
 KOLO_EXPORT int kolo_cross_rank(void);
 KOLO_EXPORT int kolo_cross_size(void);
 
-/* ---- Allreduce --------------------------------------------------------- */
+/* ---- Options shared by the collectives ----------------------------------- */
 
-/* Options of an allreduce; kolo_allreduce_opts_init() sets the defaults. */
-typedef struct kolo_allreduce_opts {
-    kolo_op_t op; /* default KOLO_OP_SUM */
+/* The global process set: every rank of the job. */
+#define KOLO_GLOBAL_PROCESS_SET 0
 
-    /* Local gradient accumulation (Horovod's backward_passes_per_step).
-     * With backward_passes = N > 1, the calls for one name form groups of N
-     * passes. Passes 1..N-1 add `input` into a private accumulator (kept in
-     * float32 for float16/bfloat16, else in the tensor's dtype) and complete
-     * at once with KOLO_OK: no negotiation, no communication, and `output`
-     * is not written. Pass N adds its input too, writes the accumulated sum
-     * (divided by N, when average_passes is nonzero) into `output`,
-     * allreduces `output` in place with `op`, and resets the accumulator.
-     * So N passes of g1..gN give exactly allreduce(g1 + ... + gN), or
-     * allreduce((g1 + ... + gN) / N). Every pass of a group must use the
-     * same count, dtype and N; a call that differs fails with
-     * KOLO_ERR_INVALID_ARGUMENT and the group is discarded. Default 1. */
+/* Most dimensions a tensor shape may have. */
+#define KOLO_MAX_DIMS 8
+
+/* Options of a collective; kolo_opts_init() sets the defaults. Fields a
+ * collective does not use are ignored. Everything here except
+ * backward_passes/average_passes must be the same on every rank for one
+ * name (else KOLO_ERR_MISMATCH on every rank, naming both values). */
+typedef struct kolo_opts {
+    /* allreduce and reducescatter: the reduction (default KOLO_OP_SUM;
+     * reducescatter takes SUM or AVERAGE). */
+    kolo_op_t op;
+
+    /* allreduce and reducescatter: every rank's input is multiplied by
+     * prescale before the reduction and the result by postscale after it
+     * (defaults 1.0), in one pass over the fusion buffer. Integers are
+     * truncated toward zero after each scaling. */
+    double prescale, postscale;
+
+    /* The process set the collective runs in (default
+     * KOLO_GLOBAL_PROCESS_SET). Ranks (root, splits) are relative to it. */
+    int process_set;
+
+    /* allreduce of float32 only: the dtype the data travels as. -1 (the
+     * default) sends float32; KOLO_FLOAT16 or KOLO_BFLOAT16 compress the
+     * fusion buffer, reduce in that dtype (each step computed in float32,
+     * rounded once) and expand the result on the way out. */
+    int wire_dtype;
+
+    /* allreduce only: local gradient accumulation (Horovod's
+     * backward_passes_per_step). With backward_passes = N > 1, the calls
+     * for one name form groups of N passes. Passes 1..N-1 add `input` into
+     * a private accumulator (kept in float32 for float16/bfloat16, else in
+     * the tensor's dtype) and complete at once with KOLO_OK: no
+     * negotiation, no communication, and `output` is not written. Pass N
+     * adds its input too, writes the accumulated sum (divided by N, when
+     * average_passes is nonzero) into `output`, allreduces `output` in place
+     * and resets the accumulator. So N passes of g1..gN give exactly
+     * allreduce(g1 + ... + gN), or allreduce((g1 + ... + gN) / N). Every
+     * pass of a group must use the same count, dtype and N; a call that
+     * differs fails with KOLO_ERR_INVALID_ARGUMENT and the group is
+     * discarded. Default 1 and 0. */
     int backward_passes;
-    int average_passes; /* default 0 */
-} kolo_allreduce_opts_t;
+    int average_passes;
 
+    /* allreduce and broadcast: an optional shape (ndim 0: none). Its
+     * product must equal `count`; ranks must agree on every dimension. */
+    int ndim;
+    const int64_t *shape;
+} kolo_opts_t;
+
+KOLO_EXPORT void kolo_opts_init(kolo_opts_t *opts);
+
+/* The name of earlier versions; the same type and defaults. */
+typedef kolo_opts_t kolo_allreduce_opts_t;
 KOLO_EXPORT void kolo_allreduce_opts_init(kolo_allreduce_opts_t *opts);
+
+/* ---- Allreduce and broadcast ---------------------------------------------- */
 
 /* Enqueues an allreduce of `count` elements of `dtype` under `name` and
  * returns at once, with a new handle in *handle. `input` and `output` may be
@@ -186,8 +225,141 @@ KOLO_EXPORT int kolo_allreduce_async(const char *name, const void *input,
 KOLO_EXPORT int kolo_allreduce_async_opts(const char *name, const void *input,
                                           void *output, int64_t count,
                                           kolo_dtype_t dtype,
-                                          const kolo_allreduce_opts_t *opts,
+                                          const kolo_opts_t *opts,
                                           kolo_handle_t *handle);
+
+/* Broadcast of `count` elements in place: when done, every rank's `buffer`
+ * holds what the root's held. `root` is a rank of the process set. */
+KOLO_EXPORT int kolo_broadcast_async(const char *name, void *buffer,
+                                     int64_t count, kolo_dtype_t dtype,
+                                     int root, const kolo_opts_t *opts,
+                                     kolo_handle_t *handle);
+
+/* ---- Collectives whose output size is known after negotiation ------------ */
+
+/* The output of an allgather, alltoall or reducescatter, handed over by
+ * kolo_wait_result. */
+typedef struct kolo_result {
+    void *data;   /* the output, malloc'd: free with kolo_result_free */
+    size_t bytes; /* its size */
+    int ndim;     /* its shape */
+    int64_t shape[KOLO_MAX_DIMS];
+    /* Rows (first-dimension entries), one per rank of the process set:
+     * allgather: each rank's contribution; alltoall: received from each
+     * rank; reducescatter: each rank's share of the result. */
+    int nsplits;
+    int64_t *splits;
+} kolo_result_t;
+
+/* Allgather: every rank contributes a tensor of `ndim` dimensions whose
+ * first dimension may differ between ranks (the others must agree); the
+ * output is the ranks' tensors concatenated along the first dimension, in
+ * rank order. */
+KOLO_EXPORT int kolo_allgather_async(const char *name, const void *input,
+                                     int ndim, const int64_t *shape,
+                                     kolo_dtype_t dtype,
+                                     const kolo_opts_t *opts,
+                                     kolo_handle_t *handle);
+
+/* Alltoall: rank i sends splits[j] rows (first-dimension entries) of its
+ * input to rank j, in order, and receives from every rank what that rank
+ * sends it, concatenated in rank order. splits has one entry per rank of
+ * the process set and must sum to shape[0]; NULL splits the first
+ * dimension evenly (it must then divide by the number of ranks). The
+ * received rows per rank are in the result's splits. */
+KOLO_EXPORT int kolo_alltoall_async(const char *name, const void *input,
+                                    int ndim, const int64_t *shape,
+                                    kolo_dtype_t dtype, const int64_t *splits,
+                                    const kolo_opts_t *opts,
+                                    kolo_handle_t *handle);
+
+/* Reducescatter: the tensors of all ranks (same shape) are reduced with
+ * opts->op (SUM or AVERAGE) and the first dimension of the result is split
+ * as evenly as possible: rank r of n gets shape[0] / n rows, plus one if
+ * r < shape[0] % n. A tensor of 0 dimensions is refused. */
+KOLO_EXPORT int kolo_reducescatter_async(const char *name, const void *input,
+                                         int ndim, const int64_t *shape,
+                                         kolo_dtype_t dtype,
+                                         const kolo_opts_t *opts,
+                                         kolo_handle_t *handle);
+
+/* Like kolo_wait, and on success hands over the output of an allgather,
+ * alltoall or reducescatter (for other collectives *result is zeroed). */
+KOLO_EXPORT int kolo_wait_result(kolo_handle_t handle, kolo_result_t *result);
+
+/* Frees what kolo_wait_result handed over; result may be zeroed. */
+KOLO_EXPORT void kolo_result_free(kolo_result_t *result);
+
+/* ---- Grouped collectives -------------------------------------------------- */
+
+/* n tensors enqueued as one group: the group is negotiated as a unit (it is
+ * ready only when every member is ready on every rank; if one member fails,
+ * all fail) and its members are reduced together. Each member gets its own
+ * handle in handles[i]; names must be distinct. On failure no member is
+ * enqueued. */
+KOLO_EXPORT int kolo_grouped_allreduce_async(int n, const char *const *names,
+                                             const void *const *inputs,
+                                             void *const *outputs,
+                                             const int64_t *counts,
+                                             kolo_dtype_t dtype,
+                                             const kolo_opts_t *opts,
+                                             kolo_handle_t *handles);
+KOLO_EXPORT int kolo_grouped_allgather_async(int n, const char *const *names,
+                                             const void *const *inputs,
+                                             const int *ndims,
+                                             const int64_t *const *shapes,
+                                             kolo_dtype_t dtype,
+                                             const kolo_opts_t *opts,
+                                             kolo_handle_t *handles);
+KOLO_EXPORT int kolo_grouped_reducescatter_async(int n,
+                                                 const char *const *names,
+                                                 const void *const *inputs,
+                                                 const int *ndims,
+                                                 const int64_t *const *shapes,
+                                                 kolo_dtype_t dtype,
+                                                 const kolo_opts_t *opts,
+                                                 kolo_handle_t *handles);
+
+/* ---- Barrier and join ----------------------------------------------------- */
+
+/* Blocks until every rank of the process set has called kolo_barrier. */
+KOLO_EXPORT int kolo_barrier(int process_set);
+
+/* For a rank that has run out of data. Blocks until every rank of the job
+ * has joined. Meanwhile the allreduces of the other ranks go on, this rank
+ * contributing zeros (AVERAGE still divides by the full size); any other
+ * collective enqueued while a rank is joined fails with a message. On
+ * success *last_rank (may be NULL) is the rank that joined last, the same
+ * on every rank. Global process set only. */
+KOLO_EXPORT int kolo_join(int *last_rank);
+
+/* ---- Process sets --------------------------------------------------------- */
+
+/* Process sets are subgroups of ranks that reduce among themselves, each
+ * with its own negotiation, response cache and queue. Every rank of the job
+ * must make the same add/remove calls in the same order (ranks outside a
+ * set too): ids are handed out in call order, starting at 1. `ranks` lists
+ * global ranks, each once. */
+KOLO_EXPORT int kolo_add_process_set(const int *ranks, int nranks, int *id);
+
+/* Removes a set; its pending operations fail. Every rank calls it. */
+KOLO_EXPORT int kolo_remove_process_set(int id);
+
+/* A group assignment (as for a TPU cross-replica sum): ngroups lists of
+ * ranks; every rank of the job must appear exactly once, and with
+ * require_equal_size all groups must have the same size. Creates one
+ * process set per group (ids[i] for groups[i]); on a bad assignment,
+ * KOLO_ERR_INVALID_ARGUMENT naming the problem, and no set is created. */
+KOLO_EXPORT int kolo_add_process_sets_from_groups(int ngroups,
+                                                  const int *const *groups,
+                                                  const int *group_sizes,
+                                                  int require_equal_size,
+                                                  int *ids);
+
+/* This rank's rank in the set, the set's size, or -1 (not a member, or no
+ * such set). */
+KOLO_EXPORT int kolo_process_set_rank(int id);
+KOLO_EXPORT int kolo_process_set_size(int id);
 
 /* ---- Completion -------------------------------------------------------- */
 

@@ -9,9 +9,9 @@
  *
  * Rendezvous: ranks meet through a directory (KOLO_RENDEZVOUS=file:DIR) that
  * kolorun creates. Gloo's FileStore keeps one file per key there. Keys are
- * prefixed with a generation number that counts kolo_init calls in this
- * process, so a program that shuts down and initialises again meets its
- * peers under fresh keys. Waiting for keys is bounded by the start timeout,
+ * prefixed with what the runtime passes (it counts kolo_init calls and
+ * names the process set), so a program that shuts down and initialises
+ * again, or adds a process set, meets its peers under fresh keys. Waiting for keys is bounded by the start timeout,
  * and a timeout names the ranks that never arrived.
  *
  * Wake tokens (ops.h) travel on their own slot. A listener thread keeps a
@@ -38,7 +38,11 @@
 #include <thread>
 #include <vector>
 
+#include <algorithm>
+
 #include <gloo/allgather.h>
+#include <gloo/allgatherv.h>
+#include <gloo/alltoallv.h>
 #include <gloo/allreduce.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -95,9 +99,6 @@ void listen(GlooCtx *g)
         }
     }
 }
-
-/* Counts kolo_init calls in this process (see the essay above). */
-int generation = 0;
 
 /* A store whose waits are bounded by the start timeout and say which ranks
  * are missing. Gloo's full-mesh connection stores one key per rank, named
@@ -222,8 +223,7 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         attr.hostname = cfg->hostname;
         g->device = gloo::transport::tcp::CreateDevice(attr);
         gloo::rendezvous::FileStore file(cfg->rendezvous + 5);
-        gloo::rendezvous::PrefixStore prefix(
-            "kolo" + std::to_string(generation), file);
+        gloo::rendezvous::PrefixStore prefix(cfg->prefix, file);
         TimedStore store(prefix, to_ms(cfg->start_timeout_s));
         g->context =
             std::make_shared<gloo::rendezvous::Context>(cfg->rank, cfg->size);
@@ -242,7 +242,6 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
             g->listener = std::thread(listen, g);
         }
     });
-    generation++;
     if (rc != KOLO_OK) {
         delete g;
         return rc;
@@ -328,6 +327,80 @@ int gloo_broadcast(void *ctx, void *buf, size_t bytes, int root,
     });
 }
 
+int gloo_allgatherv(void *ctx, const void *in, void *out, const size_t *bytes,
+                    char *err, size_t errlen)
+{
+    GlooCtx *g = static_cast<GlooCtx *>(ctx);
+    return guarded("allgatherv", err, errlen, [&] {
+        gloo::AllgathervOptions opts(g->context);
+        std::vector<size_t> counts(bytes, bytes + g->size);
+        opts.setInput(const_cast<uint8_t *>(static_cast<const uint8_t *>(in)),
+                      bytes[g->rank]);
+        opts.setOutput(static_cast<uint8_t *>(out), counts);
+        opts.setTag(g->tag++);
+        gloo::allgatherv(opts);
+    });
+}
+
+int gloo_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
+                   void *out, const size_t *recv_bytes, char *err,
+                   size_t errlen)
+{
+    GlooCtx *g = static_cast<GlooCtx *>(ctx);
+    return guarded("alltoallv", err, errlen, [&] {
+        gloo::AlltoallvOptions opts(g->context);
+        std::vector<int64_t> sc(send_bytes, send_bytes + g->size);
+        std::vector<int64_t> rc(recv_bytes, recv_bytes + g->size);
+        opts.setInput(const_cast<uint8_t *>(static_cast<const uint8_t *>(in)),
+                      sc);
+        opts.setOutput(static_cast<uint8_t *>(out), rc);
+        opts.setTag(g->tag++);
+        gloo::alltoallv(opts);
+    });
+}
+
+/* Ring reduce-scatter on unbound buffers: in step s every rank sends block
+ * (rank - s - 1) to its right neighbour and receives block (rank - s - 2)
+ * from its left one, adding it into its own copy; after size - 1 steps
+ * rank r holds the full reduction of block r. Each rank sends and receives
+ * (size - 1) / size of the tensor, half of what an allreduce moves. */
+int gloo_reduce_scatter(void *ctx, void *work, void *out, const size_t *counts,
+                        size_t elem_size, kolo__ops_reduce_fn reduce,
+                        char *err, size_t errlen)
+{
+    GlooCtx *g = static_cast<GlooCtx *>(ctx);
+    return guarded("reduce-scatter", err, errlen, [&] {
+        int n = g->size, r = g->rank;
+        std::vector<size_t> off(n + 1, 0);
+        size_t maxb = 0;
+        for (int i = 0; i < n; i++) {
+            off[i + 1] = off[i] + counts[i] * elem_size;
+            maxb = std::max(maxb, counts[i] * elem_size);
+        }
+        std::vector<uint8_t> tmp(maxb ? maxb : 1);
+        auto wbuf = g->context->createUnboundBuffer(work, off[n] ? off[n] : 1);
+        auto tbuf = g->context->createUnboundBuffer(tmp.data(), tmp.size());
+        uint64_t slot = (0x6b6f6c6fULL << 32) | g->tag++;
+        for (int s = 0; s < n - 1; s++) {
+            int sb = ((r - s - 1) % n + n) % n, rb = ((r - s - 2) % n + n) % n;
+            size_t sbytes = off[sb + 1] - off[sb], rbytes = off[rb + 1] - off[rb];
+            if (rbytes > 0)
+                tbuf->recv((r - 1 + n) % n, slot, 0, rbytes);
+            if (sbytes > 0)
+                wbuf->send((r + 1) % n, slot, off[sb], sbytes);
+            if (rbytes > 0) {
+                tbuf->waitRecv();
+                uint8_t *dst = static_cast<uint8_t *>(work) + off[rb];
+                reduce(dst, dst, tmp.data(), counts[rb]);
+            }
+            if (sbytes > 0)
+                wbuf->waitSend();
+        }
+        std::memcpy(out, static_cast<uint8_t *>(work) + off[r],
+                    off[r + 1] - off[r]);
+    });
+}
+
 int gloo_wake_peers(void *ctx, uint64_t round, char *err, size_t errlen)
 {
     GlooCtx *g = static_cast<GlooCtx *>(ctx);
@@ -358,5 +431,8 @@ extern "C" const kolo__ops_t kolo__ops_gloo = {
     /* .allgather = */ gloo_allgather,
     /* .gather = */ gloo_gather,
     /* .broadcast = */ gloo_broadcast,
+    /* .allgatherv = */ gloo_allgatherv,
+    /* .alltoallv = */ gloo_alltoallv,
+    /* .reduce_scatter = */ gloo_reduce_scatter,
     /* .wake_peers = */ gloo_wake_peers,
 };

@@ -56,6 +56,29 @@ static int local_broadcast(void *ctx, void *buf, size_t bytes, int root,
     return KOLO_OK;
 }
 
+static int local_allgatherv(void *ctx, const void *in, void *out,
+                            const size_t *bytes, char *err, size_t errlen)
+{
+    return local_allgather(ctx, in, out, bytes[0], err, errlen);
+}
+
+static int local_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
+                           void *out, const size_t *recv_bytes, char *err,
+                           size_t errlen)
+{
+    (void)recv_bytes;
+    return local_allgather(ctx, in, out, send_bytes[0], err, errlen);
+}
+
+static int local_reduce_scatter(void *ctx, void *work, void *out,
+                                const size_t *counts, size_t elem_size,
+                                kolo__ops_reduce_fn reduce, char *err,
+                                size_t errlen)
+{
+    (void)reduce;
+    return local_allgather(ctx, work, out, counts[0] * elem_size, err, errlen);
+}
+
 static int local_wake_peers(void *ctx, uint64_t round, char *err,
                             size_t errlen)
 {
@@ -71,5 +94,8 @@ const kolo__ops_t kolo__ops_local = {
     .allgather = local_allgather,
     .gather = local_gather,
     .broadcast = local_broadcast,
+    .allgatherv = local_allgatherv,
+    .alltoallv = local_alltoallv,
+    .reduce_scatter = local_reduce_scatter,
     .wake_peers = local_wake_peers,
 };

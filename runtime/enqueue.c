@@ -1,0 +1,772 @@
+/*
+ * enqueue.c — the collectives of the public API (kolo.h): argument checks,
+ * building queue entries, local gradient accumulation, barrier and join.
+ *
+ * Every call checks its arguments before touching the runtime, so a wrong
+ * argument fails at once on the calling rank with a message naming the
+ * tensor and the bad value; what only other ranks can judge (do the ranks
+ * agree?) is checked during negotiation and fails the handle on every rank.
+ * A group's entries are pushed in one step (kolo__queue_push_many), so the
+ * background thread always sees a group whole.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "reduce.h"
+#include "runtime.h"
+
+static kolo__map_t g_accumulators; /* name -> accumulator_t, under the API lock */
+
+/* One named accumulator (backward_passes > 1). */
+typedef struct accumulator {
+    void *sum;
+    int64_t count;
+    kolo_dtype_t dtype;
+    int passes, done;
+} accumulator_t;
+
+void kolo__api_accumulators_free(void)
+{
+    size_t it = 0;
+    void *v;
+    while (kolo__map_next(&g_accumulators, &it, NULL, &v)) {
+        accumulator_t *acc = v;
+        free(acc->sum);
+        free(acc);
+    }
+    kolo__map_free(&g_accumulators);
+}
+
+void kolo_opts_init(kolo_opts_t *opts)
+{
+    if (opts != NULL) {
+        memset(opts, 0, sizeof(*opts));
+        opts->op = KOLO_OP_SUM;
+        opts->prescale = opts->postscale = 1.0;
+        opts->process_set = KOLO_GLOBAL_PROCESS_SET;
+        opts->wire_dtype = -1;
+        opts->backward_passes = 1;
+    }
+}
+
+void kolo_allreduce_opts_init(kolo_allreduce_opts_t *opts) { kolo_opts_init(opts); }
+
+/* ---- argument checks ------------------------------------------------------ */
+
+static int check_name(const char *coll, const char *name, kolo__err_t *err)
+{
+    size_t len;
+    if (name == NULL)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s: the tensor name is NULL", coll);
+    len = strnlen(name, KOLO_MAX_NAME_LEN + 1);
+    if (len == 0)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s: the tensor name is empty", coll);
+    if (len > KOLO_MAX_NAME_LEN)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s: the tensor name '%.40s...' is longer than %d "
+                             "bytes",
+                             coll, name, KOLO_MAX_NAME_LEN);
+    return KOLO_OK;
+}
+
+static int check_dtype_op(const char *coll, const char *name, kolo_dtype_t dtype,
+                          int op, kolo__err_t *err)
+{
+    if ((unsigned)dtype >= KOLO_DTYPE_COUNT_)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s of tensor '%s': unknown dtype %d", coll, name,
+                             (int)dtype);
+    if (op < 0)
+        return KOLO_OK; /* no reduction */
+    if ((unsigned)op >= KOLO_OP_COUNT_)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s of tensor '%s': unknown reduction op %d", coll,
+                             name, op);
+    if (!kolo__op_valid_for_dtype(dtype, (kolo_op_t)op))
+        return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                             "%s of tensor '%s': %s does not apply to %s", coll,
+                             name, kolo_op_name((kolo_op_t)op),
+                             kolo_dtype_name(dtype));
+    return KOLO_OK;
+}
+
+/* Checks a shape and returns its element count in *count. */
+static int check_shape(const char *coll, const char *name, int ndim,
+                       const int64_t *shape, kolo_dtype_t dtype, int64_t *count,
+                       kolo__err_t *err)
+{
+    int64_t n = 1, limit = INT64_MAX / (int64_t)kolo_dtype_size(dtype);
+
+    if (ndim < 0 || ndim > KOLO_MAX_DIMS)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s of tensor '%s': %d dimensions (at most %d)",
+                             coll, name, ndim, KOLO_MAX_DIMS);
+    if (ndim > 0 && shape == NULL)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s of tensor '%s': the shape is NULL", coll, name);
+    for (int i = 0; i < ndim; i++) {
+        if (shape[i] < 0)
+            return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                                 "%s of tensor '%s': dimension %d is %lld", coll,
+                                 name, i, (long long)shape[i]);
+        if (shape[i] > 0 && n > limit / shape[i])
+            return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                                 "%s of tensor '%s': the shape's size overflows",
+                                 coll, name);
+        n *= shape[i];
+    }
+    *count = n;
+    return KOLO_OK;
+}
+
+static int check_count(const char *coll, const char *name, int64_t count,
+                       kolo_dtype_t dtype, kolo__err_t *err)
+{
+    if (count < 0 || count > INT64_MAX / (int64_t)kolo_dtype_size(dtype))
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s of tensor '%s': invalid element count %lld",
+                             coll, name, (long long)count);
+    return KOLO_OK;
+}
+
+static int check_buffer(const char *coll, const char *name, const void *buf,
+                        int64_t count, const char *which, kolo__err_t *err)
+{
+    if (count > 0 && buf == NULL)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s of tensor '%s': the %s buffer is NULL", coll,
+                             name, which);
+    return KOLO_OK;
+}
+
+/* Fills the parts of the parameters that come from the options. */
+static void params_from_opts(kolo__params_t *p, const kolo_opts_t *o)
+{
+    p->prescale = o->prescale;
+    p->postscale = o->postscale;
+}
+
+/* ---- pushing entries ------------------------------------------------------ */
+
+/* Creates the handles and pushes the n entries (one group when n > 1).
+ * On failure frees the entries and returns no handle. Under the API lock. */
+static int push(kolo__pset_t *ps, kolo__entry_t **es, int n,
+                kolo_handle_t *handles, kolo__err_t *err)
+{
+    int i, rc = KOLO_OK;
+
+    for (i = 0; i < n && rc == KOLO_OK; i++) {
+        es[i]->enqueued_us = kolo__now_us();
+        rc = kolo__handles_new(ps->rt->handles, &es[i]->handle, err);
+    }
+    if (rc == KOLO_OK)
+        rc = kolo__queue_push_many(&ps->queue, es, (size_t)n, err);
+    if (rc != KOLO_OK) {
+        /* Never handed out: complete and release them at once. */
+        for (i = 0; i < n; i++) {
+            if (es[i]->handle > 0) {
+                kolo__handles_complete(ps->rt->handles, es[i]->handle, rc,
+                                       err->msg);
+                kolo__handles_wait(ps->rt->handles, es[i]->handle, NULL);
+            }
+            kolo__entry_free(es[i]);
+        }
+        return rc;
+    }
+    for (i = 0; i < n; i++)
+        handles[i] = es[i]->handle;
+    return KOLO_OK;
+}
+
+static kolo__entry_t *new_entry(const char *name, kolo__err_t *err)
+{
+    kolo__entry_t *e = kolo__entry_new(name);
+    if (e == NULL)
+        kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory enqueuing tensor "
+                      "'%s'", name);
+    return e;
+}
+
+static void free_entries(kolo__entry_t **es, int n)
+{
+    for (int i = 0; i < n; i++)
+        kolo__entry_free(es[i]);
+}
+
+/* Marks entries as one group, keyed by the first name. */
+static void make_group(kolo__entry_t **es, int n)
+{
+    if (n <= 1)
+        return;
+    for (int i = 0; i < n; i++) {
+        es[i]->params.group = (uint16_t)n;
+        snprintf(es[i]->params.group_key, sizeof(es[i]->params.group_key), "%s",
+                 es[0]->name);
+    }
+}
+
+/* ---- allreduce ------------------------------------------------------------ */
+
+static int allreduce_params(const char *name, int64_t count, kolo_dtype_t dtype,
+                            const kolo_opts_t *o, kolo__params_t *p,
+                            kolo__err_t *err)
+{
+    const char *coll = "allreduce";
+    int64_t shape_count;
+
+    KOLO__CHECK(check_name(coll, name, err));
+    KOLO__CHECK(check_dtype_op(coll, name, dtype, (int)o->op, err));
+    KOLO__CHECK(check_count(coll, name, count, dtype, err));
+    kolo__params_init(p, KOLO__COLL_ALLREDUCE, dtype, o->op, count);
+    params_from_opts(p, o);
+    if (o->wire_dtype != -1) {
+        if (dtype != KOLO_FLOAT32 ||
+            (o->wire_dtype != KOLO_FLOAT16 && o->wire_dtype != KOLO_BFLOAT16 &&
+             o->wire_dtype != KOLO_FLOAT32))
+            return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                                 "allreduce of tensor '%s': wire_dtype %s for a "
+                                 "%s tensor; compression takes float32 tensors "
+                                 "to float16 or bfloat16",
+                                 name, kolo_dtype_name((kolo_dtype_t)o->wire_dtype),
+                                 kolo_dtype_name(dtype));
+        p->wire = (uint8_t)o->wire_dtype;
+    }
+    if (o->ndim != 0) {
+        KOLO__CHECK(check_shape(coll, name, o->ndim, o->shape, dtype,
+                                &shape_count, err));
+        if (shape_count != count)
+            return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                                 "allreduce of tensor '%s': the shape holds "
+                                 "%lld elements, the count is %lld",
+                                 name, (long long)shape_count, (long long)count);
+        p->ndim = (uint8_t)o->ndim;
+        memcpy(p->shape, o->shape, (size_t)o->ndim * sizeof(int64_t));
+    }
+    return KOLO_OK;
+}
+
+/* backward_passes > 1: accumulate locally; the last pass of a group
+ * returns 1 with the accumulated sum in `output`, earlier passes complete
+ * a handle at once and return 0. Under the API lock. */
+static int accumulate(kolo__pset_t *ps, const char *name, const void *input,
+                      void *output, int64_t count, kolo_dtype_t dtype,
+                      const kolo_opts_t *opts, kolo_handle_t *handle,
+                      kolo__err_t *err)
+{
+    accumulator_t *acc = kolo__map_gets(&g_accumulators, name);
+    int rc;
+
+    if (acc != NULL && (acc->count != count || acc->dtype != dtype ||
+                        acc->passes != opts->backward_passes)) {
+        rc = kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                           "allreduce of tensor '%s': pass %d of %d was "
+                           "accumulated with %lld %s and %d passes, this call "
+                           "has %lld %s and %d passes; the partial sum is "
+                           "discarded",
+                           name, acc->done + 1, acc->passes,
+                           (long long)acc->count, kolo_dtype_name(acc->dtype),
+                           acc->passes, (long long)count,
+                           kolo_dtype_name(dtype), opts->backward_passes);
+        kolo__map_dels(&g_accumulators, name);
+        free(acc->sum);
+        free(acc);
+        return rc;
+    }
+    if (acc == NULL) {
+        acc = calloc(1, sizeof(*acc));
+        if (acc != NULL)
+            acc->sum = calloc(count ? (size_t)count : 1,
+                              kolo__accumulator_elem_size(dtype));
+        if (acc == NULL || acc->sum == NULL ||
+            kolo__map_puts(&g_accumulators, name, acc) != 0) {
+            if (acc != NULL)
+                free(acc->sum);
+            free(acc);
+            return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                                 "out of memory for the accumulator of tensor "
+                                 "'%s' (%lld %s)",
+                                 name, (long long)count, kolo_dtype_name(dtype));
+        }
+        acc->count = count;
+        acc->dtype = dtype;
+        acc->passes = opts->backward_passes;
+    }
+    kolo__accumulate(acc->sum, input, (size_t)count, dtype);
+    if (++acc->done < acc->passes) {
+        /* An intermediate pass: done at once, nothing communicated. */
+        KOLO__CHECK(kolo__handles_new(ps->rt->handles, handle, err));
+        kolo__handles_complete(ps->rt->handles, *handle, KOLO_OK, NULL);
+        return 0;
+    }
+    kolo__accumulate_finish(output, acc->sum, (size_t)count, dtype,
+                            opts->average_passes ? acc->passes : 1);
+    memset(acc->sum, 0, (size_t)count * kolo__accumulator_elem_size(dtype));
+    acc->done = 0;
+    return 1;
+}
+
+int kolo_allreduce_async_opts(const char *name, const void *input,
+                              void *output, int64_t count, kolo_dtype_t dtype,
+                              const kolo_opts_t *opts, kolo_handle_t *handle)
+{
+    kolo_opts_t defaults;
+    kolo__err_t err;
+    kolo__params_t p;
+    kolo__runtime_t *rt;
+    kolo__pset_t *ps;
+    kolo__entry_t *e;
+    int rc;
+
+    kolo__err_clear(&err);
+    if (opts == NULL) {
+        kolo_opts_init(&defaults);
+        opts = &defaults;
+    }
+    if (handle == NULL)
+        return kolo__api_failf(KOLO_ERR_INVALID_ARGUMENT,
+                               "allreduce: the handle pointer is NULL");
+    if ((rc = allreduce_params(name, count, dtype, opts, &p, &err)) != KOLO_OK ||
+        (rc = check_buffer("allreduce", name, input, count, "input", &err)) != KOLO_OK ||
+        (rc = check_buffer("allreduce", name, output, count, "output", &err)) != KOLO_OK)
+        return kolo__api_fail(&err);
+    if (opts->backward_passes < 1)
+        return kolo__api_failf(KOLO_ERR_INVALID_ARGUMENT,
+                               "allreduce of tensor '%s': backward_passes must "
+                               "be at least 1, not %d",
+                               name, opts->backward_passes);
+
+    if ((rt = kolo__api_enter("allreduce", &err)) == NULL)
+        return kolo__api_fail(&err);
+    if ((ps = kolo__api_set(rt, opts->process_set, "allreduce", &err)) == NULL) {
+        rc = err.code;
+        goto leave;
+    }
+    if (opts->backward_passes > 1) {
+        rc = accumulate(ps, name, input, output, count, dtype, opts, handle, &err);
+        if (rc <= 0)
+            goto leave; /* an intermediate pass, or an error */
+        input = output; /* the last pass allreduces the sum in place */
+    }
+    if ((e = new_entry(name, &err)) == NULL) {
+        rc = err.code;
+        goto leave;
+    }
+    e->input = input;
+    e->output = output;
+    e->params = p;
+    rc = push(ps, &e, 1, handle, &err);
+leave:
+    kolo__api_leave();
+    return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
+}
+
+int kolo_allreduce_async(const char *name, const void *input, void *output,
+                         int64_t count, kolo_dtype_t dtype, kolo_op_t op,
+                         kolo_handle_t *handle)
+{
+    kolo_opts_t opts;
+    kolo_opts_init(&opts);
+    opts.op = op;
+    return kolo_allreduce_async_opts(name, input, output, count, dtype, &opts,
+                                     handle);
+}
+
+/* ---- the other collectives ------------------------------------------------ */
+
+/* One collective described for the common path below. */
+typedef struct request {
+    const char *coll;
+    kolo__params_t params;
+    const void *input;
+    void *output;
+    int64_t rows;
+    const int64_t *splits; /* alltoall, or NULL */
+} request_t;
+
+/* Checks what every non-allreduce collective checks and enqueues n of them
+ * (a group when n > 1). */
+static int enqueue(int n, const char *const *names, request_t *reqs,
+                   const kolo_opts_t *opts, kolo_handle_t *handles)
+{
+    kolo__err_t err;
+    kolo__runtime_t *rt;
+    kolo__pset_t *ps;
+    kolo__entry_t *es[64], **ev = es;
+    int rc = KOLO_OK, built = 0;
+
+    kolo__err_clear(&err);
+    if (handles == NULL)
+        return kolo__api_failf(KOLO_ERR_INVALID_ARGUMENT,
+                               "%s: the handle pointer is NULL", reqs[0].coll);
+    if ((rt = kolo__api_enter(reqs[0].coll, &err)) == NULL)
+        return kolo__api_fail(&err);
+    if ((ps = kolo__api_set(rt, opts->process_set, reqs[0].coll, &err)) == NULL) {
+        rc = err.code;
+        goto leave;
+    }
+    if (n > 64 && (ev = malloc((size_t)n * sizeof(*ev))) == NULL) {
+        rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "%s: out of memory for a "
+                           "group of %d", reqs[0].coll, n);
+        goto leave;
+    }
+    for (built = 0; built < n; built++) {
+        request_t *q = &reqs[built];
+        kolo__entry_t *e;
+        if (q->params.coll == KOLO__COLL_BROADCAST &&
+            (q->params.root < 0 || q->params.root >= ps->size)) {
+            rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
+                               "broadcast of tensor '%s': root rank %d is "
+                               "outside process set %d of %d ranks",
+                               names[built], (int)q->params.root, ps->id,
+                               ps->size);
+            break;
+        }
+        if ((e = new_entry(names[built], &err)) == NULL) {
+            rc = err.code;
+            break;
+        }
+        ev[built] = e;
+        e->params = q->params;
+        e->input = q->input;
+        e->output = q->output;
+        e->rows = q->rows;
+        if (q->params.coll == KOLO__COLL_ALLTOALL) {
+            int64_t total = 0;
+            e->splits = malloc((size_t)ps->size * sizeof(int64_t));
+            if (e->splits == NULL) {
+                built++;
+                rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory "
+                                   "enqueuing tensor '%s'", names[built - 1]);
+                break;
+            }
+            for (int j = 0; j < ps->size; j++) {
+                e->splits[j] = q->splits ? q->splits[j] : q->rows / ps->size;
+                if (e->splits[j] < 0) {
+                    rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
+                                       "alltoall of tensor '%s': split %d is "
+                                       "%lld",
+                                       e->name, j, (long long)e->splits[j]);
+                    break;
+                }
+                total += e->splits[j];
+            }
+            if (rc == KOLO_OK && total != q->rows)
+                rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
+                                   q->splits ? "alltoall of tensor '%s': the "
+                                   "splits add up to %lld rows, the first "
+                                   "dimension is %lld"
+                                             : "alltoall of tensor '%s': %lld "
+                                   "rows do not split evenly: the first "
+                                   "dimension %lld does not divide by the "
+                                   "number of ranks",
+                                   e->name, (long long)total, (long long)q->rows);
+            if (rc != KOLO_OK) {
+                built++;
+                break;
+            }
+        }
+    }
+    if (rc != KOLO_OK) {
+        free_entries(ev, built);
+        goto leave;
+    }
+    make_group(ev, n);
+    rc = push(ps, ev, n, handles, &err);
+leave:
+    kolo__api_leave();
+    if (ev != es)
+        free(ev);
+    return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
+}
+
+int kolo_broadcast_async(const char *name, void *buffer, int64_t count,
+                         kolo_dtype_t dtype, int root, const kolo_opts_t *opts,
+                         kolo_handle_t *handle)
+{
+    kolo_opts_t defaults;
+    kolo__err_t err;
+    request_t q;
+    int64_t shape_count;
+
+    kolo__err_clear(&err);
+    if (opts == NULL) {
+        kolo_opts_init(&defaults);
+        opts = &defaults;
+    }
+    if (check_name("broadcast", name, &err) || check_dtype_op("broadcast", name, dtype, -1, &err) ||
+        check_count("broadcast", name, count, dtype, &err) ||
+        check_buffer("broadcast", name, buffer, count, "", &err))
+        return kolo__api_fail(&err);
+    memset(&q, 0, sizeof(q));
+    q.coll = "broadcast";
+    kolo__params_init(&q.params, KOLO__COLL_BROADCAST, dtype, 0, count);
+    q.params.root = root;
+    if (opts->ndim != 0) {
+        if (check_shape("broadcast", name, opts->ndim, opts->shape, dtype,
+                        &shape_count, &err))
+            return kolo__api_fail(&err);
+        if (shape_count != count)
+            return kolo__api_failf(KOLO_ERR_INVALID_ARGUMENT,
+                                   "broadcast of tensor '%s': the shape holds "
+                                   "%lld elements, the count is %lld",
+                                   name, (long long)shape_count,
+                                   (long long)count);
+        q.params.ndim = (uint8_t)opts->ndim;
+        memcpy(q.params.shape, opts->shape, (size_t)opts->ndim * sizeof(int64_t));
+    }
+    q.input = q.output = buffer;
+    return enqueue(1, &name, &q, opts, handle);
+}
+
+/* Builds the request of an allgather, alltoall or reducescatter. */
+static int shaped_request(const char *coll, int kind, const char *name,
+                          const void *input, int ndim, const int64_t *shape,
+                          kolo_dtype_t dtype, const kolo_opts_t *opts,
+                          request_t *q, kolo__err_t *err)
+{
+    int64_t count;
+    int op = kind == KOLO__COLL_REDUCESCATTER ? (int)opts->op : -1;
+
+    memset(q, 0, sizeof(*q));
+    q->coll = coll;
+    KOLO__CHECK(check_name(coll, name, err));
+    KOLO__CHECK(check_dtype_op(coll, name, dtype, op, err));
+    if (kind == KOLO__COLL_REDUCESCATTER && op != KOLO_OP_SUM &&
+        op != KOLO_OP_AVERAGE)
+        return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                             "reducescatter of tensor '%s': %s is not "
+                             "supported (SUM or AVERAGE)",
+                             name, kolo_op_name((kolo_op_t)op));
+    if (ndim < 1)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s of tensor '%s': a tensor of 0 dimensions (a "
+                             "scalar) has no first dimension to %s",
+                             coll, name,
+                             kind == KOLO__COLL_REDUCESCATTER ? "split" : "concatenate");
+    KOLO__CHECK(check_shape(coll, name, ndim, shape, dtype, &count, err));
+    KOLO__CHECK(check_buffer(coll, name, input, count, "input", err));
+    kolo__params_init(&q->params, kind, dtype, op < 0 ? 0 : op, count);
+    params_from_opts(&q->params, opts);
+    q->params.ndim = (uint8_t)ndim;
+    memcpy(q->params.shape, shape, (size_t)ndim * sizeof(int64_t));
+    if (kind != KOLO__COLL_REDUCESCATTER) {
+        /* Ranks agree on the rows' shape; the number of rows may differ. */
+        int64_t row = 1;
+        for (int i = 1; i < ndim; i++)
+            row *= shape[i];
+        q->params.count = row;
+        q->params.shape[0] = 0;
+        q->rows = shape[0];
+    }
+    q->input = input;
+    return KOLO_OK;
+}
+
+int kolo_allgather_async(const char *name, const void *input, int ndim,
+                         const int64_t *shape, kolo_dtype_t dtype,
+                         const kolo_opts_t *opts, kolo_handle_t *handle)
+{
+    const int64_t *shapes[1] = {shape};
+    return kolo_grouped_allgather_async(1, &name, &input, &ndim, shapes, dtype,
+                                        opts, handle);
+}
+
+int kolo_alltoall_async(const char *name, const void *input, int ndim,
+                        const int64_t *shape, kolo_dtype_t dtype,
+                        const int64_t *splits, const kolo_opts_t *opts,
+                        kolo_handle_t *handle)
+{
+    kolo_opts_t defaults;
+    kolo__err_t err;
+    request_t q;
+
+    kolo__err_clear(&err);
+    if (opts == NULL) {
+        kolo_opts_init(&defaults);
+        opts = &defaults;
+    }
+    if (shaped_request("alltoall", KOLO__COLL_ALLTOALL, name, input, ndim, shape,
+                       dtype, opts, &q, &err) != KOLO_OK)
+        return kolo__api_fail(&err);
+    q.splits = splits;
+    return enqueue(1, &name, &q, opts, handle);
+}
+
+int kolo_reducescatter_async(const char *name, const void *input, int ndim,
+                             const int64_t *shape, kolo_dtype_t dtype,
+                             const kolo_opts_t *opts, kolo_handle_t *handle)
+{
+    const int64_t *shapes[1] = {shape};
+    return kolo_grouped_reducescatter_async(1, &name, &input, &ndim, shapes,
+                                            dtype, opts, handle);
+}
+
+/* ---- grouped collectives -------------------------------------------------- */
+
+static int check_group(const char *coll, int n, const char *const *names,
+                       const void *a, const void *b, kolo__err_t *err)
+{
+    if (n < 1 || n > UINT16_MAX || names == NULL || a == NULL || b == NULL)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "grouped %s: needs 1..%d tensors and non-NULL "
+                             "arrays, got %d",
+                             coll, UINT16_MAX, n);
+    for (int i = 0; i < n; i++) {
+        KOLO__CHECK(check_name(coll, names[i], err));
+        for (int j = 0; j < i; j++)
+            if (strcmp(names[i], names[j]) == 0)
+                return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                                     "grouped %s: tensor '%s' is in the group "
+                                     "twice",
+                                     coll, names[i]);
+    }
+    return KOLO_OK;
+}
+
+static int grouped_shaped(const char *coll, int kind, int n,
+                          const char *const *names, const void *const *inputs,
+                          const int *ndims, const int64_t *const *shapes,
+                          kolo_dtype_t dtype, const kolo_opts_t *opts,
+                          kolo_handle_t *handles)
+{
+    kolo_opts_t defaults;
+    kolo__err_t err;
+    request_t *reqs;
+    int rc = KOLO_OK;
+
+    kolo__err_clear(&err);
+    if (opts == NULL) {
+        kolo_opts_init(&defaults);
+        opts = &defaults;
+    }
+    if (check_group(coll, n, names, inputs, ndims, &err) != KOLO_OK ||
+        (shapes == NULL &&
+         kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT, "grouped %s: shapes is NULL", coll)))
+        return kolo__api_fail(&err);
+    reqs = calloc((size_t)n, sizeof(*reqs));
+    if (reqs == NULL)
+        return kolo__api_failf(KOLO_ERR_NO_MEMORY, "%s: out of memory", coll);
+    for (int i = 0; i < n && rc == KOLO_OK; i++)
+        rc = shaped_request(coll, kind, names[i], inputs[i], ndims[i], shapes[i],
+                            dtype, opts, &reqs[i], &err);
+    if (rc == KOLO_OK)
+        rc = enqueue(n, names, reqs, opts, handles);
+    else
+        rc = kolo__api_fail(&err);
+    free(reqs);
+    return rc;
+}
+
+int kolo_grouped_allgather_async(int n, const char *const *names,
+                                 const void *const *inputs, const int *ndims,
+                                 const int64_t *const *shapes,
+                                 kolo_dtype_t dtype, const kolo_opts_t *opts,
+                                 kolo_handle_t *handles)
+{
+    return grouped_shaped("allgather", KOLO__COLL_ALLGATHER, n, names, inputs,
+                          ndims, shapes, dtype, opts, handles);
+}
+
+int kolo_grouped_reducescatter_async(int n, const char *const *names,
+                                     const void *const *inputs, const int *ndims,
+                                     const int64_t *const *shapes,
+                                     kolo_dtype_t dtype,
+                                     const kolo_opts_t *opts,
+                                     kolo_handle_t *handles)
+{
+    return grouped_shaped("reducescatter", KOLO__COLL_REDUCESCATTER, n, names,
+                          inputs, ndims, shapes, dtype, opts, handles);
+}
+
+int kolo_grouped_allreduce_async(int n, const char *const *names,
+                                 const void *const *inputs, void *const *outputs,
+                                 const int64_t *counts, kolo_dtype_t dtype,
+                                 const kolo_opts_t *opts, kolo_handle_t *handles)
+{
+    kolo_opts_t defaults, o;
+    kolo__err_t err;
+    request_t *reqs;
+    int rc = KOLO_OK;
+
+    kolo__err_clear(&err);
+    if (opts == NULL) {
+        kolo_opts_init(&defaults);
+        opts = &defaults;
+    }
+    if (check_group("allreduce", n, names, inputs, outputs, &err) != KOLO_OK ||
+        (counts == NULL &&
+         kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT, "grouped allreduce: counts is NULL")))
+        return kolo__api_fail(&err);
+    if (opts->backward_passes > 1)
+        return kolo__api_failf(KOLO_ERR_UNSUPPORTED,
+                               "grouped allreduce of '%s': backward_passes is "
+                               "for single tensors; accumulate each member",
+                               names[0]);
+    o = *opts;
+    o.ndim = 0; /* one shape cannot describe several tensors */
+    reqs = calloc((size_t)n, sizeof(*reqs));
+    if (reqs == NULL)
+        return kolo__api_failf(KOLO_ERR_NO_MEMORY, "allreduce: out of memory");
+    for (int i = 0; i < n && rc == KOLO_OK; i++) {
+        reqs[i].coll = "allreduce";
+        rc = allreduce_params(names[i], counts[i], dtype, &o, &reqs[i].params, &err);
+        if (rc == KOLO_OK)
+            rc = check_buffer("allreduce", names[i], inputs[i], counts[i], "input", &err);
+        if (rc == KOLO_OK)
+            rc = check_buffer("allreduce", names[i], outputs[i], counts[i], "output", &err);
+        reqs[i].input = inputs[i];
+        reqs[i].output = outputs[i];
+    }
+    if (rc == KOLO_OK)
+        rc = enqueue(n, names, reqs, opts, handles);
+    else
+        rc = kolo__api_fail(&err);
+    free(reqs);
+    return rc;
+}
+
+/* ---- barrier and join ----------------------------------------------------- */
+
+int kolo_barrier(int process_set)
+{
+    const char *name = "kolo.barrier";
+    kolo_opts_t opts;
+    request_t q;
+    kolo_handle_t h;
+    int rc;
+
+    kolo_opts_init(&opts);
+    opts.process_set = process_set;
+    memset(&q, 0, sizeof(q));
+    q.coll = "barrier";
+    kolo__params_init(&q.params, KOLO__COLL_BARRIER, KOLO_UINT8, 0, 0);
+    rc = enqueue(1, &name, &q, &opts, &h);
+    return rc == KOLO_OK ? kolo_wait(h) : rc;
+}
+
+int kolo_join(int *last_rank)
+{
+    const char *name = "kolo.join";
+    kolo_opts_t opts;
+    kolo_result_t res;
+    request_t q;
+    kolo_handle_t h;
+    int rc;
+
+    kolo_opts_init(&opts);
+    memset(&q, 0, sizeof(q));
+    q.coll = "join";
+    kolo__params_init(&q.params, KOLO__COLL_JOIN, KOLO_UINT8, 0, 0);
+    rc = enqueue(1, &name, &q, &opts, &h);
+    if (rc != KOLO_OK)
+        return rc;
+    rc = kolo_wait_result(h, &res);
+    if (rc == KOLO_OK && last_rank != NULL)
+        *last_rank = res.nsplits > 0 ? (int)res.splits[0] : -1;
+    kolo_result_free(&res);
+    return rc;
+}
