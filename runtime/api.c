@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "api.h"
+#include "peers.h"
 #include "reduce.h"
 #include "runtime.h"
 
@@ -134,12 +135,25 @@ static void runtime_free(kolo__runtime_t *rt)
     free(rt);
 }
 
+/* A rank that exits without kolo_shutdown still announces it: the other
+ * ranks then fail with "rank N has shut down" instead of a lost
+ * connection. */
+static void shutdown_at_exit(void)
+{
+    if (kolo_is_initialized()) {
+        kolo__debug("the process exits without kolo_shutdown: shutting down");
+        kolo_shutdown();
+    }
+}
+
 int kolo_init(void)
 {
+    static int at_exit_registered;
     kolo__err_t err;
     kolo__runtime_t *rt;
     kolo__pset_t *world = NULL;
     int *all = NULL;
+    char prefix[32];
     int rc;
 
     kolo__err_clear(&err);
@@ -173,6 +187,8 @@ int kolo_init(void)
     }
     for (int r = 0; r < rt->size; r++)
         all[r] = r;
+    snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
+    kolo__peers_register(&rt->cfg, prefix);
     KOLO__CHECK_GOTO(kolo__pset_start(rt, KOLO_GLOBAL_PROCESS_SET, all, rt->size,
                                       &world, &err),
                      rc, free_rt);
@@ -194,11 +210,17 @@ int kolo_init(void)
     g_cross_rank = (int)rt->cfg.cross_rank;
     g_cross_size = (int)rt->cfg.cross_size;
     g_rt = rt;
+    if (!at_exit_registered)
+        at_exit_registered = atexit(shutdown_at_exit) == 0;
     pthread_mutex_unlock(&g_mu);
     return KOLO_OK;
 
 free_rt:
     free(all);
+    if (rt->generation == g_generation - 1 && rt->cfg.rendezvous[0]) {
+        snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
+        kolo__peers_unregister(&rt->cfg, prefix);
+    }
     runtime_free(rt);
 unlock:
     pthread_mutex_unlock(&g_mu);
@@ -228,6 +250,11 @@ int kolo_shutdown(void)
         if (rt->sets[i] != NULL)
             kolo__pset_stop(rt->sets[i], &why);
     kolo__api_accumulators_free();
+    {
+        char prefix[32];
+        snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
+        kolo__peers_unregister(&rt->cfg, prefix);
+    }
     runtime_free(rt);
     g_rt = NULL;
     g_rank = g_size = g_local_rank = g_local_size = -1;
@@ -243,6 +270,44 @@ int kolo_local_rank(void) { return g_local_rank; }
 int kolo_local_size(void) { return g_local_size; }
 int kolo_cross_rank(void) { return g_cross_rank; }
 int kolo_cross_size(void) { return g_cross_size; }
+
+int kolo_built(const char *what)
+{
+    if (what == NULL)
+        return 0;
+#ifdef KOLO_HAVE_GLOO
+    if (strcmp(what, "gloo") == 0)
+        return 1;
+#endif
+#ifdef KOLO_HAVE_MPI
+    if (strcmp(what, "mpi") == 0)
+        return 1;
+#endif
+#ifdef KOLO_HAVE_CUDA
+    if (strcmp(what, "cuda") == 0)
+        return 1;
+#endif
+#ifdef KOLO_HAVE_NCCL
+    if (strcmp(what, "nccl") == 0)
+        return 1;
+#endif
+    return 0;
+}
+
+int kolo_enabled(const char *what)
+{
+    kolo__err_t err;
+    kolo__runtime_t *rt;
+    int on = 0;
+
+    if (what == NULL || (rt = kolo__api_enter("kolo_enabled", &err)) == NULL)
+        return 0;
+    /* Gloo carries every job of more than one rank in this version. */
+    on = strcmp(what, "gloo") == 0 && kolo_built("gloo") &&
+         rt->sets[KOLO_GLOBAL_PROCESS_SET]->ops != &kolo__ops_local;
+    kolo__api_leave();
+    return on;
+}
 
 /* ---- process sets --------------------------------------------------------- */
 

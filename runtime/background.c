@@ -51,8 +51,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
 #include "fusion.h"
 #include "half.h"
+#include "peers.h"
 #include "reduce.h"
 #include "runtime.h"
 
@@ -140,9 +143,34 @@ static int fusion_reserve(kolo__pset_t *ps, size_t bytes)
     return 0;
 }
 
-static int backend_error(kolo__pset_t *ps, int rc, const kolo__entry_t *e,
-                         size_t nfused, const char *detail, kolo__err_t *err)
+int kolo__explain_failure(kolo__pset_t *ps, int rc, char *detail, size_t len)
 {
+    char lost[512], prefix[32], copy[KOLO__ERR_LEN];
+
+    if (rc != KOLO_ERR_RANK_LOST && rc != KOLO_ERR_BACKEND && rc != KOLO_ERR_TIMEOUT)
+        return rc;
+    snprintf(prefix, sizeof(prefix), "kolo%u", ps->rt->generation);
+    /* A peer's sockets close while its process is still being torn down:
+     * give it a moment to be gone before deciding nobody died. */
+    for (int tries = 0; tries < 10; tries++) {
+        if (kolo__peers_lost(&ps->rt->cfg, prefix, ps->ranks, ps->size, lost,
+                             sizeof(lost)) > 0) {
+            snprintf(copy, sizeof(copy), "%s", detail);
+            snprintf(detail, len, "lost %s: its process has exited or was "
+                     "killed (%s)", lost, copy);
+            return KOLO_ERR_RANK_LOST;
+        }
+        if (rc == KOLO_ERR_TIMEOUT)
+            break;
+        usleep(20000);
+    }
+    return rc;
+}
+
+static int backend_error(kolo__pset_t *ps, int rc, const kolo__entry_t *e,
+                         size_t nfused, char *detail, kolo__err_t *err)
+{
+    rc = kolo__explain_failure(ps, rc, detail, KOLO__ERR_LEN);
     if (nfused > 1)
         return kolo__err_set(err, rc,
                              "rank %d: %s of tensor '%s' fused with %zu others "
@@ -609,6 +637,7 @@ void *kolo__background_main(void *arg)
             (reason != KOLO__WOKE_WORK || ps->others_waiting) &&
             (rc = ps->ops->wake_peers(ps->ops_ctx, (uint64_t)ps->cycles, detail,
                                       sizeof(detail))) != KOLO_OK) {
+            rc = kolo__explain_failure(ps, rc, detail, sizeof(detail));
             kolo__err_set(&err, rc, "rank %d: cannot wake the other ranks: %s",
                           ps->rank, detail);
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);

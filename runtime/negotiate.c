@@ -549,8 +549,9 @@ static int bytes_reserve(kolo__bytes_t *b, size_t n)
 }
 
 static int backend_failed(kolo__pset_t *ps, int rc, const char *what,
-                          const char *detail, kolo__err_t *err)
+                          char *detail, kolo__err_t *err)
 {
+    rc = kolo__explain_failure(ps, rc, detail, KOLO__ERR_LEN);
     return kolo__err_set(err, rc, "rank %d: negotiation (%s) failed: %s",
                          ps->rank, what, detail);
 }

@@ -121,6 +121,11 @@ void kolo__negotiate_drain(kolo__pset_t *ps,
 /* 1 when this rank holds entries that wait for other ranks. */
 int kolo__negotiate_pending(const kolo__pset_t *ps);
 
+/* After a backend failure (rc, detail): if a peer's process is gone, names
+ * it in `detail` (rewritten) and returns KOLO_ERR_RANK_LOST; else returns
+ * rc unchanged. */
+int kolo__explain_failure(kolo__pset_t *ps, int rc, char *detail, size_t len);
+
 /* The backend's on_wake callback; arg is the set. */
 void kolo__wake_from_peer(void *arg, uint64_t round);
 

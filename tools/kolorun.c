@@ -133,6 +133,7 @@ typedef struct kolorun_opts {
     int verbose;
     const char *timeline;      /* NULL: not given */
     const char *start_timeout; /* NULL: not given; validated digits */
+    long failure_grace_ms;     /* --failure-grace */
     char **argv;               /* the command, NULL-terminated */
 } kolorun_opts_t;
 
@@ -177,6 +178,7 @@ typedef struct kolorun {
     int64_t stop_ms;   /* when stopping began */
     int stop_signal;   /* the signal that stopped the job, 0 if none */
     int failed_rank;   /* the first failing rank, -1 if none */
+    int64_t failed_ms; /* when it failed: the others get --failure-grace */
     int failed_status; /* its wait status */
     int launch_error;  /* kolorun itself could not start the job */
     int64_t killed_ms;     /* when SIGKILL went out */
@@ -265,6 +267,9 @@ static void kolorun_usage(FILE *f)
         "  --timeline-filename F    give every rank KOLO_TIMELINE=F\n"
         "  --start-timeout SECONDS  give every rank KOLO_START_TIMEOUT=SECONDS:\n"
         "                           how long ranks wait for each other at start\n"
+        "  --failure-grace SECONDS  after a rank fails, let the others report it\n"
+        "                           and exit by themselves for this long before\n"
+        "                           stopping them (default 5; 0: stop at once)\n"
         "  --gloo                   use the Gloo controller (the default)\n"
         "  --verbose                say what kolorun does: rendezvous directory,\n"
         "                           each rank's pid and environment and end\n"
@@ -336,6 +341,7 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
     static const char *const later[] = {"-H", "--host", "--hosts",
                                         "--hostfile", "-hostfile", "--mpi"};
     memset(o, 0, sizeof *o);
+    o->failure_grace_ms = 5000;
     int i;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -380,6 +386,17 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
                 exit(2);
             }
             o->timeline = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--failure-grace"))) {
+            long s = kolorun_parse_long(v, 0, 3600);
+            if (s < 0) {
+                kolorun_say("--failure-grace wants a whole number of seconds "
+                            "from 0 to 3600, not '%s'",
+                            v);
+                exit(2);
+            }
+            o->failure_grace_ms = s * 1000;
             continue;
         }
         if ((v = kolorun_opt_value(argc, argv, &i, a, "--start-timeout"))) {
@@ -833,12 +850,17 @@ static void kolorun_rank_ended(kolorun_t *k, int r, int status)
     kolorun_stream_read(k, r, KOLORUN_ERR, 1);
 
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    if (!ok && !k->stopping) {
-        /* The first failure is the cause, the one line everyone reads. */
+    if (!ok && !k->stopping && k->failed_rank < 0) {
+        /* The first failure is the cause, the one line everyone reads. The
+         * other ranks are stopped after the failure grace: the runtime
+         * tells each of them which rank it lost, and a program that reports
+         * that and exits should be heard, not killed mid-sentence. */
         kolorun_say("rank %d (pid %ld) %s", r, (long)rk->pid, how);
         k->failed_rank = r;
         k->failed_status = status;
-        kolorun_stop(k, SIGTERM);
+        k->failed_ms = kolorun_now_ms();
+        if (k->opts.failure_grace_ms == 0)
+            kolorun_stop(k, SIGTERM);
     } else if (k->opts.verbose) {
         kolorun_say("rank %d (pid %ld) %s%s", r, (long)rk->pid, how,
                     k->stopping && !ok ? " (stopped by kolorun)" : "");
@@ -1146,6 +1168,10 @@ static int kolorun_loop(kolorun_t *k, int wake_rd)
         kolorun_reap(k);
 
         int64_t now = kolorun_now_ms();
+        /* The failure grace is over: stop the others. */
+        if (k->failed_rank >= 0 && !k->stopping &&
+            now - k->failed_ms >= k->opts.failure_grace_ms)
+            kolorun_stop(k, SIGTERM);
         /* Grace is over: kill the rest, ranks or what they left. */
         if (k->stopping && !k->killed && now - k->stop_ms >= KOLORUN_GRACE_MS)
             kolorun_kill_now(k);
@@ -1185,6 +1211,8 @@ static int kolorun_loop(kolorun_t *k, int wake_rd)
         int64_t deadline = -1;
         if (k->stopping && !k->killed)
             deadline = k->stop_ms + KOLORUN_GRACE_MS;
+        else if (k->failed_rank >= 0 && !k->stopping)
+            deadline = k->failed_ms + k->opts.failure_grace_ms;
         if (drain_until >= 0 && (deadline < 0 || drain_until < deadline))
             deadline = drain_until;
         int timeout = -1;

@@ -377,6 +377,17 @@ KOLO_EXPORT int kolo_wait(kolo_handle_t handle);
  * until the handle is released (kolo_wait). */
 KOLO_EXPORT const char *kolo_handle_error(kolo_handle_t handle);
 
+/* ---- What this build has ----------------------------------------------- */
+
+/* 1 if this kolo was built with the backend or device support named
+ * ("gloo", "mpi", "cuda", "nccl"), else 0. */
+KOLO_EXPORT int kolo_built(const char *what);
+
+/* 1 if the named backend carries this job's host collectives ("gloo",
+ * "mpi") or device collectives ("nccl"); 0 otherwise or when not
+ * initialized. */
+KOLO_EXPORT int kolo_enabled(const char *what);
+
 /* ---- Errors ------------------------------------------------------------ */
 
 /* A fixed sentence for every status code ("unknown status" otherwise). */

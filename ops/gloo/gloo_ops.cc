@@ -121,9 +121,12 @@ class TimedStore : public gloo::rendezvous::Store {
     {
         wait(keys, timeout_);
     }
+    /* Gloo passes the context's operation timeout here; rendezvous is
+     * bounded by the start timeout instead. */
     void wait(const std::vector<std::string> &keys,
-              const std::chrono::milliseconds &timeout) override
+              const std::chrono::milliseconds &) override
     {
+        const std::chrono::milliseconds timeout = timeout_;
         try {
             inner_.wait(keys, timeout);
         } catch (const std::exception &) {
@@ -135,9 +138,10 @@ class TimedStore : public gloo::rendezvous::Store {
                     missing += missing.empty() ? k : ", " + k;
                 }
             }
+            char secs[32];
+            std::snprintf(secs, sizeof(secs), "%.1f", timeout.count() / 1000.0);
             throw gloo::IoException(
-                "rendezvous timed out after " +
-                std::to_string(timeout.count() / 1000.0) +
+                std::string("rendezvous timed out after ") + secs +
                 " s: rank(s) " + missing +
                 " never arrived (is every rank started, and KOLO_START_TIMEOUT long enough?)");
         }
@@ -227,8 +231,11 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         TimedStore store(prefix, to_ms(cfg->start_timeout_s));
         g->context =
             std::make_shared<gloo::rendezvous::Context>(cfg->rank, cfg->size);
-        g->context->setTimeout(to_ms(cfg->timeout_s));
+        /* Connecting is bounded by the start timeout, operations by the
+         * operation timeout. */
+        g->context->setTimeout(to_ms(cfg->start_timeout_s));
         g->context->connectFullMesh(store, g->device);
+        g->context->setTimeout(to_ms(cfg->timeout_s));
         if (g->size > 1 && cfg->on_wake != nullptr) {
             g->on_wake = cfg->on_wake;
             g->wake_arg = cfg->wake_arg;

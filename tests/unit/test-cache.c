@@ -5,11 +5,12 @@
  * rank, since ranks exchange bit indices instead of names. The bit a name
  * gets and the entry evicted when the cache is full must therefore be a
  * function of the sequence of put / touch / erase calls alone. Beside the
- * single-call contracts (miss, hit, mismatch, lowest free bit, replace keeps
- * the bit, LRU eviction, erase), the tests feed two caches one long seeded
- * random sequence of calls and check they end identical, and check each
- * step of that sequence against an independent model of the cache written
- * here (arrays and a linear scan, no hash map).
+ * single-call contracts (miss, hit, mismatch on any one parameter, the
+ * shape, root and scales included, lowest free bit, replace keeps the bit,
+ * LRU eviction, erase), the tests feed two caches one long seeded random
+ * sequence of calls and check they end identical, and check each step of
+ * that sequence against an independent model of the cache written here
+ * (arrays and a linear scan, no hash map).
  */
 #include <check.h>
 #include <stdint.h>
@@ -30,8 +31,10 @@
 
 static kolo__params_t params(int64_t count)
 {
-    return (kolo__params_t){KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM,
-                            count};
+    kolo__params_t p;
+    kolo__params_init(&p, KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM,
+                      count);
+    return p;
 }
 
 /* put that must succeed; returns the bit. */
@@ -81,7 +84,7 @@ START_TEST(miss_hit_mismatch)
     p.op = KOLO_OP_AVERAGE;
     ck_assert_int_eq(kolo__cache_lookup(&c, "w", &p, &bit), KOLO__CACHE_MISMATCH);
     p = params(10);
-    p.coll = 1;
+    p.coll = KOLO__COLL_BROADCAST;
     ck_assert_int_eq(kolo__cache_lookup(&c, "w", &p, &bit), KOLO__CACHE_MISMATCH);
     /* Other names, including prefixes and extensions, miss. */
     ck_assert_int_eq(lookup(&c, "", 10, &bit), KOLO__CACHE_MISS);
@@ -90,6 +93,76 @@ START_TEST(miss_hit_mismatch)
     /* Lookup changes nothing. */
     ck_assert_uint_eq(c.count, 1);
     ck_assert_int_eq(kolo__cache_at(&c, 0)->params.count, 10);
+    kolo__cache_free(&c);
+}
+END_TEST
+
+/* The version-2 parameters count too: a tensor cached with one shape,
+ * root or scale and enqueued again with another is a mismatch (negotiated
+ * afresh), never a hit on the stale entry. */
+START_TEST(new_params_fields_mismatch)
+{
+    kolo__cache_t c;
+    kolo__params_t base, p;
+    size_t bit;
+    int evicted;
+
+    ck_assert_int_eq(kolo__cache_init(&c, 4), 0);
+    kolo__params_init(&base, KOLO__COLL_BROADCAST, KOLO_FLOAT32, KOLO_OP_SUM,
+                      6);
+    base.ndim = 2;
+    base.shape[0] = 2;
+    base.shape[1] = 3;
+    base.root = 1;
+    base.prescale = 0.5;
+    ck_assert_int_eq(kolo__cache_put(&c, "w", &base, &bit, &evicted), 0);
+    ck_assert_uint_eq(bit, 0);
+    ck_assert_int_eq(put_ok(&c, "other", 6, 0), 1);
+
+    p = base;
+    bit = 99;
+    ck_assert_int_eq(kolo__cache_lookup(&c, "w", &p, &bit), KOLO__CACHE_HIT);
+    ck_assert_uint_eq(bit, 0);
+
+#define MISMATCHES(stmt)                                                      \
+    do {                                                                      \
+        p = base;                                                             \
+        stmt;                                                                 \
+        bit = 99;                                                             \
+        ck_assert_msg(kolo__cache_lookup(&c, "w", &p, &bit) ==                \
+                          KOLO__CACHE_MISMATCH,                               \
+                      "not a mismatch after: %s", #stmt);                     \
+        ck_assert_uint_eq(bit, 0);                                            \
+    } while (0)
+    /* Each one alone. */
+    MISMATCHES(p.prescale = 0.25);
+    MISMATCHES(p.prescale = 1.0);
+    MISMATCHES(p.postscale = 2.0);
+    MISMATCHES(p.shape[0] = 3; p.shape[1] = 2); /* same count, other shape */
+    MISMATCHES(p.shape[1] = 4);
+    MISMATCHES(p.ndim = 3; p.shape[2] = 1);
+    MISMATCHES(p.root = 0);
+    MISMATCHES(p.root = -1);
+    MISMATCHES(p.wire = KOLO_FLOAT16);
+    MISMATCHES(p.group = 2; strcpy(p.group_key, "w"));
+#undef MISMATCHES
+
+    /* A mismatching put replaces the entry under the same bit: then the
+     * new parameters hit and the old ones mismatch. */
+    p = base;
+    p.root = 0;
+    ck_assert_int_eq(kolo__cache_put(&c, "w", &p, &bit, &evicted), 0);
+    ck_assert_uint_eq(bit, 0);
+    ck_assert_int_eq(evicted, 0);
+    ck_assert_int_eq(kolo__cache_lookup(&c, "w", &p, &bit), KOLO__CACHE_HIT);
+    ck_assert_int_eq(kolo__cache_lookup(&c, "w", &base, &bit),
+                     KOLO__CACHE_MISMATCH);
+    ck_assert_int_eq(kolo__cache_at(&c, 0)->params.root, 0);
+    ck_assert(kolo__cache_at(&c, 0)->params.prescale == 0.5);
+    ck_assert_int_eq(kolo__cache_at(&c, 0)->params.shape[1], 3);
+    /* The other entry was not disturbed. */
+    ck_assert_int_eq(lookup(&c, "other", 6, &bit), KOLO__CACHE_HIT);
+    ck_assert_uint_eq(bit, 1);
     kolo__cache_free(&c);
 }
 END_TEST
@@ -431,6 +504,7 @@ static Suite *cache_suite(void)
     TCase *tc = tcase_create("core");
     tcase_set_timeout(tc, 30);
     tcase_add_test(tc, miss_hit_mismatch);
+    tcase_add_test(tc, new_params_fields_mismatch);
     tcase_add_test(tc, put_returns_lowest_free_bit);
     tcase_add_test(tc, put_existing_name_replaces_params_keeps_bit);
     tcase_add_test(tc, full_cache_evicts_lru);

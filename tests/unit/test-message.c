@@ -5,13 +5,21 @@
  * Why these tests: these bytes cross between processes, so the decoder is
  * the runtime's one parser of untrusted input, and the format is a contract
  * between ranks. The tests check
- *  - the exact bytes of a small encoded message against the format written
- *    out in message.h (built here by hand, not by the encoder);
+ *  - the exact bytes of small encoded messages against the format (version
+ *    2) written out in message.h, built here by hand (raw_* below, not by
+ *    the encoder) and once as a literal byte array;
  *  - round trips of request and response lists of 0, 1 and many items,
- *    names of the maximum length, error texts, every status;
+ *    names of the maximum length, error texts, every status, and every
+ *    version-2 field: every collective, a wire dtype other than the dtype,
+ *    0..KOLO_MAX_DIMS dimensions, groups with keys up to 63 bytes, roots,
+ *    scales whose bits must survive (-0, NaN, infinities);
+ *  - kolo__params_init's defaults, and that kolo__params_equal tells apart
+ *    parameters differing in any one field;
  *  - that every malformed input named in message.h is refused with
  *    KOLO_ERR_INVALID_ARGUMENT and leaves an empty message: every prefix of
- *    valid messages, and each field made bad on its own;
+ *    valid messages, and each field made bad on its own (including ndim >
+ *    KOLO_MAX_DIMS, a negative dimension, wire or coll out of range, a group
+ *    key too long, holding a NUL or cut short);
  *  - a seeded fuzz test: random valid messages with random bytes changed,
  *    cut or appended. Decoding either fails cleanly or succeeds, and when it
  *    succeeds the message re-encodes to exactly the input bytes (the format
@@ -21,6 +29,8 @@
  * AddressSanitizer build catches a read past the end.
  */
 #include <check.h>
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,6 +65,8 @@ static void raw_i64(raw_t *r, int64_t v)
 }
 static void raw_bytes(raw_t *r, const void *p, size_t n)
 {
+    if (n == 0)
+        return;
     memcpy(r->buf + r->len, p, n);
     r->len += n;
 }
@@ -67,19 +79,90 @@ static void raw_header(raw_t *r, unsigned kind, int32_t rank, uint32_t n)
     raw_u32(r, (uint32_t)rank);
     raw_u32(r, n);
 }
-/* One request item: u16 name_len | name | coll dtype op flags | i64 count */
+static void raw_f64(raw_t *r, double v)
+{
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    raw_i64(r, (int64_t)u);
+}
+
+/* The parameter fields as raw_params writes them. `shape` has room for more
+ * than KOLO_MAX_DIMS entries so that hostile ndim values can be written
+ * with their bytes present (entries past the array are written as 0). */
+#define RAW_MAX_SHAPE 32
+typedef struct raw_params {
+    unsigned coll, dtype, op, flags;
+    int64_t count;
+    unsigned wire, ndim, group;
+    int32_t root;
+    double prescale, postscale;
+    int64_t shape[RAW_MAX_SHAPE];
+    const char *key; /* written when group > 1, unless omit_key */
+    size_t key_len;
+    int omit_key;
+} raw_params_t;
+
+/* The version-2 defaults: wire = dtype, no shape, no group, root 0, scales
+ * 1. */
+static raw_params_t rp(unsigned coll, unsigned dtype, unsigned op,
+                       unsigned flags, int64_t count)
+{
+    raw_params_t p;
+    memset(&p, 0, sizeof p);
+    p.coll = coll;
+    p.dtype = dtype;
+    p.op = op;
+    p.flags = flags;
+    p.count = count;
+    p.wire = dtype;
+    p.prescale = p.postscale = 1.0;
+    return p;
+}
+
+/* params: u8 coll | u8 dtype | u8 op | u8 flags | i64 count | u8 wire |
+ *         u8 ndim | u16 group | i32 root | f64 prescale | f64 postscale |
+ *         i64 shape[ndim] | [group > 1: u16 key_len | key] */
+static void raw_params(raw_t *r, const raw_params_t *p)
+{
+    raw_u8(r, p->coll);
+    raw_u8(r, p->dtype);
+    raw_u8(r, p->op);
+    raw_u8(r, p->flags);
+    raw_i64(r, p->count);
+    raw_u8(r, p->wire);
+    raw_u8(r, p->ndim);
+    raw_u16(r, p->group);
+    raw_u32(r, (uint32_t)p->root);
+    raw_f64(r, p->prescale);
+    raw_f64(r, p->postscale);
+    for (unsigned i = 0; i < p->ndim; i++)
+        raw_i64(r, i < RAW_MAX_SHAPE ? p->shape[i] : 0);
+    if (p->group > 1 && !p->omit_key) {
+        raw_u16(r, (unsigned)p->key_len);
+        raw_bytes(r, p->key, p->key_len);
+    }
+}
+
+/* One item: u16 name_len | name | params. */
+static void raw_item(raw_t *r, const char *name, size_t name_len,
+                     const raw_params_t *p)
+{
+    raw_u16(r, (unsigned)name_len);
+    raw_bytes(r, name, name_len);
+    raw_params(r, p);
+}
+
+/* One item with the default values of the version-2 fields. */
 static void raw_request(raw_t *r, const char *name, size_t name_len,
                         unsigned coll, unsigned dtype, unsigned op,
                         unsigned flags, int64_t count)
 {
-    raw_u16(r, (unsigned)name_len);
-    raw_bytes(r, name, name_len);
-    raw_u8(r, coll);
-    raw_u8(r, dtype);
-    raw_u8(r, op);
-    raw_u8(r, flags);
-    raw_i64(r, count);
+    raw_params_t p = rp(coll, dtype, op, flags, count);
+    raw_item(r, name, name_len, &p);
 }
+
+/* Bytes of the fixed part of the parameters (no shape, no key). */
+#define RAW_PARAMS_FIXED (4 + 8 + 1 + 1 + 2 + 4 + 8 + 8)
 
 /* Decodes from an exact-size heap copy (so ASan sees over-reads). */
 static int decode(const uint8_t *data, size_t len, kolo__msg_t *msg,
@@ -133,6 +216,26 @@ static char *xstrdup(const char *s)
     return p;
 }
 
+/* Gives item i non-default values of the version-2 fields, cycling through
+ * every collective, wire dtype, ndim 0..KOLO_MAX_DIMS, no group, group 1
+ * and groups with a key (empty now and then); item 0 keeps the defaults. */
+static void vary_params(kolo__params_t *p, uint32_t i)
+{
+    if (i == 0)
+        return;
+    p->coll = (uint8_t)(i % KOLO__COLL_COUNT_);
+    p->wire = (uint8_t)((i * 5) % KOLO_DTYPE_COUNT_);
+    p->ndim = (uint8_t)(i % (KOLO_MAX_DIMS + 1));
+    for (int d = 0; d < p->ndim; d++)
+        p->shape[d] = (int64_t)i * 100 + d;
+    p->group = (uint16_t)(i % 4); /* 0, 1: no group; 2, 3: a group */
+    if (p->group > 1 && i % 8 != 7)
+        snprintf(p->group_key, sizeof p->group_key, "group/%u", i - i % 4);
+    p->root = (int32_t)(i * 2654435761u);
+    p->prescale = 1.0 / (i + 1);
+    p->postscale = -(double)i * 0.75;
+}
+
 /* Request and response lists owned by the test. */
 static void make_requests(kolo__msg_t *m, uint32_t n, int32_t rank)
 {
@@ -146,9 +249,10 @@ static void make_requests(kolo__msg_t *m, uint32_t n, int32_t rank)
         char name[64];
         snprintf(name, sizeof name, "model/layer%u/weight", i);
         m->u.requests[i].name = xstrdup(name);
-        m->u.requests[i].params = (kolo__params_t){
-            KOLO__COLL_ALLREDUCE, (uint8_t)(i % KOLO_DTYPE_COUNT_),
-            (uint8_t)(i % KOLO_OP_COUNT_), (int64_t)i * 1000003};
+        kolo__params_init(&m->u.requests[i].params, KOLO__COLL_ALLREDUCE,
+                          (int)(i % KOLO_DTYPE_COUNT_), (int)(i % KOLO_OP_COUNT_),
+                          (int64_t)i * 1000003);
+        vary_params(&m->u.requests[i].params, i);
     }
 }
 
@@ -165,10 +269,10 @@ static void make_responses(kolo__msg_t *m, uint32_t n, int32_t rank)
         kolo__response_t *r = &m->u.responses[i];
         snprintf(name, sizeof name, "grad.%u", i);
         r->name = xstrdup(name);
-        r->params = (kolo__params_t){KOLO__COLL_ALLREDUCE,
-                                     (uint8_t)((i * 7) % KOLO_DTYPE_COUNT_),
-                                     (uint8_t)((i * 3) % KOLO_OP_COUNT_),
-                                     (int64_t)i << 33};
+        kolo__params_init(&r->params, KOLO__COLL_ALLREDUCE,
+                          (int)((i * 7) % KOLO_DTYPE_COUNT_),
+                          (int)((i * 3) % KOLO_OP_COUNT_), (int64_t)i << 33);
+        vary_params(&r->params, i);
         /* Every status from OK down to ERR_INTERNAL, in turn. */
         r->status = -(int32_t)(i % 15);
         if (r->status != KOLO_OK) {
@@ -180,6 +284,28 @@ static void make_responses(kolo__msg_t *m, uint32_t n, int32_t rank)
     }
 }
 
+/* Field by field (not through kolo__params_equal, which is under test
+ * too): `got` was decoded from the encoding of `want`. */
+static void assert_params_same(const kolo__params_t *want,
+                               const kolo__params_t *got)
+{
+    ck_assert_uint_eq(got->coll, want->coll);
+    ck_assert_uint_eq(got->dtype, want->dtype);
+    ck_assert_uint_eq(got->op, want->op);
+    ck_assert_int_eq(got->count, want->count);
+    ck_assert_uint_eq(got->wire, want->wire);
+    ck_assert_uint_eq(got->ndim, want->ndim);
+    ck_assert_uint_eq(got->group, want->group);
+    ck_assert_int_eq(got->root, want->root);
+    ck_assert_mem_eq(&got->prescale, &want->prescale, sizeof(double));
+    ck_assert_mem_eq(&got->postscale, &want->postscale, sizeof(double));
+    for (int d = 0; d < KOLO_MAX_DIMS; d++)
+        ck_assert_int_eq(got->shape[d], d < want->ndim ? want->shape[d] : 0);
+    /* The key is only sent for a group. */
+    ck_assert_str_eq(got->group_key, want->group > 1 ? want->group_key : "");
+    ck_assert_int_eq(kolo__params_equal(want, got), 1);
+}
+
 static void assert_same(const kolo__msg_t *a, const kolo__msg_t *b)
 {
     ck_assert_uint_eq(a->kind, b->kind);
@@ -189,12 +315,12 @@ static void assert_same(const kolo__msg_t *a, const kolo__msg_t *b)
         if (a->kind == KOLO__MSG_REQUESTS) {
             const kolo__request_t *x = &a->u.requests[i], *y = &b->u.requests[i];
             ck_assert_str_eq(x->name, y->name);
-            ck_assert_int_eq(kolo__params_equal(&x->params, &y->params), 1);
+            assert_params_same(&x->params, &y->params);
         } else {
             const kolo__response_t *x = &a->u.responses[i],
                                    *y = &b->u.responses[i];
             ck_assert_str_eq(x->name, y->name);
-            ck_assert_int_eq(kolo__params_equal(&x->params, &y->params), 1);
+            assert_params_same(&x->params, &y->params);
             ck_assert_int_eq(x->status, y->status);
             if (x->status == KOLO_OK) {
                 ck_assert_ptr_null(y->text);
@@ -230,25 +356,30 @@ START_TEST(small_request_has_documented_bytes)
     kolo__bytes_t b = {0};
     kolo__err_t err;
     raw_t want;
+    kolo__request_t req = {(char *)"ab", {0}};
 
     memset(&m, 0, sizeof m);
     m.kind = KOLO__MSG_REQUESTS;
     m.rank = 3;
     m.n = 1;
-    kolo__request_t req = {(char *)"ab",
-                           {KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_AVERAGE,
-                            0x0102030405060708LL}};
+    kolo__params_init(&req.params, KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
+                      KOLO_OP_AVERAGE, 0x0102030405060708LL);
     m.u.requests = &req;
     ck_assert_int_eq(kolo__msg_encode(&m, &b, &err), KOLO_OK);
 
     raw_header(&want, KOLO__MSG_REQUESTS, 3, 1);
     raw_request(&want, "ab", 2, 0, KOLO_FLOAT32, KOLO_OP_AVERAGE, 0,
                 0x0102030405060708LL);
-    ck_assert_uint_eq(b.len, 16 + 2 + 2 + 4 + 8);
+    /* header | u16 + "ab" | 4 u8 | count | wire ndim | group | root |
+     * prescale | postscale; no shape, no key. */
+    ck_assert_uint_eq(b.len, 16 + 2 + 2 + 4 + 8 + 1 + 1 + 2 + 4 + 8 + 8);
     ck_assert_uint_eq(b.len, want.len);
     ck_assert_mem_eq(b.data, want.buf, want.len);
-    /* "KOLO" in memory, as the magic's comment says. */
-    ck_assert_mem_eq(b.data, "KOLO", 4);
+    /* "KOLO" in memory, as the magic's comment says, then version 2. */
+    ck_assert_mem_eq(b.data, "KOLO\x02\x00", 6);
+    /* wire = dtype by default; the scales are 1.0 (0x3ff0000000000000). */
+    ck_assert_uint_eq(b.data[32], KOLO_FLOAT32);
+    ck_assert_mem_eq(b.data + 40, "\0\0\0\0\0\0\xf0\x3f\0\0\0\0\0\0\xf0\x3f", 16);
 
     /* Encoding again into the same buffer starts over. */
     ck_assert_int_eq(kolo__msg_encode(&m, &b, &err), KOLO_OK);
@@ -259,18 +390,136 @@ START_TEST(small_request_has_documented_bytes)
 }
 END_TEST
 
+/* Every version-2 field set, against bytes written out literally. */
+START_TEST(full_request_has_literal_bytes)
+{
+    static const uint8_t expected[] = {
+        'K', 'O', 'L', 'O', 2, 0, /* magic, version */
+        1, 0,                     /* kind: requests */
+        0xfe, 0xff, 0xff, 0xff,   /* rank -2 */
+        1, 0, 0, 0,               /* n */
+        2, 0, 'a', 'b',           /* name */
+        KOLO__COLL_BROADCAST, KOLO_FLOAT32, KOLO_OP_MAX, 0,
+        0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* count */
+        KOLO_BFLOAT16,                                  /* wire */
+        2,                                              /* ndim */
+        0x03, 0x01,                                     /* group 259 */
+        0xfd, 0xff, 0xff, 0x7f,                         /* root 0x7ffffffd */
+        0, 0, 0, 0, 0, 0, 0xe0, 0x3f,                   /* prescale 0.5 */
+        0, 0, 0, 0, 0, 0, 0x10, 0xc0,                   /* postscale -4 */
+        0x05, 0, 0, 0, 0, 0, 0, 0,                      /* shape[0] 5 */
+        0x00, 0x01, 0, 0, 0, 0, 0, 0x7f,                /* shape[1] */
+        3, 0, 'g', '/', 'x',                            /* group key */
+    };
+    kolo__msg_t m, d;
+    kolo__bytes_t b = {0};
+    kolo__err_t err;
+    kolo__request_t req = {(char *)"ab", {0}};
+    raw_t want;
+    raw_params_t p;
+
+    kolo__params_init(&req.params, KOLO__COLL_BROADCAST, KOLO_FLOAT32,
+                      KOLO_OP_MAX, 0x0102030405060708LL);
+    req.params.wire = KOLO_BFLOAT16;
+    req.params.ndim = 2;
+    req.params.shape[0] = 5;
+    req.params.shape[1] = 0x7f00000000000100LL;
+    req.params.shape[2] = 99; /* past ndim: not sent */
+    req.params.group = 259;
+    strcpy(req.params.group_key, "g/x");
+    req.params.root = 0x7ffffffd;
+    req.params.prescale = 0.5;
+    req.params.postscale = -4.0;
+    memset(&m, 0, sizeof m);
+    m.kind = KOLO__MSG_REQUESTS;
+    m.rank = -2;
+    m.n = 1;
+    m.u.requests = &req;
+    ck_assert_int_eq(kolo__msg_encode(&m, &b, &err), KOLO_OK);
+    ck_assert_uint_eq(b.len, sizeof expected);
+    ck_assert_mem_eq(b.data, expected, sizeof expected);
+
+    /* The raw writer agrees with the literal bytes. */
+    raw_header(&want, KOLO__MSG_REQUESTS, -2, 1);
+    p = rp(KOLO__COLL_BROADCAST, KOLO_FLOAT32, KOLO_OP_MAX, 0,
+           0x0102030405060708LL);
+    p.wire = KOLO_BFLOAT16;
+    p.ndim = 2;
+    p.shape[0] = 5;
+    p.shape[1] = 0x7f00000000000100LL;
+    p.group = 259;
+    p.key = "g/x";
+    p.key_len = 3;
+    p.root = 0x7ffffffd;
+    p.prescale = 0.5;
+    p.postscale = -4.0;
+    raw_item(&want, "ab", 2, &p);
+    ck_assert_uint_eq(want.len, sizeof expected);
+    ck_assert_mem_eq(want.buf, expected, sizeof expected);
+
+    /* And it decodes back to every field. */
+    ck_assert_int_eq(decode(expected, sizeof expected, &d, &err), KOLO_OK);
+    ck_assert_int_eq(d.rank, -2);
+    ck_assert_str_eq(d.u.requests[0].name, "ab");
+    req.params.shape[2] = 0;
+    assert_params_same(&req.params, &d.u.requests[0].params);
+    kolo__msg_free(&d);
+    kolo__bytes_free(&b);
+}
+END_TEST
+
+/* The key is sent only for group > 1: with group 0 or 1 nothing follows
+ * the shape, and group 2 with an empty key sends a zero length. */
+START_TEST(group_key_sent_only_for_groups)
+{
+    kolo__msg_t m, d;
+    kolo__bytes_t b = {0};
+    kolo__err_t err;
+    kolo__request_t req = {(char *)"t", {0}};
+    const size_t base = 16 + 2 + 1 + RAW_PARAMS_FIXED;
+
+    memset(&m, 0, sizeof m);
+    m.kind = KOLO__MSG_REQUESTS;
+    m.n = 1;
+    m.u.requests = &req;
+    for (unsigned group = 0; group < 4; group++) {
+        kolo__params_init(&req.params, KOLO__COLL_ALLREDUCE, KOLO_INT32,
+                          KOLO_OP_SUM, 4);
+        req.params.group = (uint16_t)group;
+        ck_assert_int_eq(kolo__msg_encode(&m, &b, &err), KOLO_OK);
+        ck_assert_uint_eq(b.len, base + (group > 1 ? 2 : 0));
+        if (group > 1) {
+            ck_assert_int_eq(b.data[b.len - 2], 0);
+            ck_assert_int_eq(b.data[b.len - 1], 0);
+        }
+        ck_assert_int_eq(decode(b.data, b.len, &d, &err), KOLO_OK);
+        assert_params_same(&req.params, &d.u.requests[0].params);
+        kolo__msg_free(&d);
+    }
+    kolo__bytes_free(&b);
+}
+END_TEST
+
 START_TEST(small_response_has_documented_bytes)
 {
     kolo__msg_t m;
     kolo__bytes_t b = {0};
     kolo__err_t err;
     raw_t want;
+    raw_params_t p;
     kolo__response_t resp[2] = {
-        {(char *)"x", {0, KOLO_INT64, KOLO_OP_MAX, 9}, KOLO_OK, NULL},
-        {(char *)"yz", {0, KOLO_BOOL, KOLO_OP_MIN, 0}, KOLO_ERR_MISMATCH,
-         (char *)"bad"},
+        {(char *)"x", {0}, KOLO_OK, NULL},
+        {(char *)"yz", {0}, KOLO_ERR_MISMATCH, (char *)"bad"},
     };
 
+    kolo__params_init(&resp[0].params, KOLO__COLL_ALLREDUCE, KOLO_INT64,
+                      KOLO_OP_MAX, 9);
+    kolo__params_init(&resp[1].params, KOLO__COLL_ALLGATHER, KOLO_BOOL,
+                      KOLO_OP_MIN, 0);
+    resp[1].params.ndim = 1;
+    resp[1].params.group = 2;
+    strcpy(resp[1].params.group_key, "k");
+    resp[1].params.root = 1;
     memset(&m, 0, sizeof m);
     m.kind = KOLO__MSG_RESPONSES;
     m.rank = -1;
@@ -280,9 +529,19 @@ START_TEST(small_response_has_documented_bytes)
 
     raw_header(&want, KOLO__MSG_RESPONSES, -1, 2);
     raw_request(&want, "x", 1, 0, KOLO_INT64, KOLO_OP_MAX, 0, 9);
-    raw_request(&want, "yz", 2, 0, KOLO_BOOL, KOLO_OP_MIN, 5, 0);
+    p = rp(KOLO__COLL_ALLGATHER, KOLO_BOOL, KOLO_OP_MIN, 5, 0);
+    p.ndim = 1; /* shape[0] = 0 */
+    p.group = 2;
+    p.key = "k";
+    p.key_len = 1;
+    p.root = 1;
+    raw_item(&want, "yz", 2, &p);
+    /* The error text follows the key. */
     raw_u16(&want, 3);
     raw_bytes(&want, "bad", 3);
+    ck_assert_uint_eq(b.len, 16 + (2 + 1 + RAW_PARAMS_FIXED) +
+                                 (2 + 2 + RAW_PARAMS_FIXED + 8 + 2 + 1) +
+                                 (2 + 3));
     ck_assert_uint_eq(b.len, want.len);
     ck_assert_mem_eq(b.data, want.buf, want.len);
     kolo__bytes_free(&b);
@@ -338,6 +597,40 @@ START_TEST(roundtrip_extreme_values)
     m.u.requests[1].params.count = 0;
     free(m.u.requests[2].name);
     m.u.requests[2].name = xstrdup("\xc3\xa9t\xff\x01\x7f");
+    /* Version-2 fields at their limits: the last collective and wire
+     * dtype, KOLO_MAX_DIMS dimensions from 0 to INT64_MAX, the largest
+     * group with a 63-byte key of high and low byte values, the extreme
+     * roots, and scales whose bits must survive: -0, NaN, infinities, a
+     * subnormal. */
+    {
+        kolo__params_t *p = &m.u.requests[0].params;
+        p->coll = KOLO__COLL_COUNT_ - 1;
+        p->wire = KOLO_DTYPE_COUNT_ - 1;
+        p->ndim = KOLO_MAX_DIMS;
+        for (int d = 0; d < KOLO_MAX_DIMS; d++)
+            p->shape[d] = d == 0 ? 0 : d == 1 ? INT64_MAX : (int64_t)1 << (7 * d);
+        p->group = UINT16_MAX;
+        for (size_t k = 0; k < sizeof p->group_key - 1; k++)
+            p->group_key[k] = (char)(k < 8 ? 0xff - k : 1 + k * 4);
+        p->group_key[sizeof p->group_key - 1] = '\0';
+        p->root = INT32_MIN;
+        p->prescale = -0.0;
+        p->postscale = NAN;
+        p = &m.u.requests[1].params;
+        p->root = INT32_MAX;
+        p->prescale = INFINITY;
+        p->postscale = -INFINITY;
+        p->group = 2;
+        p->ndim = 1;
+        p->shape[0] = 0;
+        p = &m.u.requests[2].params;
+        p->prescale = DBL_MIN / 4; /* subnormal */
+        p->postscale = DBL_MAX;
+        p->group = 1; /* no group: no key (and none sent) */
+        p->group_key[0] = '\0';
+        p->ndim = KOLO_MAX_DIMS;
+        p->shape[KOLO_MAX_DIMS - 1] = INT64_MAX;
+    }
     roundtrip(&m);
     kolo__msg_free(&m);
 
@@ -374,8 +667,8 @@ START_TEST(error_response_without_text_roundtrips)
     m.u.responses[0].status = KOLO_ERR_MISMATCH;
     m.u.responses[0].text = NULL;
     ck_assert_int_eq(kolo__msg_encode(&m, &b, &err), KOLO_OK);
-    /* header | u16 len "grad.0" | 4 bytes | count | u16 0 */
-    ck_assert_uint_eq(b.len, 16 + 2 + 6 + 4 + 8 + 2);
+    /* header | u16 len "grad.0" | params without shape or key | u16 0 */
+    ck_assert_uint_eq(b.len, 16 + 2 + 6 + RAW_PARAMS_FIXED + 2);
     ck_assert_int_eq(b.data[b.len - 2], 0);
     ck_assert_int_eq(b.data[b.len - 1], 0);
     ck_assert_int_eq(decode(b.data, b.len, &d, &err), KOLO_OK);
@@ -411,7 +704,7 @@ START_TEST(ok_response_text_is_not_sent)
     ck_assert_int_eq(m.u.responses[0].status, KOLO_OK);
     m.u.responses[0].text = xstrdup("ignored");
     ck_assert_int_eq(kolo__msg_encode(&m, &b, &err), KOLO_OK);
-    ck_assert_uint_eq(b.len, 16 + 2 + strlen("grad.0") + 4 + 8);
+    ck_assert_uint_eq(b.len, 16 + 2 + strlen("grad.0") + RAW_PARAMS_FIXED);
     ck_assert_int_eq(decode(b.data, b.len, &d, &err), KOLO_OK);
     ck_assert_ptr_null(d.u.responses[0].text);
     kolo__msg_free(&d);
@@ -420,23 +713,97 @@ START_TEST(ok_response_text_is_not_sent)
 }
 END_TEST
 
+START_TEST(params_init_defaults)
+{
+    kolo__params_t p;
+
+    memset(&p, 0x5a, sizeof p);
+    kolo__params_init(&p, KOLO__COLL_REDUCESCATTER, KOLO_FLOAT16,
+                      KOLO_OP_PRODUCT, 77);
+    ck_assert_uint_eq(p.coll, KOLO__COLL_REDUCESCATTER);
+    ck_assert_uint_eq(p.dtype, KOLO_FLOAT16);
+    ck_assert_uint_eq(p.op, KOLO_OP_PRODUCT);
+    ck_assert_int_eq(p.count, 77);
+    ck_assert_uint_eq(p.wire, KOLO_FLOAT16);
+    ck_assert_uint_eq(p.ndim, 0);
+    ck_assert_uint_eq(p.group, 0);
+    ck_assert_int_eq(p.root, 0);
+    ck_assert(p.prescale == 1.0);
+    ck_assert(p.postscale == 1.0);
+    for (int d = 0; d < KOLO_MAX_DIMS; d++)
+        ck_assert_int_eq(p.shape[d], 0);
+    ck_assert_str_eq(p.group_key, "");
+}
+END_TEST
+
 START_TEST(params_equal_and_coll_name)
 {
-    kolo__params_t a = {KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM, 10};
-    kolo__params_t b = a;
+    kolo__params_t a, b;
+
+    kolo__params_init(&a, KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM, 10);
+    a.wire = KOLO_FLOAT16;
+    a.ndim = 3;
+    a.shape[0] = 2;
+    a.shape[1] = 5;
+    a.shape[2] = 1;
+    a.group = 4;
+    strcpy(a.group_key, "layer0/w");
+    a.root = 2;
+    a.prescale = 0.125;
+    a.postscale = 3.0;
+    b = a;
     ck_assert_int_eq(kolo__params_equal(&a, &b), 1);
-    b.count = 11;
-    ck_assert_int_eq(kolo__params_equal(&a, &b), 0);
+    ck_assert_int_eq(kolo__params_equal(&b, &a), 1);
+
+    /* Each field alone makes them unequal, both ways round. */
+#define DIFFERS(stmt)                                                         \
+    do {                                                                      \
+        b = a;                                                                \
+        stmt;                                                                 \
+        ck_assert_msg(!kolo__params_equal(&a, &b) && !kolo__params_equal(&b, &a), \
+                      "equal after: %s", #stmt);                              \
+    } while (0)
+    DIFFERS(b.count = 11);
+    DIFFERS(b.dtype = KOLO_FLOAT64);
+    DIFFERS(b.op = KOLO_OP_MAX);
+    DIFFERS(b.coll = KOLO__COLL_BROADCAST);
+    DIFFERS(b.wire = KOLO_FLOAT32);
+    DIFFERS(b.ndim = 2);
+    DIFFERS(b.ndim = 4); /* shape[3] is 0 in both */
+    DIFFERS(b.shape[0] = 3);
+    DIFFERS(b.shape[2] = 0);
+    DIFFERS(b.group = 5);
+    DIFFERS(b.group = 0);
+    DIFFERS(b.group_key[7] = 'x');
+    DIFFERS(strcpy(b.group_key, "layer0/"));
+    DIFFERS(b.root = -2);
+    DIFFERS(b.prescale = 0.25);
+    DIFFERS(b.postscale = 3.0000000000000004);
+    /* The scales compare bit for bit: -0 is not 0. */
+    DIFFERS(b.prescale = -0.125);
+    a.postscale = 0.0;
+    DIFFERS(b.postscale = -0.0);
+#undef DIFFERS
+    /* ...and a NaN equals the same NaN. */
+    a.prescale = NAN;
     b = a;
-    b.dtype = KOLO_FLOAT16;
-    ck_assert_int_eq(kolo__params_equal(&a, &b), 0);
-    b = a;
-    b.op = KOLO_OP_MAX;
-    ck_assert_int_eq(kolo__params_equal(&a, &b), 0);
-    b = a;
-    b.coll = 1;
-    ck_assert_int_eq(kolo__params_equal(&a, &b), 0);
+    ck_assert_int_eq(kolo__params_equal(&a, &b), 1);
+    /* Dimensions past ndim are not compared. */
+    b.shape[3] = 42;
+    b.shape[KOLO_MAX_DIMS - 1] = -1;
+    ck_assert_int_eq(kolo__params_equal(&a, &b), 1);
+
     ck_assert_str_eq(kolo__coll_name(KOLO__COLL_ALLREDUCE), "allreduce");
+    ck_assert_str_eq(kolo__coll_name(KOLO__COLL_BROADCAST), "broadcast");
+    ck_assert_str_eq(kolo__coll_name(KOLO__COLL_ALLGATHER), "allgather");
+    ck_assert_str_eq(kolo__coll_name(KOLO__COLL_ALLTOALL), "alltoall");
+    ck_assert_str_eq(kolo__coll_name(KOLO__COLL_REDUCESCATTER),
+                     "reducescatter");
+    ck_assert_str_eq(kolo__coll_name(KOLO__COLL_BARRIER), "barrier");
+    ck_assert_str_eq(kolo__coll_name(KOLO__COLL_JOIN), "join");
+    ck_assert_int_eq(KOLO__COLL_COUNT_, 7);
+    ck_assert_str_eq(kolo__coll_name(KOLO__COLL_COUNT_), "unknown collective");
+    ck_assert_str_eq(kolo__coll_name(-1), "unknown collective");
     ck_assert_str_eq(kolo__coll_name(99), "unknown collective");
 }
 END_TEST
@@ -611,6 +978,77 @@ START_TEST(bad_names_refused)
 }
 END_TEST
 
+/* An item with these parameters, alone, as a response, after a good item
+ * and followed by padding (so running out of bytes is not the reason), is
+ * refused naming the parameters. `tail` is written right after the
+ * parameters (for keys written by hand). */
+static void expect_params_refused(const raw_params_t *bad, const void *tail,
+                                  size_t tail_len, const char *why)
+{
+    raw_t *r = malloc(sizeof *r);
+    raw_params_t good = rp(0, KOLO_FLOAT32, 0, 0, 3);
+    ck_assert_ptr_nonnull(r);
+
+    for (int variant = 0; variant < 4; variant++) {
+        raw_params_t p = *bad;
+        unsigned kind = variant == 1 ? KOLO__MSG_RESPONSES : KOLO__MSG_REQUESTS;
+        raw_header(r, kind, 0, variant == 2 ? 2 : 1);
+        if (variant == 2)
+            raw_item(r, "good", 4, &good);
+        raw_item(r, "t", 1, &p);
+        raw_bytes(r, tail, tail_len);
+        if (variant == 3)
+            for (int k = 0; k < 64; k++)
+                raw_u8(r, 0);
+        /* Padding would complete a key written by hand or left out. */
+        if (variant != 3 || (tail_len == 0 && !bad->omit_key)) {
+            kolo__msg_t msg;
+            kolo__err_t err;
+            int rc = decode(r->buf, r->len, &msg, &err);
+            ck_assert_msg(rc == KOLO_ERR_INVALID_ARGUMENT &&
+                              strstr(err.msg, "bad tensor parameters") != NULL,
+                          "%s (variant %d): rc %d: %s", why, variant, rc,
+                          rc ? err.msg : "accepted");
+            expect_refused_raw(r, "bad tensor parameters");
+        }
+    }
+    free(r);
+}
+
+/* A request with these parameters decodes to exactly them. */
+static void expect_params_ok(const raw_params_t *p)
+{
+    raw_t *r = malloc(sizeof *r);
+    kolo__msg_t m;
+    kolo__err_t err;
+    const kolo__params_t *got;
+    int rc;
+
+    ck_assert_ptr_nonnull(r);
+    raw_header(r, KOLO__MSG_REQUESTS, 0, 1);
+    raw_item(r, "t", 1, p);
+    rc = decode(r->buf, r->len, &m, &err);
+    ck_assert_msg(rc == KOLO_OK, "refused: %s", err.msg);
+    got = &m.u.requests[0].params;
+    ck_assert_uint_eq(got->coll, p->coll);
+    ck_assert_uint_eq(got->dtype, p->dtype);
+    ck_assert_uint_eq(got->op, p->op);
+    ck_assert_int_eq(got->count, p->count);
+    ck_assert_uint_eq(got->wire, p->wire);
+    ck_assert_uint_eq(got->ndim, p->ndim);
+    ck_assert_uint_eq(got->group, p->group);
+    ck_assert_int_eq(got->root, p->root);
+    ck_assert_mem_eq(&got->prescale, &p->prescale, 8);
+    ck_assert_mem_eq(&got->postscale, &p->postscale, 8);
+    for (unsigned d = 0; d < KOLO_MAX_DIMS; d++)
+        ck_assert_int_eq(got->shape[d], d < p->ndim ? p->shape[d] : 0);
+    ck_assert_uint_eq(strlen(got->group_key), p->group > 1 ? p->key_len : 0);
+    if (p->group > 1)
+        ck_assert_mem_eq(got->group_key, p->key, p->key_len);
+    kolo__msg_free(&m);
+    free(r);
+}
+
 START_TEST(bad_params_refused)
 {
     raw_t r;
@@ -618,7 +1056,7 @@ START_TEST(bad_params_refused)
         unsigned coll, dtype, op;
         int64_t count;
     } bad[] = {
-        {1, 0, 0, 1},
+        {KOLO__COLL_COUNT_, 0, 0, 1},
         {255, 0, 0, 1},
         {0, KOLO_DTYPE_COUNT_, 0, 1},
         {0, 255, 0, 1},
@@ -629,20 +1067,147 @@ START_TEST(bad_params_refused)
     };
 
     for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
-        raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
-        raw_request(&r, "t", 1, bad[k].coll, bad[k].dtype, bad[k].op, 0,
-                    bad[k].count);
-        expect_refused_raw(&r, "bad tensor parameters");
-        raw_header(&r, KOLO__MSG_RESPONSES, 0, 1);
-        raw_request(&r, "t", 1, bad[k].coll, bad[k].dtype, bad[k].op, 0,
-                    bad[k].count);
-        expect_refused_raw(&r, "bad tensor parameters");
+        raw_params_t p = rp(bad[k].coll, bad[k].dtype, bad[k].op, 0,
+                            bad[k].count);
+        /* wire stays valid when dtype is the bad field. */
+        if (p.wire >= KOLO_DTYPE_COUNT_)
+            p.wire = 0;
+        expect_params_refused(&p, NULL, 0, "coll/dtype/op/count");
+    }
+    /* Every collective id below the count is accepted. */
+    for (unsigned c = 0; c < KOLO__COLL_COUNT_; c++) {
+        raw_params_t p = rp(c, 0, 0, 0, 1);
+        expect_params_ok(&p);
     }
     /* Request flags are reserved: must be 0. */
     for (unsigned f = 1; f < 256; f *= 2) {
         raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
         raw_request(&r, "t", 1, 0, 0, 0, f, 1);
         expect_refused_raw(&r, "bad request flags");
+    }
+}
+END_TEST
+
+START_TEST(bad_v2_params_refused)
+{
+    raw_params_t p;
+    char key[300];
+
+    memset(key, 'k', sizeof key);
+
+    /* The limits are accepted. */
+    p = rp(KOLO__COLL_COUNT_ - 1, KOLO_FLOAT64, KOLO_OP_SUM, 0, 1);
+    p.wire = KOLO_DTYPE_COUNT_ - 1;
+    p.ndim = KOLO_MAX_DIMS;
+    p.shape[0] = 0;
+    p.shape[KOLO_MAX_DIMS - 1] = INT64_MAX;
+    p.group = UINT16_MAX;
+    p.key = key;
+    p.key_len = 63;
+    p.root = INT32_MIN;
+    p.prescale = NAN;
+    p.postscale = -0.0;
+    expect_params_ok(&p);
+    p.group = 2;
+    p.key_len = 0; /* a group with an empty key */
+    expect_params_ok(&p);
+    p.group = 1; /* no group: no key follows */
+    expect_params_ok(&p);
+
+    /* wire >= KOLO_DTYPE_COUNT_. */
+    p = rp(0, KOLO_FLOAT32, 0, 0, 4);
+    p.wire = KOLO_DTYPE_COUNT_;
+    expect_params_refused(&p, NULL, 0, "wire = KOLO_DTYPE_COUNT_");
+    p.wire = 255;
+    expect_params_refused(&p, NULL, 0, "wire = 255");
+
+    /* ndim > KOLO_MAX_DIMS, with the bytes of every dimension present. */
+    p = rp(0, KOLO_FLOAT32, 0, 0, 4);
+    for (unsigned nd = KOLO_MAX_DIMS + 1; nd < 256; nd = nd * 2 + 1) {
+        p.ndim = nd;
+        expect_params_refused(&p, NULL, 0, "ndim > KOLO_MAX_DIMS");
+    }
+    p.ndim = 255;
+    expect_params_refused(&p, NULL, 0, "ndim = 255");
+
+    /* A negative dimension, first, in the middle or last. */
+    p = rp(0, KOLO_FLOAT32, 0, 0, 4);
+    p.ndim = 1;
+    p.shape[0] = -1;
+    expect_params_refused(&p, NULL, 0, "shape[0] = -1");
+    p.ndim = 3;
+    p.shape[0] = 2;
+    p.shape[1] = INT64_MIN;
+    p.shape[2] = 2;
+    expect_params_refused(&p, NULL, 0, "shape[1] = INT64_MIN");
+    p.ndim = KOLO_MAX_DIMS;
+    p.shape[1] = 1;
+    p.shape[KOLO_MAX_DIMS - 1] = -1;
+    expect_params_refused(&p, NULL, 0, "shape[last] = -1");
+
+    /* A group key of 64 bytes or more, all present. */
+    p = rp(0, KOLO_FLOAT32, 0, 0, 4);
+    p.group = 2;
+    p.key = key;
+    p.key_len = 64;
+    expect_params_refused(&p, NULL, 0, "key of 64 bytes");
+    p.key_len = sizeof key;
+    expect_params_refused(&p, NULL, 0, "key of 300 bytes");
+    p.group = UINT16_MAX;
+    p.key_len = 65;
+    expect_params_refused(&p, NULL, 0, "key of 65 bytes");
+    /* ...a length of 0xffff with few bytes after it. */
+    p.omit_key = 1;
+    {
+        uint8_t tail[2 + 100];
+        tail[0] = 0xff;
+        tail[1] = 0xff;
+        memset(tail + 2, 'k', 100);
+        expect_params_refused(&p, tail, sizeof tail, "key length 0xffff");
+    }
+
+    /* A NUL inside the key, first or last. */
+    p = rp(0, KOLO_FLOAT32, 0, 0, 4);
+    p.group = 3;
+    p.key = "a\0b";
+    p.key_len = 3;
+    expect_params_refused(&p, NULL, 0, "key a\\0b");
+    p.key = "\0";
+    p.key_len = 1;
+    expect_params_refused(&p, NULL, 0, "key \\0");
+    p.key = "abc\0";
+    p.key_len = 4;
+    expect_params_refused(&p, NULL, 0, "key abc\\0");
+    {
+        char k63[63];
+        memset(k63, 'q', sizeof k63);
+        k63[62] = '\0';
+        p.key = k63;
+        p.key_len = 63;
+        expect_params_refused(&p, NULL, 0, "63-byte key ending in NUL");
+    }
+
+    /* A truncated key: its length runs past the end, only one byte of the
+     * length, or no length at all. */
+    p = rp(0, KOLO_FLOAT32, 0, 0, 4);
+    p.group = 2;
+    p.omit_key = 1;
+    expect_params_refused(&p, "\x0a\x00short", 7, "key length 10, 5 bytes");
+    expect_params_refused(&p, "\x01\x00", 2, "key length 1, no bytes");
+    expect_params_refused(&p, "\x3f\x00", 2, "key length 63, no bytes");
+    expect_params_refused(&p, "\x01", 1, "one byte of key length");
+    expect_params_refused(&p, NULL, 0, "no key length");
+    /* Truncated shapes: ndim says more dimensions than there are bytes. */
+    p = rp(0, KOLO_FLOAT32, 0, 0, 4);
+    p.ndim = KOLO_MAX_DIMS;
+    {
+        raw_t r;
+        for (size_t cut = 1; cut <= 8 * KOLO_MAX_DIMS; cut++) {
+            raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
+            raw_item(&r, "t", 1, &p);
+            r.len -= cut;
+            expect_refused_raw(&r, "bad tensor parameters");
+        }
     }
 }
 END_TEST
@@ -766,9 +1331,30 @@ static void random_msg(kolo__msg_t *m)
     for (uint32_t i = 0; i < n; i++) {
         /* Mostly short names, now and then a long one. */
         size_t max = rnd() % 8 ? 12 : KOLO_MAX_NAME_LEN;
-        kolo__params_t p = {0, (uint8_t)(rnd() % KOLO_DTYPE_COUNT_),
-                            (uint8_t)(rnd() % KOLO_OP_COUNT_),
-                            (int64_t)(((uint64_t)rnd() << 31) ^ rnd())};
+        kolo__params_t p;
+        kolo__params_init(&p, (int)(rnd() % KOLO__COLL_COUNT_),
+                          (int)(rnd() % KOLO_DTYPE_COUNT_),
+                          (int)(rnd() % KOLO_OP_COUNT_),
+                          (int64_t)(((uint64_t)rnd() << 31) ^ rnd()));
+        /* Half the items keep the defaults of the version-2 fields. */
+        if (rnd() % 2) {
+            uint64_t bits;
+            p.wire = (uint8_t)(rnd() % KOLO_DTYPE_COUNT_);
+            p.ndim = (uint8_t)(rnd() % (KOLO_MAX_DIMS + 1));
+            for (int d = 0; d < p.ndim; d++)
+                p.shape[d] = rnd() % 4 ? rnd() % 1000
+                                       : (int64_t)(((uint64_t)rnd() << 31) ^ rnd());
+            p.group = (uint16_t)(rnd() % 3 ? rnd() % 5 : rnd());
+            if (p.group > 1) {
+                char *key = random_string(rnd() % 4 ? 10 : 63, 1);
+                strcpy(p.group_key, key);
+                free(key);
+            }
+            p.root = (int32_t)rnd();
+            bits = ((uint64_t)rnd() << 32) | rnd();
+            memcpy(&p.prescale, &bits, 8); /* any bits, NaNs included */
+            p.postscale = (double)(int32_t)rnd() / 1024;
+        }
         if (m->kind == KOLO__MSG_REQUESTS) {
             m->u.requests[i].name = random_string(max, 0);
             m->u.requests[i].params = p;
@@ -858,6 +1444,18 @@ START_TEST(fuzz_mutated_messages)
                 ck_assert_uint_lt(p->dtype, KOLO_DTYPE_COUNT_);
                 ck_assert_uint_lt(p->op, KOLO_OP_COUNT_);
                 ck_assert_int_ge(p->count, 0);
+                ck_assert_uint_lt(p->wire, KOLO_DTYPE_COUNT_);
+                ck_assert_uint_le(p->ndim, KOLO_MAX_DIMS);
+                {
+                    int dims_ok = 1;
+                    for (int dd = 0; dd < KOLO_MAX_DIMS; dd++)
+                        dims_ok &= p->shape[dd] >= 0 &&
+                                   (dd < p->ndim || p->shape[dd] == 0);
+                    ck_assert_msg(dims_ok, "round %d: bad shape", round);
+                }
+                ck_assert_uint_lt(strlen(p->group_key), sizeof p->group_key);
+                if (p->group <= 1)
+                    ck_assert_str_eq(p->group_key, "");
                 if (d.kind == KOLO__MSG_RESPONSES) {
                     int32_t s = d.u.responses[i].status;
                     ck_assert_int_le(s, KOLO_OK);
@@ -904,7 +1502,8 @@ START_TEST(fuzz_random_bodies)
     for (int round = 0; round < ROUNDS; round++) {
         kolo__msg_t d;
         kolo__err_t err;
-        size_t body = rnd() % 64;
+        /* An item is at least 39 bytes now: room for up to three. */
+        size_t body = rnd() % 128;
         int rc;
 
         raw_header(r, 1 + rnd() % 2, (int32_t)rnd(), rnd() % 3);
@@ -933,6 +1532,8 @@ static Suite *message_suite(void)
     Suite *s = suite_create("message");
     TCase *tc = tcase_create("format");
     tcase_add_test(tc, small_request_has_documented_bytes);
+    tcase_add_test(tc, full_request_has_literal_bytes);
+    tcase_add_test(tc, group_key_sent_only_for_groups);
     tcase_add_test(tc, small_response_has_documented_bytes);
     tcase_add_loop_test(tc, roundtrip_requests, 0,
                         sizeof list_sizes / sizeof list_sizes[0]);
@@ -942,6 +1543,7 @@ static Suite *message_suite(void)
     tcase_add_test(tc, error_response_without_text_roundtrips);
     tcase_add_test(tc, every_status_roundtrips);
     tcase_add_test(tc, ok_response_text_is_not_sent);
+    tcase_add_test(tc, params_init_defaults);
     tcase_add_test(tc, params_equal_and_coll_name);
     suite_add_tcase(s, tc);
 
@@ -952,6 +1554,7 @@ static Suite *message_suite(void)
     tcase_add_test(tc, bad_count_of_items_refused);
     tcase_add_test(tc, bad_names_refused);
     tcase_add_test(tc, bad_params_refused);
+    tcase_add_test(tc, bad_v2_params_refused);
     tcase_add_test(tc, bad_status_and_text_refused);
     tcase_add_test(tc, trailing_bytes_refused);
     suite_add_tcase(s, tc);
