@@ -493,8 +493,11 @@ static uint32_t fusion_key(const kolo__params_t *p, const kolo__params_t **scale
         if (scales[s]->prescale == p->prescale &&
             scales[s]->postscale == p->postscale)
             break;
-    if (s == *nscales && s < 255)
+    if (s == *nscales) {
+        if (s == 256)
+            return 0xffffffffu; /* too many distinct scales: alone */
         scales[(*nscales)++] = p;
+    }
     return (uint32_t)p->dtype << 24 | (uint32_t)p->op << 16 |
            (uint32_t)p->wire << 8 | (s & 0xff);
 }

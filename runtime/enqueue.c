@@ -162,6 +162,9 @@ static int push(kolo__pset_t *ps, kolo__entry_t **es, int n,
     for (i = 0; i < n && rc == KOLO_OK; i++) {
         es[i]->enqueued_us = kolo__now_us();
         rc = kolo__handles_new(ps->rt->handles, &es[i]->handle, err);
+        /* Read now: once pushed, the background thread may complete and
+         * free an entry before this function reads it again. */
+        handles[i] = es[i]->handle;
     }
     if (rc == KOLO_OK)
         rc = kolo__queue_push_many(&ps->queue, es, (size_t)n, err);
@@ -173,12 +176,11 @@ static int push(kolo__pset_t *ps, kolo__entry_t **es, int n,
                                        err->msg);
                 kolo__handles_wait(ps->rt->handles, es[i]->handle, NULL);
             }
+            handles[i] = 0;
             kolo__entry_free(es[i]);
         }
         return rc;
     }
-    for (i = 0; i < n; i++)
-        handles[i] = es[i]->handle;
     return KOLO_OK;
 }
 

@@ -11,6 +11,7 @@ top=${KOLO_TOP_BUILDDIR:-.}
 kolorun=$top/kolorun
 prog=$top/tests/multi/test-allreduce
 limit=${KOLO_TEST_TIMEOUT:-120}
+soak=${KOLO_SOAK_STEPS:-2000}
 pass=0
 fail=0
 log=$(mktemp)
@@ -49,6 +50,7 @@ for np in 2 3 4; do
     run "np=$np accumulate" "$kolorun" -np "$np" "$prog" accumulate
     run "np=$np shutdown with pending work" "$kolorun" -np "$np" "$prog" shutdown
 done
+run "np=2 soak ($soak steps), heap flat" "$kolorun" -np 2 "$prog" soak "$soak"
 run "np=2 idle job does not spin" "$kolorun" -np 2 "$prog" idle 3
 run "np=4 idle job does not spin" "$kolorun" -np 4 "$prog" idle 3
 

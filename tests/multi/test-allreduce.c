@@ -9,6 +9,7 @@
  *   test-allreduce accumulate       backward_passes > 1
  *   test-allreduce shutdown         shutdown with work pending
  *   test-allreduce idle [seconds]   an idle job uses (almost) no CPU
+ *   test-allreduce soak [steps]     many steps, heap in use flat
  *
  * Every rank generates every rank's data from (seed, rank, tensor, step), so
  * it computes the expected result itself, without the library. Values are
@@ -16,6 +17,7 @@
  * averages are compared within one rounding. Prints "PASS ..." and exits 0,
  * or prints what differs and exits 1.
  */
+#include <malloc.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -408,6 +410,68 @@ static void mode_shutdown(void)
     MUST(kolo_shutdown());
 }
 
+/* Bytes the allocator has handed out and not taken back. */
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/* Many steps of a realistic set of gradients (mixed sizes, fused and not,
+ * float32 and float16, sum and average): the heap in use after the warm-up
+ * and at the end must be the same, give or take a page. */
+static void mode_soak(long steps)
+{
+    enum { NT = 8 };
+    static const int64_t counts[NT] = {1, 10, 100, 1000, 4096, 10000, 3, 7};
+    float *bufs[NT];
+    kolo_handle_t hs[NT];
+    size_t before = 0, after;
+    char name[32];
+
+    for (int t = 0; t < NT; t++) {
+        bufs[t] = calloc((size_t)counts[t], sizeof(float));
+        for (int64_t i = 0; i < counts[t]; i++)
+            bufs[t][i] = 1.0f;
+    }
+    for (long s = 0; s < steps; s++) {
+        if (s == steps / 10)
+            before = heap_in_use();
+        for (int t = 0; t < NT; t++) {
+            kolo_dtype_t dt = t % 3 == 2 ? KOLO_FLOAT16 : KOLO_FLOAT32;
+            snprintf(name, sizeof(name), "soak/%d", t);
+            if (dt == KOLO_FLOAT16)
+                for (int64_t i = 0; i < counts[t]; i++)
+                    ((uint16_t *)bufs[t])[i] = exact_to_half(1.0f);
+            MUST(kolo_allreduce_async(name, bufs[t], bufs[t], counts[t], dt,
+                                      t % 2 ? KOLO_OP_AVERAGE : KOLO_OP_SUM,
+                                      &hs[t]));
+        }
+        for (int t = 0; t < NT; t++) {
+            float expect = t % 2 ? 1.0f : (float)size, got;
+            MUST(kolo_wait(hs[t]));
+            got = t % 3 == 2 ? half_to_float(((uint16_t *)bufs[t])[0])
+                             : bufs[t][0];
+            if (got != expect) {
+                CHECK(0, "soak step %ld tensor %d: got %g, expected %g", s, t,
+                      got, expect);
+                exit(1);
+            }
+            if (t % 2 == 0 && t % 3 != 2) /* reset the sums */
+                for (int64_t i = 0; i < counts[t]; i++)
+                    bufs[t][i] = 1.0f;
+        }
+    }
+    after = heap_in_use();
+    printf("rank %d: %ld steps, heap in use %zu bytes after warm-up, %zu at "
+           "the end\n",
+           rank, steps, before, after);
+    CHECK(after <= before + 65536, "heap grew by %zu bytes over %ld steps",
+          after - before, steps);
+    for (int t = 0; t < NT; t++)
+        free(bufs[t]);
+}
+
 /* CPU seconds this process has used (all threads). */
 static double cpu_seconds(void)
 {
@@ -452,6 +516,8 @@ int main(int argc, char **argv)
         mode_mismatch();
     else if (strcmp(mode, "accumulate") == 0)
         mode_accumulate();
+    else if (strcmp(mode, "soak") == 0)
+        mode_soak(argc > 2 ? atol(argv[2]) : 100000);
     else if (strcmp(mode, "idle") == 0)
         mode_idle(argc > 2 ? atof(argv[2]) : 3.0);
     else if (strcmp(mode, "shutdown") == 0) {

@@ -1,0 +1,701 @@
+"""What the NumPy and the PyTorch bindings share: life cycle, errors,
+process sets, names, and the table of pending operations.
+
+Buffers reach this module as raw addresses (an ndarray's .ctypes.data, a
+tensor's .data_ptr()): the runtime reads and writes the caller's own memory.
+Whoever enqueues registers, with the handle, every object whose memory the
+runtime may still touch; the table keeps them alive until the handle is
+waited on (synchronize) or kolo is shut down.
+"""
+
+import atexit
+import ctypes
+import itertools
+import threading
+import warnings
+
+from . import _lib
+from ._lib import lib
+
+# ---- reduction ops ---------------------------------------------------------
+
+Sum = _lib.OP_SUM
+Average = _lib.OP_AVERAGE
+Min = _lib.OP_MIN
+Max = _lib.OP_MAX
+Product = _lib.OP_PRODUCT
+# Horovod's Adasum: a name users may type, refused with a clear error.
+Adasum = 100
+
+_OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max",
+             Product: "Product", Adasum: "Adasum"}
+
+
+def check_op(op):
+    """Returns op as a kolo_op_t value, or raises."""
+    if op == Adasum:
+        raise NotImplementedError(
+            "kolo does not implement the Adasum reduction; use Average or Sum")
+    if op not in (Sum, Average, Min, Max, Product):
+        raise ValueError("unknown reduction op %r (kolo offers Average, Sum, "
+                         "Min, Max, Product)" % (op,))
+    return int(op)
+
+
+def op_name(op):
+    return _OP_NAMES.get(op, repr(op))
+
+
+def resolve_op(op, average, default=Average):
+    """Horovod's deprecated `average` argument next to `op`."""
+    if op is not None and average is not None:
+        raise ValueError("The op parameter supersedes average. Please provide "
+                         "only one of them.")
+    if average is not None:
+        warnings.warn("the `average` argument is deprecated; use op=Average "
+                      "or op=Sum", DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    return default if op is None else op
+
+
+# ---- errors ----------------------------------------------------------------
+
+
+class KoloError(RuntimeError):
+    """A collective (or another runtime call) failed. str(e) is the runtime's
+    message (kolo_last_error); .code is the KOLO_ERR_* status.
+
+    kolo.torch exports it as HorovodInternalError too."""
+
+    def __init__(self, message, code=_lib.ERR_INTERNAL):
+        super().__init__(message)
+        self.code = code
+        self.status = _lib.STATUS_NAMES.get(code, str(code))
+
+
+class KoloValueError(ValueError):
+    """A call was refused at once, before anything was enqueued: an invalid
+    argument, a name already in flight (KOLO_ERR_DUPLICATE_NAME), kolo not
+    initialized. .code is the KOLO_ERR_* status."""
+
+    def __init__(self, message, code=_lib.ERR_INVALID_ARGUMENT):
+        super().__init__(message)
+        self.code = code
+        self.status = _lib.STATUS_NAMES.get(code, str(code))
+
+
+_NOT_INITIALIZED = ("kolo has not been initialized; call init() first "
+                    "(kolo.init() or hvd.init())")
+
+
+def _message(rc, what):
+    # The runtime's messages name the tensor and the values; `what` only
+    # stands in when there is no message.
+    msg = _lib.last_error()
+    if msg:
+        return msg
+    return "%s: %s" % (what, _lib.strerror(rc)) if what else _lib.strerror(rc)
+
+
+def refused(rc, what=""):
+    """The exception for a call that failed at once (enqueue time)."""
+    if rc == _lib.ERR_NOT_INITIALIZED:
+        return KoloValueError(_NOT_INITIALIZED, rc)
+    if rc in (_lib.ERR_INVALID_ARGUMENT, _lib.ERR_DUPLICATE_NAME,
+              _lib.ERR_UNSUPPORTED):
+        return KoloValueError(_message(rc, what), rc)
+    return KoloError(_message(rc, what), rc)
+
+
+def failed(rc, what=""):
+    """The exception for an operation that failed while it ran."""
+    if rc == _lib.ERR_NOT_INITIALIZED:
+        return KoloValueError(_NOT_INITIALIZED, rc)
+    return KoloError(_message(rc, what), rc)
+
+
+def check(rc, what=""):
+    if rc != _lib.OK:
+        raise refused(rc, what)
+
+
+# ---- life cycle ------------------------------------------------------------
+
+_lock = threading.RLock()
+_atexit_registered = False
+
+
+def init(comm=None, process_sets=None):
+    """Starts kolo on this rank (every rank must call it). A second call
+    while kolo runs does nothing but add the process sets it names.
+
+    comm: for compatibility with Horovod's signature; kolo takes the job
+    from the environment kolorun sets, so only None is accepted.
+    process_sets: ProcessSet objects (or lists of ranks) to add after
+    start-up, in the same order on every rank; "dynamic" is accepted and
+    ignored (kolo's process sets are always dynamic)."""
+    global _atexit_registered
+    if comm is not None:
+        raise ValueError("kolo.init(comm=...) is not supported: kolo takes "
+                         "the job from KOLO_RANK/KOLO_SIZE (set by kolorun)")
+    with _lock:
+        if not lib.kolo_is_initialized():
+            rc = lib.kolo_init()
+            if rc != _lib.OK and rc != _lib.ERR_ALREADY_INITIALIZED:
+                raise KoloError(_message(rc, "kolo_init"), rc)
+            _pending.clear()
+            if not _atexit_registered:
+                atexit.register(_atexit_shutdown)
+                _atexit_registered = True
+    if process_sets is not None and process_sets != "dynamic":
+        for ps in process_sets:
+            add_process_set(ps)
+
+
+def shutdown():
+    """Stops kolo on this rank. The first rank to shut down stops the job:
+    operations pending anywhere fail with KOLO_ERR_SHUTDOWN."""
+    with _lock:
+        if not lib.kolo_is_initialized():
+            return
+        rc = lib.kolo_shutdown()
+        _pending.clear()
+        for ps in list(_registered_sets.values()):
+            ps.process_set_id = None
+        _registered_sets.clear()
+        if rc != _lib.OK and rc != _lib.ERR_NOT_INITIALIZED:
+            raise KoloError(_message(rc, "kolo_shutdown"), rc)
+
+
+def _atexit_shutdown():
+    try:
+        shutdown()
+    except Exception:  # the process is going away: nothing to report to
+        pass
+
+
+def is_initialized():
+    return bool(lib.kolo_is_initialized())
+
+
+def _query(fn):
+    v = fn()
+    if v < 0:
+        raise KoloValueError(_NOT_INITIALIZED, _lib.ERR_NOT_INITIALIZED)
+    return v
+
+
+def rank():
+    """This rank in the job (0..size()-1)."""
+    return _query(lib.kolo_rank)
+
+
+def size():
+    """The number of ranks in the job."""
+    return _query(lib.kolo_size)
+
+
+def local_rank():
+    """This rank among the ranks of its host."""
+    return _query(lib.kolo_local_rank)
+
+
+def local_size():
+    """The number of ranks on this host."""
+    return _query(lib.kolo_local_size)
+
+
+def cross_rank():
+    """The rank of this host among the hosts."""
+    return _query(lib.kolo_cross_rank)
+
+
+def cross_size():
+    """The number of hosts."""
+    return _query(lib.kolo_cross_size)
+
+
+def is_homogeneous():
+    """True when every host runs the same number of ranks."""
+    return local_size() * cross_size() == size()
+
+
+def _built(what):
+    return bool(_lib.has("kolo_built") and lib.kolo_built(what.encode()))
+
+
+def _enabled(what):
+    return bool(_lib.has("kolo_enabled") and lib.kolo_enabled(what.encode()))
+
+
+def gloo_built():
+    return _built("gloo")
+
+
+def mpi_built():
+    return _built("mpi")
+
+
+def nccl_built():
+    """Horovod returns the NCCL version or 0; kolo returns 1 or 0."""
+    return int(_built("nccl"))
+
+
+def cuda_built():
+    return _built("cuda")
+
+
+def rocm_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def gloo_enabled():
+    return _enabled("gloo")
+
+
+def mpi_enabled():
+    return _enabled("mpi")
+
+
+def nccl_enabled():
+    return _enabled("nccl")
+
+
+def mpi_threads_supported():
+    """kolo never calls MPI from the training threads."""
+    return False
+
+
+def start_timeline(file_path, mark_cycles=False):
+    raise NotImplementedError(
+        "kolo.start_timeline: the C API has no call to start a timeline at run "
+        "time yet; set KOLO_TIMELINE=FILE (or kolorun --timeline-filename) "
+        "before the job starts")
+
+
+def stop_timeline():
+    raise NotImplementedError(
+        "kolo.stop_timeline: the C API has no call to stop a timeline at run "
+        "time yet; a timeline set by KOLO_TIMELINE runs for the whole job")
+
+
+# ---- names -----------------------------------------------------------------
+
+_noname = itertools.count()
+
+
+def op_key(prefix, name):
+    """The runtime name of an operation: "<prefix>.<name>", or an
+    auto-generated "<prefix>.noname.<n>" (ranks must then issue their unnamed
+    operations in the same order, as with Horovod)."""
+    if name is None:
+        return "%s.noname.%d" % (prefix, next(_noname))
+    if not isinstance(name, str):
+        raise TypeError("the name of an operation must be a str, not %s"
+                        % type(name).__name__)
+    return "%s.%s" % (prefix, name)
+
+
+def encode(name):
+    b = name.encode("utf-8")
+    if not b:
+        raise ValueError("the name of an operation cannot be empty")
+    return b
+
+
+# ---- process sets ----------------------------------------------------------
+
+_registered_sets = {}  # id -> ProcessSet
+
+
+class ProcessSet:
+    """A subgroup of ranks whose collectives run among themselves.
+
+    ProcessSet([0, 2]) names the ranks; add_process_set() (or
+    init(process_sets=[...])) registers it on every rank, in the same order
+    everywhere, and sets process_set_id. global_process_set is every rank."""
+
+    def __init__(self, ranks):
+        if ranks is None:
+            self._ranks = None
+        else:
+            try:
+                self._ranks = sorted(int(r) for r in ranks)
+            except TypeError:
+                raise ValueError("ProcessSet takes a list of ranks; kolo has "
+                                 "no MPI communicators") from None
+        self.process_set_id = None
+
+    @property
+    def ranks(self):
+        if self._ranks is None:  # the global set
+            return list(range(size()))
+        return list(self._ranks)
+
+    def _id(self):
+        if self.process_set_id is None:
+            raise ValueError("%s is not registered: call "
+                             "add_process_set() on every rank first" % self)
+        return self.process_set_id
+
+    def size(self):
+        """The number of ranks in the set (None when not registered)."""
+        if self.process_set_id is None:
+            return None
+        n = lib.kolo_process_set_size(self.process_set_id)
+        return n if n >= 0 else len(self.ranks)
+
+    def rank(self):
+        """This rank's rank in the set; None when not a member or not
+        registered."""
+        if self.process_set_id is None:
+            return None
+        r = lib.kolo_process_set_rank(self.process_set_id)
+        return r if r >= 0 else None
+
+    def included(self):
+        """True when this rank belongs to the set."""
+        if self._ranks is None:
+            return True
+        return rank() in self._ranks
+
+    def __eq__(self, other):
+        if not isinstance(other, ProcessSet):
+            return NotImplemented
+        if self.process_set_id is not None or other.process_set_id is not None:
+            return self.process_set_id == other.process_set_id
+        return self._ranks == other._ranks
+
+    def __hash__(self):
+        return hash((self.process_set_id, tuple(self._ranks or ())))
+
+    def __repr__(self):
+        if self._ranks is None:
+            return "ProcessSet(global, process_set_id=0)"
+        return "ProcessSet(ranks=%s, process_set_id=%s)" % (
+            self._ranks, self.process_set_id)
+
+
+global_process_set = ProcessSet(None)
+global_process_set.process_set_id = _lib.GLOBAL_PROCESS_SET
+
+
+def set_id(process_set):
+    if process_set is None:
+        return _lib.GLOBAL_PROCESS_SET
+    if isinstance(process_set, ProcessSet):
+        return process_set._id()
+    if isinstance(process_set, int):
+        return process_set
+    raise TypeError("process_set must be a ProcessSet, not %s"
+                    % type(process_set).__name__)
+
+
+def set_size(process_set):
+    if process_set is None or process_set is global_process_set:
+        return size()
+    n = lib.kolo_process_set_size(set_id(process_set))
+    if n < 0:
+        raise ValueError("%s is not a process set of this job" % (process_set,))
+    return n
+
+
+def set_rank(process_set):
+    if process_set is None or process_set is global_process_set:
+        return rank()
+    return lib.kolo_process_set_rank(set_id(process_set))
+
+
+def add_process_set(process_set):
+    """Registers a process set (a ProcessSet or a list of global ranks) on
+    this rank. Every rank of the job must make the same calls in the same
+    order, ranks outside the set too. Returns the ProcessSet."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set._ranks is None:
+        raise ValueError("the global process set is always registered")
+    if process_set.process_set_id is not None:
+        raise ValueError("%s is registered already" % (process_set,))
+    ranks = process_set._ranks
+    arr = (ctypes.c_int * len(ranks))(*ranks)
+    out = ctypes.c_int(-1)
+    check(lib.kolo_add_process_set(arr, len(ranks), ctypes.byref(out)),
+          "add_process_set")
+    process_set.process_set_id = out.value
+    _registered_sets[out.value] = process_set
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Removes a registered process set on this rank (every rank calls it);
+    its pending operations fail. Returns True if it was removed."""
+    if not isinstance(process_set, ProcessSet):
+        raise TypeError("remove_process_set takes a ProcessSet")
+    if process_set is global_process_set or process_set._ranks is None:
+        raise ValueError("the global process set cannot be removed")
+    if process_set.process_set_id is None:
+        return False
+    check(lib.kolo_remove_process_set(process_set.process_set_id),
+          "remove_process_set")
+    _registered_sets.pop(process_set.process_set_id, None)
+    process_set.process_set_id = None
+    return True
+
+
+def add_process_sets_from_groups(groups, require_equal_size=True):
+    """A group assignment, as for a TPU cross-replica sum: every rank of the
+    job in exactly one group (and, with require_equal_size, all groups of one
+    size); one process set per group, returned in order. A bad assignment
+    raises ValueError naming the problem, and no set is created."""
+    groups = [sorted(int(r) for r in g) for g in groups]
+    n = len(groups)
+    if n == 0:
+        raise ValueError("add_process_sets_from_groups: no groups")
+    arrays = [(ctypes.c_int * max(1, len(g)))(*g) for g in groups]
+    ptrs = (ctypes.POINTER(ctypes.c_int) * n)(
+        *[ctypes.cast(a, ctypes.POINTER(ctypes.c_int)) for a in arrays])
+    sizes = (ctypes.c_int * n)(*[len(g) for g in groups])
+    ids = (ctypes.c_int * n)()
+    check(lib.kolo_add_process_sets_from_groups(
+        n, ptrs, sizes, 1 if require_equal_size else 0, ids),
+        "add_process_sets_from_groups")
+    sets = []
+    for g, i in zip(groups, ids):
+        ps = ProcessSet(g)
+        ps.process_set_id = i
+        _registered_sets[i] = ps
+        sets.append(ps)
+    return sets
+
+
+# ---- barrier and join ------------------------------------------------------
+
+
+def barrier(process_set=global_process_set):
+    """Blocks until every rank of the process set has called barrier()."""
+    rc = lib.kolo_barrier(set_id(process_set))
+    if rc != _lib.OK:
+        raise failed(rc, "barrier")
+
+
+def join():
+    """For a rank out of data: blocks until every rank has joined, while the
+    allreduces of the others go on (this rank contributes zeros). Returns
+    the rank that joined last."""
+    last = ctypes.c_int(-1)
+    rc = lib.kolo_join(ctypes.byref(last))
+    if rc != _lib.OK:
+        raise failed(rc, "join")
+    return last.value
+
+
+# ---- pending operations ----------------------------------------------------
+
+
+class _Pending:
+    __slots__ = ("handles", "keep", "finish", "results", "what")
+
+    def __init__(self, handles, keep, finish, results, what):
+        self.handles = handles  # kolo handles
+        self.keep = keep        # objects whose memory the runtime uses
+        self.finish = finish    # callable(list of Result or None) -> output
+        self.results = results  # True: the handles hand over a kolo_result_t
+        self.what = what
+
+
+_pending = {}
+_next_handle = itertools.count(1)
+
+
+def register(handles, keep, finish, results=False, what=""):
+    """Records enqueued kolo handles under one new Python handle."""
+    h = next(_next_handle)
+    _pending[h] = _Pending(list(handles), keep, finish, results, what)
+    return h
+
+
+def _wait_one(kh, want_result):
+    """Waits for one kolo handle: (status, message, Result or None)."""
+    if want_result:
+        res = _lib.Result()
+        rc = lib.kolo_wait_result(kh, ctypes.byref(res))
+    else:
+        res = None
+        rc = lib.kolo_wait(kh)
+    msg = _lib.last_error() if rc != _lib.OK else ""
+    return rc, msg, res
+
+
+def release(handles):
+    """Waits for kolo handles that completed at once (accumulation passes)."""
+    for kh in handles:
+        rc = lib.kolo_wait(kh)
+        if rc != _lib.OK:
+            raise failed(rc)
+
+
+def poll(handle):
+    """True when the operation is done (synchronize() will not block)."""
+    p = _pending.get(handle)
+    if p is None:
+        raise ValueError("unknown handle %r (already synchronized?)" % (handle,))
+    for kh in p.handles:
+        rc = lib.kolo_poll(kh)
+        if rc == _lib.IN_PROGRESS:
+            return False
+    return True
+
+
+def synchronize(handle):
+    """Waits for the operation and returns its output (see the enqueuing
+    function). Raises KoloError with the runtime's message if it failed."""
+    p = _pending.pop(handle, None)
+    if p is None:
+        raise ValueError("unknown handle %r (already synchronized?)" % (handle,))
+    results = []
+    error = None
+    try:
+        for kh in p.handles:
+            rc, msg, res = _wait_one(kh, p.results)
+            results.append(res)
+            if rc != _lib.OK and error is None:
+                error = (rc, msg)
+        if error is not None:
+            rc, msg = error
+            if rc == _lib.ERR_NOT_INITIALIZED:
+                raise KoloValueError(_NOT_INITIALIZED, rc)
+            raise KoloError(msg or _lib.strerror(rc), rc)
+        return p.finish(results) if p.finish is not None else None
+    finally:
+        for res in results:
+            if res is not None:
+                lib.kolo_result_free(ctypes.byref(res))
+        p.keep = None
+
+
+def pending_count():
+    return len(_pending)
+
+
+def result_bytes(res):
+    """The bytes of a kolo_result_t's data as a ctypes address and size."""
+    return res.data, res.bytes
+
+
+def result_shape(res):
+    return tuple(res.shape[i] for i in range(res.ndim))
+
+
+def result_splits(res):
+    return [res.splits[i] for i in range(res.nsplits)] if res.splits else []
+
+
+# ---- enqueuing (framework-neutral: addresses, counts, kolo dtypes) ----------
+
+
+def _shape_array(shape):
+    shape = tuple(int(d) for d in shape)
+    if len(shape) > _lib.MAX_DIMS:
+        raise ValueError("a tensor of %d dimensions; kolo takes at most %d"
+                         % (len(shape), _lib.MAX_DIMS))
+    return (ctypes.c_int64 * max(1, len(shape)))(*shape), len(shape)
+
+
+def make_opts(op=Sum, prescale=1.0, postscale=1.0, process_set=None,
+              wire_dtype=None, backward_passes=1, average_passes=False,
+              shape=None):
+    opts = _lib.new_opts()
+    opts.op = op
+    opts.prescale = float(prescale)
+    opts.postscale = float(postscale)
+    opts.process_set = set_id(process_set)
+    if wire_dtype is not None:
+        opts.wire_dtype = wire_dtype
+    opts.backward_passes = int(backward_passes)
+    opts.average_passes = 1 if average_passes else 0
+    keep = None
+    if shape is not None and len(shape) > 0:
+        arr, nd = _shape_array(shape)
+        opts.ndim = nd
+        opts.shape = ctypes.cast(arr, ctypes.POINTER(ctypes.c_int64))
+        keep = arr
+    return opts, keep
+
+
+def allreduce_async(key, inp, out, count, dtype, opts):
+    h = _lib.handle_t(0)
+    check(lib.kolo_allreduce_async_opts(encode(key), inp, out, count, dtype,
+                                        ctypes.byref(opts), ctypes.byref(h)),
+          "allreduce of '%s'" % key)
+    return h.value
+
+
+def grouped_allreduce_async(keys, inps, outs, counts, dtype, opts):
+    n = len(keys)
+    names = (ctypes.c_char_p * n)(*[encode(k) for k in keys])
+    ins = (ctypes.c_void_p * n)(*inps)
+    outs_ = (ctypes.c_void_p * n)(*outs)
+    cnts = (ctypes.c_int64 * n)(*counts)
+    hs = (_lib.handle_t * n)()
+    check(lib.kolo_grouped_allreduce_async(n, names, ins, outs_, cnts, dtype,
+                                           ctypes.byref(opts), hs),
+          "grouped allreduce of '%s'" % keys[0])
+    return list(hs)
+
+
+def broadcast_async(key, buf, count, dtype, root, opts):
+    h = _lib.handle_t(0)
+    check(lib.kolo_broadcast_async(encode(key), buf, count, dtype, int(root),
+                                   ctypes.byref(opts), ctypes.byref(h)),
+          "broadcast of '%s'" % key)
+    return h.value
+
+
+def _grouped_shaped(fn, what, keys, inps, shapes, dtype, opts):
+    n = len(keys)
+    names = (ctypes.c_char_p * n)(*[encode(k) for k in keys])
+    ins = (ctypes.c_void_p * n)(*inps)
+    arrays = [_shape_array(s) for s in shapes]
+    ndims = (ctypes.c_int * n)(*[nd for _, nd in arrays])
+    sh = (ctypes.POINTER(ctypes.c_int64) * n)(
+        *[ctypes.cast(a, ctypes.POINTER(ctypes.c_int64)) for a, _ in arrays])
+    hs = (_lib.handle_t * n)()
+    check(fn(n, names, ins, ndims, sh, dtype, ctypes.byref(opts), hs),
+          "%s of '%s'" % (what, keys[0]))
+    return list(hs)
+
+
+def grouped_allgather_async(keys, inps, shapes, dtype, opts):
+    return _grouped_shaped(lib.kolo_grouped_allgather_async, "allgather",
+                           keys, inps, shapes, dtype, opts)
+
+
+def grouped_reducescatter_async(keys, inps, shapes, dtype, opts):
+    return _grouped_shaped(lib.kolo_grouped_reducescatter_async,
+                           "reducescatter", keys, inps, shapes, dtype, opts)
+
+
+def alltoall_async(key, inp, shape, dtype, splits, opts):
+    arr, nd = _shape_array(shape)
+    sp = None
+    if splits is not None:
+        splits = [int(s) for s in splits]
+        sp = (ctypes.c_int64 * max(1, len(splits)))(*splits)
+        n = set_size(None if opts.process_set == 0 else opts.process_set)
+        if len(splits) != n:
+            raise KoloValueError(
+                "alltoall of '%s': %d splits for a process set of %d ranks "
+                "(one split per rank)" % (key, len(splits), n))
+    h = _lib.handle_t(0)
+    check(lib.kolo_alltoall_async(encode(key), inp, nd, arr, dtype, sp,
+                                  ctypes.byref(opts), ctypes.byref(h)),
+          "alltoall of '%s'" % key)
+    return h.value

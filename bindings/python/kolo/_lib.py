@@ -1,0 +1,233 @@
+"""The one place where Python meets libkolo: loading the library and
+declaring the prototype of every function of kolo.h that the bindings use.
+
+The library is found, in this order:
+  1. the environment variable KOLO_LIBRARY (a path to libkolo.so);
+  2. the libdir that `make` wrote into kolo/_build_config.py (the installed
+     package knows where `make install` put the library);
+  3. the dynamic loader's search path (`libkolo.so.0`, then `libkolo.so`).
+
+ctypes.CDLL releases the GIL around every foreign call, so a Python thread
+blocked in kolo_wait() lets the other Python threads run.
+"""
+
+import ctypes
+import os
+
+# ---- constants of kolo.h ---------------------------------------------------
+
+OK = 0
+IN_PROGRESS = 1
+ERR_INVALID_ARGUMENT = -1
+ERR_NOT_INITIALIZED = -2
+ERR_ALREADY_INITIALIZED = -3
+ERR_SHUTDOWN = -4
+ERR_MISMATCH = -5
+ERR_BACKEND = -6
+ERR_NO_MEMORY = -7
+ERR_INVALID_HANDLE = -8
+ERR_DUPLICATE_NAME = -9
+ERR_CONFIG = -10
+ERR_UNSUPPORTED = -11
+ERR_RANK_LOST = -12
+ERR_TIMEOUT = -13
+ERR_INTERNAL = -14
+
+STATUS_NAMES = {
+    OK: "KOLO_OK", IN_PROGRESS: "KOLO_IN_PROGRESS",
+    ERR_INVALID_ARGUMENT: "KOLO_ERR_INVALID_ARGUMENT",
+    ERR_NOT_INITIALIZED: "KOLO_ERR_NOT_INITIALIZED",
+    ERR_ALREADY_INITIALIZED: "KOLO_ERR_ALREADY_INITIALIZED",
+    ERR_SHUTDOWN: "KOLO_ERR_SHUTDOWN", ERR_MISMATCH: "KOLO_ERR_MISMATCH",
+    ERR_BACKEND: "KOLO_ERR_BACKEND", ERR_NO_MEMORY: "KOLO_ERR_NO_MEMORY",
+    ERR_INVALID_HANDLE: "KOLO_ERR_INVALID_HANDLE",
+    ERR_DUPLICATE_NAME: "KOLO_ERR_DUPLICATE_NAME",
+    ERR_CONFIG: "KOLO_ERR_CONFIG", ERR_UNSUPPORTED: "KOLO_ERR_UNSUPPORTED",
+    ERR_RANK_LOST: "KOLO_ERR_RANK_LOST", ERR_TIMEOUT: "KOLO_ERR_TIMEOUT",
+    ERR_INTERNAL: "KOLO_ERR_INTERNAL",
+}
+
+# kolo_dtype_t (the numbering is part of the wire format)
+UINT8, INT8, UINT16, INT16, INT32, INT64 = 0, 1, 2, 3, 4, 5
+FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL = 6, 7, 8, 9, 10
+
+# kolo_op_t
+OP_SUM, OP_AVERAGE, OP_MIN, OP_MAX, OP_PRODUCT = 0, 1, 2, 3, 4
+
+GLOBAL_PROCESS_SET = 0
+MAX_DIMS = 8
+MAX_NAME_LEN = 1024
+
+handle_t = ctypes.c_int64
+
+
+class Opts(ctypes.Structure):
+    """kolo_opts_t."""
+    _fields_ = [
+        ("op", ctypes.c_int),
+        ("prescale", ctypes.c_double),
+        ("postscale", ctypes.c_double),
+        ("process_set", ctypes.c_int),
+        ("wire_dtype", ctypes.c_int),
+        ("backward_passes", ctypes.c_int),
+        ("average_passes", ctypes.c_int),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+    ]
+
+
+class Result(ctypes.Structure):
+    """kolo_result_t."""
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("bytes", ctypes.c_size_t),
+        ("ndim", ctypes.c_int),
+        ("shape", ctypes.c_int64 * MAX_DIMS),
+        ("nsplits", ctypes.c_int),
+        ("splits", ctypes.POINTER(ctypes.c_int64)),
+    ]
+
+
+# ---- finding and loading the library -------------------------------------
+
+
+def _candidates():
+    env = os.environ.get("KOLO_LIBRARY")
+    if env:
+        return [env], True
+    found = []
+    try:
+        from . import _build_config  # written by make; absent in a source tree
+        libdir = getattr(_build_config, "LIBDIR", "")
+        if libdir:
+            found += [os.path.join(libdir, "libkolo.so.0"),
+                      os.path.join(libdir, "libkolo.so")]
+    except ImportError:
+        pass
+    found += ["libkolo.so.0", "libkolo.so"]
+    return found, False
+
+
+def _load():
+    names, from_env = _candidates()
+    errors = []
+    for name in names:
+        if os.path.sep in name and not os.path.exists(name):
+            errors.append("%s: no such file" % name)
+            continue
+        try:
+            return ctypes.CDLL(name), name
+        except OSError as e:
+            errors.append(str(e))
+    where = ("KOLO_LIBRARY=%s" % names[0]) if from_env else ", ".join(names)
+    raise ImportError(
+        "kolo: cannot load libkolo (tried %s): %s. Build kolo "
+        "(./configure && make) and set KOLO_LIBRARY to the path of "
+        "libkolo.so (in a build tree: .libs/libkolo.so), or `make install` "
+        "it." % (where, "; ".join(errors)))
+
+
+lib, path = _load()
+
+_P = ctypes.c_void_p
+_I = ctypes.c_int
+_I64 = ctypes.c_int64
+_S = ctypes.c_char_p
+_PH = ctypes.POINTER(handle_t)
+_PI64 = ctypes.POINTER(ctypes.c_int64)
+_PI = ctypes.POINTER(ctypes.c_int)
+_POPTS = ctypes.POINTER(Opts)
+
+_PROTOTYPES = {
+    "kolo_init": (_I, []),
+    "kolo_shutdown": (_I, []),
+    "kolo_is_initialized": (_I, []),
+    "kolo_rank": (_I, []),
+    "kolo_size": (_I, []),
+    "kolo_local_rank": (_I, []),
+    "kolo_local_size": (_I, []),
+    "kolo_cross_rank": (_I, []),
+    "kolo_cross_size": (_I, []),
+    "kolo_opts_init": (None, [_POPTS]),
+    "kolo_allreduce_async": (_I, [_S, _P, _P, _I64, _I, _I, _PH]),
+    "kolo_allreduce_async_opts": (_I, [_S, _P, _P, _I64, _I, _POPTS, _PH]),
+    "kolo_broadcast_async": (_I, [_S, _P, _I64, _I, _I, _POPTS, _PH]),
+    "kolo_allgather_async": (_I, [_S, _P, _I, _PI64, _I, _POPTS, _PH]),
+    "kolo_alltoall_async": (_I, [_S, _P, _I, _PI64, _I, _PI64, _POPTS, _PH]),
+    "kolo_reducescatter_async": (_I, [_S, _P, _I, _PI64, _I, _POPTS, _PH]),
+    "kolo_wait_result": (_I, [handle_t, ctypes.POINTER(Result)]),
+    "kolo_result_free": (None, [ctypes.POINTER(Result)]),
+    "kolo_grouped_allreduce_async": (
+        _I, [_I, ctypes.POINTER(_S), ctypes.POINTER(_P), ctypes.POINTER(_P),
+             _PI64, _I, _POPTS, _PH]),
+    "kolo_grouped_allgather_async": (
+        _I, [_I, ctypes.POINTER(_S), ctypes.POINTER(_P), _PI,
+             ctypes.POINTER(_PI64), _I, _POPTS, _PH]),
+    "kolo_grouped_reducescatter_async": (
+        _I, [_I, ctypes.POINTER(_S), ctypes.POINTER(_P), _PI,
+             ctypes.POINTER(_PI64), _I, _POPTS, _PH]),
+    "kolo_barrier": (_I, [_I]),
+    "kolo_join": (_I, [_PI]),
+    "kolo_add_process_set": (_I, [_PI, _I, _PI]),
+    "kolo_remove_process_set": (_I, [_I]),
+    "kolo_add_process_sets_from_groups": (
+        _I, [_I, ctypes.POINTER(_PI), _PI, _I, _PI]),
+    "kolo_process_set_rank": (_I, [_I]),
+    "kolo_process_set_size": (_I, [_I]),
+    "kolo_poll": (_I, [handle_t]),
+    "kolo_wait": (_I, [handle_t]),
+    "kolo_handle_error": (_S, [handle_t]),
+    "kolo_built": (_I, [_S]),
+    "kolo_enabled": (_I, [_S]),
+    "kolo_strerror": (_S, [_I]),
+    "kolo_last_error": (_S, []),
+    "kolo_dtype_size": (ctypes.c_size_t, [_I]),
+    "kolo_dtype_name": (_S, [_I]),
+    "kolo_op_name": (_S, [_I]),
+}
+
+# Functions that a library older than the bindings may lack: declared when
+# present; the bindings check `has(name)` before they use them.
+_OPTIONAL = {"kolo_built", "kolo_enabled"}
+
+
+def _declare():
+    missing = []
+    for name, (restype, argtypes) in _PROTOTYPES.items():
+        try:
+            fn = getattr(lib, name)
+        except AttributeError:
+            if name not in _OPTIONAL:
+                missing.append(name)
+            continue
+        fn.restype = restype
+        fn.argtypes = argtypes
+    if missing:
+        raise ImportError("kolo: %s lacks %s: the library is older than these "
+                          "bindings" % (path, ", ".join(sorted(missing))))
+
+
+_declare()
+
+
+def has(name):
+    """True when the loaded libkolo exports `name`."""
+    return hasattr(lib, name)
+
+
+def last_error():
+    """kolo_last_error() of this thread, as str."""
+    msg = lib.kolo_last_error()
+    return msg.decode("utf-8", "replace") if msg else ""
+
+
+def strerror(status):
+    msg = lib.kolo_strerror(status)
+    return msg.decode("utf-8", "replace") if msg else "unknown status"
+
+
+def new_opts():
+    """A kolo_opts_t with the library's defaults."""
+    opts = Opts()
+    lib.kolo_opts_init(ctypes.byref(opts))
+    return opts

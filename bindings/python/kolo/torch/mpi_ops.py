@@ -1,0 +1,719 @@
+"""The collectives of kolo.torch on torch tensors (CPU), with Horovod's
+names, arguments and results, and their autograd functions.
+
+Tensors reach the runtime by address (tensor.data_ptr()): the runtime reads
+the input and writes the output in place, and the binding keeps every
+tensor it handed over alive until its handle is synchronized. A tensor
+that is not contiguous is copied once into a contiguous buffer (and, for
+the in-place forms, copied back when the handle is synchronized).
+
+Gradients (as Horovod defines them):
+  allreduce      the allreduce of the gradient, with the same op and scaling
+  allgather      the average allreduce of the gradient, this rank's rows
+  broadcast      the average allreduce of the gradient on the root, zero
+                 elsewhere
+  alltoall       the alltoall of the gradient with the received splits
+  reducescatter  the allgather of the gradient (divided by the set's size
+                 for Average, times prescale and postscale)
+"""
+
+import ctypes
+
+import torch
+
+from .. import _core, _lib
+from .._core import Average, Sum, Adasum, global_process_set  # noqa: F401
+from .compression import Compression, wire_for
+
+_DTYPES = {
+    torch.uint8: _lib.UINT8,
+    torch.int8: _lib.INT8,
+    torch.int16: _lib.INT16,
+    torch.int32: _lib.INT32,
+    torch.int64: _lib.INT64,
+    torch.float16: _lib.FLOAT16,
+    torch.bfloat16: _lib.BFLOAT16,
+    torch.float32: _lib.FLOAT32,
+    torch.float64: _lib.FLOAT64,
+    torch.bool: _lib.BOOL,
+}
+
+
+def _kdtype(t, what="kolo"):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError("%s takes torch tensors, not %s"
+                        % (what, type(t).__name__))
+    if t.layout != torch.strided:
+        raise ValueError("%s: a %s tensor; kolo's collectives take dense "
+                         "tensors (sparse gradients: DistributedOptimizer "
+                         "allgathers them, or use sparse_allreduce_async)"
+                         % (what, t.layout))
+    if t.device.type != "cpu":
+        raise ValueError(
+            "%s: the tensor is on %s; this version of kolo.torch serves CPU "
+            "tensors only (CUDA tensors are not supported yet): move it with "
+            ".cpu()" % (what, t.device))
+    kd = _DTYPES.get(t.dtype)
+    if kd is None:
+        raise TypeError("%s: kolo cannot reduce tensors of dtype %s (it takes "
+                        "uint8, int8, int16, int32, int64, float16, bfloat16, "
+                        "float32, float64 and bool)" % (what, t.dtype))
+    return kd
+
+
+def _contig(t):
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def _shape_or_none(t):
+    return tuple(t.shape) if 0 < t.dim() <= _lib.MAX_DIMS else None
+
+
+def _copy_back(pairs):
+    with torch.no_grad():
+        for dst, src in pairs:
+            if dst is not src:
+                dst.copy_(src)
+
+
+def _tensor_from_result(res, dtype):
+    out = torch.empty(_core.result_shape(res), dtype=dtype)
+    data, nbytes = _core.result_bytes(res)
+    if nbytes:
+        expect = out.numel() * out.element_size()
+        if nbytes != expect:
+            raise _core.KoloError("the runtime returned %d bytes for an output "
+                                  "of %d" % (nbytes, expect), _lib.ERR_INTERNAL)
+        ctypes.memmove(out.data_ptr(), data, nbytes)
+    return out
+
+
+# ---- allreduce -------------------------------------------------------------
+
+
+def _allreduce_async(tensor, output, name, op, prescale_factor,
+                     postscale_factor, process_set, wire=None, passes=1,
+                     average_passes=False, key=None):
+    """Enqueues one allreduce of `tensor` into `output` (which may be
+    `tensor`: in place). Returns a handle whose synchronize gives output."""
+    kd = _kdtype(tensor, "allreduce")
+    op = _core.check_op(op)
+    if output is not tensor and (output.shape != tensor.shape or
+                                 output.dtype != tensor.dtype):
+        raise ValueError("allreduce: the output must have the input's shape "
+                         "and dtype")
+    inp = _contig(tensor)
+    buf = inp if output is tensor else _contig(output)
+    opts, keep = _core.make_opts(op, prescale_factor, postscale_factor,
+                                 process_set, wire, passes, average_passes,
+                                 _shape_or_none(tensor))
+    if key is None:
+        key = _core.op_key("allreduce", name)
+    kh = _core.allreduce_async(key, inp.data_ptr(), buf.data_ptr(),
+                               inp.numel(), kd, opts)
+
+    def finish(_r):
+        if buf is not output:
+            _copy_back([(output, buf)])
+        return output
+    return _core.register([kh], (tensor, inp, buf, output, keep), finish,
+                          what=key)
+
+
+def allreduce_async(tensor, average=None, name=None, op=None,
+                    prescale_factor=1.0, postscale_factor=1.0,
+                    process_set=global_process_set):
+    """Starts an allreduce of `tensor` (not modified) into a new tensor;
+    synchronize(handle) returns it. op: Average (default), Sum, Min, Max,
+    Product. Every rank must use the same name for one tensor (or issue its
+    unnamed operations in the same order)."""
+    op = _core.resolve_op(op, average)
+    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _allreduce_async(tensor, output, name, op, prescale_factor,
+                            postscale_factor, process_set)
+
+
+def allreduce_async_(tensor, average=None, name=None, op=None,
+                     prescale_factor=1.0, postscale_factor=1.0,
+                     process_set=global_process_set):
+    """Starts an in-place allreduce; synchronize(handle) returns `tensor`."""
+    op = _core.resolve_op(op, average)
+    return _allreduce_async(tensor, tensor, name, op, prescale_factor,
+                            postscale_factor, process_set)
+
+
+def allreduce_(tensor, average=None, name=None, op=None, prescale_factor=1.0,
+               postscale_factor=1.0, process_set=global_process_set):
+    """Allreduces `tensor` in place and returns it."""
+    return _core.synchronize(allreduce_async_(
+        tensor, average, name, op, prescale_factor, postscale_factor,
+        process_set))
+
+
+class _Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, prescale, postscale, process_set, wire):
+        ctx.args = (op, prescale, postscale, process_set, wire)
+        out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        return _core.synchronize(_allreduce_async(
+            tensor, out, name, op, prescale, postscale, process_set, wire))
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, prescale, postscale, process_set, wire = ctx.args
+        g = _Allreduce.apply(grad, None, op, prescale, postscale, process_set,
+                             wire)
+        return g, None, None, None, None, None, None
+
+
+def allreduce(tensor, average=None, name=None, compression=Compression.none,
+              op=None, prescale_factor=1.0, postscale_factor=1.0,
+              process_set=global_process_set):
+    """The allreduce of `tensor` over the ranks of the process set, as a new
+    tensor (the input is not modified); differentiable. compression:
+    Compression.none or Compression.fp16 (float32 tensors are then
+    compressed on the wire by the runtime)."""
+    op = _core.resolve_op(op, average)
+    wire = wire_for(compression, tensor)
+    if wire is not None:
+        return _Allreduce.apply(tensor, name, op, prescale_factor,
+                                postscale_factor, process_set, wire)
+    compressed, cctx = compression.compress(tensor)
+    out = _Allreduce.apply(compressed, name, op, prescale_factor,
+                           postscale_factor, process_set, None)
+    return compression.decompress(out, cctx)
+
+
+# ---- grouped allreduce -----------------------------------------------------
+
+
+def _by_dtype(tensors, what):
+    """Indices of tensors grouped by kolo dtype, in order of appearance."""
+    groups = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault(_kdtype(t, what), []).append(i)
+    return groups
+
+
+def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
+                             postscale_factor, process_set, wire=None):
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped_allreduce: the list of tensors is empty")
+    op = _core.check_op(op)
+    groups = _by_dtype(tensors, "grouped_allreduce")
+    base = _core.op_key("grouped_allreduce", name)
+    keys = ["%s.%d" % (base, i) for i in range(len(tensors))]
+    ins = [_contig(t) for t in tensors]
+    bufs = [ins[i] if outputs[i] is tensors[i] else _contig(outputs[i])
+            for i in range(len(tensors))]
+    handles = []
+    keep = (tensors, ins, bufs, outputs)
+    try:
+        for kd, idx in groups.items():
+            w = wire if kd == _lib.FLOAT32 else None
+            opts, _ = _core.make_opts(op, prescale_factor, postscale_factor,
+                                      process_set, w)
+            handles += _core.grouped_allreduce_async(
+                [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
+                [bufs[i].data_ptr() for i in idx],
+                [ins[i].numel() for i in idx], kd, opts)
+    except Exception:
+        if handles:  # keep what was enqueued alive until it completes
+            _core.register(handles, keep, None, what=base)
+        raise
+
+    def finish(_r):
+        _copy_back([(o, b) for o, b in zip(outputs, bufs) if o is not b])
+        return list(outputs)
+    return _core.register(handles, keep, finish, what=base)
+
+
+def grouped_allreduce_async(tensors, average=None, name=None, op=None,
+                            prescale_factor=1.0, postscale_factor=1.0,
+                            process_set=global_process_set):
+    """Starts the allreduce of a list of tensors as one group (negotiated and
+    reduced together); synchronize(handle) returns the list of results."""
+    op = _core.resolve_op(op, average)
+    outs = [torch.empty_like(t, memory_format=torch.contiguous_format)
+            for t in tensors]
+    return _grouped_allreduce_async(tensors, outs, name, op, prescale_factor,
+                                    postscale_factor, process_set)
+
+
+def grouped_allreduce_async_(tensors, average=None, name=None, op=None,
+                             prescale_factor=1.0, postscale_factor=1.0,
+                             process_set=global_process_set):
+    op = _core.resolve_op(op, average)
+    tensors = list(tensors)
+    return _grouped_allreduce_async(tensors, tensors, name, op,
+                                    prescale_factor, postscale_factor,
+                                    process_set)
+
+
+def grouped_allreduce_(tensors, average=None, name=None, op=None,
+                       prescale_factor=1.0, postscale_factor=1.0,
+                       process_set=global_process_set):
+    return _core.synchronize(grouped_allreduce_async_(
+        tensors, average, name, op, prescale_factor, postscale_factor,
+        process_set))
+
+
+class _GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, prescale, postscale, process_set, wire,
+                *tensors):
+        ctx.args = (op, prescale, postscale, process_set, wire)
+        outs = [torch.empty_like(t, memory_format=torch.contiguous_format)
+                for t in tensors]
+        return tuple(_core.synchronize(_grouped_allreduce_async(
+            tensors, outs, name, op, prescale, postscale, process_set, wire)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, prescale, postscale, process_set, wire = ctx.args
+        gs = _GroupedAllreduce.apply(None, op, prescale, postscale,
+                                     process_set, wire, *grads)
+        return (None,) * 6 + tuple(gs)
+
+
+def grouped_allreduce(tensors, average=None, name=None,
+                      compression=Compression.none, op=None,
+                      prescale_factor=1.0, postscale_factor=1.0,
+                      process_set=global_process_set):
+    """The allreduce of every tensor of the list, as one group; returns the
+    list of new tensors; differentiable."""
+    op = _core.resolve_op(op, average)
+    tensors = list(tensors)
+    if tensors and all(wire_for(compression, t) is not None for t in tensors):
+        return list(_GroupedAllreduce.apply(
+            name, op, prescale_factor, postscale_factor, process_set,
+            wire_for(compression, tensors[0]), *tensors))
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedAllreduce.apply(name, op, prescale_factor,
+                                   postscale_factor, process_set, None,
+                                   *[c for c, _ in pairs])
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
+
+
+# ---- allgather -------------------------------------------------------------
+
+
+def _rows(t, what):
+    if t.dim() == 0:
+        raise ValueError("%s needs a tensor of at least one dimension (the "
+                         "first dimension is the one concatenated)" % what)
+
+
+def _allgather_async(tensors, name, process_set, grouped, with_splits=False):
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped_allgather: the list of tensors is empty")
+    for t in tensors:
+        _rows(t, "allgather")
+    groups = _by_dtype(tensors, "allgather")
+    base = _core.op_key("grouped_allgather" if grouped else "allgather", name)
+    keys = (["%s.%d" % (base, i) for i in range(len(tensors))] if grouped
+            else [base])
+    ins = [_contig(t) for t in tensors]
+    order, handles = [], []
+    opts, _ = _core.make_opts(process_set=process_set)
+    try:
+        for kd, idx in groups.items():
+            handles += _core.grouped_allgather_async(
+                [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
+                [tuple(ins[i].shape) for i in idx], kd, opts)
+            order += idx
+    except Exception:
+        if handles:
+            _core.register(handles, ins, None, results=True, what=base)
+        raise
+    dtypes = [t.dtype for t in tensors]
+
+    def finish(rs):
+        outs = [None] * len(tensors)
+        for i, r in zip(order, rs):
+            out = _tensor_from_result(r, dtypes[i])
+            outs[i] = (out, _core.result_splits(r)) if with_splits else out
+        return outs if grouped else outs[0]
+    return _core.register(handles, (tensors, ins), finish, results=True,
+                          what=base)
+
+
+def allgather_async(tensor, name=None, process_set=global_process_set):
+    """Starts an allgather: the ranks' tensors concatenated along the first
+    dimension (which may differ between ranks, the others must agree), in
+    rank order."""
+    return _allgather_async([tensor], name, process_set, grouped=False)
+
+
+def grouped_allgather_async(tensors, name=None,
+                            process_set=global_process_set):
+    return _allgather_async(tensors, name, process_set, grouped=True)
+
+
+class _Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, process_set):
+        out, splits = _core.synchronize(_allgather_async(
+            [tensor], name, process_set, grouped=False, with_splits=True))
+        ctx.process_set = process_set
+        ctx.splits = splits
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
+        r = _core.set_rank(ctx.process_set)
+        offset = sum(ctx.splits[:r])
+        return reduced.narrow(0, offset, ctx.splits[r]), None, None
+
+
+def allgather(tensor, name=None, process_set=global_process_set):
+    """The ranks' tensors concatenated along the first dimension, in rank
+    order; differentiable."""
+    return _Allgather.apply(tensor, name, process_set)
+
+
+class _GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, process_set, *tensors):
+        pairs = _core.synchronize(_allgather_async(
+            tensors, name, process_set, grouped=True, with_splits=True))
+        ctx.process_set = process_set
+        ctx.splits = [s for _, s in pairs]
+        return tuple(o for o, _ in pairs)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        reduced = grouped_allreduce(list(grads), op=Average,
+                                    process_set=ctx.process_set)
+        r = _core.set_rank(ctx.process_set)
+        out = [g.narrow(0, sum(s[:r]), s[r]) for g, s in zip(reduced,
+                                                             ctx.splits)]
+        return (None, None) + tuple(out)
+
+
+def grouped_allgather(tensors, name=None, process_set=global_process_set):
+    """The allgather of every tensor of the list, as one group;
+    differentiable."""
+    return list(_GroupedAllgather.apply(name, process_set, *tensors))
+
+
+# ---- broadcast -------------------------------------------------------------
+
+
+def _broadcast_async(tensor, output, root_rank, name, process_set):
+    kd = _kdtype(tensor, "broadcast")
+    buf = _contig(output)
+    if output is not tensor:
+        with torch.no_grad():
+            buf.copy_(tensor)
+    opts, keep = _core.make_opts(process_set=process_set,
+                                 shape=_shape_or_none(tensor))
+    key = _core.op_key("broadcast", name)
+    kh = _core.broadcast_async(key, buf.data_ptr(), buf.numel(), kd, root_rank,
+                               opts)
+
+    def finish(_r):
+        if buf is not output:
+            _copy_back([(output, buf)])
+        return output
+    return _core.register([kh], (tensor, buf, output, keep), finish, what=key)
+
+
+def broadcast_async(tensor, root_rank, name=None,
+                    process_set=global_process_set):
+    """Starts a broadcast of root_rank's tensor into a new tensor (the input
+    is not modified); synchronize(handle) returns it."""
+    out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    return _broadcast_async(tensor, out, root_rank, name, process_set)
+
+
+def broadcast_async_(tensor, root_rank, name=None,
+                     process_set=global_process_set):
+    """Starts an in-place broadcast; synchronize(handle) returns `tensor`."""
+    return _broadcast_async(tensor, tensor, root_rank, name, process_set)
+
+
+def broadcast_(tensor, root_rank, name=None, process_set=global_process_set):
+    """Overwrites `tensor` with root_rank's and returns it."""
+    return _core.synchronize(broadcast_async_(tensor, root_rank, name,
+                                              process_set))
+
+
+class _Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, root_rank, name, process_set):
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        return _core.synchronize(broadcast_async(tensor, root_rank, name,
+                                                 process_set))
+
+    @staticmethod
+    def backward(ctx, grad):
+        reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
+        if _core.set_rank(ctx.process_set) != ctx.root_rank:
+            reduced = torch.zeros_like(reduced)
+        return reduced, None, None, None
+
+
+def broadcast(tensor, root_rank, name=None, process_set=global_process_set):
+    """root_rank's tensor on every rank of the process set, as a new tensor;
+    differentiable."""
+    return _Broadcast.apply(tensor, root_rank, name, process_set)
+
+
+# ---- alltoall --------------------------------------------------------------
+
+
+def _splits_list(splits):
+    if splits is None:
+        return None
+    if isinstance(splits, torch.Tensor):
+        return [int(s) for s in splits.reshape(-1).tolist()]
+    return [int(s) for s in splits]
+
+
+def alltoall_async(tensor, splits=None, name=None,
+                   process_set=global_process_set):
+    """Starts an alltoall: splits[j] rows of `tensor` go to rank j (None:
+    the first dimension split evenly). synchronize(handle) returns
+    (output, received_splits)."""
+    kd = _kdtype(tensor, "alltoall")
+    _rows(tensor, "alltoall")
+    inp = _contig(tensor)
+    sp = _splits_list(splits)
+    opts, _ = _core.make_opts(process_set=process_set)
+    key = _core.op_key("alltoall", name)
+    kh = _core.alltoall_async(key, inp.data_ptr(), tuple(inp.shape), kd, sp,
+                              opts)
+    dtype = tensor.dtype
+
+    def finish(rs):
+        return (_tensor_from_result(rs[0], dtype),
+                torch.tensor(_core.result_splits(rs[0]), dtype=torch.int32))
+    return _core.register([kh], (tensor, inp), finish, results=True, what=key)
+
+
+class _Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, splits, name, process_set):
+        out, rsplits = _core.synchronize(alltoall_async(tensor, splits, name,
+                                                        process_set))
+        ctx.process_set = process_set
+        ctx.rsplits = rsplits
+        ctx.mark_non_differentiable(rsplits)
+        return out, rsplits
+
+    @staticmethod
+    def backward(ctx, grad, *_unused):
+        g, _ = _Alltoall.apply(grad, ctx.rsplits, None, ctx.process_set)
+        return g, None, None, None
+
+
+def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
+    """Scatters rows of `tensor` to the ranks (splits[j] rows to rank j;
+    None: evenly) and gathers what every rank sent here, in rank order.
+    Returns the output tensor, or (output, received_splits) when splits are
+    given, as Horovod does; differentiable."""
+    out, rsplits = _Alltoall.apply(tensor, splits, name, process_set)
+    return out if splits is None else (out, rsplits)
+
+
+# ---- reducescatter ---------------------------------------------------------
+
+
+def _rs_op(op):
+    op = _core.check_op(op)
+    if op not in (Sum, Average):
+        raise ValueError("reducescatter takes op=Sum or op=Average, not %s"
+                         % _core.op_name(op))
+    return op
+
+
+def _reducescatter_async(tensors, name, op, process_set, prescale_factor,
+                         postscale_factor, grouped):
+    tensors = list(tensors)
+    if not tensors:
+        raise ValueError("grouped_reducescatter: the list of tensors is empty")
+    op = _rs_op(op)
+    for t in tensors:
+        _rows(t, "reducescatter")
+    groups = _by_dtype(tensors, "reducescatter")
+    base = _core.op_key("grouped_reducescatter" if grouped else
+                        "reducescatter", name)
+    keys = (["%s.%d" % (base, i) for i in range(len(tensors))] if grouped
+            else [base])
+    ins = [_contig(t) for t in tensors]
+    order, handles = [], []
+    opts, _ = _core.make_opts(op, prescale_factor, postscale_factor,
+                              process_set)
+    try:
+        for kd, idx in groups.items():
+            handles += _core.grouped_reducescatter_async(
+                [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
+                [tuple(ins[i].shape) for i in idx], kd, opts)
+            order += idx
+    except Exception:
+        if handles:
+            _core.register(handles, ins, None, results=True, what=base)
+        raise
+    dtypes = [t.dtype for t in tensors]
+
+    def finish(rs):
+        outs = [None] * len(tensors)
+        for i, r in zip(order, rs):
+            outs[i] = _tensor_from_result(r, dtypes[i])
+        return outs if grouped else outs[0]
+    return _core.register(handles, (tensors, ins), finish, results=True,
+                          what=base)
+
+
+def reducescatter_async(tensor, name=None, op=Average,
+                        process_set=global_process_set, prescale_factor=1.0,
+                        postscale_factor=1.0):
+    """Starts a reducescatter: the ranks' tensors (same shape) reduced with
+    op (Average or Sum) and the first dimension of the result split as
+    evenly as possible (rank r of n gets shape[0] // n rows, plus one if
+    r < shape[0] % n)."""
+    return _reducescatter_async([tensor], name, op, process_set,
+                                prescale_factor, postscale_factor, False)
+
+
+def grouped_reducescatter_async(tensors, name=None, op=Average,
+                                process_set=global_process_set,
+                                prescale_factor=1.0, postscale_factor=1.0):
+    return _reducescatter_async(tensors, name, op, process_set,
+                                prescale_factor, postscale_factor, True)
+
+
+def _rs_grad_scale(op, prescale, postscale, process_set):
+    scale = prescale * postscale
+    if op == Average:
+        scale /= _core.set_size(process_set)
+    return scale
+
+
+class _Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, tensor, name, op, process_set, prescale, postscale):
+        ctx.args = (op, process_set, prescale, postscale)
+        return _core.synchronize(_reducescatter_async(
+            [tensor], name, op, process_set, prescale, postscale, False))
+
+    @staticmethod
+    def backward(ctx, grad):
+        op, process_set, prescale, postscale = ctx.args
+        g = allgather(grad, process_set=process_set)
+        scale = _rs_grad_scale(op, prescale, postscale, process_set)
+        return (g * scale if scale != 1.0 else g), None, None, None, None, None
+
+
+def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
+                  process_set=global_process_set, prescale_factor=1.0,
+                  postscale_factor=1.0):
+    """This rank's share of the reduction of the ranks' tensors (see
+    reducescatter_async); differentiable."""
+    compressed, cctx = compression.compress(tensor)
+    out = _Reducescatter.apply(compressed, name, op, process_set,
+                               prescale_factor, postscale_factor)
+    return compression.decompress(out, cctx)
+
+
+class _GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, name, op, process_set, prescale, postscale, *tensors):
+        ctx.args = (op, process_set, prescale, postscale)
+        return tuple(_core.synchronize(_reducescatter_async(
+            tensors, name, op, process_set, prescale, postscale, True)))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        op, process_set, prescale, postscale = ctx.args
+        gs = grouped_allgather(list(grads), process_set=process_set)
+        scale = _rs_grad_scale(op, prescale, postscale, process_set)
+        if scale != 1.0:
+            gs = [g * scale for g in gs]
+        return (None,) * 5 + tuple(gs)
+
+
+def grouped_reducescatter(tensors, name=None, compression=Compression.none,
+                          op=Average, process_set=global_process_set,
+                          prescale_factor=1.0, postscale_factor=1.0):
+    """The reducescatter of every tensor of the list, as one group;
+    differentiable."""
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedReducescatter.apply(name, op, process_set, prescale_factor,
+                                       postscale_factor,
+                                       *[c for c, _ in pairs])
+    return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
+
+
+# ---- sparse ----------------------------------------------------------------
+
+
+def sparse_allreduce_async(tensor, name, op=Average,
+                           process_set=global_process_set):
+    """The allreduce of a sparse COO tensor, done as an allgather of its
+    indices and of its values; synchronize(handle) returns the reduced
+    sparse tensor (coalesced: duplicate indices summed)."""
+    if op not in (Sum, Average):
+        raise ValueError("the allreduce of a sparse tensor takes op=Sum or "
+                         "op=Average, not %s" % _core.op_name(op))
+    t = tensor.coalesce()
+    indices = t._indices().t().contiguous()  # nnz x sparse_dim
+    values = t._values().contiguous()        # nnz x dense dims
+    _kdtype(values, "sparse allreduce")
+    base = _core.op_key("sparse_allreduce", name)
+    opts, _ = _core.make_opts(process_set=process_set)
+    hs = _core.grouped_allgather_async([base + ".indices"],
+                                       [indices.data_ptr()],
+                                       [tuple(indices.shape)], _lib.INT64,
+                                       opts)
+    try:
+        hs += _core.grouped_allgather_async([base + ".values"],
+                                            [values.data_ptr()],
+                                            [tuple(values.shape)],
+                                            _kdtype(values), opts)
+    except Exception:
+        _core.register(hs, indices, None, results=True, what=base)
+        raise
+    size, vdtype = t.size(), values.dtype
+
+    def finish(rs):
+        idx = _tensor_from_result(rs[0], torch.int64)
+        vals = _tensor_from_result(rs[1], vdtype)
+        if op == Average:
+            vals = vals / _core.set_size(process_set)
+        return torch.sparse_coo_tensor(idx.t(), vals, size).coalesce()
+    return _core.register(hs, (t, indices, values), finish, results=True,
+                          what=base)
+
+
+# ---- completion, barrier, join ---------------------------------------------
+
+
+def poll(handle):
+    """True when the operation of `handle` is done."""
+    return _core.poll(handle)
+
+
+def synchronize(handle):
+    """Waits for the operation of `handle` (the GIL is released meanwhile)
+    and returns its output. A failed operation raises HorovodInternalError
+    (kolo.KoloError, a RuntimeError) with the runtime's message."""
+    return _core.synchronize(handle)
+
+
+def join(device=-1):
+    """For a rank that has run out of data: blocks until every rank has
+    joined; meanwhile the allreduces of the others go on, this rank
+    contributing zeros. Returns the rank that joined last. `device` is
+    accepted for Horovod's signature (CPU only)."""
+    return _core.join()
+
+
+def barrier(process_set=global_process_set):
+    """Blocks until every rank of the process set has called barrier()."""
+    _core.barrier(process_set)

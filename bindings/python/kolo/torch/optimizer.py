@@ -1,0 +1,596 @@
+"""DistributedOptimizer: Horovod's wrapper around a torch optimizer.
+
+How a gradient travels:
+
+ * A hook on each parameter's gradient accumulator fires as soon as
+   autograd has written p.grad, and enqueues the allreduce of that gradient
+   at once, so communication overlaps the rest of the backward pass.
+ * backward_passes_per_step = N: the runtime accumulates (kolo_opts_t
+   .backward_passes). Passes 1..N-1 hand the gradient to the runtime, which
+   adds it to a private accumulator and completes at once; the hook then
+   clears p.grad so that the next pass starts from nothing. Pass N writes
+   the sum (or, with average_aggregated_gradients=True, the mean) into
+   p.grad and allreduces it in place. As in Horovod, the passes are summed
+   by default: divide the loss by N to average them.
+ * step() (or synchronize()) waits for the allreduces, then applies the
+   wrapped optimizer's update.
+
+Gradients that do not fit that path are accumulated in p.grad by autograd
+and communicated when their last pass (or step) comes: explicit `groups`
+(reduced together as one grouped allreduce), sparse gradients (allgathered
+as indices and values unless sparse_as_dense), and every gradient when a
+pre-allreduce hook is registered (the hook sees all local gradients, so
+communication waits for the end of the backward pass).
+
+Parameters without a gradient: at synchronize() the ranks agree (one small
+allreduce of a presence flag per parameter) on which parameters got a
+gradient anywhere. A parameter whose gradient some ranks lack is reduced
+with zeros on those ranks (so nobody waits forever, as in Horovod); one that
+got no gradient on any rank is skipped with a warning and keeps its .grad;
+no gradient for any parameter on any rank is an error.
+"""
+
+import contextlib
+import itertools
+import warnings
+
+import torch
+
+from .. import _core
+from .._core import Average, Sum, Adasum, global_process_set
+from . import mpi_ops
+from .compression import Compression, wire_for
+
+_uids = itertools.count()
+
+_TOO_MANY_PASSES = (
+    "Gradients were computed more than backward_passes_per_step times before "
+    "call to step(). Increase backward_passes_per_step to accumulate "
+    "gradients locally.")
+
+_ZERO_GRAD_PENDING = (
+    "optimizer.zero_grad() was called after loss.backward() but before "
+    "optimizer.step() or optimizer.synchronize(). This is prohibited as it "
+    "can cause a race condition.")
+
+
+class _Distributed:
+    """Mixed into a subclass of the wrapped optimizer's class."""
+
+    # ---- set-up ------------------------------------------------------------
+
+    def _kolo_setup(self, named_parameters, compression,
+                    backward_passes_per_step, op, gradient_predivide_factor,
+                    groups, sparse_as_dense, process_set,
+                    average_aggregated_gradients, pre_allreduce_hooks,
+                    post_allreduce_hooks):
+        if op == Adasum:
+            raise NotImplementedError(
+                "kolo does not implement Adasum: use op=Average or op=Sum")
+        op = _core.check_op(op)
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor not supported with "
+                             "op != Average")
+        self._kolo_uid = next(_uids)
+        self._kolo_compression = compression
+        self._kolo_op = op
+        self._kolo_predivide = float(gradient_predivide_factor)
+        self._kolo_sparse_as_dense = bool(sparse_as_dense)
+        self.process_set = process_set
+        self._kolo_average_passes = bool(average_aggregated_gradients)
+        self._kolo_pre_hooks = list(pre_allreduce_hooks or [])
+        self._kolo_post_hooks = list(post_allreduce_hooks or [])
+        self.backward_passes_per_step = self._kolo_check_passes(
+            backward_passes_per_step)
+
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        self._kolo_names = self._kolo_name_parameters(named_parameters,
+                                                      all_params)
+        seen = set()
+        # Parameters that get gradients, in a fixed order (the same on
+        # every rank: the optimizer's order).
+        self._kolo_params = []
+        for p in all_params:
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                self._kolo_params.append(p)
+        self._kolo_index = {id(p): i for i, p in enumerate(self._kolo_params)}
+        self._kolo_groups = self._kolo_make_groups(groups)
+        self._kolo_group_of = {}
+        for gi, members in enumerate(self._kolo_groups):
+            for p in members:
+                self._kolo_group_of[id(p)] = gi
+
+        self._kolo_passes = {}    # id(p) -> hook calls since the last sync
+        self._kolo_handles = {}   # id(p) or ("group", gi) -> pending entry
+        self._kolo_fired = False  # a hook fired since the last synchronize
+        self._synchronized = False
+        self._should_synchronize = True
+        self._kolo_grad_accs = []
+        self._kolo_included = process_set.included()
+        if self._kolo_included:
+            self._kolo_register_hooks()
+
+    @staticmethod
+    def _kolo_check_passes(n):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError("backward_passes_per_step must be an integer >= "
+                             "1, not %r" % (n,))
+        return n
+
+    def _kolo_name_parameters(self, named_parameters, all_params):
+        if named_parameters is None:
+            return {id(p): "noname.%d" % i for i, p in enumerate(all_params)}
+        named = list(named_parameters)
+        if any(not isinstance(x, tuple) or len(x) != 2 or
+               not isinstance(x[0], str) for x in named):
+            raise ValueError("named_parameters should be a sequence of tuples "
+                             "(name, parameter), usually produced by "
+                             "model.named_parameters().")
+        counts = {}
+        for name, _ in named:
+            counts[name] = counts.get(name, 0) + 1
+        dups = sorted(n for n, c in counts.items() if c > 1)
+        if dups:
+            raise ValueError("Parameter names in named_parameters must be "
+                             "unique. Found duplicates: %s" % ", ".join(dups))
+        names = {id(p): name for name, p in named}
+        unnamed = [id(p) for p in all_params if id(p) not in names]
+        if unnamed:
+            raise ValueError("named_parameters was specified, but one or more "
+                             "model parameters were not named. Python object "
+                             "ids: %s" % ", ".join(str(i) for i in unnamed))
+        return names
+
+    def _kolo_make_groups(self, groups):
+        if groups is None or (isinstance(groups, int) and groups == 0):
+            return []
+        params = self._kolo_params
+        if isinstance(groups, int):
+            if groups < 0:
+                raise ValueError("groups must be a non-negative integer or a "
+                                 "list of lists of parameters")
+            n = min(groups, len(params))
+            if n == 0:
+                return []
+            size, extra = divmod(len(params), n)
+            out, start = [], 0
+            for i in range(n):
+                end = start + size + (1 if i < extra else 0)
+                out.append(params[start:end])
+                start = end
+            return [g for g in out if len(g) > 1]
+        out, seen = [], set()
+        for g in groups:
+            members = []
+            for p in g:
+                if not isinstance(p, torch.Tensor) or id(p) not in \
+                        self._kolo_index:
+                    raise ValueError("groups must list parameters of this "
+                                     "optimizer that require gradients")
+                if id(p) in seen:
+                    raise ValueError("a parameter appears in more than one "
+                                     "group (%s)" % self._kolo_names[id(p)])
+                seen.add(id(p))
+                members.append(p)
+            members.sort(key=lambda p: self._kolo_index[id(p)])
+            if len(members) > 1:
+                out.append(members)
+        return out
+
+    def _kolo_register_hooks(self):
+        with torch.enable_grad():
+            for p in self._kolo_params:
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._kolo_make_hook(p))
+                self._kolo_grad_accs.append(acc)
+
+    def _kolo_make_hook(self, p):
+        def hook(*_ignored):
+            self._kolo_on_grad(p)
+        return hook
+
+    # ---- the hooks ---------------------------------------------------------
+
+    def _kolo_key(self, p):
+        return "allreduce." + self._kolo_names[id(p)]
+
+    def _kolo_on_grad(self, p):
+        pid = id(p)
+        n = self._kolo_passes.get(pid, 0) + 1
+        if n > self.backward_passes_per_step or pid in self._kolo_handles:
+            raise AssertionError(_TOO_MANY_PASSES)
+        self._kolo_passes[pid] = n
+        self._kolo_fired = True
+        if p.grad is None or self._kolo_pre_hooks:
+            return  # deferred: synchronize() communicates
+        last = n == self.backward_passes_per_step
+        gi = self._kolo_group_of.get(pid)
+        if gi is not None:
+            if last and all(self._kolo_passes.get(id(q), 0) ==
+                            self.backward_passes_per_step
+                            for q in self._kolo_groups[gi]):
+                self._kolo_enqueue_group(gi)
+            return
+        if p.grad.is_sparse and not self._kolo_sparse_as_dense:
+            if last:
+                self._kolo_enqueue_sparse(p)
+            return
+        self._kolo_enqueue_pass(p, p.grad, last)
+
+    def _kolo_scales(self, runtime_average=False):
+        pre, post = 1.0, 1.0
+        if self._kolo_op == Average and self._kolo_predivide != 1.0:
+            pre, post = 1.0 / self._kolo_predivide, self._kolo_predivide
+        if (not runtime_average and self._kolo_average_passes and
+                self.backward_passes_per_step > 1):
+            pre /= self.backward_passes_per_step
+        return pre, post
+
+    def _kolo_enqueue_pass(self, p, grad, last):
+        """One pass of a runtime-accumulated gradient (see the module's
+        docstring). `grad` is this pass's gradient."""
+        if grad.is_sparse:
+            grad = grad.to_dense()
+        n = self.backward_passes_per_step
+        wire = wire_for(self._kolo_compression, grad)
+        if wire is None:
+            tensor, cctx = self._kolo_compression.compress(grad)
+        else:
+            tensor, cctx = grad, None
+        pre, post = self._kolo_scales(runtime_average=True)
+        h = mpi_ops._allreduce_async(
+            tensor, tensor, None, self._kolo_op, pre, post, self.process_set,
+            wire, passes=n, average_passes=self._kolo_average_passes,
+            key=self._kolo_key(p))
+        if not last:
+            _core.synchronize(h)  # completed at once: nothing was sent
+            p.grad = None         # the runtime holds the sum so far
+            return
+        self._kolo_handles[id(p)] = ("dense", h, p, cctx, grad)
+
+    def _kolo_enqueue_group(self, gi):
+        members = self._kolo_groups[gi]
+        grads = []
+        for p in members:
+            if p.grad.is_sparse:
+                p.grad = p.grad.to_dense()
+            grads.append(p.grad)
+        comp = self._kolo_compression
+        wires = [wire_for(comp, g) for g in grads]
+        pre, post = self._kolo_scales()
+        if all(w is not None for w in wires):
+            tensors, cctxs, wire = grads, [None] * len(grads), wires[0]
+        else:
+            pairs = [comp.compress(g) for g in grads]
+            tensors, cctxs, wire = [t for t, _ in pairs], [c for _, c in
+                                                           pairs], None
+        # A group is keyed by its first member's name; each member keeps
+        # its own name, as for single gradients.
+        keys = [self._kolo_key(p) for p in members]
+        h = self._kolo_grouped_async(tensors, keys, pre, post, wire)
+        self._kolo_handles[("group", gi)] = ("group", h, members, cctxs, grads)
+
+    def _kolo_grouped_async(self, tensors, keys, pre, post, wire):
+        # mpi_ops._grouped_allreduce_async names members base.i; the
+        # optimizer wants each member's own name, so it calls the core.
+        groups = mpi_ops._by_dtype(tensors, "DistributedOptimizer")
+        handles = []
+        ins = [mpi_ops._contig(t) for t in tensors]
+        keep = (tensors, ins)
+        try:
+            for kd, idx in groups.items():
+                opts, _ = _core.make_opts(
+                    self._kolo_op, pre, post, self.process_set,
+                    wire if kd == mpi_ops._lib.FLOAT32 else None)
+                handles += _core.grouped_allreduce_async(
+                    [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
+                    [ins[i].data_ptr() for i in idx],
+                    [ins[i].numel() for i in idx], kd, opts)
+        except Exception:
+            if handles:
+                _core.register(handles, keep, None)
+            raise
+
+        def finish(_r):
+            mpi_ops._copy_back([(t, b) for t, b in zip(tensors, ins)
+                                if t is not b])
+            return tensors
+        return _core.register(handles, keep, finish, what=keys[0])
+
+    def _kolo_enqueue_sparse(self, p):
+        grad = p.grad
+        pre, post = self._kolo_scales()
+        if pre * post != 1.0:
+            grad = grad * (pre * post)
+        op = self._kolo_op
+        if op not in (Sum, Average):
+            raise ValueError("sparse gradient of '%s': op %s; sparse gradients "
+                             "are reduced with Sum or Average (or pass "
+                             "sparse_as_dense=True)"
+                             % (self._kolo_names[id(p)], _core.op_name(op)))
+        h = mpi_ops.sparse_allreduce_async(grad, self._kolo_names[id(p)], op,
+                                           self.process_set)
+        self._kolo_handles[id(p)] = ("sparse", h, p, None, None)
+
+    # ---- synchronize -------------------------------------------------------
+
+    def _kolo_agree_presence(self):
+        flags = torch.tensor([1 if self._kolo_passes.get(id(p), 0) > 0 else 0
+                              for p in self._kolo_params], dtype=torch.uint8)
+        if flags.numel() == 0:
+            return []
+        mpi_ops.allreduce_(flags, op=_core.Max,
+                           name="DistributedOptimizer.%d.presence"
+                           % self._kolo_uid,
+                           process_set=self.process_set)
+        return [bool(f) for f in flags.tolist()]
+
+    def synchronize(self):
+        """Waits for the allreduce of every gradient and writes the results
+        into the parameters' .grad (step() calls it unless inside
+        skip_synchronize())."""
+        if not self._kolo_included:
+            self._synchronized = True
+            return
+        if not self._kolo_fired and self._synchronized:
+            return  # nothing new since the last synchronize
+        try:
+            self._kolo_synchronize()
+        finally:
+            self._kolo_passes.clear()
+            self._kolo_handles.clear()
+            self._kolo_fired = False
+        self._synchronized = True
+
+    def _kolo_synchronize(self):
+        present = self._kolo_agree_presence()
+        n = self.backward_passes_per_step
+        skipped = [p for p, f in zip(self._kolo_params, present) if not f]
+        if self._kolo_params and len(skipped) == len(self._kolo_params):
+            self._kolo_drain()
+            raise ValueError(
+                "No gradients provided for any parameter: none of the %d "
+                "parameters of the optimizer got a gradient on any rank since "
+                "the last step (was loss.backward() called?)"
+                % len(self._kolo_params))
+        if skipped:
+            warnings.warn(
+                "kolo DistributedOptimizer: no gradient for %s on any rank: "
+                "skipped (their .grad is left as it is)"
+                % ", ".join(self._kolo_names[id(p)] for p in skipped),
+                stacklevel=3)
+        live = [p for p, f in zip(self._kolo_params, present) if f]
+        # Parameters some other rank has a gradient for, and this one not:
+        # contribute zeros (or whatever .grad holds).
+        for p in live:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        if self._kolo_pre_hooks:
+            for hook in self._kolo_pre_hooks:
+                hook(live)
+        for p in live:
+            pid = id(p)
+            gi = self._kolo_group_of.get(pid)
+            if gi is not None:
+                if ("group", gi) not in self._kolo_handles:
+                    members = [q for q in self._kolo_groups[gi] if
+                               present[self._kolo_index[id(q)]]]
+                    if members:
+                        self._kolo_enqueue_group_of(gi, members)
+                continue
+            if pid in self._kolo_handles:
+                continue
+            if self._kolo_pre_hooks or (p.grad.is_sparse and
+                                        not self._kolo_sparse_as_dense):
+                if p.grad.is_sparse and not self._kolo_sparse_as_dense:
+                    self._kolo_enqueue_sparse(p)
+                else:
+                    self._kolo_enqueue_deferred(p)
+                continue
+            # Runtime accumulation cut short: complete the group of passes
+            # with zeros (the runtime holds the passes so far).
+            done = self._kolo_passes.get(pid, 0)
+            first = p.grad if done == 0 else None
+            for i in range(n - done):
+                last = i == n - done - 1
+                g = first if (i == 0 and first is not None) else \
+                    torch.zeros_like(p)
+                if last:
+                    p.grad = g
+                self._kolo_enqueue_pass(p, g, last)
+        self._kolo_finish_all()
+        for hook in self._kolo_post_hooks:
+            hook(live)
+
+    def _kolo_enqueue_group_of(self, gi, members):
+        saved = self._kolo_groups[gi]
+        self._kolo_groups[gi] = members
+        try:
+            self._kolo_enqueue_group(gi)
+        finally:
+            self._kolo_groups[gi] = saved
+
+    def _kolo_enqueue_deferred(self, p):
+        """Deferred mode: autograd accumulated the passes in p.grad."""
+        grad = p.grad
+        if grad.is_sparse:
+            grad = grad.to_dense()
+            p.grad = grad
+        wire = wire_for(self._kolo_compression, grad)
+        if wire is None:
+            tensor, cctx = self._kolo_compression.compress(grad)
+        else:
+            tensor, cctx = grad, None
+        pre, post = self._kolo_scales()
+        h = mpi_ops._allreduce_async(tensor, tensor, None, self._kolo_op, pre,
+                                     post, self.process_set, wire,
+                                     key=self._kolo_key(p))
+        self._kolo_handles[id(p)] = ("dense", h, p, cctx, grad)
+
+    @staticmethod
+    def _kolo_set_grad(p, out):
+        g = p.grad
+        if g is out:
+            return
+        if (g is not None and not g.is_sparse and not out.is_sparse and
+                g.dtype == out.dtype and g.shape == out.shape):
+            g.set_(out)
+        else:
+            p.grad = out
+
+    def _kolo_finish_all(self):
+        error = None
+        for entry in list(self._kolo_handles.values()):
+            kind, h, target, cctx, grad = entry
+            try:
+                out = _core.synchronize(h)
+            except Exception as e:  # wait for the others before raising
+                if error is None:
+                    error = e
+                continue
+            if error is not None:
+                continue
+            comp = self._kolo_compression
+            if kind == "dense":
+                self._kolo_set_grad(target, comp.decompress(out, cctx)
+                                    if cctx is not None else out)
+                if out is not grad and target.grad is not grad and \
+                        cctx is None:
+                    self._kolo_set_grad(target, out)
+            elif kind == "sparse":
+                target.grad = out
+            else:  # group
+                for p, o, c in zip(target, out, cctx):
+                    self._kolo_set_grad(p, comp.decompress(o, c)
+                                        if c is not None else o)
+        if error is not None:
+            raise error
+
+    def _kolo_drain(self):
+        for entry in list(self._kolo_handles.values()):
+            try:
+                _core.synchronize(entry[1])
+            except Exception:
+                pass
+
+    # ---- the optimizer's interface -----------------------------------------
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this context does not synchronize: for code that
+        calls synchronize() itself (to clip gradients, say) before step()."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure=None):
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn(
+                    "optimizer.step() called without "
+                    "optimizer.skip_synchronize() context after "
+                    "optimizer.synchronize(). This can cause training "
+                    "slowdown. You may want to consider using "
+                    "optimizer.skip_synchronize() context if you use "
+                    "optimizer.synchronize() in your code.")
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, *args, **kwargs):
+        if self._kolo_handles or any(self._kolo_passes.values()):
+            raise AssertionError(_ZERO_GRAD_PENDING)
+        return super().zero_grad(*args, **kwargs)
+
+    def set_backward_passes_per_step(self, passes):
+        """Changes backward_passes_per_step between steps."""
+        passes = self._kolo_check_passes(passes)
+        if any(self._kolo_passes.values()):
+            raise ValueError("set_backward_passes_per_step: %d backward passes "
+                             "are pending; call step() or synchronize() first"
+                             % max(self._kolo_passes.values()))
+        self.backward_passes_per_step = passes
+
+    def register_pre_allreduce_hook(self, hook):
+        """hook(params) runs in synchronize() before any gradient is
+        allreduced, with the parameters that have a gradient (their .grad
+        are this rank's local gradients, accumulated over the passes); it may
+        modify them in place (clip_grad_norm_hook clips by global norm).
+        With a pre-allreduce hook, communication starts after the backward
+        pass instead of overlapping it."""
+        if any(self._kolo_passes.values()):
+            raise ValueError("register hooks between steps, not while backward "
+                             "passes are pending")
+        self._kolo_pre_hooks.append(hook)
+        return hook
+
+    def register_post_allreduce_hook(self, hook):
+        """hook(params) runs in synchronize() after every gradient has been
+        allreduced and written to .grad, before the optimizer's update."""
+        self._kolo_post_hooks.append(hook)
+        return hook
+
+
+def DistributedOptimizer(optimizer, named_parameters=None,
+                         compression=Compression.none,
+                         backward_passes_per_step=1, op=Average,
+                         gradient_predivide_factor=1.0, num_groups=0,
+                         groups=None, sparse_as_dense=False,
+                         process_set=global_process_set, *,
+                         average_aggregated_gradients=False,
+                         pre_allreduce_hooks=None, post_allreduce_hooks=None):
+    """Wraps a torch optimizer so that gradients are allreduced over the
+    ranks of the process set before each update (Horovod's
+    DistributedOptimizer; the returned object is an instance of a subclass
+    of the optimizer's class and shares its state and parameter groups).
+
+    named_parameters: (name, parameter) pairs (model.named_parameters()),
+      used to name the allreduces; names must be unique.
+    compression: Compression.none, Compression.fp16 (float32 gradients are
+      compressed on the wire by the runtime).
+    backward_passes_per_step: backward passes accumulated locally before
+      one allreduce (summed, as in Horovod; average_aggregated_gradients=True
+      averages them).
+    op: Average (default), Sum, Min, Max, Product.
+    gradient_predivide_factor: with op=Average, gradients are divided by
+      this before the sum and by size/factor after it.
+    groups / num_groups: an int (that many groups of consecutive
+      parameters) or a list of lists of parameters, each list allreduced as
+      one group once all its gradients are ready.
+    sparse_as_dense: densify sparse gradients (else they are allgathered
+      as indices and values).
+    process_set: the ranks the gradients are reduced among.
+    pre_allreduce_hooks / post_allreduce_hooks (kolo): callables hook(params)
+      run before the allreduce (e.g. clip_grad_norm_hook) and after it.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError("DistributedOptimizer wraps a torch.optim.Optimizer, "
+                        "not %s" % type(optimizer).__name__)
+    if isinstance(optimizer, _Distributed):
+        raise ValueError("this optimizer is a DistributedOptimizer already")
+    if groups is None and num_groups:
+        warnings.warn("num_groups is deprecated; use groups",
+                      DeprecationWarning, stacklevel=2)
+        groups = num_groups
+    base = type(optimizer)
+    cls = type(base.__name__, (_Distributed, base),
+               {"__module__": base.__module__})
+    dist = cls.__new__(cls)
+    dist.__dict__.update(optimizer.__dict__)
+    dist._kolo_setup(named_parameters, compression, backward_passes_per_step,
+                     op, gradient_predivide_factor, groups, sparse_as_dense,
+                     process_set, average_aggregated_gradients,
+                     pre_allreduce_hooks, post_allreduce_hooks)
+    return dist
+
+
+def clip_grad_norm_hook(max_norm, norm_type=2.0):
+    """A pre-allreduce hook that clips this rank's gradients by their global
+    norm before they are allreduced (to keep the maths of one replica)."""
+    def hook(params):
+        torch.nn.utils.clip_grad_norm_(
+            [p for p in params if p.grad is not None], max_norm, norm_type)
+    return hook
