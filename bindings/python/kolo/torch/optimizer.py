@@ -31,7 +31,7 @@ no gradient for any parameter on any rank is an error.
 """
 
 import contextlib
-import itertools
+import zlib
 import warnings
 
 import torch
@@ -41,7 +41,7 @@ from .._core import Average, Sum, Adasum, global_process_set
 from . import mpi_ops
 from .compression import Compression, wire_for
 
-_uids = itertools.count()
+_WIRE = object()  # marks a gradient compressed on the wire by the runtime
 
 _TOO_MANY_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before "
@@ -71,7 +71,6 @@ class _Distributed:
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor not supported with "
                              "op != Average")
-        self._kolo_uid = next(_uids)
         self._kolo_compression = compression
         self._kolo_op = op
         self._kolo_predivide = float(gradient_predivide_factor)
@@ -95,6 +94,12 @@ class _Distributed:
                 seen.add(id(p))
                 self._kolo_params.append(p)
         self._kolo_index = {id(p): i for i, p in enumerate(self._kolo_params)}
+        # The name of the presence agreement: the same on every rank for
+        # the same parameters, whatever else each rank has created.
+        self._kolo_uid = "%08x.%d" % (
+            zlib.crc32("\0".join(self._kolo_names[id(p)] for p in
+                                 self._kolo_params).encode()),
+            len(self._kolo_params))
         self._kolo_groups = self._kolo_make_groups(groups)
         self._kolo_group_of = {}
         for gi, members in enumerate(self._kolo_groups):
@@ -237,7 +242,7 @@ class _Distributed:
         if wire is None:
             tensor, cctx = self._kolo_compression.compress(grad)
         else:
-            tensor, cctx = grad, None
+            tensor, cctx = grad, _WIRE
         pre, post = self._kolo_scales(runtime_average=True)
         h = mpi_ops._allreduce_async(
             tensor, tensor, None, self._kolo_op, pre, post, self.process_set,
@@ -260,7 +265,7 @@ class _Distributed:
         wires = [wire_for(comp, g) for g in grads]
         pre, post = self._kolo_scales()
         if all(w is not None for w in wires):
-            tensors, cctxs, wire = grads, [None] * len(grads), wires[0]
+            tensors, cctxs, wire = grads, [_WIRE] * len(grads), wires[0]
         else:
             pairs = [comp.compress(g) for g in grads]
             tensors, cctxs, wire = [t for t, _ in pairs], [c for _, c in
@@ -321,7 +326,7 @@ class _Distributed:
         if flags.numel() == 0:
             return []
         mpi_ops.allreduce_(flags, op=_core.Max,
-                           name="DistributedOptimizer.%d.presence"
+                           name="DistributedOptimizer.%s.presence"
                            % self._kolo_uid,
                            process_set=self.process_set)
         return [bool(f) for f in flags.tolist()]
@@ -421,7 +426,7 @@ class _Distributed:
         if wire is None:
             tensor, cctx = self._kolo_compression.compress(grad)
         else:
-            tensor, cctx = grad, None
+            tensor, cctx = grad, _WIRE
         pre, post = self._kolo_scales()
         h = mpi_ops._allreduce_async(tensor, tensor, None, self._kolo_op, pre,
                                      post, self.process_set, wire,
@@ -453,17 +458,15 @@ class _Distributed:
                 continue
             comp = self._kolo_compression
             if kind == "dense":
-                self._kolo_set_grad(target, comp.decompress(out, cctx)
-                                    if cctx is not None else out)
-                if out is not grad and target.grad is not grad and \
-                        cctx is None:
-                    self._kolo_set_grad(target, out)
+                # cctx is None on the wire path (nothing to decompress)
+                self._kolo_set_grad(target, out if cctx is _WIRE
+                                    else comp.decompress(out, cctx))
             elif kind == "sparse":
                 target.grad = out
             else:  # group
                 for p, o, c in zip(target, out, cctx):
-                    self._kolo_set_grad(p, comp.decompress(o, c)
-                                        if c is not None else o)
+                    self._kolo_set_grad(p, o if c is _WIRE
+                                        else comp.decompress(o, c))
         if error is not None:
             raise error
 

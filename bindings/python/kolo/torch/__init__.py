@@ -1,0 +1,44 @@
+"""kolo.torch: the horovod.torch API on kolo.
+
+A script written for Horovod runs by changing `import horovod.torch as hvd`
+into `import kolo.torch as hvd`, and is started with
+`kolorun -np N python3 train.py`.
+
+This version serves CPU tensors (CUDA tensors are refused with a clear
+error). start_timeline/stop_timeline raise NotImplementedError: the C API
+has no run-time timeline control yet (set KOLO_TIMELINE before the job).
+"""
+
+from .._core import (  # noqa: F401
+    Sum, Average, Min, Max, Product, Adasum,
+    KoloError, KoloValueError,
+    ProcessSet, global_process_set, add_process_set, remove_process_set,
+    add_process_sets_from_groups,
+    init, shutdown, is_initialized, rank, size, local_rank, local_size,
+    cross_rank, cross_size, is_homogeneous,
+    gloo_built, mpi_built, nccl_built, cuda_built, rocm_built, ddl_built,
+    ccl_built, gloo_enabled, mpi_enabled, nccl_enabled, mpi_threads_supported,
+    start_timeline, stop_timeline,
+)
+from .compression import Compression  # noqa: F401
+from .mpi_ops import (  # noqa: F401
+    allreduce, allreduce_, allreduce_async, allreduce_async_,
+    grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
+    grouped_allreduce_async_,
+    allgather, allgather_async, grouped_allgather, grouped_allgather_async,
+    broadcast, broadcast_, broadcast_async, broadcast_async_,
+    alltoall, alltoall_async,
+    reducescatter, reducescatter_async, grouped_reducescatter,
+    grouped_reducescatter_async,
+    sparse_allreduce_async,
+    poll, synchronize, join, barrier,
+)
+from .optimizer import DistributedOptimizer, clip_grad_norm_hook  # noqa: F401
+from .functions import (  # noqa: F401
+    broadcast_parameters, broadcast_optimizer_state, broadcast_object,
+    allgather_object,
+)
+from .mixed_precision import GradScaler, DynamicLossScaler  # noqa: F401
+
+# Horovod's name for a failed collective.
+HorovodInternalError = KoloError

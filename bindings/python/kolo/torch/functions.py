@@ -1,0 +1,180 @@
+"""Broadcasting model and optimizer state, and Python objects."""
+
+import ctypes
+import io
+import pickle
+
+import torch
+
+from .. import _core, _lib
+from .._core import global_process_set
+from . import mpi_ops
+
+try:  # closures and lambdas travel too when cloudpickle is there
+    import cloudpickle as _pickler
+except ImportError:
+    _pickler = pickle
+
+
+def broadcast_parameters(params, root_rank, process_set=global_process_set):
+    """Overwrites, in place, every tensor of `params` with root_rank's:
+    `params` is a dict (model.state_dict()) or a list of (name, tensor)
+    pairs (model.named_parameters()). Every rank must pass the same names.
+    Entries that are not tensors are left alone."""
+    if isinstance(params, dict):
+        items = sorted(params.items())
+    elif isinstance(params, list):
+        items = list(params)
+        if any(not isinstance(x, tuple) or len(x) != 2 for x in items):
+            raise ValueError("broadcast_parameters takes a dict or a list of "
+                             "(name, tensor) pairs")
+    else:
+        raise ValueError("invalid params of type: %s" % type(params))
+    handles = []
+    error = None
+    for name, p in items:
+        if not isinstance(p, torch.Tensor):
+            continue
+        try:
+            handles.append(mpi_ops.broadcast_async_(
+                p.data if isinstance(p, torch.nn.Parameter) else p,
+                root_rank, "parameters." + str(name), process_set))
+        except Exception as e:
+            error = e
+            break
+    for h in handles:  # wait for what was enqueued, even after an error
+        try:
+            _core.synchronize(h)
+        except Exception as e:
+            if error is None:
+                error = e
+    if error is not None:
+        raise error
+
+
+class _TensorSlot:
+    """Stands for a tensor in a broadcast state dict."""
+    __slots__ = ("index", "shape", "dtype")
+
+    def __init__(self, index, shape, dtype):
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+
+def _strip(obj, tensors):
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        return _TensorSlot(len(tensors) - 1, tuple(obj.shape),
+                           str(obj.dtype).replace("torch.", ""))
+    if isinstance(obj, dict):
+        return {k: _strip(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_strip(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_strip(v, tensors) for v in obj)
+    return obj
+
+
+def _fill(obj, tensors):
+    if isinstance(obj, _TensorSlot):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return {k: _fill(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_fill(v, tensors) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_fill(v, tensors) for v in obj)
+    return obj
+
+
+def broadcast_optimizer_state(optimizer, root_rank,
+                              process_set=global_process_set):
+    """Makes every rank's optimizer state (hyper-parameters of the parameter
+    groups, and per-parameter state such as momentum buffers and step
+    counts) a copy of root_rank's. The optimizers must have been built the
+    same way on every rank. A root whose state is still empty (no step yet)
+    empties the others' state."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    is_root = _core.set_rank(process_set) == root_rank
+    tensors = []
+    skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
+    skeleton = broadcast_object(skeleton, root_rank,
+                                "optimizer_state.skeleton", process_set)
+    if not is_root:
+        tensors = []
+        slots = []
+        _collect_slots(skeleton, slots)
+        slots.sort(key=lambda s: s.index)
+        tensors = [torch.empty(s.shape, dtype=getattr(torch, s.dtype))
+                   for s in slots]
+    else:
+        tensors = [t.detach().contiguous() for t in tensors]
+    handles = [mpi_ops.broadcast_async_(t, root_rank,
+                                        "optimizer_state.%d" % i, process_set)
+               for i, t in enumerate(tensors)]
+    for h in handles:
+        _core.synchronize(h)
+    if not is_root:
+        optimizer.load_state_dict(_fill(skeleton, tensors))
+
+
+def _collect_slots(obj, out):
+    if isinstance(obj, _TensorSlot):
+        out.append(obj)
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            _collect_slots(v, out)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            _collect_slots(v, out)
+
+
+def _bytes_of(t):
+    """The bytes of a contiguous uint8 CPU tensor (without NumPy)."""
+    return ctypes.string_at(t.data_ptr(), t.numel()) if t.numel() else b""
+
+
+def _dumps(obj):
+    buf = io.BytesIO()
+    _pickler.dump(obj, buf)
+    return buf.getvalue()
+
+
+def broadcast_object(obj, root_rank=0, name=None,
+                     process_set=global_process_set):
+    """root_rank's `obj` (any picklable object) on every rank of the set."""
+    key = name or "broadcast_object"
+    is_root = _core.set_rank(process_set) == root_rank
+    payload = _dumps(obj) if is_root else b""
+    n = torch.tensor([len(payload)], dtype=torch.int64)
+    mpi_ops.broadcast_(n, root_rank, key + ".size", process_set)
+    if is_root:
+        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) \
+            if payload else torch.empty(0, dtype=torch.uint8)
+    else:
+        data = torch.empty(int(n.item()), dtype=torch.uint8)
+    mpi_ops.broadcast_(data, root_rank, key + ".data", process_set)
+    if is_root:
+        return obj
+    return pickle.loads(_bytes_of(data))
+
+
+def allgather_object(obj, name=None, process_set=global_process_set):
+    """The list of every rank's `obj` (picklable), in rank order."""
+    key = name or "allgather_object"
+    payload = _dumps(obj)
+    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+    opts, _ = _core.make_opts(process_set=process_set)
+    hs = _core.grouped_allgather_async(["allgather." + key], [data.data_ptr()],
+                                       [tuple(data.shape)], _lib.UINT8, opts)
+
+    def finish(rs):
+        out = mpi_ops._tensor_from_result(rs[0], torch.uint8)
+        raw = _bytes_of(out)
+        objs, off = [], 0
+        for n in _core.result_splits(rs[0]):
+            objs.append(pickle.loads(raw[off:off + n]))
+            off += n
+        return objs
+    return _core.synchronize(_core.register(hs, data, finish, results=True,
+                                            what=key))
