@@ -67,8 +67,8 @@ elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
 stop_case() {
     local np=$1 victim=$2 kpid t0 vpid="" gone r alive
     shift 2
-    timeout -k 10 "$limit" env "$@" "$kolorun" --failure-grace 10 -np "$np" \
-        "$prog" stop "$victim" >"$log" 2>&1 </dev/null &
+    timeout -k 10 "$limit" env "$@" "$kolorun" --verbose --failure-grace 10 \
+        -np "$np" "$prog" stop "$victim" >"$log" 2>&1 </dev/null &
     kpid=$!
     t0=$(date +%s)
     # Survivors fail within KOLO_TIMEOUT_SECONDS (3) and exit.
@@ -128,9 +128,9 @@ run() {
         stop_case "$np" "$victim" "$@"
         rc=$?
     else
-        timeout -k 10 "$limit" env "$@" "$kolorun" --failure-grace 10 \
-            "${opts[@]}" -np "$np" "$prog" "$mode" "$victim" \
-            >"$log" 2>&1 </dev/null
+        timeout -k 10 "$limit" env "$@" "$kolorun" --verbose \
+            --failure-grace 10 "${opts[@]}" -np "$np" "$prog" "$mode" \
+            "$victim" >"$log" 2>&1 </dev/null
         rc=$?
     fi
     t=$(elapsed "$start")
@@ -141,8 +141,11 @@ run() {
     awk -v t="$t" -v b="$bound" 'BEGIN{exit !(t > b)}' &&
         note "took ${t}s, more than the ${bound}s it may"
 
-    # kolorun's status and what it says about the first failure.
-    line=$(grep -m1 '^kolorun: rank [0-9]* (pid [0-9]*)' "$log")
+    # kolorun's status and what it says about the first failure (with
+    # --verbose it also says how every other rank ended).
+    line=$(grep '^kolorun: rank [0-9]* (pid [0-9]*) ' "$log" |
+        grep -v 'exited with status 0$' | grep -v '(stopped by kolorun)$' |
+        head -n 1)
     case $expect in
     killed)
         [ "$rc" -ne 0 ] || note "kolorun exited 0 although rank $victim was killed"
@@ -169,7 +172,7 @@ run() {
                 note "rank $r did not pass"
         elif [ "$r" != "$victim" ]; then
             grep -q "^rank $r of $np: PASS $mode victim=$victim\$" "$log" ||
-                note "survivor rank $r did not pass"
+                note "survivor rank $r did not pass ($(grep -m1 "^kolorun: rank $r (pid" "$log" | sed 's/^kolorun: //'))"
         fi
     done
 
@@ -192,7 +195,9 @@ run() {
     else
         fail=$((fail + 1))
         printf 'FAIL %s (exit %d, %ss)%s\n' "$desc" "$rc" "$t" "$why"
-        grep -v '^\[kolo rank' "$log" | head -n 40 | cut -c1-400 | sed 's/^/    | /'
+        grep -v '^\[kolo rank' "$log" |
+            grep -v '^kolorun: \(rank [0-9]*: pid\|rendezvous\|ranks\|removed\)' |
+            head -n 40 | cut -c1-400 | sed 's/^/    | /'
     fi
 }
 
