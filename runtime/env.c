@@ -158,6 +158,13 @@ static const config_row_t rows[] = {
      F(start_timeout_s)},
     {"KOLO_LOG_LEVEL", "warning", "trace, debug, info, warning, error or off",
      parse_level, F(log_level)},
+    {"KOLO_STALL_CHECK_TIME_SECONDS", "60",
+     "warn when some ranks wait this long for a tensor others have not "
+     "enqueued (0: off)",
+     parse_seconds, F(stall_check_s)},
+    {"KOLO_STALL_SHUTDOWN_TIME_SECONDS", "0",
+     "stop the job when a tensor waits this long for other ranks (0: off)",
+     parse_seconds, F(stall_shutdown_s)},
 };
 
 #undef F

@@ -22,6 +22,8 @@ typedef struct kolo__config {
     double timeout_s;
     double start_timeout_s;
     int64_t log_level;
+    double stall_check_s;    /* 0: off */
+    double stall_shutdown_s; /* 0: off */
 } kolo__config_t;
 
 /* Reads every variable through `getenv_fn` (getenv in the runtime; a fake

@@ -49,6 +49,15 @@
  * tensors always take the full round (they are not cached), which keeps
  * the members of a group together in every plan.
  *
+ * Stalls. A tensor that waits on a cache bit for half the stall time
+ * invalidates the bit, so that it and its copies on the other ranks go
+ * through the full round, where the coordinator sees which ranks have it.
+ * The coordinator looks over its table every round: tensors some ranks
+ * have enqueued and others not for KOLO_STALL_CHECK_TIME_SECONDS give one
+ * warning (at most one per check time) naming each missing rank and what it
+ * misses; after KOLO_STALL_SHUTDOWN_TIME_SECONDS it forces a full round
+ * whose answer stops the job on every rank with that list.
+ *
  * A cached name enqueued with different parameters invalidates its bit
  * everywhere; ranks that were waiting on that bit resend the tensor through
  * the full round, where the coordinator sees the disagreement and reports
@@ -441,6 +450,15 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
     kolo__err_t derr;
     int rc = KOLO_OK;
 
+    if (ps->stall_fatal.code != KOLO_OK) {
+        kolo__response_t fatal;
+        kolo__msg_t m = {KOLO__MSG_RESPONSES, -1, 1, {.responses = &fatal}};
+        memset(&fatal, 0, sizeof(fatal));
+        fatal.name = (char *)"*";
+        fatal.status = ps->stall_fatal.code;
+        fatal.text = ps->stall_fatal.msg;
+        return kolo__msg_encode(&m, &ps->resp_buf, err);
+    }
     for (int r = 0; r < ps->size; r++) {
         kolo__err_clear(&derr);
         if (kolo__msg_decode(recv + (size_t)r * stride, lens[r], r, &msg,
@@ -481,6 +499,7 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
                 }
                 p->name = q->name;
                 q->name = NULL;
+                p->first_us = kolo__now_us();
             }
             if (!p->have[r]) {
                 p->have[r] = 1;
@@ -649,8 +668,11 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
     KOLO__CHECK_GOTO(kolo__msg_decode(ps->resp_buf.data, resplen, 0, &resp, err),
                      rc, out);
     if (resp.kind != KOLO__MSG_RESPONSES || resp.rank < 0) {
-        rc = kolo__err_set(err, KOLO_ERR_INTERNAL, "the coordinator stopped "
-                           "the job: %s",
+        rc = kolo__err_set(err,
+                           resp.n > 0 && resp.u.responses[0].status < 0
+                               ? resp.u.responses[0].status
+                               : KOLO_ERR_INTERNAL,
+                           "the coordinator stopped the job: %s",
                            resp.n > 0 && resp.u.responses[0].text
                                ? resp.u.responses[0].text
                                : "malformed response");
@@ -708,6 +730,83 @@ out:
     return rc;
 }
 
+/* The coordinator's stall inspector (see the essay): writes which ranks
+ * miss which tensors, for the tensors waiting longer than `limit_us`.
+ * Returns how many tensors that is. */
+static int stall_report(const kolo__pset_t *ps, int64_t now, int64_t limit_us,
+                        char *out, size_t len)
+{
+    enum { MAX_RANKS = 8, MAX_NAMES = 5 };
+    size_t used = 0;
+    int nstalled = 0, nranks = 0;
+
+    out[0] = '\0';
+    for (int r = 0; r < ps->size && nranks < MAX_RANKS; r++) {
+        char names[1024];
+        size_t nused = 0, it = 0;
+        void *v;
+        int listed = 0, more = 0, k;
+
+        names[0] = '\0';
+        while (kolo__map_next(&ps->table, &it, NULL, &v)) {
+            const kolo__pending_name_t *p = v;
+            if (p->have[r] || ps->joined[r] || now - p->first_us < limit_us)
+                continue;
+            if (listed == MAX_NAMES) {
+                more++;
+                continue;
+            }
+            k = snprintf(names + nused, sizeof(names) - nused, "%s'%.100s' (%.0f s)",
+                         listed ? ", " : "", p->name,
+                         (double)(now - p->first_us) / 1e6);
+            if (k > 0 && (size_t)k < sizeof(names) - nused)
+                nused += (size_t)k;
+            listed++;
+        }
+        if (listed == 0)
+            continue;
+        k = snprintf(out + used, len - used, "%srank %d is missing %s%s", used ? "; " : "",
+                     ps->ranks[r], names, more ? " and more" : "");
+        if (k > 0 && (size_t)k < len - used)
+            used += (size_t)k;
+        nranks++;
+        nstalled += listed + more;
+    }
+    return nstalled;
+}
+
+static void stall_check(kolo__pset_t *ps)
+{
+    const kolo__config_t *cfg = &ps->rt->cfg;
+    int64_t now = kolo__now_us();
+    char list[KOLO__MSG_MAX_TEXT - 200];
+
+    if (ps->rank != 0 || ps->table.count == 0 || ps->stall_fatal.code != KOLO_OK)
+        return;
+    if (cfg->stall_shutdown_s > 0 &&
+        stall_report(ps, now, (int64_t)(cfg->stall_shutdown_s * 1e6), list,
+                     sizeof(list)) > 0) {
+        kolo__err_set(&ps->stall_fatal, KOLO_ERR_TIMEOUT,
+                      "stall: ranks waited more than %g s "
+                      "(KOLO_STALL_SHUTDOWN_TIME_SECONDS) for tensors other "
+                      "ranks never enqueued: %s",
+                      cfg->stall_shutdown_s, list);
+        kolo__log(KOLO__LOG_ERROR, "%s", ps->stall_fatal.msg);
+        return;
+    }
+    if (cfg->stall_check_s > 0 &&
+        now - ps->stall_warned_us >= (int64_t)(cfg->stall_check_s * 1e6) &&
+        stall_report(ps, now, (int64_t)(cfg->stall_check_s * 1e6), list,
+                     sizeof(list)) > 0) {
+        ps->stall_warned_us = now;
+        kolo__log(KOLO__LOG_WARNING,
+                  "stall: some ranks have waited more than %g s "
+                  "(KOLO_STALL_CHECK_TIME_SECONDS) for tensors other ranks "
+                  "have not enqueued: %s",
+                  cfg->stall_check_s, list);
+    }
+}
+
 int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
                     int *stop_rank, kolo__err_t *err)
 {
@@ -760,6 +859,19 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
     }
     if (ps->join_entry != NULL)
         BIT_CLR(v + ps->join_word, (size_t)ps->rank);
+    if (ps->rt->cfg.stall_check_s > 0 || ps->rt->cfg.stall_shutdown_s > 0) {
+        /* Tensors long on a cache bit go to the coordinator, who can tell
+         * which ranks are missing (see the essay). */
+        double limit = ps->rt->cfg.stall_check_s > 0 ? ps->rt->cfg.stall_check_s
+                                                     : ps->rt->cfg.stall_shutdown_s;
+        int64_t now = kolo__now_us();
+        for (size_t b = 0; b < cap; b++)
+            if (ps->hits[b] != NULL &&
+                now - ps->hits[b]->enqueued_us > (int64_t)(limit * 5e5))
+                BIT_CLR(v + ps->inv_word, b);
+    }
+    if (ps->stall_fatal.code != KOLO_OK)
+        v[0] &= ~FLAG_NO_UNCACHED; /* the coordinator has something to say */
     for (kolo__entry_t *e = ps->uncached_head; e != NULL; e = e->next) {
         size_t bit;
         if (kolo__cache_lookup(&ps->cache, e->name, &e->params, &bit) ==
@@ -836,6 +948,7 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
 
     if (!(v[0] & FLAG_NO_UNCACHED))
         KOLO__CHECK(full_round(ps, err));
+    stall_check(ps);
     ps->cycles++;
     return KOLO_OK;
 }

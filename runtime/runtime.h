@@ -34,6 +34,7 @@ typedef struct kolo__pending_name {
     kolo__params_t *params; /* [size], valid where have[r] */
     uint8_t *have;          /* [size] */
     int nhave;
+    int64_t first_us;       /* when the first rank asked */
 } kolo__pending_name_t;
 
 typedef struct kolo__runtime kolo__runtime_t;
@@ -67,6 +68,9 @@ typedef struct kolo__pset {
     uint64_t completed;    /* entries completed, for progress detection */
     int any_pending;       /* some rank had tensors waiting at the last round */
     int others_waiting;    /* ranks may sleep waiting for this rank's work */
+    /* stall inspector (the coordinator) */
+    int64_t stall_warned_us;  /* last warning */
+    kolo__err_t stall_fatal;  /* set: the next round stops the job */
     /* join (global set only) */
     kolo__entry_t *join_entry; /* this rank's pending join */
     uint8_t *joined;       /* [size]: ranks joined at the last round */

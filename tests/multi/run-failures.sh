@@ -4,7 +4,9 @@
 # being the last rank (and, at 3 ranks, rank 0, the coordinator), in every
 # mode:
 #
-#   midcoll   SIGKILL in the middle of a 16M-float allreduce
+#   midcoll   SIGKILL in the middle of a 16M-float allreduce: early (a
+#             tenth of the time one takes) and late (half of it), when the
+#             others are sending to the victim
 #   between   SIGKILL between two steps
 #   init      SIGKILL before kolo_init (kolorun --start-timeout 3)
 #   exit      exit(0) without kolo_shutdown (the others: "rank K has shut
@@ -205,6 +207,8 @@ for np in 2 3 4; do
     last=$((np - 1))
     run "np=$np midcoll: rank $last killed inside a 16M allreduce" killed 20 \
         "$np" "$last" midcoll -- KOLO_TIMEOUT_SECONDS=5
+    run "np=$np midcoll: rank $last killed late in a 16M allreduce" killed 20 \
+        "$np" "$last" midcoll -- KOLO_TIMEOUT_SECONDS=5 FT_KILL_FRACTION=0.5
     run "np=$np between: rank $last killed between steps" killed 10 \
         "$np" "$last" between -- KOLO_TIMEOUT_SECONDS=5
     run "np=$np init: rank $last killed before kolo_init" killed 10 \

@@ -6,8 +6,11 @@
  *   test-failures MODE [VICTIM]      VICTIM defaults to the last rank
  *
  *   midcoll   every rank is inside a 16M-float allreduce when the victim
- *             SIGKILLs itself (it enqueues, then dies a third of the way
- *             through the time that allreduce took in the step before)
+ *             SIGKILLs itself: it enqueues, then dies after a fraction
+ *             (argv[3], else $FT_KILL_FRACTION, else 0.1) of the time that
+ *             allreduce took in the step before. A survivor's allreduce may
+ *             still complete, if the victim had sent all it needed before
+ *             dying, but then only with the right result
  *   between   the victim SIGKILLs itself after step N completes, while the
  *             others enqueue step N+1
  *   init      the victim SIGKILLs itself before kolo_init; the others' init
@@ -27,7 +30,7 @@
  * rank ("rank K"), within the bound of the mode; that kolo_shutdown then
  * returns promptly; and that the descriptors and threads it had before
  * kolo_init are all it has after kolo_shutdown. It prints one line
- * "rank R of N: PASS MODE victim=K ..." and exits 0, or prints what failed
+ * "rank R of N: PASS MODE victim=K" and exits 0, or prints what failed
  * and exits 1. A watchdog (alarm) turns a hang into a FAIL line naming the
  * phase that hung. With $FT_DIR set, every rank writes its pid to
  * $FT_DIR/pid.R, so that the driver can check that none is left running.
@@ -427,7 +430,7 @@ static void mode_between(int by_exit)
 }
 
 /* The victim dies while every rank is inside a large allreduce. */
-static void mode_midcoll(void)
+static void mode_midcoll(double fraction)
 {
     const int64_t count = 16 * 1024 * 1024;
     float *in = malloc((size_t)count * sizeof(float));
@@ -467,12 +470,13 @@ static void mode_midcoll(void)
     rc = kolo_allreduce_async("big", in, out, count, KOLO_FLOAT32, KOLO_OP_SUM,
                               &h);
     if (rank == victim) {
-        /* Early enough that it has not sent its share yet (the copy into
-         * the fusion buffer alone takes longer), late enough that the
-         * others have usually begun. */
-        usleep((useconds_t)(t_step / 10 * 1e6));
+        /* With the default 0.1: early enough that it has not sent its
+         * share yet (the copy into the fusion buffer alone takes longer),
+         * late enough that the others have usually begun. Later (0.5), the
+         * others are usually sending to it when it dies. */
+        usleep((useconds_t)(t_step * fraction * 1e6));
         printf("rank %d: victim: one large allreduce took %.3f s; dying %.3f "
-               "s into the next\n", rank, t_step, t_step / 10);
+               "s into the next\n", rank, t_step, t_step * fraction);
         die();
     }
     if (rc == KOLO_OK) {
@@ -665,7 +669,8 @@ int main(int argc, char **argv)
     size = kolo_size();
 
     if (strcmp(mode, "midcoll") == 0)
-        mode_midcoll();
+        mode_midcoll(argc > 3 ? atof(argv[3])
+                              : env_seconds("FT_KILL_FRACTION", 0.1));
     else if (strcmp(mode, "between") == 0)
         mode_between(0);
     else if (strcmp(mode, "exit") == 0)
