@@ -21,6 +21,7 @@
 
 #include "api.h"
 #include "peers.h"
+#include "timeline.h"
 #include "reduce.h"
 #include "runtime.h"
 
@@ -129,6 +130,7 @@ static int table_add(kolo__runtime_t *rt, kolo__pset_t *ps, int size)
 
 static void runtime_free(kolo__runtime_t *rt)
 {
+    kolo__timeline_free(rt->timeline);
     free(rt->sets);
     free(rt->set_sizes);
     pthread_mutex_destroy(&rt->sets_mu);
@@ -180,6 +182,26 @@ int kolo_init(void)
     rt->generation = g_generation++;
     kolo__log_set_rank(rt->rank);
 
+    rt->timeline = kolo__timeline_new(rt->rank, rt->size, rt->cfg.job_start_us);
+    if (rt->timeline == NULL) {
+        rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
+        goto free_rt;
+    }
+    if (rt->cfg.timeline[0] != '\0' && (rt->rank == 0 || rt->cfg.timeline_all_ranks)) {
+        char path[4200];
+        size_t len = strlen(rt->cfg.timeline);
+        if (!rt->cfg.timeline_all_ranks)
+            snprintf(path, sizeof(path), "%s", rt->cfg.timeline);
+        else if (len > 5 && strcmp(rt->cfg.timeline + len - 5, ".json") == 0)
+            snprintf(path, sizeof(path), "%.*s.%d.json", (int)(len - 5),
+                     rt->cfg.timeline, rt->rank);
+        else
+            snprintf(path, sizeof(path), "%s.%d", rt->cfg.timeline, rt->rank);
+        KOLO__CHECK_GOTO(kolo__timeline_start(rt->timeline, path,
+                                              (int)rt->cfg.timeline_mark_cycles,
+                                              &err),
+                         rc, free_rt);
+    }
     all = malloc((size_t)rt->size * sizeof(int));
     if (all == NULL) {
         rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
@@ -216,11 +238,9 @@ int kolo_init(void)
     return KOLO_OK;
 
 free_rt:
+    /* The registry entry stays: peers still waiting must see that this
+     * rank arrived (kolorun removes the directory at the end). */
     free(all);
-    if (rt->generation == g_generation - 1 && rt->cfg.rendezvous[0]) {
-        snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
-        kolo__peers_unregister(&rt->cfg, prefix);
-    }
     runtime_free(rt);
 unlock:
     pthread_mutex_unlock(&g_mu);
@@ -307,6 +327,37 @@ int kolo_enabled(const char *what)
          rt->sets[KOLO_GLOBAL_PROCESS_SET]->ops != &kolo__ops_local;
     kolo__api_leave();
     return on;
+}
+
+int kolo_start_timeline(const char *path, int mark_cycles)
+{
+    kolo__err_t err;
+    kolo__runtime_t *rt;
+    int rc;
+
+    kolo__err_clear(&err);
+    if (path == NULL || path[0] == '\0')
+        return kolo__api_failf(KOLO_ERR_INVALID_ARGUMENT,
+                               "kolo_start_timeline: no file name");
+    if ((rt = kolo__api_enter("kolo_start_timeline", &err)) == NULL)
+        return kolo__api_fail(&err);
+    rc = kolo__timeline_start(rt->timeline, path, mark_cycles, &err);
+    kolo__api_leave();
+    return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
+}
+
+int kolo_stop_timeline(void)
+{
+    kolo__err_t err;
+    kolo__runtime_t *rt;
+    int rc;
+
+    kolo__err_clear(&err);
+    if ((rt = kolo__api_enter("kolo_stop_timeline", &err)) == NULL)
+        return kolo__api_fail(&err);
+    rc = kolo__timeline_stop(rt->timeline, &err);
+    kolo__api_leave();
+    return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
 }
 
 /* ---- process sets --------------------------------------------------------- */

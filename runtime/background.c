@@ -47,6 +47,7 @@
  */
 #include "config.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,13 +59,62 @@
 #include "peers.h"
 #include "reduce.h"
 #include "runtime.h"
+#include "timeline.h"
 
 #define SLEEP_MAX_US 1000000 /* longest sleep between rounds */
 #define FUSION_ALIGN 64
 
+void kolo__tl_entry_begin(kolo__pset_t *ps, kolo__entry_t *e, const char *phase,
+                          const char *args, int64_t ts)
+{
+    if (kolo__timeline_active(ps->rt->timeline)) {
+        kolo__tl_begin(ps->rt->timeline, e->name, phase, args, ts);
+        e->tl_depth++;
+    }
+}
+
+void kolo__tl_entry_end(kolo__pset_t *ps, kolo__entry_t *e)
+{
+    if (e->tl_depth > 0) {
+        kolo__tl_end(ps->rt->timeline, e->name, 0);
+        e->tl_depth--;
+    }
+}
+
+/* The backend's phase name, as in Horovod's timeline: "GLOO_ALLREDUCE". */
+static const char *backend_phase(const kolo__pset_t *ps, int coll)
+{
+    static const char *const gloo[KOLO__COLL_COUNT_] = {
+        "GLOO_ALLREDUCE", "GLOO_BROADCAST", "GLOO_ALLGATHER", "GLOO_ALLTOALL",
+        "GLOO_REDUCESCATTER", "GLOO_BARRIER", "GLOO_JOIN"};
+    static const char *const local[KOLO__COLL_COUNT_] = {
+        "LOCAL_ALLREDUCE", "LOCAL_BROADCAST", "LOCAL_ALLGATHER", "LOCAL_ALLTOALL",
+        "LOCAL_REDUCESCATTER", "LOCAL_BARRIER", "LOCAL_JOIN"};
+    if (coll < 0 || coll >= KOLO__COLL_COUNT_)
+        return "BACKEND";
+    return ps->ops == &kolo__ops_local ? local[coll] : gloo[coll];
+}
+
+/* Every entry of a batch enters or leaves a phase. */
+static void tl_batch(kolo__pset_t *ps, const size_t *idx, size_t n,
+                     const char *phase)
+{
+    if (!kolo__timeline_active(ps->rt->timeline))
+        return;
+    for (size_t i = 0; i < n; i++) {
+        kolo__entry_t *e = ps->ready[idx[i]];
+        if (phase != NULL)
+            kolo__tl_entry_begin(ps, e, phase, NULL, 0);
+        else
+            kolo__tl_entry_end(ps, e);
+    }
+}
+
 void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
                     const char *msg)
 {
+    while (e->tl_depth > 0)
+        kolo__tl_entry_end(ps, e);
     if (e->handle > 0) {
         /* The name is released before the handle completes, so that a
          * training thread returning from kolo_wait can enqueue the same
@@ -156,8 +206,7 @@ int kolo__explain_failure(kolo__pset_t *ps, int rc, char *detail, size_t len)
         if (kolo__peers_lost(&ps->rt->cfg, prefix, ps->ranks, ps->size, lost,
                              sizeof(lost)) > 0) {
             snprintf(copy, sizeof(copy), "%s", detail);
-            snprintf(detail, len, "lost %s: its process has exited or was "
-                     "killed (%s)", lost, copy);
+            snprintf(detail, len, "lost %s (%s)", lost, copy);
             return KOLO_ERR_RANK_LOST;
         }
         if (rc == KOLO_ERR_TIMEOUT)
@@ -253,6 +302,7 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
         size_t off = 0;
         if (fusion_reserve(ps, count * esize) != 0)
             return no_memory(ps, e0, count * esize, err);
+        tl_batch(ps, idx, n, "MEMCPY_IN_FUSION_BUFFER");
         for (size_t i = 0; i < n; i++) {
             kolo__entry_t *e = ps->ready[idx[i]];
             pack(ps->fusion + off, e);
@@ -262,10 +312,13 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
             kolo__scale(ps->fusion, count, wire, p->prescale);
         in = NULL;
         out = ps->fusion;
+        tl_batch(ps, idx, n, NULL);
     }
 
+    tl_batch(ps, idx, n, backend_phase(ps, KOLO__COLL_ALLREDUCE));
     rc = ps->ops->allreduce(ps->ops_ctx, in, out, count, esize, fn, detail,
                             sizeof(detail));
+    tl_batch(ps, idx, n, NULL);
     if (rc != KOLO_OK)
         return backend_error(ps, rc, e0, n, detail, err);
     if (p->op == KOLO_OP_AVERAGE)
@@ -274,11 +327,13 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
         kolo__scale(out, count, wire, p->postscale);
     if (!direct) {
         size_t off = 0;
+        tl_batch(ps, idx, n, "MEMCPY_OUT_FUSION_BUFFER");
         for (size_t i = 0; i < n; i++) {
             kolo__entry_t *e = ps->ready[idx[i]];
             unpack(e, ps->fusion + off);
             off += (size_t)e->params.count * esize;
         }
+        tl_batch(ps, idx, n, NULL);
     }
     return KOLO_OK;
 }
@@ -542,6 +597,10 @@ static int execute(kolo__pset_t *ps, kolo__err_t *err)
     for (long b = 0; b < nb; b++) {
         const size_t *idx = order + batches[b].first;
         kolo__entry_t *e0 = ps->ready[idx[0]];
+        int other = e0->params.coll != KOLO__COLL_ALLREDUCE;
+        tl_batch(ps, idx, batches[b].n, NULL); /* QUEUE ends */
+        if (other)
+            tl_batch(ps, idx, batches[b].n, backend_phase(ps, e0->params.coll));
         switch (e0->params.coll) {
         case KOLO__COLL_ALLREDUCE:
             rc = run_allreduce(ps, idx, batches[b].n, err);
@@ -564,6 +623,8 @@ static int execute(kolo__pset_t *ps, kolo__err_t *err)
             rc = KOLO_OK;
             break;
         }
+        if (other)
+            tl_batch(ps, idx, batches[b].n, NULL);
         for (size_t i = 0; i < batches[b].n; i++) {
             kolo__entry_t *e = ps->ready[idx[i]];
             ps->ready[idx[i]] = NULL;
@@ -711,12 +772,14 @@ static void pset_free(kolo__pset_t *ps)
     free(ps);
 }
 
+static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
+                         int size, kolo__err_t *err);
+
 int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
                      kolo__pset_t **out, kolo__err_t *err)
 {
     kolo__pset_t *ps = calloc(1, sizeof(*ps));
-    kolo__ops_config_t ocfg;
-    char prefix[64], detail[KOLO__ERR_LEN];
+    sigset_t pipe_set, saved_mask;
     int rc;
 
     if (ps == NULL || (ps->ranks = malloc((size_t)size * sizeof(int))) == NULL) {
@@ -758,6 +821,26 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
                              "backend, and this kolo was built without Gloo",
                              size);
     }
+    /* Threads started from here (the backend's and ours) write to sockets
+     * whose peer may be gone: they must get EPIPE, not a SIGPIPE that kills
+     * the process. They inherit this thread's mask; ours is restored. */
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &saved_mask);
+    rc = start_threads(rt, ps, id, size, err);
+    pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);
+    if (rc == KOLO_OK)
+        *out = ps;
+    return rc;
+}
+
+static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
+                         int size, kolo__err_t *err)
+{
+    kolo__ops_config_t ocfg;
+    char prefix[64], detail[KOLO__ERR_LEN];
+    int rc;
+
     snprintf(prefix, sizeof(prefix), "kolo%u/set%d", rt->generation, id);
     ocfg = (kolo__ops_config_t){ps->rank, size, rt->cfg.rendezvous, prefix,
                                 rt->cfg.hostname, rt->cfg.timeout_s,
@@ -766,15 +849,24 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
     detail[0] = '\0';
     rc = ps->ops->init(&ocfg, &ps->ops_ctx, detail, sizeof(detail));
     if (rc != KOLO_OK) {
+        char missing[512], gen[32];
+        snprintf(gen, sizeof(gen), "kolo%u", rt->generation);
+        if (id != KOLO_GLOBAL_PROCESS_SET)
+            kolo__err_set(err, rc, "rank %d could not connect process set %d: %s",
+                          rt->rank, id, detail);
+        else if (kolo__peers_missing(&rt->cfg, gen, ps->ranks, size, missing,
+                                     sizeof(missing)) > 0)
+            kolo__err_set(err, rc, "rank %d of %d could not join the job: "
+                          "rank(s) %s never arrived (%s)",
+                          rt->rank, rt->size, missing, detail);
+        else
+            kolo__err_set(err, rc, "rank %d of %d could not join the job "
+                          "(rendezvous %s): %s",
+                          rt->rank, rt->size,
+                          rt->cfg.rendezvous[0] ? rt->cfg.rendezvous : "none",
+                          detail);
         pset_free(ps);
-        if (id == KOLO_GLOBAL_PROCESS_SET)
-            return kolo__err_set(err, rc, "rank %d of %d could not join the "
-                                 "job (rendezvous %s): %s",
-                                 rt->rank, rt->size,
-                                 rt->cfg.rendezvous[0] ? rt->cfg.rendezvous : "none",
-                                 detail);
-        return kolo__err_set(err, rc, "rank %d could not connect process set "
-                             "%d: %s", rt->rank, id, detail);
+        return rc;
     }
     if (pthread_create(&ps->thread, NULL, kolo__background_main, ps) != 0) {
         ps->ops->finalize(ps->ops_ctx);
@@ -784,7 +876,6 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
                              "set %d", id);
     }
     ps->thread_started = 1;
-    *out = ps;
     return KOLO_OK;
 }
 

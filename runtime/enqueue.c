@@ -73,6 +73,9 @@ static int check_name(const char *coll, const char *name, kolo__err_t *err)
     return KOLO_OK;
 }
 
+/* Checks the dtype, and the op unless op is NO_OP (a collective without a
+ * reduction). */
+#define NO_OP INT32_MIN
 static int check_dtype_op(const char *coll, const char *name, kolo_dtype_t dtype,
                           int op, kolo__err_t *err)
 {
@@ -80,9 +83,9 @@ static int check_dtype_op(const char *coll, const char *name, kolo_dtype_t dtype
         return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
                              "%s of tensor '%s': unknown dtype %d", coll, name,
                              (int)dtype);
-    if (op < 0)
-        return KOLO_OK; /* no reduction */
-    if ((unsigned)op >= KOLO_OP_COUNT_)
+    if (op == NO_OP)
+        return KOLO_OK;
+    if (op < 0 || op >= KOLO_OP_COUNT_)
         return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
                              "%s of tensor '%s': unknown reduction op %d", coll,
                              name, op);
@@ -499,7 +502,7 @@ int kolo_broadcast_async(const char *name, void *buffer, int64_t count,
         kolo_opts_init(&defaults);
         opts = &defaults;
     }
-    if (check_name("broadcast", name, &err) || check_dtype_op("broadcast", name, dtype, -1, &err) ||
+    if (check_name("broadcast", name, &err) || check_dtype_op("broadcast", name, dtype, NO_OP, &err) ||
         check_count("broadcast", name, count, dtype, &err) ||
         check_buffer("broadcast", name, buffer, count, "", &err))
         return kolo__api_fail(&err);
@@ -531,7 +534,7 @@ static int shaped_request(const char *coll, int kind, const char *name,
                           request_t *q, kolo__err_t *err)
 {
     int64_t count;
-    int op = kind == KOLO__COLL_REDUCESCATTER ? (int)opts->op : -1;
+    int op = kind == KOLO__COLL_REDUCESCATTER ? (int)opts->op : NO_OP;
 
     memset(q, 0, sizeof(*q));
     q->coll = coll;
@@ -551,7 +554,7 @@ static int shaped_request(const char *coll, int kind, const char *name,
                              kind == KOLO__COLL_REDUCESCATTER ? "split" : "concatenate");
     KOLO__CHECK(check_shape(coll, name, ndim, shape, dtype, &count, err));
     KOLO__CHECK(check_buffer(coll, name, input, count, "input", err));
-    kolo__params_init(&q->params, kind, dtype, op < 0 ? 0 : op, count);
+    kolo__params_init(&q->params, kind, dtype, op == NO_OP ? 0 : op, count);
     params_from_opts(&q->params, opts);
     q->params.ndim = (uint8_t)ndim;
     memcpy(q->params.shape, shape, (size_t)ndim * sizeof(int64_t));

@@ -158,6 +158,15 @@ static const config_row_t rows[] = {
      F(start_timeout_s)},
     {"KOLO_LOG_LEVEL", "warning", "trace, debug, info, warning, error or off",
      parse_level, F(log_level)},
+    {"KOLO_TIMELINE", "", "write a Chrome-trace timeline to this file (rank 0, "
+     "or every rank with KOLO_TIMELINE_ALL_RANKS=1)", parse_string, F(timeline)},
+    {"KOLO_TIMELINE_MARK_CYCLES", "0", "1: mark every negotiation round",
+     parse_nonneg, F(timeline_mark_cycles)},
+    {"KOLO_TIMELINE_ALL_RANKS", "0",
+     "1: every rank writes its own timeline, FILE with the rank before .json",
+     parse_nonneg, F(timeline_all_ranks)},
+    {"KOLO_JOB_START_US", "0", "the job's start (kolorun sets it): time zero "
+     "of every rank's timeline", parse_nonneg, F(job_start_us)},
     {"KOLO_STALL_CHECK_TIME_SECONDS", "60",
      "warn when some ranks wait this long for a tensor others have not "
      "enqueued (0: off)",

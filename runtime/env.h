@@ -22,6 +22,9 @@ typedef struct kolo__config {
     double timeout_s;
     double start_timeout_s;
     int64_t log_level;
+    char timeline[4096];     /* KOLO_TIMELINE; "" off */
+    int64_t timeline_mark_cycles, timeline_all_ranks;
+    int64_t job_start_us;    /* set by kolorun: the timeline's time zero */
     double stall_check_s;    /* 0: off */
     double stall_shutdown_s; /* 0: off */
 } kolo__config_t;

@@ -29,6 +29,27 @@ const char *kolo__coll_name(int coll)
     }
 }
 
+static const char *const phase_names[KOLO__COLL_COUNT_][2] = {
+    [KOLO__COLL_ALLREDUCE] = {"ALLREDUCE", "NEGOTIATE_ALLREDUCE"},
+    [KOLO__COLL_BROADCAST] = {"BROADCAST", "NEGOTIATE_BROADCAST"},
+    [KOLO__COLL_ALLGATHER] = {"ALLGATHER", "NEGOTIATE_ALLGATHER"},
+    [KOLO__COLL_ALLTOALL] = {"ALLTOALL", "NEGOTIATE_ALLTOALL"},
+    [KOLO__COLL_REDUCESCATTER] = {"REDUCESCATTER", "NEGOTIATE_REDUCESCATTER"},
+    [KOLO__COLL_BARRIER] = {"BARRIER", "NEGOTIATE_BARRIER"},
+    [KOLO__COLL_JOIN] = {"JOIN", "NEGOTIATE_JOIN"},
+};
+
+const char *kolo__coll_phase(int coll)
+{
+    return coll >= 0 && coll < KOLO__COLL_COUNT_ ? phase_names[coll][0] : "UNKNOWN";
+}
+
+const char *kolo__coll_negotiate_phase(int coll)
+{
+    return coll >= 0 && coll < KOLO__COLL_COUNT_ ? phase_names[coll][1]
+                                                 : "NEGOTIATE_UNKNOWN";
+}
+
 void kolo__params_init(kolo__params_t *p, int coll, int dtype, int op,
                        int64_t count)
 {

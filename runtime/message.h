@@ -42,6 +42,9 @@ typedef enum kolo__coll {
 } kolo__coll_t;
 
 const char *kolo__coll_name(int coll);
+/* Horovod's timeline names: "ALLREDUCE" and "NEGOTIATE_ALLREDUCE". */
+const char *kolo__coll_phase(int coll);
+const char *kolo__coll_negotiate_phase(int coll);
 
 typedef enum kolo__msg_kind {
     KOLO__MSG_REQUESTS = 1,

@@ -68,6 +68,7 @@
 #include <string.h>
 
 #include "runtime.h"
+#include "timeline.h"
 
 #define FLAG_NO_UNCACHED 1ULL
 #define FLAG_NONE_PENDING 2ULL
@@ -205,8 +206,34 @@ static void uncached_append(kolo__pset_t *ps, kolo__entry_t *e)
     ps->uncached_tail = e;
 }
 
+/* Timeline: the tensor is negotiated; its operation starts, queued. */
+static void tl_ready(kolo__pset_t *ps, kolo__entry_t *e)
+{
+    kolo__timeline_t *tl = ps->rt->timeline;
+    char args[256];
+    size_t n;
+
+    if (!kolo__timeline_active(tl))
+        return;
+    kolo__tl_entry_end(ps, e); /* the negotiation */
+    n = (size_t)snprintf(args, sizeof(args), "\"dtype\":\"%s\",\"shape\":[",
+                         kolo_dtype_name((kolo_dtype_t)e->params.dtype));
+    if (e->params.ndim == 0)
+        n += (size_t)snprintf(args + n, sizeof(args) - n, "%lld",
+                              (long long)e->params.count);
+    for (int i = 0; i < e->params.ndim && n < sizeof(args); i++)
+        n += (size_t)snprintf(args + n, sizeof(args) - n, i ? ",%lld" : "%lld",
+                              (long long)(i == 0 && e->rows ? e->rows
+                                                            : e->params.shape[i]));
+    if (n < sizeof(args))
+        snprintf(args + n, sizeof(args) - n, "]");
+    kolo__tl_entry_begin(ps, e, kolo__coll_phase(e->params.coll), args, 0);
+    kolo__tl_entry_begin(ps, e, "QUEUE", NULL, 0);
+}
+
 static int ready_push(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
 {
+    tl_ready(ps, e);
     if (ps->nready == ps->ready_cap) {
         size_t ncap = ps->ready_cap ? ps->ready_cap * 2 : 64;
         kolo__entry_t **nr = realloc(ps->ready, ncap * sizeof(*nr));
@@ -504,6 +531,11 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
             if (!p->have[r]) {
                 p->have[r] = 1;
                 p->nhave++;
+                if (r != ps->rank && kolo__timeline_active(ps->rt->timeline)) {
+                    char who[16];
+                    snprintf(who, sizeof(who), "%d", r);
+                    kolo__tl_instant(ps->rt->timeline, p->name, who, 0);
+                }
             }
             p->params[r] = q->params;
             if (complete(ps, p)) {
@@ -817,12 +849,21 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
 
     ps->nready = 0;
     *stop_rank = -1;
+    if (kolo__timeline_marks_cycles(ps->rt->timeline))
+        kolo__tl_cycle(ps->rt->timeline);
 
     /* Sort the new entries: cache hits wait on their bit, the rest go to
      * the full round. */
     for (kolo__entry_t *e = fresh, *next; e != NULL; e = next) {
         size_t bit;
         next = e->next;
+        if (kolo__timeline_active(ps->rt->timeline)) {
+            char me[16];
+            snprintf(me, sizeof(me), "%d", ps->rank);
+            kolo__tl_entry_begin(ps, e, kolo__coll_negotiate_phase(e->params.coll),
+                                 NULL, e->enqueued_us);
+            kolo__tl_instant(ps->rt->timeline, e->name, me, e->enqueued_us);
+        }
         if (e->params.coll == KOLO__COLL_JOIN) {
             ps->join_entry = e; /* a second one is refused at enqueue */
             continue;

@@ -55,23 +55,28 @@ void kolo__peers_unregister(const kolo__config_t *cfg, const char *prefix)
         unlink(path);
 }
 
-/* 1 if the process is gone or a zombie. */
-static int process_gone(long pid)
+/* What is wrong with a peer's process: NULL if it looks alive. */
+static const char *process_trouble(long pid)
 {
     char path[64], buf[512], *p;
     FILE *f;
-    int gone = 0;
+    const char *trouble = NULL;
 
     if (kill((pid_t)pid, 0) != 0)
-        return errno == ESRCH;
+        return errno == ESRCH ? "has exited or was killed" : NULL;
     snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
     f = fopen(path, "r");
     if (f == NULL)
-        return 0;
-    if (fgets(buf, sizeof(buf), f) != NULL && (p = strrchr(buf, ')')) != NULL)
-        gone = p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+        return NULL;
+    if (fgets(buf, sizeof(buf), f) != NULL && (p = strrchr(buf, ')')) != NULL &&
+        p[1] == ' ') {
+        if (p[2] == 'Z' || p[2] == 'X')
+            trouble = "has exited or was killed";
+        else if (p[2] == 'T' || p[2] == 't')
+            trouble = "is stopped (SIGSTOP, or a debugger)";
+    }
     fclose(f);
-    return gone;
+    return trouble;
 }
 
 int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
@@ -94,15 +99,38 @@ int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
         f = fopen(path, "r");
         if (f == NULL)
             continue; /* shut down cleanly, or never arrived */
+        const char *trouble;
         if (fscanf(f, "%255s %ld", theirs, &pid) == 2 &&
-            strcmp(theirs, host) == 0 && process_gone(pid)) {
-            int k = snprintf(out + used, len - used, "%srank %d (pid %ld)",
-                             found ? ", " : "", r, pid);
+            strcmp(theirs, host) == 0 && (trouble = process_trouble(pid)) != NULL) {
+            int k = snprintf(out + used, len - used, "%srank %d (pid %ld) %s",
+                             found ? "; " : "", r, pid, trouble);
             if (k > 0 && (size_t)k < len - used)
                 used += (size_t)k;
             found++;
         }
         fclose(f);
+    }
+    return found;
+}
+
+int kolo__peers_missing(const kolo__config_t *cfg, const char *prefix,
+                        const int *ranks, int n, char *out, size_t len)
+{
+    char path[4200];
+    size_t used = 0;
+    int found = 0;
+
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        if (registry_path(cfg, prefix, ranks[i], path, sizeof(path)) != 0)
+            return 0; /* no registry: nothing to say */
+        if (access(path, F_OK) != 0) {
+            int k = snprintf(out + used, len - used, "%s%d", found ? ", " : "",
+                             ranks[i]);
+            if (k > 0 && (size_t)k < len - used)
+                used += (size_t)k;
+            found++;
+        }
     }
     return found;
 }

@@ -14,9 +14,15 @@
 void kolo__peers_register(const kolo__config_t *cfg, const char *prefix);
 void kolo__peers_unregister(const kolo__config_t *cfg, const char *prefix);
 
-/* Writes "rank 2 (pid 1234), ..." for the peers among ranks[n] (global
- * ranks) whose process on this host is gone; returns how many. */
+/* Writes "rank 2 (pid 1234) has exited or was killed; ..." for the peers
+ * among ranks[n] (global ranks) whose process on this host is gone or
+ * stopped; returns how many. */
 int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
                      const int *ranks, int n, char *out, size_t len);
+
+/* Writes "2, 3" for the ranks among ranks[n] that never registered (never
+ * reached kolo_init); returns how many. */
+int kolo__peers_missing(const kolo__config_t *cfg, const char *prefix,
+                        const int *ranks, int n, char *out, size_t len);
 
 #endif /* KOLO_PEERS_H */

@@ -40,6 +40,7 @@ typedef struct kolo__entry {
     void *scratch;   /* a buffer the entry owns (a join's zeros) */
     struct kolo__result *result; /* output for the handle, owned until
                                     completion hands it over */
+    int tl_depth; /* timeline spans open on this tensor's lane */
 } kolo__entry_t;
 
 /* Output of an allgather, alltoall or reducescatter (or a join's last

@@ -82,6 +82,7 @@ struct kolo__runtime {
     int rank, size;
     kolo__handles_t *handles;
     unsigned generation;   /* counts kolo_init calls: rendezvous prefix */
+    struct kolo__timeline *timeline; /* always there; records while started */
     pthread_mutex_t sets_mu;
     kolo__pset_t **sets;   /* [nsets], by id; NULL: removed or not a member */
     int *set_sizes;        /* [nsets]: members, also for non-members; 0: removed */
@@ -105,6 +106,12 @@ void *kolo__background_main(void *arg);
  * the entry's result, if any). Frees the entry. */
 void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
                     const char *msg);
+
+/* Timeline spans on an entry's lane (no-ops while the timeline is off);
+ * kolo__complete closes what is still open. ts 0: now. */
+void kolo__tl_entry_begin(kolo__pset_t *ps, kolo__entry_t *e, const char *phase,
+                          const char *args, int64_t ts);
+void kolo__tl_entry_end(kolo__pset_t *ps, kolo__entry_t *e);
 
 /* negotiate.c: one negotiation round. `fresh` are the entries taken from
  * the queue this cycle. Fills ps->ready / ps->nready with the entries that

@@ -112,7 +112,7 @@
  * longer means a process outside the group, a daemon, holds them). */
 #define KOLORUN_SETTLE_MS 1000
 #define KOLORUN_MAX_RANKS 4096
-#define KOLORUN_MAX_ENV 10
+#define KOLORUN_MAX_ENV 16
 #define KOLORUN_RMTREE_DEPTH 64
 
 enum { KOLORUN_OUT = 0, KOLORUN_ERR = 1 };
@@ -183,6 +183,7 @@ typedef struct kolorun {
     int launch_error;  /* kolorun itself could not start the job */
     int64_t killed_ms;     /* when SIGKILL went out */
     int64_t all_reaped_ms; /* when the last rank was reaped, 0 before */
+    int64_t job_start_us;  /* wall-clock start, for the ranks' timelines */
 } kolorun_t;
 
 static int64_t kolorun_now_ms(void)
@@ -905,6 +906,9 @@ static int kolorun_rank_env(const kolorun_t *k, int r,
     env[n++] = kolorun_strdupf("KOLO_RENDEZVOUS=file:%s", k->rdv_dir);
     if (!getenv("KOLO_HOSTNAME"))
         env[n++] = kolorun_strdupf("KOLO_HOSTNAME=127.0.0.1");
+    /* Every rank's timeline counts time from the same moment. */
+    env[n++] = kolorun_strdupf("KOLO_JOB_START_US=%lld",
+                               (long long)k->job_start_us);
     if (k->opts.timeline)
         env[n++] = kolorun_strdupf("KOLO_TIMELINE=%s", k->opts.timeline);
     if (k->opts.start_timeout)
@@ -1344,6 +1348,11 @@ int main(int argc, char **argv)
     kolorun_t k;
     memset(&k, 0, sizeof k);
     k.failed_rank = -1;
+    {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        k.job_start_us = (int64_t)now.tv_sec * 1000000 + now.tv_nsec / 1000;
+    }
     kolorun_std_fds();
     kolorun_parse(argc, argv, &k.opts);
     kolorun_raise_fd_limit(k.opts.np);

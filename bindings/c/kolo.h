@@ -377,6 +377,20 @@ KOLO_EXPORT int kolo_wait(kolo_handle_t handle);
  * until the handle is released (kolo_wait). */
 KOLO_EXPORT const char *kolo_handle_error(kolo_handle_t handle);
 
+/* ---- Timeline ----------------------------------------------------------- */
+
+/* Starts writing a Chrome-trace timeline (a JSON array that Perfetto and
+ * chrome://tracing open, valid at every moment, even if the job is killed)
+ * to `path` on this rank, replacing one being written. mark_cycles adds a
+ * CYCLE_START marker per negotiation round. The same as KOLO_TIMELINE and
+ * KOLO_TIMELINE_MARK_CYCLES at init. Any rank may call it; usually rank 0
+ * does (its file shows every rank's readiness). */
+KOLO_EXPORT int kolo_start_timeline(const char *path, int mark_cycles);
+
+/* Writes what was recorded and closes the file. Reports a failed write
+ * (a full disk, say) that stopped the timeline earlier. */
+KOLO_EXPORT int kolo_stop_timeline(void);
+
 /* ---- What this build has ----------------------------------------------- */
 
 /* 1 if this kolo was built with the backend or device support named

@@ -59,7 +59,12 @@ why=
 note() { why="$why
     - $*"; }
 
-shm_list() { ls -A /dev/shm 2>/dev/null | grep '^kolo' | sort; }
+shm_list() {
+    local f
+    for f in /dev/shm/kolo*; do
+        [ -e "$f" ] && echo "${f#/dev/shm/}"
+    done | sort
+}
 
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
 
@@ -73,6 +78,7 @@ stop_case() {
         -np "$np" "$prog" stop "$victim" >"$log" 2>&1 </dev/null &
     kpid=$!
     t0=$(date +%s)
+    gone=0
     # Survivors fail within KOLO_TIMEOUT_SECONDS (3) and exit.
     while [ $(($(date +%s) - t0)) -lt 20 ]; do
         [ -z "$vpid" ] && [ -s "$FT_DIR/victim.pid" ] &&
@@ -114,7 +120,7 @@ stop_case() {
 #   BOUND: seconds the whole run may take (well below `limit`)
 run() {
     local desc=$1 expect=$2 bound=$3 np=$4 victim=$5 mode=$6 start rc t
-    local opts=() shm_before shm_after left r pid line
+    local opts=() shm_before shm_after left r f pid line
     shift 6
     while [ $# -gt 0 ] && [ "$1" != -- ]; do
         opts+=("$1")
@@ -179,9 +185,11 @@ run() {
     done
 
     # Nothing left running, nothing left behind.
-    for pid in $(cat "$FT_DIR"/pid.* 2>/dev/null); do
+    for f in "$FT_DIR"/pid.*; do
+        [ -s "$f" ] || continue
+        pid=$(cat "$f")
         if kill -0 "$pid" 2>/dev/null; then
-            note "pid $pid still running after kolorun ended"
+            note "${f##*/} (pid $pid) still running after kolorun ended"
             kill -KILL "$pid" 2>/dev/null
         fi
     done

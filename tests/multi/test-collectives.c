@@ -1798,11 +1798,74 @@ static void mode_barrier(void)
 /* join                                                                     */
 /* ======================================================================== */
 
+/* Waits for h at most `seconds`: a hang becomes a failure with a message
+ * (the job is stopped, since the other ranks may be blocked for good). */
+static int wait_deadline(kolo_handle_t h, const char *name, double seconds)
+{
+    double end = now_s() + seconds;
+    int rc;
+    while ((rc = kolo_poll(h)) == KOLO_IN_PROGRESS && now_s() < end)
+        usleep(2000);
+    if (rc == KOLO_IN_PROGRESS) {
+        CHECK(0, "%s did not complete within %.0f s", name, seconds);
+        fprintf(stderr, "rank %d: stopping the job\n", rank);
+        exit(1);
+    }
+    return wait_ok(h, name);
+}
+
 static void mode_join(void)
 {
     int steps = 3 + 2 * rank, last = -7, rc;
     float f[10];
     int32_t iv[5];
+
+    /* Phase 0: tensors never negotiated before (so not in the response
+     * cache), single and grouped, that the other ranks enqueue before rank
+     * 0 joins: they complete once it has joined, rank 0 contributing
+     * zeros. */
+    if (rank == 0) {
+        usleep(300000);
+        rc = grab(kolo_join(&last));
+        CHECK(rc == KOLO_OK, "kolo_join (phase 0): %d %s", rc, lastmsg);
+    } else {
+        const char *names[2] = {"join/fresh-g0", "join/fresh-g1"};
+        float a[4], g0[3], g1[2];
+        const void *in[2] = {g0, g1};
+        void *out[2] = {g0, g1};
+        int64_t counts[2] = {3, 2};
+        kolo_handle_t h, hg[2];
+        for (int i = 0; i < 4; i++)
+            a[i] = (float)(rank + i);
+        for (int i = 0; i < 3; i++)
+            g0[i] = (float)(10 * rank + i);
+        for (int i = 0; i < 2; i++)
+            g1[i] = (float)(-rank - i);
+        MUST(kolo_allreduce_async("join/fresh", a, a, 4, KOLO_FLOAT32,
+                                  KOLO_OP_SUM, &h));
+        MUST(kolo_grouped_allreduce_async(2, names, in, out, counts,
+                                          KOLO_FLOAT32, NULL, hg));
+        if (wait_deadline(h, "join/fresh (enqueued before rank 0 joined)", 10))
+            for (int i = 0; i < 4; i++)
+                CHECK(a[i] == (float)(size * (size - 1) / 2 + (size - 1) * i),
+                      "join/fresh[%d] = %g", i, a[i]);
+        if (wait_deadline(hg[0], "join/fresh-g0 (grouped, enqueued before "
+                                 "rank 0 joined)", 10))
+            for (int i = 0; i < 3; i++)
+                CHECK(g0[i] == (float)(10 * size * (size - 1) / 2 +
+                                       (size - 1) * i),
+                      "join/fresh-g0[%d] = %g", i, g0[i]);
+        if (wait_deadline(hg[1], "join/fresh-g1", 10))
+            for (int i = 0; i < 2; i++)
+                CHECK(g1[i] == (float)(-size * (size - 1) / 2 -
+                                       (size - 1) * i),
+                      "join/fresh-g1[%d] = %g", i, g1[i]);
+        rc = grab(kolo_join(&last));
+        CHECK(rc == KOLO_OK, "kolo_join (phase 0): %d %s", rc, lastmsg);
+    }
+    CHECK(last >= 1 && last < size, "phase 0: last_rank %d (rank 0 joined "
+          "first)", last);
+    expect_ok("join/after0");
 
     /* Phase 1: uneven steps; joined ranks contribute zeros. */
     for (int s = 0; s < steps; s++) {
@@ -1840,7 +1903,8 @@ static void mode_join(void)
             o.postscale = 4;
             MUST(kolo_allreduce_async_opts("join/scaled-avg", sc, sc, 4,
                                            KOLO_FLOAT64, &o, &hs));
-            if (wait_ok(hg[0], "join/g0") && wait_ok(hg[1], "join/g1")) {
+            if (wait_deadline(hg[0], "join/g0", 10) &&
+                wait_deadline(hg[1], "join/g1", 10)) {
                 for (int i = 0; i < 3; i++) {
                     double e = 0;
                     for (int r = 0; r < size; r++)
@@ -1858,7 +1922,7 @@ static void mode_join(void)
                           s, i, g1[i], e);
                 }
             }
-            if (wait_ok(hs, "join/scaled-avg"))
+            if (wait_deadline(hs, "join/scaled-avg", 10))
                 for (int i = 0; i < 4; i++) {
                     double e = 0;
                     for (int r = 0; r < size; r++)
@@ -1871,8 +1935,8 @@ static void mode_join(void)
                           s, i, sc[i], e, size);
                 }
         }
-        wait_ok(hf, "join/sum");
-        wait_ok(hi, "join/avg");
+        wait_deadline(hf, "join/sum", 10);
+        wait_deadline(hi, "join/avg", 10);
         for (int i = 0; i < 10; i++) {
             esum = 0;
             for (int r = 0; r < size; r++)

@@ -261,7 +261,7 @@ static void check_failed(const char *what, int rc, const char *msg, double t0)
         fail_once(0, "%s: expected an error, got %d", what, rc);
         return;
     }
-    if (!(expected_codes() & CODE(rc)))
+    if (rc < -31 || !(expected_codes() & CODE(rc)))
         fail_once(1, "%s: unexpected code %d (%s); message: %s", what, rc,
                   kolo_strerror(rc), msg);
     if (!names_rank(msg, victim))

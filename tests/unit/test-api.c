@@ -655,6 +655,8 @@ static const struct {
     {"KOLO_CACHE_CAPACITY", "-5"},
     {"KOLO_SIZE", "0"},
     {"KOLO_RANK", "x"},
+    {"KOLO_STALL_CHECK_TIME_SECONDS", "-1"},
+    {"KOLO_STALL_SHUTDOWN_TIME_SECONDS", "soon"},
 };
 
 START_TEST(invalid_environment)

@@ -289,15 +289,24 @@ def stop_timeline():
 
 # ---- names -----------------------------------------------------------------
 
-_noname = itertools.count()
+_noname = {}  # process set id -> counter of unnamed operations
 
 
-def op_key(prefix, name):
+def op_key(prefix, name, process_set=None):
     """The runtime name of an operation: "<prefix>.<name>", or an
-    auto-generated "<prefix>.noname.<n>" (ranks must then issue their unnamed
-    operations in the same order, as with Horovod)."""
+    auto-generated "<prefix>.noname.<n>" where n counts the unnamed
+    operations of the process set on this rank (".noname.s<id>.<n>" for a
+    set other than the global one). As with Horovod, the ranks of a set must
+    then issue their unnamed operations in the same order; ranks outside a
+    set do not count its operations."""
     if name is None:
-        return "%s.noname.%d" % (prefix, next(_noname))
+        sid = set_id(process_set)
+        with _lock:
+            n = _noname.get(sid, 0)
+            _noname[sid] = n + 1
+        if sid == _lib.GLOBAL_PROCESS_SET:
+            return "%s.noname.%d" % (prefix, n)
+        return "%s.noname.s%d.%d" % (prefix, sid, n)
     if not isinstance(name, str):
         raise TypeError("the name of an operation must be a str, not %s"
                         % type(name).__name__)

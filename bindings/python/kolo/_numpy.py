@@ -93,7 +93,7 @@ def _allreduce_async(a, out, name, op, prescale_factor, postscale_factor,
     op = _core.check_op(op)
     opts, keep = _core.make_opts(op, prescale_factor, postscale_factor,
                                  process_set, _wire(wire_dtype, a))
-    key = _core.op_key(prefix, name)
+    key = _core.op_key(prefix, name, process_set)
     kh = _core.allreduce_async(key, a.ctypes.data, out.ctypes.data, a.size,
                                _kdtype(a), opts)
     return _core.register([kh], (a, out), lambda _r: out, what=key)
@@ -146,7 +146,7 @@ def _grouped_allreduce_async(arrays, outs, name, op, prescale_factor,
     op = _core.check_op(op)
     if not arrays:
         raise ValueError("grouped_allreduce: the list of arrays is empty")
-    base = _core.op_key("grouped_allreduce", name)
+    base = _core.op_key("grouped_allreduce", name, process_set)
     keys = ["%s.%d" % (base, i) for i in range(len(arrays))]
     dtypes = {_kdtype(a) for a in arrays}
     if len(dtypes) != 1:
@@ -197,7 +197,7 @@ def grouped_allreduce_(arrays, op=Average, name=None, prescale_factor=1.0,
 
 def _broadcast_async(a, root_rank, name, process_set):
     opts, keep = _core.make_opts(process_set=process_set, shape=a.shape)
-    key = _core.op_key("broadcast", name)
+    key = _core.op_key("broadcast", name, process_set)
     kh = _core.broadcast_async(key, a.ctypes.data, a.size, _kdtype(a),
                                root_rank, opts)
     return _core.register([kh], a, lambda _r: a, what=key)
@@ -245,7 +245,7 @@ def allgather_async(array, name=None, process_set=global_process_set):
     a = _input(array)
     _rows(a, "allgather")
     opts, _ = _core.make_opts(process_set=process_set)
-    key = _core.op_key("allgather", name)
+    key = _core.op_key("allgather", name, process_set)
     hs = _core.grouped_allgather_async([key], [a.ctypes.data], [a.shape],
                                        _kdtype(a), opts)
     dt = a.dtype
@@ -267,7 +267,7 @@ def grouped_allgather_async(arrays, name=None, process_set=global_process_set):
     if len(dtypes) != 1:
         raise TypeError("grouped_allgather: the arrays of one group must share "
                         "one dtype")
-    base = _core.op_key("grouped_allgather", name)
+    base = _core.op_key("grouped_allgather", name, process_set)
     keys = ["%s.%d" % (base, i) for i in range(len(ins))]
     opts, _ = _core.make_opts(process_set=process_set)
     hs = _core.grouped_allgather_async(keys, [a.ctypes.data for a in ins],
@@ -295,7 +295,7 @@ def alltoall_async(array, splits=None, name=None,
     if splits is not None:
         splits = [int(s) for s in np.asarray(splits).reshape(-1)]
     opts, _ = _core.make_opts(process_set=process_set)
-    key = _core.op_key("alltoall", name)
+    key = _core.op_key("alltoall", name, process_set)
     kh = _core.alltoall_async(key, a.ctypes.data, a.shape, _kdtype(a), splits,
                               opts)
     dt = a.dtype
@@ -337,7 +337,7 @@ def reducescatter_async(array, op=Average, name=None,
     _rows(a, "reducescatter")
     opts, _ = _core.make_opts(_check_rs_op(op), prescale_factor,
                               postscale_factor, process_set)
-    key = _core.op_key("reducescatter", name)
+    key = _core.op_key("reducescatter", name, process_set)
     hs = _core.grouped_reducescatter_async([key], [a.ctypes.data], [a.shape],
                                            _kdtype(a), opts)
     dt = a.dtype
@@ -365,7 +365,7 @@ def grouped_reducescatter_async(arrays, op=Average, name=None,
                         "share one dtype")
     opts, _ = _core.make_opts(_check_rs_op(op), prescale_factor,
                               postscale_factor, process_set)
-    base = _core.op_key("grouped_reducescatter", name)
+    base = _core.op_key("grouped_reducescatter", name, process_set)
     keys = ["%s.%d" % (base, i) for i in range(len(ins))]
     hs = _core.grouped_reducescatter_async(
         keys, [a.ctypes.data for a in ins], [a.shape for a in ins],

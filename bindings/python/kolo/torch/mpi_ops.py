@@ -61,6 +61,12 @@ def _kdtype(t, what="kolo"):
     return kd
 
 
+def _new_like(t, what):
+    """An empty contiguous tensor like t, once t is known to be usable."""
+    _kdtype(t, what)
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
 def _contig(t):
     return t if t.is_contiguous() else t.contiguous()
 
@@ -108,7 +114,7 @@ def _allreduce_async(tensor, output, name, op, prescale_factor,
                                  process_set, wire, passes, average_passes,
                                  _shape_or_none(tensor))
     if key is None:
-        key = _core.op_key("allreduce", name)
+        key = _core.op_key("allreduce", name, process_set)
     kh = _core.allreduce_async(key, inp.data_ptr(), buf.data_ptr(),
                                inp.numel(), kd, opts)
 
@@ -128,7 +134,7 @@ def allreduce_async(tensor, average=None, name=None, op=None,
     Product. Every rank must use the same name for one tensor (or issue its
     unnamed operations in the same order)."""
     op = _core.resolve_op(op, average)
-    output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    output = _new_like(tensor, "allreduce")
     return _allreduce_async(tensor, output, name, op, prescale_factor,
                             postscale_factor, process_set)
 
@@ -154,7 +160,7 @@ class _Allreduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tensor, name, op, prescale, postscale, process_set, wire):
         ctx.args = (op, prescale, postscale, process_set, wire)
-        out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        out = _new_like(tensor, "allreduce")
         return _core.synchronize(_allreduce_async(
             tensor, out, name, op, prescale, postscale, process_set, wire))
 
@@ -202,7 +208,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
         raise ValueError("grouped_allreduce: the list of tensors is empty")
     op = _core.check_op(op)
     groups = _by_dtype(tensors, "grouped_allreduce")
-    base = _core.op_key("grouped_allreduce", name)
+    base = _core.op_key("grouped_allreduce", name, process_set)
     keys = ["%s.%d" % (base, i) for i in range(len(tensors))]
     ins = [_contig(t) for t in tensors]
     bufs = [ins[i] if outputs[i] is tensors[i] else _contig(outputs[i])
@@ -235,8 +241,7 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None,
     """Starts the allreduce of a list of tensors as one group (negotiated and
     reduced together); synchronize(handle) returns the list of results."""
     op = _core.resolve_op(op, average)
-    outs = [torch.empty_like(t, memory_format=torch.contiguous_format)
-            for t in tensors]
+    outs = [_new_like(t, "grouped_allreduce") for t in tensors]
     return _grouped_allreduce_async(tensors, outs, name, op, prescale_factor,
                                     postscale_factor, process_set)
 
@@ -264,8 +269,7 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx, name, op, prescale, postscale, process_set, wire,
                 *tensors):
         ctx.args = (op, prescale, postscale, process_set, wire)
-        outs = [torch.empty_like(t, memory_format=torch.contiguous_format)
-                for t in tensors]
+        outs = [_new_like(t, "grouped_allreduce") for t in tensors]
         return tuple(_core.synchronize(_grouped_allreduce_async(
             tensors, outs, name, op, prescale, postscale, process_set, wire)))
 
@@ -312,7 +316,8 @@ def _allgather_async(tensors, name, process_set, grouped, with_splits=False):
     for t in tensors:
         _rows(t, "allgather")
     groups = _by_dtype(tensors, "allgather")
-    base = _core.op_key("grouped_allgather" if grouped else "allgather", name)
+    base = _core.op_key("grouped_allgather" if grouped else "allgather",
+                        name, process_set)
     keys = (["%s.%d" % (base, i) for i in range(len(tensors))] if grouped
             else [base])
     ins = [_contig(t) for t in tensors]
@@ -411,7 +416,7 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
             buf.copy_(tensor)
     opts, keep = _core.make_opts(process_set=process_set,
                                  shape=_shape_or_none(tensor))
-    key = _core.op_key("broadcast", name)
+    key = _core.op_key("broadcast", name, process_set)
     kh = _core.broadcast_async(key, buf.data_ptr(), buf.numel(), kd, root_rank,
                                opts)
 
@@ -426,7 +431,7 @@ def broadcast_async(tensor, root_rank, name=None,
                     process_set=global_process_set):
     """Starts a broadcast of root_rank's tensor into a new tensor (the input
     is not modified); synchronize(handle) returns it."""
-    out = torch.empty_like(tensor, memory_format=torch.contiguous_format)
+    out = _new_like(tensor, "broadcast")
     return _broadcast_async(tensor, out, root_rank, name, process_set)
 
 
@@ -485,7 +490,7 @@ def alltoall_async(tensor, splits=None, name=None,
     inp = _contig(tensor)
     sp = _splits_list(splits)
     opts, _ = _core.make_opts(process_set=process_set)
-    key = _core.op_key("alltoall", name)
+    key = _core.op_key("alltoall", name, process_set)
     kh = _core.alltoall_async(key, inp.data_ptr(), tuple(inp.shape), kd, sp,
                               opts)
     dtype = tensor.dtype
@@ -542,7 +547,7 @@ def _reducescatter_async(tensors, name, op, process_set, prescale_factor,
         _rows(t, "reducescatter")
     groups = _by_dtype(tensors, "reducescatter")
     base = _core.op_key("grouped_reducescatter" if grouped else
-                        "reducescatter", name)
+                        "reducescatter", name, process_set)
     keys = (["%s.%d" % (base, i) for i in range(len(tensors))] if grouped
             else [base])
     ins = [_contig(t) for t in tensors]
@@ -665,7 +670,7 @@ def sparse_allreduce_async(tensor, name, op=Average,
     indices = t._indices().t().contiguous()  # nnz x sparse_dim
     values = t._values().contiguous()        # nnz x dense dims
     _kdtype(values, "sparse allreduce")
-    base = _core.op_key("sparse_allreduce", name)
+    base = _core.op_key("sparse_allreduce", name, process_set)
     opts, _ = _core.make_opts(process_set=process_set)
     hs = _core.grouped_allgather_async([base + ".indices"],
                                        [indices.data_ptr()],

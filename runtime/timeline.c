@@ -1,0 +1,497 @@
+/*
+ * timeline.c — the Chrome-trace timeline.
+ *
+ * DESIGN
+ *
+ * Recording. Background threads call kolo__tl_begin/end/instant. Each call
+ * copies the event (time, tensor name, phase, args) into a bounded ring
+ * under a mutex held for a few instructions, and signals the writer. When
+ * the ring is full the event is dropped and counted: the background loop
+ * never waits for the disk. The count appears in the file as a
+ * "dropped_events" counter.
+ *
+ * Writing. One writer thread per runtime drains the ring every 100 ms (or
+ * sooner when it fills up), formats the events as JSON and writes them in
+ * one pwrite() at the end of the file. The file is a JSON array that is
+ * closed after every write: each write starts where the previous closing
+ * "]" was and ends with a new one. A write to a regular file is not
+ * interrupted by a signal, so even a job killed with SIGKILL leaves a file
+ * that Perfetto, chrome://tracing or a JSON parser load whole.
+ *
+ * Lanes. Like Horovod's timeline, every tensor is a "process" of its own
+ * (a pid, named by a process_name metadata event the first time the tensor
+ * appears), so a viewer shows one lane per tensor with its phases nested.
+ * pid 0 is the job's own lane (CYCLE_START markers, dropped events).
+ *
+ * Time. Events carry monotonic microseconds; the file's ts values count
+ * from the job's epoch (start_time_since_epoch_in_micros in the first
+ * event), which every rank shares, so per-rank files line up.
+ */
+#include "timeline.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "map.h"
+
+#define RING_SIZE 65536
+#define FLUSH_EVERY_MS 100
+
+typedef enum ev_type { EV_BEGIN, EV_END, EV_INSTANT, EV_CYCLE } ev_type_t;
+
+typedef struct event {
+    ev_type_t type;
+    int64_t ts;
+    char *tensor; /* owned; NULL for the job lane */
+    const char *phase; /* static string (NULL for an instant) */
+    char *args;   /* owned, may be NULL; an instant's name */
+} event_t;
+
+struct kolo__timeline {
+    int rank, size;
+    int64_t epoch_us, offset_us; /* file ts = monotonic + offset */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv, idle_cv;
+    event_t *ring;
+    size_t head, count; /* events at ring[(head + i) % RING_SIZE] */
+    uint64_t dropped, dropped_written;
+    int active, mark_cycles, stopping, quit, writing;
+    pthread_t writer;
+    int writer_started;
+
+    /* Writer thread only (and start/stop, with the writer idle). */
+    int fd;
+    off_t end; /* where the closing "]" starts */
+    int first; /* no event written yet after the header */
+    char *path;
+    kolo__map_t pids; /* tensor name -> pid */
+    int next_pid;
+    kolo__err_t error;
+};
+
+int64_t kolo__tl_now(void) { return kolo__now_us(); }
+
+static int64_t realtime_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+int kolo__timeline_active(const kolo__timeline_t *tl)
+{
+    /* A racy read is fine: it only decides whether to build an event. */
+    return tl != NULL && __atomic_load_n(&tl->active, __ATOMIC_RELAXED);
+}
+
+int kolo__timeline_marks_cycles(const kolo__timeline_t *tl)
+{
+    return kolo__timeline_active(tl) && tl->mark_cycles;
+}
+
+/* ---- recording -------------------------------------------------------------- */
+
+static void record(kolo__timeline_t *tl, ev_type_t type, const char *tensor,
+                   const char *phase, const char *args, int64_t ts)
+{
+    event_t ev = {type, ts ? ts : kolo__now_us(), NULL, phase, NULL};
+
+    if (!kolo__timeline_active(tl))
+        return;
+    if (tensor != NULL && (ev.tensor = kolo__strdup(tensor)) == NULL)
+        return;
+    if (args != NULL && (ev.args = kolo__strdup(args)) == NULL) {
+        free(ev.tensor);
+        return;
+    }
+    pthread_mutex_lock(&tl->mu);
+    if (!tl->active || tl->count == RING_SIZE) {
+        if (tl->active)
+            tl->dropped++;
+        pthread_mutex_unlock(&tl->mu);
+        free(ev.tensor);
+        free(ev.args);
+        return;
+    }
+    tl->ring[(tl->head + tl->count) % RING_SIZE] = ev;
+    tl->count++;
+    if (tl->count >= RING_SIZE / 2)
+        pthread_cond_signal(&tl->cv); /* do not wait for the next flush */
+    pthread_mutex_unlock(&tl->mu);
+}
+
+void kolo__tl_begin(kolo__timeline_t *tl, const char *tensor, const char *phase,
+                    const char *args, int64_t ts_us)
+{
+    record(tl, EV_BEGIN, tensor, phase, args, ts_us);
+}
+
+void kolo__tl_end(kolo__timeline_t *tl, const char *tensor, int64_t ts_us)
+{
+    record(tl, EV_END, tensor, NULL, NULL, ts_us);
+}
+
+void kolo__tl_instant(kolo__timeline_t *tl, const char *tensor,
+                      const char *name, int64_t ts_us)
+{
+    /* The name may live on the caller's stack: it travels as the owned
+     * args string. */
+    record(tl, EV_INSTANT, tensor, NULL, name, ts_us);
+}
+
+void kolo__tl_cycle(kolo__timeline_t *tl)
+{
+    record(tl, EV_CYCLE, NULL, "CYCLE_START", NULL, 0);
+}
+
+/* ---- writing ---------------------------------------------------------------- */
+
+typedef struct text {
+    char *buf;
+    size_t len, cap;
+} text_t;
+
+static void put(text_t *t, const char *s, size_t n)
+{
+    if (t->len + n + 1 > t->cap) {
+        size_t ncap = t->cap ? t->cap * 2 : 65536;
+        char *nb;
+        while (ncap < t->len + n + 1)
+            ncap *= 2;
+        nb = realloc(t->buf, ncap);
+        if (nb == NULL)
+            return; /* the event is lost; the file stays valid */
+        t->buf = nb;
+        t->cap = ncap;
+    }
+    memcpy(t->buf + t->len, s, n);
+    t->len += n;
+    t->buf[t->len] = '\0';
+}
+
+static void putf(text_t *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void putf(text_t *t, const char *fmt, ...)
+{
+    char tmp[512];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    va_end(ap);
+    if (n > 0)
+        put(t, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
+}
+
+/* A JSON string, escaped. */
+static void put_json_string(text_t *t, const char *s)
+{
+    put(t, "\"", 1);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            char esc[2] = {'\\', (char)c};
+            put(t, esc, 2);
+        } else if (c < 0x20) {
+            putf(t, "\\u%04x", c);
+        } else {
+            put(t, (const char *)s, 1);
+        }
+    }
+    put(t, "\"", 1);
+}
+
+static void event_sep(kolo__timeline_t *tl, text_t *t)
+{
+    put(t, tl->first ? "" : ",\n", tl->first ? 0 : 2);
+    tl->first = 0;
+}
+
+/* The pid of a tensor's lane, announcing a new one. */
+static int lane(kolo__timeline_t *tl, text_t *t, const char *tensor)
+{
+    void *v;
+    int pid;
+
+    if (tensor == NULL)
+        return 0;
+    v = kolo__map_gets(&tl->pids, tensor);
+    if (v != NULL)
+        return (int)(intptr_t)v;
+    pid = ++tl->next_pid;
+    if (kolo__map_puts(&tl->pids, tensor, (void *)(intptr_t)pid) != 0)
+        return 0;
+    event_sep(tl, t);
+    putf(t, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":", pid);
+    put_json_string(t, tensor);
+    put(t, "}},\n", 4);
+    putf(t, "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":%d,"
+            "\"args\":{\"sort_index\":%d}}",
+         pid, pid);
+    return pid;
+}
+
+static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
+{
+    int pid = lane(tl, t, ev->tensor);
+    long long ts = (long long)(ev->ts + tl->offset_us);
+
+    event_sep(tl, t);
+    switch (ev->type) {
+    case EV_BEGIN:
+        put(t, "{\"name\":", 8);
+        put_json_string(t, ev->phase);
+        putf(t, ",\"ph\":\"B\",\"ts\":%lld,\"pid\":%d,\"tid\":0", ts, pid);
+        if (ev->args != NULL) {
+            put(t, ",\"args\":{", 9);
+            put(t, ev->args, strlen(ev->args));
+            put(t, "}", 1);
+        }
+        put(t, "}", 1);
+        break;
+    case EV_END:
+        putf(t, "{\"ph\":\"E\",\"ts\":%lld,\"pid\":%d,\"tid\":0}", ts, pid);
+        break;
+    case EV_INSTANT:
+    case EV_CYCLE:
+        put(t, "{\"name\":", 8);
+        put_json_string(t, ev->type == EV_INSTANT ? ev->args : ev->phase);
+        putf(t, ",\"ph\":\"i\",\"ts\":%lld,\"pid\":%d,\"tid\":0,\"s\":\"%s\"}", ts,
+             pid, ev->type == EV_CYCLE ? "g" : "t");
+        break;
+    }
+}
+
+/* Writes `t` plus the closing bracket at the end of the file in one call. */
+static int write_out(kolo__timeline_t *tl, text_t *t)
+{
+    size_t body = t->len;
+    ssize_t n;
+
+    if (body == 0 || tl->fd < 0)
+        return 0;
+    put(t, "\n]\n", 3);
+    n = pwrite(tl->fd, t->buf, t->len, tl->end);
+    if (n != (ssize_t)t->len) {
+        kolo__err_set(&tl->error, KOLO_ERR_BACKEND,
+                      "timeline %s: write failed: %s; the timeline stops here "
+                      "(the file holds what was written before)",
+                      tl->path, n < 0 ? strerror(errno) : "short write (disk full?)");
+        kolo__log(KOLO__LOG_ERROR, "%s", tl->error.msg);
+        /* Keep the file valid: close the array where it was. */
+        if (pwrite(tl->fd, "\n]\n", 3, tl->end) != 3)
+            kolo__debug("timeline %s: cannot close the array", tl->path);
+        close(tl->fd);
+        tl->fd = -1;
+        __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
+        return -1;
+    }
+    tl->end += (off_t)body;
+    t->len = 0;
+    return 0;
+}
+
+/* Takes every queued event and writes it. Called by the writer with the
+ * lock held; drops it while formatting and writing. */
+static void flush_locked(kolo__timeline_t *tl, text_t *t)
+{
+    size_t n = tl->count, head = tl->head;
+    uint64_t dropped = tl->dropped;
+    event_t *batch = malloc((n ? n : 1) * sizeof(*batch));
+
+    if (batch == NULL)
+        return;
+    for (size_t i = 0; i < n; i++)
+        batch[i] = tl->ring[(head + i) % RING_SIZE];
+    tl->head = (head + n) % RING_SIZE;
+    tl->count = 0;
+    tl->writing = 1;
+    pthread_mutex_unlock(&tl->mu);
+
+    for (size_t i = 0; i < n; i++) {
+        if (tl->fd >= 0)
+            format_event(tl, t, &batch[i]);
+        free(batch[i].tensor);
+        free(batch[i].args);
+    }
+    if (dropped != tl->dropped_written && tl->fd >= 0) {
+        event_sep(tl, t);
+        putf(t, "{\"name\":\"dropped_events\",\"ph\":\"C\",\"ts\":%lld,\"pid\":0,"
+                "\"args\":{\"dropped\":%llu}}",
+             (long long)(kolo__now_us() + tl->offset_us),
+             (unsigned long long)dropped);
+        tl->dropped_written = dropped;
+    }
+    write_out(tl, t);
+    free(batch);
+
+    pthread_mutex_lock(&tl->mu);
+    tl->writing = 0;
+    pthread_cond_broadcast(&tl->idle_cv);
+}
+
+static void *writer_main(void *arg)
+{
+    kolo__timeline_t *tl = arg;
+    text_t t = {NULL, 0, 0};
+
+    pthread_mutex_lock(&tl->mu);
+    while (!tl->quit) {
+        struct timespec deadline;
+        clock_gettime(CLOCK_MONOTONIC, &deadline);
+        deadline.tv_nsec += FLUSH_EVERY_MS * 1000000L;
+        if (deadline.tv_nsec >= 1000000000L) {
+            deadline.tv_sec++;
+            deadline.tv_nsec -= 1000000000L;
+        }
+        if (tl->count == 0 && !tl->stopping)
+            pthread_cond_timedwait(&tl->cv, &tl->mu, &deadline);
+        if (tl->count > 0 || tl->dropped != tl->dropped_written)
+            flush_locked(tl, &t);
+        if (tl->stopping && tl->count == 0) {
+            tl->stopping = 0;
+            pthread_cond_broadcast(&tl->idle_cv);
+        }
+    }
+    pthread_mutex_unlock(&tl->mu);
+    free(t.buf);
+    return NULL;
+}
+
+/* ---- life cycle ------------------------------------------------------------- */
+
+kolo__timeline_t *kolo__timeline_new(int rank, int size, int64_t epoch_us)
+{
+    kolo__timeline_t *tl = calloc(1, sizeof(*tl));
+    pthread_condattr_t attr;
+
+    if (tl == NULL || (tl->ring = calloc(RING_SIZE, sizeof(event_t))) == NULL) {
+        free(tl);
+        return NULL;
+    }
+    tl->rank = rank;
+    tl->size = size;
+    tl->epoch_us = epoch_us > 0 ? epoch_us : realtime_us();
+    tl->offset_us = realtime_us() - tl->epoch_us - kolo__now_us();
+    tl->fd = -1;
+    kolo__map_init(&tl->pids);
+    pthread_mutex_init(&tl->mu, NULL);
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(&tl->cv, &attr);
+    pthread_condattr_destroy(&attr);
+    pthread_cond_init(&tl->idle_cv, NULL);
+    return tl;
+}
+
+int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles,
+                         kolo__err_t *err)
+{
+    text_t t = {NULL, 0, 0};
+    int fd, rc = KOLO_OK;
+
+    kolo__timeline_stop(tl, NULL);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "timeline: cannot create '%s': %s", path,
+                             strerror(errno));
+    pthread_mutex_lock(&tl->mu);
+    tl->fd = fd;
+    tl->end = 2;
+    tl->first = 1;
+    tl->mark_cycles = mark_cycles;
+    tl->dropped = tl->dropped_written = 0;
+    kolo__err_clear(&tl->error);
+    free(tl->path);
+    tl->path = kolo__strdup(path);
+    kolo__map_free(&tl->pids);
+    tl->next_pid = 0;
+    /* The header: the array and its first event, already closed. */
+    put(&t, "[\n", 2);
+    event_sep(tl, &t);
+    putf(&t, "{\"name\":\"kolo_timeline\",\"ph\":\"M\",\"pid\":0,\"args\":{"
+             "\"start_time_since_epoch_in_micros\":%lld,\"rank\":%d,"
+             "\"size\":%d}},\n",
+         (long long)tl->epoch_us, tl->rank, tl->size);
+    putf(&t, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{"
+             "\"name\":\"kolo rank %d\"}}", tl->rank);
+    tl->end = 0;
+    if (write_out(tl, &t) != 0)
+        rc = kolo__err_set(err, tl->error.code, "%s", tl->error.msg);
+    else
+        __atomic_store_n(&tl->active, 1, __ATOMIC_RELAXED);
+    if (rc == KOLO_OK && !tl->writer_started) {
+        tl->quit = 0;
+        if (pthread_create(&tl->writer, NULL, writer_main, tl) != 0) {
+            __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
+            close(tl->fd);
+            tl->fd = -1;
+            rc = kolo__err_set(err, KOLO_ERR_INTERNAL,
+                               "timeline: cannot start the writer thread");
+        } else {
+            tl->writer_started = 1;
+        }
+    }
+    pthread_mutex_unlock(&tl->mu);
+    free(t.buf);
+    return rc;
+}
+
+int kolo__timeline_stop(kolo__timeline_t *tl, kolo__err_t *err)
+{
+    int rc = KOLO_OK;
+
+    pthread_mutex_lock(&tl->mu);
+    if (tl->fd < 0 && !tl->active) {
+        pthread_mutex_unlock(&tl->mu);
+        return KOLO_OK;
+    }
+    __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
+    /* Let the writer write what is queued, then close. */
+    if (tl->writer_started) {
+        tl->stopping = 1;
+        pthread_cond_signal(&tl->cv);
+        while (tl->stopping || tl->writing || tl->count > 0)
+            pthread_cond_wait(&tl->idle_cv, &tl->mu);
+    }
+    if (tl->error.code != KOLO_OK)
+        rc = kolo__err_set(err, tl->error.code, "%s", tl->error.msg);
+    if (tl->fd >= 0) {
+        close(tl->fd);
+        tl->fd = -1;
+    }
+    pthread_mutex_unlock(&tl->mu);
+    return rc;
+}
+
+void kolo__timeline_free(kolo__timeline_t *tl)
+{
+    if (tl == NULL)
+        return;
+    kolo__timeline_stop(tl, NULL);
+    if (tl->writer_started) {
+        pthread_mutex_lock(&tl->mu);
+        tl->quit = 1;
+        pthread_cond_signal(&tl->cv);
+        pthread_mutex_unlock(&tl->mu);
+        pthread_join(tl->writer, NULL);
+    }
+    for (size_t i = 0; i < tl->count; i++) {
+        free(tl->ring[(tl->head + i) % RING_SIZE].tensor);
+        free(tl->ring[(tl->head + i) % RING_SIZE].args);
+    }
+    free(tl->ring);
+    free(tl->path);
+    kolo__map_free(&tl->pids);
+    pthread_cond_destroy(&tl->cv);
+    pthread_cond_destroy(&tl->idle_cv);
+    pthread_mutex_destroy(&tl->mu);
+    free(tl);
+}

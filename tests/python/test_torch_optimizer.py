@@ -1,0 +1,411 @@
+"""DistributedOptimizer against training on one process: every rank can
+compute every rank's batch, so each rank also trains a local reference
+model on the global batch and compares."""
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import kolo.torch as hvd  # noqa: E402
+
+nn = torch.nn
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(),
+                         nn.Linear(8, 2)).double()
+
+
+def batch(step, r, b):
+    g = torch.Generator().manual_seed(1000 * step + r)
+    return (torch.randn(b, 4, generator=g, dtype=torch.float64),
+            torch.randn(b, 2, generator=g, dtype=torch.float64))
+
+
+def global_batch(step, b):
+    xs, ys = zip(*[batch(step, r, b) for r in range(hvd.size())])
+    return torch.cat(xs), torch.cat(ys)
+
+
+def loss_fn(model, x, y):
+    return ((model(x) - y) ** 2).mean()
+
+
+def params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def assert_close(a, b, tol=1e-9):
+    for p, q in zip(a, b):
+        assert torch.allclose(p, q, rtol=tol, atol=tol), (p - q).abs().max()
+
+
+def assert_same_everywhere(model):
+    sums = hvd.allgather_object([float(p.sum()) for p in model.parameters()])
+    assert all(s == sums[0] for s in sums)
+
+
+def train_reference(steps, b, make_opt, passes=1):
+    """One process, the global batch (size * b rows, split into `passes`
+    sub-batches whose gradients are summed)."""
+    ref = make_model()
+    opt = make_opt(ref.parameters())
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = global_batch(step, b * passes)
+        n = hvd.size()
+        for k in range(passes):
+            rows = torch.cat([torch.arange(r * b * passes + k * b,
+                                           r * b * passes + (k + 1) * b)
+                              for r in range(n)])
+            (loss_fn(ref, x[rows], y[rows]) / passes).backward()
+        opt.step()
+    return params(ref)
+
+
+def sgd(p):
+    return torch.optim.SGD(p, lr=0.1, momentum=0.9)
+
+
+def test_matches_one_process_on_the_global_batch(rank, size):
+    model = make_model()
+    opt = hvd.DistributedOptimizer(sgd(model.parameters()),
+                                   named_parameters=model.named_parameters())
+    assert isinstance(opt, torch.optim.SGD)
+    for step in range(3):
+        opt.zero_grad()
+        loss_fn(model, *batch(step, rank, 4)).backward()
+        opt.step()
+    assert_close(params(model), train_reference(3, 4, sgd))
+    assert_same_everywhere(model)
+
+
+def test_backward_passes_per_step_4_equals_1_at_4b(rank, size):
+    b = 3
+    m4 = make_model()
+    o4 = hvd.DistributedOptimizer(sgd(m4.parameters()),
+                                  named_parameters=m4.named_parameters(),
+                                  backward_passes_per_step=4)
+    m1 = make_model()
+    o1 = hvd.DistributedOptimizer(
+        sgd(m1.parameters()),
+        named_parameters=[("one." + n, p) for n, p in m1.named_parameters()])
+    for step in range(3):
+        x, y = batch(step, rank, 4 * b)
+        o4.zero_grad()
+        for k in range(4):
+            sub = slice(k * b, (k + 1) * b)
+            (loss_fn(m4, x[sub], y[sub]) / 4).backward()
+            if k < 3:  # the runtime holds the partial sums
+                assert all(p.grad is None for p in m4.parameters())
+        o4.step()
+        o1.zero_grad()
+        loss_fn(m1, x, y).backward()
+        o1.step()
+    assert_close(params(m4), params(m1))
+    assert_close(params(m1), train_reference(3, b, sgd, passes=4))
+    assert_same_everywhere(m4)
+
+
+def test_average_aggregated_gradients(rank, size):
+    m = make_model()
+    o = hvd.DistributedOptimizer(sgd(m.parameters()),
+                                 named_parameters=m.named_parameters(),
+                                 backward_passes_per_step=2,
+                                 average_aggregated_gradients=True)
+    for step in range(2):
+        x, y = batch(step, rank, 4)
+        o.zero_grad()
+        loss_fn(m, x[:2], y[:2]).backward()  # no division by the passes
+        loss_fn(m, x[2:], y[2:]).backward()
+        o.step()
+    assert_close(params(m), train_reference(2, 2, sgd, passes=2))
+
+
+def test_step_after_fewer_passes_flushes(rank, size):
+    m = make_model()
+    o = hvd.DistributedOptimizer(sgd(m.parameters()),
+                                 named_parameters=m.named_parameters(),
+                                 backward_passes_per_step=4)
+    x, y = batch(0, rank, 4)
+    (loss_fn(m, x[:2], y[:2]) / 2).backward()
+    (loss_fn(m, x[2:], y[2:]) / 2).backward()
+    o.step()  # two passes of four: what was accumulated is reduced
+    assert_close(params(m), train_reference(1, 2, sgd, passes=2))
+    # the next group starts afresh (here with another number of passes)
+    o.zero_grad()
+    o.set_backward_passes_per_step(1)
+    (loss_fn(m, x, y)).backward()
+    o.step()
+    assert_same_everywhere(m)
+
+
+def test_set_backward_passes_per_step(rank, size):
+    m = make_model()
+    o = hvd.DistributedOptimizer(sgd(m.parameters()),
+                                 named_parameters=m.named_parameters())
+    o.set_backward_passes_per_step(2)
+    assert o.backward_passes_per_step == 2
+    x, y = batch(0, rank, 4)
+    (loss_fn(m, x[:2], y[:2]) / 2).backward()
+    with pytest.raises(ValueError, match="pending"):
+        o.set_backward_passes_per_step(3)
+    (loss_fn(m, x[2:], y[2:]) / 2).backward()
+    o.step()
+    assert_close(params(m), train_reference(1, 2, sgd, passes=2))
+    with pytest.raises(ValueError):
+        o.set_backward_passes_per_step(0)
+
+
+def test_synchronize_then_clip_then_step(rank, size):
+    m = make_model()
+    o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.5),
+                                 named_parameters=m.named_parameters())
+    o.zero_grad()
+    loss_fn(m, *batch(0, rank, 4)).backward()
+    o.synchronize()
+    nn.utils.clip_grad_norm_(m.parameters(), 0.05)
+    with o.skip_synchronize():
+        o.step()
+    ref = make_model()
+    loss_fn(ref, *global_batch(0, 4)).backward()
+    nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
+    torch.optim.SGD(ref.parameters(), lr=0.5).step()
+    assert_close(params(m), params(ref))
+    # step() after synchronize() without skip_synchronize(): a warning
+    o.zero_grad()
+    loss_fn(m, *batch(1, rank, 4)).backward()
+    o.synchronize()
+    with pytest.warns(UserWarning, match="skip_synchronize"):
+        o.step()
+    assert_same_everywhere(m)
+
+
+def test_clip_by_global_norm_before_the_allreduce(rank, size):
+    max_norm = 0.05
+    seen = {}
+
+    def post(ps):
+        seen["grads"] = [p.grad.clone() for p in ps]
+
+    m = make_model()
+    o = hvd.DistributedOptimizer(
+        torch.optim.SGD(m.parameters(), lr=0.5),
+        named_parameters=m.named_parameters(),
+        pre_allreduce_hooks=[hvd.clip_grad_norm_hook(max_norm)],
+        post_allreduce_hooks=[post])
+    o.zero_grad()
+    loss_fn(m, *batch(0, rank, 4)).backward()
+    o.step()
+    # reference: each rank's local gradient clipped, then averaged
+    local = []
+    for r in range(size):
+        ref = make_model()
+        loss_fn(ref, *batch(0, r, 4)).backward()
+        nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
+        local.append([p.grad for p in ref.parameters()])
+    avg = [sum(g[i] for g in local) / size for i in range(len(local[0]))]
+    assert_close(seen["grads"], avg)
+    ref = make_model()
+    for p, g in zip(ref.parameters(), avg):
+        p.grad = g
+    torch.optim.SGD(ref.parameters(), lr=0.5).step()
+    assert_close(params(m), params(ref))
+    # hooks registered later run too
+    calls = []
+    o.register_post_allreduce_hook(lambda ps: calls.append(len(ps)))
+    o.zero_grad()
+    loss_fn(m, *batch(1, rank, 4)).backward()
+    o.step()
+    assert calls == [4]
+
+
+def test_none_gradients(rank, size):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used = nn.Linear(3, 1).double()
+            self.unused = nn.Linear(3, 1).double()  # no rank uses it
+            self.rank0 = nn.Linear(3, 1).double()   # only rank 0 uses it
+
+        def forward(self, x):
+            out = self.used(x)
+            if hvd.rank() == 0:
+                out = out + self.rank0(x)
+            return out
+
+    torch.manual_seed(0)
+    net = Net()
+    before = params(net)
+    o = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
+                                 named_parameters=net.named_parameters())
+    x = torch.ones(2, 3, dtype=torch.float64) * (rank + 1)
+    net(x).sum().backward()
+    with pytest.warns(UserWarning, match="unused.weight.*on any rank"):
+        o.step()
+    assert net.unused.weight.grad is None and net.unused.bias.grad is None
+    assert torch.equal(net.unused.weight, before[2])
+    # rank0's gradient is averaged with zeros from the other ranks
+    g0 = torch.ones(2, 3, dtype=torch.float64).sum(0)  # rank 0's x is ones
+    assert torch.allclose(net.rank0.weight.grad, (g0 / size).reshape(1, 3))
+    assert_same_everywhere(net)
+    # no gradient for any parameter on any rank: an error, on every rank
+    o.zero_grad()
+    with pytest.raises(ValueError, match="No gradients provided"):
+        o.step()
+
+
+def test_horovod_errors(rank, size):
+    m = make_model()
+    named = list(m.named_parameters())
+    with pytest.raises(ValueError, match="unique"):
+        hvd.DistributedOptimizer(sgd(m.parameters()),
+                                 named_parameters=[("w", p) for _, p in named])
+    with pytest.raises(ValueError, match="not named"):
+        hvd.DistributedOptimizer(sgd(m.parameters()),
+                                 named_parameters=named[:1])
+    with pytest.raises(ValueError, match="tuples"):
+        hvd.DistributedOptimizer(sgd(m.parameters()),
+                                 named_parameters=[p for _, p in named])
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        hvd.DistributedOptimizer(sgd(m.parameters()),
+                                 backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="gradient_predivide_factor"):
+        hvd.DistributedOptimizer(sgd(m.parameters()), op=hvd.Sum,
+                                 gradient_predivide_factor=2.0)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.DistributedOptimizer(sgd(m.parameters()), op=hvd.Adasum)
+    with pytest.raises(TypeError):
+        hvd.DistributedOptimizer(m)
+    o = hvd.DistributedOptimizer(sgd(m.parameters()), named_parameters=named)
+    with pytest.raises(ValueError, match="already"):
+        hvd.DistributedOptimizer(o)
+    x, y = batch(0, rank, 4)
+    loss_fn(m, x, y).backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        o.zero_grad()
+    with pytest.raises(AssertionError, match="more than "
+                       "backward_passes_per_step"):
+        loss_fn(m, x, y).backward()
+    o.synchronize()  # the first pass's allreduces complete
+    o.zero_grad()
+    loss_fn(m, x, y).backward()
+    o.step()
+    assert_same_everywhere(m)
+
+
+@pytest.mark.parametrize("groups", [2, "list"])
+def test_groups(rank, size, groups):
+    m = make_model()
+    ps = list(m.parameters())
+    if groups == "list":
+        groups = [[ps[0], ps[3]], [ps[1], ps[2]]]
+    o = hvd.DistributedOptimizer(sgd(m.parameters()),
+                                 named_parameters=m.named_parameters(),
+                                 groups=groups, backward_passes_per_step=2)
+    for step in range(2):
+        x, y = batch(step, rank, 4)
+        o.zero_grad()
+        (loss_fn(m, x[:2], y[:2]) / 2).backward()
+        (loss_fn(m, x[2:], y[2:]) / 2).backward()
+        o.step()
+    assert_close(params(m), train_reference(2, 2, sgd, passes=2))
+    with pytest.raises(ValueError, match="more than one group"):
+        hvd.DistributedOptimizer(sgd(m.parameters()),
+                                 groups=[[ps[0], ps[1]], [ps[1], ps[2]]])
+
+
+def test_options(rank, size):
+    """op=Sum, gradient_predivide_factor, fp16 compression."""
+    def run(**kw):
+        m = make_model()
+        o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                     named_parameters=m.named_parameters(),
+                                     **kw)
+        o.zero_grad()
+        loss_fn(m, *batch(0, rank, 4)).backward()
+        o.step()
+        return params(m)
+
+    base = run()
+    assert_close(run(gradient_predivide_factor=2.0), base, tol=1e-12)
+    # Sum: the step is size times larger
+    ref = make_model()
+    loss_fn(ref, *global_batch(0, 4)).backward()
+    for p, q in zip(run(op=hvd.Sum), ref.parameters()):
+        assert torch.allclose(p, q.detach() - 0.1 * size * q.grad)
+    m = make_model().float()
+    o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                 named_parameters=m.named_parameters(),
+                                 compression=hvd.Compression.fp16)
+    loss_fn(m, *[t.float() for t in batch(0, rank, 4)]).backward()
+    o.step()
+    for p, q in zip(m.parameters(), base):
+        assert torch.allclose(p.double(), q, atol=1e-3)
+    assert_same_everywhere(m)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_embedding(rank, size, sparse_as_dense):
+    def make(sparse):
+        torch.manual_seed(0)
+        return nn.Embedding(10, 3, sparse=sparse).double()
+
+    emb = make(True)
+    o = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5),
+                                 named_parameters=emb.named_parameters(),
+                                 sparse_as_dense=sparse_as_dense)
+    idx = [torch.tensor([r, r + 1, 7]) for r in range(size)]
+    for _ in range(2):
+        o.zero_grad()
+        emb(idx[rank]).pow(2).sum().backward()
+        assert emb.weight.grad is not None
+        o.step()
+    ref = make(False)
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.5)
+    for _ in range(2):
+        ropt.zero_grad()
+        sum(ref(i).pow(2).sum() for i in idx).div(size).backward()
+        ropt.step()
+    assert torch.allclose(emb.weight, ref.weight, atol=1e-12)
+
+
+def test_process_set(rank, size):
+    members = [r for r in range(size) if r != size - 1]  # all but the last
+    ps = hvd.add_process_set(members)
+    try:
+        m = make_model()
+        o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
+                                     named_parameters=m.named_parameters(),
+                                     process_set=ps)
+        loss_fn(m, *batch(0, rank, 4)).backward()
+        o.step()
+        ref = make_model()
+        if rank in members:
+            xs, ys = zip(*[batch(0, r, 4) for r in members])
+            loss_fn(ref, torch.cat(xs), torch.cat(ys)).backward()
+        else:  # outside the set: purely local training
+            loss_fn(ref, *batch(0, rank, 4)).backward()
+        torch.optim.SGD(ref.parameters(), lr=0.1).step()
+        assert_close(params(m), params(ref))
+        hvd.barrier()
+    finally:
+        hvd.remove_process_set(ps)
+
+
+def test_broadcast_then_train_stays_identical(rank, size):
+    model = make_model(seed=rank)  # different on every rank
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for step in range(2):
+            opt.zero_grad()
+            loss_fn(model, *batch(step, rank, 4)).backward()
+            opt.step()
+    assert_same_everywhere(model)
