@@ -144,6 +144,10 @@ static const config_row_t rows[] = {
     {"KOLO_FUSION_THRESHOLD", "134217728",
      "bytes of tensors fused into one reduction (0: no fusion)", parse_bytes,
      F(fusion_threshold)},
+    {"KOLO_CHUNK_BYTES", "4194304",
+     "allreduces are reduced in pieces of this many bytes, each copied in, "
+     "reduced and copied out while it is in cache (0: whole batches)",
+     parse_bytes, F(chunk_bytes)},
     {"KOLO_CYCLE_TIME", "5",
      "milliseconds between negotiation rounds while tensors wait for other ranks",
      parse_seconds, F(cycle_time_ms)},

@@ -17,6 +17,7 @@ typedef struct kolo__config {
     char rendezvous[4096];   /* "file:DIR"; empty for a job of one rank */
     char hostname[256];      /* address the Gloo transport binds */
     int64_t fusion_threshold; /* bytes */
+    int64_t chunk_bytes;      /* reduction pieces; 0: whole batches */
     double cycle_time_ms;
     int64_t cache_capacity;
     double timeout_s;

@@ -416,14 +416,14 @@ static int resp_push(kolo__pset_t *ps, resp_list_t *l, kolo__pending_name_t *p)
                  "%s of tensor '%s' cannot run while rank %d has joined "
                  "(kolo_join): only allreduce goes on during a join",
                  kolo__coll_name(r->params.coll), r->name,
-                 joined_rank);
+                 ps->ranks[joined_rank]);
         r->status = KOLO_ERR_UNSUPPORTED;
         r->text = kolo__strdup(text);
     }
     for (int rk = base + 1; rk < ps->size && r->status == KOLO_OK; rk++) {
         if (p->have[rk] && !kolo__params_equal(&p->params[base], &p->params[rk])) {
-            describe_mismatch(r->name, base, &p->params[base], rk,
-                              &p->params[rk], text, sizeof(text));
+            describe_mismatch(r->name, ps->ranks[base], &p->params[base],
+                              ps->ranks[rk], &p->params[rk], text, sizeof(text));
             r->status = KOLO_ERR_MISMATCH;
             r->text = kolo__strdup(text);
         }
@@ -898,8 +898,14 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
              c->params.coll == KOLO__COLL_ALLREDUCE))
             BIT_SET(v + ps->hit_word, b);
     }
-    if (ps->join_entry != NULL)
+    if (ps->join_entry != NULL) {
         BIT_CLR(v + ps->join_word, (size_t)ps->rank);
+        /* The round in which a rank joins runs the full round, so that the
+         * coordinator completes the names that only this rank was missing
+         * (no other rank may have anything new to send). */
+        if (!ps->joined[ps->rank])
+            v[0] &= ~FLAG_NO_UNCACHED;
+    }
     if (ps->rt->cfg.stall_check_s > 0 || ps->rt->cfg.stall_shutdown_s > 0) {
         /* Tensors long on a cache bit go to the coordinator, who can tell
          * which ranks are missing (see the essay). */
