@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# test-kolo-bench.sh — kolo-bench runs a short configuration (--quick) and
+# reports correct values: exit status 0, a table, and a JSON file with every
+# workload asked for, each with numeric kolo, raw and ratio figures and no
+# WRONG result. Also: a wrong answer is caught (KOLO_BENCH_FAULT=1 corrupts
+# one element of the runtime's result: WRONG in the table and the JSON, exit
+# status 1), a bad option exits 2, and a job of one rank (local backend)
+# works. Timings are not checked: the benchmark is kept out of the timed
+# tests. Each run is bounded in time; prints one line per run and a summary
+# "N passed, N failed".
+#
+# Usage: tests/test-kolo-bench.sh   (from the build directory; `make check`
+# runs it with KOLO_TOP_BUILDDIR set)
+set -u
+top=${KOLO_TOP_BUILDDIR:-.}
+kolorun=$top/kolorun
+bench=$top/kolo-bench
+limit=${KOLO_TEST_TIMEOUT:-120}
+# The full --quick run takes a few seconds, but about a minute under
+# ThreadSanitizer (resnet50 moves 102 MB a step): it gets a longer bound.
+long_limit=${KOLO_TEST_TIMEOUT_LONG:-$((limit * 3))}
+python=${PYTHON:-/usr/bin/python3}
+[ -x "$python" ] || python=python3
+pass=0
+fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+log=$tmp/log
+
+# [bound=SECONDS] run DESC EXPECTED_STATUS COMMAND...: passes when the
+# command exits with EXPECTED_STATUS within the time limit ($limit s, or
+# bound) and every check queued in $checks
+# (shell commands, run after it) succeeds.
+checks=()
+run() {
+    local desc=$1 want=$2 start end rc c why="" bound=${bound:-$limit}
+    shift 2
+    start=$(date +%s.%N)
+    timeout -k 10 "$bound" "$@" >"$log" 2>&1
+    rc=$?
+    end=$(date +%s.%N)
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        why="timed out after ${bound}s"
+    elif [ $rc -ne "$want" ]; then
+        why="exit $rc, expected $want"
+    else
+        for c in "${checks[@]}"; do
+            if ! eval "$c" >>"$log" 2>&1; then
+                why="check failed: $c"
+                break
+            fi
+        done
+    fi
+    checks=()
+    if [ -z "$why" ]; then
+        pass=$((pass + 1))
+        printf 'PASS %-58s %ss\n' "$desc" \
+            "$(awk -v a="$start" -v b="$end" 'BEGIN{printf "%.1f", b-a}')"
+        sed 's/^/    /' "$log"
+    else
+        fail=$((fail + 1))
+        printf 'FAIL %s (%s)\n' "$desc" "$why"
+        tail -n 40 "$log" | sed 's/^/    /'
+    fi
+}
+
+# json_ok FILE RANKS WORKLOADS [EXPECT]: the JSON parses; it names RANKS
+# ranks; every workload of the comma-separated list has results, each with
+# numeric kolo, raw and ratio (finite, > 0) and check "ok" (EXPECT "wrong":
+# at least one result is WRONG and "ok" is false instead).
+json_ok() {
+    "$python" - "$@" <<'EOF'
+import json, math, sys
+path, ranks, workloads = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(",")
+expect_wrong = len(sys.argv) > 4 and sys.argv[4] == "wrong"
+with open(path) as f:
+    doc = json.load(f)
+def fail(msg):
+    print("JSON check:", msg)
+    sys.exit(1)
+if doc.get("ranks") != ranks:
+    fail("ranks is %r, expected %d" % (doc.get("ranks"), ranks))
+for key in ("KOLO_FUSION_THRESHOLD", "KOLO_CYCLE_TIME"):
+    if key not in doc.get("env", {}):
+        fail("env has no %s" % key)
+results = doc.get("results")
+if not isinstance(results, list) or not results:
+    fail("no results")
+def num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) \
+        and math.isfinite(v) and v > 0
+wrong = 0
+for r in results:
+    for key in ("kolo", "raw", "ratio"):
+        if not num(r.get(key)):
+            fail("%s %s: %s is %r" % (r.get("workload"), r.get("size"), key,
+                                      r.get(key)))
+    if r.get("check") == "WRONG":
+        wrong += 1
+    elif r.get("check") != "ok":
+        fail("%s %s: check is %r" % (r.get("workload"), r.get("size"),
+                                     r.get("check")))
+    if r.get("workload") == "fp16" and not num(r.get("speedup")):
+        fail("fp16 %s: speedup is %r" % (r.get("size"), r.get("speedup")))
+names = [r.get("workload") for r in results]
+for w in workloads:
+    if w not in names:
+        fail("no results for workload %s" % w)
+for w in names:
+    if w not in workloads:
+        fail("results for %s, which was not asked for" % w)
+if "large" in workloads:
+    sizes = [r.get("size_bytes") for r in results if r["workload"] == "large"]
+    want = [4 ** k for k in range(1, 11)]  # 4 B ... 1 MiB (--quick)
+    if sizes != want:
+        fail("large sizes %r, expected %r" % (sizes, want))
+if expect_wrong:
+    if wrong == 0 or doc.get("ok") is not False or doc.get("wrong") != wrong:
+        fail("a wrong result was not reported (wrong=%r, ok=%r)"
+             % (doc.get("wrong"), doc.get("ok")))
+elif wrong or doc.get("ok") is not True or doc.get("wrong") != 0:
+    fail("%d WRONG results" % wrong)
+print("JSON ok: %d results, workloads %s" % (len(results), ",".join(workloads)))
+EOF
+}
+
+all=large,resnet50,small,latency,fp16
+
+checks=("json_ok '$tmp/np2.json' 2 $all"
+        "grep -q '^large ' '$log'" "! grep -q WRONG '$log'")
+bound=$long_limit run "np=2 --workload all --quick, JSON" 0 \
+    "$kolorun" -np 2 "$bench" --workload all --quick --json "$tmp/np2.json"
+
+checks=("json_ok '$tmp/np3.json' 3 latency,small" "! grep -q WRONG '$log'")
+run "np=3 --workload latency,small --quick, JSON" 0 \
+    "$kolorun" -np 3 "$bench" --workload latency,small --quick \
+    --json "$tmp/np3.json"
+
+checks=("json_ok '$tmp/np1.json' 1 latency,small,large")
+run "np=1 (local backend) --workload latency,small,large --quick" 0 \
+    "$kolorun" -np 1 "$bench" --workload latency,small,large --quick \
+    --json "$tmp/np1.json"
+
+# A wrong answer must not pass as a fast one.
+checks=("json_ok '$tmp/fault.json' 2 latency,small wrong"
+        "grep -q '^latency .*WRONG' '$log'")
+run "np=2 a corrupted result is reported WRONG, exit 1" 1 \
+    env KOLO_BENCH_FAULT=1 "$kolorun" -np 2 "$bench" --workload latency,small \
+    --quick --json "$tmp/fault.json"
+
+checks=("grep -q \"unknown workload 'bogus'\" '$log'")
+run "np=2 unknown workload: usage, exit 2" 2 \
+    "$kolorun" -np 2 "$bench" --workload bogus
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

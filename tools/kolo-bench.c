@@ -1,0 +1,1422 @@
+/*
+ * kolo-bench.c — measures kolo against its own backend called directly.
+ *
+ *     kolorun -np N kolo-bench [--workload W[,W...]|all] [--backend gloo]
+ *                              [--json FILE] [--iters N] [--warmup N]
+ *                              [--max-bytes B] [--quick]
+ *
+ * Every workload is measured twice in one run, with the same bytes: through
+ * the runtime (kolo_allreduce_async_opts + kolo_wait, named tensors, as a
+ * training loop does it) and "raw": the backend's allreduce called directly,
+ * from this thread, on one buffer holding all the bytes. The raw side links
+ * a private static copy of the backends (libkolo_raw) and opens its own
+ * backend context under the rendezvous prefix "kolo-bench-raw", next to the
+ * runtime's "kolo<N>/set<M>" contexts. The ratio of the two is the figure
+ * that counts (DESIGN.md, "Performance is measured, not assumed"): on shared
+ * 2-core machines wall times are noise, a ratio measured in one run is not.
+ *
+ * How a figure is measured
+ *  - Each iteration: every rank fills its input (not timed), the ranks meet
+ *    at a barrier (a raw allreduce of one float), then each rank times the
+ *    operation alone and checks the result (not timed).
+ *  - The sides of a workload (kolo and raw; for fp16 also kolo in float32)
+ *    alternate within every iteration, their order swapped every other
+ *    iteration, so that both see the same machine.
+ *  - A figure is the slowest rank's: after the last iteration, one raw
+ *    allreduce with MAX over every rank's array of per-iteration times gives,
+ *    per iteration, the time of the slowest rank (done once at the end, so
+ *    it never disturbs a timed iteration). The table shows the median of
+ *    those over the timed iterations (after the warm-up), with the min and
+ *    the max.
+ *  - Every result is checked, warm-up included: rank r holds 1 + ((r + t +
+ *    i) & 7) at element i of tensor t, so every sum is a small integer,
+ *    exact in float32 and in float16. A wrong value is reported as WRONG in
+ *    the table and the JSON, and the exit status is 1. A failed operation
+ *    stops the job with status 2. For the test of these checks,
+ *    KOLO_BENCH_FAULT=1 makes the last rank add 1 to one element of the
+ *    runtime's result in the last iteration of every figure.
+ *
+ * Workloads
+ *   large     one float32 tensor, 4 B ... --max-bytes (256 MiB) in powers of
+ *             4; bus bandwidth 2(n-1)/n * bytes / time (GB/s); ratio
+ *             kolo/raw bandwidth (higher is better)
+ *   resnet50  the 161 parameter tensors of torchvision's ResNet-50
+ *             (25,557,032 float32), enqueued in backward order as separate
+ *             named tensors with their shapes, then waited: time per step
+ *             (ms) vs the raw allreduce of all the bytes as one buffer;
+ *             ratio kolo/raw time (lower is better)
+ *   small     1000 tensors of one float, enqueued then waited, vs 1000 raw
+ *             4-byte allreduces: allreduces per second; ratio kolo/raw
+ *             (higher is better)
+ *   latency   one 4-byte allreduce, nothing else in flight: microseconds;
+ *             ratio kolo/raw (lower is better), and the difference
+ *   fp16      large (sizes >= 1 MiB) and resnet50 through the runtime with
+ *             float16 on the wire (kolo_opts_t.wire_dtype), against float32
+ *             through the runtime (speedup) and the raw float32 backend
+ *             (ratio). Results are checked with a tolerance.
+ *
+ * Output: a table on rank 0's stdout; with --json FILE, rank 0 writes one
+ * JSON document: the job (ranks, backend, environment) and "results", one
+ * object per workload and size with the fields "kolo", "raw" and "ratio".
+ */
+#define _GNU_SOURCE
+
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kolo.h"
+#include "ops.h"
+#include "reduce.h"
+
+#define KIB (1024LL)
+#define MIB (1024LL * 1024)
+#define GIB (1024LL * 1024 * 1024)
+
+#define DEFAULT_MAX_BYTES (256 * MIB)
+#define QUICK_MAX_BYTES (1 * MIB)
+#define SMALL_TENSORS 1000
+#define RESNET50_TENSORS 161
+#define RESNET50_ELEMENTS 25557032LL
+#define DETAIL_LEN 256
+
+/* ------------------------------------------------------------------ job */
+
+static int g_rank, g_size;
+static const kolo__ops_t *g_raw;     /* the backend, called directly */
+static void *g_raw_ctx;
+static kolo__ops_reduce_fn g_sum_f32, g_max_f64, g_max_i32;
+static int g_wrong;                  /* WRONG results seen (any rank) */
+static int g_fault;                  /* KOLO_BENCH_FAULT=1: see measure() */
+
+static void die(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void die(const char *fmt, ...)
+{
+    va_list ap;
+    fprintf(stderr, "kolo-bench: rank %d: ", g_rank);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    fflush(stderr);
+    /* kolorun stops the other ranks when one exits non-zero. */
+    exit(2);
+}
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void raw_allreduce(void *buf, size_t count, size_t elem_size,
+                          kolo__ops_reduce_fn fn)
+{
+    char err[512] = "";
+    int rc = g_raw->allreduce(g_raw_ctx, NULL, buf, count, elem_size, fn, err,
+                              sizeof(err));
+    if (rc != KOLO_OK)
+        die("raw %s allreduce of %zu bytes failed: %s (%s)", g_raw->name,
+            count * elem_size, err, kolo_strerror(rc));
+}
+
+/* Every rank leaves after every rank has arrived. */
+static void barrier(void)
+{
+    float one = 1.0f;
+    raw_allreduce(&one, 1, sizeof(one), g_sum_f32);
+}
+
+static void *xalloc(size_t bytes)
+{
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+        die("out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
+/* ------------------------------------------------------- data and checks */
+
+/* Rank r holds 1 + ((r + t + i) & 7) at element i of tensor t; the sum over
+ * ranks at that element is g_expect[(t + i) & 7]. */
+static float g_expect[8];
+
+static void data_init(void)
+{
+    for (int k = 0; k < 8; k++) {
+        long s = 0;
+        for (int r = 0; r < g_size; r++)
+            s += 1 + ((r + k) & 7);
+        g_expect[k] = (float)s;
+    }
+}
+
+static void fill(float *p, size_t n, int t)
+{
+    float pat[8];
+    for (int k = 0; k < 8; k++)
+        pat[k] = (float)(1 + ((g_rank + k) & 7));
+    for (size_t i = 0; i < n; i++)
+        p[i] = pat[(i + (size_t)t) & 7];
+}
+
+/* 0 when every element holds the expected sum (within tol, relative, when
+ * tol > 0); else 1 and a sentence in detail (if detail is still empty). */
+static int check(const float *p, size_t n, int t, float tol, const char *what,
+                 char *detail)
+{
+    for (size_t i = 0; i < n; i++) {
+        float e = g_expect[(i + (size_t)t) & 7];
+        int bad = tol > 0 ? !(fabsf(p[i] - e) <= tol * e) : p[i] != e;
+        if (bad) {
+            if (detail[0] == '\0')
+                snprintf(detail, DETAIL_LEN,
+                         "%s: element %zu is %.9g, expected %.9g", what, i,
+                         (double)p[i], (double)e);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static void kolo_must(int rc, const char *what, const char *name)
+{
+    if (rc != KOLO_OK)
+        die("%s of '%s' failed: %s (%s)", what, name, kolo_last_error(),
+            kolo_strerror(rc));
+}
+
+/* ----------------------------------------------------------- measuring */
+
+/* One workload at one size: up to three sides, each a way of doing the same
+ * allreduce. prepare fills the inputs, run is the timed part, verify checks
+ * the output (0 = right). */
+enum { MAX_SIDES = 3 };
+
+typedef struct bench bench_t;
+struct bench {
+    int nsides;
+    float *probe; /* run sets it: one element of the output it wrote */
+    void (*prepare)(bench_t *b, int side);
+    void (*run)(bench_t *b, int side);
+    int (*verify)(bench_t *b, int side, char *detail);
+    void *state;
+};
+
+typedef struct side_result {
+    double med, min, max; /* seconds, slowest rank per iteration */
+    int wrong;            /* some rank got a wrong answer */
+} side_result_t;
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static const char *g_side_names[MAX_SIDES];
+
+static void measure(bench_t *b, int warmup, int iters, const char *label,
+                    side_result_t *res)
+{
+    int ns = b->nsides;
+    double *t = calloc((size_t)ns * (size_t)iters, sizeof(double));
+    int32_t wrong[MAX_SIDES] = {0, 0, 0};
+    char detail[MAX_SIDES][DETAIL_LEN];
+
+    if (t == NULL)
+        die("out of memory");
+    memset(detail, 0, sizeof(detail));
+    for (int it = -warmup; it < iters; it++) {
+        for (int k = 0; k < ns; k++) {
+            /* swap the order every other iteration */
+            int s = ((it + warmup) & 1) ? ns - 1 - k : k;
+            double t0, dt;
+            b->prepare(b, s);
+            barrier();
+            t0 = now();
+            b->run(b, s);
+            dt = now() - t0;
+            if (g_fault && s == 0 && it == iters - 1 && g_rank == g_size - 1)
+                *b->probe += 1.0f; /* KOLO_BENCH_FAULT: test the checks */
+            if (b->verify(b, s, detail[s]))
+                wrong[s] = 1;
+            if (it >= 0)
+                t[(size_t)s * (size_t)iters + (size_t)it] = dt;
+        }
+    }
+    for (int s = 0; s < ns; s++)
+        if (wrong[s])
+            fprintf(stderr, "kolo-bench: rank %d: WRONG %s (%s): %s\n", g_rank,
+                    label, g_side_names[s], detail[s]);
+    /* The slowest rank's time per iteration, and whether any rank was wrong. */
+    raw_allreduce(t, (size_t)ns * (size_t)iters, sizeof(double), g_max_f64);
+    raw_allreduce(wrong, (size_t)ns, sizeof(int32_t), g_max_i32);
+    for (int s = 0; s < ns; s++) {
+        double *ts = t + (size_t)s * (size_t)iters;
+        qsort(ts, (size_t)iters, sizeof(double), cmp_double);
+        res[s].min = ts[0];
+        res[s].max = ts[iters - 1];
+        res[s].med = (iters & 1) ? ts[iters / 2]
+                                 : 0.5 * (ts[iters / 2 - 1] + ts[iters / 2]);
+        res[s].wrong = wrong[s];
+        if (wrong[s])
+            g_wrong++;
+    }
+    free(t);
+}
+
+/* ---------------------------------------------------------- the report */
+
+static FILE *g_json;
+static int g_json_first = 1;
+
+static void json_string(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            fprintf(f, "\\%c", c);
+        else if (c < 0x20)
+            fprintf(f, "\\u%04x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, const char *key, double v)
+{
+    fprintf(f, ", \"%s\": ", key);
+    if (isfinite(v))
+        fprintf(f, "%.6g", v);
+    else
+        fputs("null", f);
+}
+
+/* Three significant digits, without an exponent where it fits. */
+static const char *fmt_num(char *buf, size_t len, double v)
+{
+    double a = fabs(v);
+    if (!isfinite(v))
+        snprintf(buf, len, "-");
+    else if (a >= 1000 || a == 0)
+        snprintf(buf, len, "%.0f", v);
+    else if (a >= 100)
+        snprintf(buf, len, "%.1f", v);
+    else if (a >= 10)
+        snprintf(buf, len, "%.2f", v);
+    else if (a >= 0.001)
+        snprintf(buf, len, "%.3f", v);
+    else
+        snprintf(buf, len, "%.2e", v);
+    return buf;
+}
+
+static const char *fmt_time(char *buf, size_t len, double s)
+{
+    if (s < 1e-5)
+        snprintf(buf, len, "%.3f us", s * 1e6);
+    else if (s < 1e-3)
+        snprintf(buf, len, "%.1f us", s * 1e6);
+    else if (s < 1)
+        snprintf(buf, len, "%.2f ms", s * 1e3);
+    else
+        snprintf(buf, len, "%.3f s", s);
+    return buf;
+}
+
+static const char *fmt_bytes(char *buf, size_t len, long long b)
+{
+    if (b >= GIB && b % GIB == 0)
+        snprintf(buf, len, "%lld GiB", b / GIB);
+    else if (b >= MIB && b % MIB == 0)
+        snprintf(buf, len, "%lld MiB", b / MIB);
+    else if (b >= KIB && b % KIB == 0)
+        snprintf(buf, len, "%lld KiB", b / KIB);
+    else
+        snprintf(buf, len, "%lld B", b);
+    return buf;
+}
+
+/* A figure from times: fig(t) is the figure of time t (seconds); a figure
+ * that grows as time shrinks (bandwidth, rate) has its min at the max time. */
+typedef struct figure {
+    double med, min, max;
+} figure_t;
+
+static figure_t figure(const side_result_t *r, double scale, int per_time)
+{
+    figure_t f;
+    if (per_time) {
+        f.med = scale / r->med;
+        f.min = scale / r->max;
+        f.max = scale / r->min;
+    } else {
+        f.med = scale * r->med;
+        f.min = scale * r->min;
+        f.max = scale * r->max;
+    }
+    return f;
+}
+
+/* One row: the table on rank 0, and one JSON object. extra_json (may be
+ * NULL) is appended inside the object, starting with ", ". */
+typedef struct row {
+    const char *workload;
+    long long size_bytes; /* -1: not a size */
+    const char *size_text;
+    const char *unit;
+    figure_t kolo, raw;
+    const side_result_t *kolo_t, *raw_t;
+    double ratio;
+    const char *ratio_is;
+    int wrong;
+    int warmup, iters;
+    const char *note;
+    const char *extra_json;
+} row_t;
+
+static void table_header(const char *title)
+{
+    if (g_rank != 0)
+        return;
+    printf("\n%s\n", title);
+    printf("%-9s %-9s %-6s %9s %-24s %9s %-24s %7s  %-5s %s\n", "workload",
+           "size", "unit", "kolo", " [min .. max]", "raw", " [min .. max]",
+           "ratio", "check", "notes");
+    fflush(stdout);
+}
+
+static void emit(const row_t *r)
+{
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], range1[48],
+        range2[48];
+
+    if (g_rank != 0)
+        return;
+    snprintf(range1, sizeof(range1), " [%s .. %s]",
+             fmt_num(a, sizeof(a), r->kolo.min), fmt_num(b, sizeof(b), r->kolo.max));
+    snprintf(range2, sizeof(range2), " [%s .. %s]",
+             fmt_num(c, sizeof(c), r->raw.min), fmt_num(d, sizeof(d), r->raw.max));
+    printf("%-9s %-9s %-6s %9s %-24s %9s %-24s %7s  %-5s %s\n", r->workload,
+           r->size_text, r->unit, fmt_num(e, sizeof(e), r->kolo.med), range1,
+           fmt_num(f, sizeof(f), r->raw.med), range2,
+           fmt_num(g, sizeof(g), r->ratio), r->wrong ? "WRONG" : "ok",
+           r->note ? r->note : "");
+    fflush(stdout);
+
+    if (g_json == NULL)
+        return;
+    fprintf(g_json, "%s\n    {\"workload\": ", g_json_first ? "" : ",");
+    g_json_first = 0;
+    json_string(g_json, r->workload);
+    if (r->size_bytes >= 0)
+        fprintf(g_json, ", \"size_bytes\": %lld", r->size_bytes);
+    fprintf(g_json, ", \"size\": ");
+    json_string(g_json, r->size_text);
+    fprintf(g_json, ", \"unit\": ");
+    json_string(g_json, r->unit);
+    json_num(g_json, "kolo", r->kolo.med);
+    json_num(g_json, "raw", r->raw.med);
+    json_num(g_json, "ratio", r->ratio);
+    fprintf(g_json, ", \"ratio_is\": ");
+    json_string(g_json, r->ratio_is);
+    json_num(g_json, "kolo_min", r->kolo.min);
+    json_num(g_json, "kolo_max", r->kolo.max);
+    json_num(g_json, "raw_min", r->raw.min);
+    json_num(g_json, "raw_max", r->raw.max);
+    json_num(g_json, "kolo_time_s", r->kolo_t->med);
+    json_num(g_json, "raw_time_s", r->raw_t->med);
+    fprintf(g_json, ", \"warmup\": %d, \"iters\": %d", r->warmup, r->iters);
+    if (r->extra_json)
+        fputs(r->extra_json, g_json);
+    fprintf(g_json, ", \"check\": \"%s\"}", r->wrong ? "WRONG" : "ok");
+    fflush(g_json);
+}
+
+/* ---------------------------------------------------------- options */
+
+typedef struct options {
+    int large, resnet50, small, latency, fp16;
+    const char *backend;
+    const char *json;
+    int iters, warmup; /* -1: the workload's default */
+    long long max_bytes;
+    int quick;
+} options_t;
+
+static options_t g_opt;
+
+static int iters_or(int def) { return g_opt.iters > 0 ? g_opt.iters : def; }
+static int warmup_or(int def) { return g_opt.warmup >= 0 ? g_opt.warmup : def; }
+
+/* ------------------------------------------------------------- large */
+
+typedef struct large_state {
+    float *buf;
+    size_t count;
+    char name16[64], name32[64];
+    int fp16; /* sides: fp16 ? {kolo fp16, kolo fp32, raw} : {kolo, raw} */
+} large_state_t;
+
+static void allreduce_one(const char *name, float *buf, size_t count,
+                          int wire, int ndim, const int64_t *shape,
+                          kolo_handle_t *h)
+{
+    kolo_opts_t o;
+    kolo_opts_init(&o);
+    o.wire_dtype = wire;
+    o.ndim = ndim;
+    o.shape = shape;
+    kolo_must(kolo_allreduce_async_opts(name, buf, buf, (int64_t)count,
+                                        KOLO_FLOAT32, &o, h),
+              "kolo_allreduce_async_opts", name);
+}
+
+static void large_prepare(bench_t *b, int side)
+{
+    large_state_t *s = b->state;
+    (void)side;
+    fill(s->buf, s->count, 0);
+}
+
+static void large_run(bench_t *b, int side)
+{
+    large_state_t *s = b->state;
+    int raw_side = s->fp16 ? 2 : 1;
+    kolo_handle_t h;
+    b->probe = s->buf;
+    if (side == raw_side) {
+        raw_allreduce(s->buf, s->count, sizeof(float), g_sum_f32);
+        return;
+    }
+    if (s->fp16 && side == 0) {
+        allreduce_one(s->name16, s->buf, s->count, KOLO_FLOAT16, 0, NULL, &h);
+        kolo_must(kolo_wait(h), "kolo_wait", s->name16);
+    } else {
+        allreduce_one(s->name32, s->buf, s->count, -1, 0, NULL, &h);
+        kolo_must(kolo_wait(h), "kolo_wait", s->name32);
+    }
+}
+
+static int large_verify(bench_t *b, int side, char *detail)
+{
+    large_state_t *s = b->state;
+    return check(s->buf, s->count, 0, (s->fp16 && side == 0) ? 1e-3f : 0.0f,
+                 g_side_names[side], detail);
+}
+
+static void large_defaults(long long bytes, int *warmup, int *iters)
+{
+    if (g_opt.quick) {
+        *warmup = 1;
+        *iters = bytes <= 64 * KIB ? 10 : 5;
+    } else if (bytes <= 1 * MIB) {
+        *warmup = 3;
+        *iters = 30;
+    } else if (bytes <= 16 * MIB) {
+        *warmup = 2;
+        *iters = 10;
+    } else {
+        *warmup = 1;
+        *iters = 5;
+    }
+    *warmup = warmup_or(*warmup);
+    *iters = iters_or(*iters);
+}
+
+/* The sizes: powers of 4 from 4 B, and --max-bytes itself (a multiple of
+ * 4) when it is not one of them. */
+static int large_sizes(long long *sizes, int max, long long from)
+{
+    int n = 0;
+    long long cap = g_opt.max_bytes / 4 * 4;
+    for (long long b = 4; b <= cap && n < max; b *= 4)
+        if (b >= from)
+            sizes[n++] = b;
+    if (n < max && cap >= from && (n == 0 || sizes[n - 1] != cap))
+        sizes[n++] = cap;
+    return n;
+}
+
+static double busbw_factor(void)
+{
+    return g_size > 1 ? 2.0 * (g_size - 1) / g_size : 1.0;
+}
+
+static void workload_large(void)
+{
+    long long sizes[64];
+    int n = large_sizes(sizes, 64, 4);
+    large_state_t s;
+    bench_t b = {.nsides = 2, .prepare = large_prepare,
+                 .run = large_run, .verify = large_verify,
+                 .state = &s};
+    char title[256];
+
+    memset(&s, 0, sizeof(s));
+    s.buf = xalloc((size_t)sizes[n - 1]);
+    snprintf(title, sizeof(title),
+             "large: one float32 tensor; %s in GB/s; ratio = kolo/raw "
+             "bandwidth (higher is better)",
+             g_size > 1 ? "bus bandwidth 2(n-1)/n*bytes/time"
+                        : "1 rank: bytes/time");
+    table_header(title);
+    g_side_names[0] = "kolo";
+    g_side_names[1] = "raw";
+    for (int i = 0; i < n; i++) {
+        side_result_t r[2];
+        int warmup, iters;
+        char size_text[32], label[64], note[96], t1[32], t2[32];
+        row_t row;
+
+        s.count = (size_t)(sizes[i] / 4);
+        snprintf(s.name32, sizeof(s.name32), "bench/large/%lld", sizes[i]);
+        large_defaults(sizes[i], &warmup, &iters);
+        fmt_bytes(size_text, sizeof(size_text), sizes[i]);
+        snprintf(label, sizeof(label), "large %s", size_text);
+        measure(&b, warmup, iters, label, r);
+        snprintf(note, sizeof(note), "time %s vs %s",
+                 fmt_time(t1, sizeof(t1), r[0].med), fmt_time(t2, sizeof(t2), r[1].med));
+        row = (row_t){
+            .workload = "large", .size_bytes = sizes[i], .size_text = size_text,
+            .unit = "GB/s",
+            .kolo = figure(&r[0], busbw_factor() * (double)sizes[i] / 1e9, 1),
+            .raw = figure(&r[1], busbw_factor() * (double)sizes[i] / 1e9, 1),
+            .kolo_t = &r[0], .raw_t = &r[1],
+            .ratio = r[1].med / r[0].med,
+            .ratio_is = "kolo/raw bus bandwidth, higher is better",
+            .wrong = r[0].wrong || r[1].wrong, .warmup = warmup, .iters = iters,
+            .note = note, .extra_json = NULL};
+        emit(&row);
+    }
+    free(s.buf);
+}
+
+/* ----------------------------------------------------------- resnet50 */
+
+typedef struct param {
+    const char *name;
+    int ndim;
+    int64_t shape[4];
+} param_t;
+
+/* torchvision.models.resnet50(): the shapes of its 161 parameters (conv
+ * weights, batch-norm weights and biases, fc), in backward order, that is
+ * the reverse of named_parameters(); 25,557,032 values. */
+static const param_t g_resnet50[RESNET50_TENSORS] = {
+    {"fc.bias", 1, {1000}},
+    {"fc.weight", 2, {1000, 2048}},
+    {"layer4.2.bn3.bias", 1, {2048}},
+    {"layer4.2.bn3.weight", 1, {2048}},
+    {"layer4.2.conv3.weight", 4, {2048, 512, 1, 1}},
+    {"layer4.2.bn2.bias", 1, {512}},
+    {"layer4.2.bn2.weight", 1, {512}},
+    {"layer4.2.conv2.weight", 4, {512, 512, 3, 3}},
+    {"layer4.2.bn1.bias", 1, {512}},
+    {"layer4.2.bn1.weight", 1, {512}},
+    {"layer4.2.conv1.weight", 4, {512, 2048, 1, 1}},
+    {"layer4.1.bn3.bias", 1, {2048}},
+    {"layer4.1.bn3.weight", 1, {2048}},
+    {"layer4.1.conv3.weight", 4, {2048, 512, 1, 1}},
+    {"layer4.1.bn2.bias", 1, {512}},
+    {"layer4.1.bn2.weight", 1, {512}},
+    {"layer4.1.conv2.weight", 4, {512, 512, 3, 3}},
+    {"layer4.1.bn1.bias", 1, {512}},
+    {"layer4.1.bn1.weight", 1, {512}},
+    {"layer4.1.conv1.weight", 4, {512, 2048, 1, 1}},
+    {"layer4.0.downsample.1.bias", 1, {2048}},
+    {"layer4.0.downsample.1.weight", 1, {2048}},
+    {"layer4.0.downsample.0.weight", 4, {2048, 1024, 1, 1}},
+    {"layer4.0.bn3.bias", 1, {2048}},
+    {"layer4.0.bn3.weight", 1, {2048}},
+    {"layer4.0.conv3.weight", 4, {2048, 512, 1, 1}},
+    {"layer4.0.bn2.bias", 1, {512}},
+    {"layer4.0.bn2.weight", 1, {512}},
+    {"layer4.0.conv2.weight", 4, {512, 512, 3, 3}},
+    {"layer4.0.bn1.bias", 1, {512}},
+    {"layer4.0.bn1.weight", 1, {512}},
+    {"layer4.0.conv1.weight", 4, {512, 1024, 1, 1}},
+    {"layer3.5.bn3.bias", 1, {1024}},
+    {"layer3.5.bn3.weight", 1, {1024}},
+    {"layer3.5.conv3.weight", 4, {1024, 256, 1, 1}},
+    {"layer3.5.bn2.bias", 1, {256}},
+    {"layer3.5.bn2.weight", 1, {256}},
+    {"layer3.5.conv2.weight", 4, {256, 256, 3, 3}},
+    {"layer3.5.bn1.bias", 1, {256}},
+    {"layer3.5.bn1.weight", 1, {256}},
+    {"layer3.5.conv1.weight", 4, {256, 1024, 1, 1}},
+    {"layer3.4.bn3.bias", 1, {1024}},
+    {"layer3.4.bn3.weight", 1, {1024}},
+    {"layer3.4.conv3.weight", 4, {1024, 256, 1, 1}},
+    {"layer3.4.bn2.bias", 1, {256}},
+    {"layer3.4.bn2.weight", 1, {256}},
+    {"layer3.4.conv2.weight", 4, {256, 256, 3, 3}},
+    {"layer3.4.bn1.bias", 1, {256}},
+    {"layer3.4.bn1.weight", 1, {256}},
+    {"layer3.4.conv1.weight", 4, {256, 1024, 1, 1}},
+    {"layer3.3.bn3.bias", 1, {1024}},
+    {"layer3.3.bn3.weight", 1, {1024}},
+    {"layer3.3.conv3.weight", 4, {1024, 256, 1, 1}},
+    {"layer3.3.bn2.bias", 1, {256}},
+    {"layer3.3.bn2.weight", 1, {256}},
+    {"layer3.3.conv2.weight", 4, {256, 256, 3, 3}},
+    {"layer3.3.bn1.bias", 1, {256}},
+    {"layer3.3.bn1.weight", 1, {256}},
+    {"layer3.3.conv1.weight", 4, {256, 1024, 1, 1}},
+    {"layer3.2.bn3.bias", 1, {1024}},
+    {"layer3.2.bn3.weight", 1, {1024}},
+    {"layer3.2.conv3.weight", 4, {1024, 256, 1, 1}},
+    {"layer3.2.bn2.bias", 1, {256}},
+    {"layer3.2.bn2.weight", 1, {256}},
+    {"layer3.2.conv2.weight", 4, {256, 256, 3, 3}},
+    {"layer3.2.bn1.bias", 1, {256}},
+    {"layer3.2.bn1.weight", 1, {256}},
+    {"layer3.2.conv1.weight", 4, {256, 1024, 1, 1}},
+    {"layer3.1.bn3.bias", 1, {1024}},
+    {"layer3.1.bn3.weight", 1, {1024}},
+    {"layer3.1.conv3.weight", 4, {1024, 256, 1, 1}},
+    {"layer3.1.bn2.bias", 1, {256}},
+    {"layer3.1.bn2.weight", 1, {256}},
+    {"layer3.1.conv2.weight", 4, {256, 256, 3, 3}},
+    {"layer3.1.bn1.bias", 1, {256}},
+    {"layer3.1.bn1.weight", 1, {256}},
+    {"layer3.1.conv1.weight", 4, {256, 1024, 1, 1}},
+    {"layer3.0.downsample.1.bias", 1, {1024}},
+    {"layer3.0.downsample.1.weight", 1, {1024}},
+    {"layer3.0.downsample.0.weight", 4, {1024, 512, 1, 1}},
+    {"layer3.0.bn3.bias", 1, {1024}},
+    {"layer3.0.bn3.weight", 1, {1024}},
+    {"layer3.0.conv3.weight", 4, {1024, 256, 1, 1}},
+    {"layer3.0.bn2.bias", 1, {256}},
+    {"layer3.0.bn2.weight", 1, {256}},
+    {"layer3.0.conv2.weight", 4, {256, 256, 3, 3}},
+    {"layer3.0.bn1.bias", 1, {256}},
+    {"layer3.0.bn1.weight", 1, {256}},
+    {"layer3.0.conv1.weight", 4, {256, 512, 1, 1}},
+    {"layer2.3.bn3.bias", 1, {512}},
+    {"layer2.3.bn3.weight", 1, {512}},
+    {"layer2.3.conv3.weight", 4, {512, 128, 1, 1}},
+    {"layer2.3.bn2.bias", 1, {128}},
+    {"layer2.3.bn2.weight", 1, {128}},
+    {"layer2.3.conv2.weight", 4, {128, 128, 3, 3}},
+    {"layer2.3.bn1.bias", 1, {128}},
+    {"layer2.3.bn1.weight", 1, {128}},
+    {"layer2.3.conv1.weight", 4, {128, 512, 1, 1}},
+    {"layer2.2.bn3.bias", 1, {512}},
+    {"layer2.2.bn3.weight", 1, {512}},
+    {"layer2.2.conv3.weight", 4, {512, 128, 1, 1}},
+    {"layer2.2.bn2.bias", 1, {128}},
+    {"layer2.2.bn2.weight", 1, {128}},
+    {"layer2.2.conv2.weight", 4, {128, 128, 3, 3}},
+    {"layer2.2.bn1.bias", 1, {128}},
+    {"layer2.2.bn1.weight", 1, {128}},
+    {"layer2.2.conv1.weight", 4, {128, 512, 1, 1}},
+    {"layer2.1.bn3.bias", 1, {512}},
+    {"layer2.1.bn3.weight", 1, {512}},
+    {"layer2.1.conv3.weight", 4, {512, 128, 1, 1}},
+    {"layer2.1.bn2.bias", 1, {128}},
+    {"layer2.1.bn2.weight", 1, {128}},
+    {"layer2.1.conv2.weight", 4, {128, 128, 3, 3}},
+    {"layer2.1.bn1.bias", 1, {128}},
+    {"layer2.1.bn1.weight", 1, {128}},
+    {"layer2.1.conv1.weight", 4, {128, 512, 1, 1}},
+    {"layer2.0.downsample.1.bias", 1, {512}},
+    {"layer2.0.downsample.1.weight", 1, {512}},
+    {"layer2.0.downsample.0.weight", 4, {512, 256, 1, 1}},
+    {"layer2.0.bn3.bias", 1, {512}},
+    {"layer2.0.bn3.weight", 1, {512}},
+    {"layer2.0.conv3.weight", 4, {512, 128, 1, 1}},
+    {"layer2.0.bn2.bias", 1, {128}},
+    {"layer2.0.bn2.weight", 1, {128}},
+    {"layer2.0.conv2.weight", 4, {128, 128, 3, 3}},
+    {"layer2.0.bn1.bias", 1, {128}},
+    {"layer2.0.bn1.weight", 1, {128}},
+    {"layer2.0.conv1.weight", 4, {128, 256, 1, 1}},
+    {"layer1.2.bn3.bias", 1, {256}},
+    {"layer1.2.bn3.weight", 1, {256}},
+    {"layer1.2.conv3.weight", 4, {256, 64, 1, 1}},
+    {"layer1.2.bn2.bias", 1, {64}},
+    {"layer1.2.bn2.weight", 1, {64}},
+    {"layer1.2.conv2.weight", 4, {64, 64, 3, 3}},
+    {"layer1.2.bn1.bias", 1, {64}},
+    {"layer1.2.bn1.weight", 1, {64}},
+    {"layer1.2.conv1.weight", 4, {64, 256, 1, 1}},
+    {"layer1.1.bn3.bias", 1, {256}},
+    {"layer1.1.bn3.weight", 1, {256}},
+    {"layer1.1.conv3.weight", 4, {256, 64, 1, 1}},
+    {"layer1.1.bn2.bias", 1, {64}},
+    {"layer1.1.bn2.weight", 1, {64}},
+    {"layer1.1.conv2.weight", 4, {64, 64, 3, 3}},
+    {"layer1.1.bn1.bias", 1, {64}},
+    {"layer1.1.bn1.weight", 1, {64}},
+    {"layer1.1.conv1.weight", 4, {64, 256, 1, 1}},
+    {"layer1.0.downsample.1.bias", 1, {256}},
+    {"layer1.0.downsample.1.weight", 1, {256}},
+    {"layer1.0.downsample.0.weight", 4, {256, 64, 1, 1}},
+    {"layer1.0.bn3.bias", 1, {256}},
+    {"layer1.0.bn3.weight", 1, {256}},
+    {"layer1.0.conv3.weight", 4, {256, 64, 1, 1}},
+    {"layer1.0.bn2.bias", 1, {64}},
+    {"layer1.0.bn2.weight", 1, {64}},
+    {"layer1.0.conv2.weight", 4, {64, 64, 3, 3}},
+    {"layer1.0.bn1.bias", 1, {64}},
+    {"layer1.0.bn1.weight", 1, {64}},
+    {"layer1.0.conv1.weight", 4, {64, 64, 1, 1}},
+    {"bn1.bias", 1, {64}},
+    {"bn1.weight", 1, {64}},
+    {"conv1.weight", 4, {64, 3, 7, 7}},
+};
+
+static int64_t param_count(const param_t *p)
+{
+    int64_t n = 1;
+    for (int d = 0; d < p->ndim; d++)
+        n *= p->shape[d];
+    return n;
+}
+
+static void resnet50_selfcheck(void)
+{
+    int64_t total = 0;
+    for (int i = 0; i < RESNET50_TENSORS; i++)
+        total += param_count(&g_resnet50[i]);
+    if (total != RESNET50_ELEMENTS)
+        die("internal error: the ResNet-50 table holds %lld values, not %lld",
+            (long long)total, RESNET50_ELEMENTS);
+}
+
+typedef struct resnet_state {
+    float *tensor[RESNET50_TENSORS];
+    int64_t count[RESNET50_TENSORS];
+    char name32[RESNET50_TENSORS][80], name16[RESNET50_TENSORS][80];
+    float *flat; /* the raw side: all the bytes as one buffer */
+    int fp16;
+} resnet_state_t;
+
+static void resnet_prepare(bench_t *b, int side)
+{
+    resnet_state_t *s = b->state;
+    if (side == (s->fp16 ? 2 : 1)) {
+        fill(s->flat, (size_t)RESNET50_ELEMENTS, 0);
+        return;
+    }
+    for (int i = 0; i < RESNET50_TENSORS; i++)
+        fill(s->tensor[i], (size_t)s->count[i], i);
+}
+
+static void resnet_run(bench_t *b, int side)
+{
+    resnet_state_t *s = b->state;
+    kolo_handle_t h[RESNET50_TENSORS];
+    int fp16 = s->fp16 && side == 0;
+
+    b->probe = side == (s->fp16 ? 2 : 1) ? s->flat : s->tensor[0];
+    if (side == (s->fp16 ? 2 : 1)) {
+        raw_allreduce(s->flat, (size_t)RESNET50_ELEMENTS, sizeof(float),
+                      g_sum_f32);
+        return;
+    }
+    for (int i = 0; i < RESNET50_TENSORS; i++)
+        allreduce_one(fp16 ? s->name16[i] : s->name32[i], s->tensor[i],
+                      (size_t)s->count[i], fp16 ? KOLO_FLOAT16 : -1,
+                      g_resnet50[i].ndim, g_resnet50[i].shape, &h[i]);
+    for (int i = 0; i < RESNET50_TENSORS; i++)
+        kolo_must(kolo_wait(h[i]), "kolo_wait",
+                  fp16 ? s->name16[i] : s->name32[i]);
+}
+
+static int resnet_verify(bench_t *b, int side, char *detail)
+{
+    resnet_state_t *s = b->state;
+    char what[160];
+    int bad = 0;
+    if (side == (s->fp16 ? 2 : 1))
+        return check(s->flat, (size_t)RESNET50_ELEMENTS, 0, 0.0f,
+                     "raw, the one buffer", detail);
+    for (int i = 0; i < RESNET50_TENSORS && !bad; i++) {
+        snprintf(what, sizeof(what), "%s, tensor %s", g_side_names[side],
+                 g_resnet50[i].name);
+        bad = check(s->tensor[i], (size_t)s->count[i], i,
+                    (s->fp16 && side == 0) ? 1e-3f : 0.0f, what, detail);
+    }
+    return bad;
+}
+
+static resnet_state_t *resnet_new(int fp16)
+{
+    resnet_state_t *s = calloc(1, sizeof(*s));
+    if (s == NULL)
+        die("out of memory");
+    s->fp16 = fp16;
+    for (int i = 0; i < RESNET50_TENSORS; i++) {
+        s->count[i] = param_count(&g_resnet50[i]);
+        s->tensor[i] = xalloc((size_t)s->count[i] * sizeof(float));
+        snprintf(s->name32[i], sizeof(s->name32[i]), "resnet50/%s",
+                 g_resnet50[i].name);
+        snprintf(s->name16[i], sizeof(s->name16[i]), "resnet50-fp16/%s",
+                 g_resnet50[i].name);
+    }
+    s->flat = xalloc((size_t)RESNET50_ELEMENTS * sizeof(float));
+    return s;
+}
+
+static void resnet_free(resnet_state_t *s)
+{
+    for (int i = 0; i < RESNET50_TENSORS; i++)
+        free(s->tensor[i]);
+    free(s->flat);
+    free(s);
+}
+
+static void resnet_defaults(int *warmup, int *iters)
+{
+    *warmup = warmup_or(g_opt.quick ? 1 : 2);
+    *iters = iters_or(g_opt.quick ? 2 : 10);
+}
+
+static void workload_resnet50(void)
+{
+    resnet_state_t *s = resnet_new(0);
+    bench_t b = {.nsides = 2, .prepare = resnet_prepare,
+                 .run = resnet_run, .verify = resnet_verify,
+                 .state = s};
+    side_result_t r[2];
+    int warmup, iters;
+    char note[128];
+    row_t row;
+
+    table_header("resnet50: 161 tensors (25,557,032 float32, 102 MB) enqueued "
+                 "in backward order, then waited; ms per step; raw = one "
+                 "allreduce of all the bytes; ratio = kolo/raw time (lower is "
+                 "better)");
+    g_side_names[0] = "kolo";
+    g_side_names[1] = "raw";
+    resnet_defaults(&warmup, &iters);
+    measure(&b, warmup, iters, "resnet50", r);
+    snprintf(note, sizeof(note), "busbw %.3f vs %.3f GB/s",
+             busbw_factor() * RESNET50_ELEMENTS * 4 / r[0].med / 1e9,
+             busbw_factor() * RESNET50_ELEMENTS * 4 / r[1].med / 1e9);
+    row = (row_t){.workload = "resnet50", .size_bytes = RESNET50_ELEMENTS * 4,
+                  .size_text = "161 tens", .unit = "ms",
+                  .kolo = figure(&r[0], 1e3, 0), .raw = figure(&r[1], 1e3, 0),
+                  .kolo_t = &r[0], .raw_t = &r[1],
+                  .ratio = r[0].med / r[1].med,
+                  .ratio_is = "kolo/raw time per step, lower is better",
+                  .wrong = r[0].wrong || r[1].wrong, .warmup = warmup,
+                  .iters = iters, .note = note,
+                  .extra_json = ", \"tensors\": 161, \"elements\": 25557032"};
+    emit(&row);
+    resnet_free(s);
+}
+
+/* ------------------------------------------------------ small, latency */
+
+typedef struct many_state {
+    float *vals;
+    int n;
+    char (*names)[32];
+} many_state_t;
+
+static void many_prepare(bench_t *b, int side)
+{
+    many_state_t *s = b->state;
+    (void)side;
+    fill(s->vals, (size_t)s->n, 0);
+}
+
+static void many_run(bench_t *b, int side)
+{
+    many_state_t *s = b->state;
+    b->probe = &s->vals[0];
+    if (side == 1) {
+        for (int i = 0; i < s->n; i++)
+            raw_allreduce(&s->vals[i], 1, sizeof(float), g_sum_f32);
+        return;
+    }
+    kolo_handle_t hs[SMALL_TENSORS];
+    for (int i = 0; i < s->n; i++)
+        allreduce_one(s->names[i], &s->vals[i], 1, -1, 0, NULL, &hs[i]);
+    for (int i = 0; i < s->n; i++)
+        kolo_must(kolo_wait(hs[i]), "kolo_wait", s->names[i]);
+}
+
+static int many_verify(bench_t *b, int side, char *detail)
+{
+    many_state_t *s = b->state;
+    return check(s->vals, (size_t)s->n, 0, 0.0f, g_side_names[side], detail);
+}
+
+static void workload_many(int n)
+{
+    many_state_t s;
+    bench_t b = {.nsides = 2, .prepare = many_prepare,
+                 .run = many_run, .verify = many_verify,
+                 .state = &s};
+    side_result_t r[2];
+    int warmup, iters;
+    char note[96], t1[32], t2[32];
+    row_t row;
+
+    s.n = n;
+    s.vals = xalloc((size_t)n * sizeof(float));
+    s.names = calloc((size_t)n, sizeof(*s.names));
+    if (s.names == NULL)
+        die("out of memory");
+    for (int i = 0; i < n; i++)
+        snprintf(s.names[i], sizeof(s.names[i]),
+                 n == 1 ? "bench/latency" : "bench/small/%04d", i);
+    g_side_names[0] = "kolo";
+    g_side_names[1] = "raw";
+    if (n == 1) {
+        table_header("latency: one 4-byte allreduce, nothing else in flight; "
+                     "microseconds; ratio = kolo/raw time (lower is better)");
+        warmup = warmup_or(g_opt.quick ? 5 : 20);
+        iters = iters_or(g_opt.quick ? 50 : 200);
+        measure(&b, warmup, iters, "latency", r);
+        char extra[96];
+        snprintf(note, sizeof(note), "kolo - raw = %+.1f us",
+                 (r[0].med - r[1].med) * 1e6);
+        snprintf(extra, sizeof(extra), ", \"diff_us\": %.6g",
+                 (r[0].med - r[1].med) * 1e6);
+        row = (row_t){.workload = "latency", .size_bytes = 4, .size_text = "4 B",
+                      .unit = "us", .kolo = figure(&r[0], 1e6, 0),
+                      .raw = figure(&r[1], 1e6, 0), .kolo_t = &r[0],
+                      .raw_t = &r[1], .ratio = r[0].med / r[1].med,
+                      .ratio_is = "kolo/raw time, lower is better",
+                      .wrong = r[0].wrong || r[1].wrong, .warmup = warmup,
+                      .iters = iters, .note = note, .extra_json = extra};
+        emit(&row);
+    } else {
+        table_header("small: 1000 tensors of one float, enqueued then waited "
+                     "(raw: 1000 4-byte allreduces); allreduces per second; "
+                     "ratio = kolo/raw (higher is better)");
+        warmup = warmup_or(g_opt.quick ? 1 : 2);
+        iters = iters_or(g_opt.quick ? 3 : 10);
+        measure(&b, warmup, iters, "small", r);
+        snprintf(note, sizeof(note), "time %s vs %s per 1000",
+                 fmt_time(t1, sizeof(t1), r[0].med),
+                 fmt_time(t2, sizeof(t2), r[1].med));
+        row = (row_t){.workload = "small", .size_bytes = -1,
+                      .size_text = "1000x4 B", .unit = "ops/s",
+                      .kolo = figure(&r[0], n, 1), .raw = figure(&r[1], n, 1),
+                      .kolo_t = &r[0], .raw_t = &r[1],
+                      .ratio = r[1].med / r[0].med,
+                      .ratio_is = "kolo/raw allreduces per second, higher is better",
+                      .wrong = r[0].wrong || r[1].wrong, .warmup = warmup,
+                      .iters = iters, .note = note,
+                      .extra_json = ", \"tensors\": 1000"};
+        emit(&row);
+    }
+    free(s.vals);
+    free(s.names);
+}
+
+/* --------------------------------------------------------------- fp16 */
+
+/* The fp16 rows: kolo = float16 on the wire, raw = the raw float32 backend
+ * (ratio, as in large and resnet50), kolo_fp32 = float32 through the
+ * runtime (speedup = how much faster float16 is). */
+static void emit_fp16(const char *size_text, long long bytes, const char *unit,
+                      double scale, int per_time, const side_result_t *r,
+                      int warmup, int iters)
+{
+    figure_t f16 = figure(&r[0], scale, per_time),
+             f32 = figure(&r[1], scale, per_time);
+    double speedup = r[1].med / r[0].med;
+    char note[128], extra[512], a[32];
+    row_t row;
+
+    snprintf(note, sizeof(note), "fp32 kolo %s %s, fp16 speedup %.2fx",
+             fmt_num(a, sizeof(a), f32.med), unit, speedup);
+    snprintf(extra, sizeof(extra),
+             ", \"wire_dtype\": \"float16\", \"kolo_fp32\": %.6g, "
+             "\"kolo_fp32_min\": %.6g, \"kolo_fp32_max\": %.6g, "
+             "\"kolo_fp32_time_s\": %.6g, \"speedup\": %.6g, "
+             "\"speedup_is\": \"float32 time / float16 time through the "
+             "runtime, higher is better\"%s",
+             f32.med, f32.min, f32.max, r[1].med, speedup,
+             bytes == RESNET50_ELEMENTS * 4 ? ", \"tensors\": 161" : "");
+    row = (row_t){.workload = "fp16", .size_bytes = bytes, .size_text = size_text,
+                  .unit = unit, .kolo = f16,
+                  .raw = figure(&r[2], scale, per_time),
+                  .kolo_t = &r[0], .raw_t = &r[2],
+                  .ratio = per_time ? r[2].med / r[0].med : r[0].med / r[2].med,
+                  .ratio_is = per_time
+                                  ? "kolo fp16/raw fp32 bus bandwidth, higher is better"
+                                  : "kolo fp16/raw fp32 time, lower is better",
+                  .wrong = r[0].wrong || r[1].wrong || r[2].wrong,
+                  .warmup = warmup, .iters = iters, .note = note,
+                  .extra_json = extra};
+    emit(&row);
+}
+
+static void workload_fp16(void)
+{
+    long long sizes[64];
+    int n = large_sizes(sizes, 64, 1 * MIB);
+    side_result_t r[3];
+    int warmup, iters;
+
+    table_header("fp16: float32 tensors sent as float16 (wire_dtype); kolo = "
+                 "fp16 through the runtime, raw = the raw float32 backend, "
+                 "ratio as in large/resnet50; speedup = over float32 through "
+                 "the runtime");
+    g_side_names[0] = "kolo fp16";
+    g_side_names[1] = "kolo fp32";
+    g_side_names[2] = "raw";
+    if (n > 0) {
+        large_state_t s;
+        bench_t b = {.nsides = 3, .prepare = large_prepare,
+                 .run = large_run, .verify = large_verify,
+                 .state = &s};
+        memset(&s, 0, sizeof(s));
+        s.fp16 = 1;
+        s.buf = xalloc((size_t)sizes[n - 1]);
+        for (int i = 0; i < n; i++) {
+            char size_text[32], label[64];
+            s.count = (size_t)(sizes[i] / 4);
+            snprintf(s.name32, sizeof(s.name32), "bench/large/%lld", sizes[i]);
+            snprintf(s.name16, sizeof(s.name16), "bench/large-fp16/%lld",
+                     sizes[i]);
+            large_defaults(sizes[i], &warmup, &iters);
+            fmt_bytes(size_text, sizeof(size_text), sizes[i]);
+            snprintf(label, sizeof(label), "fp16 %s", size_text);
+            measure(&b, warmup, iters, label, r);
+            emit_fp16(size_text, sizes[i], "GB/s",
+                      busbw_factor() * (double)sizes[i] / 1e9, 1, r, warmup,
+                      iters);
+        }
+        free(s.buf);
+    }
+    {
+        resnet_state_t *s = resnet_new(1);
+        bench_t b = {.nsides = 3, .prepare = resnet_prepare,
+                 .run = resnet_run, .verify = resnet_verify,
+                 .state = s};
+        resnet_defaults(&warmup, &iters);
+        measure(&b, warmup, iters, "fp16 resnet50", r);
+        emit_fp16("resnet50", RESNET50_ELEMENTS * 4, "ms", 1e3, 0, r, warmup,
+                  iters);
+        resnet_free(s);
+    }
+}
+
+/* ---------------------------------------------------------------- main */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: kolorun -np N kolo-bench [options]\n"
+        "  --workload W      large, resnet50, small, latency, fp16 or all\n"
+        "                    (several: comma-separated; default all)\n"
+        "  --backend B       the backend to compare with: gloo (default)\n"
+        "  --json FILE       rank 0 writes the results there as JSON\n"
+        "  --iters N         timed iterations per figure (default: by workload\n"
+        "                    and size, e.g. 30 for small tensors, 5 for 64 MiB)\n"
+        "  --warmup N        untimed iterations before them (default: 1-20)\n"
+        "  --max-bytes B     largest tensor of large and fp16 (default 256M;\n"
+        "                    suffixes K, M, G are powers of 1024)\n"
+        "  --quick           a short run: sizes up to 1 MiB, few iterations\n"
+        "Every figure is measured through kolo and with the backend called\n"
+        "directly on one buffer of the same bytes (raw), in the same run;\n"
+        "times are the slowest rank's, median over the iterations.\n"
+        "Exit status: 0, 1 if a result was WRONG, 2 on any other failure.\n");
+}
+
+static long long parse_bytes(const char *s)
+{
+    char *end;
+    double v;
+    errno = 0;
+    v = strtod(s, &end);
+    if (errno || end == s || v < 0)
+        return -1;
+    if (*end == 'K' || *end == 'k')
+        v *= KIB, end++;
+    else if (*end == 'M' || *end == 'm')
+        v *= MIB, end++;
+    else if (*end == 'G' || *end == 'g')
+        v *= GIB, end++;
+    if (*end == 'i' && end[1] == 'B')
+        end += 2;
+    else if (*end == 'B')
+        end++;
+    if (*end != '\0' || v > 64.0 * GIB)
+        return -1;
+    return (long long)v;
+}
+
+static int parse_int(const char *s, int min)
+{
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < min || v > 1000000)
+        return -1;
+    return (int)v;
+}
+
+static void bad_usage(const char *fmt, const char *arg)
+{
+    if (g_rank == 0) {
+        fprintf(stderr, "kolo-bench: ");
+        fprintf(stderr, fmt, arg);
+        fprintf(stderr, "\n");
+        usage(stderr);
+    }
+    exit(2);
+}
+
+static void parse_workloads(const char *list)
+{
+    char buf[256], *save = NULL, *w;
+    snprintf(buf, sizeof(buf), "%s", list);
+    for (w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        if (strcmp(w, "all") == 0)
+            g_opt.large = g_opt.resnet50 = g_opt.small = g_opt.latency =
+                g_opt.fp16 = 1;
+        else if (strcmp(w, "large") == 0)
+            g_opt.large = 1;
+        else if (strcmp(w, "resnet50") == 0)
+            g_opt.resnet50 = 1;
+        else if (strcmp(w, "small") == 0)
+            g_opt.small = 1;
+        else if (strcmp(w, "latency") == 0)
+            g_opt.latency = 1;
+        else if (strcmp(w, "fp16") == 0)
+            g_opt.fp16 = 1;
+        else
+            bad_usage("unknown workload '%s'", w);
+    }
+}
+
+static void parse_args(int argc, char **argv)
+{
+    int any = 0;
+    g_opt.backend = "gloo";
+    g_opt.iters = -1;
+    g_opt.warmup = -1;
+    g_opt.max_bytes = DEFAULT_MAX_BYTES;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            if (g_rank == 0)
+                usage(stdout);
+            exit(0);
+        } else if (strcmp(a, "--quick") == 0) {
+            g_opt.quick = 1;
+            continue;
+        }
+        if (v == NULL)
+            bad_usage("%s needs a value", a);
+        i++;
+        if (strcmp(a, "--workload") == 0) {
+            parse_workloads(v);
+            any = 1;
+        } else if (strcmp(a, "--backend") == 0) {
+            g_opt.backend = v;
+        } else if (strcmp(a, "--json") == 0) {
+            g_opt.json = v;
+        } else if (strcmp(a, "--iters") == 0) {
+            if ((g_opt.iters = parse_int(v, 1)) < 0)
+                bad_usage("--iters: '%s' is not a number >= 1", v);
+        } else if (strcmp(a, "--warmup") == 0) {
+            if ((g_opt.warmup = parse_int(v, 0)) < 0)
+                bad_usage("--warmup: '%s' is not a number >= 0", v);
+        } else if (strcmp(a, "--max-bytes") == 0) {
+            if ((g_opt.max_bytes = parse_bytes(v)) < 4)
+                bad_usage("--max-bytes: '%s' is not a size of 4 bytes or more "
+                          "(like 4096, 64M, 1G)", v);
+        } else {
+            bad_usage("unknown option '%s'", a);
+        }
+    }
+    if (!any)
+        parse_workloads("all");
+    if (g_opt.quick && g_opt.max_bytes > QUICK_MAX_BYTES)
+        g_opt.max_bytes = QUICK_MAX_BYTES;
+}
+
+/* The raw side: the backend's own context, next to the runtime's. */
+static void raw_init(void)
+{
+    const char *rdv = getenv("KOLO_RENDEZVOUS");
+    const char *host = getenv("KOLO_HOSTNAME");
+    char err[512] = "";
+    kolo__ops_config_t cfg;
+    int rc;
+
+    if (g_size == 1) {
+        g_raw = &kolo__ops_local;
+    } else {
+#ifdef KOLO_HAVE_GLOO
+        g_raw = &kolo__ops_gloo;
+#else
+        die("this kolo-bench has no raw backend for %d ranks (built without "
+            "Gloo)", g_size);
+#endif
+        if (rdv == NULL || rdv[0] == '\0')
+            die("KOLO_RENDEZVOUS is not set: run kolo-bench under kolorun");
+    }
+    cfg = (kolo__ops_config_t){
+        .rank = g_rank, .size = g_size, .rendezvous = rdv ? rdv : "",
+        .prefix = "kolo-bench-raw",
+        .hostname = host && host[0] ? host : "127.0.0.1",
+        .timeout_s = 300, .start_timeout_s = 60, .on_wake = NULL,
+        .wake_arg = NULL};
+    rc = g_raw->init(&cfg, &g_raw_ctx, err, sizeof(err));
+    if (rc != KOLO_OK)
+        die("raw %s backend: init failed: %s (%s)", g_raw->name, err,
+            kolo_strerror(rc));
+}
+
+static const char *env_or(const char *name, const char *def)
+{
+    const char *v = getenv(name);
+    return v && v[0] ? v : def;
+}
+
+static const char *g_env_names[] = {
+    "KOLO_FUSION_THRESHOLD", "KOLO_CYCLE_TIME", "KOLO_CACHE_CAPACITY",
+    "KOLO_TIMELINE", "KOLO_AUTOTUNE", "KOLO_LOG_LEVEL"};
+#define N_ENV ((int)(sizeof(g_env_names) / sizeof(g_env_names[0])))
+
+static void print_header(void)
+{
+    char wl[128] = "";
+    if (g_rank != 0)
+        return;
+    snprintf(wl, sizeof(wl), "%s%s%s%s%s", g_opt.large ? " large" : "",
+             g_opt.resnet50 ? " resnet50" : "", g_opt.small ? " small" : "",
+             g_opt.latency ? " latency" : "", g_opt.fp16 ? " fp16" : "");
+    printf("kolo-bench %d.%d.%d: %d rank%s; runtime backend %s; raw = %s "
+           "called directly on one buffer\n",
+           KOLO_VERSION_MAJOR, KOLO_VERSION_MINOR, KOLO_VERSION_PATCH, g_size,
+           g_size == 1 ? "" : "s",
+           g_size == 1             ? "local"
+           : kolo_enabled("gloo") ? "gloo"
+           : kolo_enabled("mpi")  ? "mpi"
+                                  : "unknown",
+           g_raw->name);
+    printf("environment: KOLO_FUSION_THRESHOLD=%s KOLO_CYCLE_TIME=%s "
+           "KOLO_CACHE_CAPACITY=%s KOLO_TIMELINE=%s KOLO_AUTOTUNE=%s\n",
+           env_or("KOLO_FUSION_THRESHOLD", "(default)"),
+           env_or("KOLO_CYCLE_TIME", "(default)"),
+           env_or("KOLO_CACHE_CAPACITY", "(default)"),
+           env_or("KOLO_TIMELINE", "(off)"), env_or("KOLO_AUTOTUNE", "(off)"));
+    printf("workloads:%s%s; times: per iteration the slowest rank's (MAX over "
+           "ranks, reduced through the raw context after the run), median "
+           "[min .. max] over the timed iterations after warm-up; every "
+           "result checked\n",
+           wl, g_opt.quick ? " (--quick)" : "");
+    fflush(stdout);
+}
+
+static void json_begin(void)
+{
+    if (g_rank != 0 || g_opt.json == NULL)
+        return;
+    g_json = fopen(g_opt.json, "w");
+    if (g_json == NULL)
+        die("cannot write %s: %s", g_opt.json, strerror(errno));
+    fprintf(g_json, "{\"tool\": \"kolo-bench\", \"version\": \"%d.%d.%d\", "
+                    "\"ranks\": %d, \"backend\": ",
+            KOLO_VERSION_MAJOR, KOLO_VERSION_MINOR, KOLO_VERSION_PATCH, g_size);
+    json_string(g_json, g_size == 1 ? "local" : g_opt.backend);
+    fprintf(g_json, ", \"raw_backend\": ");
+    json_string(g_json, g_raw->name);
+    fprintf(g_json, ", \"quick\": %s, \"max_bytes\": %lld,\n  \"env\": {",
+            g_opt.quick ? "true" : "false", g_opt.max_bytes);
+    for (int i = 0; i < N_ENV; i++) {
+        const char *v = getenv(g_env_names[i]);
+        fprintf(g_json, "%s\"%s\": ", i ? ", " : "", g_env_names[i]);
+        if (v)
+            json_string(g_json, v);
+        else
+            fputs("null", g_json);
+    }
+    fprintf(g_json, "},\n  \"timing\": \"per iteration the slowest rank's "
+                    "time (MAX over ranks); median, min and max over the "
+                    "timed iterations after warm-up\",\n  \"results\": [");
+}
+
+static void json_end(void)
+{
+    if (g_json == NULL)
+        return;
+    fprintf(g_json, "\n  ],\n  \"wrong\": %d, \"ok\": %s}\n", g_wrong,
+            g_wrong ? "false" : "true");
+    if (fclose(g_json) != 0)
+        die("cannot write %s: %s", g_opt.json, strerror(errno));
+    g_json = NULL;
+}
+
+int main(int argc, char **argv)
+{
+    const char *r = getenv("KOLO_RANK");
+    int rc;
+
+    /* Usage errors before connecting: only rank 0 talks. */
+    g_rank = r ? atoi(r) : 0;
+    parse_args(argc, argv);
+    if (strcmp(g_opt.backend, "gloo") != 0)
+        bad_usage("backend '%s' is not supported by kolo-bench yet (gloo is)",
+                  g_opt.backend);
+    resnet50_selfcheck();
+    g_fault = env_or("KOLO_BENCH_FAULT", "0")[0] == '1';
+
+    g_sum_f32 = kolo__reduce_get(KOLO_FLOAT32, KOLO_OP_SUM);
+    g_max_f64 = kolo__reduce_get(KOLO_FLOAT64, KOLO_OP_MAX);
+    g_max_i32 = kolo__reduce_get(KOLO_INT32, KOLO_OP_MAX);
+    if (!g_sum_f32 || !g_max_f64 || !g_max_i32)
+        die("internal error: no reduction kernel");
+
+    if ((rc = kolo_init()) != KOLO_OK)
+        die("kolo_init failed: %s (%s)", kolo_last_error(), kolo_strerror(rc));
+    g_rank = kolo_rank();
+    g_size = kolo_size();
+    raw_init();
+    data_init();
+    print_header();
+    json_begin();
+
+    if (g_opt.large)
+        workload_large();
+    if (g_opt.resnet50)
+        workload_resnet50();
+    if (g_opt.small)
+        workload_many(SMALL_TENSORS);
+    if (g_opt.latency)
+        workload_many(1);
+    if (g_opt.fp16)
+        workload_fp16();
+
+    json_end();
+    if (g_rank == 0) {
+        if (g_wrong)
+            printf("\n%d result%s WRONG\n", g_wrong, g_wrong == 1 ? "" : "s");
+        else
+            printf("\nevery result checked: ok\n");
+        fflush(stdout);
+    }
+    /* Every rank is done with kolo before the first one shuts it down. */
+    barrier();
+    if ((rc = kolo_shutdown()) != KOLO_OK)
+        die("kolo_shutdown failed: %s", kolo_last_error());
+    g_raw->finalize(g_raw_ctx);
+    return g_wrong ? 1 : 0;
+}
