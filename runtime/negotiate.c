@@ -534,7 +534,10 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
                 if (r != ps->rank && kolo__timeline_active(ps->rt->timeline)) {
                     char who[16];
                     snprintf(who, sizeof(who), "%d", r);
-                    kolo__tl_instant(ps->rt->timeline, p->name, who, 0);
+                    /* The first request's instant is the negotiation's
+                     * start, to the microsecond. */
+                    kolo__tl_instant(ps->rt->timeline, p->name, who,
+                                     p->nhave == 1 ? p->first_us : 0);
                 }
             }
             p->params[r] = q->params;
@@ -859,9 +862,15 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
         next = e->next;
         if (kolo__timeline_active(ps->rt->timeline)) {
             char me[16];
+            int64_t start = e->enqueued_us;
+            /* On the coordinator, negotiation began with the first rank's
+             * request, which may have come before this rank's. */
+            const kolo__pending_name_t *p = kolo__map_gets(&ps->table, e->name);
+            if (p != NULL && p->first_us < start)
+                start = p->first_us;
             snprintf(me, sizeof(me), "%d", ps->rank);
             kolo__tl_entry_begin(ps, e, kolo__coll_negotiate_phase(e->params.coll),
-                                 NULL, e->enqueued_us);
+                                 NULL, start);
             kolo__tl_instant(ps->rt->timeline, e->name, me, e->enqueued_us);
         }
         if (e->params.coll == KOLO__COLL_JOIN) {

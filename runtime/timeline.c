@@ -73,6 +73,8 @@ struct kolo__timeline {
     char *path;
     kolo__map_t pids; /* tensor name -> pid */
     int next_pid;
+    int *depth;       /* [depth_cap]: spans open on each lane */
+    int depth_cap;
     kolo__err_t error;
 };
 
@@ -237,11 +239,41 @@ static int lane(kolo__timeline_t *tl, text_t *t, const char *tensor)
     return pid;
 }
 
+/* Counts the spans open on a lane: an end with nothing open (its begin went
+ * to an earlier file, before a stop and start) is dropped, and stopping
+ * closes what is still open, so every file nests correctly. Returns 0 when
+ * the event must be dropped. */
+static int track_depth(kolo__timeline_t *tl, int pid, ev_type_t type)
+{
+    if (pid >= tl->depth_cap) {
+        int ncap = tl->depth_cap ? tl->depth_cap * 2 : 256;
+        int *nd;
+        while (ncap <= pid)
+            ncap *= 2;
+        nd = realloc(tl->depth, (size_t)ncap * sizeof(int));
+        if (nd == NULL)
+            return type != EV_END;
+        memset(nd + tl->depth_cap, 0, (size_t)(ncap - tl->depth_cap) * sizeof(int));
+        tl->depth = nd;
+        tl->depth_cap = ncap;
+    }
+    if (type == EV_BEGIN)
+        tl->depth[pid]++;
+    else if (type == EV_END) {
+        if (tl->depth[pid] == 0)
+            return 0;
+        tl->depth[pid]--;
+    }
+    return 1;
+}
+
 static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
 {
     int pid = lane(tl, t, ev->tensor);
     long long ts = (long long)(ev->ts + tl->offset_us);
 
+    if (!track_depth(tl, pid, ev->type))
+        return;
     event_sep(tl, t);
     switch (ev->type) {
     case EV_BEGIN:
@@ -413,6 +445,8 @@ int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles
     tl->path = kolo__strdup(path);
     kolo__map_free(&tl->pids);
     tl->next_pid = 0;
+    if (tl->depth != NULL)
+        memset(tl->depth, 0, (size_t)tl->depth_cap * sizeof(int));
     /* The header: the array and its first event, already closed. */
     put(&t, "[\n", 2);
     event_sep(tl, &t);
@@ -461,6 +495,19 @@ int kolo__timeline_stop(kolo__timeline_t *tl, kolo__err_t *err)
         while (tl->stopping || tl->writing || tl->count > 0)
             pthread_cond_wait(&tl->idle_cv, &tl->mu);
     }
+    /* Close the spans still open (operations in flight), so that the file
+     * nests correctly on its own. */
+    if (tl->fd >= 0 && tl->depth != NULL) {
+        text_t t = {NULL, 0, 0};
+        long long ts = (long long)(kolo__now_us() + tl->offset_us);
+        for (int pid = 0; pid < tl->depth_cap; pid++)
+            for (; tl->depth[pid] > 0; tl->depth[pid]--) {
+                event_sep(tl, &t);
+                putf(&t, "{\"ph\":\"E\",\"ts\":%lld,\"pid\":%d,\"tid\":0}", ts, pid);
+            }
+        write_out(tl, &t);
+        free(t.buf);
+    }
     if (tl->error.code != KOLO_OK)
         rc = kolo__err_set(err, tl->error.code, "%s", tl->error.msg);
     if (tl->fd >= 0) {
@@ -488,6 +535,7 @@ void kolo__timeline_free(kolo__timeline_t *tl)
         free(tl->ring[(tl->head + i) % RING_SIZE].args);
     }
     free(tl->ring);
+    free(tl->depth);
     free(tl->path);
     kolo__map_free(&tl->pids);
     pthread_cond_destroy(&tl->cv);

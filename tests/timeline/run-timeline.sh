@@ -1,0 +1,232 @@
+#!/usr/bin/env bash
+# run-timeline.sh — the timeline, the stall inspector and kolo-timeline,
+# tested on real jobs under kolorun at 2 and 3 ranks. Every run is bounded
+# in time (timeout -k 10), so that a hang fails instead of hanging CI.
+# Prints one line per check and a summary "N passed, N failed".
+#
+#   timeline files    tests/timeline/test-timeline runs a known sequence of
+#                     collectives (3 steps of 4 allreduces, an allgather and
+#                     a broadcast) with the timeline started by the C API,
+#                     by KOLO_TIMELINE (kolorun --timeline-filename), and by
+#                     KOLO_TIMELINE_ALL_RANKS=1 (one file per rank);
+#                     check-timeline.py reads every file with json.load and
+#                     checks the events: names, nesting, args, ready instants
+#   a killed job      rank 0 is SIGKILLed while it writes a timeline in a
+#                     loop of allreduces: the file must still load
+#   stragglers        rank 1 enqueues 30 ms late: its ready instants come
+#                     last, and kolo-timeline names it
+#   kolo-timeline     summary numbers (counts, bytes per tensor) checked
+#                     against the workload; plot output parsed as XML; bad
+#                     input gives the documented errors and exit codes
+#   stall inspector   one rank withholds a tensor: rank 0 warns naming the
+#                     rank and the tensor (KOLO_STALL_CHECK_TIME_SECONDS=1);
+#                     KOLO_STALL_SHUTDOWN_TIME_SECONDS=2 fails every rank's
+#                     handle with that message and ends the job
+#
+# Usage: tests/timeline/run-timeline.sh   (from the build directory; `make
+# check` runs it with KOLO_TOP_BUILDDIR and KOLO_TOP_SRCDIR set)
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+top=${KOLO_TOP_BUILDDIR:-.}
+src=${KOLO_TOP_SRCDIR:-$here/../..}
+kolorun=$top/kolorun
+prog=$top/tests/timeline/test-timeline
+tool=$src/tools/kolo-timeline
+check=$src/tests/timeline/check-timeline.py
+py=/usr/bin/python3
+limit=${KOLO_TEST_TIMEOUT:-30}
+pass=0
+fail=0
+work=$(mktemp -d "${TMPDIR:-/tmp}/kolo-timeline-test.XXXXXX")
+log=$work/log
+trap 'rm -rf "$work"' EXIT
+
+for f in "$kolorun" "$prog"; do
+    if [ ! -x "$f" ]; then
+        echo "run-timeline.sh: $f is missing: build it first (make check)" >&2
+        exit 1
+    fi
+done
+
+ok() { pass=$((pass + 1)); printf 'PASS %s\n' "$1"; }
+bad() {
+    fail=$((fail + 1))
+    printf 'FAIL %s\n' "$1"
+    grep -v '^ok: ' "$log" | tail -n 30 | sed 's/^/    /'
+}
+
+# run DESC COMMAND...: one check, bounded in time, passes on exit 0.
+run() {
+    local desc=$1 start end rc
+    shift
+    start=$(date +%s.%N)
+    timeout -k 10 "$limit" "$@" >"$log" 2>&1
+    rc=$?
+    end=$(date +%s.%N)
+    if [ $rc -eq 0 ]; then
+        ok "$(printf '%-62s %ss' "$desc" "$(awk -v a="$start" -v b="$end" 'BEGIN{printf "%.1f", b-a}')")"
+    else
+        [ $rc -eq 124 ] && desc="$desc (timed out after ${limit}s)"
+        bad "$desc (exit $rc)"
+    fi
+    return $rc
+}
+
+# grep_log DESC PATTERN: the last run's output has a line matching PATTERN.
+grep_log() {
+    if grep -E -q -- "$2" "$log"; then
+        ok "$1"
+    else
+        bad "$1: no line matches /$2/"
+    fi
+}
+
+steps=3
+for np in 2 3; do
+    d=$work/np$np
+    mkdir -p "$d"
+
+    # The C API: kolo_start_timeline/kolo_stop_timeline on rank 0.
+    if run "np=$np timeline by kolo_start_timeline" \
+        "$kolorun" -np "$np" "$prog" api "$d/api.json"; then
+        run "np=$np   api.json: events, nesting, ready instants" \
+            $py "$check" structure "$d/api.json" --size "$np" --steps $steps \
+            --absent pre.start --absent post.stop
+        run "np=$np   restarted file: one step, cycles marked" \
+            $py "$check" structure "$d/api.json.again.json" --size "$np" --steps 1 \
+            --cycles --ready own --absent pre.start --absent post.stop
+    fi
+
+    # KOLO_TIMELINE (through kolorun --timeline-filename), cycles marked.
+    if run "np=$np timeline by KOLO_TIMELINE" \
+        env KOLO_TIMELINE_MARK_CYCLES=1 \
+        "$kolorun" -np "$np" --timeline-filename "$d/env.json" "$prog" steps; then
+        run "np=$np   env.json: events, nesting, ready instants" \
+            $py "$check" structure "$d/env.json" --size "$np" --steps $steps --cycles
+        run "np=$np   kolo-timeline summary: counts and bytes per tensor" \
+            $py "$check" summary "$tool" --size "$np" --steps $steps "$d/env.json"
+    fi
+
+    # One file per rank.
+    if run "np=$np timeline of every rank (KOLO_TIMELINE_ALL_RANKS=1)" \
+        env KOLO_TIMELINE="$d/all.json" KOLO_TIMELINE_ALL_RANKS=1 \
+        "$kolorun" -np "$np" "$prog" steps; then
+        for ((r = 0; r < np; r++)); do
+            run "np=$np   all.$r.json: events, nesting, own ready instants" \
+                $py "$check" structure "$d/all.$r.json" --size "$np" --rank $r \
+                --steps $steps
+        done
+        files=()
+        for ((r = 0; r < np; r++)); do files+=("$d/all.$r.json"); done
+        run "np=$np   per-rank files: one epoch, clocks aligned" \
+            $py "$check" aligned "${files[@]}"
+        run "np=$np   kolo-timeline summary of the per-rank files" \
+            $py "$check" summary "$tool" --size "$np" --steps $steps --complete \
+            "${files[@]}"
+    fi
+
+    # Rank 1 is late for everything. Without the response cache, rank 0's
+    # file holds every rank's ready instant of every round.
+    if run "np=$np straggler rank 1, rank 0's file (no cache)" \
+        env KOLO_CACHE_CAPACITY=0 KOLO_TIMELINE="$d/strag.json" \
+        "$kolorun" -np "$np" "$prog" straggler 30; then
+        run "np=$np   strag.json: rank 1's ready instants come last" \
+            $py "$check" structure "$d/strag.json" --size "$np" --steps $steps \
+            --ready every --straggler 1
+        run "np=$np   kolo-timeline names rank 1 the usual straggler" \
+            $py "$check" summary "$tool" --size "$np" --steps $steps --complete \
+            --straggler 1 "$d/strag.json"
+    fi
+    # With the cache, only the ranks' own files know when each was ready.
+    if run "np=$np straggler rank 1, per-rank files (cache on)" \
+        env KOLO_TIMELINE="$d/sall.json" KOLO_TIMELINE_ALL_RANKS=1 \
+        "$kolorun" -np "$np" "$prog" straggler 30; then
+        files=()
+        for ((r = 0; r < np; r++)); do files+=("$d/sall.$r.json"); done
+        run "np=$np   kolo-timeline combines them: rank 1 usually last" \
+            $py "$check" summary "$tool" --size "$np" --steps $steps --complete \
+            --straggler 1 "${files[@]}"
+        run "np=$np   kolo-timeline plot: SVG and HTML" \
+            $py "$check" plot "$tool" "$d" "${files[@]}"
+    fi
+    # Rank 0 late: the others' requests reach the coordinator first; the
+    # negotiation span must still run from the first request to the last.
+    if run "np=$np straggler rank 0 (no cache)" \
+        env KOLO_CACHE_CAPACITY=0 KOLO_TIMELINE="$d/late0.json" TL_LATE_RANK=0 \
+        "$kolorun" -np "$np" "$prog" straggler 30; then
+        run "np=$np   late0.json: NEGOTIATE covers every ready instant" \
+            $py "$check" structure "$d/late0.json" --size "$np" --steps $steps \
+            --ready every --straggler 0
+    fi
+
+    # Started, stopped and started again while operations are in flight.
+    if run "np=$np timeline restarted with operations in flight" \
+        "$kolorun" -np "$np" "$prog" restart "$d/rs"; then
+        run "np=$np   every restarted file balanced (no end without begin)" \
+            $py "$check" balanced "$tool" "$d"/rs.*.json
+    fi
+
+    # SIGKILL of rank 0 while it writes its timeline.
+    for kb in 32 256; do
+        k=$d/kill$kb
+        mkdir -p "$k"
+        (
+            TL_DIR=$k KOLO_TIMELINE=$k/tl.json KOLO_TIMELINE_MARK_CYCLES=1 \
+                timeout -k 10 "$limit" "$kolorun" -np "$np" "$prog" loop \
+                >"$k/out" 2>&1
+            echo $? >"$k/rc"
+        ) &
+        job=$!
+        killed=0
+        for _ in $(seq 400); do
+            if [ -s "$k/pid.0" ] && [ -f "$k/tl.json" ] &&
+                [ "$(stat -c %s "$k/tl.json")" -gt $((kb * 1024)) ]; then
+                kill -KILL "$(cat "$k/pid.0")" && killed=1
+                break
+            fi
+            [ -f "$k/rc" ] && break
+            sleep 0.05
+        done
+        wait $job
+        if [ $killed -eq 1 ] && [ "$(cat "$k/rc")" != 124 ]; then
+            ok "np=$np SIGKILL of rank 0 after ${kb} KiB of timeline: job ended"
+            run "np=$np   the killed job's file loads" \
+                $py "$check" killed "$k/tl.json"
+        else
+            cp "$k/out" "$log"
+            bad "np=$np SIGKILL of rank 0 after ${kb} KiB (killed=$killed, kolorun exit $(cat "$k/rc" 2>/dev/null))"
+        fi
+    done
+
+    # The stall inspector: the last rank withholds grad.withheld.
+    if run "np=$np stall warning (KOLO_STALL_CHECK_TIME_SECONDS=1)" \
+        env KOLO_STALL_CHECK_TIME_SECONDS=1 TL_WITHHOLD_S=2.5 \
+        "$kolorun" --tag-output -np "$np" "$prog" stall-warn; then
+        grep_log "np=$np   rank 0 warns: rank $((np - 1)) is missing 'grad.withheld'" \
+            "^\[0\]<stderr>:\[kolo rank 0\] WARNING: stall: .*rank $((np - 1)) is missing 'grad\.withheld'"
+    fi
+    if run "np=$np stall shutdown (KOLO_STALL_SHUTDOWN_TIME_SECONDS=2)" \
+        env KOLO_STALL_SHUTDOWN_TIME_SECONDS=2 TL_STALL_BOUND_S=8 \
+        KOLO_TIMELINE="$d/stall.json" \
+        "$kolorun" --tag-output -np "$np" "$prog" stall-shutdown; then
+        for ((r = 0; r < np; r++)); do
+            grep_log "np=$np   rank $r's handle fails naming rank $((np - 1)) and the tensor" \
+                "^\[$r\]<stderr>:rank $r: grad\.(withheld|next) failed after [0-9.]+ s: .*rank $((np - 1)) is missing 'grad\.withheld'"
+        done
+        run "np=$np   the stopped job's timeline is valid and closed" \
+            $py "$check" stalled "$tool" "$d/stall.json" --size "$np"
+    fi
+done
+
+# kolo-timeline on bad input, and on a file written the way Horovod does.
+d=$work/np2
+if [ -f "$d/env.json" ]; then
+    mkdir -p "$d/bad"
+    run "kolo-timeline: bad input, truncated files, usage errors" \
+        $py "$check" bad-input "$tool" "$d/bad" "$d/env.json" --steps $steps
+    run "kolo-timeline: a Horovod-style timeline" \
+        $py "$check" horovod "$tool" "$d/bad" "$d/env.json" --steps $steps --size 2
+fi
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
