@@ -14,33 +14,12 @@ set -u
 top=${KOLO_TOP_BUILDDIR:-.}
 kolorun=$top/kolorun
 prog=${KOLO_TEST_COLLECTIVES:-$top/tests/multi/test-collectives}
-limit=${KOLO_TEST_TIMEOUT:-120}
 nps=${KOLO_TEST_NP:-2 3 4}
-pass=0
-fail=0
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-
+. "$(dirname "$0")/../run-lib.sh"
 modes="allreduce-matrix compression broadcast allgather alltoall
 reducescatter grouped barrier join process-sets mismatch"
 [ $# -gt 0 ] && modes="$*"
 
-run() {
-    local desc=$1 start end
-    shift
-    start=$(date +%s.%N)
-    if timeout -k 10 "$limit" "$@" >"$log" 2>&1; then
-        pass=$((pass + 1))
-        end=$(date +%s.%N)
-        printf 'PASS %-50s %ss\n' "$desc" "$(awk -v a="$start" -v b="$end" 'BEGIN{printf "%.1f", b-a}')"
-    else
-        local rc=$?
-        fail=$((fail + 1))
-        [ $rc -eq 124 ] && desc="$desc (timed out after ${limit}s)"
-        printf 'FAIL %s (exit %d)\n' "$desc" "$rc"
-        tail -n 30 "$log" | sed 's/^/    /'
-    fi
-}
 
 for np in $nps; do
     for mode in $modes; do
@@ -52,5 +31,4 @@ for np in $nps; do
     done
 done
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish

@@ -10,29 +10,8 @@ set -u
 top=${KOLO_TOP_BUILDDIR:-.}
 kolorun=$top/kolorun
 prog=$top/tests/multi/test-allreduce
-limit=${KOLO_TEST_TIMEOUT:-120}
 soak=${KOLO_SOAK_STEPS:-2000}
-pass=0
-fail=0
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-
-run() {
-    local desc=$1 start end
-    shift
-    start=$(date +%s.%N)
-    if timeout -k 10 "$limit" "$@" >"$log" 2>&1; then
-        pass=$((pass + 1))
-        end=$(date +%s.%N)
-        printf 'PASS %-50s %ss\n' "$desc" "$(awk -v a="$start" -v b="$end" 'BEGIN{printf "%.1f", b-a}')"
-    else
-        local rc=$?
-        fail=$((fail + 1))
-        [ $rc -eq 124 ] && desc="$desc (timed out after ${limit}s)"
-        printf 'FAIL %s (exit %d)\n' "$desc" "$rc"
-        tail -n 30 "$log" | sed 's/^/    /'
-    fi
-}
+. "$(dirname "$0")/../run-lib.sh"
 
 for np in 2 3 4; do
     run "np=$np random, fusion 64 KiB" \
@@ -54,5 +33,4 @@ run "np=2 soak ($soak steps), heap flat" "$kolorun" -np 2 "$prog" soak "$soak"
 run "np=2 idle job does not spin" "$kolorun" -np 2 "$prog" idle 3
 run "np=4 idle job does not spin" "$kolorun" -np 4 "$prog" idle 3
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+finish
