@@ -42,3 +42,25 @@ AS_IF([test "x$kolo_have_python" = xyes],
 AM_CONDITIONAL([HAVE_PYTHON], [test "x$kolo_have_python" = xyes])
 AM_CONDITIONAL([HAVE_NUMPY], [test "x$kolo_have_numpy" = xyes])
 AM_CONDITIONAL([HAVE_TORCH], [test "x$kolo_have_torch" = xyes])])
+
+# KOLO_PYTHON_SITEDIR -- after AM_PATH_PYTHON: where `make install` puts the
+# Python package. Debian's /usr/bin/python3 searches
+# PREFIX/lib/python3.X/dist-packages for prefix /usr/local and
+# /usr/lib/python3/dist-packages for prefix /usr, not the site-packages
+# directory that AM_PATH_PYTHON derives; when one of the interpreter's own
+# site directories lies under the prefix, pythondir becomes that one
+# (written with ${prefix}, so `make install prefix=...` still works).
+# Other prefixes keep AM_PATH_PYTHON's choice (then set PYTHONPATH).
+AC_DEFUN([KOLO_PYTHON_SITEDIR],
+[AS_IF([test "x$kolo_have_python" = xyes],
+  [kolo_py_prefix=$prefix
+   test "x$kolo_py_prefix" = xNONE && kolo_py_prefix=$ac_default_prefix
+   kolo_py_sitedir=`$PYTHON -c '
+import site, sys
+lib = sys.argv[[1]].rstrip("/") + "/lib/"
+dirs = [[d for d in site.getsitepackages() if d.startswith(lib)]]
+print(dirs[[0]][[len(lib):]] if dirs else "")' "$kolo_py_prefix" 2>&AS_MESSAGE_LOG_FD`
+   AS_IF([test -n "$kolo_py_sitedir"],
+     [pythondir="\${prefix}/lib/$kolo_py_sitedir"])
+   AC_MSG_CHECKING([where make install puts the Python package])
+   AC_MSG_RESULT([$pythondir])])])

@@ -265,6 +265,15 @@ static int accumulate(kolo__pset_t *ps, const char *name, const void *input,
     accumulator_t *acc = kolo__map_gets(&g_accumulators, name);
     int rc;
 
+    if (acc != NULL && acc->done == 0 &&
+        (acc->count != count || acc->dtype != dtype ||
+         acc->passes != opts->backward_passes)) {
+        /* No group in progress: a new one may have another shape or N. */
+        kolo__map_dels(&g_accumulators, name);
+        free(acc->sum);
+        free(acc);
+        acc = NULL;
+    }
     if (acc != NULL && (acc->count != count || acc->dtype != dtype ||
                         acc->passes != opts->backward_passes)) {
         rc = kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,

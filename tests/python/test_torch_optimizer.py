@@ -2,6 +2,7 @@
 compute every rank's batch, so each rank also trains a local reference
 model on the global batch and compares."""
 
+import sys
 import warnings
 
 import pytest
@@ -32,6 +33,14 @@ def global_batch(step, b):
 
 def loss_fn(model, x, y):
     return ((model(x) - y) ** 2).mean()
+
+
+def named(model):
+    """The model's named parameters, the names prefixed with the calling
+    test's name: the runtime keeps per-name state (accumulators, cache
+    entries), and tests should not share it."""
+    prefix = sys._getframe(1).f_code.co_name
+    return [(prefix + "." + n, p) for n, p in model.named_parameters()]
 
 
 def params(model):
@@ -73,7 +82,7 @@ def sgd(p):
 def test_matches_one_process_on_the_global_batch(rank, size):
     model = make_model()
     opt = hvd.DistributedOptimizer(sgd(model.parameters()),
-                                   named_parameters=model.named_parameters())
+                                   named_parameters=named(model))
     assert isinstance(opt, torch.optim.SGD)
     for step in range(3):
         opt.zero_grad()
@@ -87,12 +96,12 @@ def test_backward_passes_per_step_4_equals_1_at_4b(rank, size):
     b = 3
     m4 = make_model()
     o4 = hvd.DistributedOptimizer(sgd(m4.parameters()),
-                                  named_parameters=m4.named_parameters(),
+                                  named_parameters=named(m4),
                                   backward_passes_per_step=4)
     m1 = make_model()
     o1 = hvd.DistributedOptimizer(
         sgd(m1.parameters()),
-        named_parameters=[("one." + n, p) for n, p in m1.named_parameters()])
+        named_parameters=[("one." + n, p) for n, p in named(m1)])
     for step in range(3):
         x, y = batch(step, rank, 4 * b)
         o4.zero_grad()
@@ -113,7 +122,7 @@ def test_backward_passes_per_step_4_equals_1_at_4b(rank, size):
 def test_average_aggregated_gradients(rank, size):
     m = make_model()
     o = hvd.DistributedOptimizer(sgd(m.parameters()),
-                                 named_parameters=m.named_parameters(),
+                                 named_parameters=named(m),
                                  backward_passes_per_step=2,
                                  average_aggregated_gradients=True)
     for step in range(2):
@@ -128,7 +137,7 @@ def test_average_aggregated_gradients(rank, size):
 def test_step_after_fewer_passes_flushes(rank, size):
     m = make_model()
     o = hvd.DistributedOptimizer(sgd(m.parameters()),
-                                 named_parameters=m.named_parameters(),
+                                 named_parameters=named(m),
                                  backward_passes_per_step=4)
     x, y = batch(0, rank, 4)
     (loss_fn(m, x[:2], y[:2]) / 2).backward()
@@ -146,7 +155,7 @@ def test_step_after_fewer_passes_flushes(rank, size):
 def test_set_backward_passes_per_step(rank, size):
     m = make_model()
     o = hvd.DistributedOptimizer(sgd(m.parameters()),
-                                 named_parameters=m.named_parameters())
+                                 named_parameters=named(m))
     o.set_backward_passes_per_step(2)
     assert o.backward_passes_per_step == 2
     x, y = batch(0, rank, 4)
@@ -163,7 +172,7 @@ def test_set_backward_passes_per_step(rank, size):
 def test_synchronize_then_clip_then_step(rank, size):
     m = make_model()
     o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.5),
-                                 named_parameters=m.named_parameters())
+                                 named_parameters=named(m))
     o.zero_grad()
     loss_fn(m, *batch(0, rank, 4)).backward()
     o.synchronize()
@@ -194,7 +203,7 @@ def test_clip_by_global_norm_before_the_allreduce(rank, size):
     m = make_model()
     o = hvd.DistributedOptimizer(
         torch.optim.SGD(m.parameters(), lr=0.5),
-        named_parameters=m.named_parameters(),
+        named_parameters=named(m),
         pre_allreduce_hooks=[hvd.clip_grad_norm_hook(max_norm)],
         post_allreduce_hooks=[post])
     o.zero_grad()
@@ -228,20 +237,23 @@ def test_none_gradients(rank, size):
         def __init__(self):
             super().__init__()
             self.used = nn.Linear(3, 1).double()
-            self.unused = nn.Linear(3, 1).double()  # no rank uses it
+            self.unused = nn.Linear(3, 1).double()  # no rank uses it (yet)
             self.rank0 = nn.Linear(3, 1).double()   # only rank 0 uses it
+            self.use_unused = False
 
         def forward(self, x):
             out = self.used(x)
             if hvd.rank() == 0:
                 out = out + self.rank0(x)
+                if self.use_unused:
+                    out = out + self.unused(x)
             return out
 
     torch.manual_seed(0)
     net = Net()
     before = params(net)
     o = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
-                                 named_parameters=net.named_parameters())
+                                 named_parameters=named(net))
     x = torch.ones(2, 3, dtype=torch.float64) * (rank + 1)
     net(x).sum().backward()
     with pytest.warns(UserWarning, match="unused.weight.*on any rank"):
@@ -252,7 +264,15 @@ def test_none_gradients(rank, size):
     g0 = torch.ones(2, 3, dtype=torch.float64).sum(0)  # rank 0's x is ones
     assert torch.allclose(net.rank0.weight.grad, (g0 / size).reshape(1, 3))
     assert_same_everywhere(net)
-    # no gradient for any parameter on any rank: an error, on every rank
+    # a parameter unused so far that one rank starts using is reduced too
+    net.use_unused = True
+    o.zero_grad()
+    net(x).sum().backward()
+    o.step()
+    assert torch.allclose(net.unused.weight.grad, (g0 / size).reshape(1, 3))
+    assert not torch.equal(net.unused.weight, before[2])
+    assert_same_everywhere(net)
+    # no gradient for any parameter: an error
     o.zero_grad()
     with pytest.raises(ValueError, match="No gradients provided"):
         o.step()
@@ -260,16 +280,16 @@ def test_none_gradients(rank, size):
 
 def test_horovod_errors(rank, size):
     m = make_model()
-    named = list(m.named_parameters())
+    pairs = list(m.named_parameters())
     with pytest.raises(ValueError, match="unique"):
         hvd.DistributedOptimizer(sgd(m.parameters()),
-                                 named_parameters=[("w", p) for _, p in named])
+                                 named_parameters=[("w", p) for _, p in pairs])
     with pytest.raises(ValueError, match="not named"):
         hvd.DistributedOptimizer(sgd(m.parameters()),
-                                 named_parameters=named[:1])
+                                 named_parameters=pairs[:1])
     with pytest.raises(ValueError, match="tuples"):
         hvd.DistributedOptimizer(sgd(m.parameters()),
-                                 named_parameters=[p for _, p in named])
+                                 named_parameters=[p for _, p in pairs])
     with pytest.raises(ValueError, match="backward_passes_per_step"):
         hvd.DistributedOptimizer(sgd(m.parameters()),
                                  backward_passes_per_step=0)
@@ -280,7 +300,7 @@ def test_horovod_errors(rank, size):
         hvd.DistributedOptimizer(sgd(m.parameters()), op=hvd.Adasum)
     with pytest.raises(TypeError):
         hvd.DistributedOptimizer(m)
-    o = hvd.DistributedOptimizer(sgd(m.parameters()), named_parameters=named)
+    o = hvd.DistributedOptimizer(sgd(m.parameters()), named_parameters=pairs)
     with pytest.raises(ValueError, match="already"):
         hvd.DistributedOptimizer(o)
     x, y = batch(0, rank, 4)
@@ -293,7 +313,8 @@ def test_horovod_errors(rank, size):
     o.synchronize()  # the first pass's allreduces complete
     o.zero_grad()
     loss_fn(m, x, y).backward()
-    o.step()
+    with pytest.warns(UserWarning, match="skip_synchronize"):
+        o.step()  # after a synchronize(), as Horovod does
     assert_same_everywhere(m)
 
 
@@ -304,7 +325,7 @@ def test_groups(rank, size, groups):
     if groups == "list":
         groups = [[ps[0], ps[3]], [ps[1], ps[2]]]
     o = hvd.DistributedOptimizer(sgd(m.parameters()),
-                                 named_parameters=m.named_parameters(),
+                                 named_parameters=named(m),
                                  groups=groups, backward_passes_per_step=2)
     for step in range(2):
         x, y = batch(step, rank, 4)
@@ -323,7 +344,7 @@ def test_options(rank, size):
     def run(**kw):
         m = make_model()
         o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                     named_parameters=m.named_parameters(),
+                                     named_parameters=named(m),
                                      **kw)
         o.zero_grad()
         loss_fn(m, *batch(0, rank, 4)).backward()
@@ -339,7 +360,7 @@ def test_options(rank, size):
         assert torch.allclose(p, q.detach() - 0.1 * size * q.grad)
     m = make_model().float()
     o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                 named_parameters=m.named_parameters(),
+                                 named_parameters=named(m),
                                  compression=hvd.Compression.fp16)
     loss_fn(m, *[t.float() for t in batch(0, rank, 4)]).backward()
     o.step()
@@ -356,7 +377,7 @@ def test_sparse_embedding(rank, size, sparse_as_dense):
 
     emb = make(True)
     o = hvd.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.5),
-                                 named_parameters=emb.named_parameters(),
+                                 named_parameters=named(emb),
                                  sparse_as_dense=sparse_as_dense)
     idx = [torch.tensor([r, r + 1, 7]) for r in range(size)]
     for _ in range(2):
@@ -379,7 +400,7 @@ def test_process_set(rank, size):
     try:
         m = make_model()
         o = hvd.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1),
-                                     named_parameters=m.named_parameters(),
+                                     named_parameters=named(m),
                                      process_set=ps)
         loss_fn(m, *batch(0, rank, 4)).backward()
         o.step()
@@ -401,7 +422,7 @@ def test_broadcast_then_train_stays_identical(rank, size):
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
-    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(opt, named_parameters=named(model))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for step in range(2):
@@ -409,3 +430,83 @@ def test_broadcast_then_train_stays_identical(rank, size):
             loss_fn(model, *batch(step, rank, 4)).backward()
             opt.step()
     assert_same_everywhere(model)
+
+
+def test_lr_scheduler_made_before_wrapping(rank, size):
+    m = make_model()
+    base = torch.optim.SGD(m.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(base, step_size=1, gamma=0.5)
+    o = hvd.DistributedOptimizer(base, named_parameters=named(m))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the scheduler counts base.step
+        for step in range(2):
+            o.zero_grad()
+            loss_fn(m, *batch(step, rank, 4)).backward()
+            o.step()  # the distributed step, not the scheduler's wrapper
+            sched.step()
+    assert o.param_groups[0]["lr"] == pytest.approx(0.025)
+    ref = make_model()
+    ropt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(2):
+        ropt.zero_grad()
+        loss_fn(ref, *global_batch(step, 4)).backward()
+        ropt.step()
+        for g in ropt.param_groups:
+            g["lr"] *= 0.5
+    assert_close(params(m), params(ref))
+
+
+
+def test_explicit_allreduce_of_gradients(rank, size):
+    """A custom training loop: gradients computed with autograd.grad,
+    clipped by global norm before the allreduce, None kept in place."""
+    m = make_model()
+    unused = nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    ps = list(m.parameters()) + [unused]
+    loss = loss_fn(m, *batch(0, rank, 4))
+    grads = torch.autograd.grad(loss, ps, allow_unused=True)
+    assert grads[-1] is None
+    norms, after = [], []
+    with pytest.warns(UserWarning, match="no gradient for gradient.4"):
+        out = hvd.allreduce_gradients(
+            grads,
+            pre_hooks=[lambda g: norms.append(hvd.clip_by_global_norm(g,
+                                                                      0.01))],
+            post_hooks=[lambda g: after.append(len(g))])
+    assert out[-1] is None and after == [4] and norms[0] > 0.01
+    local = []
+    for r in range(size):
+        ref = make_model()
+        gs = torch.autograd.grad(loss_fn(ref, *batch(0, r, 4)),
+                                 list(ref.parameters()))
+        hvd.clip_by_global_norm(list(gs), 0.01)
+        local.append(gs)
+    for i in range(4):
+        want = sum(g[i] for g in local) / size
+        assert torch.allclose(out[i], want, atol=1e-12)
+    with pytest.raises(ValueError, match="No gradients provided"):
+        hvd.allreduce_gradients([None, None])
+
+
+def test_change_backward_passes_between_steps(rank, size):
+    """set_backward_passes_per_step between steps: groups of 2 passes, then
+    of 3, then of 1, on the same gradients (the runtime's accumulators
+    change their number of passes)."""
+    m = make_model()
+    o = hvd.DistributedOptimizer(sgd(m.parameters()), named_parameters=named(m),
+                                 backward_passes_per_step=2)
+    ref = make_model()
+    ropt = sgd(ref.parameters())
+    for step, passes in enumerate([2, 3, 1]):
+        o.set_backward_passes_per_step(passes)
+        o.zero_grad()
+        x, y = batch(step, rank, 2 * passes)
+        for k in range(passes):
+            sub = slice(2 * k, 2 * k + 2)
+            (loss_fn(m, x[sub], y[sub]) / passes).backward()
+        o.step()
+        ropt.zero_grad()
+        loss_fn(ref, *global_batch(step, 2 * passes)).backward()
+        ropt.step()
+    assert_close(params(m), params(ref))
+

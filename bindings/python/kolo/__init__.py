@@ -33,6 +33,18 @@ from ._core import (  # noqa: F401
 
 __version__ = "0.1.0"
 
+__all__ = [
+    "library_path", "Sum", "Average", "Min", "Max", "Product", "Adasum",
+    "KoloError", "KoloValueError", "ProcessSet", "global_process_set",
+    "add_process_set", "remove_process_set", "add_process_sets_from_groups",
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
+    "local_size", "cross_rank", "cross_size", "is_homogeneous",
+    "gloo_built", "mpi_built", "nccl_built", "cuda_built", "rocm_built",
+    "ddl_built", "ccl_built", "gloo_enabled", "mpi_enabled", "nccl_enabled",
+    "mpi_threads_supported", "start_timeline", "stop_timeline", "barrier",
+    "join", "poll", "synchronize"
+]
+
 try:
     import numpy as _np  # noqa: F401
 except ImportError:  # kolo.torch works without the NumPy API
@@ -50,3 +62,14 @@ if _np is not None:
         grouped_reducescatter_async,
         broadcast_object, allgather_object,
     )
+    __all__ += [
+        "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+        "grouped_allreduce", "grouped_allreduce_",
+        "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
+        "allgather_async", "grouped_allgather", "grouped_allgather_async",
+        "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+        "alltoall", "alltoall_async", "reducescatter",
+        "reducescatter_async", "grouped_reducescatter",
+        "grouped_reducescatter_async", "broadcast_object",
+        "allgather_object"
+    ]

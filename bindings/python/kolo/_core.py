@@ -144,6 +144,7 @@ def init(comm=None, process_sets=None):
             if rc != _lib.OK and rc != _lib.ERR_ALREADY_INITIALIZED:
                 raise KoloError(_message(rc, "kolo_init"), rc)
             _pending.clear()
+            _noname.clear()  # a new job: unnamed operations count afresh
             if not _atexit_registered:
                 atexit.register(_atexit_shutdown)
                 _atexit_registered = True
@@ -275,16 +276,17 @@ def mpi_threads_supported():
 
 
 def start_timeline(file_path, mark_cycles=False):
-    raise NotImplementedError(
-        "kolo.start_timeline: the C API has no call to start a timeline at run "
-        "time yet; set KOLO_TIMELINE=FILE (or kolorun --timeline-filename) "
-        "before the job starts")
+    """Starts writing a Chrome-trace timeline to file_path on this rank
+    (replacing one being written); mark_cycles adds a CYCLE_START marker per
+    negotiation round. Horovod's hvd.start_timeline."""
+    check(_lib.lib.kolo_start_timeline(str(file_path).encode(),
+                                       1 if mark_cycles else 0),
+          "start_timeline")
 
 
 def stop_timeline():
-    raise NotImplementedError(
-        "kolo.stop_timeline: the C API has no call to stop a timeline at run "
-        "time yet; a timeline set by KOLO_TIMELINE runs for the whole job")
+    """Writes what was recorded and closes the timeline file."""
+    check(_lib.lib.kolo_stop_timeline(), "stop_timeline")
 
 
 # ---- names -----------------------------------------------------------------

@@ -178,6 +178,8 @@ _PROTOTYPES = {
     "kolo_wait": (_I, [handle_t]),
     "kolo_handle_error": (_S, [handle_t]),
     "kolo_built": (_I, [_S]),
+    "kolo_start_timeline": (_I, [_S, _I]),
+    "kolo_stop_timeline": (_I, []),
     "kolo_enabled": (_I, [_S]),
     "kolo_strerror": (_S, [_I]),
     "kolo_last_error": (_S, []),

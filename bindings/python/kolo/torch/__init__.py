@@ -5,8 +5,8 @@ into `import kolo.torch as hvd`, and is started with
 `kolorun -np N python3 train.py`.
 
 This version serves CPU tensors (CUDA tensors are refused with a clear
-error). start_timeline/stop_timeline raise NotImplementedError: the C API
-has no run-time timeline control yet (set KOLO_TIMELINE before the job).
+error). start_timeline/stop_timeline control the timeline at run time, like
+KOLO_TIMELINE before the job.
 """
 
 from .._core import (  # noqa: F401
@@ -36,9 +36,32 @@ from .mpi_ops import (  # noqa: F401
 from .optimizer import DistributedOptimizer, clip_grad_norm_hook  # noqa: F401
 from .functions import (  # noqa: F401
     broadcast_parameters, broadcast_optimizer_state, broadcast_object,
-    allgather_object,
+    allgather_object, allreduce_gradients, clip_by_global_norm,
 )
 from .mixed_precision import GradScaler, DynamicLossScaler  # noqa: F401
 
 # Horovod's name for a failed collective.
 HorovodInternalError = KoloError
+
+__all__ = [
+    "Sum", "Average", "Min", "Max", "Product", "Adasum", "KoloError",
+    "KoloValueError", "ProcessSet", "global_process_set", "add_process_set",
+    "remove_process_set", "add_process_sets_from_groups", "init",
+    "shutdown", "is_initialized", "rank", "size", "local_rank",
+    "local_size", "cross_rank", "cross_size", "is_homogeneous",
+    "gloo_built", "mpi_built", "nccl_built", "cuda_built", "rocm_built",
+    "ddl_built", "ccl_built", "gloo_enabled", "mpi_enabled", "nccl_enabled",
+    "mpi_threads_supported", "start_timeline", "stop_timeline",
+    "Compression", "allreduce", "allreduce_", "allreduce_async",
+    "allreduce_async_", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
+    "allgather_async", "grouped_allgather", "grouped_allgather_async",
+    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
+    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async",
+    "sparse_allreduce_async", "poll", "synchronize", "join", "barrier",
+    "DistributedOptimizer", "clip_grad_norm_hook", "broadcast_parameters",
+    "broadcast_optimizer_state", "broadcast_object", "allgather_object",
+    "allreduce_gradients", "clip_by_global_norm", "GradScaler",
+    "DynamicLossScaler", "HorovodInternalError"
+]

@@ -3,6 +3,7 @@
 import ctypes
 import io
 import pickle
+import warnings
 
 import torch
 
@@ -178,3 +179,75 @@ def allgather_object(obj, name=None, process_set=global_process_set):
         return objs
     return _core.synchronize(_core.register(hs, data, finish, results=True,
                                             what=key))
+
+
+# ---- explicit gradient allreduce (a custom training loop) ------------------
+
+
+def clip_by_global_norm(grads, max_norm):
+    """Scales the tensors of `grads` in place so that their global L2 norm
+    is at most max_norm; returns the norm before clipping."""
+    grads = [g for g in grads if g is not None]
+    if not grads:
+        return 0.0
+    norm = float(torch.norm(torch.stack([g.detach().double().norm()
+                                         for g in grads])))
+    if norm > max_norm:
+        for g in grads:
+            g.mul_(max_norm / (norm + 1e-12))
+    return norm
+
+
+def allreduce_gradients(grads, names=None, op=_core.Average,
+                        compression=None, pre_hooks=(), post_hooks=(),
+                        process_set=global_process_set):
+    """Allreduces a list of gradients explicitly, for a training loop that
+    computes them itself (torch.autograd.grad(..., allow_unused=True)) and
+    applies them itself: the counterpart of the explicit allreduce of a
+    custom training loop.
+
+    None entries (parameters the loss does not reach) keep their place and
+    are skipped with a warning; a list with no gradient at all is an error.
+    Every rank must have its None entries in the same places. The other
+    gradients are allreduced as one group.
+
+    pre_hooks run, in order, on the list of this rank's (non-None) gradients
+    before the allreduce, and post_hooks on the reduced ones after it; a hook
+    that returns a list replaces the gradients with it (any other return
+    value is ignored: the hook modified the tensors in place). For example
+    pre_hooks=[lambda g: clip_by_global_norm(g, 1.0)] clips each rank's
+    gradients by their global norm before they are reduced.
+
+    Returns the list of reduced gradients, None where the input was None."""
+    from .compression import Compression
+    grads = list(grads)
+    if names is None:
+        names = ["gradient.%d" % i for i in range(len(grads))]
+    names = list(names)
+    if len(names) != len(grads):
+        raise ValueError("allreduce_gradients: %d names for %d gradients"
+                         % (len(names), len(grads)))
+    missing = [n for n, g in zip(names, grads) if g is None]
+    live = [i for i, g in enumerate(grads) if g is not None]
+    if not live:
+        raise ValueError("No gradients provided for any of the %d variables "
+                         "(%s)" % (len(grads), ", ".join(names)))
+    if missing:
+        warnings.warn("allreduce_gradients: no gradient for %s: skipped"
+                      % ", ".join(missing), stacklevel=2)
+    work = [grads[i] for i in live]
+    for hook in pre_hooks:
+        out = hook(work)
+        if isinstance(out, (list, tuple)):
+            work = list(out)
+    reduced = mpi_ops.grouped_allreduce(
+        work, name="allreduce_gradients." + names[live[0]], op=op,
+        compression=compression or Compression.none, process_set=process_set)
+    for hook in post_hooks:
+        out = hook(reduced)
+        if isinstance(out, (list, tuple)):
+            reduced = list(out)
+    result = [None] * len(grads)
+    for i, g in zip(live, reduced):
+        result[i] = g
+    return result

@@ -22,7 +22,7 @@ import ctypes
 import torch
 
 from .. import _core, _lib
-from .._core import Average, Sum, Adasum, global_process_set  # noqa: F401
+from .._core import Average, Sum, global_process_set
 from .compression import Compression, wire_for
 
 _DTYPES = {

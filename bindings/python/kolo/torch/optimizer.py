@@ -22,12 +22,17 @@ as indices and values unless sparse_as_dense), and every gradient when a
 pre-allreduce hook is registered (the hook sees all local gradients, so
 communication waits for the end of the backward pass).
 
-Parameters without a gradient: at synchronize() the ranks agree (one small
-allreduce of a presence flag per parameter) on which parameters got a
-gradient anywhere. A parameter whose gradient some ranks lack is reduced
-with zeros on those ranks (so nobody waits forever, as in Horovod); one that
-got no gradient on any rank is skipped with a warning and keeps its .grad;
-no gradient for any parameter on any rank is an error.
+Parameters without a gradient. At the first synchronize() the ranks agree
+(one small allreduce of a flag per parameter) on which parameters got a
+gradient on some rank. From then on every such parameter is communicated at
+every step without further agreement: a rank that lacks its gradient
+contributes zeros, as in Horovod, so nobody waits forever and steady steps
+cost no extra negotiation round. Parameters that got no gradient on any
+rank at the first step are skipped with a warning (their .grad is left as
+it is, None for a parameter never used); only for models that have such
+parameters do the ranks check them again at every step (one tiny
+allreduce), in case a rank starts using them. A synchronize() on a rank
+that produced no gradient at all since the last step is an error.
 """
 
 import contextlib
@@ -109,6 +114,7 @@ class _Distributed:
         self._kolo_passes = {}    # id(p) -> hook calls since the last sync
         self._kolo_handles = {}   # id(p) or ("group", gi) -> pending entry
         self._kolo_fired = False  # a hook fired since the last synchronize
+        self._kolo_unused = None  # indices without a gradient at step 1
         self._synchronized = False
         self._should_synchronize = True
         self._kolo_grad_accs = []
@@ -320,16 +326,41 @@ class _Distributed:
 
     # ---- synchronize -------------------------------------------------------
 
-    def _kolo_agree_presence(self):
-        flags = torch.tensor([1 if self._kolo_passes.get(id(p), 0) > 0 else 0
-                              for p in self._kolo_params], dtype=torch.uint8)
-        if flags.numel() == 0:
+    def _kolo_agree(self, flags, what):
+        """The OR over the ranks of the set of one flag per parameter."""
+        if not flags:
             return []
-        mpi_ops.allreduce_(flags, op=_core.Max,
-                           name="DistributedOptimizer.%s.presence"
-                           % self._kolo_uid,
+        t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.uint8)
+        mpi_ops.allreduce_(t, op=_core.Max,
+                           name="DistributedOptimizer.%s.%s"
+                           % (self._kolo_uid, what),
                            process_set=self.process_set)
-        return [bool(f) for f in flags.tolist()]
+        return [bool(f) for f in t.tolist()]
+
+    def _kolo_presence(self):
+        """Which parameters are communicated this step (see the module's
+        docstring): all of them, but those that got no gradient on any rank
+        at the first step are checked again every step."""
+        params = self._kolo_params
+        fired = [self._kolo_passes.get(id(p), 0) > 0 for p in params]
+        if params and not any(fired):
+            self._kolo_drain()
+            raise ValueError(
+                "No gradients provided for any parameter: none of the %d "
+                "parameters of the optimizer got a gradient on rank %d since "
+                "the last step (was loss.backward() called?)"
+                % (len(params), _core.rank()))
+        if self._kolo_unused is None:  # the first step: learn the layout
+            present = self._kolo_agree(fired, "presence")
+            self._kolo_unused = [i for i, f in enumerate(present) if not f]
+            return present
+        present = [True] * len(params)
+        if self._kolo_unused:
+            again = self._kolo_agree([fired[i] for i in self._kolo_unused],
+                                     "unused")
+            for i, f in zip(self._kolo_unused, again):
+                present[i] = f
+        return present
 
     def synchronize(self):
         """Waits for the allreduce of every gradient and writes the results
@@ -349,16 +380,9 @@ class _Distributed:
         self._synchronized = True
 
     def _kolo_synchronize(self):
-        present = self._kolo_agree_presence()
+        present = self._kolo_presence()
         n = self.backward_passes_per_step
         skipped = [p for p, f in zip(self._kolo_params, present) if not f]
-        if self._kolo_params and len(skipped) == len(self._kolo_params):
-            self._kolo_drain()
-            raise ValueError(
-                "No gradients provided for any parameter: none of the %d "
-                "parameters of the optimizer got a gradient on any rank since "
-                "the last step (was loss.backward() called?)"
-                % len(self._kolo_params))
         if skipped:
             warnings.warn(
                 "kolo DistributedOptimizer: no gradient for %s on any rank: "
@@ -582,7 +606,12 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     cls = type(base.__name__, (_Distributed, base),
                {"__module__": base.__module__})
     dist = cls.__new__(cls)
-    dist.__dict__.update(optimizer.__dict__)
+    # Share the optimizer's state and parameter groups; leave out instance
+    # attributes that stand in for methods (an LR scheduler made before
+    # wrapping puts a counting `step` on the instance, bound to the
+    # original object: it would bypass the allreduce).
+    dist.__dict__.update({k: v for k, v in optimizer.__dict__.items()
+                          if not (callable(v) and hasattr(base, k))})
     dist._kolo_setup(named_parameters, compression, backward_passes_per_step,
                      op, gradient_predivide_factor, groups, sparse_as_dense,
                      process_set, average_aggregated_gradients,

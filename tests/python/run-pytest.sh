@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# run-pytest.sh — runs the Python binding tests (tests/python/test_*.py) as
+# real jobs under kolorun, at 2 and 3 ranks: every pytest process is one
+# rank, and every rank runs the same tests in the same order. Each run is
+# bounded in time (timeout -k 10 $KOLO_TEST_TIMEOUT, 300 s by default) so a
+# hang fails instead of hanging CI. A test counts as passed when it passed
+# on every rank, as failed when it failed on any rank. Prints each run's
+# pytest summary lines (one per rank), the log's tail for a failed run, and
+# ends with one line "N passed, N failed".
+#
+# Usage: tests/python/run-pytest.sh [test_file.py ...]
+#   (from the build directory; `make check` runs it with KOLO_TOP_BUILDDIR,
+#   KOLO_TOP_SRCDIR and KOLO_PYTHON set)
+# Environment: KOLO_PYTHON (default /usr/bin/python3), KOLO_LIBRARY
+#   (default BUILDDIR/.libs/libkolo.so), KOLO_PYTEST_RANKS ("2 3"),
+#   KOLO_TEST_TIMEOUT (300).
+# Exit status 77 (skipped) when the interpreter cannot import numpy or
+# pytest; without torch, the kolo.torch tests are skipped (and counted so).
+# Against a sanitizer build of libkolo (address, undefined) the sanitizer
+# runtimes are preloaded into the interpreter; a ThreadSanitizer build is
+# skipped.
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+top=${KOLO_TOP_BUILDDIR:-.}
+src=${KOLO_TOP_SRCDIR:-$(cd "$here/../.." && pwd)}
+python=${KOLO_PYTHON-/usr/bin/python3}
+kolorun=$top/kolorun
+lib=${KOLO_LIBRARY:-$top/.libs/libkolo.so}
+limit=${KOLO_TEST_TIMEOUT:-300}
+ranks=${KOLO_PYTEST_RANKS:-2 3}
+tests=$src/tests/python
+
+skip() {
+    echo "SKIP: $*"
+    exit 77
+}
+case $python in
+"" | :) skip "configure found no Python interpreter" ;;
+esac
+"$python" -c 'import numpy' 2>/dev/null ||
+    skip "$python cannot import numpy (python3-numpy): no Python binding tests"
+"$python" -c 'import pytest' 2>/dev/null ||
+    skip "$python cannot import pytest (python3-pytest): no Python binding tests"
+if ! "$python" -c 'import torch' 2>/dev/null; then
+    echo "NOTE: $python cannot import torch (python3-torch): the kolo.torch tests are skipped"
+fi
+for f in "$kolorun" "$lib"; do
+    if [ ! -e "$f" ]; then
+        echo "FAIL: $f is missing: build kolo first (make)"
+        echo "0 passed, 1 failed"
+        exit 1
+    fi
+done
+
+if [ $# -gt 0 ]; then
+    files=("$@")
+else
+    files=(test_numpy.py test_torch_ops.py test_torch_optimizer.py
+           test_torch_mixed_precision.py test_lifecycle.py)
+fi
+
+# A sanitizer build of libkolo (--enable-sanitizers) needs the sanitizer's
+# runtime loaded first in the (uninstrumented) interpreter: preload it.
+# ThreadSanitizer cannot work that way: skip.
+undef=$(nm -D --undefined-only "$lib" 2>/dev/null)
+case $undef in
+*__tsan_*)
+    skip "$lib is built with ThreadSanitizer, which an uninstrumented Python cannot load" ;;
+esac
+preload=
+for san in asan ubsan; do
+    case $undef in
+    *__${san}_*)
+        so=$(${CC:-gcc} -print-file-name=lib$san.so 2>/dev/null)
+        [ -f "$so" ] || skip "$lib needs lib$san.so, and ${CC:-gcc} does not know where it is"
+        preload="$preload${preload:+ }$so" ;;
+    esac
+done
+if [ -n "$preload" ]; then
+    echo "NOTE: sanitizer build: LD_PRELOAD=$preload (leak checking off: the interpreter leaks by design)"
+    export LD_PRELOAD="$preload${LD_PRELOAD:+ $LD_PRELOAD}"
+    export ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
+fi
+
+export PYTHONPATH=$src/bindings/python${PYTHONPATH:+:$PYTHONPATH}
+export KOLO_LIBRARY=$lib
+export PYTHONDONTWRITEBYTECODE=1 # nothing written into the source tree
+export OMP_NUM_THREADS=1
+
+pass=0
+fail=0
+skipped=0
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+elapsed() {
+    awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'
+}
+
+# run NP FILE: one pytest job; adds its tests to the counts.
+run() {
+    local np=$1 file=$2 dir log start rc counts p f s
+    dir=$(mktemp -d "$work/run.XXXXXX")
+    log=$dir/log
+    start=$(date +%s.%N)
+    timeout -k 10 "$limit" env KOLO_PYTEST_RESULTS="$dir" \
+        "$kolorun" -np "$np" --tag-output \
+        "$python" -m pytest -q -rs -p no:cacheprovider --rootdir "$tests" \
+        -o faulthandler_timeout=$((limit > 40 ? limit - 20 : limit)) \
+        "$tests/$file" >"$log" 2>&1
+    rc=$?
+    # Per test: failed if it failed on any rank, passed if it passed on
+    # all NP ranks, skipped if skipped everywhere.
+    counts=$(cat "$dir"/rank*.txt 2>/dev/null | awk -v np="$np" '
+        { id = $2; n[id]++
+          if ($1 == "failed") bad[id] = 1
+          else if ($1 == "passed") ok[id]++
+          else if ($1 == "skipped") sk[id]++ }
+        END { p = f = s = 0
+              for (id in n) {
+                  if (bad[id]) f++
+                  else if (ok[id] == np) p++
+                  else if (sk[id] == np) s++
+                  else if (ok[id] + sk[id] == np) p++
+                  else f++ }
+              print p, f, s }')
+    read -r p f s <<<"${counts:-0 0 0}"
+    if [ "$rc" -eq 5 ] && [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then
+        # pytest's "no tests ran": the module skipped itself (no torch)
+        skipped=$((skipped + 1))
+        printf 'SKIP np=%d %-34s %s\n' "$np" "$file" \
+            "$(grep -m1 -oE 'SKIPPED.*|[0-9]+ skipped' "$log" | head -n 1)"
+        return
+    fi
+    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
+        f=1 # the job failed without a failed test: it crashed or hung
+    fi
+    pass=$((pass + p))
+    fail=$((fail + f))
+    skipped=$((skipped + s))
+    if [ "$rc" -eq 0 ] && [ "$f" -eq 0 ]; then
+        printf 'PASS np=%d %-34s %3d passed, %d skipped  %ss\n' "$np" "$file" \
+            "$p" "$s" "$(elapsed "$start")"
+    else
+        local why=""
+        [ "$rc" -eq 124 ] && why=" (timed out after ${limit}s)"
+        printf 'FAIL np=%d %s: %d passed, %d failed, exit %d%s\n' "$np" "$file" \
+            "$p" "$f" "$rc" "$why"
+        tail -n 80 "$log" | sed 's/^/    /'
+    fi
+    # pytest's own summary line, from every rank
+    grep -E '^\[[0-9]+\]<stdout>:.*[0-9]+ (passed|failed|error|errors|skipped)( |,|$)' \
+        "$log" | sort | sed 's/^/    /'
+}
+
+for np in $ranks; do
+    for file in "${files[@]}"; do
+        run "$np" "$file"
+    done
+done
+
+# The harness itself: a rank that fails in the middle of a test, while the
+# others wait for it in a collective, must end the job (with a failure)
+# instead of hanging it.
+if [ $# -eq 0 ]; then
+    start=$(date +%s.%N)
+    log=$work/selfcheck.log
+    timeout -k 5 60 "$kolorun" -np 3 --tag-output "$python" -m pytest -q \
+        -p no:cacheprovider --rootdir "$tests" "$tests/selfcheck_failure.py" \
+        >"$log" 2>&1
+    rc=$?
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$rc" -ne 137 ] &&
+        grep -q 'deliberate failure on rank 2' "$log"; then
+        pass=$((pass + 1))
+        printf 'PASS np=3 %-34s a failing rank stops the job (exit %d)  %ss\n' \
+            "selfcheck_failure.py" "$rc" "$(elapsed "$start")"
+    else
+        fail=$((fail + 1))
+        printf 'FAIL np=3 selfcheck_failure.py: a failing rank did not stop the job cleanly (exit %d)\n' "$rc"
+        tail -n 40 "$log" | sed 's/^/    /'
+    fi
+fi
+
+[ "$skipped" -gt 0 ] && echo "($skipped tests or files skipped)"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
