@@ -95,7 +95,8 @@ int kolo__timeline_active(const kolo__timeline_t *tl)
 
 int kolo__timeline_marks_cycles(const kolo__timeline_t *tl)
 {
-    return kolo__timeline_active(tl) && tl->mark_cycles;
+    return kolo__timeline_active(tl) &&
+           __atomic_load_n(&tl->mark_cycles, __ATOMIC_RELAXED);
 }
 
 /* ---- recording -------------------------------------------------------------- */
@@ -438,7 +439,7 @@ int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles
     tl->fd = fd;
     tl->end = 2;
     tl->first = 1;
-    tl->mark_cycles = mark_cycles;
+    __atomic_store_n(&tl->mark_cycles, mark_cycles, __ATOMIC_RELAXED);
     tl->dropped = tl->dropped_written = 0;
     kolo__err_clear(&tl->error);
     free(tl->path);

@@ -27,42 +27,12 @@
 #include <unistd.h>
 
 #include "kolo.h"
+#include "testutil.h"
 
 static int rank, size;
 static int failures;
 
-#define CHECK(cond, ...)                                                      \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__,         \
-                    __LINE__);                                                \
-            fprintf(stderr, __VA_ARGS__);                                     \
-            fprintf(stderr, "\n");                                            \
-            failures++;                                                       \
-        }                                                                     \
-    } while (0)
-
-#define MUST(call)                                                            \
-    do {                                                                      \
-        int rc_ = (call);                                                     \
-        if (rc_ != KOLO_OK) {                                                 \
-            fprintf(stderr, "rank %d: %s failed: %d %s\n", rank, #call, rc_, \
-                    kolo_last_error());                                       \
-            exit(1);                                                          \
-        }                                                                     \
-    } while (0)
-
-/* splitmix64: a small, well-mixed generator every rank can reproduce. */
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
-
-static uint64_t rng_state;
-static uint64_t rnd(void) { return rng_state = mix(rng_state); }
+#define MUST(call) TU_MUST(call, "rank %d: ", rank)
 
 /* The value rank r holds at element i of tensor t in step s. */
 static float value(uint64_t seed, int r, int t, int s, int64_t i)
@@ -88,18 +58,8 @@ static uint16_t exact_to_half(float f)
                       (uint16_t)((m * 2 - 1) * 1024));
 }
 
-static float half_to_float(uint16_t h)
-{
-    int e = (h >> 10) & 0x1f, frac = h & 0x3ff;
-    float v;
-    if (e == 0)
-        v = ldexpf((float)frac, -24);
-    else if (e == 31)
-        v = frac ? NAN : INFINITY;
-    else
-        v = ldexpf(1.0f + (float)frac / 1024.0f, e - 15);
-    return (h & 0x8000) ? -v : v;
-}
+/* float16 to float: testutil.h's h2f, exact in float for every float16. */
+static float half_to_float(uint16_t h) { return (float)h2f(h); }
 
 typedef struct tensor {
     char name[64];
@@ -146,15 +106,6 @@ static int check_tensor(const tensor_t *t, uint64_t seed, int idx, int step)
         }
     }
     return bad;
-}
-
-static void shuffle(int *a, int n)
-{
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(rnd() % (uint64_t)(i + 1)), tmp = a[i];
-        a[i] = a[j];
-        a[j] = tmp;
-    }
 }
 
 static void maybe_pause(void)

@@ -39,14 +39,14 @@
 static int rank, size;
 static long failures, nchecks;
 
+/* Defined before testutil.h, so that it keeps this one: unlike the other
+ * programs' CHECK, it counts every check (for "PASS <mode> (<n> checks)")
+ * and gives up after 40 failures. */
 #define CHECK(cond, ...)                                                      \
     do {                                                                      \
         nchecks++;                                                            \
         if (!(cond)) {                                                        \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__,         \
-                    __LINE__);                                                \
-            fprintf(stderr, __VA_ARGS__);                                     \
-            fprintf(stderr, "\n");                                            \
+            TU_FAIL_HERE(__VA_ARGS__);                                        \
             if (++failures >= 40) {                                           \
                 fprintf(stderr, "rank %d: too many failures, giving up\n",   \
                         rank);                                                \
@@ -55,28 +55,16 @@ static long failures, nchecks;
         }                                                                     \
     } while (0)
 
+#include "testutil.h"
+
 #define MUST(call)                                                            \
-    do {                                                                      \
-        int rc_ = (call);                                                     \
-        if (rc_ != KOLO_OK) {                                                 \
-            fprintf(stderr, "rank %d: %s:%d: %s failed: %d %s\n", rank,      \
-                    __FILE__, __LINE__, #call, rc_, kolo_last_error());       \
-            exit(1);                                                          \
-        }                                                                     \
-    } while (0)
+    TU_MUST(call, "rank %d: %s:%d: ", rank, __FILE__, __LINE__)
 
 #define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 /* ---- deterministic data ------------------------------------------------ */
 
-/* splitmix64: a small, well-mixed generator every rank can reproduce. */
-static uint64_t mix(uint64_t x)
-{
-    x += 0x9e3779b97f4a7c15ULL;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-    return x ^ (x >> 31);
-}
+/* mix (splitmix64) is in testutil.h. */
 
 /* A hash of five numbers: the value of (seed, rank, tensor, step, index). */
 static uint64_t hv(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t e)
@@ -84,18 +72,8 @@ static uint64_t hv(uint64_t a, uint64_t b, uint64_t c, uint64_t d, uint64_t e)
     return mix(mix(mix(mix(mix(a) ^ b) ^ c) ^ d) ^ e);
 }
 
-/* A per-rank generator for orders and timings. */
-static uint64_t rng_state;
-static uint64_t rnd(void) { return rng_state = mix(rng_state); }
-
-static void shuffle(int *a, int n)
-{
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(rnd() % (uint64_t)(i + 1)), tmp = a[i];
-        a[i] = a[j];
-        a[j] = tmp;
-    }
-}
+/* The per-rank generator for orders and timings (rng_state, rnd) and
+ * shuffle are in testutil.h. */
 
 static int *identity(int n)
 {
@@ -105,27 +83,9 @@ static int *identity(int n)
     return a;
 }
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* ---- float16 / bfloat16, written here, independent of the library ------ */
 
-static double h2f(uint16_t h)
-{
-    int e = (h >> 10) & 0x1f, frac = h & 0x3ff;
-    double v;
-    if (e == 0)
-        v = ldexp((double)frac, -24);
-    else if (e == 31)
-        v = frac ? NAN : INFINITY;
-    else
-        v = ldexp(1.0 + (double)frac / 1024.0, e - 15);
-    return (h & 0x8000) ? -v : v;
-}
+/* h2f (float16 to double) is in testutil.h. */
 
 /* Values the tests use are exactly representable; anything else is a bug
  * in the test, not in the library. */
@@ -1767,9 +1727,9 @@ static void mode_barrier(void)
         int rc;
         char name[64];
         usleep((useconds_t)(((rank + round) % size) * 60000));
-        before = now_s();
+        before = now();
         rc = grab(kolo_barrier(KOLO_GLOBAL_PROCESS_SET));
-        after = now_s();
+        after = now();
         CHECK(rc == KOLO_OK, "barrier round %d: %d %s", round, rc, lastmsg);
         snprintf(name, sizeof(name), "barrier/before%d", round);
         last_before = reduce_scalar(name, before, KOLO_OP_MAX, 0);
@@ -1802,9 +1762,9 @@ static void mode_barrier(void)
  * (the job is stopped, since the other ranks may be blocked for good). */
 static int wait_deadline(kolo_handle_t h, const char *name, double seconds)
 {
-    double end = now_s() + seconds;
+    double end = now() + seconds;
     int rc;
-    while ((rc = kolo_poll(h)) == KOLO_IN_PROGRESS && now_s() < end)
+    while ((rc = kolo_poll(h)) == KOLO_IN_PROGRESS && now() < end)
         usleep(2000);
     if (rc == KOLO_IN_PROGRESS) {
         CHECK(0, "%s did not complete within %.0f s", name, seconds);
@@ -2753,7 +2713,7 @@ int main(int argc, char **argv)
     MUST(kolo_init());
     rank = kolo_rank();
     size = kolo_size();
-    t0 = now_s();
+    t0 = now();
 
     if (strcmp(mode, "allreduce-matrix") == 0)
         mode_allreduce_matrix(argc > 2 ? atoi(argv[2]) : 2);
@@ -2788,6 +2748,6 @@ int main(int argc, char **argv)
         return 1;
     }
     printf("rank %d of %d: PASS %s (%ld checks, %.2f s)\n", rank, size, mode,
-           nchecks, now_s() - t0);
+           nchecks, now() - t0);
     return 0;
 }

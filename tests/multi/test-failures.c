@@ -48,68 +48,20 @@
 #include <unistd.h>
 
 #include "kolo.h"
+#include "testutil.h"
 
 static int rank = -1, size, victim;
 static const char *mode;
 static int failures;
 
-#define CHECK(cond, ...)                                                      \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__,         \
-                    __LINE__);                                                \
-            fprintf(stderr, __VA_ARGS__);                                     \
-            fprintf(stderr, "\n");                                            \
-            failures++;                                                       \
-        }                                                                     \
-    } while (0)
-
-#define MUST(call)                                                            \
-    do {                                                                      \
-        int rc_ = (call);                                                     \
-        if (rc_ != KOLO_OK) {                                                 \
-            fprintf(stderr, "rank %d: FAIL %s failed: %d %s\n", rank, #call,  \
-                    rc_, kolo_last_error());                                  \
-            exit(1);                                                          \
-        }                                                                     \
-    } while (0)
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static double env_seconds(const char *name, double dflt)
-{
-    const char *v = getenv(name);
-    return v && *v ? atof(v) : dflt;
-}
+#define MUST(call) TU_MUST(call, "rank %d: FAIL ", rank)
 
 /* ---- watchdog: a hang becomes a FAIL line naming the phase ---------------- */
-
-static char watchdog_msg[256];
-static size_t watchdog_len;
-
-static void on_alarm(int sig)
-{
-    (void)sig;
-    if (write(2, watchdog_msg, watchdog_len) < 0) {
-        /* nothing more to do */
-    }
-    _exit(1);
-}
 
 /* Starts a phase that must end within `seconds`. */
 static void phase(const char *what, unsigned seconds)
 {
-    int n = snprintf(watchdog_msg, sizeof(watchdog_msg),
-                     "rank %d: FAIL %s: hung for more than %u s in: %s\n",
-                     rank, mode, seconds, what);
-    watchdog_len = n > 0 && (size_t)n < sizeof(watchdog_msg)
-                       ? (size_t)n : sizeof(watchdog_msg) - 1;
-    alarm(seconds);
+    tu_watchdog(rank, mode, what, seconds);
 }
 
 /* ---- resources ------------------------------------------------------------ */
@@ -642,10 +594,10 @@ int main(int argc, char **argv)
     const char *dir = getenv("FT_DIR");
 
     mode = argc > 1 ? argv[1] : "between";
-    signal(SIGALRM, on_alarm);
+    signal(SIGALRM, tu_on_alarm);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    rank = (int)env_seconds("KOLO_RANK", 0);
-    size = (int)env_seconds("KOLO_SIZE", 1);
+    rank = (int)env_double("KOLO_RANK", 0);
+    size = (int)env_double("KOLO_SIZE", 1);
     victim = argc > 2 ? atoi(argv[2]) : size - 1;
     if (dir != NULL) {
         char path[4096];
@@ -656,7 +608,7 @@ int main(int argc, char **argv)
             fclose(f);
         }
     }
-    bound_s = env_seconds("KOLO_TIMEOUT_SECONDS", 60) + 3;
+    bound_s = env_double("KOLO_TIMEOUT_SECONDS", 60) + 3;
 
     if (strcmp(mode, "cycles") == 0) {
         mode_cycles(argc > 2 ? atoi(argv[2]) : 20);
@@ -667,7 +619,7 @@ int main(int argc, char **argv)
             die();
         /* The rendezvous gives up after the start timeout; a second and a
          * half covers the scheduling of a busy machine. */
-        bound_s = env_seconds("KOLO_START_TIMEOUT", 60) + 1.5;
+        bound_s = env_double("KOLO_START_TIMEOUT", 60) + 1.5;
         mode_init();
         goto done;
     }
@@ -680,7 +632,7 @@ int main(int argc, char **argv)
 
     if (strcmp(mode, "midcoll") == 0)
         mode_midcoll(argc > 3 ? atof(argv[3])
-                              : env_seconds("FT_KILL_FRACTION", 0.1));
+                              : env_double("FT_KILL_FRACTION", 0.1));
     else if (strcmp(mode, "between") == 0)
         mode_between(0);
     else if (strcmp(mode, "exit") == 0)

@@ -59,44 +59,13 @@
 #include <unistd.h>
 
 #include "kolo.h"
+#include "../multi/testutil.h"
 
 static int rank = -1, size;
 static const char *mode = "?";
 static int failures;
 
-#define CHECK(cond, ...)                                                      \
-    do {                                                                      \
-        if (!(cond)) {                                                        \
-            fprintf(stderr, "rank %d: FAIL %s:%d: ", rank, __FILE__,         \
-                    __LINE__);                                                \
-            fprintf(stderr, __VA_ARGS__);                                     \
-            fprintf(stderr, "\n");                                            \
-            failures++;                                                       \
-        }                                                                     \
-    } while (0)
-
-#define MUST(call)                                                            \
-    do {                                                                      \
-        int rc_ = (call);                                                     \
-        if (rc_ != KOLO_OK) {                                                 \
-            fprintf(stderr, "rank %d: FAIL %s: %s failed: %d %s\n", rank,     \
-                    mode, #call, rc_, kolo_last_error());                     \
-            exit(1);                                                          \
-        }                                                                     \
-    } while (0)
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
-static double env_double(const char *name, double dflt)
-{
-    const char *v = getenv(name);
-    return v && *v ? atof(v) : dflt;
-}
+#define MUST(call) TU_MUST(call, "rank %d: FAIL %s: ", rank, mode)
 
 static void sleep_ms(double ms)
 {
@@ -104,26 +73,9 @@ static void sleep_ms(double ms)
         usleep((useconds_t)(ms * 1000));
 }
 
-static char watchdog_msg[256];
-static size_t watchdog_len;
-
-static void on_alarm(int sig)
-{
-    (void)sig;
-    if (write(2, watchdog_msg, watchdog_len) < 0) {
-        /* nothing more to do */
-    }
-    _exit(1);
-}
-
 static void watchdog(const char *what, unsigned seconds)
 {
-    int n = snprintf(watchdog_msg, sizeof(watchdog_msg),
-                     "rank %d: FAIL %s: hung for more than %u s in: %s\n",
-                     rank, mode, seconds, what);
-    watchdog_len = n > 0 && (size_t)n < sizeof(watchdog_msg)
-                       ? (size_t)n : sizeof(watchdog_msg) - 1;
-    alarm(seconds);
+    tu_watchdog(rank, mode, what, seconds);
 }
 
 /* ---- the workload ------------------------------------------------------- */
@@ -392,7 +344,7 @@ int main(int argc, char **argv)
         return 2;
     }
     mode = argv[1];
-    signal(SIGALRM, on_alarm);
+    signal(SIGALRM, tu_on_alarm);
     watchdog("kolo_init", 30);
     MUST(kolo_init());
     rank = kolo_rank();
