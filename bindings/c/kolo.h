@@ -356,8 +356,10 @@ KOLO_EXPORT int kolo_add_process_sets_from_groups(int ngroups,
                                                   int require_equal_size,
                                                   int *ids);
 
-/* This rank's rank in the set, the set's size, or -1 (not a member, or no
- * such set). */
+/* kolo_process_set_rank: this rank's rank in the set, or -1 when it is not
+ * a member or there is no such set. kolo_process_set_size: the number of
+ * ranks in the set (members and others alike see it), or -1 when there is
+ * no such set. */
 KOLO_EXPORT int kolo_process_set_rank(int id);
 KOLO_EXPORT int kolo_process_set_size(int id);
 
