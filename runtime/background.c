@@ -499,7 +499,6 @@ static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
         rc = backend_error(ps, rc, e, 1, detail, err);
         goto out;
     }
-    res = NULL;
     for (size_t j = 0; j < n; j++) {
         sb[j] = (size_t)e->splits[j] * row_bytes;
         rb[j] = (size_t)all[j * n + (size_t)ps->rank] * row_bytes;
