@@ -50,7 +50,11 @@ typedef void (*kolo__ops_reduce_fn)(void *out, const void *a, const void *b,
 typedef void (*kolo__ops_wake_fn)(void *arg, uint64_t round);
 
 typedef struct kolo__ops_config {
-    int rank, size;
+    int rank, size;         /* this rank's place in the context */
+    const int *members;     /* [size]: the global rank of each member */
+    const int *hosts;       /* [size]: the host index of each member (equal
+                               index: same host, same shared memory) */
+    int global_rank;        /* this rank in the whole job */
     const char *rendezvous; /* "file:DIR" */
     const char *prefix;     /* keys of this context in the rendezvous store:
                                unique per kolo_init and process set */
@@ -116,6 +120,12 @@ extern const kolo__ops_t kolo__ops_local;
 #ifdef KOLO_HAVE_GLOO
 extern const kolo__ops_t kolo__ops_gloo;
 #endif
+
+/* The backend called `name` ("gloo", "mpi", "shm", ...) when this build has
+ * it, else NULL (ops/registry.c). */
+const kolo__ops_t *kolo__ops_find(const char *name);
+/* Writes the names this build has, comma-separated, for error messages. */
+void kolo__ops_names(char *out, size_t len);
 
 #ifdef __cplusplus
 }

@@ -132,6 +132,7 @@ static void runtime_free(kolo__runtime_t *rt)
 {
     kolo__timeline_free(rt->timeline);
     free(rt->sets);
+    free(rt->host_of);
     free(rt->set_sizes);
     pthread_mutex_destroy(&rt->sets_mu);
     free(rt);
@@ -223,7 +224,7 @@ int kolo_init(void)
 
     kolo__debug("initialised: rank %d of %d, %s backend, fusion threshold "
                 "%lld bytes, cycle time %.3g ms",
-                rt->rank, rt->size, world->ops->name,
+                rt->rank, rt->size, world->data_ops->name,
                 (long long)rt->cfg.fusion_threshold, rt->cfg.cycle_time_ms);
     g_rank = rt->rank;
     g_size = rt->size;
@@ -322,9 +323,10 @@ int kolo_enabled(const char *what)
 
     if (what == NULL || (rt = kolo__api_enter("kolo_enabled", &err)) == NULL)
         return 0;
-    /* Gloo carries every job of more than one rank in this version. */
-    on = strcmp(what, "gloo") == 0 && kolo_built("gloo") &&
-         rt->sets[KOLO_GLOBAL_PROCESS_SET]->ops != &kolo__ops_local;
+    /* A backend is enabled when it carries the global set's negotiation or
+     * its tensors. */
+    on = strcmp(rt->sets[KOLO_GLOBAL_PROCESS_SET]->ctl_ops->name, what) == 0 ||
+         strcmp(rt->sets[KOLO_GLOBAL_PROCESS_SET]->data_ops->name, what) == 0;
     kolo__api_leave();
     return on;
 }

@@ -47,6 +47,7 @@
  */
 #include "config.h"
 
+#include <ctype.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -84,15 +85,9 @@ void kolo__tl_entry_end(kolo__pset_t *ps, kolo__entry_t *e)
 /* The backend's phase name, as in Horovod's timeline: "GLOO_ALLREDUCE". */
 static const char *backend_phase(const kolo__pset_t *ps, int coll)
 {
-    static const char *const gloo[KOLO__COLL_COUNT_] = {
-        "GLOO_ALLREDUCE", "GLOO_BROADCAST", "GLOO_ALLGATHER", "GLOO_ALLTOALL",
-        "GLOO_REDUCESCATTER", "GLOO_BARRIER", "GLOO_JOIN"};
-    static const char *const local[KOLO__COLL_COUNT_] = {
-        "LOCAL_ALLREDUCE", "LOCAL_BROADCAST", "LOCAL_ALLGATHER", "LOCAL_ALLTOALL",
-        "LOCAL_REDUCESCATTER", "LOCAL_BARRIER", "LOCAL_JOIN"};
     if (coll < 0 || coll >= KOLO__COLL_COUNT_)
         return "BACKEND";
-    return ps->ops == &kolo__ops_local ? local[coll] : gloo[coll];
+    return ps->phase[coll];
 }
 
 /* Every entry of a batch enters or leaves a phase. */
@@ -369,7 +364,7 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
                 tl_batch(ps, idx, n, phase);
             }
         }
-        rc = ps->ops->allreduce(ps->ops_ctx, in, out, m, esize, fn, detail,
+        rc = ps->data_ops->allreduce(ps->data_ctx, in, out, m, esize, fn, detail,
                                 sizeof(detail));
         if (rc != KOLO_OK)
             break;
@@ -399,7 +394,7 @@ static int run_broadcast(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
 
     if (bytes == 0)
         return KOLO_OK;
-    rc = ps->ops->broadcast(ps->ops_ctx, e->output, bytes, e->params.root,
+    rc = ps->data_ops->broadcast(ps->data_ctx, e->output, bytes, e->params.root,
                             detail, sizeof(detail));
     return rc == KOLO_OK ? KOLO_OK : backend_error(ps, rc, e, 1, detail, err);
 }
@@ -443,7 +438,7 @@ static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
         goto out;
     }
     /* The first dimension may differ: exchange it first. */
-    rc = ps->ops->allgather(ps->ops_ctx, &e->rows, rows, sizeof(int64_t),
+    rc = ps->data_ops->allgather(ps->data_ctx, &e->rows, rows, sizeof(int64_t),
                             detail, sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_error(ps, rc, e, 1, detail, err);
@@ -460,7 +455,7 @@ static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
     }
     memcpy(res->splits, rows, (size_t)ps->size * sizeof(int64_t));
     if (res->bytes > 0) {
-        rc = ps->ops->allgatherv(ps->ops_ctx, e->input, res->data, bytes, detail,
+        rc = ps->data_ops->allgatherv(ps->data_ctx, e->input, res->data, bytes, detail,
                                  sizeof(detail));
         if (rc != KOLO_OK) {
             rc = backend_error(ps, rc, e, 1, detail, err);
@@ -493,7 +488,7 @@ static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
     }
     /* Every rank learns every rank's splits: what it receives from rank j
      * is rank j's split for it. */
-    rc = ps->ops->allgather(ps->ops_ctx, e->splits, all, n * sizeof(int64_t),
+    rc = ps->data_ops->allgather(ps->data_ctx, e->splits, all, n * sizeof(int64_t),
                             detail, sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_error(ps, rc, e, 1, detail, err);
@@ -511,7 +506,7 @@ static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
     }
     for (size_t j = 0; j < n; j++)
         res->splits[j] = all[j * n + (size_t)ps->rank];
-    rc = ps->ops->alltoallv(ps->ops_ctx, e->input, sb, res->data, rb, detail,
+    rc = ps->data_ops->alltoallv(ps->data_ctx, e->input, sb, res->data, rb, detail,
                             sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_error(ps, rc, e, 1, detail, err);
@@ -567,7 +562,7 @@ static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
         memcpy(ps->fusion, e->input, (size_t)p->count * esize);
         if (p->prescale != 1.0)
             kolo__scale(ps->fusion, (size_t)p->count, dtype, p->prescale);
-        rc = ps->ops->reduce_scatter(ps->ops_ctx, ps->fusion, res->data, counts,
+        rc = ps->data_ops->reduce_scatter(ps->data_ctx, ps->fusion, res->data, counts,
                                      esize, kolo__reduce_get(dtype, (kolo_op_t)p->op),
                                      detail, sizeof(detail));
         if (rc != KOLO_OK) {
@@ -751,7 +746,7 @@ void *kolo__background_main(void *arg)
         /* Peers may be asleep waiting: ask them to join (see the essay). */
         if (timeout > 0 && reason != KOLO__WOKE_PEER &&
             (reason != KOLO__WOKE_WORK || ps->others_waiting) &&
-            (rc = ps->ops->wake_peers(ps->ops_ctx, (uint64_t)ps->cycles, detail,
+            (rc = ps->ctl_ops->wake_peers(ps->ctl_ctx, (uint64_t)ps->cycles, detail,
                                       sizeof(detail))) != KOLO_OK) {
             rc = kolo__explain_failure(ps, rc, detail, sizeof(detail));
             kolo__err_set(&err, rc, "rank %d: cannot wake the other ranks: %s",
@@ -827,6 +822,14 @@ static void pset_free(kolo__pset_t *ps)
 static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
                          int size, kolo__err_t *err);
 
+static void release_ops(kolo__pset_t *ps)
+{
+    if (ps->data_ops != NULL && ps->data_ctx != ps->ctl_ctx)
+        ps->data_ops->finalize(ps->data_ctx);
+    if (ps->ctl_ops != NULL)
+        ps->ctl_ops->finalize(ps->ctl_ctx);
+}
+
 int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
                      kolo__pset_t **out, kolo__err_t *err)
 {
@@ -861,18 +864,6 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
                              "entries (KOLO_CACHE_CAPACITY)",
                              (long long)rt->cfg.cache_capacity);
     }
-    ps->ops = size == 1 ? &kolo__ops_local : NULL;
-#ifdef KOLO_HAVE_GLOO
-    if (size > 1)
-        ps->ops = &kolo__ops_gloo;
-#endif
-    if (ps->ops == NULL) {
-        pset_free(ps);
-        return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
-                             "a process set of %d ranks needs a communication "
-                             "backend, and this kolo was built without Gloo",
-                             size);
-    }
     /* Threads started from here (the backend's and ours) write to sockets
      * whose peer may be gone: they must get EPIPE, not a SIGPIPE that kills
      * the process. They inherit this thread's mask; ours is restored. */
@@ -886,42 +877,184 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
     return rc;
 }
 
-static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
-                         int size, kolo__err_t *err)
+/* Which backend a role uses: KOLO_CONTROLLER or KOLO_CPU_OPERATIONS when
+ * set (not "auto"), else shared memory when every member is on this host and
+ * this build has it, else the first network backend this build has. */
+static int choose_ops(const kolo__runtime_t *rt, const char *var,
+                      const char *want, int all_local, int size,
+                      const kolo__ops_t **out, kolo__err_t *err)
+{
+    static const char *const network[] = {"gloo", "mpi"};
+    char names[128];
+
+    *out = NULL;
+    if (size == 1) {
+        *out = &kolo__ops_local;
+        return KOLO_OK;
+    }
+    if (want[0] != '\0' && strcmp(want, "auto") != 0) {
+        *out = kolo__ops_find(want);
+        if (*out == NULL || *out == &kolo__ops_local) {
+            kolo__ops_names(names, sizeof(names));
+            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                                 "%s=%s: this kolo has no backend of that "
+                                 "name (it has: %s)", var, want,
+                                 names[0] ? names : "none");
+        }
+        if (strcmp(want, "shm") == 0 && !all_local)
+            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                                 "%s=shm: the ranks of this job or process "
+                                 "set are not all on one host", var);
+        return KOLO_OK;
+    }
+    if (all_local && (*out = kolo__ops_find("shm")) != NULL)
+        return KOLO_OK;
+    if (rt->cfg.mpi_launched && (*out = kolo__ops_find("mpi")) != NULL)
+        return KOLO_OK;
+    for (size_t i = 0; i < sizeof(network) / sizeof(network[0]); i++)
+        if ((*out = kolo__ops_find(network[i])) != NULL)
+            return KOLO_OK;
+    return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                         "a process set of %d ranks needs a communication "
+                         "backend, and this kolo was built without one", size);
+}
+
+/* The message of a backend that could not connect, naming missing ranks. */
+static int connect_failed(kolo__runtime_t *rt, kolo__pset_t *ps,
+                          const kolo__ops_t *ops, int rc, const char *detail,
+                          kolo__err_t *err)
+{
+    char missing[512], gen[32];
+
+    snprintf(gen, sizeof(gen), "kolo%u", rt->generation);
+    if (ps->id != KOLO_GLOBAL_PROCESS_SET)
+        return kolo__err_set(err, rc, "rank %d could not connect process set "
+                             "%d (%s): %s", rt->rank, ps->id, ops->name, detail);
+    if (kolo__peers_missing(&rt->cfg, gen, ps->ranks, ps->size, missing,
+                            sizeof(missing)) > 0)
+        return kolo__err_set(err, rc, "rank %d of %d could not join the job: "
+                             "rank(s) %s never arrived (%s)",
+                             rt->rank, rt->size, missing, detail);
+    return kolo__err_set(err, rc, "rank %d of %d could not join the job "
+                         "(%s, rendezvous %s): %s", rt->rank, rt->size,
+                         ops->name,
+                         rt->cfg.rendezvous[0] ? rt->cfg.rendezvous : "none",
+                         detail);
+}
+
+static int connect_ops(kolo__runtime_t *rt, kolo__pset_t *ps,
+                       const kolo__ops_t *ops, const char *role, void **ctx,
+                       const int *hosts, kolo__err_t *err)
 {
     kolo__ops_config_t ocfg;
     char prefix[64], detail[KOLO__ERR_LEN];
     int rc;
 
-    snprintf(prefix, sizeof(prefix), "kolo%u/set%d", rt->generation, id);
-    ocfg = (kolo__ops_config_t){ps->rank, size, rt->cfg.rendezvous, prefix,
-                                rt->cfg.hostname, rt->cfg.timeout_s,
-                                rt->cfg.start_timeout_s, kolo__wake_from_peer,
-                                ps};
+    snprintf(prefix, sizeof(prefix), "kolo%u/set%d/%s", rt->generation,
+             ps->id, role);
+    ocfg = (kolo__ops_config_t){
+        .rank = ps->rank, .size = ps->size, .members = ps->ranks,
+        .hosts = hosts, .global_rank = rt->rank,
+        .rendezvous = rt->cfg.rendezvous, .prefix = prefix,
+        .hostname = rt->cfg.hostname, .timeout_s = rt->cfg.timeout_s,
+        .start_timeout_s = rt->cfg.start_timeout_s,
+        .on_wake = kolo__wake_from_peer, .wake_arg = ps};
     detail[0] = '\0';
-    rc = ps->ops->init(&ocfg, &ps->ops_ctx, detail, sizeof(detail));
+    rc = ops->init(&ocfg, ctx, detail, sizeof(detail));
+    if (rc != KOLO_OK)
+        return connect_failed(rt, ps, ops, rc, detail, err);
+    return KOLO_OK;
+}
+
+/* The host index of every rank, exchanged over the global set's controller
+ * before its thread starts (the only time the API thread uses a backend). */
+static int exchange_hosts(kolo__runtime_t *rt, kolo__pset_t *ps,
+                          kolo__err_t *err)
+{
+    char detail[KOLO__ERR_LEN] = "";
+    int me = (int)rt->cfg.cross_rank;
+    int rc;
+
+    rt->host_of = calloc((size_t)rt->size, sizeof(int));
+    if (rt->host_of == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
+    if (rt->size == 1)
+        return KOLO_OK;
+    rc = ps->ctl_ops->allgather(ps->ctl_ctx, &me, rt->host_of, sizeof(int),
+                                detail, sizeof(detail));
+    if (rc != KOLO_OK)
+        return kolo__err_set(err, rc, "rank %d could not exchange host "
+                             "placement: %s", rt->rank, detail);
+    return KOLO_OK;
+}
+
+static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
+                         int size, kolo__err_t *err)
+{
+    int *hosts = NULL;
+    int rc, all_local = 1;
+
+    hosts = malloc((size_t)size * sizeof(int));
+    if (hosts == NULL) {
+        pset_free(ps);
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "out of memory creating process set %d", id);
+    }
+    /* Before the global set has exchanged placements, the configuration
+     * says whether the job is on one host. */
+    for (int i = 0; i < size; i++)
+        hosts[i] = rt->host_of != NULL ? rt->host_of[ps->ranks[i]]
+                                       : (int)rt->cfg.cross_rank;
+    if (rt->host_of == NULL)
+        all_local = rt->cfg.cross_size == 1 && rt->cfg.local_size == rt->size;
+    for (int i = 1; i < size; i++)
+        all_local &= hosts[i] == hosts[0];
+
+    rc = choose_ops(rt, "KOLO_CONTROLLER", rt->cfg.controller, all_local,
+                    size, &ps->ctl_ops, err);
+    if (rc == KOLO_OK)
+        rc = connect_ops(rt, ps, ps->ctl_ops, "ctl", &ps->ctl_ctx, hosts, err);
     if (rc != KOLO_OK) {
-        char missing[512], gen[32];
-        snprintf(gen, sizeof(gen), "kolo%u", rt->generation);
-        if (id != KOLO_GLOBAL_PROCESS_SET)
-            kolo__err_set(err, rc, "rank %d could not connect process set %d: %s",
-                          rt->rank, id, detail);
-        else if (kolo__peers_missing(&rt->cfg, gen, ps->ranks, size, missing,
-                                     sizeof(missing)) > 0)
-            kolo__err_set(err, rc, "rank %d of %d could not join the job: "
-                          "rank(s) %s never arrived (%s)",
-                          rt->rank, rt->size, missing, detail);
-        else
-            kolo__err_set(err, rc, "rank %d of %d could not join the job "
-                          "(rendezvous %s): %s",
-                          rt->rank, rt->size,
-                          rt->cfg.rendezvous[0] ? rt->cfg.rendezvous : "none",
-                          detail);
+        free(hosts);
+        pset_free(ps);
+        return rc;
+    }
+    if (id == KOLO_GLOBAL_PROCESS_SET && rt->host_of == NULL) {
+        rc = exchange_hosts(rt, ps, err);
+        for (int i = 0; rc == KOLO_OK && i < size; i++) {
+            hosts[i] = rt->host_of[ps->ranks[i]];
+            if (hosts[i] != hosts[0] && all_local)
+                rc = kolo__err_set(err, KOLO_ERR_CONFIG,
+                                   "rank %d is on host %d but rank %d is on "
+                                   "host %d, while KOLO_CROSS_SIZE=1 and "
+                                   "KOLO_LOCAL_SIZE=%lld say one host",
+                                   ps->ranks[0], hosts[0], ps->ranks[i],
+                                   hosts[i], (long long)rt->cfg.local_size);
+        }
+    }
+    if (rc == KOLO_OK)
+        rc = choose_ops(rt, "KOLO_CPU_OPERATIONS", rt->cfg.cpu_operations,
+                        all_local, size, &ps->data_ops, err);
+    if (rc == KOLO_OK && ps->data_ops == ps->ctl_ops)
+        ps->data_ctx = ps->ctl_ctx;
+    else if (rc == KOLO_OK)
+        rc = connect_ops(rt, ps, ps->data_ops, "data", &ps->data_ctx, hosts,
+                         err);
+    free(hosts);
+    for (int c = 0; rc == KOLO_OK && c < KOLO__COLL_COUNT_; c++) {
+        size_t n = 0;
+        for (const char *p = ps->data_ops->name; *p && n < 12; p++)
+            ps->phase[c][n++] = (char)toupper((unsigned char)*p);
+        snprintf(ps->phase[c] + n, sizeof(ps->phase[c]) - n, "_%s",
+                 kolo__coll_name(c));
+    }
+    if (rc != KOLO_OK) {
+        ps->ctl_ops->finalize(ps->ctl_ctx);
         pset_free(ps);
         return rc;
     }
     if (pthread_create(&ps->thread, NULL, kolo__background_main, ps) != 0) {
-        ps->ops->finalize(ps->ops_ctx);
+        release_ops(ps);
         pset_free(ps);
         return kolo__err_set(err, KOLO_ERR_INTERNAL,
                              "cannot start the background thread of process "
@@ -943,6 +1076,6 @@ void kolo__pset_stop(kolo__pset_t *ps, const kolo__err_t *why)
     kolo__pset_request_stop(ps, why);
     if (ps->thread_started)
         pthread_join(ps->thread, NULL);
-    ps->ops->finalize(ps->ops_ctx);
+    release_ops(ps);
     pset_free(ps);
 }

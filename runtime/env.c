@@ -115,6 +115,28 @@ static int parse_host(const char *text, void *field, const char **expected)
     return 0;
 }
 
+static int parse_backend(const char *text, void *field, const char **expected)
+{
+    *expected = "auto, gloo, mpi or shm";
+    if (strcmp(text, "auto") != 0 && strcmp(text, "gloo") != 0 &&
+        strcmp(text, "mpi") != 0 && strcmp(text, "shm") != 0)
+        return -1;
+    strcpy(field, text);
+    return 0;
+}
+
+static int parse_auto_bool(const char *text, void *field, const char **expected)
+{
+    *expected = "auto, 0 or 1";
+    if (strcmp(text, "auto") == 0)
+        *(int64_t *)field = -1;
+    else if (strcmp(text, "0") == 0 || strcmp(text, "1") == 0)
+        *(int64_t *)field = text[0] - '0';
+    else
+        return -1;
+    return 0;
+}
+
 static int parse_level(const char *text, void *field, const char **expected)
 {
     int level;
@@ -178,6 +200,16 @@ static const config_row_t rows[] = {
     {"KOLO_STALL_SHUTDOWN_TIME_SECONDS", "0",
      "stop the job when a tensor waits this long for other ranks (0: off)",
      parse_seconds, F(stall_shutdown_s)},
+    {"KOLO_CONTROLLER", "auto", "backend that negotiates: shm when every "
+     "rank is on one host, else gloo (auto), gloo, mpi or shm",
+     parse_backend, F(controller)},
+    {"KOLO_CPU_OPERATIONS", "auto", "backend that moves host tensors: shm "
+     "when every rank is on one host, else gloo (auto), gloo, mpi or shm",
+     parse_backend, F(cpu_operations)},
+    {"KOLO_HIERARCHICAL_ALLREDUCE", "auto", "allreduce through shared memory "
+     "within each host and the network across hosts (auto: on when a job "
+     "spans hosts with several ranks on each)", parse_auto_bool,
+     F(hierarchical)},
 };
 
 #undef F

@@ -28,6 +28,10 @@ typedef struct kolo__config {
     int64_t job_start_us;    /* set by kolorun: the timeline's time zero */
     double stall_check_s;    /* 0: off */
     double stall_shutdown_s; /* 0: off */
+    char controller[16];     /* KOLO_CONTROLLER: auto, gloo, mpi, shm */
+    char cpu_operations[16]; /* KOLO_CPU_OPERATIONS: auto, gloo, mpi, shm */
+    int64_t hierarchical;    /* KOLO_HIERARCHICAL_ALLREDUCE: -1 auto, 0, 1 */
+    int64_t mpi_launched;    /* started by mpirun/srun, not kolorun */
 } kolo__config_t;
 
 /* Reads every variable through `getenv_fn` (getenv in the runtime; a fake

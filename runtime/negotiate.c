@@ -613,7 +613,7 @@ static int backend_failed(kolo__pset_t *ps, int rc, const char *what,
 /* The full round (step 2 of the essay). */
 static int full_round(kolo__pset_t *ps, kolo__err_t *err)
 {
-    const kolo__ops_t *ops = ps->ops;
+    const kolo__ops_t *ops = ps->ctl_ops;
     char detail[KOLO__ERR_LEN];
     kolo__request_t *reqs = NULL;
     uint32_t n = 0;
@@ -653,7 +653,7 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
 
     /* Gather the requests at the coordinator. */
     mylen = ps->send_buf.len;
-    rc = ops->allgather(ps->ops_ctx, &mylen, lens, sizeof(mylen), detail,
+    rc = ops->allgather(ps->ctl_ctx, &mylen, lens, sizeof(mylen), detail,
                         sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_failed(ps, rc, "allgather of request sizes", detail, err);
@@ -670,7 +670,7 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
         goto out;
     }
     memset(ps->send_buf.data + mylen, 0, maxlen - mylen);
-    rc = ops->gather(ps->ops_ctx, ps->send_buf.data, ps->recv_buf.data, maxlen,
+    rc = ops->gather(ps->ctl_ctx, ps->send_buf.data, ps->recv_buf.data, maxlen,
                      0, detail, sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_failed(ps, rc, "gather of requests", detail, err);
@@ -682,7 +682,7 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
         KOLO__CHECK_GOTO(coordinate(ps, ps->recv_buf.data, maxlen, lens, err),
                          rc, out);
     resplen = ps->rank == 0 ? ps->resp_buf.len : 0;
-    rc = ops->broadcast(ps->ops_ctx, &resplen, sizeof(resplen), 0, detail,
+    rc = ops->broadcast(ps->ctl_ctx, &resplen, sizeof(resplen), 0, detail,
                         sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_failed(ps, rc, "broadcast of the response size", detail, err);
@@ -694,7 +694,7 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
                            (unsigned long long)resplen);
         goto out;
     }
-    rc = ops->broadcast(ps->ops_ctx, ps->resp_buf.data, resplen, 0, detail,
+    rc = ops->broadcast(ps->ctl_ctx, ps->resp_buf.data, resplen, 0, detail,
                         sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_failed(ps, rc, "broadcast of responses", detail, err);
@@ -941,7 +941,7 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
     if (shutdown)
         BIT_CLR(v + ps->shut_word, (size_t)ps->rank);
 
-    rc = ps->ops->allreduce(ps->ops_ctx, NULL, v, ps->nwords, sizeof(uint64_t),
+    rc = ps->ctl_ops->allreduce(ps->ctl_ctx, NULL, v, ps->nwords, sizeof(uint64_t),
                             band64, detail, sizeof(detail));
     if (rc != KOLO_OK)
         return backend_failed(ps, rc, "allreduce of the readiness bits", detail,

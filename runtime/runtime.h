@@ -44,8 +44,11 @@ typedef struct kolo__pset {
     int id;
     int rank, size;  /* this rank's place in the set */
     int *ranks;      /* [size]: the global rank of each member */
-    const kolo__ops_t *ops;
-    void *ops_ctx;
+    /* The controller negotiates (and carries wake tokens); the data
+     * backend moves tensors. Often the same backend and context. */
+    const kolo__ops_t *ctl_ops, *data_ops;
+    void *ctl_ctx, *data_ctx;
+    char phase[KOLO__COLL_COUNT_][32]; /* timeline: "GLOO_ALLREDUCE" */
     kolo__queue_t queue;
     pthread_t thread;
     int thread_started;
@@ -82,6 +85,8 @@ struct kolo__runtime {
     int rank, size;
     kolo__handles_t *handles;
     unsigned generation;   /* counts kolo_init calls: rendezvous prefix */
+    int *host_of;          /* [size]: host index of each rank (KOLO_CROSS_RANK,
+                              exchanged when the global set starts) */
     struct kolo__timeline *timeline; /* always there; records while started */
     pthread_mutex_t sets_mu;
     kolo__pset_t **sets;   /* [nsets], by id; NULL: removed or not a member */
