@@ -1,7 +1,7 @@
 /*
  * kolo-bench.c — measures kolo against its own backend called directly.
  *
- *     kolorun -np N kolo-bench [--workload W[,W...]|all] [--backend gloo]
+ *     kolorun -np N kolo-bench [--workload W[,W...]|all] [--backend B]
  *                              [--json FILE] [--iters N] [--warmup N]
  *                              [--max-bytes B] [--quick]
  *
@@ -1121,7 +1121,8 @@ static void usage(FILE *f)
         "usage: kolorun -np N kolo-bench [options]\n"
         "  --workload W      large, resnet50, small, latency, fp16 or all\n"
         "                    (several: comma-separated; default all)\n"
-        "  --backend B       the backend to compare with: gloo (default)\n"
+        "  --backend B       the backend measured, through the runtime and raw:\n"
+        "                    gloo (default), shm (ranks of one host), mpi\n"
         "  --json FILE       rank 0 writes the results there as JSON\n"
         "  --iters N         timed iterations per figure (default: by workload\n"
         "                    and size, e.g. 30 for small tensors, 5 for 64 MiB)\n"
@@ -1263,12 +1264,9 @@ static void raw_init(void)
     if (g_size == 1) {
         g_raw = &kolo__ops_local;
     } else {
-#ifdef KOLO_HAVE_GLOO
-        g_raw = &kolo__ops_gloo;
-#else
-        die("this kolo-bench has no raw backend for %d ranks (built without "
-            "Gloo)", g_size);
-#endif
+        g_raw = kolo__ops_find(g_opt.backend);
+        if (g_raw == NULL)
+            die("this kolo-bench has no raw backend '%s'", g_opt.backend);
         if (rdv == NULL || rdv[0] == '\0')
             die("KOLO_RENDEZVOUS is not set: run kolo-bench under kolorun");
     }
@@ -1292,7 +1290,8 @@ static const char *env_or(const char *name, const char *def)
 
 static const char *g_env_names[] = {
     "KOLO_FUSION_THRESHOLD", "KOLO_CYCLE_TIME", "KOLO_CACHE_CAPACITY",
-    "KOLO_TIMELINE", "KOLO_AUTOTUNE", "KOLO_LOG_LEVEL"};
+    "KOLO_TIMELINE", "KOLO_AUTOTUNE", "KOLO_LOG_LEVEL", "KOLO_CONTROLLER",
+    "KOLO_CPU_OPERATIONS", "KOLO_SHM_SLOT_BYTES"};
 #define N_ENV ((int)(sizeof(g_env_names) / sizeof(g_env_names[0])))
 
 static void print_header(void)
@@ -1373,9 +1372,18 @@ int main(int argc, char **argv)
     /* Usage errors before connecting: only rank 0 talks. */
     g_rank = r ? atoi(r) : 0;
     parse_args(argc, argv);
-    if (strcmp(g_opt.backend, "gloo") != 0)
-        bad_usage("backend '%s' is not supported by kolo-bench yet (gloo is)",
-                  g_opt.backend);
+    if (kolo__ops_find(g_opt.backend) == NULL ||
+        strcmp(g_opt.backend, "local") == 0) {
+        char msg[256];
+        kolo__ops_names(msg, sizeof(msg));
+        snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg),
+                 "%s", " are in this build; not '%s'");
+        bad_usage(msg, g_opt.backend);
+    }
+    /* The runtime carries the job on the backend measured, unless the
+     * environment says otherwise. */
+    setenv("KOLO_CONTROLLER", g_opt.backend, 0);
+    setenv("KOLO_CPU_OPERATIONS", g_opt.backend, 0);
     resnet50_selfcheck();
     g_fault = env_or("KOLO_BENCH_FAULT", "0")[0] == '1';
 

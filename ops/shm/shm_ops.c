@@ -1,0 +1,874 @@
+/*
+ * shm_ops.c — the backend of ranks that share a host: every collective goes
+ * through one POSIX shared-memory segment per context.
+ *
+ * The segment. Member 0 creates it (shm_open, named from a hash of the
+ * job's rendezvous and the context's prefix), sizes it and marks it ready;
+ * the others open it; every member maps it pre-faulted (MAP_POPULATE), so
+ * the steady state takes no page faults. Once every member has attached,
+ * every member unlinks the name: from then on the memory lives exactly as
+ * long as some member maps it, and nothing is left in /dev/shm whatever
+ * way the ranks exit. (kolorun also removes names of its job left by ranks
+ * killed during start-up.)
+ *
+ * Steps. A collective is a sequence of steps. In a step each member writes
+ * its piece into its own slot, then posts the step's number in its line of
+ * the segment; every member waits until all lines show that step, then
+ * reads what it needs. Slots come in two banks used by alternate steps. A
+ * member writes a bank for step s only after every member posted step s-1,
+ * and a member posts s-1 only after reading everything of step s-2 (the
+ * last use of that bank): one post and one wait per step is all the
+ * synchronisation there is.
+ *
+ * Allreduce is a reduce-scatter then an allgather, per chunk of at most one
+ * slot: every member copies its chunk in (step a), reduces its own shard of
+ * the chunk across every member's slot into its slot of the other bank, and
+ * copies the whole reduced chunk out of all the slots (step a+1). Every core
+ * reduces its share, and a chunk (a slot, 1 MiB by default) stays in cache.
+ *
+ * Waiting. A member spins for at most KOLO_SHM_SPIN_US microseconds, and
+ * only while the context has no more members than the process may use
+ * cores; then it sleeps on a futex in the peer's line. Posting wakes
+ * sleepers only when some sleep, counted in the line.
+ *
+ * Failures. A thread per member polls a pidfd of every peer (and the wake
+ * socket): when a peer's process ends it marks the context broken, wakes
+ * every sleeper and reports a lost connection (ops.h). A peer that stops
+ * (SIGSTOP) fails the wait after the operation timeout, naming the rank
+ * whose step never came.
+ *
+ * Wake tokens travel as datagrams over abstract Unix sockets named like
+ * the segment, one per member.
+ */
+#define _GNU_SOURCE
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ops.h"
+
+#define SEG_MAGIC 0x6b6f6c6f73686d32ULL /* "kolo shm2" */
+#define SEG_ALIGN 4096
+#define DEFAULT_SLOT_BYTES (1u << 20)
+#define DEFAULT_SPIN_US 50
+
+/* One cache line per member. */
+typedef struct line {
+    _Alignas(64) atomic_uint seq; /* the last step this member posted */
+    atomic_uint waiters;          /* peers sleeping on seq */
+    atomic_int pid;
+    atomic_uint more[2];          /* alltoallv: data left, per bank */
+} line_t;
+
+typedef struct header {
+    _Alignas(64) _Atomic uint64_t magic; /* SEG_MAGIC once initialised */
+    uint64_t total_bytes;
+    uint64_t slot_bytes;
+    uint32_t members;
+    atomic_uint attached;
+} header_t;
+
+typedef struct shm_ctx {
+    int me, n;
+    int *members; /* global ranks, for messages */
+    uint8_t *base;
+    size_t total;
+    header_t *hdr;
+    line_t *lines;
+    uint8_t *slots; /* [2 banks][n][slot] */
+    size_t slot;
+    uint32_t step;
+    int spin_us;
+    double timeout_s;
+    char name[96];
+    int created, unlinked;
+    uint64_t key;
+
+    int sock;
+    int stop_fd;
+    int *pidfds;
+    pthread_t listener;
+    int listener_started;
+    atomic_int lost; /* member index of a peer whose process ended, or -1 */
+    kolo__ops_wake_fn on_wake;
+    void *wake_arg;
+} shm_ctx_t;
+
+/* ---- small helpers ---------------------------------------------------------- */
+
+static uint64_t fnv1a(uint64_t h, const char *s)
+{
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 0x100000001b3ULL;
+    }
+    return h;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void pause_cpu(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static long futex(atomic_uint *word, int op, unsigned val,
+                  const struct timespec *timeout)
+{
+    return syscall(SYS_futex, (uint32_t *)word, op, val, timeout, NULL, 0);
+}
+
+static uint8_t *slot_of(shm_ctx_t *c, uint32_t step, int member)
+{
+    return c->slots + ((size_t)(step & 1) * (size_t)c->n + (size_t)member) * c->slot;
+}
+
+static int env_int(const char *name, int dflt, int lo, int hi)
+{
+    const char *v = getenv(name);
+    char *end;
+    long x;
+
+    if (v == NULL || *v == '\0')
+        return dflt;
+    x = strtol(v, &end, 10);
+    if (*end != '\0' || x < lo || x > hi)
+        return dflt;
+    return (int)x;
+}
+
+/* ---- posting and waiting ------------------------------------------------------ */
+
+/* Posts this member's next step and returns its number. */
+static uint32_t post(shm_ctx_t *c)
+{
+    line_t *l = &c->lines[c->me];
+    uint32_t s = ++c->step;
+
+    atomic_store(&l->seq, s);
+    if (atomic_load(&l->waiters) != 0)
+        futex(&l->seq, FUTEX_WAKE, INT_MAX, NULL);
+    return s;
+}
+
+static int reached(line_t *l, uint32_t s)
+{
+    return (int32_t)(atomic_load_explicit(&l->seq, memory_order_acquire) - s) >= 0;
+}
+
+static int wait_one(shm_ctx_t *c, int j, uint32_t s, const char *what,
+                    char *err, size_t errlen)
+{
+    line_t *l = &c->lines[j];
+    double start, deadline;
+
+    if (reached(l, s))
+        return KOLO_OK;
+    if (c->spin_us > 0) {
+        struct timespec t0, t;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (unsigned i = 1;; i++) {
+            if (reached(l, s))
+                return KOLO_OK;
+            pause_cpu();
+            if ((i & 63) == 0) {
+                clock_gettime(CLOCK_MONOTONIC, &t);
+                if ((t.tv_sec - t0.tv_sec) * 1000000L +
+                        (t.tv_nsec - t0.tv_nsec) / 1000 >= c->spin_us)
+                    break;
+            }
+        }
+    }
+    start = now_s();
+    deadline = start + c->timeout_s;
+    for (;;) {
+        int lost = atomic_load(&c->lost);
+        unsigned v;
+        double left;
+
+        if (lost >= 0) {
+            snprintf(err, errlen, "rank %d (pid %d) exited during a "
+                     "shared-memory %s", c->members[lost],
+                     atomic_load(&c->lines[lost].pid), what);
+            return KOLO_ERR_RANK_LOST;
+        }
+        left = deadline - now_s();
+        if (left <= 0) {
+            snprintf(err, errlen, "shared-memory %s: rank %d (pid %d) made no "
+                     "progress for %.1f s (KOLO_TIMEOUT_SECONDS); is it "
+                     "stopped?", what, c->members[j],
+                     atomic_load(&c->lines[j].pid), now_s() - start);
+            return KOLO_ERR_TIMEOUT;
+        }
+        atomic_fetch_add(&l->waiters, 1);
+        v = atomic_load(&l->seq);
+        if ((int32_t)(v - s) < 0) {
+            /* The listener wakes every sleeper when a peer dies; the bound
+             * covers a death that falls between the check above and the
+             * sleep. */
+            double nap = left < 1.0 ? left : 1.0;
+            struct timespec ts = {(time_t)nap,
+                                  (long)((nap - (double)(time_t)nap) * 1e9)};
+            futex(&l->seq, FUTEX_WAIT, v, &ts);
+        }
+        atomic_fetch_sub(&l->waiters, 1);
+        if (reached(l, s))
+            return KOLO_OK;
+    }
+}
+
+/* Posts a step and waits until every member has posted it. */
+static int step_all(shm_ctx_t *c, const char *what, char *err, size_t errlen)
+{
+    uint32_t s = post(c);
+
+    for (int j = 0; j < c->n; j++) {
+        int rc;
+        if (j == c->me)
+            continue;
+        rc = wait_one(c, j, s, what, err, errlen);
+        if (rc != KOLO_OK)
+            return rc;
+    }
+    return KOLO_OK;
+}
+
+/* ---- the listener: wake tokens and peers that end ----------------------------- */
+
+static void sock_name(const shm_ctx_t *c, int member, struct sockaddr_un *a,
+                      socklen_t *len)
+{
+    int n;
+
+    memset(a, 0, sizeof(*a));
+    a->sun_family = AF_UNIX;
+    /* Abstract namespace: a leading NUL, gone with the socket. */
+    n = snprintf(a->sun_path + 1, sizeof(a->sun_path) - 1, "kolo-shm-%016llx-%d",
+                 (unsigned long long)c->key, member);
+    *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+static void mark_lost(shm_ctx_t *c, int j)
+{
+    int none = -1;
+
+    atomic_compare_exchange_strong(&c->lost, &none, j);
+    for (int k = 0; k < c->n; k++)
+        if (atomic_load(&c->lines[k].waiters) != 0)
+            futex(&c->lines[k].seq, FUTEX_WAKE, INT_MAX, NULL);
+    if (c->on_wake != NULL)
+        c->on_wake(c->wake_arg, UINT64_MAX);
+}
+
+static void *listener_main(void *arg)
+{
+    shm_ctx_t *c = arg;
+    struct pollfd *fds = calloc((size_t)c->n + 2, sizeof(*fds));
+    int use_pidfd = 1;
+
+    if (fds == NULL)
+        return NULL;
+    fds[0] = (struct pollfd){.fd = c->stop_fd, .events = POLLIN};
+    fds[1] = (struct pollfd){.fd = c->sock, .events = POLLIN};
+    for (int j = 0; j < c->n; j++) {
+        fds[2 + j] = (struct pollfd){.fd = c->pidfds[j], .events = POLLIN};
+        if (j != c->me && c->pidfds[j] < 0)
+            use_pidfd = 0;
+    }
+    for (;;) {
+        /* Without pidfds (old kernels) peers are checked once a second. */
+        int rc = poll(fds, (nfds_t)c->n + 2, use_pidfd ? -1 : 1000);
+        if (rc < 0 && errno != EINTR)
+            break;
+        if (fds[0].revents)
+            break;
+        if (fds[1].revents & POLLIN) {
+            uint64_t round;
+            while (recv(c->sock, &round, sizeof(round), MSG_DONTWAIT) ==
+                   (ssize_t)sizeof(round))
+                if (c->on_wake != NULL)
+                    c->on_wake(c->wake_arg, round);
+        }
+        for (int j = 0; j < c->n; j++) {
+            int gone;
+            if (j == c->me)
+                continue;
+            if (use_pidfd)
+                gone = fds[2 + j].fd >= 0 && (fds[2 + j].revents & POLLIN);
+            else
+                gone = kill(atomic_load(&c->lines[j].pid), 0) != 0 && errno == ESRCH;
+            if (gone) {
+                fds[2 + j].fd = -1;
+                mark_lost(c, j);
+            }
+        }
+    }
+    free(fds);
+    return NULL;
+}
+
+/* ---- init and finalize ------------------------------------------------------------ */
+
+static void shm_finalize(void *ctx)
+{
+    shm_ctx_t *c = ctx;
+
+    if (c == NULL)
+        return;
+    if (c->listener_started) {
+        uint64_t one = 1;
+        if (write(c->stop_fd, &one, sizeof(one)) < 0) {
+            /* an eventfd write of 1 cannot fail short of a full counter */
+        }
+        pthread_join(c->listener, NULL);
+    }
+    if (c->created && !c->unlinked)
+        shm_unlink(c->name);
+    if (c->base != NULL)
+        munmap(c->base, c->total);
+    if (c->sock >= 0)
+        close(c->sock);
+    if (c->stop_fd >= 0)
+        close(c->stop_fd);
+    if (c->pidfds != NULL)
+        for (int j = 0; j < c->n; j++)
+            if (c->pidfds[j] >= 0)
+                close(c->pidfds[j]);
+    free(c->pidfds);
+    free(c->members);
+    free(c);
+}
+
+static size_t layout(int n, size_t slot, size_t *slots_off)
+{
+    size_t off = (sizeof(header_t) + (size_t)n * sizeof(line_t) + SEG_ALIGN - 1) &
+                 ~(size_t)(SEG_ALIGN - 1);
+    *slots_off = off;
+    return off + 2 * (size_t)n * slot;
+}
+
+static int map_segment(shm_ctx_t *c, int fd, size_t total, char *err,
+                       size_t errlen)
+{
+    void *p = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE,
+                   fd, 0);
+    if (p == MAP_FAILED) {
+        snprintf(err, errlen, "cannot map shared memory %s (%zu bytes): %s",
+                 c->name, total, strerror(errno));
+        return KOLO_ERR_BACKEND;
+    }
+    c->base = p;
+    c->total = total;
+    return KOLO_OK;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Member 0 creates and initialises the segment. */
+static int create_segment(shm_ctx_t *c, char *err, size_t errlen)
+{
+    size_t slots_off, total = layout(c->n, c->slot, &slots_off);
+    int fd, rc;
+
+    fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0 && errno == EEXIST) {
+        /* Left by an earlier job killed during start-up with the same
+         * rendezvous: it is not ours to keep. */
+        shm_unlink(c->name);
+        fd = shm_open(c->name, O_CREAT | O_EXCL | O_RDWR, 0600);
+    }
+    if (fd < 0) {
+        snprintf(err, errlen, "cannot create shared memory %s: %s", c->name,
+                 strerror(errno));
+        return KOLO_ERR_BACKEND;
+    }
+    c->created = 1;
+    if (ftruncate(fd, (off_t)total) != 0) {
+        snprintf(err, errlen, "cannot size shared memory %s to %zu bytes: %s "
+                 "(is /dev/shm full?)", c->name, total, strerror(errno));
+        close(fd);
+        return KOLO_ERR_BACKEND;
+    }
+    /* Reserve the pages now, so a full /dev/shm fails here and not with a
+     * SIGBUS in the middle of a step. */
+    if ((rc = posix_fallocate(fd, 0, (off_t)total)) != 0) {
+        snprintf(err, errlen, "cannot reserve %zu bytes of shared memory %s: "
+                 "%s (is /dev/shm full?)", total, c->name, strerror(rc));
+        close(fd);
+        return KOLO_ERR_BACKEND;
+    }
+    rc = map_segment(c, fd, total, err, errlen);
+    close(fd);
+    if (rc != KOLO_OK)
+        return rc;
+    c->hdr = (header_t *)c->base;
+    c->hdr->total_bytes = total;
+    c->hdr->slot_bytes = c->slot;
+    c->hdr->members = (uint32_t)c->n;
+    atomic_store(&c->hdr->magic, SEG_MAGIC);
+    return KOLO_OK;
+}
+
+/* The other members open it once member 0 has marked it ready. */
+static int open_segment(shm_ctx_t *c, double deadline, char *err, size_t errlen)
+{
+    header_t h;
+    int fd = -1, rc, nap = 1;
+
+    for (;;) {
+        struct stat st;
+        fd = shm_open(c->name, O_RDWR, 0);
+        if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(h) &&
+            pread(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) &&
+            h.magic == SEG_MAGIC && (size_t)st.st_size >= h.total_bytes)
+            break;
+        if (fd >= 0)
+            close(fd);
+        if (now_s() > deadline) {
+            snprintf(err, errlen, "rank %d found no shared memory from rank %d "
+                     "(%s) within the start timeout", c->members[c->me],
+                     c->members[0], c->name);
+            return KOLO_ERR_TIMEOUT;
+        }
+        sleep_ms(nap);
+        nap = nap < 20 ? nap * 2 : 20;
+    }
+    if (h.members != (uint32_t)c->n || h.slot_bytes != c->slot) {
+        snprintf(err, errlen, "shared memory %s holds %u members with %llu-byte "
+                 "slots, but this rank expects %d with %zu (is KOLO_SHM_SLOT_BYTES "
+                 "the same on every rank?)", c->name, h.members,
+                 (unsigned long long)h.slot_bytes, c->n, c->slot);
+        close(fd);
+        return KOLO_ERR_CONFIG;
+    }
+    rc = map_segment(c, fd, (size_t)h.total_bytes, err, errlen);
+    close(fd);
+    if (rc == KOLO_OK)
+        c->hdr = (header_t *)c->base;
+    return rc;
+}
+
+static int cores_available(void)
+{
+    cpu_set_t set;
+
+    if (sched_getaffinity(0, sizeof(set), &set) == 0)
+        return CPU_COUNT(&set);
+    return (int)sysconf(_SC_NPROCESSORS_ONLN);
+}
+
+static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
+                    size_t errlen)
+{
+    shm_ctx_t *c = calloc(1, sizeof(*c));
+    size_t slots_off;
+    double deadline = now_s() + cfg->start_timeout_s;
+    struct sockaddr_un addr;
+    socklen_t alen;
+    int rc, nap = 1;
+
+    *out = NULL;
+    if (c == NULL)
+        goto oom;
+    c->sock = c->stop_fd = -1;
+    atomic_init(&c->lost, -1);
+    c->me = cfg->rank;
+    c->n = cfg->size;
+    c->timeout_s = cfg->timeout_s;
+    c->on_wake = cfg->on_wake;
+    c->wake_arg = cfg->wake_arg;
+    c->members = malloc((size_t)c->n * sizeof(int));
+    c->pidfds = malloc((size_t)c->n * sizeof(int));
+    if (c->members == NULL || c->pidfds == NULL)
+        goto oom;
+    for (int j = 0; j < c->n; j++) {
+        c->members[j] = cfg->members != NULL ? cfg->members[j] : j;
+        c->pidfds[j] = -1;
+        if (cfg->hosts != NULL && cfg->hosts[j] != cfg->hosts[0]) {
+            snprintf(err, errlen, "shared memory joins ranks of one host, but "
+                     "rank %d is on host %d and rank %d on host %d",
+                     c->members[0], cfg->hosts[0], c->members[j], cfg->hosts[j]);
+            shm_finalize(c);
+            return KOLO_ERR_UNSUPPORTED;
+        }
+    }
+    /* Slots hold whole 64-byte lines for every member's shard. */
+    c->slot = (size_t)env_int("KOLO_SHM_SLOT_BYTES", DEFAULT_SLOT_BYTES, 4096,
+                              1 << 30) & ~(size_t)63;
+    c->spin_us = c->n <= cores_available()
+                     ? env_int("KOLO_SHM_SPIN_US", DEFAULT_SPIN_US, 0, 100000)
+                     : 0;
+    c->key = fnv1a(fnv1a(0xcbf29ce484222325ULL, cfg->rendezvous), "|");
+    c->key = fnv1a(c->key, cfg->prefix);
+    /* The first part names the job, so kolorun can find what its ranks
+     * left behind; the second the context. */
+    snprintf(c->name, sizeof(c->name), "/kolo-%08x-%016llx",
+             (unsigned)(fnv1a(0xcbf29ce484222325ULL, cfg->rendezvous) & 0xffffffffu),
+             (unsigned long long)c->key);
+
+    /* The wake socket first, so peers can send as soon as they attach. */
+    c->sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    c->stop_fd = eventfd(0, EFD_CLOEXEC);
+    sock_name(c, c->me, &addr, &alen);
+    if (c->sock < 0 || c->stop_fd < 0 ||
+        bind(c->sock, (struct sockaddr *)&addr, alen) != 0) {
+        snprintf(err, errlen, "cannot open the wake socket of rank %d: %s",
+                 c->members[c->me], strerror(errno));
+        shm_finalize(c);
+        return KOLO_ERR_BACKEND;
+    }
+
+    rc = c->me == 0 ? create_segment(c, err, errlen)
+                    : open_segment(c, deadline, err, errlen);
+    if (rc != KOLO_OK) {
+        shm_finalize(c);
+        return rc;
+    }
+    layout(c->n, c->slot, &slots_off);
+    c->lines = (line_t *)(c->base + sizeof(header_t));
+    c->slots = c->base + slots_off;
+    atomic_store(&c->lines[c->me].pid, (int)getpid());
+    atomic_fetch_add(&c->hdr->attached, 1);
+    while (atomic_load(&c->hdr->attached) < (unsigned)c->n) {
+        if (now_s() > deadline) {
+            char missing[256] = "";
+            size_t used = 0;
+            for (int j = 0; j < c->n && used < sizeof(missing) - 16; j++)
+                if (atomic_load(&c->lines[j].pid) == 0)
+                    used += (size_t)snprintf(missing + used, sizeof(missing) - used,
+                                             "%s%d", used ? ", " : "", c->members[j]);
+            snprintf(err, errlen, "rank(s) %s never attached to shared memory "
+                     "%s within the start timeout", missing, c->name);
+            shm_finalize(c);
+            return KOLO_ERR_TIMEOUT;
+        }
+        sleep_ms(nap);
+        nap = nap < 20 ? nap * 2 : 20;
+    }
+    /* Everyone has it mapped: the name is no longer needed by anyone. */
+    if (shm_unlink(c->name) == 0 || errno == ENOENT)
+        c->unlinked = 1;
+
+    for (int j = 0; j < c->n; j++) {
+        if (j == c->me)
+            continue;
+        c->pidfds[j] = (int)syscall(SYS_pidfd_open, atomic_load(&c->lines[j].pid), 0);
+        if (c->pidfds[j] < 0 && errno == ESRCH) {
+            snprintf(err, errlen, "rank %d (pid %d) exited while joining shared "
+                     "memory", c->members[j], atomic_load(&c->lines[j].pid));
+            shm_finalize(c);
+            return KOLO_ERR_RANK_LOST;
+        }
+    }
+    if (pthread_create(&c->listener, NULL, listener_main, c) != 0) {
+        snprintf(err, errlen, "cannot start the shared-memory listener thread");
+        shm_finalize(c);
+        return KOLO_ERR_BACKEND;
+    }
+    c->listener_started = 1;
+    /* Every member's listener runs before any step starts. */
+    rc = step_all(c, "start", err, errlen);
+    if (rc != KOLO_OK) {
+        shm_finalize(c);
+        return rc;
+    }
+    *out = c;
+    return KOLO_OK;
+oom:
+    snprintf(err, errlen, "out of memory starting the shared-memory backend");
+    shm_finalize(c);
+    return KOLO_ERR_NO_MEMORY;
+}
+
+/* ---- collectives ---------------------------------------------------------------- */
+
+static int shm_allreduce(void *ctx, const void *in, void *out, size_t count,
+                         size_t esize, kolo__ops_reduce_fn reduce, char *err,
+                         size_t errlen)
+{
+    shm_ctx_t *c = ctx;
+    size_t per_chunk = c->slot / esize;
+    const uint8_t *src = in != NULL ? in : out;
+    uint8_t *dst = out;
+
+    for (size_t done = 0; done < count;) {
+        size_t m = count - done < per_chunk ? count - done : per_chunk;
+        /* Shards in whole 64-byte lines where the chunk allows. */
+        size_t line_elems = esize <= 64 && 64 % esize == 0 ? 64 / esize : 1;
+        size_t share = (m + (size_t)c->n - 1) / (size_t)c->n;
+        size_t lo, hi;
+        uint32_t a;
+        int rc;
+
+        share = (share + line_elems - 1) / line_elems * line_elems;
+        lo = share * (size_t)c->me;
+        hi = lo + share;
+        lo = lo < m ? lo : m;
+        hi = hi < m ? hi : m;
+
+        a = c->step + 1;
+        memcpy(slot_of(c, a, c->me), src + done * esize, m * esize);
+        if ((rc = step_all(c, "allreduce", err, errlen)) != KOLO_OK)
+            return rc;
+        if (hi > lo) {
+            uint8_t *mine = slot_of(c, a + 1, c->me) + lo * esize;
+            if (c->n == 1)
+                memcpy(mine, slot_of(c, a, 0) + lo * esize, (hi - lo) * esize);
+            else
+                reduce(mine, slot_of(c, a, 0) + lo * esize,
+                       slot_of(c, a, 1) + lo * esize, hi - lo);
+            for (int j = 2; j < c->n; j++)
+                reduce(mine, mine, slot_of(c, a, j) + lo * esize, hi - lo);
+        }
+        if ((rc = step_all(c, "allreduce", err, errlen)) != KOLO_OK)
+            return rc;
+        for (int j = 0; j < c->n; j++) {
+            size_t jlo = share * (size_t)j, jhi = jlo + share;
+            jlo = jlo < m ? jlo : m;
+            jhi = jhi < m ? jhi : m;
+            if (jhi > jlo)
+                memcpy(dst + (done + jlo) * esize,
+                       slot_of(c, a + 1, j) + jlo * esize, (jhi - jlo) * esize);
+        }
+        done += m;
+    }
+    return KOLO_OK;
+}
+
+/* Rank r contributes bytes[r] (all equal for allgather); root < 0: every
+ * member receives, else only root. */
+static int gather_common(shm_ctx_t *c, const void *in, void *out,
+                         const size_t *bytes, size_t same, int root,
+                         const char *what, char *err, size_t errlen)
+{
+    size_t most = 0, mine = bytes != NULL ? bytes[c->me] : same;
+    int rc;
+
+    for (int j = 0; j < c->n; j++) {
+        size_t b = bytes != NULL ? bytes[j] : same;
+        most = b > most ? b : most;
+    }
+    for (size_t off = 0; off < most; off += c->slot) {
+        uint32_t s = c->step + 1;
+        size_t pos = 0;
+        if (off < mine)
+            memcpy(slot_of(c, s, c->me), (const uint8_t *)in + off,
+                   mine - off < c->slot ? mine - off : c->slot);
+        if ((rc = step_all(c, what, err, errlen)) != KOLO_OK)
+            return rc;
+        if (root >= 0 && root != c->me)
+            continue;
+        for (int j = 0; j < c->n; j++) {
+            size_t b = bytes != NULL ? bytes[j] : same;
+            if (off < b)
+                memcpy((uint8_t *)out + pos + off, slot_of(c, s, j),
+                       b - off < c->slot ? b - off : c->slot);
+            pos += b;
+        }
+    }
+    return KOLO_OK;
+}
+
+static int shm_allgather(void *ctx, const void *in, void *out, size_t bytes,
+                         char *err, size_t errlen)
+{
+    return gather_common(ctx, in, out, NULL, bytes, -1, "allgather", err, errlen);
+}
+
+static int shm_gather(void *ctx, const void *in, void *out, size_t bytes,
+                      int root, char *err, size_t errlen)
+{
+    return gather_common(ctx, in, out, NULL, bytes, root, "gather", err, errlen);
+}
+
+static int shm_allgatherv(void *ctx, const void *in, void *out,
+                          const size_t *bytes, char *err, size_t errlen)
+{
+    return gather_common(ctx, in, out, bytes, 0, -1, "allgatherv", err, errlen);
+}
+
+static int shm_broadcast(void *ctx, void *buf, size_t bytes, int root,
+                         char *err, size_t errlen)
+{
+    shm_ctx_t *c = ctx;
+    int rc;
+
+    for (size_t off = 0; off < bytes; off += c->slot) {
+        size_t m = bytes - off < c->slot ? bytes - off : c->slot;
+        uint32_t s = c->step + 1;
+        if (c->me == root)
+            memcpy(slot_of(c, s, root), (uint8_t *)buf + off, m);
+        if ((rc = step_all(c, "broadcast", err, errlen)) != KOLO_OK)
+            return rc;
+        if (c->me != root)
+            memcpy((uint8_t *)buf + off, slot_of(c, s, root), m);
+    }
+    return KOLO_OK;
+}
+
+static int shm_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
+                         void *out, const size_t *recv_bytes, char *err,
+                         size_t errlen)
+{
+    shm_ctx_t *c = ctx;
+    size_t part = c->slot / (size_t)c->n & ~(size_t)63;
+    size_t *sent = calloc((size_t)c->n * 4, sizeof(size_t));
+    size_t *got, *send_off, *recv_off;
+    int rc = KOLO_OK;
+
+    if (sent == NULL) {
+        snprintf(err, errlen, "out of memory in a shared-memory alltoall");
+        return KOLO_ERR_NO_MEMORY;
+    }
+    got = sent + c->n;
+    send_off = got + c->n;
+    recv_off = send_off + c->n;
+    for (int j = 1; j < c->n; j++) {
+        send_off[j] = send_off[j - 1] + send_bytes[j - 1];
+        recv_off[j] = recv_off[j - 1] + recv_bytes[j - 1];
+    }
+    for (;;) {
+        uint32_t s = c->step + 1;
+        unsigned more = 0, any = 0;
+        for (int j = 0; j < c->n; j++) {
+            size_t m = send_bytes[j] - sent[j] < part ? send_bytes[j] - sent[j] : part;
+            memcpy(slot_of(c, s, c->me) + (size_t)j * part,
+                   (const uint8_t *)in + send_off[j] + sent[j], m);
+            sent[j] += m;
+            more |= sent[j] < send_bytes[j];
+        }
+        atomic_store(&c->lines[c->me].more[s & 1], more);
+        if ((rc = step_all(c, "alltoall", err, errlen)) != KOLO_OK)
+            break;
+        for (int j = 0; j < c->n; j++) {
+            size_t m = recv_bytes[j] - got[j] < part ? recv_bytes[j] - got[j] : part;
+            memcpy((uint8_t *)out + recv_off[j] + got[j],
+                   slot_of(c, s, j) + (size_t)c->me * part, m);
+            got[j] += m;
+            any |= atomic_load(&c->lines[j].more[s & 1]);
+        }
+        if (!any)
+            break;
+    }
+    free(sent);
+    return rc;
+}
+
+static int shm_reduce_scatter(void *ctx, void *work, void *out,
+                              const size_t *counts, size_t esize,
+                              kolo__ops_reduce_fn reduce, char *err,
+                              size_t errlen)
+{
+    shm_ctx_t *c = ctx;
+    size_t part = (c->slot / (size_t)c->n & ~(size_t)63) / esize;
+    size_t most = 0, *offs = malloc((size_t)c->n * sizeof(size_t));
+    int rc = KOLO_OK;
+
+    if (offs == NULL) {
+        snprintf(err, errlen, "out of memory in a shared-memory reducescatter");
+        return KOLO_ERR_NO_MEMORY;
+    }
+    if (part == 0) {
+        free(offs);
+        snprintf(err, errlen, "shared-memory slots of %zu bytes are too small "
+                 "for %d ranks of %zu-byte elements (KOLO_SHM_SLOT_BYTES)",
+                 c->slot, c->n, esize);
+        return KOLO_ERR_CONFIG;
+    }
+    for (int j = 0; j < c->n; j++) {
+        offs[j] = j == 0 ? 0 : offs[j - 1] + counts[j - 1];
+        most = counts[j] > most ? counts[j] : most;
+    }
+    for (size_t done = 0; done < most || (most == 0 && done == 0); done += part) {
+        uint32_t s = c->step + 1;
+        size_t pslot = part * esize, m;
+        for (int j = 0; j < c->n; j++) {
+            m = counts[j] > done ? counts[j] - done : 0;
+            m = m < part ? m : part;
+            memcpy(slot_of(c, s, c->me) + (size_t)j * pslot,
+                   (uint8_t *)work + (offs[j] + done) * esize, m * esize);
+        }
+        if ((rc = step_all(c, "reducescatter", err, errlen)) != KOLO_OK)
+            break;
+        m = counts[c->me] > done ? counts[c->me] - done : 0;
+        m = m < part ? m : part;
+        if (m > 0) {
+            uint8_t *dst = (uint8_t *)out + done * esize;
+            size_t at = (size_t)c->me * pslot;
+            if (c->n == 1)
+                memcpy(dst, slot_of(c, s, 0) + at, m * esize);
+            else
+                reduce(dst, slot_of(c, s, 0) + at, slot_of(c, s, 1) + at, m);
+            for (int j = 2; j < c->n; j++)
+                reduce(dst, dst, slot_of(c, s, j) + at, m);
+        }
+        if (most == 0)
+            break;
+    }
+    free(offs);
+    return rc;
+}
+
+static int shm_wake_peers(void *ctx, uint64_t round, char *err, size_t errlen)
+{
+    shm_ctx_t *c = ctx;
+
+    (void)err, (void)errlen;
+    for (int j = 0; j < c->n; j++) {
+        struct sockaddr_un a;
+        socklen_t len;
+        if (j == c->me)
+            continue;
+        sock_name(c, j, &a, &len);
+        /* A full queue already holds a token; a closed socket is a peer
+         * that ended, which its pidfd reports. */
+        (void)sendto(c->sock, &round, sizeof(round), MSG_DONTWAIT,
+                     (struct sockaddr *)&a, len);
+    }
+    return KOLO_OK;
+}
+
+const kolo__ops_t kolo__ops_shm = {
+    .name = "shm",
+    .init = shm_init,
+    .finalize = shm_finalize,
+    .allreduce = shm_allreduce,
+    .allgather = shm_allgather,
+    .gather = shm_gather,
+    .broadcast = shm_broadcast,
+    .allgatherv = shm_allgatherv,
+    .alltoallv = shm_alltoallv,
+    .reduce_scatter = shm_reduce_scatter,
+    .wake_peers = shm_wake_peers,
+};
