@@ -516,10 +516,42 @@ static int kolorun_rmtree_at(int dirfd, const char *name, int depth)
     return -1;
 }
 
+/* Removes the shared-memory segments (ops/shm) the job's ranks left in
+ * /dev/shm. Ranks unlink them as soon as every member has attached, so only
+ * a rank killed during start-up leaves one. Their names begin with
+ * "kolo-" and the FNV-1a hash of the job's KOLO_RENDEZVOUS, as in
+ * shm_ops.c. */
+static void kolorun_shm_sweep(const kolorun_t *k, const char *rendezvous)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    char prefix[32];
+    DIR *d;
+    struct dirent *e;
+
+    for (const char *p = rendezvous; *p; p++) {
+        h ^= (unsigned char)*p;
+        h *= 0x100000001b3ULL;
+    }
+    snprintf(prefix, sizeof(prefix), "kolo-%08x-", (unsigned)(h & 0xffffffffu));
+    d = opendir("/dev/shm");
+    if (d == NULL)
+        return;
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 &&
+            unlinkat(dirfd(d), e->d_name, 0) == 0 && k->opts.verbose)
+            kolorun_say("removed leftover shared memory /dev/shm/%s", e->d_name);
+    closedir(d);
+}
+
 static void kolorun_rdv_remove(kolorun_t *k)
 {
     if (!k->rdv_dir)
         return;
+    char *rdv = kolorun_strdupf("file:%s", k->rdv_dir);
+    if (rdv) {
+        kolorun_shm_sweep(k, rdv);
+        free(rdv);
+    }
     if (kolorun_rmtree_at(AT_FDCWD, k->rdv_dir, 0) != 0 && errno != ENOENT)
         kolorun_say("warning: cannot remove the rendezvous directory %s: %s",
                     k->rdv_dir, strerror(errno));

@@ -42,7 +42,9 @@ done
 # The ranks must see only what this script gives them.
 for v in $(env | sed -n 's/^\(KOLO_[A-Z_]*\)=.*/\1/p'); do
     [ "$v" = KOLO_TOP_BUILDDIR ] || [ "$v" = KOLO_TOP_SRCDIR ] ||
-        [ "$v" = KOLO_TEST_TIMEOUT ] || unset "$v"
+        [ "$v" = KOLO_TEST_TIMEOUT ] || [ "$v" = KOLO_CONTROLLER ] ||
+        [ "$v" = KOLO_CPU_OPERATIONS ] || [ "$v" = KOLO_SHM_SLOT_BYTES ] ||
+        unset "$v"
 done
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/run-failures.XXXXXX") || exit 2

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# run-backends.sh — the multi-rank suites again, on the backends the plain
+# runs do not choose. A job on one host runs on shared memory by default
+# (ops/shm), so run-multirank.sh, run-collectives.sh and run-failures.sh
+# test that path; here they run with
+#   - Gloo carrying everything (KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo),
+#   - Gloo negotiating and shared memory moving tensors,
+#   - shared memory with 4 KiB slots, so every collective takes many steps
+#     and every piece boundary is crossed.
+# Prints each suite's lines, then the total "N passed, N failed".
+set -u
+here=$(dirname "$0")
+top=${KOLO_TOP_BUILDDIR:-.}
+total_pass=0
+total_fail=0
+
+suite() { # suite LABEL SCRIPT VAR=VALUE...
+    local label=$1 script=$2 out line
+    shift 2
+    echo "==== $label: $script $*"
+    out=$(env "$@" bash "$here/$script" 2>&1)
+    echo "$out" | sed -E 's/^([0-9]+) passed, ([0-9]+) failed$/(\1 passed, \2 failed)/'
+    line=$(echo "$out" | grep -E '^[0-9]+ passed, [0-9]+ failed$' | tail -n 1)
+    if [ -z "$line" ]; then
+        echo "FAIL $label: $script printed no summary"
+        total_fail=$((total_fail + 1))
+        return
+    fi
+    total_pass=$((total_pass + ${line%% passed*}))
+    line=${line#* passed, }
+    total_fail=$((total_fail + ${line%% failed}))
+}
+
+gloo="KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo"
+if ! grep -q '^#define KOLO_HAVE_SHM 1' "$top/config.h" 2>/dev/null; then
+    echo "SKIP shared memory is not built: the plain suites ran on Gloo"
+    echo "0 passed, 0 failed"
+    exit 0
+fi
+# shellcheck disable=SC2086
+suite "gloo" run-multirank.sh $gloo
+# shellcheck disable=SC2086
+suite "gloo" run-collectives.sh $gloo
+# shellcheck disable=SC2086
+suite "gloo" run-failures.sh $gloo
+suite "gloo negotiates, shm moves" run-collectives.sh \
+    KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=shm
+suite "shm, 4 KiB slots" run-collectives.sh KOLO_SHM_SLOT_BYTES=4096
+suite "shm, 4 KiB slots" run-multirank.sh KOLO_SHM_SLOT_BYTES=4096 \
+    KOLO_SOAK_STEPS=200
+# Every segment is unlinked once its members attached: nothing older than
+# a start-up may stay in /dev/shm (run-failures.sh checks each kill too).
+left=$(find /dev/shm -maxdepth 1 -name 'kolo-*' ! -newermt '-20 seconds' 2>/dev/null)
+if [ -n "$left" ]; then
+    echo "FAIL shared memory left in /dev/shm: $left"
+    total_fail=$((total_fail + 1))
+else
+    echo "PASS /dev/shm holds no kolo segment older than 20 s"
+    total_pass=$((total_pass + 1))
+fi
+echo "$total_pass passed, $total_fail failed"
+[ "$total_fail" -eq 0 ]
