@@ -49,6 +49,22 @@ typedef void (*kolo__ops_reduce_fn)(void *out, const void *a, const void *b,
 
 typedef void (*kolo__ops_wake_fn)(void *arg, uint64_t round);
 
+/* Where a streamed allreduce (allreduce_stream) takes its input and puts
+ * its result, so that a backend with buffers of its own (shared memory)
+ * packs the user's tensors straight into them, with no fusion buffer in
+ * between. Elements are numbered 0..count-1 across the whole batch, in the
+ * wire dtype; each function is called with consecutive ranges. */
+typedef struct kolo__ops_stream {
+    /* Writes elements [at, at + n) of this rank's input to dst. */
+    void (*fill)(void *arg, void *dst, size_t at, size_t n);
+    /* Called on n reduced elements before they are drained (averaging,
+     * postscale); it does the same on every rank. NULL: nothing. */
+    void (*finish)(void *arg, void *buf, size_t n);
+    /* Takes reduced elements [at, at + n) from src. */
+    void (*drain)(void *arg, const void *src, size_t at, size_t n);
+    void *arg;
+} kolo__ops_stream_t;
+
 typedef struct kolo__ops_config {
     int rank, size;         /* this rank's place in the context */
     const int *members;     /* [size]: the global rank of each member */
@@ -113,6 +129,14 @@ typedef struct kolo__ops {
      * peer that is not reading. May be called only from the background
      * thread, like the collectives. */
     int (*wake_peers)(void *ctx, uint64_t round, char *err, size_t errlen);
+
+    /* Optional (NULL: the runtime packs a fusion buffer and calls
+     * allreduce): allreduce of count elements taken from and returned
+     * through `s`. */
+    int (*allreduce_stream)(void *ctx, size_t count, size_t elem_size,
+                            kolo__ops_reduce_fn reduce,
+                            const kolo__ops_stream_t *s, char *err,
+                            size_t errlen);
 } kolo__ops_t;
 
 /* The backends this build has. kolo__ops_local serves jobs of one rank. */

@@ -435,4 +435,5 @@ extern "C" const kolo__ops_t kolo__ops_gloo = {
     /* .alltoallv = */ gloo_alltoallv,
     /* .reduce_scatter = */ gloo_reduce_scatter,
     /* .wake_peers = */ gloo_wake_peers,
+    /* .allreduce_stream = */ nullptr,
 };

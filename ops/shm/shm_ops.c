@@ -613,19 +613,20 @@ oom:
 
 /* ---- collectives ---------------------------------------------------------------- */
 
-static int shm_allreduce(void *ctx, const void *in, void *out, size_t count,
-                         size_t esize, kolo__ops_reduce_fn reduce, char *err,
-                         size_t errlen)
+/* The allreduce of both entry points: input from `s->fill` or `in`,
+ * output to `s->drain` or `out`. */
+static int allreduce_common(shm_ctx_t *c, const uint8_t *src, uint8_t *dst,
+                            size_t count, size_t esize,
+                            kolo__ops_reduce_fn reduce,
+                            const kolo__ops_stream_t *s, char *err,
+                            size_t errlen)
 {
-    shm_ctx_t *c = ctx;
     size_t per_chunk = c->slot / esize;
-    const uint8_t *src = in != NULL ? in : out;
-    uint8_t *dst = out;
+    /* Shards in whole 64-byte lines where the chunk allows. */
+    size_t line_elems = esize <= 64 && 64 % esize == 0 ? 64 / esize : 1;
 
     for (size_t done = 0; done < count;) {
         size_t m = count - done < per_chunk ? count - done : per_chunk;
-        /* Shards in whole 64-byte lines where the chunk allows. */
-        size_t line_elems = esize <= 64 && 64 % esize == 0 ? 64 / esize : 1;
         size_t share = (m + (size_t)c->n - 1) / (size_t)c->n;
         size_t lo, hi;
         uint32_t a;
@@ -638,7 +639,10 @@ static int shm_allreduce(void *ctx, const void *in, void *out, size_t count,
         hi = hi < m ? hi : m;
 
         a = c->step + 1;
-        memcpy(slot_of(c, a, c->me), src + done * esize, m * esize);
+        if (s != NULL)
+            s->fill(s->arg, slot_of(c, a, c->me), done, m);
+        else
+            memcpy(slot_of(c, a, c->me), src + done * esize, m * esize);
         if ((rc = step_all(c, "allreduce", err, errlen)) != KOLO_OK)
             return rc;
         if (hi > lo) {
@@ -650,20 +654,44 @@ static int shm_allreduce(void *ctx, const void *in, void *out, size_t count,
                        slot_of(c, a, 1) + lo * esize, hi - lo);
             for (int j = 2; j < c->n; j++)
                 reduce(mine, mine, slot_of(c, a, j) + lo * esize, hi - lo);
+            if (s != NULL && s->finish != NULL)
+                s->finish(s->arg, mine, hi - lo);
         }
         if ((rc = step_all(c, "allreduce", err, errlen)) != KOLO_OK)
             return rc;
         for (int j = 0; j < c->n; j++) {
             size_t jlo = share * (size_t)j, jhi = jlo + share;
+            const uint8_t *from;
             jlo = jlo < m ? jlo : m;
             jhi = jhi < m ? jhi : m;
-            if (jhi > jlo)
-                memcpy(dst + (done + jlo) * esize,
-                       slot_of(c, a + 1, j) + jlo * esize, (jhi - jlo) * esize);
+            if (jhi <= jlo)
+                continue;
+            from = slot_of(c, a + 1, j) + jlo * esize;
+            if (s != NULL)
+                s->drain(s->arg, from, done + jlo, jhi - jlo);
+            else
+                memcpy(dst + (done + jlo) * esize, from, (jhi - jlo) * esize);
         }
         done += m;
     }
     return KOLO_OK;
+}
+
+static int shm_allreduce(void *ctx, const void *in, void *out, size_t count,
+                         size_t esize, kolo__ops_reduce_fn reduce, char *err,
+                         size_t errlen)
+{
+    return allreduce_common(ctx, in != NULL ? in : out, out, count, esize,
+                            reduce, NULL, err, errlen);
+}
+
+static int shm_allreduce_stream(void *ctx, size_t count, size_t esize,
+                                kolo__ops_reduce_fn reduce,
+                                const kolo__ops_stream_t *s, char *err,
+                                size_t errlen)
+{
+    return allreduce_common(ctx, NULL, NULL, count, esize, reduce, s, err,
+                            errlen);
 }
 
 /* Rank r contributes bytes[r] (all equal for allgather); root < 0: every
@@ -871,4 +899,5 @@ const kolo__ops_t kolo__ops_shm = {
     .alltoallv = shm_alltoallv,
     .reduce_scatter = shm_reduce_scatter,
     .wake_peers = shm_wake_peers,
+    .allreduce_stream = shm_allreduce_stream,
 };
