@@ -71,6 +71,7 @@ typedef struct kolo__ops_config {
     const int *hosts;       /* [size]: the host index of each member (equal
                                index: same host, same shared memory) */
     int global_rank;        /* this rank in the whole job */
+    const char *cross_ops;  /* hier: the network backend between hosts */
     const char *rendezvous; /* "file:DIR" */
     const char *prefix;     /* keys of this context in the rendezvous store:
                                unique per kolo_init and process set */
@@ -146,6 +147,7 @@ extern const kolo__ops_t kolo__ops_gloo;
 #endif
 #ifdef KOLO_HAVE_SHM
 extern const kolo__ops_t kolo__ops_shm;
+extern const kolo__ops_t kolo__ops_hier;
 #endif
 
 /* The backend called `name` ("gloo", "mpi", "shm", ...) when this build has

@@ -15,6 +15,7 @@ static const kolo__ops_t *const all_ops[] = {
 #endif
 #ifdef KOLO_HAVE_SHM
     &kolo__ops_shm,
+    &kolo__ops_hier,
 #endif
     &kolo__ops_local,
 };
@@ -35,7 +36,8 @@ void kolo__ops_names(char *out, size_t len)
         return;
     out[0] = '\0';
     for (size_t i = 0; i < sizeof(all_ops) / sizeof(all_ops[0]); i++) {
-        if (strcmp(all_ops[i]->name, "local") == 0)
+        if (strcmp(all_ops[i]->name, "local") == 0 ||
+            strcmp(all_ops[i]->name, "hier") == 0)
             continue;
         int n = snprintf(out + used, len - used, "%s%s", used ? ", " : "",
                          all_ops[i]->name);

@@ -1004,7 +1004,8 @@ static int connect_failed(kolo__runtime_t *rt, kolo__pset_t *ps,
 
 static int connect_ops(kolo__runtime_t *rt, kolo__pset_t *ps,
                        const kolo__ops_t *ops, const char *role, void **ctx,
-                       const int *hosts, kolo__err_t *err)
+                       const int *hosts, const char *cross_ops,
+                       kolo__err_t *err)
 {
     kolo__ops_config_t ocfg;
     char prefix[64], detail[KOLO__ERR_LEN];
@@ -1018,7 +1019,8 @@ static int connect_ops(kolo__runtime_t *rt, kolo__pset_t *ps,
         .rendezvous = rt->cfg.rendezvous, .prefix = prefix,
         .hostname = rt->cfg.hostname, .timeout_s = rt->cfg.timeout_s,
         .start_timeout_s = rt->cfg.start_timeout_s,
-        .on_wake = kolo__wake_from_peer, .wake_arg = ps};
+        .on_wake = kolo__wake_from_peer, .wake_arg = ps,
+        .cross_ops = cross_ops};
     detail[0] = '\0';
     rc = ops->init(&ocfg, ctx, detail, sizeof(detail));
     if (rc != KOLO_OK)
@@ -1048,10 +1050,38 @@ static int exchange_hosts(kolo__runtime_t *rt, kolo__pset_t *ps,
     return KOLO_OK;
 }
 
+/* Whether a set that spans hosts reduces hierarchically (ops/hier): with
+ * KOLO_HIERARCHICAL_ALLREDUCE=1, or by default when every host holds the
+ * same number of members, more than one. */
+static int use_hierarchical(const kolo__runtime_t *rt, const kolo__pset_t *ps,
+                            const int *hosts)
+{
+    int first = -1, same = 1;
+
+    if (rt->cfg.hierarchical == 0 || kolo__ops_find("hier") == NULL)
+        return 0;
+    for (int i = 0; i < ps->size; i++) {
+        int here = 0;
+        for (int j = 0; j < ps->size; j++)
+            here += hosts[j] == hosts[i];
+        if (first < 0)
+            first = here;
+        same &= here == first;
+    }
+    if (same && first > 1)
+        return 1;
+    if (rt->cfg.hierarchical == 1 && ps->rank == 0)
+        kolo__log(KOLO__LOG_WARNING, "KOLO_HIERARCHICAL_ALLREDUCE=1, but process "
+                  "set %d does not have the same number of ranks (more than "
+                  "one) on every host: its allreduce stays flat", ps->id);
+    return 0;
+}
+
 static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
                          int size, kolo__err_t *err)
 {
     int *hosts = NULL;
+    const char *cross = NULL;
     int rc, all_local = 1;
 
     hosts = malloc((size_t)size * sizeof(int));
@@ -1073,7 +1103,8 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
     rc = choose_ops(rt, "KOLO_CONTROLLER", rt->cfg.controller, all_local,
                     size, &ps->ctl_ops, err);
     if (rc == KOLO_OK)
-        rc = connect_ops(rt, ps, ps->ctl_ops, "ctl", &ps->ctl_ctx, hosts, err);
+        rc = connect_ops(rt, ps, ps->ctl_ops, "ctl", &ps->ctl_ctx, hosts, NULL,
+                         err);
     if (rc != KOLO_OK) {
         free(hosts);
         pset_free(ps);
@@ -1095,11 +1126,15 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
     if (rc == KOLO_OK)
         rc = choose_ops(rt, "KOLO_CPU_OPERATIONS", rt->cfg.cpu_operations,
                         all_local, size, &ps->data_ops, err);
+    if (rc == KOLO_OK && !all_local && use_hierarchical(rt, ps, hosts)) {
+        cross = ps->data_ops->name;
+        ps->data_ops = kolo__ops_find("hier");
+    }
     if (rc == KOLO_OK && ps->data_ops == ps->ctl_ops)
         ps->data_ctx = ps->ctl_ctx;
     else if (rc == KOLO_OK)
         rc = connect_ops(rt, ps, ps->data_ops, "data", &ps->data_ctx, hosts,
-                         err);
+                         cross, err);
     free(hosts);
     for (int c = 0; rc == KOLO_OK && c < KOLO__COLL_COUNT_; c++) {
         size_t n = 0;

@@ -6,7 +6,12 @@
 #   - Gloo carrying everything (KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo),
 #   - Gloo negotiating and shared memory moving tensors,
 #   - shared memory with 4 KiB slots, so every collective takes many steps
-#     and every piece boundary is crossed.
+#     and every piece boundary is crossed;
+#   - two and three "hosts" of two ranks (tests/multi/fake-hosts.sh sets
+#     the placement), where allreduce is hierarchical (ops/hier): shared
+#     memory within a host, Gloo across; and the same with it switched off.
+# (At 6 ranks the int8 product matrix overflows the test's own reference,
+# so the 3-host runs leave allreduce-matrix out.)
 # Prints each suite's lines, then the total "N passed, N failed".
 set -u
 here=$(dirname "$0")
@@ -48,6 +53,14 @@ suite "gloo negotiates, shm moves" run-collectives.sh \
 suite "shm, 4 KiB slots" run-collectives.sh KOLO_SHM_SLOT_BYTES=4096
 suite "shm, 4 KiB slots" run-multirank.sh KOLO_SHM_SLOT_BYTES=4096 \
     KOLO_SOAK_STEPS=200
+fake="KOLO_TEST_WRAP=$here/fake-hosts.sh"
+suite "2 hosts x 2 ranks, hierarchical" run-collectives.sh KOLO_TEST_NP=4 "$fake"
+suite "2 hosts x 2 ranks, hierarchical" run-multirank.sh KOLO_TEST_NP=4 "$fake"
+suite "2 hosts x 2 ranks, flat" run-collectives.sh KOLO_TEST_NP=4 "$fake" \
+    KOLO_HIERARCHICAL_ALLREDUCE=0 KOLO_TEST_MODES="allreduce-matrix grouped"
+suite "3 hosts x 2 ranks, hierarchical" run-collectives.sh KOLO_TEST_NP=6 \
+    "$fake" KOLO_TEST_HOSTS=3 KOLO_TEST_MODES="compression broadcast
+allgather alltoall reducescatter grouped join process-sets"
 # Every segment is unlinked once its members attached: nothing older than
 # a start-up may stay in /dev/shm (run-failures.sh checks each kill too).
 left=$(find /dev/shm -maxdepth 1 -name 'kolo-*' ! -newermt '-20 seconds' 2>/dev/null)

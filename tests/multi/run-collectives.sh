@@ -9,24 +9,29 @@
 # Usage: tests/multi/run-collectives.sh [mode...]   (from the build
 # directory; `make check` runs it with KOLO_TOP_BUILDDIR set). With modes
 # given, runs only those. KOLO_TEST_COLLECTIVES names another test binary,
-# KOLO_TEST_NP other rank counts ("2 3 4").
+# KOLO_TEST_NP other rank counts ("2 3 4"), KOLO_TEST_WRAP a command that
+# starts each rank (tests/multi/fake-hosts.sh), KOLO_TEST_MODES the modes.
 set -u
 top=${KOLO_TOP_BUILDDIR:-.}
 kolorun=$top/kolorun
 prog=${KOLO_TEST_COLLECTIVES:-$top/tests/multi/test-collectives}
 nps=${KOLO_TEST_NP:-2 3 4}
+wrap=${KOLO_TEST_WRAP:-}
 . "$(dirname "$0")/../run-lib.sh"
 modes="allreduce-matrix compression broadcast allgather alltoall
 reducescatter grouped barrier join process-sets mismatch"
+modes=${KOLO_TEST_MODES:-$modes}
 [ $# -gt 0 ] && modes="$*"
 
 
 for np in $nps; do
     for mode in $modes; do
-        run "np=$np $mode" "$kolorun" -np "$np" "$prog" "$mode"
+        # shellcheck disable=SC2086
+        run "np=$np $mode" "$kolorun" -np "$np" $wrap "$prog" "$mode"
         if [ "$mode" = allreduce-matrix ]; then
-            run "np=$np $mode, no fusion" \
-                env KOLO_FUSION_THRESHOLD=0 "$kolorun" -np "$np" "$prog" "$mode"
+            # shellcheck disable=SC2086
+            run "np=$np $mode, no fusion" env KOLO_FUSION_THRESHOLD=0 \
+                "$kolorun" -np "$np" $wrap "$prog" "$mode"
         fi
     done
 done
