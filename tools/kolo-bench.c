@@ -93,6 +93,13 @@
 static int g_rank, g_size;
 static const kolo__ops_t *g_raw;     /* the backend, called directly */
 static void *g_raw_ctx;
+/* --compare: more backends called directly, as extra sides of the large,
+ * resnet50, small and latency workloads. */
+enum { MAX_COMPARE = 3 };
+static const kolo__ops_t *g_cmp[MAX_COMPARE];
+static void *g_cmp_ctx[MAX_COMPARE];
+static int g_ncmp;
+static char g_cmp_side[MAX_COMPARE][32]; /* "raw gloo" */
 static kolo__ops_reduce_fn g_sum_f32, g_max_f64, g_max_i32;
 static int g_wrong;                  /* WRONG results seen (any rank) */
 static int g_fault;                  /* KOLO_BENCH_FAULT=1: see measure() */
@@ -118,16 +125,25 @@ static double now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* which < 0: the raw backend; else compared backend `which`. */
+static void raw_allreduce_on(int which, void *buf, size_t count,
+                             size_t elem_size, kolo__ops_reduce_fn fn)
+{
+    const kolo__ops_t *ops = which < 0 ? g_raw : g_cmp[which];
+    char err[512] = "";
+    int rc = ops->allreduce(which < 0 ? g_raw_ctx : g_cmp_ctx[which], NULL, buf,
+                            count, elem_size, fn, err, sizeof(err));
+    if (rc != KOLO_OK)
+        die("raw %s allreduce of %zu bytes failed: %s (%s)", ops->name,
+            count * elem_size, err, kolo_strerror(rc));
+}
+
 static void raw_allreduce(void *buf, size_t count, size_t elem_size,
                           kolo__ops_reduce_fn fn)
 {
-    char err[512] = "";
-    int rc = g_raw->allreduce(g_raw_ctx, NULL, buf, count, elem_size, fn, err,
-                              sizeof(err));
-    if (rc != KOLO_OK)
-        die("raw %s allreduce of %zu bytes failed: %s (%s)", g_raw->name,
-            count * elem_size, err, kolo_strerror(rc));
+    raw_allreduce_on(-1, buf, count, elem_size, fn);
 }
+
 
 /* Every rank leaves after every rank has arrived. */
 static void barrier(void)
@@ -200,7 +216,7 @@ static void kolo_must(int rc, const char *what, const char *name)
 /* One workload at one size: up to three sides, each a way of doing the same
  * allreduce. prepare fills the inputs, run is the timed part, verify checks
  * the output (0 = right). */
-enum { MAX_SIDES = 3 };
+enum { MAX_SIDES = 3 + MAX_COMPARE };
 
 typedef struct bench bench_t;
 struct bench {
@@ -225,12 +241,19 @@ static int cmp_double(const void *a, const void *b)
 
 static const char *g_side_names[MAX_SIDES];
 
+/* Names the compared sides, from side `first` on. */
+static void compare_sides(int first)
+{
+    for (int k = 0; k < g_ncmp; k++)
+        g_side_names[first + k] = g_cmp_side[k];
+}
+
 static void measure(bench_t *b, int warmup, int iters, const char *label,
                     side_result_t *res)
 {
     int ns = b->nsides;
     double *t = calloc((size_t)ns * (size_t)iters, sizeof(double));
-    int32_t wrong[MAX_SIDES] = {0, 0, 0};
+    int32_t wrong[MAX_SIDES] = {0};
     char detail[MAX_SIDES][DETAIL_LEN];
 
     if (t == NULL)
@@ -370,6 +393,29 @@ static figure_t figure(const side_result_t *r, double scale, int per_time)
     return f;
 }
 
+/* The compared backends' figures (r[0..g_ncmp)): appended to the table's
+ * note as "; raw gloo 1.23 GB/s" and to the JSON as "compare": {...}. */
+static void compare_note(const side_result_t *r, double scale, int per_time,
+                         const char *unit, char *note, size_t nlen,
+                         char *json, size_t jlen)
+{
+    size_t jused;
+
+    jused = (size_t)snprintf(json, jlen, ", \"compare\": {");
+    for (int k = 0; k < g_ncmp; k++) {
+        figure_t f = figure(&r[k], scale, per_time);
+        size_t used = strlen(note);
+        snprintf(note + used, nlen - used, "; %s %.4g %s%s", g_cmp_side[k],
+                 f.med, unit, r[k].wrong ? " WRONG" : "");
+        if (jused < jlen)
+            jused += (size_t)snprintf(json + jused, jlen - jused,
+                                      "%s\"%s\": %.6g", k ? ", " : "",
+                                      g_cmp[k]->name, f.med);
+    }
+    if (jused < jlen)
+        snprintf(json + jused, jlen - jused, "}");
+}
+
 /* One row: the table on rank 0, and one JSON object. extra_json (may be
  * NULL) is appended inside the object, starting with ", ". */
 typedef struct row {
@@ -450,6 +496,7 @@ static void emit(const row_t *r)
 typedef struct options {
     int large, resnet50, small, latency, fp16;
     const char *backend;
+    const char *compare; /* --compare: "gloo,mpi" */
     const char *json;
     int iters, warmup; /* -1: the workload's default */
     long long max_bytes;
@@ -499,6 +546,11 @@ static void large_run(bench_t *b, int side)
     b->probe = s->buf;
     if (side == raw_side) {
         raw_allreduce(s->buf, s->count, sizeof(float), g_sum_f32);
+        return;
+    }
+    if (side > raw_side) {
+        raw_allreduce_on(side - raw_side - 1, s->buf, s->count, sizeof(float),
+                         g_sum_f32);
         return;
     }
     if (s->fp16 && side == 0) {
@@ -560,7 +612,7 @@ static void workload_large(void)
     long long sizes[64];
     int n = large_sizes(sizes, 64, 4);
     large_state_t s;
-    bench_t b = {.nsides = 2, .prepare = large_prepare,
+    bench_t b = {.nsides = 2 + g_ncmp, .prepare = large_prepare,
                  .run = large_run, .verify = large_verify,
                  .state = &s};
     char title[256];
@@ -575,10 +627,11 @@ static void workload_large(void)
     table_header(title);
     g_side_names[0] = "kolo";
     g_side_names[1] = "raw";
+    compare_sides(2);
     for (int i = 0; i < n; i++) {
-        side_result_t r[2];
+        side_result_t r[MAX_SIDES];
         int warmup, iters;
-        char size_text[32], label[64], note[96], t1[32], t2[32];
+        char size_text[32], label[64], note[256], t1[32], t2[32], extra[256];
         row_t row;
 
         s.count = (size_t)(sizes[i] / 4);
@@ -589,6 +642,8 @@ static void workload_large(void)
         measure(&b, warmup, iters, label, r);
         snprintf(note, sizeof(note), "time %s vs %s",
                  fmt_time(t1, sizeof(t1), r[0].med), fmt_time(t2, sizeof(t2), r[1].med));
+        compare_note(r + 2, busbw_factor() * (double)sizes[i] / 1e9, 1, "GB/s",
+                     note, sizeof(note), extra, sizeof(extra));
         row = (row_t){
             .workload = "large", .size_bytes = sizes[i], .size_text = size_text,
             .unit = "GB/s",
@@ -598,7 +653,7 @@ static void workload_large(void)
             .ratio = r[1].med / r[0].med,
             .ratio_is = "kolo/raw bus bandwidth, higher is better",
             .wrong = r[0].wrong || r[1].wrong, .warmup = warmup, .iters = iters,
-            .note = note, .extra_json = NULL};
+            .note = note, .extra_json = g_ncmp ? extra : NULL};
         emit(&row);
     }
     free(s.buf);
@@ -822,10 +877,10 @@ static void resnet_run(bench_t *b, int side)
     kolo_handle_t h[RESNET50_TENSORS];
     int fp16 = s->fp16 && side == 0;
 
-    b->probe = side == (s->fp16 ? 2 : 1) ? s->flat : s->tensor[0];
-    if (side == (s->fp16 ? 2 : 1)) {
-        raw_allreduce(s->flat, (size_t)RESNET50_ELEMENTS, sizeof(float),
-                      g_sum_f32);
+    b->probe = side >= (s->fp16 ? 2 : 1) ? s->flat : s->tensor[0];
+    if (side >= (s->fp16 ? 2 : 1)) {
+        raw_allreduce_on(side - (s->fp16 ? 2 : 1) - 1, s->flat,
+                         (size_t)RESNET50_ELEMENTS, sizeof(float), g_sum_f32);
         return;
     }
     for (int i = 0; i < RESNET50_TENSORS; i++)
@@ -889,12 +944,12 @@ static void resnet_defaults(int *warmup, int *iters)
 static void workload_resnet50(void)
 {
     resnet_state_t *s = resnet_new(0);
-    bench_t b = {.nsides = 2, .prepare = resnet_prepare,
+    bench_t b = {.nsides = 2 + g_ncmp, .prepare = resnet_prepare,
                  .run = resnet_run, .verify = resnet_verify,
                  .state = s};
-    side_result_t r[2];
+    side_result_t r[MAX_SIDES];
     int warmup, iters;
-    char note[128];
+    char note[256], extra[320];
     row_t row;
 
     table_header("resnet50: 161 tensors (25,557,032 float32, 102 MB) enqueued "
@@ -903,11 +958,15 @@ static void workload_resnet50(void)
                  "better)");
     g_side_names[0] = "kolo";
     g_side_names[1] = "raw";
+    compare_sides(2);
     resnet_defaults(&warmup, &iters);
     measure(&b, warmup, iters, "resnet50", r);
     snprintf(note, sizeof(note), "busbw %.3f vs %.3f GB/s",
              busbw_factor() * RESNET50_ELEMENTS * 4 / r[0].med / 1e9,
              busbw_factor() * RESNET50_ELEMENTS * 4 / r[1].med / 1e9);
+    snprintf(extra, sizeof(extra), ", \"tensors\": 161, \"elements\": 25557032");
+    compare_note(r + 2, 1e3, 0, "ms", note, sizeof(note), extra + strlen(extra),
+                 sizeof(extra) - strlen(extra));
     row = (row_t){.workload = "resnet50", .size_bytes = RESNET50_ELEMENTS * 4,
                   .size_text = "161 tens", .unit = "ms",
                   .kolo = figure(&r[0], 1e3, 0), .raw = figure(&r[1], 1e3, 0),
@@ -916,7 +975,7 @@ static void workload_resnet50(void)
                   .ratio_is = "kolo/raw time per step, lower is better",
                   .wrong = r[0].wrong || r[1].wrong, .warmup = warmup,
                   .iters = iters, .note = note,
-                  .extra_json = ", \"tensors\": 161, \"elements\": 25557032"};
+                  .extra_json = extra};
     emit(&row);
     resnet_free(s);
 }
@@ -940,9 +999,9 @@ static void many_run(bench_t *b, int side)
 {
     many_state_t *s = b->state;
     b->probe = &s->vals[0];
-    if (side == 1) {
+    if (side >= 1) {
         for (int i = 0; i < s->n; i++)
-            raw_allreduce(&s->vals[i], 1, sizeof(float), g_sum_f32);
+            raw_allreduce_on(side - 2, &s->vals[i], 1, sizeof(float), g_sum_f32);
         return;
     }
     kolo_handle_t hs[SMALL_TENSORS];
@@ -961,12 +1020,12 @@ static int many_verify(bench_t *b, int side, char *detail)
 static void workload_many(int n)
 {
     many_state_t s;
-    bench_t b = {.nsides = 2, .prepare = many_prepare,
+    bench_t b = {.nsides = 2 + g_ncmp, .prepare = many_prepare,
                  .run = many_run, .verify = many_verify,
                  .state = &s};
-    side_result_t r[2];
+    side_result_t r[MAX_SIDES];
     int warmup, iters;
-    char note[96], t1[32], t2[32];
+    char note[256], t1[32], t2[32], cmp_json[256];
     row_t row;
 
     s.n = n;
@@ -979,17 +1038,24 @@ static void workload_many(int n)
                  n == 1 ? "bench/latency" : "bench/small/%04d", i);
     g_side_names[0] = "kolo";
     g_side_names[1] = "raw";
+    compare_sides(2);
     if (n == 1) {
         table_header("latency: one 4-byte allreduce, nothing else in flight; "
                      "microseconds; ratio = kolo/raw time (lower is better)");
         warmup = warmup_or(g_opt.quick ? 5 : 20);
         iters = iters_or(g_opt.quick ? 50 : 200);
         measure(&b, warmup, iters, "latency", r);
-        char extra[96];
+        char extra[384];
         snprintf(note, sizeof(note), "kolo - raw = %+.1f us",
                  (r[0].med - r[1].med) * 1e6);
         snprintf(extra, sizeof(extra), ", \"diff_us\": %.6g",
                  (r[0].med - r[1].med) * 1e6);
+        cmp_json[0] = '\0';
+        if (g_ncmp)
+            compare_note(r + 2, 1e6, 0, "us", note, sizeof(note), cmp_json,
+                         sizeof(cmp_json));
+        snprintf(extra + strlen(extra), sizeof(extra) - strlen(extra), "%s",
+                 cmp_json);
         row = (row_t){.workload = "latency", .size_bytes = 4, .size_text = "4 B",
                       .unit = "us", .kolo = figure(&r[0], 1e6, 0),
                       .raw = figure(&r[1], 1e6, 0), .kolo_t = &r[0],
@@ -1008,6 +1074,10 @@ static void workload_many(int n)
         snprintf(note, sizeof(note), "time %s vs %s per 1000",
                  fmt_time(t1, sizeof(t1), r[0].med),
                  fmt_time(t2, sizeof(t2), r[1].med));
+        snprintf(cmp_json, sizeof(cmp_json), ", \"tensors\": 1000");
+        compare_note(r + 2, n, 1, "ops/s", note, sizeof(note),
+                     cmp_json + strlen(cmp_json),
+                     sizeof(cmp_json) - strlen(cmp_json));
         row = (row_t){.workload = "small", .size_bytes = -1,
                       .size_text = "1000x4 B", .unit = "ops/s",
                       .kolo = figure(&r[0], n, 1), .raw = figure(&r[1], n, 1),
@@ -1016,7 +1086,7 @@ static void workload_many(int n)
                       .ratio_is = "kolo/raw allreduces per second, higher is better",
                       .wrong = r[0].wrong || r[1].wrong, .warmup = warmup,
                       .iters = iters, .note = note,
-                      .extra_json = ", \"tensors\": 1000"};
+                      .extra_json = cmp_json};
         emit(&row);
     }
     free(s.vals);
@@ -1123,6 +1193,8 @@ static void usage(FILE *f)
         "                    (several: comma-separated; default all)\n"
         "  --backend B       the backend measured, through the runtime and raw:\n"
         "                    gloo (default), shm (ranks of one host), mpi\n"
+        "  --compare B,B     more backends called directly in the same run, as\n"
+        "                    extra figures of large, resnet50, small, latency\n"
         "  --json FILE       rank 0 writes the results there as JSON\n"
         "  --iters N         timed iterations per figure (default: by workload\n"
         "                    and size, e.g. 30 for small tensors, 5 for 64 MiB)\n"
@@ -1230,6 +1302,8 @@ static void parse_args(int argc, char **argv)
             any = 1;
         } else if (strcmp(a, "--backend") == 0) {
             g_opt.backend = v;
+        } else if (strcmp(a, "--compare") == 0) {
+            g_opt.compare = v;
         } else if (strcmp(a, "--json") == 0) {
             g_opt.json = v;
         } else if (strcmp(a, "--iters") == 0) {
@@ -1280,6 +1354,35 @@ static void raw_init(void)
     if (rc != KOLO_OK)
         die("raw %s backend: init failed: %s (%s)", g_raw->name, err,
             kolo_strerror(rc));
+    for (int k = 0; k < g_ncmp; k++) {
+        char prefix[64];
+        snprintf(prefix, sizeof(prefix), "kolo-bench-compare-%s", g_cmp[k]->name);
+        cfg.prefix = prefix;
+        rc = g_cmp[k]->init(&cfg, &g_cmp_ctx[k], err, sizeof(err));
+        if (rc != KOLO_OK)
+            die("raw %s backend (--compare): init failed: %s (%s)",
+                g_cmp[k]->name, err, kolo_strerror(rc));
+    }
+}
+
+/* --compare B[,B...]: the backends this build has, not the one measured. */
+static void parse_compare(void)
+{
+    char list[128], *save = NULL;
+
+    if (g_opt.compare == NULL || g_size == 1)
+        return;
+    snprintf(list, sizeof(list), "%s", g_opt.compare);
+    for (char *w = strtok_r(list, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+        const kolo__ops_t *ops = kolo__ops_find(w);
+        if (ops == NULL || strcmp(w, "local") == 0 || strcmp(w, "hier") == 0)
+            bad_usage("--compare: no backend '%s' in this build", w);
+        if (g_ncmp == MAX_COMPARE)
+            bad_usage("--compare: at most 3 backends ('%s' is one more)", w);
+        g_cmp[g_ncmp] = ops;
+        snprintf(g_cmp_side[g_ncmp], sizeof(g_cmp_side[g_ncmp]), "raw %s", w);
+        g_ncmp++;
+    }
 }
 
 static const char *env_or(const char *name, const char *def)
@@ -1397,6 +1500,7 @@ int main(int argc, char **argv)
         die("kolo_init failed: %s (%s)", kolo_last_error(), kolo_strerror(rc));
     g_rank = kolo_rank();
     g_size = kolo_size();
+    parse_compare();
     raw_init();
     data_init();
     print_header();
@@ -1425,6 +1529,8 @@ int main(int argc, char **argv)
     barrier();
     if ((rc = kolo_shutdown()) != KOLO_OK)
         die("kolo_shutdown failed: %s", kolo_last_error());
+    for (int k = 0; k < g_ncmp; k++)
+        g_cmp[k]->finalize(g_cmp_ctx[k]);
     g_raw->finalize(g_raw_ctx);
     return g_wrong ? 1 : 0;
 }
