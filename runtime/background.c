@@ -1020,7 +1020,9 @@ static int connect_ops(kolo__runtime_t *rt, kolo__pset_t *ps,
         .hostname = rt->cfg.hostname, .timeout_s = rt->cfg.timeout_s,
         .start_timeout_s = rt->cfg.start_timeout_s,
         .on_wake = kolo__wake_from_peer, .wake_arg = ps,
-        .cross_ops = cross_ops};
+        .cross_ops = cross_ops,
+        .shm_slot_bytes = (size_t)rt->cfg.shm_slot_bytes,
+        .shm_spin_us = (int)rt->cfg.shm_spin_us};
     detail[0] = '\0';
     rc = ops->init(&ocfg, ctx, detail, sizeof(detail));
     if (rc != KOLO_OK)

@@ -210,6 +210,12 @@ static const config_row_t rows[] = {
      "within each host and the network across hosts (auto: on when a job "
      "spans hosts with several ranks on each)", parse_auto_bool,
      F(hierarchical)},
+    {"KOLO_SHM_SLOT_BYTES", "1048576", "shared memory: bytes each rank "
+     "writes per step (a chunk of an allreduce); 4K to 1G", parse_bytes,
+     F(shm_slot_bytes)},
+    {"KOLO_SHM_SPIN_US", "50", "shared memory: microseconds a rank spins "
+     "before it sleeps, when the host has a core per rank (0: never spin)",
+     parse_nonneg, F(shm_spin_us)},
 };
 
 #undef F
@@ -263,6 +269,11 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
                              "environment variable KOLO_RENDEZVOUS='%s' is "
                              "invalid: expected file:DIR",
                              cfg->rendezvous);
+    if (cfg->shm_slot_bytes < 4096 || cfg->shm_slot_bytes > ((int64_t)1 << 30))
+        return kolo__err_set(err, KOLO_ERR_CONFIG,
+                             "environment variable KOLO_SHM_SLOT_BYTES=%lld is "
+                             "invalid: expected 4K to 1G bytes",
+                             (long long)cfg->shm_slot_bytes);
     if (cfg->timeout_s <= 0)
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "environment variable KOLO_TIMEOUT_SECONDS='%s' is "

@@ -32,6 +32,8 @@ typedef struct kolo__config {
     char cpu_operations[16]; /* KOLO_CPU_OPERATIONS: auto, gloo, mpi, shm */
     int64_t hierarchical;    /* KOLO_HIERARCHICAL_ALLREDUCE: -1 auto, 0, 1 */
     int64_t mpi_launched;    /* started by mpirun/srun, not kolorun */
+    int64_t shm_slot_bytes;  /* KOLO_SHM_SLOT_BYTES */
+    int64_t shm_spin_us;     /* KOLO_SHM_SPIN_US */
 } kolo__config_t;
 
 /* Reads every variable through `getenv_fn` (getenv in the runtime; a fake

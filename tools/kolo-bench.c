@@ -1326,6 +1326,12 @@ static void parse_args(int argc, char **argv)
         g_opt.max_bytes = QUICK_MAX_BYTES;
 }
 
+static const char *env_or(const char *name, const char *def)
+{
+    const char *v = getenv(name);
+    return v && v[0] ? v : def;
+}
+
 /* The raw side: the backend's own context, next to the runtime's. */
 static void raw_init(void)
 {
@@ -1349,7 +1355,10 @@ static void raw_init(void)
         .prefix = "kolo-bench-raw",
         .hostname = host && host[0] ? host : "127.0.0.1",
         .timeout_s = 300, .start_timeout_s = 60, .on_wake = NULL,
-        .wake_arg = NULL};
+        .wake_arg = NULL,
+        /* The raw side runs as the runtime's does (env.c checked these). */
+        .shm_slot_bytes = (size_t)parse_bytes(env_or("KOLO_SHM_SLOT_BYTES", "1M")),
+        .shm_spin_us = atoi(env_or("KOLO_SHM_SPIN_US", "50"))};
     rc = g_raw->init(&cfg, &g_raw_ctx, err, sizeof(err));
     if (rc != KOLO_OK)
         die("raw %s backend: init failed: %s (%s)", g_raw->name, err,
@@ -1385,11 +1394,6 @@ static void parse_compare(void)
     }
 }
 
-static const char *env_or(const char *name, const char *def)
-{
-    const char *v = getenv(name);
-    return v && v[0] ? v : def;
-}
 
 static const char *g_env_names[] = {
     "KOLO_FUSION_THRESHOLD", "KOLO_CYCLE_TIME", "KOLO_CACHE_CAPACITY",

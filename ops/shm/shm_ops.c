@@ -150,19 +150,6 @@ static uint8_t *slot_of(shm_ctx_t *c, uint32_t step, int member)
     return c->slots + ((size_t)(step & 1) * (size_t)c->n + (size_t)member) * c->slot;
 }
 
-static int env_int(const char *name, int dflt, int lo, int hi)
-{
-    const char *v = getenv(name);
-    char *end;
-    long x;
-
-    if (v == NULL || *v == '\0')
-        return dflt;
-    x = strtol(v, &end, 10);
-    if (*end != '\0' || x < lo || x > hi)
-        return dflt;
-    return (int)x;
-}
 
 /* ---- posting and waiting ------------------------------------------------------ */
 
@@ -524,11 +511,11 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
         }
     }
     /* Slots hold whole 64-byte lines for every member's shard. */
-    c->slot = (size_t)env_int("KOLO_SHM_SLOT_BYTES", DEFAULT_SLOT_BYTES, 4096,
-                              1 << 30) & ~(size_t)63;
-    c->spin_us = c->n <= cores_available()
-                     ? env_int("KOLO_SHM_SPIN_US", DEFAULT_SPIN_US, 0, 100000)
-                     : 0;
+    c->slot = (cfg->shm_slot_bytes >= 4096 ? cfg->shm_slot_bytes
+                                           : DEFAULT_SLOT_BYTES) & ~(size_t)63;
+    c->spin_us = c->n > cores_available() ? 0
+                 : cfg->shm_spin_us >= 0  ? cfg->shm_spin_us
+                                          : DEFAULT_SPIN_US;
     c->key = fnv1a(fnv1a(0xcbf29ce484222325ULL, cfg->rendezvous), "|");
     c->key = fnv1a(c->key, cfg->prefix);
     /* The first part names the job, so kolorun can find what its ranks
