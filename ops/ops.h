@@ -55,7 +55,7 @@ typedef struct kolo__ops_config {
     const int *hosts;       /* [size]: the host index of each member (equal
                                index: same host, same shared memory) */
     int global_rank;        /* this rank in the whole job */
-    const char *rendezvous; /* "file:DIR" */
+    const char *rendezvous; /* "file:DIR" or "redis:HOST:PORT[/JOB]" */
     const char *prefix;     /* keys of this context in the rendezvous store:
                                unique per kolo_init and process set */
     const char *hostname;   /* address to bind */
