@@ -2366,10 +2366,10 @@ int main(int argc, char **argv)
         goto stop_redis;
     if (!k.redis_addr[0] && kolorun_rdv_create(&k) != 0)
         goto stop_redis;
-    if (k.opts.verbose)
-        kolorun_say("rendezvous %s%s%s%s", k.rdv_dir ? k.rdv_dir : "redis:",
-                    k.rdv_dir ? "" : k.redis_addr, k.rdv_dir ? "" : "/",
-                    k.rdv_dir ? "" : k.job_id);
+    if (k.opts.verbose && k.rdv_dir)
+        kolorun_say("rendezvous directory %s", k.rdv_dir);
+    else if (k.opts.verbose)
+        kolorun_say("rendezvous redis:%s/%s", k.redis_addr, k.job_id);
     if (kolorun_spawn_holder(&k, wake_rd) != 0)
         goto remove_rdv;
 
