@@ -558,10 +558,12 @@ expect "and gone after" eq "$(ls -d "$WORK"/kolo-rdv-* 2>/dev/null)" ""
 end
 
 begin "--launch-command without {command}: env VAR=... command args appended"
-kr -H far:1 --redis r:1 --launch-command 'env VIA={host}' \
+kr -H far:1 --redis 127.0.0.1:1 --launch-command 'env VIA={host}' \
     sh -c 'echo "$VIA $KOLO_RANK $KOLO_RENDEZVOUS" "$1"' x "a b"
 expect "exit status 0 (got $rc)" eq "$rc" 0
-expect "arguments kept as words" has "^far 0 redis:r:1/kolo-.* a b\$" "$OUT"
+expect "arguments kept as words" has "^far 0 redis:127.0.0.1:1/kolo-.* a b\$" "$OUT"
+expect "a Redis server it cannot reach at the end: a warning" \
+    has "warning: cannot remove this job's keys (kolo-.*/\*) from Redis at 127.0.0.1:1" "$ERR"
 end
 
 # A fake ssh, first in PATH: records its arguments, runs the remote command
@@ -572,13 +574,16 @@ cat >"$WORK/bin/ssh" <<'SSH'
 for a in "$@"; do printf '%s\n' "$a"; done >"$D/ssh.$$"
 [ -n "${FAKE_SSH_FAIL-}" ] && { echo "ssh: connect to host: No route to host" >&2; exit 255; }
 for last in "$@"; do :; done
+# Like a remote command, out of reach of signals to ssh and its group.
+# (An async command's stdin is /dev/null unless it comes from another fd.)
+[ -n "${FAKE_SSH_DETACH-}" ] && { exec 4<&0; setsid sh -c "$last" <&4 & wait $!; exit $?; }
 exec sh -c "$last"
 SSH
 chmod +x "$WORK/bin/ssh"
 
 begin "ssh by default: BatchMode, ConnectTimeout, --ssh-port, --ssh-identity-file"
 echo key >"$WORK/key"
-PATH=$WORK/bin:$PATH kr -H far:2 --redis r:1 --ssh-port 2222 \
+PATH=$WORK/bin:$PATH kr -H far:2 --redis 127.0.0.1:1 --ssh-port 2222 \
     --ssh-identity-file "$WORK/key" --start-timeout 7 --tag-output \
     sh -c 'echo "[$1] $KOLO_LOCAL_RANK"' x "a 'b' \$c"
 expect "exit status 0 (got $rc)" eq "$rc" 0
@@ -590,14 +595,28 @@ expect "ssh options (got: $args)" eq "$args" \
     "-o BatchMode=yes -o ConnectTimeout=7 -p 2222 -i $WORK/key far "
 end
 
+begin "ssh: the remote rank ends when kolorun stops the job, and its status comes back"
+FAKE_SSH_DETACH=1 PATH=$WORK/bin:$PATH start_bg -H far:1 --redis 127.0.0.1:1 \
+    sh -c 'echo $$ >"$D/remote.pid"; exec sleep 60'
+expect "the remote rank started" wait_files 2
+kill -TERM "$kp"
+wait "$kp"
+rc=$?
+disarm
+expect "kolorun ends by SIGTERM (got $rc)" eq "$rc" 143
+expect "the remote rank is gone" all_gone "$D/remote.pid"
+FAKE_SSH_DETACH=1 PATH=$WORK/bin:$PATH kr -H far:1 --redis 127.0.0.1:1 sh -c 'exit 7'
+expect "a remote rank's exit status is kolorun's (got $rc)" eq "$rc" 7
+end
+
 begin "a remote rank that cannot start names its host"
-FAKE_SSH_FAIL=1 PATH=$WORK/bin:$PATH kr -H localhost:1,far:1 --redis r:1 \
+FAKE_SSH_FAIL=1 PATH=$WORK/bin:$PATH kr -H localhost:1,far:1 --redis 127.0.0.1:1 \
     --failure-grace 0 sleep 10
 expect "exit status 255 (got $rc)" eq "$rc" 255
 expect "names rank 1, the host, and what ssh means" \
     has "kolorun: rank 1 on host far (pid [0-9]*) exited with status 255: ssh could not reach the host" "$ERR"
 expect "quick (took $ms ms)" test "$ms" -lt 5000
-kr -H far:1 --redis r:1 --launch-command 'kolo-no-such-launcher {host}' true
+kr -H far:1 --redis 127.0.0.1:1 --launch-command 'kolo-no-such-launcher {host}' true
 expect "a missing launch command: status 127 (got $rc)" eq "$rc" 127
 expect "a missing launch command: named with the host" \
     has "cannot run the launch command 'kolo-no-such-launcher' for host far" "$ERR"
@@ -611,6 +630,26 @@ if command -v redis-server >/dev/null 2>&1; then
         eq "$(sort -u "$OUT" | grep -c '^redis:127\.0\.0\.1:[0-9]*/kolo-')" 1
     pid=$(sed -n 's/.*started redis-server (pid \([0-9]*\)).*/\1/p' "$ERR")
     expect "the server is gone after (pid '$pid')" test -n "$pid" -a ! -e "/proc/$pid"
+    end
+
+    begin "--redis: the job's keys are removed at the end, no one else's"
+    port=$((30000 + $$ % 20000))
+    redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
+        >/dev/null 2>&1 &
+    rs=$!
+    for _ in $(seq 50); do
+        redis-cli -p "$port" ping >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    redis-cli -p "$port" set other-job/kolo0/x 1 >/dev/null
+    kr -np 2 --redis "127.0.0.1:$port" --verbose sh -c \
+        'redis-cli -p '"$port"' set "${KOLO_RENDEZVOUS##*/}/kolo0/k$KOLO_RANK" 1 >/dev/null; echo "${KOLO_RENDEZVOUS##*/}"'
+    expect "exit status 0 (got $rc)" eq "$rc" 0
+    expect "both keys removed" has "removed 2 keys of this job" "$ERR"
+    expect "none of the job's left" eq "$(redis-cli -p "$port" keys "$(head -n 1 "$OUT")/*")" ""
+    expect "another job's key kept" eq "$(redis-cli -p "$port" get other-job/kolo0/x)" 1
+    kill "$rs"
+    wait "$rs" 2>/dev/null
     end
 fi
 

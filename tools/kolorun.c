@@ -88,6 +88,7 @@
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -99,6 +100,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -178,6 +180,7 @@ typedef struct kolorun_rank {
     pid_t pid; /* 0 until started */
     int reaped;
     kolorun_stream_t streams[2]; /* KOLORUN_OUT, KOLORUN_ERR */
+    int hold_fd; /* ssh: write end of its stdin; closing it ends the rank */
 } kolorun_rank_t;
 
 /* One of kolorun's own outputs (fd 1 or 2), with its batch buffer. */
@@ -1072,10 +1075,24 @@ static const char *kolorun_signame(int sig)
 }
 
 /* Starts stopping the job: sig now, SIGKILL after the grace period. */
+/* Closes the stdin pipes of the ranks started by ssh: on the other host
+ * each one's wrapper sees end of file and sends its rank SIGTERM. (The
+ * signal to ssh ends ssh, and with it the connection, to the same effect;
+ * closing the pipe also covers a launch process that outlives the signal.) */
+static void kolorun_release_remote(kolorun_t *k, int r)
+{
+    for (int i = r < 0 ? 0 : r; i < (r < 0 ? k->nstarted : r + 1); i++) {
+        if (k->ranks[i].hold_fd >= 0)
+            close(k->ranks[i].hold_fd);
+        k->ranks[i].hold_fd = -1;
+    }
+}
+
 static void kolorun_stop(kolorun_t *k, int sig)
 {
     if (k->stopping)
         return;
+    kolorun_release_remote(k, -1);
     k->stopping = 1;
     k->stop_ms = kolorun_now_ms();
     if (k->opts.verbose && k->nalive > 0)
@@ -1285,6 +1302,7 @@ static void kolorun_rank_ended(kolorun_t *k, int r, int status)
     kolorun_describe(status, how, sizeof how);
     rk->reaped = 1;
     k->nalive--;
+    kolorun_release_remote(k, r);
 
     kolorun_stream_read(k, r, KOLORUN_OUT, 1);
     kolorun_stream_read(k, r, KOLORUN_ERR, 1);
@@ -1565,6 +1583,14 @@ static char *kolorun_expand(const char *word, const kolorun_host_t *h, int r,
     return out;
 }
 
+/* Whether a shell on the other host runs the rank's command: ssh, or a
+ * template with {command}. Such ranks get the stdin wrapper below. */
+static int kolorun_remote_shell(const kolorun_t *k)
+{
+    return !k->opts.launch_command ||
+           strstr(k->opts.launch_command, "{command}") != NULL;
+}
+
 /* The argv that starts rank r on its (other) host: the launch command
  * with its placeholders replaced. ssh by default:
  *   ssh -o BatchMode=yes -o ConnectTimeout=T [-p P] [-i F] HOST
@@ -1605,6 +1631,30 @@ static int kolorun_launch_argv(const kolorun_t *k, int r, char **env,
             goto free_words;
         used += (size_t)snprintf(command + used, len - used, " %s", q);
         free(q);
+    }
+
+    /* ssh: no signal kolorun sends reaches the remote rank, and killing
+     * ssh does not end it either (without a terminal, sshd sends no
+     * SIGHUP). So the rank runs under a small sh wrapper that watches its
+     * stdin, a pipe from kolorun through ssh: at end of file (kolorun
+     * closed it, or ssh or its connection is gone) the wrapper sends the
+     * rank SIGTERM. Otherwise it waits for the rank and exits with its
+     * status. In sh -c, whatever the login shell on that host is. The
+     * same goes for every template with {command}; a template without it
+     * (ip netns exec {host}) execs the rank itself, which gets signals. */
+    if (kolorun_remote_shell(k)) {
+        char *script = kolorun_strdupf(
+            "%s </dev/null & p=$!; exec 3<&0; "
+            "(read _ <&3; kill -TERM $p 2>/dev/null) & w=$!; exec 3<&-; "
+            "wait $p; s=$?; kill $w 2>/dev/null; exit $s",
+            command);
+        char *q = script ? kolorun_shell_quote(script) : NULL;
+        free(script);
+        free(command);
+        command = q ? kolorun_strdupf("sh -c %s", q) : NULL;
+        free(q);
+        if (!command)
+            goto free_words;
     }
 
     int has_command = 0;
@@ -1655,8 +1705,9 @@ free_words:
 /* In the child, between fork and exec. kolorun is single-threaded, so the
  * child may call what it likes; it must not return. */
 __attribute__((noreturn)) static void
-kolorun_child(const kolorun_t *k, pid_t launcher, int out_w, int err_w,
-              char **env, int nenv, char **exec_argv, const char *host)
+kolorun_child(const kolorun_t *k, pid_t launcher, int in_fd, int out_w,
+              int err_w, char **env, int nenv, char **exec_argv,
+              const char *host)
 {
     /* Handlers of kolorun make no sense here; exec would reset them anyway,
      * but a signal may come before it. SIGPIPE goes back to what kolorun
@@ -1674,7 +1725,7 @@ kolorun_child(const kolorun_t *k, pid_t launcher, int out_w, int err_w,
      * two runs first. */
     setpgid(0, k->pgid);
 
-    int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int in = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (in < 0 || dup2(in, STDIN_FILENO) < 0 ||
         dup2(out_w, STDOUT_FILENO) < 0 || dup2(err_w, STDERR_FILENO) < 0) {
         dprintf(err_w, "kolorun: cannot set up the rank's stdio: %s\n",
@@ -1719,11 +1770,18 @@ static int kolorun_spawn(kolorun_t *k, int r)
     kolorun_words_t launch = {0};
     const kolorun_host_t *h = kolorun_host_of(k, r);
     int remote = h && !h->local;
+    int hold[2] = {-1, -1};
     int nenv = kolorun_rank_env(k, r, env);
     if (nenv < 0 || (remote && kolorun_launch_argv(k, r, env, nenv,
                                                    &launch) != 0)) {
         kolorun_say("out of memory");
         goto free_env;
+    }
+    /* ssh: the rank's stdin is a pipe that kolorun keeps open; the remote
+     * side ends the rank when it closes (see kolorun_launch_argv). */
+    if (remote && kolorun_remote_shell(k) && pipe2(hold, O_CLOEXEC) != 0) {
+        kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
+        goto close_pipes;
     }
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
         kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
@@ -1740,7 +1798,8 @@ static int kolorun_spawn(kolorun_t *k, int r)
     if (pid == 0)
         /* A remote rank gets its environment on the launch command's
          * command line, not from kolorun's environment. */
-        kolorun_child(k, launcher, out[1], err[1], env, remote ? 0 : nenv,
+        kolorun_child(k, launcher, hold[0], out[1], err[1], env,
+                      remote ? 0 : nenv,
                       remote ? launch.w : k->opts.argv,
                       remote ? h->name : NULL);
     int fork_errno = errno;
@@ -1783,10 +1842,14 @@ static int kolorun_spawn(kolorun_t *k, int r)
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     fcntl(err[0], F_SETFL, O_NONBLOCK);
     out[0] = err[0] = -1;
+    rk->hold_fd = hold[1];
+    hold[1] = -1;
     rc = 0;
 
 close_pipes:
     for (int i = 0; i < 2; i++) {
+        if (hold[i] >= 0)
+            close(hold[i]);
         if (out[i] >= 0)
             close(out[i]);
         if (err[i] >= 0)
@@ -2072,6 +2135,70 @@ static void kolorun_redis_stop(kolorun_t *k)
         kolorun_say("stopped redis-server (pid %ld)", (long)k->redis_pid);
 }
 
+/* --redis: removes the job's keys once its ranks are gone, so that a
+ * long-lived server does not collect them. One EVAL of a script that
+ * deletes what KEYS "JOB/" followed by "*" finds, in Redis's own protocol
+ * (RESP) over a
+ * plain socket; a failure only warns. */
+static void kolorun_redis_clean(const kolorun_t *k)
+{
+    static const char script[] =
+        "local n = 0 for _, key in ipairs(redis.call('KEYS', ARGV[1])) do "
+        "redis.call('DEL', key) n = n + 1 end return n";
+    char host[256], pattern[256], port[16];
+    const char *colon = strrchr(k->redis_addr, ':');
+    snprintf(host, sizeof host, "%.*s", (int)(colon - k->redis_addr),
+             k->redis_addr);
+    snprintf(port, sizeof port, "%s", colon + 1);
+    if (host[0] == '[') { /* [IPv6] */
+        memmove(host, host + 1, strlen(host));
+        host[strcspn(host, "]")] = '\0';
+    }
+    snprintf(pattern, sizeof pattern, "%s/*", k->job_id);
+
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    int fd = -1, e = getaddrinfo(host, port, &hints, &ai);
+    const char *why = e ? gai_strerror(e) : NULL;
+    if (!why) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+        struct timeval tv = {2, 0};
+        if (fd >= 0) {
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        }
+        if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+            why = strerror(errno);
+        freeaddrinfo(ai);
+    }
+    char *req = why ? NULL
+                    : kolorun_strdupf("*4\r\n$4\r\nEVAL\r\n$%zu\r\n%s\r\n"
+                                      "$1\r\n0\r\n$%zu\r\n%s\r\n",
+                                      strlen(script), script, strlen(pattern),
+                                      pattern);
+    char reply[256] = "";
+    if (!why && (!req || kolorun_write_all(fd, req, strlen(req)) != 0))
+        why = req ? strerror(errno) : "out of memory";
+    free(req);
+    if (!why) {
+        ssize_t n = read(fd, reply, sizeof reply - 1);
+        reply[n > 0 ? n : 0] = '\0';
+        reply[strcspn(reply, "\r\n")] = '\0';
+        if (reply[0] != ':')
+            why = n > 0 ? reply : "no reply";
+    }
+    if (fd >= 0)
+        close(fd);
+    if (why)
+        kolorun_say("warning: cannot remove this job's keys (%s/*) from "
+                    "Redis at %s: %s",
+                    k->job_id, k->redis_addr, why);
+    else if (k->opts.verbose)
+        kolorun_say("removed %s keys of this job from Redis at %s", reply + 1,
+                    k->redis_addr);
+}
+
 /* Sets up the job over several hosts: which host each rank is on, the
  * job's name, the Redis server. */
 static int kolorun_hosts_setup(kolorun_t *k)
@@ -2272,6 +2399,7 @@ static int kolorun_alloc(kolorun_t *k)
     if (!k->ranks)
         return -1;
     for (int r = 0; r < k->opts.np; r++) {
+        k->ranks[r].hold_fd = -1;
         for (int s = 0; s < 2; s++) {
             k->ranks[r].streams[s].fd = -1;
             k->ranks[r].streams[s].buf = malloc(KOLORUN_LINE_MAX);
@@ -2292,6 +2420,8 @@ static int kolorun_alloc(kolorun_t *k)
 static void kolorun_free(kolorun_t *k)
 {
     for (int r = 0; k->ranks && r < k->opts.np; r++) {
+        if (k->ranks[r].hold_fd >= 0)
+            close(k->ranks[r].hold_fd);
         for (int s = 0; s < 2; s++) {
             kolorun_stream_close(&k->ranks[r].streams[s]);
             free(k->ranks[r].streams[s].buf);
@@ -2402,6 +2532,8 @@ int main(int argc, char **argv)
 
 remove_rdv:
     kolorun_rdv_remove(&k);
+    if (k.opts.redis && k.nstarted > 0)
+        kolorun_redis_clean(&k);
 stop_redis:
     kolorun_redis_stop(&k);
 

@@ -147,7 +147,8 @@ for mode in allreduce-matrix broadcast allgather alltoall reducescatter \
         "$multi/test-collectives" "$mode"
 done
 
-# Two jobs at once on one Redis server: each under its own keys.
+# Two jobs at once on one Redis server: each under its own keys, and no
+# key left after them (every earlier --redis job's are gone too).
 two_jobs() {
     "$kn" -H "$H0:1,$H1:1" --redis "$net.1:$port" "$multi/test-allreduce" random 3 \
         >"$work/a.out" 2>&1 &
@@ -159,6 +160,12 @@ two_jobs() {
     local ra=$?
     [ "$ra" = 0 ] && [ "$rb" = 0 ] ||
         { echo "job a: $ra, job b: $rb"; tail -n 5 "$work/a.out" "$work/b.out"; return 1; }
+    # kolorun removed each job's keys at its end.
+    if command -v redis-cli >/dev/null 2>&1; then
+        local left
+        left=$(redis-cli -h "$net.1" -p "$port" keys 'kolo-*' | head -n 3)
+        [ -z "$left" ] || { echo "keys left on the server: $left"; return 1; }
+    fi
 }
 export -f two_jobs
 run "two jobs at once on one Redis server" bash -c two_jobs
