@@ -2135,17 +2135,15 @@ static void kolorun_redis_stop(kolorun_t *k)
         kolorun_say("stopped redis-server (pid %ld)", (long)k->redis_pid);
 }
 
-/* --redis: removes the job's keys once its ranks are gone, so that a
- * long-lived server does not collect them. One EVAL of a script that
- * deletes what KEYS "JOB/" followed by "*" finds, in Redis's own protocol
- * (RESP) over a
- * plain socket; a failure only warns. */
-static void kolorun_redis_clean(const kolorun_t *k)
+/* Runs a Lua script on the job's Redis server (EVAL script 0 arg1 arg2),
+ * in Redis's own protocol (RESP) over a plain socket, each step bounded
+ * by 2 s. The reply: an integer (":N") or a bulk string ("$LEN" and the
+ * bytes) into out. Returns NULL, or why it failed. */
+static const char *kolorun_redis_eval(const kolorun_t *k, const char *script,
+                                      const char *arg1, const char *arg2,
+                                      char *out, size_t outlen)
 {
-    static const char script[] =
-        "local n = 0 for _, key in ipairs(redis.call('KEYS', ARGV[1])) do "
-        "redis.call('DEL', key) n = n + 1 end return n";
-    char host[256], pattern[256], port[16];
+    char host[256], port[16];
     const char *colon = strrchr(k->redis_addr, ':');
     snprintf(host, sizeof host, "%.*s", (int)(colon - k->redis_addr),
              k->redis_addr);
@@ -2154,46 +2152,136 @@ static void kolorun_redis_clean(const kolorun_t *k)
         memmove(host, host + 1, strlen(host));
         host[strcspn(host, "]")] = '\0';
     }
-    snprintf(pattern, sizeof pattern, "%s/*", k->job_id);
 
     struct addrinfo hints, *ai = NULL;
     memset(&hints, 0, sizeof hints);
     hints.ai_socktype = SOCK_STREAM;
     int fd = -1, e = getaddrinfo(host, port, &hints, &ai);
-    const char *why = e ? gai_strerror(e) : NULL;
-    if (!why) {
-        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
-        struct timeval tv = {2, 0};
-        if (fd >= 0) {
-            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-        }
-        if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)
-            why = strerror(errno);
-        freeaddrinfo(ai);
+    if (e)
+        return gai_strerror(e);
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+    struct timeval tv = {2, 0};
+    if (fd >= 0) {
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     }
+    const char *why = NULL;
+    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+        why = strerror(errno);
+    freeaddrinfo(ai);
     char *req = why ? NULL
-                    : kolorun_strdupf("*4\r\n$4\r\nEVAL\r\n$%zu\r\n%s\r\n"
-                                      "$1\r\n0\r\n$%zu\r\n%s\r\n",
-                                      strlen(script), script, strlen(pattern),
-                                      pattern);
-    char reply[256] = "";
+                    : kolorun_strdupf("*5\r\n$4\r\nEVAL\r\n$%zu\r\n%s\r\n"
+                                      "$1\r\n0\r\n$%zu\r\n%s\r\n$%zu\r\n%s\r\n",
+                                      strlen(script), script, strlen(arg1),
+                                      arg1, strlen(arg2), arg2);
     if (!why && (!req || kolorun_write_all(fd, req, strlen(req)) != 0))
         why = req ? strerror(errno) : "out of memory";
     free(req);
-    if (!why) {
-        ssize_t n = read(fd, reply, sizeof reply - 1);
-        reply[n > 0 ? n : 0] = '\0';
-        reply[strcspn(reply, "\r\n")] = '\0';
-        if (reply[0] != ':')
-            why = n > 0 ? reply : "no reply";
+    size_t got = 0;
+    out[0] = '\0';
+    /* Until the first line, and for a bulk string its bytes, are in. */
+    while (!why) {
+        ssize_t n = read(fd, out + got, outlen - 1 - got);
+        if (n <= 0) {
+            why = n < 0 ? strerror(errno) : "no reply";
+            break;
+        }
+        got += (size_t)n;
+        out[got] = '\0';
+        char *eol = strstr(out, "\r\n");
+        if (!eol && got < outlen - 1)
+            continue;
+        if (!eol || (out[0] != ':' && out[0] != '$')) {
+            out[strcspn(out, "\r\n")] = '\0';
+            why = "unexpected reply";
+            break;
+        }
+        if (out[0] == ':')
+            break;
+        long len = atol(out + 1);
+        size_t head = (size_t)(eol + 2 - out);
+        if (len < 0 || head + (size_t)len + 2 > outlen - 1) {
+            why = "reply too long";
+            break;
+        }
+        if (got >= head + (size_t)len) {
+            memmove(out, out + head, (size_t)len);
+            out[len] = '\0';
+            break;
+        }
     }
     if (fd >= 0)
         close(fd);
+    return why;
+}
+
+/* A job that failed with Redis rendezvous: names the ranks, and their
+ * hosts, that never reached it (a host that could not start its ranks,
+ * or started them late), when others did. Each rank's first rendezvous
+ * key is JOB/kolo0/set0/ctl/RANK: the runtime's first kolo_init connects
+ * the global process set's controller under the prefix kolo0/set0/ctl
+ * (background.c, connect_ops), and Gloo's full mesh stores each rank's
+ * address under its rank number. */
+static void kolorun_redis_missing(const kolorun_t *k)
+{
+    static const char script[] =
+        "local m = {} local seen = 0 "
+        "for r = 0, tonumber(ARGV[2]) - 1 do "
+        "if redis.call('EXISTS', ARGV[1] .. r) == 1 then seen = seen + 1 "
+        "else m[#m + 1] = r end end "
+        "return seen .. ':' .. table.concat(m, ',')";
+    char prefix[300], np[16], *reply = malloc(65536);
+    if (!reply)
+        return;
+    snprintf(prefix, sizeof prefix, "%s/kolo0/set0/ctl/", k->job_id);
+    snprintf(np, sizeof np, "%d", k->opts.np);
+    const char *why = kolorun_redis_eval(k, script, prefix, np, reply, 65536);
+    char *list = reply[0] != ':' ? strchr(reply, ':') : NULL;
+    /* Nobody arrived: the program failed before kolo_init, or is not a
+     * kolo program; nothing to say then. */
+    if (why || !list || atoi(reply) == 0 || list[1] == '\0') {
+        free(reply);
+        return;
+    }
+    char line[4096];
+    size_t n = 0;
+    int prev_host = -2;
+    line[0] = '\0';
+    for (char *t = strtok(list + 1, ","); t && n < sizeof line - 64;
+         t = strtok(NULL, ",")) {
+        int r = atoi(t), h = k->rank_host ? k->rank_host[r] : -1;
+        if (h != prev_host && prev_host != -2)
+            n += (size_t)snprintf(line + n, sizeof line - n, " on host %s;",
+                                  prev_host >= 0 ? k->opts.hosts[prev_host].name
+                                                 : "here");
+        n += (size_t)snprintf(line + n, sizeof line - n, "%s%d",
+                              h == prev_host ? ", " : " rank ", r);
+        prev_host = h;
+    }
+    if (prev_host != -2 && n < sizeof line - 64)
+        snprintf(line + n, sizeof line - n, " on host %s",
+                 prev_host >= 0 ? k->opts.hosts[prev_host].name : "here");
+    kolorun_say("never reached the rendezvous at Redis %s:%s", k->redis_addr,
+                line);
+    free(reply);
+}
+
+/* --redis: removes the job's keys once its ranks are gone, so that a
+ * long-lived server does not collect them: a script that deletes what
+ * KEYS JOB/\* finds. A failure only warns. */
+static void kolorun_redis_clean(const kolorun_t *k)
+{
+    static const char script[] =
+        "local n = 0 for _, key in ipairs(redis.call('KEYS', ARGV[1] .. '*')) "
+        "do redis.call('DEL', key) n = n + 1 end return n";
+    char prefix[256], reply[256];
+    snprintf(prefix, sizeof prefix, "%s/", k->job_id);
+    const char *why = kolorun_redis_eval(k, script, prefix, "", reply,
+                                         sizeof reply);
     if (why)
-        kolorun_say("warning: cannot remove this job's keys (%s/*) from "
+        kolorun_say("warning: cannot remove this job's keys (%s*) from "
                     "Redis at %s: %s",
-                    k->job_id, k->redis_addr, why);
+                    prefix, k->redis_addr, why);
     else if (k->opts.verbose)
         kolorun_say("removed %s keys of this job from Redis at %s", reply + 1,
                     k->redis_addr);
@@ -2532,6 +2620,9 @@ int main(int argc, char **argv)
 
 remove_rdv:
     kolorun_rdv_remove(&k);
+    if (k.redis_addr[0] && k.nstarted > 0 && !k.redis_reaped &&
+        (k.failed_rank >= 0 || k.launch_error))
+        kolorun_redis_missing(&k);
     if (k.opts.redis && k.nstarted > 0)
         kolorun_redis_clean(&k);
 stop_redis:

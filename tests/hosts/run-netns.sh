@@ -208,6 +208,17 @@ run_fail "a rendezvous that times out names the host of the failing rank" \
     sh -c '[ "$KOLO_RANK" = 1 ] && exec sleep 30; exec "$0" random 1' \
     "$multi/test-allreduce"
 
+# A host whose launch command hangs: its ranks never reach the rendezvous,
+# the others time out, and kolorun names the host that never came.
+printf '#!/bin/sh\nh=$1; shift\n[ "$h" = "%s" ] && exec sleep 60\nexec ip netns exec "$h" "$@"\n' \
+    "$H1" >"$work/launch"
+chmod +x "$work/launch"
+run_fail "a host that never arrives at the rendezvous is named" \
+    "never_reached_the_rendezvous rank_2,_3_on_host_${H1}" \
+    -H "$H0:2,$H1:2" --start-redis --redis-bind "$net.1" --start-timeout 3 \
+    --failure-grace 0 --launch-command "$work/launch {host}" \
+    "$multi/test-allreduce" random 1
+
 # SIGTERM to kolorun reaches the ranks in the namespaces at once.
 signals() {
     "$kn" -H "$H0:1,$H1:1" --start-redis --redis-bind "$net.1" sleep 60 &
