@@ -299,10 +299,12 @@ static void kolorun_usage(FILE *f)
     fputs(
         "usage: kolorun -np N [options] [--] command [args...]\n"
         "\n"
-        "Starts N ranks of command on this machine, carries their output and\n"
-        "waits for them. If one rank fails, the others are stopped.\n"
+        "Starts N ranks of command on this machine (or on the hosts of -H or\n"
+        "--hostfile), carries their output and waits for them. If one rank\n"
+        "fails, the others are stopped.\n"
         "\n"
-        "  -np N, -n N, --np N      number of ranks (required)\n"
+        "  -np N, -n N, --np N      number of ranks (required without -H or\n"
+        "                           --hostfile)\n"
         "  --tag-output             prefix every output line with its rank\n"
         "                           and stream, like horovodrun and mpirun:\n"
         "                             [1]<stdout>:text\n"
@@ -338,7 +340,7 @@ static void kolorun_usage(FILE *f)
         "  -x NAME[=VALUE]          also pass NAME (from here, or VALUE) to the\n"
         "                           ranks on other hosts; KOLO_* always go\n"
         "  --redis HOST:PORT        ranks meet through this Redis server (keys\n"
-        "                           under a name of this job)\n"
+        "                           under a name of this job, deleted at the end)\n"
         "  --start-redis            start redis-server here for the job, on a free\n"
         "                           port, and stop it at the end\n"
         "  --redis-bind ADDR        the address --start-redis listens on (default:\n"
@@ -2469,11 +2471,11 @@ static void kolorun_std_fds(void)
     }
 }
 
-/* Two pipes per rank: ask for the file descriptors a big job needs. */
+/* Pipes per rank: ask for the file descriptors a big job needs. */
 static void kolorun_raise_fd_limit(int np)
 {
     struct rlimit rl;
-    rlim_t need = (rlim_t)np * 2 + 32;
+    rlim_t need = (rlim_t)np * 3 + 32; /* + a stdin pipe per ssh rank */
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need) {
         rl.rlim_cur = need < rl.rlim_max ? need : rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);

@@ -44,7 +44,7 @@ done
 tag=$$
 net=10.$((100 + tag % 100)).$((tag / 100 % 250))
 br=kb$tag
-hosts=(kolo$tag-h0 kolo$tag-h1 kolo$tag-h2)
+hosts=("kolo$tag-h0" "kolo$tag-h1" "kolo$tag-h2")
 redis_pid=
 work=$(mktemp -d)
 
@@ -56,6 +56,8 @@ cleanup() {
     done
     for i in 0 1 2; do ip link del "kv${tag}h$i" 2>/dev/null; done
     ip link del "$br" 2>/dev/null
+    # run_log: run-lib.sh's, whose EXIT trap this one replaces.
+    # shellcheck disable=SC2154
     rm -rf "$work" "$run_log"
 }
 trap cleanup EXIT
