@@ -75,7 +75,7 @@ typedef struct kolo__ops_config {
     size_t shm_slot_bytes;  /* shm: bytes per rank and step (0: 1 MiB) */
     int shm_spin_us;        /* shm: spin this long before sleeping (< 0:
                                the default, 50) */
-    const char *rendezvous; /* "file:DIR" */
+    const char *rendezvous; /* "file:DIR" or "redis:HOST:PORT[/JOB]" */
     const char *prefix;     /* keys of this context in the rendezvous store:
                                unique per kolo_init and process set */
     const char *hostname;   /* address to bind */

@@ -10,12 +10,17 @@
  */
 #include "env.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 typedef int (*parse_fn)(const char *text, void *field, const char **expected);
 
@@ -115,6 +120,16 @@ static int parse_host(const char *text, void *field, const char **expected)
     return 0;
 }
 
+static int parse_iface(const char *text, void *field, const char **expected)
+{
+    *expected = "an interface name of at most 15 characters (e.g. eth0)";
+    if (strlen(text) >= 16 || strchr(text, '/') != NULL ||
+        strchr(text, ' ') != NULL)
+        return -1;
+    strcpy(field, text);
+    return 0;
+}
+
 static int parse_backend(const char *text, void *field, const char **expected)
 {
     *expected = "auto, gloo, mpi or shm";
@@ -159,10 +174,14 @@ static const config_row_t rows[] = {
      parse_positive, F(local_size)},
     {"KOLO_CROSS_RANK", "0", "index of this host", parse_nonneg, F(cross_rank)},
     {"KOLO_CROSS_SIZE", "1", "number of hosts", parse_positive, F(cross_size)},
-    {"KOLO_RENDEZVOUS", "", "where ranks meet: file:DIR (kolorun sets it)",
+    {"KOLO_RENDEZVOUS", "", "where ranks meet: file:DIR or "
+     "redis:HOST:PORT[/JOB] (kolorun sets it)",
      parse_string, F(rendezvous)},
     {"KOLO_HOSTNAME", "127.0.0.1", "address this rank's transport binds",
      parse_host, F(hostname)},
+    {"KOLO_NETWORK_INTERFACE", "", "bind this interface's address instead "
+     "of KOLO_HOSTNAME (kolorun --network-interface)", parse_iface,
+     F(network_interface)},
     {"KOLO_FUSION_THRESHOLD", "134217728",
      "bytes of tensors fused into one reduction (0: no fusion)", parse_bytes,
      F(fusion_threshold)},
@@ -220,6 +239,89 @@ static const config_row_t rows[] = {
 
 #undef F
 
+/* file:DIR, or redis:HOST:PORT[/JOB] (HOST may be [IPv6]; JOB names the
+ * job's keys, without blanks). */
+static int rendezvous_ok(const char *r)
+{
+    const char *host, *colon, *slash;
+    char *end;
+    long port;
+
+    if (strncmp(r, "file:", 5) == 0)
+        return r[5] != '\0';
+    if (strncmp(r, "redis:", 6) != 0)
+        return 0;
+    host = r + 6;
+    /* The port follows the host: after "]" for [IPv6], else the last ":"
+     * before the job name. */
+    if (host[0] == '[') {
+        const char *close = strchr(host, ']');
+        if (close == NULL || close == host + 1 || close[1] != ':')
+            return 0;
+        colon = close + 1;
+    } else {
+        slash = strchr(host, '/');
+        colon = NULL;
+        for (const char *p = host; *p && (slash == NULL || p < slash); p++)
+            if (*p == ':')
+                colon = p;
+        if (colon == NULL || colon == host)
+            return 0;
+    }
+    errno = 0;
+    port = strtol(colon + 1, &end, 10);
+    if (errno != 0 || end == colon + 1 || port < 1 || port > 65535 ||
+        (*end != '\0' && *end != '/'))
+        return 0;
+    if (*end == '/' && (end[1] == '\0' || strpbrk(end + 1, " \t\n") != NULL))
+        return 0;
+    return 1;
+}
+
+/* The address of `iface` on this host (IPv4 first, else IPv6 that is not
+ * link-local) into out; -1 when it has none. `names` gets the interfaces
+ * that exist, for the message. */
+static int interface_address(const char *iface, char *out, size_t len,
+                             char *names, size_t nlen)
+{
+    struct ifaddrs *all, *ifa;
+    int found = -1;
+    size_t used = 0;
+
+    names[0] = '\0';
+    if (getifaddrs(&all) != 0)
+        return -1;
+    for (int pass = 0; pass < 2 && found != 0; pass++) {
+        for (ifa = all; ifa != NULL && found != 0; ifa = ifa->ifa_next) {
+            if (ifa->ifa_addr == NULL || strcmp(ifa->ifa_name, iface) != 0)
+                continue;
+            if (pass == 0 && ifa->ifa_addr->sa_family == AF_INET) {
+                const struct sockaddr_in *a = (const void *)ifa->ifa_addr;
+                if (inet_ntop(AF_INET, &a->sin_addr, out, (socklen_t)len))
+                    found = 0;
+            } else if (pass == 1 && ifa->ifa_addr->sa_family == AF_INET6) {
+                const struct sockaddr_in6 *a = (const void *)ifa->ifa_addr;
+                if (!IN6_IS_ADDR_LINKLOCAL(&a->sin6_addr) &&
+                    inet_ntop(AF_INET6, &a->sin6_addr, out, (socklen_t)len))
+                    found = 0;
+            }
+        }
+    }
+    for (ifa = all; ifa != NULL; ifa = ifa->ifa_next) {
+        size_t n = strlen(ifa->ifa_name);
+        char *seen = strstr(names, ifa->ifa_name);
+        if (seen != NULL && (seen[n] == '\0' || seen[n] == ',') &&
+            (seen == names || seen[-1] == ' '))
+            continue;
+        if (used + n + 3 < nlen) {
+            used += (size_t)snprintf(names + used, nlen - used, "%s%s",
+                                     used ? ", " : "", ifa->ifa_name);
+        }
+    }
+    freeifaddrs(all);
+    return found;
+}
+
 int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *),
                       kolo__err_t *err)
 {
@@ -263,17 +365,32 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
                              "KOLO_SIZE=%lld but KOLO_RENDEZVOUS is not set: "
                              "start multi-rank jobs with kolorun",
                              (long long)cfg->size);
-    if (cfg->rendezvous[0] != '\0' &&
-        (strncmp(cfg->rendezvous, "file:", 5) != 0 || cfg->rendezvous[5] == '\0'))
+    if (cfg->rendezvous[0] != '\0' && !rendezvous_ok(cfg->rendezvous))
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "environment variable KOLO_RENDEZVOUS='%s' is "
-                             "invalid: expected file:DIR",
+                             "invalid: expected file:DIR or "
+                             "redis:HOST:PORT[/JOB] (port 1 to 65535)",
                              cfg->rendezvous);
     if (cfg->shm_slot_bytes < 4096 || cfg->shm_slot_bytes > ((int64_t)1 << 30))
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "environment variable KOLO_SHM_SLOT_BYTES=%lld is "
                              "invalid: expected 4K to 1G bytes",
                              (long long)cfg->shm_slot_bytes);
+    if (cfg->network_interface[0] != '\0') {
+        char names[512], host[256] = "";
+        gethostname(host, sizeof(host) - 1);
+        if (interface_address(cfg->network_interface, cfg->hostname,
+                              sizeof(cfg->hostname), names,
+                              sizeof(names)) != 0)
+            return kolo__err_set(err, KOLO_ERR_CONFIG,
+                                 "KOLO_NETWORK_INTERFACE=%s: rank %lld on "
+                                 "host %s has no interface %s with an IP "
+                                 "address (interfaces there: %s)",
+                                 cfg->network_interface,
+                                 (long long)cfg->rank, host,
+                                 cfg->network_interface,
+                                 names[0] ? names : "none");
+    }
     if (cfg->timeout_s <= 0)
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "environment variable KOLO_TIMEOUT_SECONDS='%s' is "

@@ -14,8 +14,11 @@ typedef struct kolo__config {
     int64_t rank, size;
     int64_t local_rank, local_size;
     int64_t cross_rank, cross_size;
-    char rendezvous[4096];   /* "file:DIR"; empty for a job of one rank */
+    char rendezvous[4096];   /* "file:DIR" or "redis:HOST:PORT[/JOB]";
+                              * empty for a job of one rank */
     char hostname[256];      /* address the Gloo transport binds */
+    char network_interface[64]; /* KOLO_NETWORK_INTERFACE: its address
+                                 * becomes hostname; "" none */
     int64_t fusion_threshold; /* bytes */
     int64_t chunk_bytes;      /* reduction pieces; 0: whole batches */
     double cycle_time_ms;

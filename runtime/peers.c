@@ -9,6 +9,15 @@
  * its peers: a peer on the same host whose process is gone (or a zombie
  * waiting to be reaped) is the one lost. Peers on other hosts cannot be
  * checked this way and are not named.
+ *
+ * With a Redis rendezvous (redis:HOST:PORT/JOB, jobs over several hosts)
+ * there is no directory, and the registry is skipped: every function here
+ * does nothing and names no one. Only messages lose precision: a lost peer
+ * is reported as the backend's "connection closed by peer", a rendezvous
+ * timeout without the list of ranks that never arrived; kolorun still
+ * names the rank and host that failed first. Storing the registry in Redis
+ * would give ranks of the same host their names back, but for peers on
+ * other hosts (the case Redis is for) a process id says nothing anyway.
  */
 #include "peers.h"
 
@@ -25,7 +34,7 @@ static int registry_path(const kolo__config_t *cfg, const char *prefix, int rank
 {
     int n;
     if (strncmp(cfg->rendezvous, "file:", 5) != 0)
-        return -1;
+        return -1; /* Redis, or no rendezvous: no registry (see the top) */
     n = snprintf(out, len, "%s/%s.rank%d", cfg->rendezvous + 5, prefix, rank);
     return n < 0 || (size_t)n >= len ? -1 : 0;
 }

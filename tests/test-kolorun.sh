@@ -459,13 +459,199 @@ expect "no command: status 2" eq "$rc" 2
 kr -np 2 --frobnicate true
 expect "unknown option: status 2" eq "$rc" 2
 expect "unknown option: named" has "'--frobnicate'" "$ERR"
-for opt in "-H localhost:2" "--hostfile hosts" "--mpi"; do
-    # shellcheck disable=SC2086
-    kr -np 2 $opt true
-    expect "$opt: status 2 (got $rc)" eq "$rc" 2
-    expect "$opt: not supported yet" has "not supported yet" "$ERR"
-done
+kr -np 2 --mpi true
+expect "--mpi: status 2 (got $rc)" eq "$rc" 2
+expect "--mpi: not supported yet" has "not supported yet" "$ERR"
 end
+
+# ---------------------------------------------------------------------------
+# Several hosts: placement, host lists, launch commands (tests/hosts/ runs
+# real jobs over network namespaces)
+
+# The env of one rank, as a line: rank size local_rank local_size
+# cross_rank cross_size.
+PLACE='echo "$KOLO_RANK $KOLO_SIZE $KOLO_LOCAL_RANK $KOLO_LOCAL_SIZE $KOLO_CROSS_RANK $KOLO_CROSS_SIZE"'
+
+begin "-H places ranks host by host; this host's names start ranks directly"
+kr -H "localhost:2,127.0.0.1:1,$(hostname):3" -np 5 sh -c "$PLACE"
+expect "exit status 0 (got $rc)" eq "$rc" 0
+expect "placement 2+1+2 over 3 hosts" eq "$(sort "$OUT")" "0 5 0 2 0 3
+1 5 1 2 0 3
+2 5 0 1 1 3
+3 5 0 2 2 3
+4 5 1 2 2 3"
+kr -H localhost:2,127.0.0.1:2 sh -c "$PLACE; echo \$KOLO_HOSTNAME >&2"
+expect "-np defaults to the slots (4 ranks)" eq "$(wc -l <"$OUT")" 4
+expect "all here: KOLO_HOSTNAME=127.0.0.1" eq "$(sort -u "$ERR")" 127.0.0.1
+kr -np 3 -H localhost:2,127.0.0.1:2,::1 sh -c "$PLACE"
+expect "hosts without ranks are not counted in KOLO_CROSS_SIZE" \
+    eq "$(sort "$OUT")" "0 3 0 2 0 2
+1 3 1 2 0 2
+2 3 0 1 1 2"
+kr -H localhost,127.0.0.1 sh -c "$PLACE"
+expect "a host without :N has one slot" eq "$(sort "$OUT")" "0 2 0 1 0 2
+1 2 0 1 1 2"
+end
+
+begin "--hostfile: 'host slots=N', comments and blank lines"
+printf '# the cluster\n\nlocalhost slots=2   # this one\n  127.0.0.1\t slots=3\n\n::1\n' \
+    >"$WORK/hosts"
+kr --hostfile "$WORK/hosts" -np 4 sh -c "$PLACE"
+expect "exit status 0 (got $rc)" eq "$rc" 0
+expect "placement 2+2" eq "$(sort "$OUT")" "0 4 0 2 0 2
+1 4 1 2 0 2
+2 4 0 2 1 2
+3 4 1 2 1 2"
+kr --hostfile "$WORK/hosts" sh -c "$PLACE"
+expect "-np defaults to the 6 slots" eq "$(wc -l <"$OUT")" 6
+end
+
+# bad ERRTEXT ARGS...: kolorun ARGS exits 2 and says ERRTEXT.
+bad() {
+    local want=$1
+    shift
+    kr "$@" true
+    expect "$* -> status 2 (got $rc)" eq "$rc" 2
+    expect "$* -> says '$want' (said: $(head -c 300 "$ERR"))" has "$want" "$ERR"
+}
+
+begin "host lists: errors name the entry or the file and line"
+bad "host a is listed twice" -H a:2,b:1,a:1
+bad "entry 2 ('b:x'): slots must be a whole number" -H a:2,b:x
+bad "entry 1 ('a:0')" -H a:0
+bad "entry 2 is empty" -H a:1,,b:1
+bad "not a host name" -H 'a;b:1'
+bad "-np 5 is more than the 4 slots of the hosts (a:2, b:2)" -np 5 -H a:2,b:2 --redis r:1
+bad "not both" -H a:1 --hostfile "$WORK/hosts"
+printf 'localhost slots=2\n# fine\nb slots=two\n' >"$WORK/hosts.bad"
+bad "hosts.bad:3: expected 'host slots=N'" --hostfile "$WORK/hosts.bad"
+printf 'localhost slots=2 extra\n' >"$WORK/hosts.bad"
+bad "hosts.bad:1: expected 'host slots=N'" --hostfile "$WORK/hosts.bad"
+printf '# nothing\n\n' >"$WORK/hosts.bad"
+bad "names no host" --hostfile "$WORK/hosts.bad"
+bad "cannot read hostfile $WORK/nonexistent" --hostfile "$WORK/nonexistent"
+bad "cannot reach this host's private rendezvous directory" -H localhost:1,far:1
+bad "unknown placeholder '{hots}'" -H far:1 --redis r:1 --launch-command 'x {hots}'
+bad "--redis wants HOST:PORT" -H far:1 --redis r
+bad "--ssh-port wants a port" -H far:1 --redis r:1 --ssh-port 0
+bad "--redis-bind only goes with --start-redis" -np 1 --redis-bind 127.0.0.1
+end
+
+# The ranks of another host run what the launch command runs. Under
+# env -i nothing of kolorun's environment reaches them but what kolorun
+# puts on the command line.
+begin "--launch-command: placeholders, {command}, the environment passed explicitly"
+export KOLO_LOG_LEVEL=info FROM_HERE=here
+kr -H localhost:1,far:2 --rendezvous-dir "$WORK" -x FROM_HERE -x SET=v1 \
+    --launch-command 'env -i VIA={host}/{rank}/{local_rank} /bin/sh -c {command}' \
+    sh -c "$PLACE"' "$VIA" "$KOLO_LOG_LEVEL" "${FROM_HERE-}" "${SET-}" "${HOME-nohome}"; echo "$KOLO_RENDEZVOUS" >&2' \
+    "a b'c"
+unset KOLO_LOG_LEVEL FROM_HERE
+expect "exit status 0 (got $rc)" eq "$rc" 0
+expect "local rank direct, far ranks through the template, environment passed" \
+    eq "$(sort "$OUT")" "0 3 0 1 0 2  info here v1 $HOME
+1 3 0 2 1 2 far/1/0 info here v1 nohome
+2 3 1 2 1 2 far/2/1 info here v1 nohome"
+expect "the rendezvous directory under --rendezvous-dir" \
+    eq "$(sort -u "$ERR" | grep -c "^file:$WORK/kolo-rdv-......\$")" 1
+expect "and gone after" eq "$(ls -d "$WORK"/kolo-rdv-* 2>/dev/null)" ""
+end
+
+begin "--launch-command without {command}: env VAR=... command args appended"
+kr -H far:1 --redis 127.0.0.1:1 --launch-command 'env VIA={host}' \
+    sh -c 'echo "$VIA $KOLO_RANK $KOLO_RENDEZVOUS" "$1"' x "a b"
+expect "exit status 0 (got $rc)" eq "$rc" 0
+expect "arguments kept as words" has "^far 0 redis:127.0.0.1:1/kolo-.* a b\$" "$OUT"
+expect "a Redis server it cannot reach at the end: a warning" \
+    has "warning: cannot remove this job's keys (kolo-.*/\*) from Redis at 127.0.0.1:1" "$ERR"
+end
+
+# A fake ssh, first in PATH: records its arguments, runs the remote command
+# with sh as sshd would, or fails as an unreachable host does.
+mkdir -p "$WORK/bin"
+cat >"$WORK/bin/ssh" <<'SSH'
+#!/bin/sh
+for a in "$@"; do printf '%s\n' "$a"; done >"$D/ssh.$$"
+[ -n "${FAKE_SSH_FAIL-}" ] && { echo "ssh: connect to host: No route to host" >&2; exit 255; }
+for last in "$@"; do :; done
+# Like a remote command, out of reach of signals to ssh and its group.
+# (An async command's stdin is /dev/null unless it comes from another fd.)
+[ -n "${FAKE_SSH_DETACH-}" ] && { exec 4<&0; setsid sh -c "$last" <&4 & wait $!; exit $?; }
+exec sh -c "$last"
+SSH
+chmod +x "$WORK/bin/ssh"
+
+begin "ssh by default: BatchMode, ConnectTimeout, --ssh-port, --ssh-identity-file"
+echo key >"$WORK/key"
+PATH=$WORK/bin:$PATH kr -H far:2 --redis 127.0.0.1:1 --ssh-port 2222 \
+    --ssh-identity-file "$WORK/key" --start-timeout 7 --tag-output \
+    sh -c 'echo "[$1] $KOLO_LOCAL_RANK"' x "a 'b' \$c"
+expect "exit status 0 (got $rc)" eq "$rc" 0
+expect "quoting survives the remote shell; output tagged" eq "$(sort "$OUT")" \
+    "[0]<stdout>:[a 'b' \$c] 0
+[1]<stdout>:[a 'b' \$c] 1"
+args=$(cat "$D"/ssh.* 2>/dev/null | head -n 9 | tr '\n' ' ')
+expect "ssh options (got: $args)" eq "$args" \
+    "-o BatchMode=yes -o ConnectTimeout=7 -p 2222 -i $WORK/key far "
+end
+
+begin "ssh: the remote rank ends when kolorun stops the job, and its status comes back"
+FAKE_SSH_DETACH=1 PATH=$WORK/bin:$PATH start_bg -H far:1 --redis 127.0.0.1:1 \
+    sh -c 'echo $$ >"$D/remote.pid"; exec sleep 60'
+expect "the remote rank started" wait_files 2
+kill -TERM "$kp"
+wait "$kp"
+rc=$?
+disarm
+expect "kolorun ends by SIGTERM (got $rc)" eq "$rc" 143
+expect "the remote rank is gone" all_gone "$D/remote.pid"
+FAKE_SSH_DETACH=1 PATH=$WORK/bin:$PATH kr -H far:1 --redis 127.0.0.1:1 sh -c 'exit 7'
+expect "a remote rank's exit status is kolorun's (got $rc)" eq "$rc" 7
+end
+
+begin "a remote rank that cannot start names its host"
+FAKE_SSH_FAIL=1 PATH=$WORK/bin:$PATH kr -H localhost:1,far:1 --redis 127.0.0.1:1 \
+    --failure-grace 0 sleep 10
+expect "exit status 255 (got $rc)" eq "$rc" 255
+expect "names rank 1, the host, and what ssh means" \
+    has "kolorun: rank 1 on host far (pid [0-9]*) exited with status 255: ssh could not reach the host" "$ERR"
+expect "quick (took $ms ms)" test "$ms" -lt 5000
+kr -H far:1 --redis 127.0.0.1:1 --launch-command 'kolo-no-such-launcher {host}' true
+expect "a missing launch command: status 127 (got $rc)" eq "$rc" 127
+expect "a missing launch command: named with the host" \
+    has "cannot run the launch command 'kolo-no-such-launcher' for host far" "$ERR"
+end
+
+if command -v redis-server >/dev/null 2>&1; then
+    begin "--start-redis: a server for the job, stopped at the end"
+    kr -np 2 --start-redis --verbose sh -c 'echo "$KOLO_RENDEZVOUS"'
+    expect "exit status 0 (got $rc)" eq "$rc" 0
+    expect "one redis:127.0.0.1:PORT/JOB for both ranks" \
+        eq "$(sort -u "$OUT" | grep -c '^redis:127\.0\.0\.1:[0-9]*/kolo-')" 1
+    pid=$(sed -n 's/.*started redis-server (pid \([0-9]*\)).*/\1/p' "$ERR")
+    expect "the server is gone after (pid '$pid')" test -n "$pid" -a ! -e "/proc/$pid"
+    end
+
+    begin "--redis: the job's keys are removed at the end, no one else's"
+    port=$((30000 + $$ % 20000))
+    redis-server --bind 127.0.0.1 --port "$port" --save "" --appendonly no \
+        >/dev/null 2>&1 &
+    rs=$!
+    for _ in $(seq 50); do
+        redis-cli -p "$port" ping >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    redis-cli -p "$port" set other-job/kolo0/x 1 >/dev/null
+    kr -np 2 --redis "127.0.0.1:$port" --verbose sh -c \
+        'redis-cli -p '"$port"' set "${KOLO_RENDEZVOUS##*/}/kolo0/k$KOLO_RANK" 1 >/dev/null; echo "${KOLO_RENDEZVOUS##*/}"'
+    expect "exit status 0 (got $rc)" eq "$rc" 0
+    expect "both keys removed" has "removed 2 keys of this job" "$ERR"
+    expect "none of the job's left" eq "$(redis-cli -p "$port" keys "$(head -n 1 "$OUT")/*")" ""
+    expect "another job's key kept" eq "$(redis-cli -p "$port" get other-job/kolo0/x)" 1
+    kill "$rs"
+    wait "$rs" 2>/dev/null
+    end
+fi
 
 begin "--help prints the usage on stdout and exits 0"
 kr --help

@@ -81,9 +81,15 @@
  */
 #define _GNU_SOURCE
 
+#include <arpa/inet.h>
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -93,6 +99,8 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -112,7 +120,7 @@
  * longer means a process outside the group, a daemon, holds them). */
 #define KOLORUN_SETTLE_MS 1000
 #define KOLORUN_MAX_RANKS 4096
-#define KOLORUN_MAX_ENV 16
+#define KOLORUN_MAX_ENV 24
 #define KOLORUN_RMTREE_DEPTH 64
 
 enum { KOLORUN_OUT = 0, KOLORUN_ERR = 1 };
@@ -127,8 +135,32 @@ static const int kolorun_stop_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 static volatile sig_atomic_t kolorun_pending[NSIG];
 static int kolorun_wake_fd = -1;
 
+/* One host of a job over several machines (-H, --hostfile). */
+typedef struct kolorun_host {
+    char *name;     /* as the user wrote it: what {host} and ssh get */
+    int slots;      /* how many ranks it takes at most */
+    int first_rank; /* its ranks: first_rank .. first_rank + nranks - 1 */
+    int nranks;     /* 0: the job does not reach this host */
+    int local;      /* the launching host: its ranks start directly */
+} kolorun_host_t;
+
 typedef struct kolorun_opts {
     int np;
+    /* Several hosts. NULL: every rank on this machine, as before. */
+    kolorun_host_t *hosts;
+    int nhosts;     /* hosts given */
+    int nused;      /* hosts that got ranks: KOLO_CROSS_SIZE */
+    int any_remote; /* some ranks start through the launch command */
+    const char *launch_command; /* --launch-command; NULL: ssh */
+    const char *ssh_port;       /* --ssh-port, validated digits */
+    const char *ssh_identity;   /* --ssh-identity-file */
+    const char *redis;          /* --redis HOST:PORT */
+    int start_redis;            /* --start-redis */
+    const char *redis_bind;     /* --redis-bind ADDR */
+    const char *rdv_base;       /* --rendezvous-dir: shared parent directory */
+    const char *network_interface; /* --network-interface */
+    const char **xenv;          /* -x NAME[=VALUE], in order */
+    int nxenv;
     int tag_output;
     int verbose;
     const char *timeline;      /* NULL: not given */
@@ -148,6 +180,7 @@ typedef struct kolorun_rank {
     pid_t pid; /* 0 until started */
     int reaped;
     kolorun_stream_t streams[2]; /* KOLORUN_OUT, KOLORUN_ERR */
+    int hold_fd; /* ssh: write end of its stdin; closing it ends the rank */
 } kolorun_rank_t;
 
 /* One of kolorun's own outputs (fd 1 or 2), with its batch buffer. */
@@ -184,7 +217,16 @@ typedef struct kolorun {
     int64_t killed_ms;     /* when SIGKILL went out */
     int64_t all_reaped_ms; /* when the last rank was reaped, 0 before */
     int64_t job_start_us;  /* wall-clock start, for the ranks' timelines */
+
+    /* Several hosts. */
+    int *rank_host;        /* host index of every rank (NULL: one host) */
+    char redis_addr[300];  /* "HOST:PORT" of the Redis rendezvous, or "" */
+    char job_id[200];      /* namespace of this job's keys in Redis */
+    pid_t redis_pid;       /* --start-redis: the server; 0 when none */
+    int redis_reaped;
 } kolorun_t;
+
+static const struct kolorun_host *kolorun_host_of(const kolorun_t *k, int r);
 
 static int64_t kolorun_now_ms(void)
 {
@@ -257,10 +299,12 @@ static void kolorun_usage(FILE *f)
     fputs(
         "usage: kolorun -np N [options] [--] command [args...]\n"
         "\n"
-        "Starts N ranks of command on this machine, carries their output and\n"
-        "waits for them. If one rank fails, the others are stopped.\n"
+        "Starts N ranks of command on this machine (or on the hosts of -H or\n"
+        "--hostfile), carries their output and waits for them. If one rank\n"
+        "fails, the others are stopped.\n"
         "\n"
-        "  -np N, -n N, --np N      number of ranks (required)\n"
+        "  -np N, -n N, --np N      number of ranks (required without -H or\n"
+        "                           --hostfile)\n"
         "  --tag-output             prefix every output line with its rank\n"
         "                           and stream, like horovodrun and mpirun:\n"
         "                             [1]<stdout>:text\n"
@@ -275,12 +319,42 @@ static void kolorun_usage(FILE *f)
         "  --verbose                say what kolorun does: rendezvous directory,\n"
         "                           each rank's pid and environment and end\n"
         "  -h, --help               show this help\n"
-        "  -H, --hostfile, --mpi    several machines: not supported yet\n"
+        "  --mpi                    not supported yet\n"
+        "\n"
+        "Several hosts (see README.md, \"Several hosts\"):\n"
+        "  -H, --hosts H:N,...      hosts and their slots (H alone: 1 slot); ranks\n"
+        "                           fill the hosts in order, host by host; -np\n"
+        "                           defaults to the sum of the slots\n"
+        "  --hostfile FILE          the same from a file: lines 'host slots=N'\n"
+        "                           (or 'host': 1 slot); '#' starts a comment\n"
+        "  --launch-command TMPL    how a rank starts on another host (default:\n"
+        "                           ssh -o BatchMode=yes {host} {command}); TMPL is\n"
+        "                           split at blanks, then {host} (the host as given),\n"
+        "                           {rank}, {local_rank} and {command} (the rank's\n"
+        "                           command, environment included, as one shell-\n"
+        "                           quoted word) are replaced. Without {command}\n"
+        "                           the words env VAR=VALUE... command args... are\n"
+        "                           appended, e.g. 'ip netns exec {host}'\n"
+        "  --ssh-port PORT          ssh -p PORT\n"
+        "  --ssh-identity-file F    ssh -i F\n"
+        "  -x NAME[=VALUE]          also pass NAME (from here, or VALUE) to the\n"
+        "                           ranks on other hosts; KOLO_* always go\n"
+        "  --redis HOST:PORT        ranks meet through this Redis server (keys\n"
+        "                           under a name of this job, deleted at the end)\n"
+        "  --start-redis            start redis-server here for the job, on a free\n"
+        "                           port, and stop it at the end\n"
+        "  --redis-bind ADDR        the address --start-redis listens on (default:\n"
+        "                           this host's address on --network-interface, or\n"
+        "                           its first non-loopback IPv4 address)\n"
+        "  --rendezvous-dir DIR     ranks meet in a fresh directory under DIR, a\n"
+        "                           file system every host shares\n"
+        "  --network-interface IF   ranks bind IF's address on their host for Gloo\n"
         "\n"
         "Each rank gets KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,\n"
-        "KOLO_CROSS_RANK=0, KOLO_CROSS_SIZE=1, KOLO_RENDEZVOUS=file:DIR (a\n"
-        "private directory, removed at the end) and KOLO_HOSTNAME=127.0.0.1\n"
-        "(unless already set). Its standard input is /dev/null. Its output goes\n"
+        "KOLO_CROSS_RANK (its host's index), KOLO_CROSS_SIZE (hosts),\n"
+        "KOLO_RENDEZVOUS=file:DIR (a private directory, removed at the end) or\n"
+        "redis:HOST:PORT/JOB, and KOLO_HOSTNAME (127.0.0.1 on one host; unless\n"
+        "already set). Its standard input is /dev/null. Its output goes\n"
         "to kolorun's stdout and stderr in whole lines (lines over 64 KiB in\n"
         "pieces); without --tag-output the bytes are unchanged.\n"
         "\n"
@@ -336,11 +410,250 @@ static int kolorun_is(const char *arg, const char *name)
     return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
 }
 
+/* ------------------------------------------------------------------------
+ * Hosts
+ *
+ * -H a:4,b:4 and --hostfile both give a list of hosts with slots. Ranks fill
+ * the hosts in the order given, host by host: with -np 6, a gets ranks 0-3
+ * and b ranks 4-5. A host's index among the hosts that got ranks is its
+ * KOLO_CROSS_RANK, which the runtime takes as the host's identity (ranks
+ * with the same one share memory); ranks on it are numbered by
+ * KOLO_LOCAL_RANK.
+ */
+
+/* The launching host: its ranks start directly, without ssh. */
+static int kolorun_host_is_local(const char *name)
+{
+    char me[256] = "";
+    if (strcmp(name, "localhost") == 0 || strcmp(name, "127.0.0.1") == 0 ||
+        strcmp(name, "::1") == 0)
+        return 1;
+    if (gethostname(me, sizeof me - 1) != 0 || me[0] == '\0')
+        return 0;
+    if (strcmp(name, me) == 0)
+        return 1;
+    /* "node1" and "node1.cluster.example" name the same machine. */
+    size_t a = strcspn(name, "."), b = strcspn(me, ".");
+    return a == b && strncmp(name, me, a) == 0 &&
+           (name[a] == '\0' || me[b] == '\0');
+}
+
+/* A host name kolorun can pass through a launch command and a shell: no
+ * blanks, quotes or shell syntax, and not an option. */
+static int kolorun_host_name_ok(const char *name)
+{
+    if (name[0] == '\0' || name[0] == '-' || strlen(name) > 255)
+        return 0;
+    for (const char *p = name; *p; p++)
+        if (!isalnum((unsigned char)*p) && !strchr(".-_:[]@%", *p))
+            return 0;
+    return 1;
+}
+
+/* Adds a host to the list; exits 2 with a message naming `where` on a
+ * wrong or repeated name. */
+static void kolorun_host_add(kolorun_opts_t *o, const char *name, size_t len,
+                             int slots, const char *where)
+{
+    char *n = strndup(name, len);
+    kolorun_host_t *h = realloc(o->hosts, (size_t)(o->nhosts + 1) * sizeof *h);
+    if (!n || !h) {
+        kolorun_say("out of memory");
+        exit(1);
+    }
+    o->hosts = h;
+    if (!kolorun_host_name_ok(n)) {
+        kolorun_say("%s: '%s' is not a host name kolorun can use (letters, "
+                    "digits and . - _ : [ ] @ %% only)",
+                    where, n);
+        exit(2);
+    }
+    for (int i = 0; i < o->nhosts; i++) {
+        if (strcmp(o->hosts[i].name, n) == 0) {
+            kolorun_say("%s: host %s is listed twice; give it once with all "
+                        "its slots",
+                        where, n);
+            exit(2);
+        }
+    }
+    memset(&o->hosts[o->nhosts], 0, sizeof o->hosts[0]);
+    o->hosts[o->nhosts].name = n;
+    o->hosts[o->nhosts].slots = slots;
+    o->hosts[o->nhosts].local = kolorun_host_is_local(n);
+    o->nhosts++;
+}
+
+/* -H host[:slots],... ("[::1]:2" for an IPv6 address with slots). */
+static void kolorun_parse_hosts(kolorun_opts_t *o, const char *list)
+{
+    const char *p = list;
+    int entry = 1;
+    if (*list == '\0') {
+        kolorun_say("-H wants hosts, for example -H hostA:4,hostB:4");
+        exit(2);
+    }
+    for (;; entry++) {
+        size_t len = strcspn(p, ",");
+        char item[512], where[600];
+        snprintf(item, sizeof item, "%.*s", (int)(len < 511 ? len : 511), p);
+        snprintf(where, sizeof where, "-H, entry %d ('%s')", entry, item);
+        if (len == 0) {
+            kolorun_say("-H: entry %d is empty in '%s'", entry, list);
+            exit(2);
+        }
+        /* The slots follow the last ':' unless the name is an IPv6
+         * address, which must then be in brackets. */
+        const char *name = item, *colon = strrchr(item, ':');
+        size_t nlen = strlen(item);
+        int slots = 1;
+        if (item[0] == '[') {
+            const char *close = strchr(item, ']');
+            if (!close || (close[1] != '\0' && close[1] != ':')) {
+                kolorun_say("%s: write an IPv6 address as [ADDRESS] or "
+                            "[ADDRESS]:SLOTS",
+                            where);
+                exit(2);
+            }
+            name = item + 1;
+            nlen = (size_t)(close - name);
+            colon = close[1] == ':' ? close + 1 : NULL;
+        } else if (colon && strchr(item, ':') != colon) {
+            colon = NULL; /* a bare IPv6 address: one slot */
+        } else if (colon) {
+            nlen = (size_t)(colon - item);
+        }
+        if (colon) {
+            long v = kolorun_parse_long(colon + 1, 1, KOLORUN_MAX_RANKS);
+            if (v < 0) {
+                kolorun_say("%s: slots must be a whole number from 1 to %d, "
+                            "not '%s'",
+                            where, KOLORUN_MAX_RANKS, colon + 1);
+                exit(2);
+            }
+            slots = (int)v;
+        }
+        kolorun_host_add(o, name, nlen, slots, where);
+        if (p[len] == '\0')
+            break;
+        p += len + 1;
+    }
+}
+
+/* --hostfile: "host slots=N" or "host" per line; '#' to the end of a line
+ * is a comment; blank lines are skipped. Errors name FILE:LINE. */
+static void kolorun_parse_hostfile(kolorun_opts_t *o, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        kolorun_say("cannot read hostfile %s: %s", path, strerror(errno));
+        exit(2);
+    }
+    char line[1024];
+    int lineno = 0;
+    while (fgets(line, sizeof line, f)) {
+        char where[1200], *save = NULL, *tok;
+        lineno++;
+        snprintf(where, sizeof where, "%s:%d", path, lineno);
+        if (!strchr(line, '\n') && !feof(f)) {
+            kolorun_say("%s: line longer than %d characters", where,
+                        (int)sizeof line - 2);
+            exit(2);
+        }
+        line[strcspn(line, "#\r\n")] = '\0';
+        char *host = strtok_r(line, " \t", &save);
+        if (!host)
+            continue;
+        int slots = 1, seen_slots = 0;
+        while ((tok = strtok_r(NULL, " \t", &save)) != NULL) {
+            long v = -1;
+            if (strncmp(tok, "slots=", 6) == 0 && !seen_slots)
+                v = kolorun_parse_long(tok + 6, 1, KOLORUN_MAX_RANKS);
+            if (v < 0) {
+                kolorun_say("%s: expected 'host slots=N' (N from 1 to %d), "
+                            "and '%s' is not understood",
+                            where, KOLORUN_MAX_RANKS, tok);
+                exit(2);
+            }
+            slots = (int)v;
+            seen_slots = 1;
+        }
+        kolorun_host_add(o, host, strlen(host), slots, where);
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        kolorun_say("cannot read hostfile %s: %s", path, strerror(errno));
+        exit(2);
+    }
+    if (o->nhosts == 0) {
+        kolorun_say("hostfile %s names no host", path);
+        exit(2);
+    }
+}
+
+/* Places the ranks host by host; fills in np when it was not given. */
+static void kolorun_place(kolorun_opts_t *o)
+{
+    long total = 0;
+    for (int i = 0; i < o->nhosts; i++)
+        total += o->hosts[i].slots;
+    if (o->np == 0)
+        o->np = total > KOLORUN_MAX_RANKS ? KOLORUN_MAX_RANKS : (int)total;
+    if (o->np > total) {
+        char list[1024];
+        size_t n = 0;
+        list[0] = '\0';
+        for (int i = 0; i < o->nhosts && n < sizeof list; i++)
+            n += (size_t)snprintf(list + n, sizeof list - n, "%s%s:%d",
+                                  i ? ", " : "", o->hosts[i].name,
+                                  o->hosts[i].slots);
+        kolorun_say("-np %d is more than the %ld slot%s of the hosts (%s)",
+                    o->np, total, total == 1 ? "" : "s", list);
+        exit(2);
+    }
+    int next = 0;
+    for (int i = 0; i < o->nhosts; i++) {
+        kolorun_host_t *h = &o->hosts[i];
+        h->first_rank = next;
+        h->nranks = o->np - next < h->slots ? o->np - next : h->slots;
+        next += h->nranks;
+        if (h->nranks > 0) {
+            o->nused++;
+            o->any_remote |= !h->local;
+        }
+    }
+}
+
+static const char *const kolorun_placeholders[] = {"{host}", "{rank}",
+                                                   "{local_rank}", "{command}"};
+
+/* Every {word} of a launch command template must be one kolorun knows. */
+static void kolorun_check_template(const char *t)
+{
+    for (const char *p = strchr(t, '{'); p; p = strchr(p + 1, '{')) {
+        int known = 0;
+        for (size_t i = 0; i < 4; i++)
+            known |= strncmp(p, kolorun_placeholders[i],
+                             strlen(kolorun_placeholders[i])) == 0;
+        if (!known) {
+            kolorun_say("--launch-command: unknown placeholder '%.*s' in '%s' "
+                        "(known: {host}, {rank}, {local_rank}, {command})",
+                        (int)strcspn(p, "}") + 1, p, t);
+            exit(2);
+        }
+    }
+    if (strspn(t, " \t") == strlen(t)) {
+        kolorun_say("--launch-command wants a command, for example "
+                    "'ip netns exec {host}'");
+        exit(2);
+    }
+}
+
 /* Parses the options; exits 0 after --help, 2 on a wrong command line. */
 static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
 {
-    static const char *const later[] = {"-H", "--host", "--hosts",
-                                        "--hostfile", "-hostfile", "--mpi"};
+    static const char *const later[] = {"--mpi"};
+    const char *hosts = NULL, *hostfile = NULL;
     memset(o, 0, sizeof *o);
     o->failure_grace_ms = 5000;
     int i;
@@ -410,6 +723,107 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             o->start_timeout = v;
             continue;
         }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "-H")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "--host")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "--hosts"))) {
+            hosts = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--hostfile")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "-hostfile"))) {
+            hostfile = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--launch-command"))) {
+            kolorun_check_template(v);
+            o->launch_command = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--ssh-port"))) {
+            if (kolorun_parse_long(v, 1, 65535) < 0) {
+                kolorun_say("--ssh-port wants a port from 1 to 65535, not "
+                            "'%s'",
+                            v);
+                exit(2);
+            }
+            o->ssh_port = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a,
+                                   "--ssh-identity-file"))) {
+            if (access(v, R_OK) != 0) {
+                kolorun_say("--ssh-identity-file %s: %s", v, strerror(errno));
+                exit(2);
+            }
+            o->ssh_identity = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "-x"))) {
+            const char **x = realloc(o->xenv, (size_t)(o->nxenv + 1) *
+                                                  sizeof *x);
+            if (!x) {
+                kolorun_say("out of memory");
+                exit(1);
+            }
+            size_t nl = strcspn(v, "=");
+            if (nl == 0 || strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "abcdefghijklmnopqrstuvwxyz"
+                                     "0123456789_") != nl) {
+                kolorun_say("-x wants NAME or NAME=VALUE, not '%s'", v);
+                exit(2);
+            }
+            o->xenv = x;
+            o->xenv[o->nxenv++] = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis"))) {
+            const char *c = strrchr(v, ':');
+            if (!c || c == v || kolorun_parse_long(c + 1, 1, 65535) < 0) {
+                kolorun_say("--redis wants HOST:PORT (port from 1 to 65535), "
+                            "not '%s'",
+                            v);
+                exit(2);
+            }
+            o->redis = v;
+            continue;
+        }
+        if (strcmp(a, "--start-redis") == 0) {
+            o->start_redis = 1;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis-bind"))) {
+            struct in_addr ia;
+            if (inet_pton(AF_INET, v, &ia) != 1) {
+                kolorun_say("--redis-bind wants an IPv4 address, not '%s'", v);
+                exit(2);
+            }
+            o->redis_bind = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--rendezvous-dir"))) {
+            struct stat st;
+            int bad = stat(v, &st) != 0      ? errno
+                      : !S_ISDIR(st.st_mode) ? ENOTDIR
+                                             : 0;
+            if (bad) {
+                kolorun_say("--rendezvous-dir %s: %s", v, strerror(bad));
+                exit(2);
+            }
+            o->rdv_base = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a,
+                                   "--network-interface"))) {
+            if (*v == '\0' || strlen(v) >= 16 || strchr(v, '/') ||
+                strchr(v, ' ')) {
+                kolorun_say("--network-interface wants an interface name "
+                            "(at most 15 characters, e.g. eth0), not '%s'",
+                            v);
+                exit(2);
+            }
+            o->network_interface = v;
+            continue;
+        }
         for (size_t j = 0; j < sizeof later / sizeof later[0]; j++) {
             if (kolorun_is(a, later[j])) {
                 kolorun_say("%s is not supported yet: this kolorun starts "
@@ -421,9 +835,39 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
         kolorun_say("unknown option '%s' (see kolorun --help)", a);
         exit(2);
     }
+    if (hosts && hostfile) {
+        kolorun_say("give the hosts with -H or with --hostfile, not both");
+        exit(2);
+    }
+    if (hosts)
+        kolorun_parse_hosts(o, hosts);
+    else if (hostfile)
+        kolorun_parse_hostfile(o, hostfile);
+    if (o->nhosts > 0)
+        kolorun_place(o);
     if (o->np == 0) {
         kolorun_say("say how many ranks to start with -np N "
                     "(see kolorun --help)");
+        exit(2);
+    }
+    if (o->redis && o->start_redis) {
+        kolorun_say("give --redis HOST:PORT or --start-redis, not both");
+        exit(2);
+    }
+    if (o->redis_bind && !o->start_redis) {
+        kolorun_say("--redis-bind only goes with --start-redis");
+        exit(2);
+    }
+    if ((o->redis || o->start_redis) && o->rdv_base) {
+        kolorun_say("give --rendezvous-dir or Redis (--redis, --start-redis), "
+                    "not both");
+        exit(2);
+    }
+    if (o->any_remote && !o->redis && !o->start_redis && !o->rdv_base) {
+        kolorun_say("ranks on other hosts cannot reach this host's private "
+                    "rendezvous directory: add --redis HOST:PORT, "
+                    "--start-redis, or --rendezvous-dir DIR on a file system "
+                    "every host shares");
         exit(2);
     }
     if (i >= argc) {
@@ -442,7 +886,7 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
  * looks for its peers. */
 static int kolorun_rdv_create(kolorun_t *k)
 {
-    const char *base = getenv("TMPDIR");
+    const char *base = k->opts.rdv_base ? k->opts.rdv_base : getenv("TMPDIR");
     if (!base || !*base)
         base = "/tmp";
     size_t n = strlen(base);
@@ -543,15 +987,23 @@ static void kolorun_shm_sweep(const kolorun_t *k, const char *rendezvous)
     closedir(d);
 }
 
+/* The KOLO_RENDEZVOUS every rank gets (NULL: out of memory). */
+static char *kolorun_rendezvous(const kolorun_t *k)
+{
+    if (k->redis_addr[0])
+        return kolorun_strdupf("redis:%s/%s", k->redis_addr, k->job_id);
+    return kolorun_strdupf("file:%s", k->rdv_dir);
+}
+
 static void kolorun_rdv_remove(kolorun_t *k)
 {
-    if (!k->rdv_dir)
-        return;
-    char *rdv = kolorun_strdupf("file:%s", k->rdv_dir);
+    char *rdv = k->redis_addr[0] || k->rdv_dir ? kolorun_rendezvous(k) : NULL;
     if (rdv) {
         kolorun_shm_sweep(k, rdv);
         free(rdv);
     }
+    if (!k->rdv_dir)
+        return;
     if (kolorun_rmtree_at(AT_FDCWD, k->rdv_dir, 0) != 0 && errno != ENOENT)
         kolorun_say("warning: cannot remove the rendezvous directory %s: %s",
                     k->rdv_dir, strerror(errno));
@@ -665,10 +1117,24 @@ static const char *kolorun_signame(int sig)
 }
 
 /* Starts stopping the job: sig now, SIGKILL after the grace period. */
+/* Closes the stdin pipes of the ranks started by ssh: on the other host
+ * each one's wrapper sees end of file and sends its rank SIGTERM. (The
+ * signal to ssh ends ssh, and with it the connection, to the same effect;
+ * closing the pipe also covers a launch process that outlives the signal.) */
+static void kolorun_release_remote(kolorun_t *k, int r)
+{
+    for (int i = r < 0 ? 0 : r; i < (r < 0 ? k->nstarted : r + 1); i++) {
+        if (k->ranks[i].hold_fd >= 0)
+            close(k->ranks[i].hold_fd);
+        k->ranks[i].hold_fd = -1;
+    }
+}
+
 static void kolorun_stop(kolorun_t *k, int sig)
 {
     if (k->stopping)
         return;
+    kolorun_release_remote(k, -1);
     k->stopping = 1;
     k->stop_ms = kolorun_now_ms();
     if (k->opts.verbose && k->nalive > 0)
@@ -878,24 +1344,43 @@ static void kolorun_rank_ended(kolorun_t *k, int r, int status)
     kolorun_describe(status, how, sizeof how);
     rk->reaped = 1;
     k->nalive--;
+    kolorun_release_remote(k, r);
 
     kolorun_stream_read(k, r, KOLORUN_OUT, 1);
     kolorun_stream_read(k, r, KOLORUN_ERR, 1);
 
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    /* On several hosts a rank is named with its host; for a rank on
+     * another host the pid is the launch command's, which stands for it. */
+    char where[400] = "";
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    if (h)
+        snprintf(where, sizeof where, " on host %s", h->name);
     if (!ok && !k->stopping && k->failed_rank < 0) {
         /* The first failure is the cause, the one line everyone reads. The
          * other ranks are stopped after the failure grace: the runtime
          * tells each of them which rank it lost, and a program that reports
          * that and exits should be heard, not killed mid-sentence. */
-        kolorun_say("rank %d (pid %ld) %s", r, (long)rk->pid, how);
+        const char *hint = "";
+        if (h && !h->local && WIFEXITED(status)) {
+            if (WEXITSTATUS(status) == 255 && !k->opts.launch_command)
+                hint = ": ssh could not reach the host, log in without a "
+                       "password (BatchMode), or lost the connection";
+            else if (WEXITSTATUS(status) == 127)
+                hint = ": the command (or the launch command) was not found "
+                       "there";
+            else if (WEXITSTATUS(status) == 126)
+                hint = ": the command cannot be executed there";
+        }
+        kolorun_say("rank %d%s (pid %ld) %s%s", r, where, (long)rk->pid, how,
+                    hint);
         k->failed_rank = r;
         k->failed_status = status;
         k->failed_ms = kolorun_now_ms();
         if (k->opts.failure_grace_ms == 0)
             kolorun_stop(k, SIGTERM);
     } else if (k->opts.verbose) {
-        kolorun_say("rank %d (pid %ld) %s%s", r, (long)rk->pid, how,
+        kolorun_say("rank %d%s (pid %ld) %s%s", r, where, (long)rk->pid, how,
                     k->stopping && !ok ? " (stopped by kolorun)" : "");
     }
 }
@@ -913,6 +1398,15 @@ static void kolorun_reap(kolorun_t *k)
             k->holder_reaped = 1;
             continue;
         }
+        if (pid == k->redis_pid) {
+            k->redis_reaped = 1;
+            if (!k->stopping)
+                kolorun_say("warning: the redis-server kolorun started "
+                            "(pid %ld) has %s during the job",
+                            (long)pid, WIFSIGNALED(status) ? "been killed"
+                                                           : "exited");
+            continue;
+        }
         for (int r = 0; r < k->nstarted; r++) {
             if (k->ranks[r].pid == pid && !k->ranks[r].reaped) {
                 kolorun_rank_ended(k, r, status);
@@ -922,22 +1416,65 @@ static void kolorun_reap(kolorun_t *k)
     }
 }
 
+/* The host of rank r; NULL on a job of one machine without -H. */
+static const struct kolorun_host *kolorun_host_of(const kolorun_t *k, int r)
+{
+    return k->rank_host ? &k->opts.hosts[k->rank_host[r]] : NULL;
+}
+
+/* The address rank r's transport binds, when nothing else says. */
+static const char *kolorun_bind_host(const kolorun_t *k, int r, char *buf,
+                                     size_t n)
+{
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    if (!h || !k->opts.any_remote)
+        return "127.0.0.1"; /* every rank here: loopback reaches them all */
+    if (!h->local)
+        return h->name;
+    /* "localhost" cannot be reached from the other hosts: this host's
+     * name can, where it resolves to a routable address (otherwise
+     * --network-interface is the way). */
+    if (gethostname(buf, n - 1) != 0 || buf[0] == '\0')
+        return h->name;
+    buf[n - 1] = '\0';
+    return buf;
+}
+
 /* The environment of rank r, as "NAME=value" strings. */
 static int kolorun_rank_env(const kolorun_t *k, int r,
                             char *env[KOLORUN_MAX_ENV])
 {
     int n = 0;
     int np = k->opts.np;
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    char me[256];
     env[n++] = kolorun_strdupf("KOLO_RANK=%d", r);
     env[n++] = kolorun_strdupf("KOLO_SIZE=%d", np);
-    /* One machine: local and global numbering are the same. */
-    env[n++] = kolorun_strdupf("KOLO_LOCAL_RANK=%d", r);
-    env[n++] = kolorun_strdupf("KOLO_LOCAL_SIZE=%d", np);
-    env[n++] = kolorun_strdupf("KOLO_CROSS_RANK=0");
-    env[n++] = kolorun_strdupf("KOLO_CROSS_SIZE=1");
-    env[n++] = kolorun_strdupf("KOLO_RENDEZVOUS=file:%s", k->rdv_dir);
-    if (!getenv("KOLO_HOSTNAME"))
-        env[n++] = kolorun_strdupf("KOLO_HOSTNAME=127.0.0.1");
+    if (!h) {
+        /* One machine: local and global numbering are the same. */
+        env[n++] = kolorun_strdupf("KOLO_LOCAL_RANK=%d", r);
+        env[n++] = kolorun_strdupf("KOLO_LOCAL_SIZE=%d", np);
+        env[n++] = kolorun_strdupf("KOLO_CROSS_RANK=0");
+        env[n++] = kolorun_strdupf("KOLO_CROSS_SIZE=1");
+    } else {
+        /* Hosts that got ranks are numbered in order: hosts without ranks
+         * come after them, so the used ones are 0 .. nused - 1. */
+        env[n++] = kolorun_strdupf("KOLO_LOCAL_RANK=%d", r - h->first_rank);
+        env[n++] = kolorun_strdupf("KOLO_LOCAL_SIZE=%d", h->nranks);
+        env[n++] = kolorun_strdupf("KOLO_CROSS_RANK=%d", k->rank_host[r]);
+        env[n++] = kolorun_strdupf("KOLO_CROSS_SIZE=%d", k->opts.nused);
+    }
+    {
+        char *rdv = kolorun_rendezvous(k);
+        env[n++] = rdv ? kolorun_strdupf("KOLO_RENDEZVOUS=%s", rdv) : NULL;
+        free(rdv);
+    }
+    if (k->opts.network_interface)
+        env[n++] = kolorun_strdupf("KOLO_NETWORK_INTERFACE=%s",
+                                   k->opts.network_interface);
+    else if (!getenv("KOLO_HOSTNAME"))
+        env[n++] = kolorun_strdupf("KOLO_HOSTNAME=%s",
+                                   kolorun_bind_host(k, r, me, sizeof me));
     /* Every rank's timeline counts time from the same moment. */
     env[n++] = kolorun_strdupf("KOLO_JOB_START_US=%lld",
                                (long long)k->job_start_us);
@@ -946,17 +1483,273 @@ static int kolorun_rank_env(const kolorun_t *k, int r,
     if (k->opts.start_timeout)
         env[n++] = kolorun_strdupf("KOLO_START_TIMEOUT=%s",
                                    k->opts.start_timeout);
+    /* -x NAME=VALUE holds for every rank; -x NAME only carries NAME to
+     * other hosts (ranks here have it already). */
+    for (int i = 0; i < k->opts.nxenv && n < KOLORUN_MAX_ENV - 1; i++)
+        if (strchr(k->opts.xenv[i], '='))
+            env[n++] = kolorun_strdupf("%s", k->opts.xenv[i]);
     for (int i = 0; i < n; i++)
         if (!env[i])
             return -1;
     return n;
 }
 
+/* A string list that grows; NULL-terminated; strings owned. */
+typedef struct kolorun_words {
+    char **w;
+    int n, cap;
+    int oom;
+} kolorun_words_t;
+
+static void kolorun_words_add(kolorun_words_t *ws, char *owned)
+{
+    if (!owned || ws->oom) {
+        free(owned);
+        ws->oom = 1;
+        return;
+    }
+    if (ws->n + 2 > ws->cap) {
+        int cap = ws->cap ? ws->cap * 2 : 32;
+        char **w = realloc(ws->w, (size_t)cap * sizeof *w);
+        if (!w) {
+            free(owned);
+            ws->oom = 1;
+            return;
+        }
+        ws->w = w;
+        ws->cap = cap;
+    }
+    ws->w[ws->n++] = owned;
+    ws->w[ws->n] = NULL;
+}
+
+static void kolorun_words_free(kolorun_words_t *ws)
+{
+    for (int i = 0; i < ws->n; i++)
+        free(ws->w[i]);
+    free(ws->w);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* s in single quotes for a POSIX shell: ' becomes '\''. */
+static char *kolorun_shell_quote(const char *s)
+{
+    size_t n = 3;
+    for (const char *p = s; *p; p++)
+        n += *p == '\'' ? 4 : 1;
+    char *q = malloc(n), *o = q;
+    if (!q)
+        return NULL;
+    *o++ = '\'';
+    for (const char *p = s; *p; p++) {
+        if (*p == '\'') {
+            memcpy(o, "'\\''", 4);
+            o += 4;
+        } else {
+            *o++ = *p;
+        }
+    }
+    *o++ = '\'';
+    *o = '\0';
+    return q;
+}
+
+/* Whether env (n strings NAME=value) sets the variable of "NAME=...". */
+static int kolorun_env_has(char **env, int n, const char *var)
+{
+    size_t len = strcspn(var, "=");
+    for (int i = 0; i < n; i++)
+        if (strncmp(env[i], var, len) == 0 && env[i][len] == '=')
+            return 1;
+    return 0;
+}
+
+/* What runs on the other host: env VAR=value... command args..., as words.
+ * The environment the rank needs goes on this command line because
+ * nothing says the launch command carries any (ssh does not): kolorun's
+ * KOLO_* variables for the rank, every other KOLO_* set here (the user's
+ * KOLO_LOG_LEVEL, KOLO_TIMEOUT_SECONDS, ...) and what -x names. */
+static void kolorun_remote_command(const kolorun_t *k, char **env, int nenv,
+                                   kolorun_words_t *out)
+{
+    extern char **environ;
+    kolorun_words_add(out, strdup("env"));
+    for (int i = 0; i < nenv; i++)
+        kolorun_words_add(out, strdup(env[i]));
+    for (char **e = environ; *e; e++)
+        if (strncmp(*e, "KOLO_", 5) == 0 && !kolorun_env_has(env, nenv, *e))
+            kolorun_words_add(out, strdup(*e));
+    for (int i = 0; i < k->opts.nxenv; i++) {
+        const char *x = k->opts.xenv[i], *val;
+        if (strchr(x, '=') || kolorun_env_has(env, nenv, x))
+            continue; /* NAME=VALUE is in env already */
+        if ((val = getenv(x)) != NULL)
+            kolorun_words_add(out, kolorun_strdupf("%s=%s", x, val));
+    }
+    for (char **a = k->opts.argv; *a; a++)
+        kolorun_words_add(out, strdup(*a));
+}
+
+/* Replaces the placeholders of one template word. */
+static char *kolorun_expand(const char *word, const kolorun_host_t *h, int r,
+                            const char *command)
+{
+    char rank[16], local[16];
+    snprintf(rank, sizeof rank, "%d", r);
+    snprintf(local, sizeof local, "%d", r - h->first_rank);
+    const char *val[4] = {h->name, rank, local, command};
+    size_t cap = strlen(word) + 1;
+    for (size_t i = 0; i < 4; i++)
+        cap += strlen(val[i]) * 4; /* each placeholder a few times at most */
+    char *out = malloc(cap), *o = out;
+    if (!out)
+        return NULL;
+    for (const char *p = word; *p;) {
+        size_t i;
+        for (i = 0; i < 4; i++) {
+            size_t pl = strlen(kolorun_placeholders[i]);
+            if (strncmp(p, kolorun_placeholders[i], pl) == 0 &&
+                (size_t)(o - out) + strlen(val[i]) < cap) {
+                memcpy(o, val[i], strlen(val[i]));
+                o += strlen(val[i]);
+                p += pl;
+                break;
+            }
+        }
+        if (i == 4 && (size_t)(o - out) + 1 < cap)
+            *o++ = *p++;
+        else if (i == 4)
+            p++;
+    }
+    *o = '\0';
+    return out;
+}
+
+/* Whether a shell on the other host runs the rank's command: ssh, or a
+ * template with {command}. Such ranks get the stdin wrapper below. */
+static int kolorun_remote_shell(const kolorun_t *k)
+{
+    return !k->opts.launch_command ||
+           strstr(k->opts.launch_command, "{command}") != NULL;
+}
+
+/* The argv that starts rank r on its (other) host: the launch command
+ * with its placeholders replaced. ssh by default:
+ *   ssh -o BatchMode=yes -o ConnectTimeout=T [-p P] [-i F] HOST
+ *       "cd 'CWD' 2>/dev/null; exec env 'KOLO_RANK=3' ... 'prog' 'arg'"
+ * BatchMode: a password prompt would hang the start; ConnectTimeout: an
+ * unreachable host fails within the start timeout. */
+static int kolorun_launch_argv(const kolorun_t *k, int r, char **env,
+                               int nenv, kolorun_words_t *argv)
+{
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    kolorun_words_t cmd = {0}, tmpl = {0};
+    char *command = NULL;
+    int rc = -1;
+
+    kolorun_remote_command(k, env, nenv, &cmd);
+    if (cmd.oom)
+        goto free_words;
+    /* The same command as one shell word, for {command} and ssh. */
+    size_t len = 64;
+    char cwd[4096];
+    int have_cwd = getcwd(cwd, sizeof cwd) != NULL;
+    char *qcwd = have_cwd ? kolorun_shell_quote(cwd) : NULL;
+    len += qcwd ? strlen(qcwd) : 0;
+    for (int i = 0; i < cmd.n; i++)
+        len += strlen(cmd.w[i]) * 4 + 3;
+    command = malloc(len);
+    if (!command || (have_cwd && !qcwd)) {
+        free(qcwd);
+        goto free_words;
+    }
+    size_t used = (size_t)snprintf(command, len, "%s%s%sexec", qcwd ? "cd " : "",
+                                   qcwd ? qcwd : "",
+                                   qcwd ? " 2>/dev/null; " : "");
+    free(qcwd);
+    for (int i = 0; i < cmd.n; i++) {
+        char *q = kolorun_shell_quote(cmd.w[i]);
+        if (!q)
+            goto free_words;
+        used += (size_t)snprintf(command + used, len - used, " %s", q);
+        free(q);
+    }
+
+    /* ssh: no signal kolorun sends reaches the remote rank, and killing
+     * ssh does not end it either (without a terminal, sshd sends no
+     * SIGHUP). So the rank runs under a small sh wrapper that watches its
+     * stdin, a pipe from kolorun through ssh: at end of file (kolorun
+     * closed it, or ssh or its connection is gone) the wrapper sends the
+     * rank SIGTERM. Otherwise it waits for the rank and exits with its
+     * status. In sh -c, whatever the login shell on that host is. The
+     * same goes for every template with {command}; a template without it
+     * (ip netns exec {host}) execs the rank itself, which gets signals. */
+    if (kolorun_remote_shell(k)) {
+        char *script = kolorun_strdupf(
+            "%s </dev/null & p=$!; exec 3<&0; "
+            "(read _ <&3; kill -TERM $p 2>/dev/null) & w=$!; exec 3<&-; "
+            "wait $p; s=$?; kill $w 2>/dev/null; exit $s",
+            command);
+        char *q = script ? kolorun_shell_quote(script) : NULL;
+        free(script);
+        free(command);
+        command = q ? kolorun_strdupf("sh -c %s", q) : NULL;
+        free(q);
+        if (!command)
+            goto free_words;
+    }
+
+    int has_command = 0;
+    if (k->opts.launch_command) {
+        char *t = strdup(k->opts.launch_command), *save = NULL, *w;
+        if (!t)
+            goto free_words;
+        for (w = strtok_r(t, " \t", &save); w; w = strtok_r(NULL, " \t", &save))
+            kolorun_words_add(&tmpl, strdup(w));
+        free(t);
+    } else {
+        kolorun_words_add(&tmpl, strdup("ssh"));
+        kolorun_words_add(&tmpl, strdup("-o"));
+        kolorun_words_add(&tmpl, strdup("BatchMode=yes"));
+        kolorun_words_add(&tmpl, strdup("-o"));
+        kolorun_words_add(&tmpl, kolorun_strdupf(
+            "ConnectTimeout=%s",
+            k->opts.start_timeout ? k->opts.start_timeout : "60"));
+        if (k->opts.ssh_port) {
+            kolorun_words_add(&tmpl, strdup("-p"));
+            kolorun_words_add(&tmpl, strdup(k->opts.ssh_port));
+        }
+        if (k->opts.ssh_identity) {
+            kolorun_words_add(&tmpl, strdup("-i"));
+            kolorun_words_add(&tmpl, strdup(k->opts.ssh_identity));
+        }
+        kolorun_words_add(&tmpl, strdup("{host}"));
+        kolorun_words_add(&tmpl, strdup("{command}"));
+    }
+    if (tmpl.oom)
+        goto free_words;
+    for (int i = 0; i < tmpl.n; i++) {
+        has_command |= strstr(tmpl.w[i], "{command}") != NULL;
+        kolorun_words_add(argv, kolorun_expand(tmpl.w[i], h, r, command));
+    }
+    if (!has_command)
+        for (int i = 0; i < cmd.n; i++)
+            kolorun_words_add(argv, strdup(cmd.w[i]));
+    rc = argv->oom ? -1 : 0;
+
+free_words:
+    free(command);
+    kolorun_words_free(&tmpl);
+    kolorun_words_free(&cmd);
+    return rc;
+}
+
 /* In the child, between fork and exec. kolorun is single-threaded, so the
  * child may call what it likes; it must not return. */
 __attribute__((noreturn)) static void
-kolorun_child(const kolorun_t *k, pid_t launcher, int out_w, int err_w,
-              char **env, int nenv)
+kolorun_child(const kolorun_t *k, pid_t launcher, int in_fd, int out_w,
+              int err_w, char **env, int nenv, char **exec_argv,
+              const char *host)
 {
     /* Handlers of kolorun make no sense here; exec would reset them anyway,
      * but a signal may come before it. SIGPIPE goes back to what kolorun
@@ -974,7 +1767,7 @@ kolorun_child(const kolorun_t *k, pid_t launcher, int out_w, int err_w,
      * two runs first. */
     setpgid(0, k->pgid);
 
-    int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int in = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (in < 0 || dup2(in, STDIN_FILENO) < 0 ||
         dup2(out_w, STDOUT_FILENO) < 0 || dup2(err_w, STDERR_FILENO) < 0) {
         dprintf(err_w, "kolorun: cannot set up the rank's stdio: %s\n",
@@ -996,11 +1789,15 @@ kolorun_child(const kolorun_t *k, pid_t launcher, int out_w, int err_w,
         putenv(env[i]);
 
     sigprocmask(SIG_SETMASK, &k->mask_orig, NULL);
-    execvp(k->opts.argv[0], k->opts.argv);
+    execvp(exec_argv[0], exec_argv);
 
     int e = errno;
-    dprintf(STDERR_FILENO, "kolorun: cannot run '%s': %s\n", k->opts.argv[0],
-            strerror(e));
+    if (host)
+        dprintf(STDERR_FILENO, "kolorun: cannot run the launch command '%s' "
+                "for host %s: %s\n", exec_argv[0], host, strerror(e));
+    else
+        dprintf(STDERR_FILENO, "kolorun: cannot run '%s': %s\n", exec_argv[0],
+                strerror(e));
     /* The shell's convention: 127 not found, 126 found but not runnable. */
     _exit(e == ENOENT || e == ENOTDIR ? 127 : 126);
 }
@@ -1012,10 +1809,21 @@ static int kolorun_spawn(kolorun_t *k, int r)
     int out[2] = {-1, -1}, err[2] = {-1, -1};
     int rc = -1;
 
+    kolorun_words_t launch = {0};
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    int remote = h && !h->local;
+    int hold[2] = {-1, -1};
     int nenv = kolorun_rank_env(k, r, env);
-    if (nenv < 0) {
+    if (nenv < 0 || (remote && kolorun_launch_argv(k, r, env, nenv,
+                                                   &launch) != 0)) {
         kolorun_say("out of memory");
         goto free_env;
+    }
+    /* ssh: the rank's stdin is a pipe that kolorun keeps open; the remote
+     * side ends the rank when it closes (see kolorun_launch_argv). */
+    if (remote && kolorun_remote_shell(k) && pipe2(hold, O_CLOEXEC) != 0) {
+        kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
+        goto close_pipes;
     }
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
         kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
@@ -1030,7 +1838,12 @@ static int kolorun_spawn(kolorun_t *k, int r)
     pid_t launcher = getpid();
     pid_t pid = fork();
     if (pid == 0)
-        kolorun_child(k, launcher, out[1], err[1], env, nenv);
+        /* A remote rank gets its environment on the launch command's
+         * command line, not from kolorun's environment. */
+        kolorun_child(k, launcher, hold[0], out[1], err[1], env,
+                      remote ? 0 : nenv,
+                      remote ? launch.w : k->opts.argv,
+                      remote ? h->name : NULL);
     int fork_errno = errno;
     if (pid > 0) {
         /* Set the group here too: whichever of parent and child runs first
@@ -1054,6 +1867,14 @@ static int kolorun_spawn(kolorun_t *k, int r)
         for (int i = 0; i < nenv && n < sizeof line; i++)
             n += (size_t)snprintf(line + n, sizeof line - n, " %s", env[i]);
         kolorun_say("rank %d: pid %ld, environment:%s", r, (long)pid, line);
+        n = 0;
+        line[0] = '\0';
+        for (int i = 0; i < launch.n && n < sizeof line; i++)
+            n += (size_t)snprintf(line + n, sizeof line - n, " %s",
+                                  launch.w[i]);
+        if (remote)
+            kolorun_say("rank %d: on host %s, started by:%s", r, h->name,
+                        line);
     }
 
     /* Keep the read ends, non-blocking so that draining a finished rank
@@ -1063,10 +1884,14 @@ static int kolorun_spawn(kolorun_t *k, int r)
     fcntl(out[0], F_SETFL, O_NONBLOCK);
     fcntl(err[0], F_SETFL, O_NONBLOCK);
     out[0] = err[0] = -1;
+    rk->hold_fd = hold[1];
+    hold[1] = -1;
     rc = 0;
 
 close_pipes:
     for (int i = 0; i < 2; i++) {
+        if (hold[i] >= 0)
+            close(hold[i]);
         if (out[i] >= 0)
             close(out[i]);
         if (err[i] >= 0)
@@ -1075,6 +1900,7 @@ close_pipes:
 free_env:
     for (int i = 0; i < KOLORUN_MAX_ENV; i++)
         free(env[i]);
+    kolorun_words_free(&launch);
     return rc;
 }
 
@@ -1138,6 +1964,396 @@ static void kolorun_end_holder(kolorun_t *k)
     while (waitpid(k->pgid, NULL, 0) < 0 && errno == EINTR)
         ;
     k->holder_reaped = 1;
+}
+
+/* ------------------------------------------------------------------------
+ * Redis rendezvous
+ *
+ * With --redis HOST:PORT or --start-redis the ranks meet through a Redis
+ * server (Gloo's RedisStore) instead of the private directory. Each job
+ * keeps its keys under its own name (KOLO_RENDEZVOUS=redis:HOST:PORT/JOB,
+ * JOB = kolo-<this host>-<pid>-<start time>), so jobs sharing a server do
+ * not meet each other's keys. --start-redis runs redis-server here, in a
+ * process group of its own (a Ctrl-C for the ranks is not for it) that
+ * dies with kolorun, on a free port of an address the other hosts reach,
+ * and stops it once the ranks are gone.
+ */
+
+/* The IPv4 address of interface iface, or (iface NULL) the first up,
+ * non-loopback one. 0, or -1 when there is none. */
+static int kolorun_ipv4(const char *iface, char *out, size_t n)
+{
+    struct ifaddrs *all, *ifa;
+    int rc = -1;
+    if (getifaddrs(&all) != 0)
+        return -1;
+    for (ifa = all; ifa && rc != 0; ifa = ifa->ifa_next) {
+        if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET)
+            continue;
+        if (iface ? strcmp(ifa->ifa_name, iface) != 0
+                  : (ifa->ifa_flags & IFF_LOOPBACK) || !(ifa->ifa_flags & IFF_UP))
+            continue;
+        const struct sockaddr_in *sin = (const void *)ifa->ifa_addr;
+        if (inet_ntop(AF_INET, &sin->sin_addr, out, (socklen_t)n))
+            rc = 0;
+    }
+    freeifaddrs(all);
+    return rc;
+}
+
+static void kolorun_sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Whether something accepts TCP connections at addr:port. */
+static int kolorun_tcp_open(const struct sockaddr_in *sa)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    int ok = connect(fd, (const struct sockaddr *)sa, sizeof *sa) == 0;
+    close(fd);
+    return ok;
+}
+
+static int kolorun_redis_start(kolorun_t *k)
+{
+    char addr[INET_ADDRSTRLEN] = "";
+    const kolorun_opts_t *o = &k->opts;
+
+    if (o->redis_bind)
+        snprintf(addr, sizeof addr, "%s", o->redis_bind);
+    else if (o->network_interface &&
+             kolorun_ipv4(o->network_interface, addr, sizeof addr) == 0)
+        ;
+    else if (!o->any_remote)
+        snprintf(addr, sizeof addr, "127.0.0.1");
+    else if (kolorun_ipv4(NULL, addr, sizeof addr) != 0) {
+        kolorun_say("--start-redis: this host has no non-loopback IPv4 "
+                    "address that the other hosts could reach; give "
+                    "--redis-bind ADDR");
+        return -1;
+    }
+
+    /* A free port: the kernel picks one for a socket bound to port 0. */
+    struct sockaddr_in sa;
+    socklen_t salen = sizeof sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    inet_pton(AF_INET, addr, &sa.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &salen) != 0) {
+        kolorun_say("--start-redis: cannot bind %s on this host: %s", addr,
+                    strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    char port[16];
+    snprintf(port, sizeof port, "%d", ntohs(sa.sin_port));
+
+    /* The server's output goes to an unlinked file, shown if it fails. */
+    const char *tmp = getenv("TMPDIR");
+    char *logpath = kolorun_strdupf("%s/kolorun-redis-XXXXXX",
+                                    tmp && *tmp ? tmp : "/tmp");
+    int log = logpath ? mkostemp(logpath, O_CLOEXEC) : -1;
+    if (log < 0) {
+        kolorun_say("--start-redis: cannot create a log file: %s",
+                    strerror(errno));
+        free(logpath);
+        return -1;
+    }
+    unlink(logpath);
+    free(logpath);
+
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t launcher = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct sigaction dfl;
+        memset(&dfl, 0, sizeof dfl);
+        dfl.sa_handler = SIG_DFL;
+        sigemptyset(&dfl.sa_mask);
+        for (int sig = 1; sig < NSIG; sig++)
+            if (k->handled[sig])
+                sigaction(sig, &dfl, NULL);
+        sigaction(SIGPIPE, &k->sigpipe_orig, NULL);
+        setpgid(0, 0);
+        int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (in < 0 || dup2(in, 0) < 0 || dup2(log, 1) < 0 || dup2(log, 2) < 0)
+            _exit(127);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher)
+            _exit(127);
+        sigprocmask(SIG_SETMASK, &k->mask_orig, NULL);
+        execlp("redis-server", "redis-server", "--bind", addr, "--port", port,
+               "--save", "", "--appendonly", "no", "--protected-mode", "no",
+               "--daemonize", "no", (char *)NULL);
+        dprintf(2, "cannot run redis-server: %s (install it: apt-get install "
+                "redis-server)\n", strerror(errno));
+        _exit(127);
+    }
+    int fork_errno = errno;
+    if (pid > 0)
+        k->redis_pid = pid;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (pid < 0) {
+        kolorun_say("--start-redis: fork: %s", strerror(fork_errno));
+        close(log);
+        return -1;
+    }
+
+    /* Ready when it accepts a connection; a short sleep between tries
+     * (redis-server starts in milliseconds), bounded by the start timeout. */
+    long limit_ms = (o->start_timeout ? atol(o->start_timeout) : 60) * 1000L;
+    int64_t t0 = kolorun_now_ms();
+    int rc = -1;
+    for (;;) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            char buf[2048];
+            ssize_t n = pread(log, buf, sizeof buf - 1, 0);
+            buf[n > 0 ? n : 0] = '\0';
+            for (char *c = buf; *c; c++)
+                if (*c == '\n' && c[1])
+                    *c = ' ';
+            buf[strcspn(buf, "\n")] = '\0';
+            kolorun_say("--start-redis: redis-server on %s:%s ended at start: "
+                        "%s",
+                        addr, port, buf[0] ? buf : "(no output)");
+            k->redis_reaped = 1;
+            break;
+        }
+        if (kolorun_tcp_open(&sa)) {
+            snprintf(k->redis_addr, sizeof k->redis_addr, "%s:%s", addr, port);
+            rc = 0;
+            break;
+        }
+        int stop = 0;
+        for (int i = 0; i < KOLORUN_N_STOP_SIGNALS; i++)
+            stop |= kolorun_pending[kolorun_stop_signals[i]];
+        if (stop) /* the loop handles the signal; no job to start */
+            break;
+        if (kolorun_now_ms() - t0 > limit_ms) {
+            kolorun_say("--start-redis: redis-server on %s:%s did not accept "
+                        "connections within %ld s",
+                        addr, port, limit_ms / 1000);
+            break;
+        }
+        kolorun_sleep_ms(20);
+    }
+    close(log);
+    if (rc == 0 && o->verbose)
+        kolorun_say("started redis-server (pid %ld) on %s", (long)pid,
+                    k->redis_addr);
+    return rc;
+}
+
+/* Stops the server of --start-redis: SIGTERM, SIGKILL after 3 s. */
+static void kolorun_redis_stop(kolorun_t *k)
+{
+    if (k->redis_pid <= 0 || k->redis_reaped)
+        return;
+    kill(k->redis_pid, SIGTERM);
+    for (int i = 0;; i++) {
+        pid_t w = waitpid(k->redis_pid, NULL, WNOHANG);
+        if (w == k->redis_pid || (w < 0 && errno != EINTR))
+            break;
+        if (i == KOLORUN_GRACE_MS / 20) {
+            kill(k->redis_pid, SIGKILL);
+            while (waitpid(k->redis_pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+            break;
+        }
+        kolorun_sleep_ms(20);
+    }
+    k->redis_reaped = 1;
+    if (k->opts.verbose)
+        kolorun_say("stopped redis-server (pid %ld)", (long)k->redis_pid);
+}
+
+/* Runs a Lua script on the job's Redis server (EVAL script 0 arg1 arg2),
+ * in Redis's own protocol (RESP) over a plain socket, each step bounded
+ * by 2 s. The reply: an integer (":N") or a bulk string ("$LEN" and the
+ * bytes) into out. Returns NULL, or why it failed. */
+static const char *kolorun_redis_eval(const kolorun_t *k, const char *script,
+                                      const char *arg1, const char *arg2,
+                                      char *out, size_t outlen)
+{
+    char host[256], port[16];
+    const char *colon = strrchr(k->redis_addr, ':');
+    snprintf(host, sizeof host, "%.*s", (int)(colon - k->redis_addr),
+             k->redis_addr);
+    snprintf(port, sizeof port, "%s", colon + 1);
+    if (host[0] == '[') { /* [IPv6] */
+        memmove(host, host + 1, strlen(host));
+        host[strcspn(host, "]")] = '\0';
+    }
+
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    int fd = -1, e = getaddrinfo(host, port, &hints, &ai);
+    if (e)
+        return gai_strerror(e);
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+    struct timeval tv = {2, 0};
+    if (fd >= 0) {
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
+    const char *why = NULL;
+    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+        why = strerror(errno);
+    freeaddrinfo(ai);
+    char *req = why ? NULL
+                    : kolorun_strdupf("*5\r\n$4\r\nEVAL\r\n$%zu\r\n%s\r\n"
+                                      "$1\r\n0\r\n$%zu\r\n%s\r\n$%zu\r\n%s\r\n",
+                                      strlen(script), script, strlen(arg1),
+                                      arg1, strlen(arg2), arg2);
+    if (!why && (!req || kolorun_write_all(fd, req, strlen(req)) != 0))
+        why = req ? strerror(errno) : "out of memory";
+    free(req);
+    size_t got = 0;
+    out[0] = '\0';
+    /* Until the first line, and for a bulk string its bytes, are in. */
+    while (!why) {
+        ssize_t n = read(fd, out + got, outlen - 1 - got);
+        if (n <= 0) {
+            why = n < 0 ? strerror(errno) : "no reply";
+            break;
+        }
+        got += (size_t)n;
+        out[got] = '\0';
+        char *eol = strstr(out, "\r\n");
+        if (!eol && got < outlen - 1)
+            continue;
+        if (!eol || (out[0] != ':' && out[0] != '$')) {
+            out[strcspn(out, "\r\n")] = '\0';
+            why = "unexpected reply";
+            break;
+        }
+        if (out[0] == ':')
+            break;
+        long len = atol(out + 1);
+        size_t head = (size_t)(eol + 2 - out);
+        if (len < 0 || head + (size_t)len + 2 > outlen - 1) {
+            why = "reply too long";
+            break;
+        }
+        if (got >= head + (size_t)len) {
+            memmove(out, out + head, (size_t)len);
+            out[len] = '\0';
+            break;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    return why;
+}
+
+/* A job that failed with Redis rendezvous: names the ranks, and their
+ * hosts, that never reached it (a host that could not start its ranks,
+ * or started them late), when others did. Each rank's first rendezvous
+ * key is JOB/kolo0/set0/ctl/RANK: the runtime's first kolo_init connects
+ * the global process set's controller under the prefix kolo0/set0/ctl
+ * (background.c, connect_ops), and Gloo's full mesh stores each rank's
+ * address under its rank number. */
+static void kolorun_redis_missing(const kolorun_t *k)
+{
+    static const char script[] =
+        "local m = {} local seen = 0 "
+        "for r = 0, tonumber(ARGV[2]) - 1 do "
+        "if redis.call('EXISTS', ARGV[1] .. r) == 1 then seen = seen + 1 "
+        "else m[#m + 1] = r end end "
+        "return seen .. ':' .. table.concat(m, ',')";
+    char prefix[300], np[16], *reply = malloc(65536);
+    if (!reply)
+        return;
+    snprintf(prefix, sizeof prefix, "%s/kolo0/set0/ctl/", k->job_id);
+    snprintf(np, sizeof np, "%d", k->opts.np);
+    const char *why = kolorun_redis_eval(k, script, prefix, np, reply, 65536);
+    char *list = reply[0] != ':' ? strchr(reply, ':') : NULL;
+    /* Nobody arrived: the program failed before kolo_init, or is not a
+     * kolo program; nothing to say then. */
+    if (why || !list || atoi(reply) == 0 || list[1] == '\0') {
+        free(reply);
+        return;
+    }
+    char line[4096];
+    size_t n = 0;
+    int prev_host = -2;
+    line[0] = '\0';
+    for (char *t = strtok(list + 1, ","); t && n < sizeof line - 64;
+         t = strtok(NULL, ",")) {
+        int r = atoi(t), h = k->rank_host ? k->rank_host[r] : -1;
+        if (h != prev_host && prev_host != -2)
+            n += (size_t)snprintf(line + n, sizeof line - n, " on host %s;",
+                                  prev_host >= 0 ? k->opts.hosts[prev_host].name
+                                                 : "here");
+        n += (size_t)snprintf(line + n, sizeof line - n, "%s%d",
+                              h == prev_host ? ", " : " rank ", r);
+        prev_host = h;
+    }
+    if (prev_host != -2 && n < sizeof line - 64)
+        snprintf(line + n, sizeof line - n, " on host %s",
+                 prev_host >= 0 ? k->opts.hosts[prev_host].name : "here");
+    kolorun_say("never reached the rendezvous at Redis %s:%s", k->redis_addr,
+                line);
+    free(reply);
+}
+
+/* --redis: removes the job's keys once its ranks are gone, so that a
+ * long-lived server does not collect them: a script that deletes what
+ * KEYS JOB/\* finds. A failure only warns. */
+static void kolorun_redis_clean(const kolorun_t *k)
+{
+    static const char script[] =
+        "local n = 0 for _, key in ipairs(redis.call('KEYS', ARGV[1] .. '*')) "
+        "do redis.call('DEL', key) n = n + 1 end return n";
+    char prefix[256], reply[256];
+    snprintf(prefix, sizeof prefix, "%s/", k->job_id);
+    const char *why = kolorun_redis_eval(k, script, prefix, "", reply,
+                                         sizeof reply);
+    if (why)
+        kolorun_say("warning: cannot remove this job's keys (%s*) from "
+                    "Redis at %s: %s",
+                    prefix, k->redis_addr, why);
+    else if (k->opts.verbose)
+        kolorun_say("removed %s keys of this job from Redis at %s", reply + 1,
+                    k->redis_addr);
+}
+
+/* Sets up the job over several hosts: which host each rank is on, the
+ * job's name, the Redis server. */
+static int kolorun_hosts_setup(kolorun_t *k)
+{
+    const kolorun_opts_t *o = &k->opts;
+    char me[200] = "";
+    gethostname(me, sizeof me - 1);
+    me[strcspn(me, ".")] = '\0';
+    snprintf(k->job_id, sizeof k->job_id, "kolo-%s-%ld-%lld",
+             me[0] ? me : "host", (long)getpid(), (long long)k->job_start_us);
+    if (o->nhosts > 0) {
+        k->rank_host = calloc((size_t)o->np, sizeof *k->rank_host);
+        if (!k->rank_host) {
+            kolorun_say("out of memory");
+            return -1;
+        }
+        for (int h = 0; h < o->nhosts; h++)
+            for (int i = 0; i < o->hosts[h].nranks; i++)
+                k->rank_host[o->hosts[h].first_rank + i] = h;
+    }
+    if (o->redis)
+        snprintf(k->redis_addr, sizeof k->redis_addr, "%s", o->redis);
+    if (o->start_redis)
+        return kolorun_redis_start(k);
+    return 0;
 }
 
 /* ------------------------------------------------------------------------
@@ -1295,11 +2511,11 @@ static void kolorun_std_fds(void)
     }
 }
 
-/* Two pipes per rank: ask for the file descriptors a big job needs. */
+/* Pipes per rank: ask for the file descriptors a big job needs. */
 static void kolorun_raise_fd_limit(int np)
 {
     struct rlimit rl;
-    rlim_t need = (rlim_t)np * 2 + 32;
+    rlim_t need = (rlim_t)np * 3 + 32; /* + a stdin pipe per ssh rank */
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need) {
         rl.rlim_cur = need < rl.rlim_max ? need : rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
@@ -1313,6 +2529,7 @@ static int kolorun_alloc(kolorun_t *k)
     if (!k->ranks)
         return -1;
     for (int r = 0; r < k->opts.np; r++) {
+        k->ranks[r].hold_fd = -1;
         for (int s = 0; s < 2; s++) {
             k->ranks[r].streams[s].fd = -1;
             k->ranks[r].streams[s].buf = malloc(KOLORUN_LINE_MAX);
@@ -1333,6 +2550,8 @@ static int kolorun_alloc(kolorun_t *k)
 static void kolorun_free(kolorun_t *k)
 {
     for (int r = 0; k->ranks && r < k->opts.np; r++) {
+        if (k->ranks[r].hold_fd >= 0)
+            close(k->ranks[r].hold_fd);
         for (int s = 0; s < 2; s++) {
             kolorun_stream_close(&k->ranks[r].streams[s]);
             free(k->ranks[r].streams[s].buf);
@@ -1341,6 +2560,11 @@ static void kolorun_free(kolorun_t *k)
     free(k->ranks);
     for (int s = 0; s < 2; s++)
         free(k->sinks[s].buf);
+    free(k->rank_host);
+    for (int h = 0; h < k->opts.nhosts; h++)
+        free(k->opts.hosts[h].name);
+    free(k->opts.hosts);
+    free(k->opts.xenv);
 }
 
 /* The exit status, from how the job ended (see the top of this file). */
@@ -1398,10 +2622,14 @@ int main(int argc, char **argv)
     wake_rd = kolorun_signals_setup(&k);
     if (wake_rd < 0)
         goto free_memory;
-    if (kolorun_rdv_create(&k) != 0)
-        goto free_memory;
-    if (k.opts.verbose)
+    if (kolorun_hosts_setup(&k) != 0)
+        goto stop_redis;
+    if (!k.redis_addr[0] && kolorun_rdv_create(&k) != 0)
+        goto stop_redis;
+    if (k.opts.verbose && k.rdv_dir)
         kolorun_say("rendezvous directory %s", k.rdv_dir);
+    else if (k.opts.verbose)
+        kolorun_say("rendezvous redis:%s/%s", k.redis_addr, k.job_id);
     if (kolorun_spawn_holder(&k, wake_rd) != 0)
         goto remove_rdv;
 
@@ -1434,6 +2662,13 @@ int main(int argc, char **argv)
 
 remove_rdv:
     kolorun_rdv_remove(&k);
+    if (k.redis_addr[0] && k.nstarted > 0 && !k.redis_reaped &&
+        (k.failed_rank >= 0 || k.launch_error))
+        kolorun_redis_missing(&k);
+    if (k.opts.redis && k.nstarted > 0)
+        kolorun_redis_clean(&k);
+stop_redis:
+    kolorun_redis_stop(&k);
 
 free_memory:
     kolorun_free(&k);

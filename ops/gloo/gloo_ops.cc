@@ -8,7 +8,10 @@
  * exception ever crosses into the C runtime.
  *
  * Rendezvous: ranks meet through a directory (KOLO_RENDEZVOUS=file:DIR) that
- * kolorun creates. Gloo's FileStore keeps one file per key there. Keys are
+ * kolorun creates, where Gloo's FileStore keeps one file per key, or, for
+ * jobs over several hosts, through a Redis server
+ * (KOLO_RENDEZVOUS=redis:HOST:PORT/JOB) with Gloo's RedisStore, every key
+ * under JOB/ so that jobs sharing a server never meet. Keys are
  * prefixed with what the runtime passes (it counts kolo_init calls and
  * names the process set), so a program that shuts down and initialises
  * again, or adds a process set, meets its peers under fresh keys. Waiting for keys is bounded by the start timeout,
@@ -40,6 +43,8 @@
 
 #include <algorithm>
 
+#include <unistd.h>
+
 #include <gloo/allgather.h>
 #include <gloo/allgatherv.h>
 #include <gloo/alltoallv.h>
@@ -50,6 +55,9 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
+/* Debian's hiredis headers live in <hiredis/>: tell redis_store.h. */
+#define HIREDIS_NESTED_INCLUDE 1
+#include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
 
 #include "ops.h"
@@ -145,6 +153,38 @@ class TimedStore : public gloo::rendezvous::Store {
     std::chrono::milliseconds timeout_;
 };
 
+/* The store of a rendezvous string: file:DIR, or redis:HOST:PORT[/JOB]
+ * (HOST may be [IPv6]; env.c has checked the form). Sets `ns` to the
+ * namespace the keys go under. */
+std::unique_ptr<gloo::rendezvous::Store> open_store(const std::string &rdv,
+                                                    const char *self,
+                                                    std::string &ns)
+{
+    if (rdv.compare(0, 5, "file:") == 0) {
+        ns.clear();
+        return std::unique_ptr<gloo::rendezvous::Store>(
+            new gloo::rendezvous::FileStore(rdv.substr(5)));
+    }
+    if (rdv.compare(0, 6, "redis:") != 0)
+        throw gloo::Exception("unsupported rendezvous '" + rdv + "'");
+    std::string rest = rdv.substr(6), host, port;
+    size_t slash = rest.find('/', rest[0] == '[' ? rest.find(']') : 0);
+    ns = slash == std::string::npos ? "kolo" : rest.substr(slash + 1);
+    rest = rest.substr(0, slash);
+    size_t colon = rest.rfind(':');
+    host = rest.substr(0, colon);
+    port = rest.substr(colon + 1);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+        host = host.substr(1, host.size() - 2);
+    try {
+        return std::unique_ptr<gloo::rendezvous::Store>(
+            new gloo::rendezvous::RedisStore(host, std::stoi(port)));
+    } catch (const std::exception &e) {
+        throw gloo::IoException("cannot reach the Redis server " + host + ":" +
+                                port + " from host " + self + ": " + e.what());
+    }
+}
+
 std::chrono::milliseconds to_ms(double seconds)
 {
     return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
@@ -213,14 +253,24 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
     g->rank = cfg->rank;
     g->size = cfg->size;
     int rc = guarded("rendezvous", err, errlen, [&] {
-        if (std::strncmp(cfg->rendezvous, "file:", 5) != 0)
-            throw gloo::Exception(std::string("unsupported rendezvous '") +
-                                  cfg->rendezvous + "'");
+        char self[256] = "";
+        gethostname(self, sizeof(self) - 1);
         gloo::transport::tcp::attr attr;
         attr.hostname = cfg->hostname;
-        g->device = gloo::transport::tcp::CreateDevice(attr);
-        gloo::rendezvous::FileStore file(cfg->rendezvous + 5);
-        gloo::rendezvous::PrefixStore prefix(cfg->prefix, file);
+        try {
+            g->device = gloo::transport::tcp::CreateDevice(attr);
+        } catch (const std::exception &e) {
+            throw gloo::IoException(std::string("cannot bind address ") +
+                                    cfg->hostname + " on host " + self +
+                                    " (KOLO_HOSTNAME, or the address of "
+                                    "KOLO_NETWORK_INTERFACE): " + e.what());
+        }
+        std::string ns;
+        std::unique_ptr<gloo::rendezvous::Store> base =
+            open_store(cfg->rendezvous, self, ns);
+        gloo::rendezvous::PrefixStore prefix(
+            ns.empty() ? std::string(cfg->prefix) : ns + "/" + cfg->prefix,
+            *base);
         TimedStore store(prefix, to_ms(cfg->start_timeout_s));
         g->context =
             std::make_shared<gloo::rendezvous::Context>(cfg->rank, cfg->size);

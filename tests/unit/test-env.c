@@ -349,7 +349,10 @@ END_TEST
 START_TEST(rendezvous_scheme_checked)
 {
     kolo__config_t cfg;
-    const char *bad[] = {"redis:x", "/tmp/dir", "FILE:/tmp", "file", "tcp://h:1"};
+    const char *bad[] = {"redis:x", "/tmp/dir", "FILE:/tmp", "file", "tcp://h:1",
+                         "redis::6379", "redis:h:0", "redis:h:65536",
+                         "redis:h:12x", "redis:h:6379/", "redis:h:6379/a b",
+                         "redis:[::1]", "redis:[]:1", "redis:h"};
 
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char quoted[64];
@@ -366,6 +369,41 @@ START_TEST(rendezvous_scheme_checked)
     fake_set("KOLO_RENDEZVOUS", "file:/tmp/solo");
     load_ok(&cfg);
     ck_assert_str_eq(cfg.rendezvous, "file:/tmp/solo");
+    /* Redis, with and without a job name; an IPv6 host in brackets. */
+    const char *good[] = {"redis:10.0.0.1:6379", "redis:h.example:1/kolo-a-1",
+                          "redis:[::1]:6379/job", "redis:h:65535"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        fake_reset();
+        fake_set("KOLO_SIZE", "2");
+        fake_set("KOLO_RENDEZVOUS", good[i]);
+        load_ok(&cfg);
+        ck_assert_str_eq(cfg.rendezvous, good[i]);
+    }
+}
+END_TEST
+
+START_TEST(network_interface_resolved)
+{
+    kolo__config_t cfg;
+
+    /* lo exists on every Linux host, with 127.0.0.1. */
+    fake_reset();
+    fake_set("KOLO_NETWORK_INTERFACE", "lo");
+    fake_set("KOLO_HOSTNAME", "10.9.9.9");
+    load_ok(&cfg);
+    ck_assert_str_eq(cfg.network_interface, "lo");
+    ck_assert_str_eq(cfg.hostname, "127.0.0.1");
+    /* Absent: the message names the interface, the rank and the host, and
+     * lists the interfaces there are. */
+    fake_reset();
+    fake_set("KOLO_RANK", "1");
+    fake_set("KOLO_SIZE", "2");
+    fake_set("KOLO_RENDEZVOUS", "file:/tmp/x");
+    fake_set("KOLO_NETWORK_INTERFACE", "kolo-nope0");
+    load_fails("KOLO_NETWORK_INTERFACE=kolo-nope0", "rank 1 on host",
+               "no interface kolo-nope0", "lo", (const char *)NULL);
+    bad_value("KOLO_NETWORK_INTERFACE", "much-too-long-interface");
+    bad_value("KOLO_NETWORK_INTERFACE", "a/b");
 }
 END_TEST
 
@@ -450,6 +488,7 @@ static Suite *env_suite(void)
     tcase_add_test(tc, local_and_cross_rank_not_below_size);
     tcase_add_test(tc, multi_rank_needs_rendezvous);
     tcase_add_test(tc, rendezvous_scheme_checked);
+    tcase_add_test(tc, network_interface_resolved);
     tcase_add_test(tc, timeout_must_be_positive);
     tcase_add_test(tc, first_bad_variable_reported);
     suite_add_tcase(s, tc);

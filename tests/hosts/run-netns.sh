@@ -1,0 +1,241 @@
+#!/usr/bin/env bash
+# run-netns.sh — jobs over several hosts, on one machine: each "host" is a
+# network namespace with its own address, joined to the others by a veth
+# pair into a bridge in the root namespace:
+#
+#     root namespace: bridge kb<pid> 10.A.B.1/24, redis-server on it
+#        |-- veth --> namespace kolo<pid>-h0: kolo0 10.A.B.10
+#        |-- veth --> namespace kolo<pid>-h1: kolo0 10.A.B.11
+#        '-- veth --> namespace kolo<pid>-h2: kolo0 10.A.B.12
+#
+# kolorun's launch command runs every rank inside its host's namespace
+# (--launch-command 'ip netns exec {host}'), the ranks bind the address of
+# kolo0 (--network-interface kolo0: each namespace's loopback is its own, so
+# only the veth network connects them) and meet through Redis. Checked: the
+# placement every rank sees (local and cross ranks, the address it runs
+# at), the multi-rank test programs of tests/multi across 2 and 3 hosts,
+# two jobs at once on one Redis server, and start-up failures naming the
+# host. Needs root, iproute2 and redis-server; skips with a message (exit
+# 77, "0 passed, 0 failed") where it cannot run. The namespaces, links and
+# the Redis server go away at the end, also on failure or interrupt.
+#
+# Usage: tests/hosts/run-netns.sh   (from the build directory; `make check`
+# runs it with KOLO_TOP_BUILDDIR set)
+set -u
+top=${KOLO_TOP_BUILDDIR:-.}
+kolorun=$(cd "$top" && pwd)/kolorun
+multi=$(cd "$top" && pwd)/tests/multi
+
+skip() {
+    echo "SKIP: $*"
+    echo "0 passed, 0 failed"
+    exit 77
+}
+[ "$(id -u)" = 0 ] || skip "needs root to make network namespaces"
+command -v ip >/dev/null 2>&1 || skip "needs ip (iproute2)"
+command -v redis-server >/dev/null 2>&1 ||
+    skip "needs redis-server (apt-get install redis-server)"
+for f in "$kolorun" "$multi/test-allreduce" "$multi/test-collectives"; do
+    [ -x "$f" ] || { echo "run-netns: '$f' is not an executable file" >&2; exit 2; }
+done
+
+. "$(dirname "$0")/../run-lib.sh"
+
+tag=$$
+net=10.$((100 + tag % 100)).$((tag / 100 % 250))
+br=kb$tag
+hosts=("kolo$tag-h0" "kolo$tag-h1" "kolo$tag-h2")
+redis_pid=
+work=$(mktemp -d)
+
+cleanup() {
+    [ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null && wait "$redis_pid" 2>/dev/null
+    for h in "${hosts[@]}"; do
+        ip netns pids "$h" 2>/dev/null | xargs -r kill -9 2>/dev/null
+        ip netns del "$h" 2>/dev/null # its end of the veth goes with it
+    done
+    for i in 0 1 2; do ip link del "kv${tag}h$i" 2>/dev/null; done
+    ip link del "$br" 2>/dev/null
+    # run_log: run-lib.sh's, whose EXIT trap this one replaces.
+    # shellcheck disable=SC2154
+    rm -rf "$work" "$run_log"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+setup() {
+    ip link add "$br" type bridge &&
+        ip addr add "$net.1/24" dev "$br" &&
+        ip link set "$br" up || return 1
+    for i in 0 1 2; do
+        local h=${hosts[$i]} v=kv${tag}h$i
+        ip netns add "$h" &&
+            ip link add "$v" type veth peer name kolo0 netns "$h" &&
+            ip link set "$v" master "$br" up &&
+            ip -n "$h" addr add "$net.$((10 + i))/24" dev kolo0 &&
+            ip -n "$h" link set kolo0 up &&
+            ip -n "$h" link set lo up || return 1
+    done
+}
+setup >"$work/setup.log" 2>&1 ||
+    skip "cannot make network namespaces here: $(head -n 1 "$work/setup.log")"
+
+# A Redis server for the jobs that bring none (--redis), on the bridge.
+port=$((20000 + tag % 20000))
+redis-server --bind "$net.1" --port "$port" --save "" --appendonly no \
+    --protected-mode no >"$work/redis.log" 2>&1 &
+redis_pid=$!
+for _ in $(seq 100); do
+    (exec 3<>"/dev/tcp/$net.1/$port") 2>/dev/null && break
+    sleep 0.1
+done
+
+H0=${hosts[0]} H1=${hosts[1]} H2=${hosts[2]}
+# kolorun over the namespaces: every test below goes through this.
+kn=$work/kn
+printf '#!/bin/sh\nexec "%s" --launch-command "ip netns exec {host}" --network-interface kolo0 "$@"\n' \
+    "$kolorun" >"$kn"
+chmod +x "$kn"
+export kn net work port multi H0 H1 H2
+
+# Placement: 5 ranks on 3 hosts (2, 1, 2). Each rank prints what it sees
+# and the address of kolo0 in its namespace: the host it really runs on.
+placement() {
+    "$kn" -H "$H0:2,$H1:1,$H2:2" --start-redis --redis-bind "$net.1" \
+        --tag-output sh -c 'echo "$KOLO_RANK $KOLO_SIZE $KOLO_LOCAL_RANK $KOLO_LOCAL_SIZE $KOLO_CROSS_RANK $KOLO_CROSS_SIZE $(ip -o -4 addr show kolo0 | awk "{print \$4}") ${KOLO_RENDEZVOUS%%/*}"' \
+        >"$work/place.out" || return 1
+    local want
+    want=$(printf '%s\n' \
+        "[0]<stdout>:0 5 0 2 0 3 $net.10/24 redis:$net.1" \
+        "[1]<stdout>:1 5 1 2 0 3 $net.10/24 redis:$net.1" \
+        "[2]<stdout>:2 5 0 1 1 3 $net.11/24 redis:$net.1" \
+        "[3]<stdout>:3 5 0 2 2 3 $net.12/24 redis:$net.1" \
+        "[4]<stdout>:4 5 1 2 2 3 $net.12/24 redis:$net.1")
+    # The Redis port is free-chosen: cut it off before comparing.
+    got=$(sed -E 's/(redis:[0-9.]+):[0-9]+$/\1/' "$work/place.out" | sort)
+    [ "$got" = "$want" ] || { echo "want:"; echo "$want"; echo "got:"; echo "$got"; return 1; }
+}
+export -f placement
+run "placement on 3 hosts (2+1+2): local/cross ranks, addresses" bash -c placement
+
+# Placement from a hostfile, -np smaller than the slots: the last host
+# gets no rank and is not counted.
+hostfile() {
+    printf '# hosts\n%s slots=2\n\n%s   # one slot\n%s slots=4\n' \
+        "$H0" "$H1" "$H2" >"$work/hosts"
+    "$kn" --hostfile "$work/hosts" -np 3 --start-redis --redis-bind "$net.1" \
+        sh -c 'echo "$KOLO_RANK $KOLO_LOCAL_RANK $KOLO_LOCAL_SIZE $KOLO_CROSS_RANK $KOLO_CROSS_SIZE $(ip -o -4 addr show kolo0 | awk "{print \$4}")"' \
+        >"$work/hf.out" || return 1
+    want=$(printf '%s\n' "0 0 2 0 2 $net.10/24" "1 1 2 0 2 $net.10/24" \
+        "2 0 1 1 2 $net.11/24")
+    [ "$(sort "$work/hf.out")" = "$want" ] ||
+        { echo "want:"; echo "$want"; echo "got:"; cat "$work/hf.out"; return 1; }
+}
+export -f hostfile
+run "placement from a hostfile, -np 3 of 7 slots" bash -c hostfile
+
+for np in 2 3 4; do
+    run "test-allreduce random, 2 hosts, np=$np, --redis" \
+        "$kn" -np "$np" -H "$H0:2,$H1:2" --redis "$net.1:$port" \
+        "$multi/test-allreduce" random 3
+done
+run "test-allreduce random, 3 hosts x 1, --start-redis" \
+    "$kn" -H "$H0:1,$H1:1,$H2:1" --start-redis --redis-bind "$net.1" \
+    "$multi/test-allreduce" random 3
+for mode in allreduce-matrix broadcast allgather alltoall reducescatter \
+    process-sets; do
+    run "test-collectives $mode, 3 hosts (2+1+1)" \
+        "$kn" -H "$H0:2,$H1:1,$H2:1" --redis "$net.1:$port" \
+        "$multi/test-collectives" "$mode"
+done
+
+# Two jobs at once on one Redis server: each under its own keys, and no
+# key left after them (every earlier --redis job's are gone too).
+two_jobs() {
+    "$kn" -H "$H0:1,$H1:1" --redis "$net.1:$port" "$multi/test-allreduce" random 3 \
+        >"$work/a.out" 2>&1 &
+    local a=$!
+    "$kn" -H "$H1:1,$H2:1" --redis "$net.1:$port" "$multi/test-allreduce" random 3 \
+        >"$work/b.out" 2>&1
+    local rb=$?
+    wait "$a"
+    local ra=$?
+    [ "$ra" = 0 ] && [ "$rb" = 0 ] ||
+        { echo "job a: $ra, job b: $rb"; tail -n 5 "$work/a.out" "$work/b.out"; return 1; }
+    # kolorun removed each job's keys at its end.
+    if command -v redis-cli >/dev/null 2>&1; then
+        local left
+        left=$(redis-cli -h "$net.1" -p "$port" keys 'kolo-*' | head -n 3)
+        [ -z "$left" ] || { echo "keys left on the server: $left"; return 1; }
+    fi
+}
+export -f two_jobs
+run "two jobs at once on one Redis server" bash -c two_jobs
+
+# run_fail DESC "PATTERN..." ARGS...: kolorun ARGS must fail within 30 s
+# and its stderr hold every PATTERN (words; "_" stands for a blank).
+run_fail() {
+    local desc=$1 list=$2
+    shift 2
+    export PATS_LIST=$list
+    run "$desc" bash -c '
+        PATS=($PATS_LIST)
+        t0=$SECONDS
+        "$kn" "$@" >"$work/f.out" 2>"$work/f.err"
+        rc=$?
+        [ "$rc" != 0 ] || { echo "kolorun exited 0"; exit 1; }
+        [ $((SECONDS - t0)) -lt 30 ] || { echo "took $((SECONDS - t0)) s"; exit 1; }
+        for p in "${PATS[@]}"; do
+            p=${p//_/ }
+            grep -q -- "$p" "$work/f.err" ||
+                { echo "no \"$p\" in stderr:"; head -n 10 "$work/f.err"; exit 1; }
+        done' _ "$@"
+}
+
+run_fail "a host whose ranks cannot start (no such namespace) is named" \
+    "host_kolo-nosuch-$tag" \
+    -H "$H0:1,kolo-nosuch-$tag:1" --start-redis --redis-bind "$net.1" \
+    --start-timeout 20 --failure-grace 0 "$multi/test-allreduce" random 1
+run_fail "a command missing on a host is named with the host" \
+    "on_host_kolo${tag}-h was_not_found" \
+    -H "$H0:1,$H1:1" --start-redis --redis-bind "$net.1" --failure-grace 0 \
+    /nonexistent/kolo-prog
+run_fail "an absent --network-interface names it and the host" \
+    "on_host_kolo${tag}-h no_interface_nosuch0" \
+    -H "$H0:1,$H1:1" --start-redis --redis-bind "$net.1" --failure-grace 0 \
+    --network-interface nosuch0 "$multi/test-allreduce" random 1
+run_fail "a rendezvous that times out names the host of the failing rank" \
+    "rank_0_on_host_${H0} rendezvous_timed_out" \
+    -H "$H0:1,$H1:1" --redis "$net.1:$port" --start-timeout 3 --failure-grace 0 \
+    sh -c '[ "$KOLO_RANK" = 1 ] && exec sleep 30; exec "$0" random 1' \
+    "$multi/test-allreduce"
+
+# A host whose launch command hangs: its ranks never reach the rendezvous,
+# the others time out, and kolorun names the host that never came.
+printf '#!/bin/sh\nh=$1; shift\n[ "$h" = "%s" ] && exec sleep 60\nexec ip netns exec "$h" "$@"\n' \
+    "$H1" >"$work/launch"
+chmod +x "$work/launch"
+run_fail "a host that never arrives at the rendezvous is named" \
+    "never_reached_the_rendezvous rank_2,_3_on_host_${H1}" \
+    -H "$H0:2,$H1:2" --start-redis --redis-bind "$net.1" --start-timeout 3 \
+    --failure-grace 0 --launch-command "$work/launch {host}" \
+    "$multi/test-allreduce" random 1
+
+# SIGTERM to kolorun reaches the ranks in the namespaces at once.
+signals() {
+    "$kn" -H "$H0:1,$H1:1" --start-redis --redis-bind "$net.1" sleep 60 &
+    local k=$! t0=$SECONDS
+    sleep 1
+    kill -TERM "$k"
+    wait "$k"
+    local rc=$?
+    [ "$rc" = 143 ] && [ $((SECONDS - t0)) -lt 10 ] ||
+        { echo "status $rc after $((SECONDS - t0)) s"; return 1; }
+    for h in "$H0" "$H1"; do
+        [ -z "$(ip netns pids "$h")" ] || { echo "left running in $h"; return 1; }
+    done
+}
+export -f signals
+run "SIGTERM to kolorun stops the ranks on every host" bash -c signals
+
+finish
