@@ -149,6 +149,24 @@ for mode in allreduce-matrix broadcast allgather alltoall reducescatter \
         "$multi/test-collectives" "$mode"
 done
 
+# Two hosts of two ranks: allreduce is hierarchical by default (ops/hier:
+# shared memory within each namespace, Gloo over the veths across); the
+# debug log says which backend carries the data.
+hierarchical() {
+    KOLO_LOG_LEVEL=debug "$kn" -H "$H0:2,$H1:2" --redis "$net.1:$port" \
+        "$multi/test-collectives" "$1" >"$work/hier.out" 2>&1 ||
+        { tail -20 "$work/hier.out"; return 1; }
+    [ "$(grep -c 'initialised: rank .* hier backend' "$work/hier.out")" = 4 ] ||
+        { echo "not every rank ran on the hier backend:"; grep initialised "$work/hier.out"; return 1; }
+}
+export -f hierarchical
+for mode in allreduce-matrix grouped join; do
+    run "hierarchical allreduce, 2 hosts x 2, $mode" bash -c "hierarchical $mode"
+done
+run "flat allreduce with KOLO_HIERARCHICAL_ALLREDUCE=0, 2 hosts x 2" \
+    env KOLO_HIERARCHICAL_ALLREDUCE=0 "$kn" -H "$H0:2,$H1:2" \
+    --redis "$net.1:$port" "$multi/test-collectives" allreduce-matrix
+
 # Two jobs at once on one Redis server: each under its own keys, and no
 # key left after them (every earlier --redis job's are gone too).
 two_jobs() {
