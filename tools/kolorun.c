@@ -2238,8 +2238,10 @@ static const char *kolorun_redis_eval(const kolorun_t *k, const char *script,
             why = "unexpected reply";
             break;
         }
-        if (out[0] == ':')
+        if (out[0] == ':') {
+            *eol = '\0';
             break;
+        }
         long len = atol(out + 1);
         size_t head = (size_t)(eol + 2 - out);
         if (len < 0 || head + (size_t)len + 2 > outlen - 1) {
