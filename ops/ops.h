@@ -120,6 +120,9 @@ extern const kolo__ops_t kolo__ops_local;
 #ifdef KOLO_HAVE_GLOO
 extern const kolo__ops_t kolo__ops_gloo;
 #endif
+#ifdef KOLO_HAVE_MPI
+extern const kolo__ops_t kolo__ops_mpi;
+#endif
 
 /* The backend called `name` ("gloo", "mpi", "shm", ...) when this build has
  * it, else NULL (ops/registry.c). */

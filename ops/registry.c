@@ -13,6 +13,9 @@ static const kolo__ops_t *const all_ops[] = {
 #ifdef KOLO_HAVE_GLOO
     &kolo__ops_gloo,
 #endif
+#ifdef KOLO_HAVE_MPI
+    &kolo__ops_mpi,
+#endif
     &kolo__ops_local,
 };
 

@@ -255,10 +255,12 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
     if (cfg->size > 1 && cfg->rendezvous[0] == '\0')
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "KOLO_SIZE=%lld but KOLO_RENDEZVOUS is not set: "
-                             "start multi-rank jobs with kolorun",
+                             "start multi-rank jobs with kolorun or mpirun",
                              (long long)cfg->size);
+    /* mpi:TOKEN is the form kolo_init sets itself under mpirun. */
     if (cfg->rendezvous[0] != '\0' &&
-        (strncmp(cfg->rendezvous, "file:", 5) != 0 || cfg->rendezvous[5] == '\0'))
+        !(strncmp(cfg->rendezvous, "file:", 5) == 0 && cfg->rendezvous[5] != '\0') &&
+        !(strncmp(cfg->rendezvous, "mpi:", 4) == 0 && cfg->rendezvous[4] != '\0'))
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "environment variable KOLO_RENDEZVOUS='%s' is "
                              "invalid: expected file:DIR",
