@@ -901,6 +901,12 @@ static int choose_ops(const kolo__runtime_t *rt, const char *var,
                                  "name (it has: %s)", var, want,
                                  names[0] ? names : "none");
         }
+        if (strcmp(want, "mpi") == 0 && !rt->cfg.mpi_launched)
+            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                                 "%s=mpi: the mpi backend needs the job to be "
+                                 "started by mpirun (or kolorun --mpi), and "
+                                 "rank %d was started by kolorun without "
+                                 "--mpi", var, rt->rank);
         if (strcmp(want, "shm") == 0 && !all_local)
             return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
                                  "%s=shm: the ranks of this job or process "
