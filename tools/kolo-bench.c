@@ -2,6 +2,7 @@
  * kolo-bench.c — measures kolo against its own backend called directly.
  *
  *     kolorun -np N kolo-bench [--workload W[,W...]|all] [--backend gloo]
+ *     kolorun --mpi -np N kolo-bench ... --backend mpi
  *                              [--json FILE] [--iters N] [--warmup N]
  *                              [--max-bytes B] [--quick]
  *
@@ -1121,7 +1122,9 @@ static void usage(FILE *f)
         "usage: kolorun -np N kolo-bench [options]\n"
         "  --workload W      large, resnet50, small, latency, fp16 or all\n"
         "                    (several: comma-separated; default all)\n"
-        "  --backend B       the backend to compare with: gloo (default)\n"
+        "  --backend B       the backend to compare with: gloo (default) or mpi\n"
+        "                    (mpi: run under kolorun --mpi or mpirun; kolo then\n"
+        "                    runs with KOLO_CONTROLLER=KOLO_CPU_OPERATIONS=mpi)\n"
         "  --json FILE       rank 0 writes the results there as JSON\n"
         "  --iters N         timed iterations per figure (default: by workload\n"
         "                    and size, e.g. 30 for small tensors, 5 for 64 MiB)\n"
@@ -1258,10 +1261,14 @@ static void raw_init(void)
     const char *host = getenv("KOLO_HOSTNAME");
     char err[512] = "";
     kolo__ops_config_t cfg;
+    static int *members; /* the raw context keeps a pointer to it */
     int rc;
 
     if (g_size == 1) {
         g_raw = &kolo__ops_local;
+    } else if (strcmp(g_opt.backend, "mpi") == 0) {
+        /* kolo_init initialised MPI; the raw side uses it too. */
+        g_raw = kolo__ops_find("mpi");
     } else {
 #ifdef KOLO_HAVE_GLOO
         g_raw = &kolo__ops_gloo;
@@ -1272,8 +1279,14 @@ static void raw_init(void)
         if (rdv == NULL || rdv[0] == '\0')
             die("KOLO_RENDEZVOUS is not set: run kolo-bench under kolorun");
     }
+    members = malloc((size_t)g_size * sizeof(int));
+    if (members == NULL)
+        die("out of memory");
+    for (int i = 0; i < g_size; i++)
+        members[i] = i;
     cfg = (kolo__ops_config_t){
-        .rank = g_rank, .size = g_size, .rendezvous = rdv ? rdv : "",
+        .rank = g_rank, .size = g_size, .members = members,
+        .global_rank = g_rank, .rendezvous = rdv ? rdv : "",
         .prefix = "kolo-bench-raw",
         .hostname = host && host[0] ? host : "127.0.0.1",
         .timeout_s = 300, .start_timeout_s = 60, .on_wake = NULL,
@@ -1373,9 +1386,21 @@ int main(int argc, char **argv)
     /* Usage errors before connecting: only rank 0 talks. */
     g_rank = r ? atoi(r) : 0;
     parse_args(argc, argv);
-    if (strcmp(g_opt.backend, "gloo") != 0)
-        bad_usage("backend '%s' is not supported by kolo-bench yet (gloo is)",
-                  g_opt.backend);
+    if (strcmp(g_opt.backend, "mpi") == 0) {
+        if (kolo__ops_find("mpi") == NULL)
+            bad_usage("--backend mpi: this kolo-bench was built without "
+                      "%s", "MPI");
+        if (getenv("KOLO_RANK") != NULL)
+            bad_usage("--backend mpi needs the job started by MPI: run %s",
+                      "kolorun --mpi -np N kolo-bench --backend mpi (or "
+                      "mpirun -np N kolo-bench --backend mpi)");
+        /* The kolo side runs on MPI too, unless the caller chose. */
+        setenv("KOLO_CONTROLLER", "mpi", 0);
+        setenv("KOLO_CPU_OPERATIONS", "mpi", 0);
+    } else if (strcmp(g_opt.backend, "gloo") != 0) {
+        bad_usage("backend '%s' is not supported by kolo-bench (gloo and "
+                  "mpi are)", g_opt.backend);
+    }
     resnet50_selfcheck();
     g_fault = env_or("KOLO_BENCH_FAULT", "0")[0] == '1';
 

@@ -233,6 +233,9 @@ static int wake_start(mpi_ctx_t *c, const kolo__ops_config_t *cfg, char *err,
     wake_addr_t mine;
     int grc;
 
+    if (cfg->on_wake == NULL)
+        return KOLO_OK; /* nobody to wake (kolo-bench's raw context) */
+
     grc = getaddrinfo(cfg->hostname, "0", &hints, &ai);
     if (grc != 0) {
         snprintf(err, errlen, "rank %d cannot resolve KOLO_HOSTNAME '%s' for "
@@ -283,7 +286,7 @@ static int mpi_wake_peers(void *ctx, uint64_t round, char *err, size_t errlen)
     uint64_t msg[2] = {WAKE_MAGIC, round};
 
     (void)err, (void)errlen;
-    for (int r = 0; r < c->size; r++) {
+    for (int r = 0; r < c->size && c->sock >= 0; r++) {
         if (r == c->rank)
             continue;
         /* Never blocks. A token that cannot be sent (full buffer, peer
