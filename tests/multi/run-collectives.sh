@@ -12,7 +12,7 @@
 # KOLO_TEST_NP other rank counts ("2 3 4").
 set -u
 top=${KOLO_TOP_BUILDDIR:-.}
-kolorun=$top/kolorun
+kolorun=${KOLO_TEST_LAUNCHER:-$top/kolorun} # run-mpi.sh: mpirun
 prog=${KOLO_TEST_COLLECTIVES:-$top/tests/multi/test-collectives}
 nps=${KOLO_TEST_NP:-2 3 4}
 . "$(dirname "$0")/../run-lib.sh"
