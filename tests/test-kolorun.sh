@@ -459,12 +459,20 @@ expect "no command: status 2" eq "$rc" 2
 kr -np 2 --frobnicate true
 expect "unknown option: status 2" eq "$rc" 2
 expect "unknown option: named" has "'--frobnicate'" "$ERR"
-for opt in "-H localhost:2" "--hostfile hosts" "--mpi"; do
+for opt in "-H localhost:2" "--hostfile hosts"; do
     # shellcheck disable=SC2086
     kr -np 2 $opt true
     expect "$opt: status 2 (got $rc)" eq "$rc" 2
     expect "$opt: not supported yet" has "not supported yet" "$ERR"
 done
+# --mpi runs the job through mpirun (tests/multi/run-mpi.sh); options that
+# mean nothing there are refused before mpirun starts.
+kr -np 2 --mpi --gloo true
+expect "--mpi --gloo: status 2 (got $rc)" eq "$rc" 2
+expect "--mpi --gloo: named" has "choose different launchers" "$ERR"
+kr -np 2 --mpi --failure-grace 2 true
+expect "--mpi --failure-grace: status 2 (got $rc)" eq "$rc" 2
+expect "--mpi --failure-grace: named" has "no effect with --mpi" "$ERR"
 end
 
 begin "--help prints the usage on stdout and exits 0"
