@@ -28,8 +28,10 @@
  * Counts beyond int. MPI counts are ints. Allreduce runs in pieces of at
  * most max_count elements; byte buffers larger than max_count become one
  * element of a derived datatype (chunks of max_count bytes and a
- * remainder); allgatherv, alltoallv and reduce-scatter whose displacements
- * do not fit fall back to one broadcast, send-receive or reduce per rank.
+ * remainder); allgatherv and reduce-scatter whose displacements do not fit
+ * fall back to one broadcast or reduce per rank (every rank knows every
+ * size, so all take the same path); alltoallv is always pairwise
+ * send-receives.
  * max_count is INT_MAX; KOLO_MPI_TEST_MAX_COUNT lowers it so that the tests
  * run these paths on small tensors (test use only).
  *
@@ -571,6 +573,11 @@ static int mpi_allgatherv(void *ctx, const void *in, void *out,
     return rc;
 }
 
+/* Pairwise exchange, as Open MPI's own alltoallv does: step k sends to
+ * rank+k and receives from rank-k. Not MPI_Alltoallv: its int counts and
+ * displacements may not fit, and only this rank knows its own sizes, so
+ * the ranks could not agree on switching to a fallback without one more
+ * collective. */
 static int mpi_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
                          void *out, const size_t *recv_bytes, char *err,
                          size_t errlen)
@@ -578,56 +585,36 @@ static int mpi_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
     mpi_ctx_t *c = ctx;
     size_t n = (size_t)c->size;
     size_t *soff = malloc(2 * (n + 1) * sizeof(size_t)), *roff;
-    int *ints = malloc(4 * n * sizeof(int));
     int rc = KOLO_OK, mrc;
 
-    if (soff == NULL || ints == NULL) {
-        free(soff);
-        free(ints);
+    if (soff == NULL) {
         snprintf(err, errlen, "out of memory on rank %d", c->global_rank);
         return KOLO_ERR_NO_MEMORY;
     }
     roff = soff + n + 1;
-    if (offsets(c, send_bytes, soff) & offsets(c, recv_bytes, roff)) {
-        int *sc = ints, *sd = ints + n, *rcn = ints + 2 * n, *rd = ints + 3 * n;
-        for (size_t r = 0; r < n; r++) {
-            sc[r] = (int)send_bytes[r];
-            sd[r] = (int)soff[r];
-            rcn[r] = (int)recv_bytes[r];
-            rd[r] = (int)roff[r];
-        }
-        mrc = MPI_Alltoallv(in, sc, sd, MPI_BYTE, out, rcn, rd, MPI_BYTE,
-                            c->comm);
-        if (mrc != MPI_SUCCESS)
-            rc = mpi_fail(c, mrc, "MPI_Alltoallv", err, errlen);
-    } else {
-        /* Too large for int displacements: n-1 pairwise exchanges, step k
-         * sending to rank+k and receiving from rank-k. */
-        memcpy((char *)out + roff[c->rank], (const char *)in + soff[c->rank],
-               recv_bytes[c->rank]);
-        for (int k = 1; k < c->size && rc == KOLO_OK; k++) {
-            int to = (c->rank + k) % c->size;
-            int from = (c->rank - k + c->size) % c->size;
-            byte_span_t s, r;
-            if ((rc = span_make(c, send_bytes[to], &s, err, errlen)) != KOLO_OK)
-                break;
-            if ((rc = span_make(c, recv_bytes[from], &r, err, errlen)) !=
-                KOLO_OK) {
-                span_free(&s);
-                break;
-            }
-            mrc = MPI_Sendrecv((const char *)in + soff[to], s.count, s.type, to,
-                               7, (char *)out + roff[from], r.count, r.type,
-                               from, 7, c->comm, MPI_STATUS_IGNORE);
+    offsets(c, send_bytes, soff);
+    offsets(c, recv_bytes, roff);
+    memcpy((char *)out + roff[c->rank], (const char *)in + soff[c->rank],
+           recv_bytes[c->rank]);
+    for (int k = 1; k < c->size && rc == KOLO_OK; k++) {
+        int to = (c->rank + k) % c->size;
+        int from = (c->rank - k + c->size) % c->size;
+        byte_span_t s, r;
+        if ((rc = span_make(c, send_bytes[to], &s, err, errlen)) != KOLO_OK)
+            break;
+        if ((rc = span_make(c, recv_bytes[from], &r, err, errlen)) != KOLO_OK) {
             span_free(&s);
-            span_free(&r);
-            if (mrc != MPI_SUCCESS)
-                rc = mpi_fail(c, mrc, "MPI_Sendrecv of an alltoall", err,
-                              errlen);
+            break;
         }
+        mrc = MPI_Sendrecv((const char *)in + soff[to], s.count, s.type, to, 7,
+                           (char *)out + roff[from], r.count, r.type, from, 7,
+                           c->comm, MPI_STATUS_IGNORE);
+        span_free(&s);
+        span_free(&r);
+        if (mrc != MPI_SUCCESS)
+            rc = mpi_fail(c, mrc, "MPI_Sendrecv of an alltoall", err, errlen);
     }
     free(soff);
-    free(ints);
     return rc;
 }
 
