@@ -1053,6 +1053,9 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
             ps->phase[c][n++] = (char)toupper((unsigned char)*p);
         snprintf(ps->phase[c] + n, sizeof(ps->phase[c]) - n, "_%s",
                  kolo__coll_name(c));
+        /* Horovod's phase names are upper case: "GLOO_ALLREDUCE". */
+        for (char *p = ps->phase[c] + n; *p; p++)
+            *p = (char)toupper((unsigned char)*p);
     }
     if (rc != KOLO_OK) {
         ps->ctl_ops->finalize(ps->ctl_ctx);
