@@ -120,6 +120,7 @@ static const char *env_get(const char *name)
     return getenv(name);
 }
 
+#ifdef KOLO_HAVE_MPI
 static void env_override(const char *name, const char *fmt, ...)
 {
     va_list ap;
@@ -138,6 +139,7 @@ static int wants_gloo(const char *var)
     const char *v = getenv(var);
     return v != NULL && strcmp(v, "gloo") == 0;
 }
+#endif
 
 /* A job started by mpirun or srun, not by kolorun (no KOLO_RANK and
  * KOLO_SIZE): the ranks come from MPI. Sets *mpi_launched. */
@@ -177,7 +179,6 @@ static int mpi_configure(int *mpi_launched, kolo__err_t *err)
         return KOLO_OK;
     }
 #else
-    (void)wants_gloo;
     if (launched_size > 1)
         return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
                              "this process was started by an MPI launcher "
