@@ -6,7 +6,8 @@
 # the rendezvous directory kolo makes under mpirun, and the reverse), and
 # with MPI's int counts lowered (KOLO_MPI_TEST_MAX_COUNT) so that the paths
 # for tensors beyond 2 GiB run on small ones; then test-mpi (placement from
-# MPI, the program's own MPI_Init), kolorun --mpi's errors and kolo-bench
+# MPI, the program's own MPI_Init), the Python tests under kolorun --mpi,
+# kolorun --mpi's errors and kolo-bench
 # --backend mpi. At 2, 3 and 4 ranks; every run is bounded in time
 # (run-lib.sh). Prints one line per run and "N passed, N failed".
 # Skips (exit 77) when kolo was built without MPI or mpirun is missing.
@@ -45,6 +46,10 @@ suite() {
     echo "$out" | grep -E '^(PASS|FAIL|    )'
     p=$(echo "$out" | sed -n -E 's/^([0-9]+) passed, ([0-9]+) failed$/\1/p' | tail -n 1)
     f=$(echo "$out" | sed -n -E 's/^([0-9]+) passed, ([0-9]+) failed$/\2/p' | tail -n 1)
+    if [ -z "$p" ] && echo "$out" | grep -q '^SKIP'; then
+        echo "$out" | grep '^SKIP'
+        return
+    fi
     if [ -z "$p" ]; then
         echo "FAIL $desc: the suite printed no summary"
         echo "$out" | tail -n 20 | sed 's/^/    /'
@@ -71,6 +76,10 @@ suite "run-collectives.sh under mpirun, int counts lowered to 16" \
     KOLO_TEST_LAUNCHER="$mpirun_sh" KOLO_MPI_TEST_MAX_COUNT=16 \
     KOLO_TEST_NP="2 3" "$here/run-collectives.sh" \
     allreduce-matrix broadcast allgather alltoall reducescatter grouped
+suite "run-pytest.sh (the Python bindings) under kolorun --mpi" \
+    KOLO_TEST_LAUNCHER="$tmp/kolorun-mpi" KOLO_PYTEST_RANKS="2 3" \
+    "$src/tests/python/run-pytest.sh" test_numpy.py test_torch_ops.py \
+    test_torch_optimizer.py
 
 echo "---- test-mpi, kolorun --mpi, kolo-bench --backend mpi"
 for np in 2 3 4; do
