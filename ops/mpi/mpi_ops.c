@@ -14,6 +14,13 @@
  * becomes a KOLO_ERR_BACKEND and a sentence; a lost peer in Open MPI 4.1 is
  * handled by mpirun, which stops the whole job.
  *
+ * Limits. MPI collectives cannot be bounded in time or cancelled, so
+ * KOLO_TIMEOUT_SECONDS does not apply to this backend: a stuck peer is
+ * MPI's and mpirun's to handle. While a collective waits for a peer, Open
+ * MPI polls (it yields the core when mpirun oversubscribes); the runtime
+ * keeps those waits short, since a rank only starts a round after it has
+ * woken its peers, and an idle job makes no MPI call at all.
+ *
  * Threads. Every process set has its own background thread and they call
  * MPI at the same time, each on its own communicator: MPI must run at
  * MPI_THREAD_MULTIPLE (checked at init).
