@@ -152,6 +152,9 @@ extern const kolo__ops_t kolo__ops_gloo;
 extern const kolo__ops_t kolo__ops_shm;
 extern const kolo__ops_t kolo__ops_hier;
 #endif
+#ifdef KOLO_HAVE_MPI
+extern const kolo__ops_t kolo__ops_mpi;
+#endif
 
 /* The backend called `name` ("gloo", "mpi", "shm", ...) when this build has
  * it, else NULL (ops/registry.c). */

@@ -17,6 +17,9 @@ static const kolo__ops_t *const all_ops[] = {
     &kolo__ops_shm,
     &kolo__ops_hier,
 #endif
+#ifdef KOLO_HAVE_MPI
+    &kolo__ops_mpi,
+#endif
     &kolo__ops_local,
 };
 

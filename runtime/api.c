@@ -18,8 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api.h"
+#include "mpienv.h"
 #include "peers.h"
 #include "timeline.h"
 #include "reduce.h"
@@ -102,7 +104,91 @@ kolo__pset_t *kolo__api_set(kolo__runtime_t *rt, int id, const char *what,
 
 /* ---- life cycle ----------------------------------------------------------- */
 
-static const char *env_get(const char *name) { return getenv(name); }
+/* The variables kolo_init reads: the environment, except where a job
+ * started by mpirun supplies them from MPI (mpi_configure). */
+static struct {
+    const char *name;
+    char value[4200];
+} g_env_override[8];
+static int g_env_noverride;
+
+static const char *env_get(const char *name)
+{
+    for (int i = 0; i < g_env_noverride; i++)
+        if (strcmp(g_env_override[i].name, name) == 0)
+            return g_env_override[i].value;
+    return getenv(name);
+}
+
+#ifdef KOLO_HAVE_MPI
+static void env_override(const char *name, const char *fmt, ...)
+{
+    va_list ap;
+    if (g_env_noverride >= (int)(sizeof(g_env_override) / sizeof(g_env_override[0])))
+        return;
+    g_env_override[g_env_noverride].name = name;
+    va_start(ap, fmt);
+    vsnprintf(g_env_override[g_env_noverride].value,
+              sizeof(g_env_override[0].value), fmt, ap);
+    va_end(ap);
+    g_env_noverride++;
+}
+
+static int wants_gloo(const char *var)
+{
+    const char *v = getenv(var);
+    return v != NULL && strcmp(v, "gloo") == 0;
+}
+#endif
+
+/* A job started by mpirun or srun, not by kolorun (no KOLO_RANK and
+ * KOLO_SIZE): the ranks come from MPI. Sets *mpi_launched. */
+static int mpi_configure(int *mpi_launched, kolo__err_t *err)
+{
+    int launched_size = 0;
+
+    *mpi_launched = 0;
+    g_env_noverride = 0;
+    if (getenv("KOLO_RANK") != NULL || getenv("KOLO_SIZE") != NULL ||
+        !kolo__mpienv_launched(&launched_size))
+        return KOLO_OK;
+#ifdef KOLO_HAVE_MPI
+    {
+        kolo__mpienv_t m;
+        const char *rdv = getenv("KOLO_RENDEZVOUS");
+        int user_rdv = rdv != NULL && rdv[0] != '\0';
+        KOLO__CHECK(kolo__mpienv_start(
+            !user_rdv && (wants_gloo("KOLO_CONTROLLER") ||
+                          wants_gloo("KOLO_CPU_OPERATIONS")),
+            &m, err));
+        env_override("KOLO_RANK", "%d", m.rank);
+        env_override("KOLO_SIZE", "%d", m.size);
+        env_override("KOLO_LOCAL_RANK", "%d", m.local_rank);
+        env_override("KOLO_LOCAL_SIZE", "%d", m.local_size);
+        env_override("KOLO_CROSS_RANK", "%d", m.cross_rank);
+        env_override("KOLO_CROSS_SIZE", "%d", m.cross_size);
+        if (!user_rdv)
+            env_override("KOLO_RENDEZVOUS", "%s", m.rendezvous);
+        /* Wake-up sockets across hosts need an address peers can reach. */
+        if (getenv("KOLO_HOSTNAME") == NULL && m.cross_size > 1) {
+            char host[256] = "";
+            if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0')
+                env_override("KOLO_HOSTNAME", "%s", host);
+        }
+        *mpi_launched = 1;
+        return KOLO_OK;
+    }
+#else
+    if (launched_size > 1)
+        return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                             "this process was started by an MPI launcher "
+                             "as one of %d ranks, but this kolo was built "
+                             "without MPI: rebuild it with --with-mpi, or "
+                             "start the job with kolorun -np %d",
+                             launched_size, launched_size);
+    return KOLO_OK;
+#endif
+}
 
 /* Adds a set to the table (id = rt->nsets); ps is NULL on non-members. */
 static int table_add(kolo__runtime_t *rt, kolo__pset_t *ps, int size)
@@ -157,7 +243,7 @@ int kolo_init(void)
     kolo__pset_t *world = NULL;
     int *all = NULL;
     char prefix[32];
-    int rc;
+    int rc, mpi_launched = 0;
 
     kolo__err_clear(&err);
     if (kolo__api_handles() == NULL)
@@ -175,7 +261,17 @@ int kolo_init(void)
         goto unlock;
     }
     pthread_mutex_init(&rt->sets_mu, NULL);
+    KOLO__CHECK_GOTO(mpi_configure(&mpi_launched, &err), rc, free_rt);
     KOLO__CHECK_GOTO(kolo__config_load(&rt->cfg, env_get, &err), rc, free_rt);
+    rt->cfg.mpi_launched = mpi_launched;
+    if (!mpi_launched && strncmp(rt->cfg.rendezvous, "mpi:", 4) == 0) {
+        rc = kolo__err_set(&err, KOLO_ERR_CONFIG,
+                           "KOLO_RENDEZVOUS='%s': the mpi: form is kolo's own "
+                           "under mpirun; start the job with mpirun (or "
+                           "kolorun --mpi), or use file:DIR",
+                           rt->cfg.rendezvous);
+        goto free_rt;
+    }
     kolo__log_threshold = (int)rt->cfg.log_level;
     rt->rank = (int)rt->cfg.rank;
     rt->size = (int)rt->cfg.size;
@@ -324,9 +420,15 @@ int kolo_enabled(const char *what)
     if (what == NULL || (rt = kolo__api_enter("kolo_enabled", &err)) == NULL)
         return 0;
     /* A backend is enabled when it carries the global set's negotiation or
-     * its tensors. */
-    on = strcmp(rt->sets[KOLO_GLOBAL_PROCESS_SET]->ctl_ops->name, what) == 0 ||
-         strcmp(rt->sets[KOLO_GLOBAL_PROCESS_SET]->data_ops->name, what) == 0;
+     * its tensors (hierarchical allreduce: shared memory too); MPI also
+     * whenever MPI started the job, since MPI is then up for the program. */
+    {
+        const kolo__pset_t *w = rt->sets[KOLO_GLOBAL_PROCESS_SET];
+        on = strcmp(w->ctl_ops->name, what) == 0 ||
+             strcmp(w->data_ops->name, what) == 0 ||
+             (strcmp(what, "shm") == 0 && strcmp(w->data_ops->name, "hier") == 0) ||
+             (strcmp(what, "mpi") == 0 && rt->cfg.mpi_launched);
+    }
     kolo__api_leave();
     return on;
 }

@@ -961,6 +961,12 @@ static int choose_ops(const kolo__runtime_t *rt, const char *var,
                                  "name (it has: %s)", var, want,
                                  names[0] ? names : "none");
         }
+        if (strcmp(want, "mpi") == 0 && !rt->cfg.mpi_launched)
+            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                                 "%s=mpi: the mpi backend needs the job to be "
+                                 "started by mpirun (or kolorun --mpi), and "
+                                 "rank %d was started by kolorun without "
+                                 "--mpi", var, rt->rank);
         if (strcmp(want, "shm") == 0 && !all_local)
             return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
                                  "%s=shm: the ranks of this job or process "
@@ -1144,6 +1150,9 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
             ps->phase[c][n++] = (char)toupper((unsigned char)*p);
         snprintf(ps->phase[c] + n, sizeof(ps->phase[c]) - n, "_%s",
                  kolo__coll_name(c));
+        /* Horovod's phase names are upper case: "GLOO_ALLREDUCE". */
+        for (char *p = ps->phase[c] + n; *p; p++)
+            *p = (char)toupper((unsigned char)*p);
     }
     if (rc != KOLO_OK) {
         ps->ctl_ops->finalize(ps->ctl_ctx);

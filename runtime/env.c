@@ -249,6 +249,8 @@ static int rendezvous_ok(const char *r)
 
     if (strncmp(r, "file:", 5) == 0)
         return r[5] != '\0';
+    if (strncmp(r, "mpi:", 4) == 0)
+        return r[4] != '\0';
     if (strncmp(r, "redis:", 6) != 0)
         return 0;
     host = r + 6;
@@ -363,8 +365,9 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
     if (cfg->size > 1 && cfg->rendezvous[0] == '\0')
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "KOLO_SIZE=%lld but KOLO_RENDEZVOUS is not set: "
-                             "start multi-rank jobs with kolorun",
+                             "start multi-rank jobs with kolorun or mpirun",
                              (long long)cfg->size);
+    /* mpi:TOKEN is the form kolo_init sets itself under mpirun. */
     if (cfg->rendezvous[0] != '\0' && !rendezvous_ok(cfg->rendezvous))
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "environment variable KOLO_RENDEZVOUS='%s' is "

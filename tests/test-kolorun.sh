@@ -459,9 +459,14 @@ expect "no command: status 2" eq "$rc" 2
 kr -np 2 --frobnicate true
 expect "unknown option: status 2" eq "$rc" 2
 expect "unknown option: named" has "'--frobnicate'" "$ERR"
-kr -np 2 --mpi true
-expect "--mpi: status 2 (got $rc)" eq "$rc" 2
-expect "--mpi: not supported yet" has "not supported yet" "$ERR"
+# --mpi runs the job through mpirun (tests/multi/run-mpi.sh); options that
+# mean nothing there are refused before mpirun starts.
+kr -np 2 --mpi --gloo true
+expect "--mpi --gloo: status 2 (got $rc)" eq "$rc" 2
+expect "--mpi --gloo: named" has "choose different launchers" "$ERR"
+kr -np 2 --mpi --failure-grace 2 true
+expect "--mpi --failure-grace: status 2 (got $rc)" eq "$rc" 2
+expect "--mpi --failure-grace: named" has "no effect with --mpi" "$ERR"
 end
 
 # ---------------------------------------------------------------------------

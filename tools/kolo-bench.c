@@ -2,6 +2,7 @@
  * kolo-bench.c — measures kolo against its own backend called directly.
  *
  *     kolorun -np N kolo-bench [--workload W[,W...]|all] [--backend B]
+ *     kolorun --mpi -np N kolo-bench ... --backend mpi
  *                              [--json FILE] [--iters N] [--warmup N]
  *                              [--max-bytes B] [--quick]
  *
@@ -1195,6 +1196,8 @@ static void usage(FILE *f)
         "                    gloo (default), shm (ranks of one host), mpi\n"
         "  --compare B,B     more backends called directly in the same run, as\n"
         "                    extra figures of large, resnet50, small, latency\n"
+        "                    (mpi: run under kolorun --mpi or mpirun; kolo then\n"
+        "                    runs with KOLO_CONTROLLER=KOLO_CPU_OPERATIONS=mpi)\n"
         "  --json FILE       rank 0 writes the results there as JSON\n"
         "  --iters N         timed iterations per figure (default: by workload\n"
         "                    and size, e.g. 30 for small tensors, 5 for 64 MiB)\n"
@@ -1339,10 +1342,14 @@ static void raw_init(void)
     const char *host = getenv("KOLO_HOSTNAME");
     char err[512] = "";
     kolo__ops_config_t cfg;
+    static int *members; /* the raw context keeps a pointer to it */
     int rc;
 
     if (g_size == 1) {
         g_raw = &kolo__ops_local;
+    } else if (strcmp(g_opt.backend, "mpi") == 0) {
+        /* kolo_init initialised MPI; the raw side uses it too. */
+        g_raw = kolo__ops_find("mpi");
     } else {
         g_raw = kolo__ops_find(g_opt.backend);
         if (g_raw == NULL)
@@ -1350,8 +1357,14 @@ static void raw_init(void)
         if (rdv == NULL || rdv[0] == '\0')
             die("KOLO_RENDEZVOUS is not set: run kolo-bench under kolorun");
     }
+    members = malloc((size_t)g_size * sizeof(int));
+    if (members == NULL)
+        die("out of memory");
+    for (int i = 0; i < g_size; i++)
+        members[i] = i;
     cfg = (kolo__ops_config_t){
-        .rank = g_rank, .size = g_size, .rendezvous = rdv ? rdv : "",
+        .rank = g_rank, .size = g_size, .members = members,
+        .global_rank = g_rank, .rendezvous = rdv ? rdv : "",
         .prefix = "kolo-bench-raw",
         .hostname = host && host[0] ? host : "127.0.0.1",
         .timeout_s = 300, .start_timeout_s = 60, .on_wake = NULL,
@@ -1487,6 +1500,10 @@ int main(int argc, char **argv)
                  "%s", " are in this build; not '%s'");
         bad_usage(msg, g_opt.backend);
     }
+    if (strcmp(g_opt.backend, "mpi") == 0 && getenv("KOLO_RANK") != NULL)
+        bad_usage("--backend mpi needs the job started by MPI: run %s",
+                  "kolorun --mpi -np N kolo-bench --backend mpi (or "
+                  "mpirun -np N kolo-bench --backend mpi)");
     /* The runtime carries the job on the backend measured, unless the
      * environment says otherwise. */
     setenv("KOLO_CONTROLLER", g_opt.backend, 0);

@@ -166,6 +166,8 @@ typedef struct kolorun_opts {
     const char *timeline;      /* NULL: not given */
     const char *start_timeout; /* NULL: not given; validated digits */
     long failure_grace_ms;     /* --failure-grace */
+    int mpi;                   /* --mpi: run the job through mpirun */
+    int gloo, grace_given;     /* --gloo, --failure-grace given */
     char **argv;               /* the command, NULL-terminated */
 } kolorun_opts_t;
 
@@ -316,10 +318,15 @@ static void kolorun_usage(FILE *f)
         "                           and exit by themselves for this long before\n"
         "                           stopping them (default 5; 0: stop at once)\n"
         "  --gloo                   use the Gloo controller (the default)\n"
+        "  --mpi                    run the job through mpirun (Open MPI): the\n"
+        "                           ranks take their places from MPI and use the\n"
+        "                           mpi backend (KOLO_CONTROLLER and\n"
+        "                           KOLO_CPU_OPERATIONS still choose); every\n"
+        "                           KOLO_* variable is passed on with -x;\n"
+        "                           KOLO_MPIRUN names another mpirun\n"
         "  --verbose                say what kolorun does: rendezvous directory,\n"
         "                           each rank's pid and environment and end\n"
         "  -h, --help               show this help\n"
-        "  --mpi                    not supported yet\n"
         "\n"
         "Several hosts (see README.md, \"Several hosts\"):\n"
         "  -H, --hosts H:N,...      hosts and their slots (H alone: 1 slot); ranks\n"
@@ -652,7 +659,6 @@ static void kolorun_check_template(const char *t)
 /* Parses the options; exits 0 after --help, 2 on a wrong command line. */
 static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
 {
-    static const char *const later[] = {"--mpi"};
     const char *hosts = NULL, *hostfile = NULL;
     memset(o, 0, sizeof *o);
     o->failure_grace_ms = 5000;
@@ -678,8 +684,14 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             o->verbose = 1;
             continue;
         }
-        if (strcmp(a, "--gloo") == 0)
-            continue; /* the only controller kolorun has on one machine */
+        if (strcmp(a, "--gloo") == 0) {
+            o->gloo = 1; /* the only controller kolorun has on one machine */
+            continue;
+        }
+        if (strcmp(a, "--mpi") == 0) {
+            o->mpi = 1;
+            continue;
+        }
         if ((v = kolorun_opt_value(argc, argv, &i, a, "-np")) ||
             (v = kolorun_opt_value(argc, argv, &i, a, "--np")) ||
             (v = kolorun_opt_value(argc, argv, &i, a, "-n"))) {
@@ -711,6 +723,7 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
                 exit(2);
             }
             o->failure_grace_ms = s * 1000;
+            o->grace_given = 1;
             continue;
         }
         if ((v = kolorun_opt_value(argc, argv, &i, a, "--start-timeout"))) {
@@ -824,14 +837,6 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             o->network_interface = v;
             continue;
         }
-        for (size_t j = 0; j < sizeof later / sizeof later[0]; j++) {
-            if (kolorun_is(a, later[j])) {
-                kolorun_say("%s is not supported yet: this kolorun starts "
-                            "every rank on this machine (use -np N alone)",
-                            later[j]);
-                exit(2);
-            }
-        }
         kolorun_say("unknown option '%s' (see kolorun --help)", a);
         exit(2);
     }
@@ -875,6 +880,100 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
         exit(2);
     }
     o->argv = argv + i;
+    if (o->mpi && o->gloo) {
+        kolorun_say("--gloo and --mpi choose different launchers: give one "
+                    "(under --mpi, KOLO_CONTROLLER=gloo negotiates over Gloo)");
+        exit(2);
+    }
+    if (o->mpi && o->grace_given) {
+        kolorun_say("--failure-grace has no effect with --mpi: mpirun stops "
+                    "the whole job when a rank fails");
+        exit(2);
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * --mpi: the job runs under mpirun
+ */
+
+/* Replaces kolorun with `mpirun [--allow-run-as-root] [--oversubscribe]
+ * --bind-to none -np N [--tag-output] -x KOLO_... command args`. The ranks
+ * learn their places from MPI, so kolorun's own KOLO_RANK/SIZE/LOCAL/CROSS
+ * variables must not reach them. --bind-to none: mpirun binds each rank to
+ * one core by default, where its background thread would compete with its
+ * training thread (shared/MEASUREMENTS.md). Returns only on failure: kolorun's exit status. */
+static int kolorun_exec_mpirun(const kolorun_opts_t *o, int64_t job_start_us)
+{
+    static const char *const placement[] = {
+        "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE",
+        "KOLO_CROSS_RANK", "KOLO_CROSS_SIZE"};
+    extern char **environ;
+    const char *mpirun = getenv("KOLO_MPIRUN");
+    char np[16], start_us[32], **av;
+    size_t nenv = 0, nargs = 0, n = 0;
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+    if (mpirun == NULL || *mpirun == '\0')
+        mpirun = "mpirun";
+    for (size_t j = 0; j < sizeof placement / sizeof placement[0]; j++)
+        unsetenv(placement[j]);
+    snprintf(start_us, sizeof start_us, "%lld", (long long)job_start_us);
+    if ((o->timeline && setenv("KOLO_TIMELINE", o->timeline, 1) != 0) ||
+        (o->start_timeout &&
+         setenv("KOLO_START_TIMEOUT", o->start_timeout, 1) != 0) ||
+        setenv("KOLO_JOB_START_US", start_us, 1) != 0) {
+        kolorun_say("out of memory");
+        return 1;
+    }
+    for (char **e = environ; *e; e++)
+        nenv += strncmp(*e, "KOLO_", 5) == 0;
+    while (o->argv[nargs])
+        nargs++;
+    av = calloc(12 + 2 * nenv + nargs + 1, sizeof *av);
+    if (!av) {
+        kolorun_say("out of memory");
+        return 1;
+    }
+    snprintf(np, sizeof np, "%d", o->np);
+    av[n++] = (char *)mpirun;
+    if (geteuid() == 0)
+        av[n++] = "--allow-run-as-root";
+    if (cpus > 0 && o->np > cpus)
+        av[n++] = "--oversubscribe";
+    av[n++] = "--bind-to";
+    av[n++] = "none";
+    av[n++] = "-np";
+    av[n++] = np;
+    if (o->tag_output)
+        av[n++] = "--tag-output";
+    for (char **e = environ; *e; e++) {
+        char *eq = strchr(*e, '=');
+        if (strncmp(*e, "KOLO_", 5) != 0 || !eq)
+            continue;
+        av[n++] = "-x";
+        av[n] = kolorun_strdupf("%.*s", (int)(eq - *e), *e);
+        if (!av[n]) {
+            kolorun_say("out of memory");
+            return 1;
+        }
+        n++;
+    }
+    for (size_t j = 0; j < nargs; j++)
+        av[n++] = o->argv[j];
+    av[n] = NULL;
+    if (o->verbose) {
+        fprintf(stderr, "kolorun: running");
+        for (size_t j = 0; j < n; j++)
+            fprintf(stderr, " %s", av[j]);
+        fputc('\n', stderr);
+    }
+    fflush(NULL);
+    execvp(mpirun, av);
+    int why = errno;
+    kolorun_say("--mpi: cannot run %s: %s (install Open MPI's mpirun, e.g. "
+                "the openmpi-bin package, or name one with KOLO_MPIRUN)",
+                mpirun, strerror(why));
+    return why == ENOENT ? 127 : 1;
 }
 
 /* ------------------------------------------------------------------------
@@ -2613,6 +2712,9 @@ int main(int argc, char **argv)
     }
     kolorun_std_fds();
     kolorun_parse(argc, argv, &k.opts);
+    if (k.opts.mpi) {
+        return kolorun_exec_mpirun(&k.opts, k.job_start_us);
+    }
     kolorun_raise_fd_limit(k.opts.np);
 
     int rc = 1;

@@ -27,6 +27,11 @@
  *                                   (absent: a job of one rank)
  *   KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE, KOLO_CROSS_RANK, KOLO_CROSS_SIZE
  *   KOLO_RENDEZVOUS                 where ranks meet: "file:DIR"
+ *   KOLO_CONTROLLER                 backend that negotiates: auto|gloo|mpi|shm
+ *   KOLO_CPU_OPERATIONS             backend that moves host tensors: same
+ *                                   choices; auto: mpi under mpirun, else
+ *                                   gloo (shm when every rank shares a host
+ *                                   and this kolo has it)
  *   KOLO_FUSION_THRESHOLD           fusion buffer size in bytes (128 MiB)
  *   KOLO_CYCLE_TIME                 ms between negotiation rounds while
  *                                   tensors wait for other ranks (5)
@@ -122,7 +127,26 @@ typedef int64_t kolo_handle_t;
 
 /* Reads the environment, connects to the other ranks (all ranks must call
  * it) and starts the background thread. A second call without shutdown
- * fails with KOLO_ERR_ALREADY_INITIALIZED. */
+ * fails with KOLO_ERR_ALREADY_INITIALIZED.
+ *
+ * Under MPI. A process started by mpirun or srun (OMPI_COMM_WORLD_SIZE,
+ * PMI_SIZE, PMIX_RANK, ... set) without KOLO_RANK and KOLO_SIZE takes its
+ * place from MPI: rank and size from MPI_COMM_WORLD, the local rank and
+ * size from MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), the cross rank and
+ * size from a split by local rank. kolo_init initialises MPI with
+ * MPI_Init_thread(MPI_THREAD_MULTIPLE) when the program has not; a program
+ * that initialised MPI itself must have asked for MPI_THREAD_MULTIPLE
+ * (else kolo_init fails with KOLO_ERR_UNSUPPORTED and says so), and keeps
+ * MPI: kolo never finalizes it, and the program may use MPI after
+ * kolo_shutdown and finalizes it itself. MPI cannot be initialised twice,
+ * so MPI that kolo initialised stays up across kolo_shutdown (kolo_init
+ * may be called again) and is finalized when the process exits (atexit).
+ * kolo_init must not be called after the program's MPI_Finalize.
+ * KOLO_CONTROLLER=gloo or KOLO_CPU_OPERATIONS=gloo under mpirun makes rank
+ * 0 create a rendezvous directory (removed at exit); that needs every rank
+ * on one host, or KOLO_RENDEZVOUS=file:DIR on a shared file system. A
+ * job built without MPI but started by mpirun as several ranks fails with
+ * KOLO_ERR_UNSUPPORTED. */
 KOLO_EXPORT int kolo_init(void);
 
 /* Stops this rank. The first rank to shut down stops the job: every handle
@@ -399,9 +423,11 @@ KOLO_EXPORT int kolo_stop_timeline(void);
  * ("gloo", "mpi", "cuda", "nccl"), else 0. */
 KOLO_EXPORT int kolo_built(const char *what);
 
-/* 1 if the named backend carries this job's host collectives ("gloo",
- * "mpi") or device collectives ("nccl"); 0 otherwise or when not
- * initialized. */
+/* 1 if the named backend carries this job's negotiation or host
+ * collectives ("gloo", "mpi", "shm": shared memory, the default for ranks
+ * on one host) or device collectives ("nccl"); "mpi" also whenever mpirun
+ * started the job (MPI is then initialized for the program). 0 otherwise
+ * or when not initialized. */
 KOLO_EXPORT int kolo_enabled(const char *what);
 
 /* ---- Errors ------------------------------------------------------------ */

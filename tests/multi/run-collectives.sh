@@ -13,7 +13,7 @@
 # starts each rank (tests/multi/fake-hosts.sh), KOLO_TEST_MODES the modes.
 set -u
 top=${KOLO_TOP_BUILDDIR:-.}
-kolorun=$top/kolorun
+kolorun=${KOLO_TEST_LAUNCHER:-$top/kolorun} # run-mpi.sh: mpirun
 prog=${KOLO_TEST_COLLECTIVES:-$top/tests/multi/test-collectives}
 nps=${KOLO_TEST_NP:-2 3 4}
 wrap=${KOLO_TEST_WRAP:-}

@@ -9,7 +9,7 @@
 # check` runs it with KOLO_TOP_BUILDDIR set)
 set -u
 top=${KOLO_TOP_BUILDDIR:-.}
-kolorun=$top/kolorun
+kolorun=${KOLO_TEST_LAUNCHER:-$top/kolorun} # run-mpi.sh: mpirun
 prog=$top/tests/multi/test-allreduce
 soak=${KOLO_SOAK_STEPS:-2000}
 nps=${KOLO_TEST_NP:-2 3 4}

@@ -21,15 +21,26 @@ OPS = [kolo.Sum, kolo.Average, kolo.Min, kolo.Max, kolo.Product]
 
 def test_basics(rank, size):
     assert kolo.is_initialized()
-    assert 0 <= rank < size == int(os.environ["KOLO_SIZE"])
-    assert rank == int(os.environ["KOLO_RANK"])
-    assert kolo.local_rank() == int(os.environ["KOLO_LOCAL_RANK"])
-    assert kolo.local_size() == int(os.environ["KOLO_LOCAL_SIZE"])
+    # What the launcher said: kolorun's variables, or under mpirun
+    # (run-mpi.sh) Open MPI's.
+    def launcher(kolo_name, ompi_name):
+        return int(os.environ.get(kolo_name) or os.environ[ompi_name])
+    assert 0 <= rank < size == launcher("KOLO_SIZE", "OMPI_COMM_WORLD_SIZE")
+    assert rank == launcher("KOLO_RANK", "OMPI_COMM_WORLD_RANK")
+    assert kolo.local_rank() == launcher("KOLO_LOCAL_RANK",
+                                         "OMPI_COMM_WORLD_LOCAL_RANK")
+    assert kolo.local_size() == launcher("KOLO_LOCAL_SIZE",
+                                         "OMPI_COMM_WORLD_LOCAL_SIZE")
     assert kolo.cross_rank() == 0 and kolo.cross_size() == 1
     assert kolo.is_homogeneous()
-    assert kolo.gloo_built() and kolo.gloo_enabled()
+    # kolorun: Gloo carries the job; mpirun (no KOLO_RANK): MPI does.
+    under_mpi = "KOLO_RANK" not in os.environ
+    # One host: shared memory carries the job unless KOLO_CONTROLLER or
+    # KOLO_CPU_OPERATIONS ask for Gloo.
+    asked = {os.environ.get("KOLO_CONTROLLER"), os.environ.get("KOLO_CPU_OPERATIONS")}
+    assert kolo.gloo_built() and kolo.gloo_enabled() == ("gloo" in asked)
     assert isinstance(kolo.mpi_built(), bool)
-    assert not kolo.mpi_enabled()
+    assert kolo.mpi_enabled() == under_mpi
     assert kolo.global_process_set.ranks == list(range(size))
     assert kolo.global_process_set.size() == size
     assert kolo.global_process_set.rank() == rank
@@ -379,10 +390,18 @@ def test_objects(rank, size):
 
 def test_duplicate_name_raises_at_once(rank, size):
     x = np.ones(3)
-    h = kolo.allreduce_async(x, name="dup")
-    with pytest.raises(ValueError, match="already in flight") as e:
-        kolo.allreduce_async(x, name="dup")
-    assert e.value.code == kolo._lib.ERR_DUPLICATE_NAME
+    # Rank 0's "dup" stays in flight until the others enqueue it, which they
+    # do only after dup.sync, which rank 0 joins after its check (a fast
+    # backend, MPI, completed it before the check otherwise).
+    if rank == 0:
+        h = kolo.allreduce_async(x, name="dup")
+        with pytest.raises(ValueError, match="already in flight") as e:
+            kolo.allreduce_async(x, name="dup")
+        assert e.value.code == kolo._lib.ERR_DUPLICATE_NAME
+        kolo.allreduce(np.ones(1), name="dup.sync")
+    else:
+        kolo.allreduce(np.ones(1), name="dup.sync")
+        h = kolo.allreduce_async(x, name="dup")
     kolo.synchronize(h)
 
 

@@ -81,7 +81,20 @@ grep_log() {
     fi
 }
 
+# The timeline's structure is the same on every backend; these checks run
+# on Gloo (its fusion-buffer phases included), and one case below on shared
+# memory, the default on one host.
+export KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
 steps=3
+d=$work/shm
+mkdir -p "$d"
+if run "np=2 shared memory: timeline by KOLO_TIMELINE" \
+    env KOLO_CONTROLLER=auto KOLO_CPU_OPERATIONS=auto \
+    "$kolorun" -np 2 --timeline-filename "$d/env.json" "$prog" steps; then
+    run "np=2   env.json: events, nesting, SHM_ALLREDUCE phases" \
+        env KOLO_TEST_PHASE=SHM $py "$check" structure "$d/env.json" --size 2 \
+        --steps $steps
+fi
 for np in 2 3; do
     d=$work/np$np
     mkdir -p "$d"

@@ -1,0 +1,31 @@
+/*
+ * mpienv.h — a job started by mpirun (or srun) without kolorun: the runtime
+ * takes the ranks from MPI itself (mpienv.c, built when kolo has MPI).
+ */
+#ifndef KOLO_MPIENV_H
+#define KOLO_MPIENV_H
+
+#include "common.h"
+
+typedef struct kolo__mpienv {
+    int rank, size, local_rank, local_size, cross_rank, cross_size;
+    char rendezvous[4096]; /* "mpi:TOKEN", or "file:DIR" when asked for */
+} kolo__mpienv_t;
+
+/* Whether an MPI launcher started this process (OMPI_COMM_WORLD_SIZE,
+ * PMI_SIZE, PMIX_RANK, ...); *size gets the job's size when the launcher
+ * says it, else 0. Needs no MPI. */
+int kolo__mpienv_launched(int *size);
+
+#ifdef KOLO_HAVE_MPI
+/* Initialises MPI at MPI_THREAD_MULTIPLE unless the program already did
+ * (then checks its thread level and leaves it to the program to finalize),
+ * and describes the job. need_dir: a Gloo backend was asked for, so the
+ * rendezvous must be a directory: rank 0 creates one (every rank must be on
+ * one host) and broadcasts its path. MPI stays initialised until the
+ * process exits (MPI cannot be initialised twice), when an atexit handler
+ * removes that directory and finalizes MPI if kolo initialised it. */
+int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, kolo__err_t *err);
+#endif
+
+#endif /* KOLO_MPIENV_H */
