@@ -411,12 +411,6 @@ static long kolorun_parse_long(const char *s, long lo, long hi)
     return v;
 }
 
-static int kolorun_is(const char *arg, const char *name)
-{
-    size_t n = strlen(name);
-    return strncmp(arg, name, n) == 0 && (arg[n] == '\0' || arg[n] == '=');
-}
-
 /* ------------------------------------------------------------------------
  * Hosts
  *
@@ -880,6 +874,12 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
         exit(2);
     }
     o->argv = argv + i;
+    if (o->mpi && o->nhosts > 0) {
+        kolorun_say("--mpi with -H/--hostfile: start the job with mpirun "
+                    "itself (mpirun -H ... prog), or drop --mpi and let "
+                    "kolorun start the hosts");
+        exit(2);
+    }
     if (o->mpi && o->gloo) {
         kolorun_say("--gloo and --mpi choose different launchers: give one "
                     "(under --mpi, KOLO_CONTROLLER=gloo negotiates over Gloo)");
