@@ -864,7 +864,7 @@ typedef struct resnet_state {
 static void resnet_prepare(bench_t *b, int side)
 {
     resnet_state_t *s = b->state;
-    if (side == (s->fp16 ? 2 : 1)) {
+    if (side >= (s->fp16 ? 2 : 1)) {
         fill(s->flat, (size_t)RESNET50_ELEMENTS, 0);
         return;
     }
@@ -898,9 +898,9 @@ static int resnet_verify(bench_t *b, int side, char *detail)
     resnet_state_t *s = b->state;
     char what[160];
     int bad = 0;
-    if (side == (s->fp16 ? 2 : 1))
+    if (side >= (s->fp16 ? 2 : 1)) /* raw and --compare: the one buffer */
         return check(s->flat, (size_t)RESNET50_ELEMENTS, 0, 0.0f,
-                     "raw, the one buffer", detail);
+                     g_side_names[side], detail);
     for (int i = 0; i < RESNET50_TENSORS && !bad; i++) {
         snprintf(what, sizeof(what), "%s, tensor %s", g_side_names[side],
                  g_resnet50[i].name);
@@ -1354,8 +1354,19 @@ static void raw_init(void)
         g_raw = kolo__ops_find(g_opt.backend);
         if (g_raw == NULL)
             die("this kolo-bench has no raw backend '%s'", g_opt.backend);
+        if ((rdv == NULL || rdv[0] == '\0') && getenv("PMIX_NAMESPACE") &&
+            strcmp(g_opt.backend, "gloo") != 0) {
+            /* Started by mpirun: shared memory keys its segment on the job's
+             * PMIx namespace, unique per job. */
+            static char mpi_rdv[300];
+            snprintf(mpi_rdv, sizeof(mpi_rdv), "mpi-bench:%s",
+                     getenv("PMIX_NAMESPACE"));
+            rdv = mpi_rdv;
+        }
         if (rdv == NULL || rdv[0] == '\0')
-            die("KOLO_RENDEZVOUS is not set: run kolo-bench under kolorun");
+            die("KOLO_RENDEZVOUS is not set: run kolo-bench under kolorun "
+                "(--backend gloo and --compare gloo need kolorun without "
+                "--mpi)");
     }
     members = malloc((size_t)g_size * sizeof(int));
     if (members == NULL)
