@@ -1732,6 +1732,20 @@ static int kolorun_remote_shell(const kolorun_t *k)
            strstr(k->opts.launch_command, "{command}") != NULL;
 }
 
+/* In a child before exec: kolorun's signal handlers back to the default,
+ * SIGPIPE back to what kolorun inherited. */
+static void kolorun_child_signals(const kolorun_t *k)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (k->handled[sig])
+            sigaction(sig, &dfl, NULL);
+    sigaction(SIGPIPE, &k->sigpipe_orig, NULL);
+}
+
 /* The argv that starts rank r on its (other) host: the launch command
  * with its placeholders replaced. ssh by default:
  *   ssh -o BatchMode=yes -o ConnectTimeout=T [-p P] [-i F] HOST
@@ -1853,14 +1867,7 @@ kolorun_child(const kolorun_t *k, pid_t launcher, int in_fd, int out_w,
     /* Handlers of kolorun make no sense here; exec would reset them anyway,
      * but a signal may come before it. SIGPIPE goes back to what kolorun
      * inherited. */
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    for (int sig = 1; sig < NSIG; sig++)
-        if (k->handled[sig])
-            sigaction(sig, &dfl, NULL);
-    sigaction(SIGPIPE, &k->sigpipe_orig, NULL);
+    kolorun_child_signals(k);
 
     /* Join the ranks' group. The parent does the same, whichever of the
      * two runs first. */
@@ -2175,14 +2182,7 @@ static int kolorun_redis_start(kolorun_t *k)
     pid_t launcher = getpid();
     pid_t pid = fork();
     if (pid == 0) {
-        struct sigaction dfl;
-        memset(&dfl, 0, sizeof dfl);
-        dfl.sa_handler = SIG_DFL;
-        sigemptyset(&dfl.sa_mask);
-        for (int sig = 1; sig < NSIG; sig++)
-            if (k->handled[sig])
-                sigaction(sig, &dfl, NULL);
-        sigaction(SIGPIPE, &k->sigpipe_orig, NULL);
+        kolorun_child_signals(k);
         setpgid(0, 0);
         int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
         if (in < 0 || dup2(in, 0) < 0 || dup2(log, 1) < 0 || dup2(log, 2) < 0)
