@@ -47,7 +47,6 @@
  */
 #include "config.h"
 
-#include <ctype.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,10 +81,28 @@ void kolo__tl_entry_end(kolo__pset_t *ps, kolo__entry_t *e)
     }
 }
 
-/* The backend's phase name, as in Horovod's timeline: "GLOO_ALLREDUCE". */
+/* The backend's phase names, as in Horovod's timeline: "GLOO_ALLREDUCE".
+ * Static: timeline events keep the pointer after the set is gone. */
+#define KOLO__PHASES(B)                                                      \
+    {#B "_ALLREDUCE", #B "_BROADCAST", #B "_ALLGATHER", #B "_ALLTOALL",      \
+     #B "_REDUCESCATTER", #B "_BARRIER", #B "_JOIN"}
+static const char *const *phase_names(const char *backend)
+{
+    static const char *const names[][KOLO__COLL_COUNT_] = {
+        KOLO__PHASES(LOCAL), KOLO__PHASES(GLOO), KOLO__PHASES(SHM),
+        KOLO__PHASES(MPI), KOLO__PHASES(HIER), KOLO__PHASES(BACKEND)};
+    static const char *const keys[] = {"local", "gloo", "shm", "mpi", "hier"};
+
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+        if (strcmp(keys[i], backend) == 0)
+            return names[i];
+    return names[sizeof(keys) / sizeof(keys[0])];
+}
+#undef KOLO__PHASES
+
 static const char *backend_phase(const kolo__pset_t *ps, int coll)
 {
-    if (coll < 0 || coll >= KOLO__COLL_COUNT_)
+    if (coll < 0 || coll >= KOLO__COLL_COUNT_ || ps->phase == NULL)
         return "BACKEND";
     return ps->phase[coll];
 }
@@ -1144,16 +1161,8 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
         rc = connect_ops(rt, ps, ps->data_ops, "data", &ps->data_ctx, hosts,
                          cross, err);
     free(hosts);
-    for (int c = 0; rc == KOLO_OK && c < KOLO__COLL_COUNT_; c++) {
-        size_t n = 0;
-        for (const char *p = ps->data_ops->name; *p && n < 12; p++)
-            ps->phase[c][n++] = (char)toupper((unsigned char)*p);
-        snprintf(ps->phase[c] + n, sizeof(ps->phase[c]) - n, "_%s",
-                 kolo__coll_name(c));
-        /* Horovod's phase names are upper case: "GLOO_ALLREDUCE". */
-        for (char *p = ps->phase[c] + n; *p; p++)
-            *p = (char)toupper((unsigned char)*p);
-    }
+    if (rc == KOLO_OK)
+        ps->phase = phase_names(ps->data_ops->name);
     if (rc != KOLO_OK) {
         ps->ctl_ops->finalize(ps->ctl_ctx);
         pset_free(ps);

@@ -48,7 +48,7 @@ typedef struct kolo__pset {
      * backend moves tensors. Often the same backend and context. */
     const kolo__ops_t *ctl_ops, *data_ops;
     void *ctl_ctx, *data_ctx;
-    char phase[KOLO__COLL_COUNT_][32]; /* timeline: "GLOO_ALLREDUCE" */
+    const char *const *phase; /* timeline names by collective, static */
     kolo__queue_t queue;
     pthread_t thread;
     int thread_started;

@@ -94,6 +94,7 @@
 static int g_rank, g_size;
 static const kolo__ops_t *g_raw;     /* the backend, called directly */
 static void *g_raw_ctx;
+static int *g_raw_members; /* the raw contexts keep a pointer to it */
 /* --compare: more backends called directly, as extra sides of the large,
  * resnet50, small and latency workloads. */
 enum { MAX_COMPARE = 3 };
@@ -1342,7 +1343,7 @@ static void raw_init(void)
     const char *host = getenv("KOLO_HOSTNAME");
     char err[512] = "";
     kolo__ops_config_t cfg;
-    static int *members; /* the raw context keeps a pointer to it */
+    int *members;
     int rc;
 
     if (g_size == 1) {
@@ -1368,7 +1369,7 @@ static void raw_init(void)
                 "(--backend gloo and --compare gloo need kolorun without "
                 "--mpi)");
     }
-    members = malloc((size_t)g_size * sizeof(int));
+    members = g_raw_members = malloc((size_t)g_size * sizeof(int));
     if (members == NULL)
         die("out of memory");
     for (int i = 0; i < g_size; i++)
@@ -1564,5 +1565,6 @@ int main(int argc, char **argv)
     for (int k = 0; k < g_ncmp; k++)
         g_cmp[k]->finalize(g_cmp_ctx[k]);
     g_raw->finalize(g_raw_ctx);
+    free(g_raw_members);
     return g_wrong ? 1 : 0;
 }
