@@ -47,6 +47,7 @@
  */
 #include "config.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +108,13 @@ static const char *backend_phase(const kolo__pset_t *ps, int coll)
     return ps->phase[coll];
 }
 
+/* The settings in force: the autotuner's while it runs, else the
+ * configuration's. */
+static const kolo__tune_params_t *tuned(const kolo__pset_t *ps)
+{
+    return ps->tune != NULL ? &ps->tune->cur : &ps->tune_fixed;
+}
+
 /* Every entry of a batch enters or leaves a phase. */
 static void tl_batch(kolo__pset_t *ps, const size_t *idx, size_t n,
                      const char *phase)
@@ -138,6 +146,9 @@ void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
         if (status == KOLO_OK)
             e->result = NULL;
     }
+    if (status == KOLO_OK)
+        ps->bytes_done += e->params.count *
+                          (int64_t)kolo_dtype_size((kolo_dtype_t)e->params.wire);
     kolo__entry_free(e);
     ps->completed++;
 }
@@ -398,7 +409,7 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
         return KOLO_OK;
     if (ps->data_ops->allreduce_stream != NULL)
         return run_allreduce_stream(ps, idx, n, count, err);
-    piece = ps->rt->cfg.chunk_bytes > 0 ? (size_t)ps->rt->cfg.chunk_bytes / esize
+    piece = tuned(ps)->chunk_bytes > 0 ? (size_t)tuned(ps)->chunk_bytes / esize
                                         : count;
     if (piece == 0)
         piece = 1;
@@ -710,7 +721,7 @@ static int execute(kolo__pset_t *ps, kolo__err_t *err)
         if (items[i].key == 0xffffffffu)
             items[i].bytes = INT64_MAX; /* alone */
     }
-    nb = kolo__fusion_plan(items, n, ps->rt->cfg.fusion_threshold, order, batches);
+    nb = kolo__fusion_plan(items, n, tuned(ps)->fusion_threshold, order, batches);
     if (nb < 0) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "rank %d: out of memory planning %zu tensors",
@@ -799,10 +810,62 @@ static void stop_reason(kolo__pset_t *ps, int stop_rank, kolo__err_t *err)
                       ps->id, gstop);
 }
 
+/* Counts a round that did work; at the end of a window, agrees on the
+ * slowest rank's busy time and lets the autotuner decide (autotune.c). */
+static int autotune_round(kolo__pset_t *ps, int64_t bytes, int64_t busy_us,
+                          kolo__err_t *err)
+{
+    kolo__tune_row_t row;
+    double busy;
+    char detail[KOLO__ERR_LEN];
+    int rc;
+
+    if (!kolo__autotune_round(ps->tune, bytes, busy_us))
+        return KOLO_OK;
+    busy = kolo__autotune_busy_s(ps->tune);
+    rc = ps->ctl_ops->allreduce(ps->ctl_ctx, NULL, &busy, 1, sizeof(busy),
+                                kolo__reduce_get(KOLO_FLOAT64, KOLO_OP_MAX),
+                                detail, sizeof(detail));
+    if (rc != KOLO_OK) {
+        rc = kolo__explain_failure(ps, rc, detail, sizeof(detail));
+        return kolo__err_set(err, rc, "rank %d: autotune could not agree on "
+                             "a window's time: %s", ps->rank, detail);
+    }
+    kolo__autotune_window(ps->tune, busy, &row);
+    if (kolo__autotune_settled(ps->tune) && ps->rank == 0)
+        kolo__log(KOLO__LOG_INFO, "autotune of process set %d settled after "
+                  "%lld windows: fusion threshold %lld bytes, chunk %lld "
+                  "bytes, cycle time %g ms", ps->id, (long long)row.window + 1,
+                  (long long)ps->tune->cur.fusion_threshold,
+                  (long long)ps->tune->cur.chunk_bytes, ps->tune->cur.cycle_ms);
+    if (ps->tune_log != NULL && kolo__autotune_settled(ps->tune)) {
+        /* The last row: what stays. */
+        row.parameter = "settled";
+        row.params = ps->tune->cur;
+    }
+    if (ps->tune_log != NULL) {
+        fprintf(ps->tune_log, "%lld,%s,%lld,%lld,%g,%lld,%.6f,%.6g,%s\n",
+                (long long)row.window, row.parameter,
+                (long long)row.params.fusion_threshold,
+                (long long)row.params.chunk_bytes, row.params.cycle_ms,
+                (long long)row.bytes, row.busy_s, row.score,
+                row.warmup ? "warmup" : kolo__autotune_settled(ps->tune)
+                                            ? "settled" : "sample");
+        if (fflush(ps->tune_log) != 0) {
+            kolo__log(KOLO__LOG_WARNING, "KOLO_AUTOTUNE_LOG=%s: write failed "
+                      "(%s); the log stops here, tuning goes on",
+                      ps->rt->cfg.autotune_log, strerror(errno));
+            fclose(ps->tune_log);
+            ps->tune_log = NULL;
+        }
+    }
+    return KOLO_OK;
+}
+
 void *kolo__background_main(void *arg)
 {
     kolo__pset_t *ps = arg;
-    int64_t cycle_us = (int64_t)(ps->rt->cfg.cycle_time_ms * 1000.0);
+    int64_t cycle_us = (int64_t)(tuned(ps)->cycle_ms * 1000.0);
     int64_t sleep_start = cycle_us > 1000 ? cycle_us : 1000;
     int64_t sleep_us = sleep_start;
     int progressed = 0;
@@ -813,6 +876,7 @@ void *kolo__background_main(void *arg)
         int64_t timeout = pending && progressed ? 0 : sleep_us;
         kolo__wake_reason_t reason;
         uint64_t done_before;
+        int64_t bytes_before;
         int64_t t0 = kolo__now_us();
         kolo__entry_t *fresh = kolo__queue_take_round(
             &ps->queue, timeout, (uint64_t)ps->cycles, &shutdown, &reason);
@@ -839,6 +903,7 @@ void *kolo__background_main(void *arg)
         }
 
         done_before = ps->completed;
+        bytes_before = ps->bytes_done;
         if (kolo__negotiate(ps, fresh, shutdown, &stop_rank, &err) != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
             stop_all(ps, &err);
@@ -851,6 +916,15 @@ void *kolo__background_main(void *arg)
             break;
         }
         progressed = ps->completed != done_before;
+        if (progressed && ps->tune != NULL &&
+            autotune_round(ps, ps->bytes_done - bytes_before,
+                           kolo__now_us() - t1, &err) != KOLO_OK) {
+            kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
+            stop_all(ps, &err);
+            break;
+        }
+        cycle_us = (int64_t)(tuned(ps)->cycle_ms * 1000.0);
+        sleep_start = cycle_us > 1000 ? cycle_us : 1000;
         ps->others_waiting = !progressed && ps->any_pending;
         /* The sleep grows while rounds find nothing to do anywhere. Both
          * inputs are the same on every rank, so all ranks back off alike
@@ -889,6 +963,9 @@ void kolo__wake_from_peer(void *arg, uint64_t round)
 
 static void pset_free(kolo__pset_t *ps)
 {
+    if (ps->tune_log != NULL)
+        fclose(ps->tune_log);
+    free(ps->tune);
     kolo__negotiate_free(ps);
     kolo__queue_destroy(&ps->queue);
     free(ps->fusion);
@@ -933,6 +1010,37 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
         free(ps);
         return kolo__err_set(err, KOLO_ERR_INTERNAL,
                              "cannot create the queue of process set %d", id);
+    }
+    ps->tune_fixed = (kolo__tune_params_t){rt->cfg.fusion_threshold,
+                                           rt->cfg.chunk_bytes,
+                                           rt->cfg.cycle_time_ms};
+    if (rt->cfg.autotune && size > 1) {
+        ps->tune = malloc(sizeof(*ps->tune));
+        if (ps->tune == NULL) {
+            free(ps->ranks);
+            free(ps);
+            return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                                 "out of memory creating process set %d", id);
+        }
+        kolo__autotune_init(ps->tune, &ps->tune_fixed,
+                            (int)rt->cfg.autotune_window);
+        if (id == KOLO_GLOBAL_PROCESS_SET && rt->rank == 0 &&
+            rt->cfg.autotune_log[0] != '\0') {
+            ps->tune_log = fopen(rt->cfg.autotune_log, "w");
+            if (ps->tune_log == NULL) {
+                int e = errno;
+                free(ps->tune);
+                free(ps->ranks);
+                free(ps);
+                return kolo__err_set(err, KOLO_ERR_CONFIG,
+                                     "KOLO_AUTOTUNE_LOG=%s: cannot create it "
+                                     "on rank 0: %s", rt->cfg.autotune_log,
+                                     strerror(e));
+            }
+            fprintf(ps->tune_log, "window,parameter,fusion_threshold,"
+                    "chunk_bytes,cycle_time_ms,bytes,busy_seconds,"
+                    "bytes_per_busy_second,state\n");
+        }
     }
     if (kolo__negotiate_init(ps) != 0) {
         pset_free(ps);

@@ -235,6 +235,12 @@ static const config_row_t rows[] = {
     {"KOLO_SHM_SPIN_US", "50", "shared memory: microseconds a rank spins "
      "before it sleeps, when the host has a core per rank (0: never spin)",
      parse_nonneg, F(shm_spin_us)},
+    {"KOLO_AUTOTUNE", "0", "1: tune the fusion threshold, chunk size and "
+     "cycle time on the running job", parse_nonneg, F(autotune)},
+    {"KOLO_AUTOTUNE_LOG", "", "rank 0 writes every autotune window there "
+     "(CSV)", parse_string, F(autotune_log)},
+    {"KOLO_AUTOTUNE_WINDOW", "20", "autotune: rounds with work per measured "
+     "window", parse_positive, F(autotune_window)},
 };
 
 #undef F

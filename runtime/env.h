@@ -37,6 +37,9 @@ typedef struct kolo__config {
     int64_t mpi_launched;    /* started by mpirun/srun, not kolorun */
     int64_t shm_slot_bytes;  /* KOLO_SHM_SLOT_BYTES */
     int64_t shm_spin_us;     /* KOLO_SHM_SPIN_US */
+    int64_t autotune;        /* KOLO_AUTOTUNE */
+    char autotune_log[4096]; /* KOLO_AUTOTUNE_LOG */
+    int64_t autotune_window; /* KOLO_AUTOTUNE_WINDOW: rounds per window */
 } kolo__config_t;
 
 /* Reads every variable through `getenv_fn` (getenv in the runtime; a fake

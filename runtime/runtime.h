@@ -18,7 +18,9 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 
+#include "autotune.h"
 #include "cache.h"
 #include "common.h"
 #include "env.h"
@@ -49,6 +51,10 @@ typedef struct kolo__pset {
     const kolo__ops_t *ctl_ops, *data_ops;
     void *ctl_ctx, *data_ctx;
     const char *const *phase; /* timeline names by collective, static */
+    kolo__tune_params_t tune_fixed; /* the configuration's settings */
+    kolo__autotune_t *tune;         /* KOLO_AUTOTUNE: the search, or NULL */
+    FILE *tune_log;                 /* KOLO_AUTOTUNE_LOG (global set, rank 0) */
+    int64_t bytes_done;             /* bytes of completed entries */
     kolo__queue_t queue;
     pthread_t thread;
     int thread_started;

@@ -28,6 +28,14 @@ for np in $nps; do
         "$kolorun" -np "$np" $wrap "$prog" random 4
     run "np=$np random, no cache" \
         env KOLO_CACHE_CAPACITY=0 "$kolorun" -np "$np" $wrap "$prog" random 3
+    run "np=$np random, autotune (1-round windows) settles, values right" \
+        bash -c 'log=$(mktemp) && trap "rm -f $log" EXIT &&
+            env KOLO_AUTOTUNE=1 KOLO_AUTOTUNE_WINDOW=1 KOLO_AUTOTUNE_LOG=$log \
+                "$@" random 10 &&
+            head -n 1 "$log" | grep -q "^window,parameter,fusion_threshold," &&
+            grep -q ",fusion_threshold,.*,sample$" "$log" &&
+            tail -n 1 "$log" | grep -q ",settled,.*,settled$"' \
+        autotune "$kolorun" -np "$np" $wrap "$prog"
     run "np=$np mismatch" "$kolorun" -np "$np" $wrap "$prog" mismatch
     run "np=$np accumulate" "$kolorun" -np "$np" $wrap "$prog" accumulate
     run "np=$np shutdown with pending work" "$kolorun" -np "$np" $wrap "$prog" shutdown
