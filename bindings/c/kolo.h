@@ -26,12 +26,23 @@
  *   KOLO_RANK, KOLO_SIZE            this rank and the number of ranks
  *                                   (absent: a job of one rank)
  *   KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE, KOLO_CROSS_RANK, KOLO_CROSS_SIZE
- *   KOLO_RENDEZVOUS                 where ranks meet: "file:DIR"
+ *   KOLO_RENDEZVOUS                 where ranks meet: "file:DIR" or
+ *                                   "redis:HOST:PORT/JOB"
  *   KOLO_CONTROLLER                 backend that negotiates: auto|gloo|mpi|shm
  *   KOLO_CPU_OPERATIONS             backend that moves host tensors: same
- *                                   choices; auto: mpi under mpirun, else
- *                                   gloo (shm when every rank shares a host
- *                                   and this kolo has it)
+ *                                   choices; auto: shm (shared memory) when
+ *                                   every rank of the set is on one host,
+ *                                   else mpi under mpirun, else gloo
+ *   KOLO_HIERARCHICAL_ALLREDUCE     auto|0|1: across hosts, shared memory
+ *                                   within each and the network between
+ *                                   (auto: on with equal ranks per host)
+ *   KOLO_SHM_SLOT_BYTES, KOLO_SHM_SPIN_US  shared memory: chunk per rank
+ *                                   and step (1 MiB); spin before sleeping
+ *                                   (50 us, only with a core per rank)
+ *   KOLO_NETWORK_INTERFACE          bind this interface's address
+ *   KOLO_AUTOTUNE, KOLO_AUTOTUNE_LOG, KOLO_AUTOTUNE_WINDOW  tune fusion
+ *                                   threshold, chunk size and cycle time on
+ *                                   the running job; CSV log on rank 0
  *   KOLO_FUSION_THRESHOLD           fusion buffer size in bytes (128 MiB)
  *   KOLO_CYCLE_TIME                 ms between negotiation rounds while
  *                                   tensors wait for other ranks (5)
