@@ -31,7 +31,7 @@ for np in $nps; do
     run "np=$np random, autotune (1-round windows) settles, values right" \
         bash -c 'log=$(mktemp) && trap "rm -f $log" EXIT &&
             env KOLO_AUTOTUNE=1 KOLO_AUTOTUNE_WINDOW=1 KOLO_AUTOTUNE_LOG=$log \
-                "$@" random 10 &&
+                "$@" random 60 &&
             head -n 1 "$log" | grep -q "^window,parameter,fusion_threshold," &&
             grep -q ",fusion_threshold,.*,sample$" "$log" &&
             tail -n 1 "$log" | grep -q ",settled,.*,settled$"' \
