@@ -159,7 +159,10 @@ extern const kolo__ops_t kolo__ops_mpi;
 /* The backend called `name` ("gloo", "mpi", "shm", ...) when this build has
  * it, else NULL (ops/registry.c). */
 const kolo__ops_t *kolo__ops_find(const char *name);
-/* Writes the names this build has, comma-separated, for error messages. */
+/* Like kolo__ops_find, for the backends users may name (KOLO_CONTROLLER,
+ * KOLO_CPU_OPERATIONS, kolo-bench): not "local" or "hier". */
+const kolo__ops_t *kolo__ops_named(const char *name);
+/* Writes those names, comma-separated, for error messages. */
 void kolo__ops_names(char *out, size_t len);
 
 #ifdef __cplusplus

@@ -31,6 +31,18 @@ const kolo__ops_t *kolo__ops_find(const char *name)
     return NULL;
 }
 
+/* local and hier are composed by the runtime, never named by users. */
+static int user_named(const kolo__ops_t *ops)
+{
+    return strcmp(ops->name, "local") != 0 && strcmp(ops->name, "hier") != 0;
+}
+
+const kolo__ops_t *kolo__ops_named(const char *name)
+{
+    const kolo__ops_t *ops = kolo__ops_find(name);
+    return ops != NULL && user_named(ops) ? ops : NULL;
+}
+
 void kolo__ops_names(char *out, size_t len)
 {
     size_t used = 0;
@@ -39,8 +51,7 @@ void kolo__ops_names(char *out, size_t len)
         return;
     out[0] = '\0';
     for (size_t i = 0; i < sizeof(all_ops) / sizeof(all_ops[0]); i++) {
-        if (strcmp(all_ops[i]->name, "local") == 0 ||
-            strcmp(all_ops[i]->name, "hier") == 0)
+        if (!user_named(all_ops[i]))
             continue;
         int n = snprintf(out + used, len - used, "%s%s", used ? ", " : "",
                          all_ops[i]->name);

@@ -452,8 +452,8 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
                 tl_batch(ps, idx, n, phase);
             }
         }
-        rc = ps->data_ops->allreduce(ps->data_ctx, in, out, m, esize, fn, detail,
-                                sizeof(detail));
+        rc = ps->data_ops->allreduce(ps->data_ctx, in, out, m, esize, fn,
+                                     detail, sizeof(detail));
         if (rc != KOLO_OK)
             break;
         if (p->op == KOLO_OP_AVERAGE)
@@ -483,7 +483,7 @@ static int run_broadcast(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
     if (bytes == 0)
         return KOLO_OK;
     rc = ps->data_ops->broadcast(ps->data_ctx, e->output, bytes, e->params.root,
-                            detail, sizeof(detail));
+                                 detail, sizeof(detail));
     return rc == KOLO_OK ? KOLO_OK : backend_error(ps, rc, e, 1, detail, err);
 }
 
@@ -527,7 +527,7 @@ static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
     }
     /* The first dimension may differ: exchange it first. */
     rc = ps->data_ops->allgather(ps->data_ctx, &e->rows, rows, sizeof(int64_t),
-                            detail, sizeof(detail));
+                                 detail, sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_error(ps, rc, e, 1, detail, err);
         goto out;
@@ -543,8 +543,8 @@ static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
     }
     memcpy(res->splits, rows, (size_t)ps->size * sizeof(int64_t));
     if (res->bytes > 0) {
-        rc = ps->data_ops->allgatherv(ps->data_ctx, e->input, res->data, bytes, detail,
-                                 sizeof(detail));
+        rc = ps->data_ops->allgatherv(ps->data_ctx, e->input, res->data,
+                                      bytes, detail, sizeof(detail));
         if (rc != KOLO_OK) {
             rc = backend_error(ps, rc, e, 1, detail, err);
             goto out;
@@ -576,8 +576,8 @@ static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
     }
     /* Every rank learns every rank's splits: what it receives from rank j
      * is rank j's split for it. */
-    rc = ps->data_ops->allgather(ps->data_ctx, e->splits, all, n * sizeof(int64_t),
-                            detail, sizeof(detail));
+    rc = ps->data_ops->allgather(ps->data_ctx, e->splits, all,
+                                 n * sizeof(int64_t), detail, sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_error(ps, rc, e, 1, detail, err);
         goto out;
@@ -594,8 +594,8 @@ static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
     }
     for (size_t j = 0; j < n; j++)
         res->splits[j] = all[j * n + (size_t)ps->rank];
-    rc = ps->data_ops->alltoallv(ps->data_ctx, e->input, sb, res->data, rb, detail,
-                            sizeof(detail));
+    rc = ps->data_ops->alltoallv(ps->data_ctx, e->input, sb, res->data, rb,
+                                 detail, sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_error(ps, rc, e, 1, detail, err);
         goto out;
@@ -650,9 +650,9 @@ static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
         memcpy(ps->fusion, e->input, (size_t)p->count * esize);
         if (p->prescale != 1.0)
             kolo__scale(ps->fusion, (size_t)p->count, dtype, p->prescale);
-        rc = ps->data_ops->reduce_scatter(ps->data_ctx, ps->fusion, res->data, counts,
-                                     esize, kolo__reduce_get(dtype, (kolo_op_t)p->op),
-                                     detail, sizeof(detail));
+        rc = ps->data_ops->reduce_scatter(
+            ps->data_ctx, ps->fusion, res->data, counts, esize,
+            kolo__reduce_get(dtype, (kolo_op_t)p->op), detail, sizeof(detail));
         if (rc != KOLO_OK) {
             rc = backend_error(ps, rc, e, 1, detail, err);
             goto out;
@@ -888,7 +888,7 @@ void *kolo__background_main(void *arg)
         if (timeout > 0 && reason != KOLO__WOKE_PEER &&
             (reason != KOLO__WOKE_WORK || ps->others_waiting) &&
             (rc = ps->ctl_ops->wake_peers(ps->ctl_ctx, (uint64_t)ps->cycles, detail,
-                                      sizeof(detail))) != KOLO_OK) {
+                                          sizeof(detail))) != KOLO_OK) {
             rc = kolo__explain_failure(ps, rc, detail, sizeof(detail));
             kolo__err_set(&err, rc, "rank %d: cannot wake the other ranks: %s",
                           ps->rank, detail);
@@ -923,8 +923,10 @@ void *kolo__background_main(void *arg)
             stop_all(ps, &err);
             break;
         }
-        cycle_us = (int64_t)(tuned(ps)->cycle_ms * 1000.0);
-        sleep_start = cycle_us > 1000 ? cycle_us : 1000;
+        if (ps->tune != NULL) { /* the autotuner may have moved it */
+            cycle_us = (int64_t)(tuned(ps)->cycle_ms * 1000.0);
+            sleep_start = cycle_us > 1000 ? cycle_us : 1000;
+        }
         ps->others_waiting = !progressed && ps->any_pending;
         /* The sleep grows while rounds find nothing to do anywhere. Both
          * inputs are the same on every rank, so all ranks back off alike
@@ -1078,8 +1080,8 @@ static int choose_ops(const kolo__runtime_t *rt, const char *var,
         return KOLO_OK;
     }
     if (want[0] != '\0' && strcmp(want, "auto") != 0) {
-        *out = kolo__ops_find(want);
-        if (*out == NULL || *out == &kolo__ops_local) {
+        *out = kolo__ops_named(want);
+        if (*out == NULL) {
             kolo__ops_names(names, sizeof(names));
             return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
                                  "%s=%s: this kolo has no backend of that "

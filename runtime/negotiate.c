@@ -942,7 +942,7 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
         BIT_CLR(v + ps->shut_word, (size_t)ps->rank);
 
     rc = ps->ctl_ops->allreduce(ps->ctl_ctx, NULL, v, ps->nwords, sizeof(uint64_t),
-                            band64, detail, sizeof(detail));
+                                band64, detail, sizeof(detail));
     if (rc != KOLO_OK)
         return backend_failed(ps, rc, "allreduce of the readiness bits", detail,
                               err);

@@ -1352,7 +1352,7 @@ static void raw_init(void)
         /* kolo_init initialised MPI; the raw side uses it too. */
         g_raw = kolo__ops_find("mpi");
     } else {
-        g_raw = kolo__ops_find(g_opt.backend);
+        g_raw = kolo__ops_named(g_opt.backend);
         if (g_raw == NULL)
             die("this kolo-bench has no raw backend '%s'", g_opt.backend);
         if ((rdv == NULL || rdv[0] == '\0') && getenv("PMIX_NAMESPACE") &&
@@ -1408,8 +1408,8 @@ static void parse_compare(void)
         return;
     snprintf(list, sizeof(list), "%s", g_opt.compare);
     for (char *w = strtok_r(list, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
-        const kolo__ops_t *ops = kolo__ops_find(w);
-        if (ops == NULL || strcmp(w, "local") == 0 || strcmp(w, "hier") == 0)
+        const kolo__ops_t *ops = kolo__ops_named(w);
+        if (ops == NULL)
             bad_usage("--compare: no backend '%s' in this build", w);
         if (g_ncmp == MAX_COMPARE)
             bad_usage("--compare: at most 3 backends ('%s' is one more)", w);
@@ -1504,8 +1504,7 @@ int main(int argc, char **argv)
     /* Usage errors before connecting: only rank 0 talks. */
     g_rank = r ? atoi(r) : 0;
     parse_args(argc, argv);
-    if (kolo__ops_find(g_opt.backend) == NULL ||
-        strcmp(g_opt.backend, "local") == 0) {
+    if (kolo__ops_named(g_opt.backend) == NULL) {
         char msg[256];
         kolo__ops_names(msg, sizeof(msg));
         snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg),
