@@ -695,6 +695,21 @@ int kolo_wait_result(kolo_handle_t handle, kolo_result_t *result)
     return rc;
 }
 
+int kolo_result_copy(const kolo_result_t *result, void *dst)
+{
+    if (result == NULL || (result->bytes > 0 && (dst == NULL || result->data == NULL)))
+        return kolo__api_failf(KOLO_ERR_INVALID_ARGUMENT,
+                               "kolo_result_copy: the result, its data or the "
+                               "destination is NULL");
+    if (result->device_type == KOLO_DEVICE_CUDA)
+        return kolo__api_failf(KOLO_ERR_UNSUPPORTED,
+                               "kolo_result_copy: device results need the GPU "
+                               "path (not yet in this build)");
+    if (result->bytes > 0)
+        memcpy(dst, result->data, result->bytes);
+    return KOLO_OK;
+}
+
 void kolo_result_free(kolo_result_t *result)
 {
     if (result != NULL) {

@@ -188,6 +188,10 @@ KOLO_EXPORT int kolo_cross_size(void);
 /* Most dimensions a tensor shape may have. */
 #define KOLO_MAX_DIMS 8
 
+/* Where a tensor lives (kolo_opts_t.device_type). */
+#define KOLO_DEVICE_HOST 0
+#define KOLO_DEVICE_CUDA 1
+
 /* Options of a collective; kolo_opts_init() sets the defaults. Fields a
  * collective does not use are ignored. Everything here except
  * backward_passes/average_passes must be the same on every rank for one
@@ -233,6 +237,27 @@ typedef struct kolo_opts {
      * product must equal `count`; ranks must agree on every dimension. */
     int ndim;
     const int64_t *shape;
+
+    /* Where the tensors live. device_type KOLO_DEVICE_HOST (0, the
+     * default): host memory. KOLO_DEVICE_CUDA: input and output are device
+     * pointers on CUDA device `device`, and the collective runs on NCCL,
+     * with fusion, scaling and float16/bfloat16 compression done by kernels
+     * on the device (needs kolo_built("nccl"); a device that is not there
+     * fails at once, naming it). Ranks must agree on host or CUDA for a
+     * name (the device number may differ between ranks), else
+     * KOLO_ERR_MISMATCH. Every CUDA tensor of a rank in one process set must
+     * be on the same device (its NCCL communicator's). NCCL has no 16-bit
+     * integers: int16 and uint16 CUDA tensors are refused. */
+    int device_type;
+    int device;
+
+    /* KOLO_DEVICE_CUDA: the stream (a cudaStream_t) on which the program queued
+     * the work that produces `input`; NULL: the legacy default stream. At
+     * enqueue kolo records an event there and its own stream waits for it:
+     * the caller is not blocked, and the collective never reads the input
+     * before the program's kernels have written it. The output is complete
+     * once the handle is done. */
+    void *stream;
 } kolo_opts_t;
 
 KOLO_EXPORT void kolo_opts_init(kolo_opts_t *opts);
@@ -284,6 +309,11 @@ typedef struct kolo_result {
      * rank; reducescatter: each rank's share of the result. */
     int nsplits;
     int64_t *splits;
+    /* Where data lives: KOLO_DEVICE_HOST, or KOLO_DEVICE_CUDA on CUDA
+     * device `device` (the collective's); kolo_result_free releases it
+     * either way, and kolo_result_copy copies it out. */
+    int device_type;
+    int device;
 } kolo_result_t;
 
 /* Allgather: every rank contributes a tensor of `ndim` dimensions whose
@@ -324,6 +354,12 @@ KOLO_EXPORT int kolo_wait_result(kolo_handle_t handle, kolo_result_t *result);
 
 /* Frees what kolo_wait_result handed over; result may be zeroed. */
 KOLO_EXPORT void kolo_result_free(kolo_result_t *result);
+
+/* Copies the result's bytes to dst, which lives where the data does: host
+ * memory for a host result, memory on the same CUDA device for a device
+ * result (a device-to-device copy, finished when this returns). For
+ * bindings whose framework allocates the output tensor. */
+KOLO_EXPORT int kolo_result_copy(const kolo_result_t *result, void *dst);
 
 /* ---- Grouped collectives -------------------------------------------------- */
 

@@ -73,6 +73,9 @@ class Opts(ctypes.Structure):
         ("average_passes", ctypes.c_int),
         ("ndim", ctypes.c_int),
         ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("device_type", ctypes.c_int),
+        ("device", ctypes.c_int),
+        ("stream", ctypes.c_void_p),
     ]
 
 
@@ -85,6 +88,8 @@ class Result(ctypes.Structure):
         ("shape", ctypes.c_int64 * MAX_DIMS),
         ("nsplits", ctypes.c_int),
         ("splits", ctypes.POINTER(ctypes.c_int64)),
+        ("device_type", ctypes.c_int),
+        ("device", ctypes.c_int),
     ]
 
 
@@ -157,6 +162,7 @@ _PROTOTYPES = {
     "kolo_reducescatter_async": (_I, [_S, _P, _I, _PI64, _I, _POPTS, _PH]),
     "kolo_wait_result": (_I, [handle_t, ctypes.POINTER(Result)]),
     "kolo_result_free": (None, [ctypes.POINTER(Result)]),
+    "kolo_result_copy": (_I, [ctypes.POINTER(Result), ctypes.c_void_p]),
     "kolo_grouped_allreduce_async": (
         _I, [_I, ctypes.POINTER(_S), ctypes.POINTER(_P), ctypes.POINTER(_P),
              _PI64, _I, _POPTS, _PH]),
