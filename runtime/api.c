@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "gpu.h"
 #include "mpienv.h"
 #include "peers.h"
 #include "timeline.h"
@@ -428,6 +429,10 @@ int kolo_enabled(const char *what)
              strcmp(w->data_ops->name, what) == 0 ||
              (strcmp(what, "shm") == 0 && strcmp(w->data_ops->name, "hier") == 0) ||
              (strcmp(what, "mpi") == 0 && rt->cfg.mpi_launched);
+#ifdef KOLO_HAVE_GPU
+        /* NCCL carries CUDA tensors whenever this process sees a GPU. */
+        on |= strcmp(what, "nccl") == 0 && kolo__gpu_device_count() > 0;
+#endif
     }
     kolo__api_leave();
     return on;
@@ -688,6 +693,8 @@ int kolo_wait_result(kolo_handle_t handle, kolo_result_t *result)
         memcpy(result->shape, out->shape, sizeof(result->shape));
         result->nsplits = out->nsplits;
         result->splits = out->splits;
+        result->device_type = out->device_type;
+        result->device = out->device;
         out->data = NULL;
         out->splits = NULL;
     }
@@ -701,10 +708,19 @@ int kolo_result_copy(const kolo_result_t *result, void *dst)
         return kolo__api_failf(KOLO_ERR_INVALID_ARGUMENT,
                                "kolo_result_copy: the result, its data or the "
                                "destination is NULL");
-    if (result->device_type == KOLO_DEVICE_CUDA)
+    if (result->device_type == KOLO_DEVICE_CUDA) {
+#ifdef KOLO_HAVE_GPU
+        kolo__err_t err;
+        kolo__err_clear(&err);
+        return kolo__gpu_result_copy(result, dst, &err) == KOLO_OK
+                   ? KOLO_OK
+                   : kolo__api_fail(&err);
+#else
         return kolo__api_failf(KOLO_ERR_UNSUPPORTED,
-                               "kolo_result_copy: device results need the GPU "
-                               "path (not yet in this build)");
+                               "kolo_result_copy: a CUDA result in a build "
+                               "without GPU support");
+#endif
+    }
     if (result->bytes > 0)
         memcpy(dst, result->data, result->bytes);
     return KOLO_OK;
@@ -713,7 +729,12 @@ int kolo_result_copy(const kolo_result_t *result, void *dst)
 void kolo_result_free(kolo_result_t *result)
 {
     if (result != NULL) {
-        free(result->data);
+#ifdef KOLO_HAVE_GPU
+        if (result->device_type == KOLO_DEVICE_CUDA)
+            kolo__gpu_mem_free(result->data);
+        else
+#endif
+            free(result->data);
         free(result->splits);
         memset(result, 0, sizeof(*result));
     }

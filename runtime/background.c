@@ -59,6 +59,7 @@
 #include "half.h"
 #include "peers.h"
 #include "reduce.h"
+#include "gpu.h"
 #include "runtime.h"
 #include "timeline.h"
 
@@ -91,8 +92,10 @@ static const char *const *phase_names(const char *backend)
 {
     static const char *const names[][KOLO__COLL_COUNT_] = {
         KOLO__PHASES(LOCAL), KOLO__PHASES(GLOO), KOLO__PHASES(SHM),
-        KOLO__PHASES(MPI), KOLO__PHASES(HIER), KOLO__PHASES(BACKEND)};
-    static const char *const keys[] = {"local", "gloo", "shm", "mpi", "hier"};
+        KOLO__PHASES(MPI), KOLO__PHASES(HIER), KOLO__PHASES(NCCL),
+        KOLO__PHASES(BACKEND)};
+    static const char *const keys[] = {"local", "gloo", "shm", "mpi", "hier",
+                                       "nccl"};
 
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
         if (strcmp(keys[i], backend) == 0)
@@ -670,8 +673,8 @@ out:
     return rc;
 }
 
-/* The fusion key: allreduces fuse only with the same dtype, op, wire dtype
- * and scale factors (the scales get a small index per plan). */
+/* The fusion key: allreduces fuse only with the same place (host or
+ * CUDA), dtype, op, wire dtype and scale factors (the scales get a small index per plan). */
 static uint32_t fusion_key(const kolo__params_t *p, const kolo__params_t **scales,
                            uint32_t *nscales)
 {
@@ -687,8 +690,8 @@ static uint32_t fusion_key(const kolo__params_t *p, const kolo__params_t **scale
             return 0xffffffffu; /* too many distinct scales: alone */
         scales[(*nscales)++] = p;
     }
-    return (uint32_t)p->dtype << 24 | (uint32_t)p->op << 16 |
-           (uint32_t)p->wire << 8 | (s & 0xff);
+    return (uint32_t)p->device_type << 30 | (uint32_t)p->dtype << 24 |
+           (uint32_t)p->op << 16 | (uint32_t)p->wire << 8 | (s & 0xff);
 }
 
 /* Executes the plan in ps->ready; completes every entry of it. */
@@ -732,10 +735,22 @@ static int execute(kolo__pset_t *ps, kolo__err_t *err)
         const size_t *idx = order + batches[b].first;
         kolo__entry_t *e0 = ps->ready[idx[0]];
         int other = e0->params.coll != KOLO__COLL_ALLREDUCE;
+        int gpu = e0->params.device_type == KOLO_DEVICE_CUDA &&
+                  e0->params.coll <= KOLO__COLL_REDUCESCATTER;
         tl_batch(ps, idx, batches[b].n, NULL); /* QUEUE ends */
-        if (other)
-            tl_batch(ps, idx, batches[b].n, backend_phase(ps, e0->params.coll));
-        switch (e0->params.coll) {
+        if (other || gpu)
+            tl_batch(ps, idx, batches[b].n,
+                     gpu ? phase_names("nccl")[e0->params.coll]
+                         : backend_phase(ps, e0->params.coll));
+        if (gpu) {
+#ifdef KOLO_HAVE_GPU
+            rc = kolo__gpu_run(ps, idx, batches[b].n, err);
+#else
+            rc = kolo__err_set(err, KOLO_ERR_INTERNAL, "tensor '%s' is on a "
+                               "CUDA device in a build without GPU support",
+                               e0->name);
+#endif
+        } else switch (e0->params.coll) {
         case KOLO__COLL_ALLREDUCE:
             rc = run_allreduce(ps, idx, batches[b].n, err);
             break;
@@ -757,7 +772,7 @@ static int execute(kolo__pset_t *ps, kolo__err_t *err)
             rc = KOLO_OK;
             break;
         }
-        if (other)
+        if (other || gpu)
             tl_batch(ps, idx, batches[b].n, NULL);
         for (size_t i = 0; i < batches[b].n; i++) {
             kolo__entry_t *e = ps->ready[idx[i]];
@@ -980,6 +995,9 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
 
 static void release_ops(kolo__pset_t *ps)
 {
+#ifdef KOLO_HAVE_GPU
+    kolo__gpu_free(ps);
+#endif
     if (ps->data_ops != NULL && ps->data_ctx != ps->ctl_ctx)
         ps->data_ops->finalize(ps->data_ctx);
     if (ps->ctl_ops != NULL)
@@ -1001,6 +1019,7 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
     ps->rt = rt;
     ps->id = id;
     ps->size = size;
+    ps->gpu_device = -1;
     ps->rank = -1;
     for (int i = 0; i < size; i++) {
         ps->ranks[i] = ranks[i];
@@ -1135,19 +1154,20 @@ static int connect_failed(kolo__runtime_t *rt, kolo__pset_t *ps,
                          detail);
 }
 
-static int connect_ops(kolo__runtime_t *rt, kolo__pset_t *ps,
-                       const kolo__ops_t *ops, const char *role, void **ctx,
-                       const int *hosts, const char *cross_ops,
-                       kolo__err_t *err)
+int kolo__pset_connect(kolo__pset_t *ps, const kolo__ops_t *ops,
+                       const char *role, int rank, int size,
+                       const int *members, const int *hosts,
+                       const char *cross_ops, void **ctx, kolo__err_t *err)
 {
+    kolo__runtime_t *rt = ps->rt;
     kolo__ops_config_t ocfg;
-    char prefix[64], detail[KOLO__ERR_LEN];
+    char prefix[96], detail[KOLO__ERR_LEN];
     int rc;
 
     snprintf(prefix, sizeof(prefix), "kolo%u/set%d/%s", rt->generation,
              ps->id, role);
     ocfg = (kolo__ops_config_t){
-        .rank = ps->rank, .size = ps->size, .members = ps->ranks,
+        .rank = rank, .size = size, .members = members,
         .hosts = hosts, .global_rank = rt->rank,
         .rendezvous = rt->cfg.rendezvous, .prefix = prefix,
         .hostname = rt->cfg.hostname, .timeout_s = rt->cfg.timeout_s,
@@ -1161,6 +1181,16 @@ static int connect_ops(kolo__runtime_t *rt, kolo__pset_t *ps,
     if (rc != KOLO_OK)
         return connect_failed(rt, ps, ops, rc, detail, err);
     return KOLO_OK;
+}
+
+static int connect_ops(kolo__runtime_t *rt, kolo__pset_t *ps,
+                       const kolo__ops_t *ops, const char *role, void **ctx,
+                       const int *hosts, const char *cross_ops,
+                       kolo__err_t *err)
+{
+    (void)rt;
+    return kolo__pset_connect(ps, ops, role, ps->rank, ps->size, ps->ranks,
+                              hosts, cross_ops, ctx, err);
 }
 
 /* The host index of every rank, exchanged over the global set's controller

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "api.h"
+#include "gpu.h"
 #include "reduce.h"
 #include "runtime.h"
 
@@ -151,6 +152,31 @@ static void params_from_opts(kolo__params_t *p, const kolo_opts_t *o)
 {
     p->prescale = o->prescale;
     p->postscale = o->postscale;
+}
+
+/* Where the tensor lives (opts->device_type): a CUDA tensor is checked and
+ * given its ready event by the GPU path. Under the API lock. */
+static int place_entry(kolo__pset_t *ps, kolo__entry_t *e, const kolo_opts_t *o,
+                       kolo__err_t *err)
+{
+    const char *coll = kolo__coll_name(e->params.coll);
+
+    if (o->device_type == KOLO_DEVICE_HOST)
+        return KOLO_OK;
+    if (o->device_type != KOLO_DEVICE_CUDA)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s of tensor '%s': device_type %d is neither "
+                             "KOLO_DEVICE_HOST (0) nor KOLO_DEVICE_CUDA (1)",
+                             coll, e->name, o->device_type);
+#ifdef KOLO_HAVE_GPU
+    return kolo__gpu_prepare(ps, e, o->device, o->stream, err);
+#else
+    (void)ps;
+    return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                         "%s of tensor '%s' on CUDA device %d: this kolo was "
+                         "built without GPU support (configure needs CUDA, "
+                         "nvcc and NCCL)", coll, e->name, o->device);
+#endif
 }
 
 /* ---- pushing entries ------------------------------------------------------ */
@@ -352,6 +378,13 @@ int kolo_allreduce_async_opts(const char *name, const void *input,
                                "allreduce of tensor '%s': backward_passes must "
                                "be at least 1, not %d",
                                name, opts->backward_passes);
+    if (opts->backward_passes > 1 && opts->device_type != KOLO_DEVICE_HOST)
+        return kolo__api_failf(KOLO_ERR_UNSUPPORTED,
+                               "allreduce of tensor '%s': backward_passes "
+                               "accumulates in host memory; accumulate a CUDA "
+                               "tensor on its device (kolo.torch does) and "
+                               "allreduce every %d passes",
+                               name, opts->backward_passes);
 
     if ((rt = kolo__api_enter("allreduce", &err)) == NULL)
         return kolo__api_fail(&err);
@@ -372,6 +405,10 @@ int kolo_allreduce_async_opts(const char *name, const void *input,
     e->input = input;
     e->output = output;
     e->params = p;
+    if ((rc = place_entry(ps, e, opts, &err)) != KOLO_OK) {
+        kolo__entry_free(e);
+        goto leave;
+    }
     rc = push(ps, &e, 1, handle, &err);
 leave:
     kolo__api_leave();
@@ -448,6 +485,10 @@ static int enqueue(int n, const char *const *names, request_t *reqs,
         e->input = q->input;
         e->output = q->output;
         e->rows = q->rows;
+        if ((rc = place_entry(ps, e, opts, &err)) != KOLO_OK) {
+            built++;
+            break;
+        }
         if (q->params.coll == KOLO__COLL_ALLTOALL) {
             int64_t total = 0;
             e->splits = malloc((size_t)ps->size * sizeof(int64_t));

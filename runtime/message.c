@@ -66,6 +66,7 @@ int kolo__params_equal(const kolo__params_t *a, const kolo__params_t *b)
 {
     if (a->coll != b->coll || a->dtype != b->dtype || a->op != b->op ||
         a->count != b->count || a->wire != b->wire || a->ndim != b->ndim ||
+        a->device_type != b->device_type ||
         a->group != b->group || a->root != b->root ||
         /* The scales are compared bit for bit: the same code computes
          * them on every rank. */
@@ -143,6 +144,7 @@ static void put_params(writer_t *w, const kolo__params_t *p, uint8_t last)
     put_i64(w, p->count);
     put_u8(w, p->wire);
     put_u8(w, p->ndim);
+    put_u8(w, p->device_type);
     put_u16(w, p->group);
     put_u32(w, (uint32_t)p->root);
     put(w, &p->prescale, 8);
@@ -232,12 +234,14 @@ static int get_params(reader_t *r, kolo__params_t *p, uint8_t *last)
     memset(p, 0, sizeof(*p));
     if (get(r, &p->coll, 1) || get(r, &p->dtype, 1) || get(r, &p->op, 1) ||
         get(r, last, 1) || get(r, &p->count, 8) || get(r, &p->wire, 1) ||
-        get(r, &p->ndim, 1) || get(r, &p->group, 2) || get(r, &p->root, 4) ||
+        get(r, &p->ndim, 1) || get(r, &p->device_type, 1) ||
+        get(r, &p->group, 2) || get(r, &p->root, 4) ||
         get(r, &p->prescale, 8) || get(r, &p->postscale, 8))
         return -1;
     if (p->coll >= KOLO__COLL_COUNT_ || p->dtype >= KOLO_DTYPE_COUNT_ ||
         p->op >= KOLO_OP_COUNT_ || p->count < 0 ||
-        p->wire >= KOLO_DTYPE_COUNT_ || p->ndim > KOLO_MAX_DIMS)
+        p->wire >= KOLO_DTYPE_COUNT_ || p->ndim > KOLO_MAX_DIMS ||
+        p->device_type > KOLO_DEVICE_CUDA)
         return -1;
     for (int i = 0; i < p->ndim; i++)
         if (get(r, &p->shape[i], 8) || p->shape[i] < 0)

@@ -6,13 +6,13 @@
  * list goes from the coordinator to every rank: the tensors that are now
  * ready everywhere (or failed), in the order every rank executes them.
  *
- * Wire format (little-endian, no padding), version 2:
+ * Wire format (little-endian, no padding), version 3:
  *   header:   u32 magic 'KOLO' | u16 version | u16 kind | i32 rank | u32 n
  *   request:  u16 name_len | name | params(flags = 0)
  *   response: u16 name_len | name | params(flags = -status) |
  *             [status != OK: u16 text_len | text]
  *   params:   u8 coll | u8 dtype | u8 op | u8 flags | i64 count |
- *             u8 wire | u8 ndim | u16 group | i32 root | f64 prescale |
+ *             u8 wire | u8 ndim | u8 device_type | u16 group | i32 root | f64 prescale |
  *             f64 postscale | i64 shape[ndim] |
  *             [group > 1: u16 key_len | group key]
  * Decoding checks every length against what is left of the buffer, so a
@@ -27,7 +27,7 @@
 #include "common.h"
 
 #define KOLO__MSG_MAGIC 0x4f4c4f4bu /* "KOLO" */
-#define KOLO__MSG_VERSION 2
+#define KOLO__MSG_VERSION 3
 #define KOLO__MSG_MAX_TEXT 4000
 
 typedef enum kolo__coll {
@@ -62,6 +62,8 @@ typedef struct kolo__params {
     int64_t count;
     uint8_t wire;  /* dtype on the wire (allreduce compression), else dtype */
     uint8_t ndim;  /* shape[0] is 0 for allgather and alltoall */
+    uint8_t device_type; /* KOLO_DEVICE_HOST or KOLO_DEVICE_CUDA (the device
+                            number may differ between ranks) */
     uint16_t group; /* members of the tensor's group; 0 or 1: no group */
     int32_t root;   /* broadcast */
     double prescale, postscale;

@@ -193,6 +193,8 @@ static kolo__entry_t *standin(const char *name, const kolo__params_t *p)
     }
     e->params = *p;
     e->input = e->output = e->scratch;
+    e->device = -1; /* a CUDA allreduce's stand-in: the GPU path zeros its
+                       share of the fusion buffer instead */
     return e;
 }
 
@@ -362,6 +364,13 @@ static void describe_mismatch(const char *name, int ra, const kolo__params_t *a,
                  "rank %d has %.17g, rank %d has %.17g",
                  kolo__coll_name(a->coll), name, ra, a->postscale, rb,
                  b->postscale);
+    else if (a->device_type != b->device_type)
+        snprintf(out, len,
+                 "%s of tensor '%s': ranks disagree on where it lives: rank %d "
+                 "has it in %s memory, rank %d in %s memory",
+                 kolo__coll_name(a->coll), name, ra,
+                 a->device_type == KOLO_DEVICE_CUDA ? "CUDA device" : "host", rb,
+                 b->device_type == KOLO_DEVICE_CUDA ? "CUDA device" : "host");
     else if (a->wire != b->wire)
         snprintf(out, len,
                  "%s of tensor '%s': ranks disagree on the wire compression: "

@@ -25,7 +25,10 @@ void kolo__result_free(void *result)
 {
     kolo__result_t *r = result;
     if (r != NULL) {
-        free(r->data);
+        if (r->data_free != NULL)
+            r->data_free(r->data);
+        else
+            free(r->data);
         free(r->splits);
         free(r);
     }
@@ -37,6 +40,8 @@ void kolo__entry_free(kolo__entry_t *e)
         free(e->name);
         free(e->splits);
         free(e->scratch);
+        if (e->ready_free != NULL)
+            e->ready_free(e->ready_event);
         kolo__result_free(e->result);
         free(e);
     }

@@ -40,6 +40,13 @@ typedef struct kolo__entry {
     void *scratch;   /* a buffer the entry owns (a join's zeros) */
     struct kolo__result *result; /* output for the handle, owned until
                                     completion hands it over */
+    /* CUDA tensors (params.device_type KOLO_DEVICE_CUDA): the device, and
+     * an event recorded on the program's stream at enqueue, released with
+     * ready_free when the entry is freed. A join's stand-in has no event
+     * and host zeros in scratch. */
+    int device;
+    void *ready_event;
+    void (*ready_free)(void *event);
     int tl_depth; /* timeline spans open on this tensor's lane */
 } kolo__entry_t;
 
@@ -52,6 +59,8 @@ typedef struct kolo__result {
     int64_t shape[KOLO_MAX_DIMS];
     int nsplits;
     int64_t *splits;
+    int device_type, device; /* where data lives (kolo_result_t) */
+    void (*data_free)(void *data); /* device memory: its release */
 } kolo__result_t;
 
 /* Frees a result and what it holds; takes a void * to serve as the handle

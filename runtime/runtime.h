@@ -55,6 +55,8 @@ typedef struct kolo__pset {
     kolo__autotune_t *tune;         /* KOLO_AUTOTUNE: the search, or NULL */
     FILE *tune_log;                 /* KOLO_AUTOTUNE_LOG (global set, rank 0) */
     int64_t bytes_done;             /* bytes of completed entries */
+    int gpu_device;  /* the CUDA device of this rank's CUDA tensors in the
+                        set: -1 until the first is enqueued (API lock) */
     kolo__queue_t queue;
     pthread_t thread;
     int thread_started;
@@ -70,6 +72,8 @@ typedef struct kolo__pset {
     size_t nwords, shut_word, join_word, hit_word, inv_word, hit_words;
     kolo__entry_t **ready; /* the round's plan, filled by kolo__negotiate */
     size_t nready, ready_cap;
+    struct kolo__gpu *gpu; /* GPU state (gpu.c), created by the first GPU
+                              batch */
     uint8_t *fusion;       /* persistent fusion buffer */
     size_t fusion_cap;
     kolo__bytes_t send_buf, recv_buf, resp_buf;
@@ -147,6 +151,15 @@ int kolo__negotiate_pending(const kolo__pset_t *ps);
  * it in `detail` (rewritten) and returns KOLO_ERR_RANK_LOST; else returns
  * rc unchanged. */
 int kolo__explain_failure(kolo__pset_t *ps, int rc, char *detail, size_t len);
+
+/* Connects a backend context among `size` members of the set (global
+ * ranks members[], host indices hosts[]), this rank being member `rank`;
+ * `role` makes its rendezvous keys unique within the set. Background
+ * thread or set start-up; every member calls it. */
+int kolo__pset_connect(kolo__pset_t *ps, const kolo__ops_t *ops,
+                       const char *role, int rank, int size,
+                       const int *members, const int *hosts,
+                       const char *cross_ops, void **ctx, kolo__err_t *err);
 
 /* The backend's on_wake callback; arg is the set. */
 void kolo__wake_from_peer(void *arg, uint64_t round);

@@ -35,7 +35,9 @@
  *                                   else mpi under mpirun, else gloo
  *   KOLO_HIERARCHICAL_ALLREDUCE     auto|0|1: across hosts, shared memory
  *                                   within each and the network between
- *                                   (auto: on with equal ranks per host)
+ *                                   (auto: on with equal ranks per host);
+ *                                   CUDA tensors only with 1: NCCL within
+ *                                   each host, Gloo or MPI between
  *   KOLO_SHM_SLOT_BYTES, KOLO_SHM_SPIN_US  shared memory: chunk per rank
  *                                   and step (1 MiB); spin before sleeping
  *                                   (50 us, only with a core per rank)

@@ -93,7 +93,7 @@ static void raw_f64(raw_t *r, double v)
 typedef struct raw_params {
     unsigned coll, dtype, op, flags;
     int64_t count;
-    unsigned wire, ndim, group;
+    unsigned wire, ndim, device_type, group;
     int32_t root;
     double prescale, postscale;
     int64_t shape[RAW_MAX_SHAPE];
@@ -120,7 +120,7 @@ static raw_params_t rp(unsigned coll, unsigned dtype, unsigned op,
 }
 
 /* params: u8 coll | u8 dtype | u8 op | u8 flags | i64 count | u8 wire |
- *         u8 ndim | u16 group | i32 root | f64 prescale | f64 postscale |
+ *         u8 ndim | u8 device_type | u16 group | i32 root | f64 prescale | f64 postscale |
  *         i64 shape[ndim] | [group > 1: u16 key_len | key] */
 static void raw_params(raw_t *r, const raw_params_t *p)
 {
@@ -131,6 +131,7 @@ static void raw_params(raw_t *r, const raw_params_t *p)
     raw_i64(r, p->count);
     raw_u8(r, p->wire);
     raw_u8(r, p->ndim);
+    raw_u8(r, p->device_type);
     raw_u16(r, p->group);
     raw_u32(r, (uint32_t)p->root);
     raw_f64(r, p->prescale);
@@ -162,7 +163,7 @@ static void raw_request(raw_t *r, const char *name, size_t name_len,
 }
 
 /* Bytes of the fixed part of the parameters (no shape, no key). */
-#define RAW_PARAMS_FIXED (4 + 8 + 1 + 1 + 2 + 4 + 8 + 8)
+#define RAW_PARAMS_FIXED (4 + 8 + 1 + 1 + 1 + 2 + 4 + 8 + 8)
 
 /* Decodes from an exact-size heap copy (so ASan sees over-reads). */
 static int decode(const uint8_t *data, size_t len, kolo__msg_t *msg,
@@ -226,6 +227,7 @@ static void vary_params(kolo__params_t *p, uint32_t i)
     p->coll = (uint8_t)(i % KOLO__COLL_COUNT_);
     p->wire = (uint8_t)((i * 5) % KOLO_DTYPE_COUNT_);
     p->ndim = (uint8_t)(i % (KOLO_MAX_DIMS + 1));
+    p->device_type = (uint8_t)(i % 3 == 1 ? KOLO_DEVICE_CUDA : KOLO_DEVICE_HOST);
     for (int d = 0; d < p->ndim; d++)
         p->shape[d] = (int64_t)i * 100 + d;
     p->group = (uint16_t)(i % 4); /* 0, 1: no group; 2, 3: a group */
@@ -295,6 +297,7 @@ static void assert_params_same(const kolo__params_t *want,
     ck_assert_int_eq(got->count, want->count);
     ck_assert_uint_eq(got->wire, want->wire);
     ck_assert_uint_eq(got->ndim, want->ndim);
+    ck_assert_uint_eq(got->device_type, want->device_type);
     ck_assert_uint_eq(got->group, want->group);
     ck_assert_int_eq(got->root, want->root);
     ck_assert_mem_eq(&got->prescale, &want->prescale, sizeof(double));
@@ -370,16 +373,16 @@ START_TEST(small_request_has_documented_bytes)
     raw_header(&want, KOLO__MSG_REQUESTS, 3, 1);
     raw_request(&want, "ab", 2, 0, KOLO_FLOAT32, KOLO_OP_AVERAGE, 0,
                 0x0102030405060708LL);
-    /* header | u16 + "ab" | 4 u8 | count | wire ndim | group | root |
-     * prescale | postscale; no shape, no key. */
-    ck_assert_uint_eq(b.len, 16 + 2 + 2 + 4 + 8 + 1 + 1 + 2 + 4 + 8 + 8);
+    /* header | u16 + "ab" | 4 u8 | count | wire ndim device | group | root
+     * | prescale | postscale; no shape, no key. */
+    ck_assert_uint_eq(b.len, 16 + 2 + 2 + 4 + 8 + 1 + 1 + 1 + 2 + 4 + 8 + 8);
     ck_assert_uint_eq(b.len, want.len);
     ck_assert_mem_eq(b.data, want.buf, want.len);
-    /* "KOLO" in memory, as the magic's comment says, then version 2. */
-    ck_assert_mem_eq(b.data, "KOLO\x02\x00", 6);
+    /* "KOLO" in memory, as the magic's comment says, then version 3. */
+    ck_assert_mem_eq(b.data, "KOLO\x03\x00", 6);
     /* wire = dtype by default; the scales are 1.0 (0x3ff0000000000000). */
     ck_assert_uint_eq(b.data[32], KOLO_FLOAT32);
-    ck_assert_mem_eq(b.data + 40, "\0\0\0\0\0\0\xf0\x3f\0\0\0\0\0\0\xf0\x3f", 16);
+    ck_assert_mem_eq(b.data + 41, "\0\0\0\0\0\0\xf0\x3f\0\0\0\0\0\0\xf0\x3f", 16);
 
     /* Encoding again into the same buffer starts over. */
     ck_assert_int_eq(kolo__msg_encode(&m, &b, &err), KOLO_OK);
@@ -394,7 +397,7 @@ END_TEST
 START_TEST(full_request_has_literal_bytes)
 {
     static const uint8_t expected[] = {
-        'K', 'O', 'L', 'O', 2, 0, /* magic, version */
+        'K', 'O', 'L', 'O', 3, 0, /* magic, version */
         1, 0,                     /* kind: requests */
         0xfe, 0xff, 0xff, 0xff,   /* rank -2 */
         1, 0, 0, 0,               /* n */
@@ -403,6 +406,7 @@ START_TEST(full_request_has_literal_bytes)
         0x08, 0x07, 0x06, 0x05, 0x04, 0x03, 0x02, 0x01, /* count */
         KOLO_BFLOAT16,                                  /* wire */
         2,                                              /* ndim */
+        KOLO_DEVICE_CUDA,                               /* device_type */
         0x03, 0x01,                                     /* group 259 */
         0xfd, 0xff, 0xff, 0x7f,                         /* root 0x7ffffffd */
         0, 0, 0, 0, 0, 0, 0xe0, 0x3f,                   /* prescale 0.5 */
@@ -422,6 +426,7 @@ START_TEST(full_request_has_literal_bytes)
                       KOLO_OP_MAX, 0x0102030405060708LL);
     req.params.wire = KOLO_BFLOAT16;
     req.params.ndim = 2;
+    req.params.device_type = KOLO_DEVICE_CUDA;
     req.params.shape[0] = 5;
     req.params.shape[1] = 0x7f00000000000100LL;
     req.params.shape[2] = 99; /* past ndim: not sent */
@@ -445,6 +450,7 @@ START_TEST(full_request_has_literal_bytes)
            0x0102030405060708LL);
     p.wire = KOLO_BFLOAT16;
     p.ndim = 2;
+    p.device_type = KOLO_DEVICE_CUDA;
     p.shape[0] = 5;
     p.shape[1] = 0x7f00000000000100LL;
     p.group = 259;
