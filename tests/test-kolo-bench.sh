@@ -5,7 +5,11 @@
 # WRONG result. Also: a wrong answer is caught (KOLO_BENCH_FAULT=1 corrupts
 # one element of the runtime's result: WRONG in the table and the JSON, exit
 # status 1), a bad option exits 2, and a job of one rank (local backend)
-# works. Timings are not checked: the benchmark is kept out of the timed
+# works. --backend nccl (CUDA tensors against NCCL called directly) runs a
+# short configuration under one rank where a CUDA device is visible; where
+# none is, or in a build without GPU support, kolo-bench must say so in one
+# line and exit 77, and the case is reported as SKIP with that line (not
+# counted). Timings are not checked: the benchmark is kept out of the timed
 # tests. Each run is bounded in time; prints one line per run and a summary
 # "N passed, N failed".
 #
@@ -30,16 +34,26 @@ log=$tmp/log
 # [bound=SECONDS] run DESC EXPECTED_STATUS COMMAND...: passes when the
 # command exits with EXPECTED_STATUS within the time limit ($limit s, or
 # bound) and every check queued in $checks
-# (shell commands, run after it) succeeds.
+# (shell commands, run after it) succeeds. With skip77 set (a shell
+# command), exit status 77 is a SKIP instead when that command succeeds;
+# it prints why (on its stdout).
 checks=()
 run() {
     local desc=$1 want=$2 start end rc c why="" bound=${bound:-$limit}
+    local skip=${skip77:-} skipped
     shift 2
     start=$(date +%s.%N)
     timeout -k 10 "$bound" "$@" >"$log" 2>&1
     rc=$?
     end=$(date +%s.%N)
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    if [ $rc -eq 77 ] && [ -n "$skip" ]; then
+        checks=()
+        if skipped=$(eval "$skip" 2>&1); then
+            printf 'SKIP %s (%s)\n' "$desc" "$skipped"
+            return
+        fi
+        why="exit 77, and not for a reason that skips: $skipped"
+    elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
         why="timed out after ${bound}s"
     elif [ $rc -ne "$want" ]; then
         why="exit $rc, expected $want"
@@ -151,6 +165,38 @@ run "np=2 a corrupted result is reported WRONG, exit 1" 1 \
 checks=("grep -q \"unknown workload 'bogus'\" '$log'")
 run "np=2 unknown workload: usage, exit 2" 2 \
     "$kolorun" -np 2 "$bench" --workload bogus
+
+# --backend nccl: a short run on one CUDA device where there is one, with
+# every value checked; else the one-line reason and exit 77, a SKIP. A GPU
+# that nvidia-smi lists (CUDA_VISIBLE_DEVICES unset) must be used, not
+# skipped.
+nccl_skip_ok() {
+    local line
+    line=$(grep -m1 -E 'kolo-bench: --backend nccl (needs a CUDA device, and none is visible|cannot run: this kolo-bench was built without GPU support)' "$log") || {
+        echo "no line saying why --backend nccl cannot run"
+        return 1
+    }
+    if [ "$(grep -c . "$log")" -gt 2 ]; then
+        echo "more than the reason (and kolorun's line): $(head -c 300 "$log")"
+        return 1
+    fi
+    case $line in
+    *"needs a CUDA device"*)
+        if [ -z "${CUDA_VISIBLE_DEVICES+set}" ] &&
+            nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+            echo "nvidia-smi lists a GPU, yet: $line"
+            return 1
+        fi ;;
+    esac
+    echo "$line"
+}
+checks=("json_ok '$tmp/nccl.json' 1 $all" "! grep -q WRONG '$log'"
+        "grep -q '\"raw_backend\": \"nccl\"' '$tmp/nccl.json'"
+        "grep -q 'every result checked: ok' '$log'")
+bound=$long_limit skip77=nccl_skip_ok run \
+    "np=1 --backend nccl --workload all --quick, JSON" 0 \
+    "$kolorun" -np 1 "$bench" --backend nccl --workload all --quick \
+    --json "$tmp/nccl.json"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -3,6 +3,7 @@
  *
  *     kolorun -np N kolo-bench [--workload W[,W...]|all] [--backend B]
  *     kolorun --mpi -np N kolo-bench ... --backend mpi
+ *     kolorun -np N kolo-bench ... --backend nccl   (CUDA tensors)
  *                              [--json FILE] [--iters N] [--warmup N]
  *                              [--max-bytes B] [--quick]
  *
@@ -56,6 +57,28 @@
  *             through the runtime (speedup) and the raw float32 backend
  *             (ratio). Results are checked with a tolerance.
  *
+ * GPU: --backend nccl
+ *   The same workloads on CUDA device memory. Each rank takes device
+ *   KOLO_LOCAL_RANK mod cudaGetDeviceCount, allocates every buffer there
+ *   (cudaMalloc) and creates one stream. kolo gets the device pointers
+ *   (kolo_opts_t.device_type KOLO_DEVICE_CUDA, .device, .stream = that
+ *   stream) and is timed from the first enqueue to the last kolo_wait, as
+ *   on the host. KOLO_CONTROLLER and KOLO_CPU_OPERATIONS are left as the
+ *   environment has them: the runtime negotiates as it does in training.
+ *   Raw is NCCL called directly: a
+ *   communicator of the bench's own (rank 0's ncclUniqueId broadcast to the
+ *   others through kolo, in host memory), ncclAllReduce in place on one
+ *   device buffer of the same bytes on the bench's stream, timed up to
+ *   cudaStreamSynchronize; small enqueues its 1000 ncclAllReduce calls
+ *   before the one synchronization, as a program would. Inputs are filled
+ *   on the host and copied up before the barrier; results are copied down
+ *   after the timed part and checked there, as on the host. Barriers and
+ *   the reduction of the times go through a host backend called directly
+ *   (the one the runtime negotiates on), never timed. --compare is for host
+ *   backends and is refused. Where it cannot run (a build without GPU
+ *   support, or no CUDA device visible), kolo-bench says why in one line on
+ *   stderr and exits 77 before connecting to the other ranks.
+ *
  * Output: a table on rank 0's stdout; with --json FILE, rank 0 writes one
  * JSON document: the job (ranks, backend, environment) and "results", one
  * object per workload and size with the fields "kolo", "raw" and "ratio".
@@ -74,6 +97,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef KOLO_HAVE_GPU
+#include <cuda_runtime.h>
+#include <nccl.h>
+#endif
+
 #include "kolo.h"
 #include "ops.h"
 #include "reduce.h"
@@ -88,6 +116,9 @@
 #define RESNET50_TENSORS 161
 #define RESNET50_ELEMENTS 25557032LL
 #define DETAIL_LEN 256
+/* The exit status of "--backend nccl cannot run here" (no GPU support in
+ * this build, or no CUDA device visible): automake's "skipped". */
+#define EXIT_CANNOT_RUN 77
 
 /* ------------------------------------------------------------------ job */
 
@@ -213,19 +244,251 @@ static void kolo_must(int rc, const char *what, const char *name)
             kolo_strerror(rc));
 }
 
+/* ------------------------------------------------------------- the GPU */
+
+/* --backend nccl (see the top of this file). Outside this section nothing
+ * needs a CUDA header: the stream is kept as a void *, and a build without
+ * GPU support has stubs that are never reached (gpu_require exits first). */
+static int g_gpu;         /* --backend nccl */
+static int g_dev = -1;    /* this rank's CUDA device */
+static void *g_stream;    /* the bench's cudaStream_t, on g_dev */
+static char g_gpu_name[256] = "";    /* the device's name */
+static char g_nccl_version[32] = ""; /* "2.28.9" */
+
+/* The rank's local rank before kolo_init: every rank on a host sees the same
+ * devices, so only local rank 0 says why the GPU mode cannot run. */
+static int env_local_rank(void)
+{
+    const char *v = getenv("KOLO_LOCAL_RANK");
+    return v && v[0] ? atoi(v) : 0;
+}
+
+#ifdef KOLO_HAVE_GPU
+static ncclComm_t g_comm; /* the raw side's communicator */
+
+/* " (CUDA device N)" once the device is chosen, for error messages. */
+static const char *dev_text(void)
+{
+    static char text[48];
+    if (g_dev < 0)
+        return "";
+    snprintf(text, sizeof(text), " (CUDA device %d)", g_dev);
+    return text;
+}
+
+static void cuda_must(cudaError_t e, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void cuda_must(cudaError_t e, const char *fmt, ...)
+{
+    char what[256];
+    va_list ap;
+
+    if (e == cudaSuccess)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    die("%s failed%s: %s: %s", what, dev_text(), cudaGetErrorName(e),
+        cudaGetErrorString(e));
+}
+
+static void nccl_must(ncclResult_t r, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void nccl_must(ncclResult_t r, const char *fmt, ...)
+{
+    char what[256];
+    const char *last;
+    va_list ap;
+
+    if (r == ncclSuccess)
+        return;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
+    /* The last error's text is NCCL's, of any communicator. */
+    last = ncclGetLastError(NULL);
+    die("%s failed%s: %s%s%s", what, dev_text(), ncclGetErrorString(r),
+        last && last[0] ? ": " : "", last ? last : "");
+}
+
+/* Exits EXIT_CANNOT_RUN, saying why, unless a CUDA device is visible. Runs
+ * before kolo_init, so that the job ends without connecting. */
+static void gpu_require(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+
+    if (e == cudaSuccess && n > 0 && kolo_built("nccl"))
+        return;
+    if (env_local_rank() == 0) {
+        if (e == cudaSuccess && n > 0)
+            fprintf(stderr, "kolo-bench: --backend nccl needs a libkolo built "
+                            "with NCCL, and the one loaded was built "
+                            "without it\n");
+        else if (e == cudaSuccess)
+            fprintf(stderr, "kolo-bench: --backend nccl needs a CUDA device, "
+                            "and none is visible (cudaGetDeviceCount: 0 "
+                            "devices)\n");
+        else
+            fprintf(stderr, "kolo-bench: --backend nccl needs a CUDA device, "
+                            "and none is visible (cudaGetDeviceCount: %s: "
+                            "%s%s)\n",
+                    cudaGetErrorName(e), cudaGetErrorString(e),
+                    e == cudaErrorInsufficientDriver
+                        ? "; no NVIDIA driver is loaded, or it is older than "
+                          "this CUDA runtime"
+                        : "");
+        fflush(stderr);
+    }
+    exit(EXIT_CANNOT_RUN);
+}
+
+/* After kolo_init: the device, the stream, and the raw communicator. */
+static void gpu_init(void)
+{
+    const char *id_name = "kolo-bench/nccl-unique-id";
+    struct cudaDeviceProp prop;
+    cudaStream_t stream;
+    ncclUniqueId id;
+    kolo_handle_t h;
+    int n = 0, local = kolo_local_rank(), v = 0;
+
+    cuda_must(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+    if (n <= 0)
+        die("cudaGetDeviceCount: no CUDA device");
+    g_dev = (local > 0 ? local : 0) % n;
+    cuda_must(cudaSetDevice(g_dev), "cudaSetDevice(%d)", g_dev);
+    cuda_must(cudaGetDeviceProperties(&prop, g_dev),
+              "cudaGetDeviceProperties(%d)", g_dev);
+    snprintf(g_gpu_name, sizeof(g_gpu_name), "%s", prop.name);
+    cuda_must(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+              "cudaStreamCreateWithFlags");
+    g_stream = stream;
+
+    /* Rank 0's id reaches every rank through kolo itself, in host memory. */
+    memset(&id, 0, sizeof(id));
+    if (g_rank == 0)
+        nccl_must(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    kolo_must(kolo_broadcast_async(id_name, &id, (int64_t)sizeof(id),
+                                   KOLO_UINT8, 0, NULL, &h),
+              "kolo_broadcast_async", id_name);
+    kolo_must(kolo_wait(h), "kolo_wait", id_name);
+    nccl_must(ncclCommInitRank(&g_comm, g_size, id, g_rank),
+              "ncclCommInitRank (rank %d of %d)", g_rank, g_size);
+    nccl_must(ncclGetVersion(&v), "ncclGetVersion");
+    snprintf(g_nccl_version, sizeof(g_nccl_version), "%d.%d.%d", v / 10000,
+             v / 100 % 100, v % 100);
+}
+
+/* After kolo_shutdown, on every rank (finalizing waits for the others). */
+static void gpu_finalize(void)
+{
+    nccl_must(ncclCommFinalize(g_comm), "ncclCommFinalize");
+    nccl_must(ncclCommDestroy(g_comm), "ncclCommDestroy");
+    g_comm = NULL;
+    cuda_must(cudaStreamDestroy((cudaStream_t)g_stream), "cudaStreamDestroy");
+    g_stream = NULL;
+}
+
+static void *dev_alloc(size_t bytes)
+{
+    void *p = NULL;
+    cuda_must(cudaMalloc(&p, bytes ? bytes : 4), "cudaMalloc of %zu bytes",
+              bytes);
+    return p;
+}
+
+static void dev_free(void *p)
+{
+    if (p != NULL)
+        cuda_must(cudaFree(p), "cudaFree");
+}
+
+/* Queue a copy on the bench's stream; dev_sync waits for it. */
+static void dev_put(void *dst, const void *src, size_t bytes)
+{
+    cuda_must(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+                              (cudaStream_t)g_stream),
+              "cudaMemcpyAsync of %zu bytes to the device", bytes);
+}
+
+static void dev_get(void *dst, const void *src, size_t bytes)
+{
+    cuda_must(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
+                              (cudaStream_t)g_stream),
+              "cudaMemcpyAsync of %zu bytes from the device", bytes);
+}
+
+static void dev_sync(const char *after)
+{
+    cuda_must(cudaStreamSynchronize((cudaStream_t)g_stream),
+              "cudaStreamSynchronize after %s", after);
+}
+
+/* Raw: a float32 sum in place, queued on the bench's stream. */
+static void nccl_allreduce(float *buf, size_t count)
+{
+    nccl_must(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, g_comm,
+                            (cudaStream_t)g_stream),
+              "ncclAllReduce of %zu bytes", count * sizeof(float));
+}
+#else
+static void gpu_require(void)
+{
+    if (env_local_rank() == 0) {
+        fprintf(stderr, "kolo-bench: --backend nccl cannot run: this "
+                        "kolo-bench was built without GPU support "
+                        "(configure's \"GPU tensors\" needs CUDA, nvcc and "
+                        "NCCL)\n");
+        fflush(stderr);
+    }
+    exit(EXIT_CANNOT_RUN);
+}
+
+/* Never reached: gpu_require exits first. */
+static void no_gpu(void) __attribute__((noreturn));
+static void no_gpu(void)
+{
+    die("internal error: GPU code reached in a build without GPU support");
+}
+static void gpu_init(void) { no_gpu(); }
+static void gpu_finalize(void) { no_gpu(); }
+static void *dev_alloc(size_t bytes) { (void)bytes; no_gpu(); }
+static void dev_free(void *p) { (void)p; no_gpu(); }
+static void dev_put(void *dst, const void *src, size_t bytes)
+{
+    (void)dst, (void)src, (void)bytes;
+    no_gpu();
+}
+static void dev_get(void *dst, const void *src, size_t bytes)
+{
+    (void)dst, (void)src, (void)bytes;
+    no_gpu();
+}
+static void dev_sync(const char *after) { (void)after; no_gpu(); }
+static void nccl_allreduce(float *buf, size_t count)
+{
+    (void)buf, (void)count;
+    no_gpu();
+}
+#endif
+
 /* ----------------------------------------------------------- measuring */
 
 /* One workload at one size: up to three sides, each a way of doing the same
- * allreduce. prepare fills the inputs, run is the timed part, verify checks
- * the output (0 = right). */
+ * allreduce. prepare fills the inputs, run is the timed part, fetch brings
+ * the output to where verify reads it (--backend nccl: from the device; not
+ * timed), verify checks it (0 = right). */
 enum { MAX_SIDES = 3 + MAX_COMPARE };
 
 typedef struct bench bench_t;
 struct bench {
     int nsides;
-    float *probe; /* run sets it: one element of the output it wrote */
+    float *probe; /* run sets it: one element of the output it wrote, in
+                   * the host memory that fetch fills and verify reads */
     void (*prepare)(bench_t *b, int side);
     void (*run)(bench_t *b, int side);
+    void (*fetch)(bench_t *b, int side);
     int (*verify)(bench_t *b, int side, char *detail);
     void *state;
 };
@@ -271,6 +534,7 @@ static void measure(bench_t *b, int warmup, int iters, const char *label,
             t0 = now();
             b->run(b, s);
             dt = now() - t0;
+            b->fetch(b, s);
             if (g_fault && s == 0 && it == iters - 1 && g_rank == g_size - 1)
                 *b->probe += 1.0f; /* KOLO_BENCH_FAULT: test the checks */
             if (b->verify(b, s, detail[s]))
@@ -514,6 +778,7 @@ static int warmup_or(int def) { return g_opt.warmup >= 0 ? g_opt.warmup : def; }
 
 typedef struct large_state {
     float *buf;
+    float *dev; /* --backend nccl: the tensor on the device (buf: its copy) */
     size_t count;
     char name16[64], name32[64];
     int fp16; /* sides: fp16 ? {kolo fp16, kolo fp32, raw} : {kolo, raw} */
@@ -528,6 +793,12 @@ static void allreduce_one(const char *name, float *buf, size_t count,
     o.wire_dtype = wire;
     o.ndim = ndim;
     o.shape = shape;
+    if (g_gpu) {
+        /* buf is on g_dev; its input was written on g_stream. */
+        o.device_type = KOLO_DEVICE_CUDA;
+        o.device = g_dev;
+        o.stream = g_stream;
+    }
     kolo_must(kolo_allreduce_async_opts(name, buf, buf, (int64_t)count,
                                         KOLO_FLOAT32, &o, h),
               "kolo_allreduce_async_opts", name);
@@ -538,14 +809,24 @@ static void large_prepare(bench_t *b, int side)
     large_state_t *s = b->state;
     (void)side;
     fill(s->buf, s->count, 0);
+    if (g_gpu) {
+        dev_put(s->dev, s->buf, s->count * sizeof(float));
+        dev_sync("copying the input to the device");
+    }
 }
 
 static void large_run(bench_t *b, int side)
 {
     large_state_t *s = b->state;
     int raw_side = s->fp16 ? 2 : 1;
+    float *buf = g_gpu ? s->dev : s->buf;
     kolo_handle_t h;
     b->probe = s->buf;
+    if (side == raw_side && g_gpu) {
+        nccl_allreduce(s->dev, s->count);
+        dev_sync("ncclAllReduce");
+        return;
+    }
     if (side == raw_side) {
         raw_allreduce(s->buf, s->count, sizeof(float), g_sum_f32);
         return;
@@ -556,11 +837,21 @@ static void large_run(bench_t *b, int side)
         return;
     }
     if (s->fp16 && side == 0) {
-        allreduce_one(s->name16, s->buf, s->count, KOLO_FLOAT16, 0, NULL, &h);
+        allreduce_one(s->name16, buf, s->count, KOLO_FLOAT16, 0, NULL, &h);
         kolo_must(kolo_wait(h), "kolo_wait", s->name16);
     } else {
-        allreduce_one(s->name32, s->buf, s->count, -1, 0, NULL, &h);
+        allreduce_one(s->name32, buf, s->count, -1, 0, NULL, &h);
         kolo_must(kolo_wait(h), "kolo_wait", s->name32);
+    }
+}
+
+static void large_fetch(bench_t *b, int side)
+{
+    large_state_t *s = b->state;
+    (void)side;
+    if (g_gpu) {
+        dev_get(s->buf, s->dev, s->count * sizeof(float));
+        dev_sync("copying the result from the device");
     }
 }
 
@@ -615,12 +906,14 @@ static void workload_large(void)
     int n = large_sizes(sizes, 64, 4);
     large_state_t s;
     bench_t b = {.nsides = 2 + g_ncmp, .prepare = large_prepare,
-                 .run = large_run, .verify = large_verify,
-                 .state = &s};
+                 .run = large_run, .fetch = large_fetch,
+                 .verify = large_verify, .state = &s};
     char title[256];
 
     memset(&s, 0, sizeof(s));
     s.buf = xalloc((size_t)sizes[n - 1]);
+    if (g_gpu)
+        s.dev = dev_alloc((size_t)sizes[n - 1]);
     snprintf(title, sizeof(title),
              "large: one float32 tensor; %s in GB/s; ratio = kolo/raw "
              "bandwidth (higher is better)",
@@ -658,6 +951,8 @@ static void workload_large(void)
             .note = note, .extra_json = g_ncmp ? extra : NULL};
         emit(&row);
     }
+    if (g_gpu)
+        dev_free(s.dev);
     free(s.buf);
 }
 
@@ -859,6 +1154,9 @@ typedef struct resnet_state {
     int64_t count[RESNET50_TENSORS];
     char name32[RESNET50_TENSORS][80], name16[RESNET50_TENSORS][80];
     float *flat; /* the raw side: all the bytes as one buffer */
+    /* --backend nccl: the same on the device (the above: their copies) */
+    float *dtensor[RESNET50_TENSORS];
+    float *dflat;
     int fp16;
 } resnet_state_t;
 
@@ -867,10 +1165,19 @@ static void resnet_prepare(bench_t *b, int side)
     resnet_state_t *s = b->state;
     if (side >= (s->fp16 ? 2 : 1)) {
         fill(s->flat, (size_t)RESNET50_ELEMENTS, 0);
-        return;
+        if (g_gpu)
+            dev_put(s->dflat, s->flat,
+                    (size_t)RESNET50_ELEMENTS * sizeof(float));
+    } else {
+        for (int i = 0; i < RESNET50_TENSORS; i++) {
+            fill(s->tensor[i], (size_t)s->count[i], i);
+            if (g_gpu)
+                dev_put(s->dtensor[i], s->tensor[i],
+                        (size_t)s->count[i] * sizeof(float));
+        }
     }
-    for (int i = 0; i < RESNET50_TENSORS; i++)
-        fill(s->tensor[i], (size_t)s->count[i], i);
+    if (g_gpu)
+        dev_sync("copying the inputs to the device");
 }
 
 static void resnet_run(bench_t *b, int side)
@@ -880,18 +1187,38 @@ static void resnet_run(bench_t *b, int side)
     int fp16 = s->fp16 && side == 0;
 
     b->probe = side >= (s->fp16 ? 2 : 1) ? s->flat : s->tensor[0];
+    if (side >= (s->fp16 ? 2 : 1) && g_gpu) {
+        nccl_allreduce(s->dflat, (size_t)RESNET50_ELEMENTS);
+        dev_sync("ncclAllReduce");
+        return;
+    }
     if (side >= (s->fp16 ? 2 : 1)) {
         raw_allreduce_on(side - (s->fp16 ? 2 : 1) - 1, s->flat,
                          (size_t)RESNET50_ELEMENTS, sizeof(float), g_sum_f32);
         return;
     }
     for (int i = 0; i < RESNET50_TENSORS; i++)
-        allreduce_one(fp16 ? s->name16[i] : s->name32[i], s->tensor[i],
+        allreduce_one(fp16 ? s->name16[i] : s->name32[i],
+                      g_gpu ? s->dtensor[i] : s->tensor[i],
                       (size_t)s->count[i], fp16 ? KOLO_FLOAT16 : -1,
                       g_resnet50[i].ndim, g_resnet50[i].shape, &h[i]);
     for (int i = 0; i < RESNET50_TENSORS; i++)
         kolo_must(kolo_wait(h[i]), "kolo_wait",
                   fp16 ? s->name16[i] : s->name32[i]);
+}
+
+static void resnet_fetch(bench_t *b, int side)
+{
+    resnet_state_t *s = b->state;
+    if (!g_gpu)
+        return;
+    if (side >= (s->fp16 ? 2 : 1))
+        dev_get(s->flat, s->dflat, (size_t)RESNET50_ELEMENTS * sizeof(float));
+    else
+        for (int i = 0; i < RESNET50_TENSORS; i++)
+            dev_get(s->tensor[i], s->dtensor[i],
+                    (size_t)s->count[i] * sizeof(float));
+    dev_sync("copying the results from the device");
 }
 
 static int resnet_verify(bench_t *b, int side, char *detail)
@@ -920,20 +1247,29 @@ static resnet_state_t *resnet_new(int fp16)
     for (int i = 0; i < RESNET50_TENSORS; i++) {
         s->count[i] = param_count(&g_resnet50[i]);
         s->tensor[i] = xalloc((size_t)s->count[i] * sizeof(float));
+        if (g_gpu)
+            s->dtensor[i] = dev_alloc((size_t)s->count[i] * sizeof(float));
         snprintf(s->name32[i], sizeof(s->name32[i]), "resnet50/%s",
                  g_resnet50[i].name);
         snprintf(s->name16[i], sizeof(s->name16[i]), "resnet50-fp16/%s",
                  g_resnet50[i].name);
     }
     s->flat = xalloc((size_t)RESNET50_ELEMENTS * sizeof(float));
+    if (g_gpu)
+        s->dflat = dev_alloc((size_t)RESNET50_ELEMENTS * sizeof(float));
     return s;
 }
 
 static void resnet_free(resnet_state_t *s)
 {
-    for (int i = 0; i < RESNET50_TENSORS; i++)
+    for (int i = 0; i < RESNET50_TENSORS; i++) {
         free(s->tensor[i]);
+        if (g_gpu)
+            dev_free(s->dtensor[i]);
+    }
     free(s->flat);
+    if (g_gpu)
+        dev_free(s->dflat);
     free(s);
 }
 
@@ -947,8 +1283,8 @@ static void workload_resnet50(void)
 {
     resnet_state_t *s = resnet_new(0);
     bench_t b = {.nsides = 2 + g_ncmp, .prepare = resnet_prepare,
-                 .run = resnet_run, .verify = resnet_verify,
-                 .state = s};
+                 .run = resnet_run, .fetch = resnet_fetch,
+                 .verify = resnet_verify, .state = s};
     side_result_t r[MAX_SIDES];
     int warmup, iters;
     char note[256], extra[320];
@@ -986,6 +1322,7 @@ static void workload_resnet50(void)
 
 typedef struct many_state {
     float *vals;
+    float *dvals; /* --backend nccl: the tensors on the device */
     int n;
     char (*names)[32];
 } many_state_t;
@@ -995,12 +1332,23 @@ static void many_prepare(bench_t *b, int side)
     many_state_t *s = b->state;
     (void)side;
     fill(s->vals, (size_t)s->n, 0);
+    if (g_gpu) {
+        dev_put(s->dvals, s->vals, (size_t)s->n * sizeof(float));
+        dev_sync("copying the inputs to the device");
+    }
 }
 
 static void many_run(bench_t *b, int side)
 {
     many_state_t *s = b->state;
     b->probe = &s->vals[0];
+    if (side >= 1 && g_gpu) {
+        /* As a program calls NCCL: every allreduce queued, then one wait. */
+        for (int i = 0; i < s->n; i++)
+            nccl_allreduce(&s->dvals[i], 1);
+        dev_sync("ncclAllReduce");
+        return;
+    }
     if (side >= 1) {
         for (int i = 0; i < s->n; i++)
             raw_allreduce_on(side - 2, &s->vals[i], 1, sizeof(float), g_sum_f32);
@@ -1008,9 +1356,20 @@ static void many_run(bench_t *b, int side)
     }
     kolo_handle_t hs[SMALL_TENSORS];
     for (int i = 0; i < s->n; i++)
-        allreduce_one(s->names[i], &s->vals[i], 1, -1, 0, NULL, &hs[i]);
+        allreduce_one(s->names[i], g_gpu ? &s->dvals[i] : &s->vals[i], 1, -1,
+                      0, NULL, &hs[i]);
     for (int i = 0; i < s->n; i++)
         kolo_must(kolo_wait(hs[i]), "kolo_wait", s->names[i]);
+}
+
+static void many_fetch(bench_t *b, int side)
+{
+    many_state_t *s = b->state;
+    (void)side;
+    if (g_gpu) {
+        dev_get(s->vals, s->dvals, (size_t)s->n * sizeof(float));
+        dev_sync("copying the results from the device");
+    }
 }
 
 static int many_verify(bench_t *b, int side, char *detail)
@@ -1023,8 +1382,8 @@ static void workload_many(int n)
 {
     many_state_t s;
     bench_t b = {.nsides = 2 + g_ncmp, .prepare = many_prepare,
-                 .run = many_run, .verify = many_verify,
-                 .state = &s};
+                 .run = many_run, .fetch = many_fetch,
+                 .verify = many_verify, .state = &s};
     side_result_t r[MAX_SIDES];
     int warmup, iters;
     char note[256], t1[32], t2[32], cmp_json[256];
@@ -1032,6 +1391,7 @@ static void workload_many(int n)
 
     s.n = n;
     s.vals = xalloc((size_t)n * sizeof(float));
+    s.dvals = g_gpu ? dev_alloc((size_t)n * sizeof(float)) : NULL;
     s.names = calloc((size_t)n, sizeof(*s.names));
     if (s.names == NULL)
         die("out of memory");
@@ -1091,6 +1451,8 @@ static void workload_many(int n)
                       .extra_json = cmp_json};
         emit(&row);
     }
+    if (g_gpu)
+        dev_free(s.dvals);
     free(s.vals);
     free(s.names);
 }
@@ -1151,11 +1513,13 @@ static void workload_fp16(void)
     if (n > 0) {
         large_state_t s;
         bench_t b = {.nsides = 3, .prepare = large_prepare,
-                 .run = large_run, .verify = large_verify,
-                 .state = &s};
+                 .run = large_run, .fetch = large_fetch,
+                 .verify = large_verify, .state = &s};
         memset(&s, 0, sizeof(s));
         s.fp16 = 1;
         s.buf = xalloc((size_t)sizes[n - 1]);
+        if (g_gpu)
+            s.dev = dev_alloc((size_t)sizes[n - 1]);
         for (int i = 0; i < n; i++) {
             char size_text[32], label[64];
             s.count = (size_t)(sizes[i] / 4);
@@ -1170,13 +1534,15 @@ static void workload_fp16(void)
                       busbw_factor() * (double)sizes[i] / 1e9, 1, r, warmup,
                       iters);
         }
+        if (g_gpu)
+            dev_free(s.dev);
         free(s.buf);
     }
     {
         resnet_state_t *s = resnet_new(1);
         bench_t b = {.nsides = 3, .prepare = resnet_prepare,
-                 .run = resnet_run, .verify = resnet_verify,
-                 .state = s};
+                 .run = resnet_run, .fetch = resnet_fetch,
+                 .verify = resnet_verify, .state = s};
         resnet_defaults(&warmup, &iters);
         measure(&b, warmup, iters, "fp16 resnet50", r);
         emit_fp16("resnet50", RESNET50_ELEMENTS * 4, "ms", 1e3, 0, r, warmup,
@@ -1194,7 +1560,10 @@ static void usage(FILE *f)
         "  --workload W      large, resnet50, small, latency, fp16 or all\n"
         "                    (several: comma-separated; default all)\n"
         "  --backend B       the backend measured, through the runtime and raw:\n"
-        "                    gloo (default), shm (ranks of one host), mpi\n"
+        "                    gloo (default), shm (ranks of one host), mpi, or\n"
+        "                    nccl: the tensors on CUDA devices (device\n"
+        "                    KOLO_LOCAL_RANK mod the devices visible), kolo\n"
+        "                    against NCCL called directly on the same bytes\n"
         "  --compare B,B     more backends called directly in the same run, as\n"
         "                    extra figures of large, resnet50, small, latency\n"
         "                    (mpi: run under kolorun --mpi or mpirun; kolo then\n"
@@ -1209,7 +1578,9 @@ static void usage(FILE *f)
         "Every figure is measured through kolo and with the backend called\n"
         "directly on one buffer of the same bytes (raw), in the same run;\n"
         "times are the slowest rank's, median over the iterations.\n"
-        "Exit status: 0, 1 if a result was WRONG, 2 on any other failure.\n");
+        "Exit status: 0, 1 if a result was WRONG, 2 on any other failure,\n"
+        "77 if --backend nccl cannot run here (a build without GPU support,\n"
+        "or no CUDA device visible; one line on stderr says which).\n");
 }
 
 static long long parse_bytes(const char *s)
@@ -1336,8 +1707,10 @@ static const char *env_or(const char *name, const char *def)
     return v && v[0] ? v : def;
 }
 
-/* The raw side: the backend's own context, next to the runtime's. */
-static void raw_init(void)
+/* The raw side: the backend's own context, next to the runtime's.
+ * --backend nccl: the host backend of barriers and of the reduction of the
+ * times; the raw NCCL side is gpu_init's. */
+static void raw_init(const char *backend)
 {
     const char *rdv = getenv("KOLO_RENDEZVOUS");
     const char *host = getenv("KOLO_HOSTNAME");
@@ -1348,15 +1721,15 @@ static void raw_init(void)
 
     if (g_size == 1) {
         g_raw = &kolo__ops_local;
-    } else if (strcmp(g_opt.backend, "mpi") == 0) {
+    } else if (strcmp(backend, "mpi") == 0) {
         /* kolo_init initialised MPI; the raw side uses it too. */
         g_raw = kolo__ops_find("mpi");
     } else {
-        g_raw = kolo__ops_named(g_opt.backend);
+        g_raw = kolo__ops_named(backend);
         if (g_raw == NULL)
-            die("this kolo-bench has no raw backend '%s'", g_opt.backend);
+            die("this kolo-bench has no raw backend '%s'", backend);
         if ((rdv == NULL || rdv[0] == '\0') && getenv("PMIX_NAMESPACE") &&
-            strcmp(g_opt.backend, "gloo") != 0) {
+            strcmp(backend, "gloo") != 0) {
             /* Started by mpirun: shared memory keys its segment on the job's
              * PMIx namespace, unique per job. */
             static char mpi_rdv[300];
@@ -1420,6 +1793,19 @@ static void parse_compare(void)
 }
 
 
+/* --backend nccl: barriers and the reduction of the times go through a host
+ * backend called directly (never timed): one that spans every rank, as the
+ * runtime's negotiation does. Shared memory only when nothing else is up:
+ * the runtime enables it within each host of a hierarchical job too. */
+static const char *nccl_host_backend(void)
+{
+    static const char *const names[] = {"gloo", "mpi", "shm"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (kolo_enabled(names[i]) && kolo__ops_find(names[i]) != NULL)
+            return names[i];
+    return "gloo";
+}
+
 static const char *g_env_names[] = {
     "KOLO_FUSION_THRESHOLD", "KOLO_CYCLE_TIME", "KOLO_CACHE_CAPACITY",
     "KOLO_TIMELINE", "KOLO_AUTOTUNE", "KOLO_LOG_LEVEL", "KOLO_CONTROLLER",
@@ -1434,15 +1820,26 @@ static void print_header(void)
     snprintf(wl, sizeof(wl), "%s%s%s%s%s", g_opt.large ? " large" : "",
              g_opt.resnet50 ? " resnet50" : "", g_opt.small ? " small" : "",
              g_opt.latency ? " latency" : "", g_opt.fp16 ? " fp16" : "");
-    printf("kolo-bench %d.%d.%d: %d rank%s; runtime backend %s; raw = %s "
-           "called directly on one buffer\n",
-           KOLO_VERSION_MAJOR, KOLO_VERSION_MINOR, KOLO_VERSION_PATCH, g_size,
-           g_size == 1 ? "" : "s",
-           g_size == 1             ? "local"
-           : kolo_enabled("gloo") ? "gloo"
-           : kolo_enabled("mpi")  ? "mpi"
-                                  : "unknown",
-           g_raw->name);
+    if (g_gpu) {
+        printf("kolo-bench %d.%d.%d: %d rank%s; CUDA tensors on device %d "
+               "(%s) through kolo (NCCL); raw = NCCL %s called directly on "
+               "one device buffer (its own communicator and stream), timed "
+               "to cudaStreamSynchronize; barriers over %s (host, not "
+               "timed)\n",
+               KOLO_VERSION_MAJOR, KOLO_VERSION_MINOR, KOLO_VERSION_PATCH,
+               g_size, g_size == 1 ? "" : "s", g_dev, g_gpu_name,
+               g_nccl_version, g_raw->name);
+    } else {
+        printf("kolo-bench %d.%d.%d: %d rank%s; runtime backend %s; raw = %s "
+               "called directly on one buffer\n",
+               KOLO_VERSION_MAJOR, KOLO_VERSION_MINOR, KOLO_VERSION_PATCH,
+               g_size, g_size == 1 ? "" : "s",
+               g_size == 1             ? "local"
+               : kolo_enabled("gloo") ? "gloo"
+               : kolo_enabled("mpi")  ? "mpi"
+                                      : "unknown",
+               g_raw->name);
+    }
     printf("environment: KOLO_FUSION_THRESHOLD=%s KOLO_CYCLE_TIME=%s "
            "KOLO_CACHE_CAPACITY=%s KOLO_TIMELINE=%s KOLO_AUTOTUNE=%s\n",
            env_or("KOLO_FUSION_THRESHOLD", "(default)"),
@@ -1467,9 +1864,20 @@ static void json_begin(void)
     fprintf(g_json, "{\"tool\": \"kolo-bench\", \"version\": \"%d.%d.%d\", "
                     "\"ranks\": %d, \"backend\": ",
             KOLO_VERSION_MAJOR, KOLO_VERSION_MINOR, KOLO_VERSION_PATCH, g_size);
-    json_string(g_json, g_size == 1 ? "local" : g_opt.backend);
+    json_string(g_json, g_gpu ? "nccl" : g_size == 1 ? "local" : g_opt.backend);
     fprintf(g_json, ", \"raw_backend\": ");
-    json_string(g_json, g_raw->name);
+    json_string(g_json, g_gpu ? "nccl" : g_raw->name);
+    if (g_gpu) {
+        /* rank 0's device; every rank's is KOLO_LOCAL_RANK mod its count */
+        fprintf(g_json, ", \"device\": {\"type\": \"cuda\", \"index\": %d, "
+                        "\"name\": ",
+                g_dev);
+        json_string(g_json, g_gpu_name);
+        fprintf(g_json, "}, \"nccl_version\": ");
+        json_string(g_json, g_nccl_version);
+        fprintf(g_json, ", \"host_backend\": ");
+        json_string(g_json, g_raw->name);
+    }
     fprintf(g_json, ", \"quick\": %s, \"max_bytes\": %lld,\n  \"env\": {",
             g_opt.quick ? "true" : "false", g_opt.max_bytes);
     for (int i = 0; i < N_ENV; i++) {
@@ -1504,21 +1912,31 @@ int main(int argc, char **argv)
     /* Usage errors before connecting: only rank 0 talks. */
     g_rank = r ? atoi(r) : 0;
     parse_args(argc, argv);
-    if (kolo__ops_named(g_opt.backend) == NULL) {
+    g_gpu = strcmp(g_opt.backend, "nccl") == 0;
+    if (g_gpu && g_opt.compare != NULL)
+        bad_usage("--compare %s: it adds host backends, not with --backend "
+                  "nccl", g_opt.compare);
+    if (!g_gpu && kolo__ops_named(g_opt.backend) == NULL) {
         char msg[256];
         kolo__ops_names(msg, sizeof(msg));
         snprintf(msg + strlen(msg), sizeof(msg) - strlen(msg),
-                 "%s", " are in this build; not '%s'");
+                 "%s", " are in this build, and nccl for CUDA tensors; "
+                 "not '%s'");
         bad_usage(msg, g_opt.backend);
     }
+    if (g_gpu)
+        gpu_require(); /* or exit EXIT_CANNOT_RUN, saying why */
     if (strcmp(g_opt.backend, "mpi") == 0 && getenv("KOLO_RANK") != NULL)
         bad_usage("--backend mpi needs the job started by MPI: run %s",
                   "kolorun --mpi -np N kolo-bench --backend mpi (or "
                   "mpirun -np N kolo-bench --backend mpi)");
     /* The runtime carries the job on the backend measured, unless the
-     * environment says otherwise. */
-    setenv("KOLO_CONTROLLER", g_opt.backend, 0);
-    setenv("KOLO_CPU_OPERATIONS", g_opt.backend, 0);
+     * environment says otherwise; with nccl, the host side is the
+     * environment's (by default the runtime's own choice). */
+    if (!g_gpu) {
+        setenv("KOLO_CONTROLLER", g_opt.backend, 0);
+        setenv("KOLO_CPU_OPERATIONS", g_opt.backend, 0);
+    }
     resnet50_selfcheck();
     g_fault = env_or("KOLO_BENCH_FAULT", "0")[0] == '1';
 
@@ -1533,7 +1951,9 @@ int main(int argc, char **argv)
     g_rank = kolo_rank();
     g_size = kolo_size();
     parse_compare();
-    raw_init();
+    raw_init(g_gpu ? nccl_host_backend() : g_opt.backend);
+    if (g_gpu)
+        gpu_init();
     data_init();
     print_header();
     json_begin();
@@ -1561,6 +1981,8 @@ int main(int argc, char **argv)
     barrier();
     if ((rc = kolo_shutdown()) != KOLO_OK)
         die("kolo_shutdown failed: %s", kolo_last_error());
+    if (g_gpu)
+        gpu_finalize();
     for (int k = 0; k < g_ncmp; k++)
         g_cmp[k]->finalize(g_cmp_ctx[k]);
     g_raw->finalize(g_raw_ctx);
