@@ -229,33 +229,42 @@ def _enabled(what):
     return bool(_lib.has("kolo_enabled") and lib.kolo_enabled(what.encode()))
 
 
+# Horovod's *_built() report what the library was compiled with: here each
+# one is kolo_built(name) of the loaded libkolo, which knows "gloo", "mpi",
+# "cuda" and "nccl" (and answers 0 for the others).
+
+
 def gloo_built():
+    """True when libkolo was built with the Gloo backend."""
     return _built("gloo")
 
 
 def mpi_built():
+    """True when libkolo was built with the MPI backend."""
     return _built("mpi")
 
 
 def nccl_built():
-    """Horovod returns the NCCL version or 0; kolo returns 1 or 0."""
+    """1 when libkolo was built with NCCL (the collectives of CUDA tensors),
+    else 0. Horovod returns the NCCL version or 0: test it for truth."""
     return int(_built("nccl"))
 
 
 def cuda_built():
+    """True when libkolo was built with the CUDA runtime."""
     return _built("cuda")
 
 
 def rocm_built():
-    return False
+    return _built("rocm")
 
 
 def ddl_built():
-    return False
+    return _built("ddl")
 
 
 def ccl_built():
-    return False
+    return _built("ccl")
 
 
 def gloo_enabled():
