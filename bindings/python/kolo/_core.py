@@ -610,6 +610,15 @@ def result_bytes(res):
     return res.data, res.bytes
 
 
+def result_copy(res, dst):
+    """kolo_result_copy: the result's bytes into `dst`, an address where the
+    data lives (host memory, or memory on the result's CUDA device; the copy
+    is finished when this returns)."""
+    rc = lib.kolo_result_copy(ctypes.byref(res), dst)
+    if rc != _lib.OK:
+        raise failed(rc, "kolo_result_copy")
+
+
 def result_shape(res):
     return tuple(res.shape[i] for i in range(res.ndim))
 
@@ -631,8 +640,19 @@ def _shape_array(shape):
 
 def make_opts(op=Sum, prescale=1.0, postscale=1.0, process_set=None,
               wire_dtype=None, backward_passes=1, average_passes=False,
-              shape=None):
+              shape=None, place=None):
+    """A kolo_opts_t, and an object to keep alive with it (the shape array).
+
+    place: where the tensors live, (device_type, device, stream): None or
+    DEVICE_HOST leave the defaults (host memory); DEVICE_CUDA sets the CUDA
+    device ordinal and the cudaStream_t (an address, or None for the legacy
+    default stream) on which the caller queued the work producing the
+    input."""
     opts = _lib.new_opts()
+    if place is not None and place[0] != _lib.DEVICE_HOST:
+        opts.device_type = int(place[0])
+        opts.device = int(place[1])
+        opts.stream = place[2] or None
     opts.op = op
     opts.prescale = float(prescale)
     opts.postscale = float(postscale)

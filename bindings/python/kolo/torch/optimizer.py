@@ -285,15 +285,16 @@ class _Distributed:
     def _kolo_grouped_async(self, tensors, keys, pre, post, wire):
         # mpi_ops._grouped_allreduce_async names members base.i; the
         # optimizer wants each member's own name, so it calls the core.
-        groups = mpi_ops._by_dtype(tensors, "DistributedOptimizer")
+        groups = mpi_ops._by_dtype_and_place(tensors, "DistributedOptimizer")
         handles = []
         ins = [mpi_ops._contig(t) for t in tensors]
         keep = (tensors, ins)
         try:
-            for kd, idx in groups.items():
+            for (kd, place), idx in groups.items():
                 opts, _ = _core.make_opts(
                     self._kolo_op, pre, post, self.process_set,
-                    wire if kd == mpi_ops._lib.FLOAT32 else None)
+                    wire if kd == mpi_ops._lib.FLOAT32 else None,
+                    place=place)
                 handles += _core.grouped_allreduce_async(
                     [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
                     [ins[i].data_ptr() for i in idx],
