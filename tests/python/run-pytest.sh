@@ -13,7 +13,11 @@
 #   KOLO_TOP_SRCDIR and KOLO_PYTHON set)
 # Environment: KOLO_PYTHON (default /usr/bin/python3), KOLO_LIBRARY
 #   (default BUILDDIR/.libs/libkolo.so), KOLO_PYTEST_RANKS ("2 3"),
-#   KOLO_TEST_TIMEOUT (300).
+#   KOLO_PYTEST_CUDA_RANKS (the rank counts of test_torch_cuda.py: "1"
+#   and KOLO_PYTEST_RANKS, since it needs one GPU per rank and a machine
+#   may have one), KOLO_TEST_TIMEOUT (300).
+# test_torch_cuda.py skips every test, with the reason, where torch sees no
+# GPU or libkolo has no NCCL.
 # Exit status 77 (skipped) when the interpreter cannot import numpy or
 # pytest; without torch, the kolo.torch tests are skipped (and counted so).
 # Against a sanitizer build of libkolo (address, undefined) the sanitizer
@@ -28,6 +32,7 @@ kolorun=${KOLO_TEST_LAUNCHER:-$top/kolorun} # run-mpi.sh: kolorun --mpi
 lib=${KOLO_LIBRARY:-$top/.libs/libkolo.so}
 limit=${KOLO_TEST_TIMEOUT:-300}
 ranks=${KOLO_PYTEST_RANKS:-2 3}
+cuda_ranks=${KOLO_PYTEST_CUDA_RANKS:-1 $ranks}
 tests=$src/tests/python
 
 skip() {
@@ -56,7 +61,7 @@ if [ $# -gt 0 ]; then
     files=("$@")
 else
     files=(test_numpy.py test_torch_ops.py test_torch_optimizer.py
-           test_torch_mixed_precision.py test_lifecycle.py)
+           test_torch_mixed_precision.py test_torch_cuda.py test_lifecycle.py)
 fi
 
 # A sanitizer build of libkolo (--enable-sanitizers) needs the sanitizer's
@@ -141,6 +146,14 @@ run() {
     if [ "$rc" -eq 0 ] && [ "$f" -eq 0 ]; then
         printf 'PASS np=%d %-34s %3d passed, %d skipped  %ss\n' "$np" "$file" \
             "$p" "$s" "$(elapsed "$start")"
+        if [ "$p" -eq 0 ] && [ "$s" -gt 0 ]; then
+            # everything skipped (test_torch_cuda.py without a GPU): say why
+            # (without the colours pytest uses under mpirun)
+            sed -e 's/\x1b\[[0-9;]*m//g' "$log" |
+                grep -m1 -oE 'SKIPPED \[[0-9]+\] [^ ]+: .*' |
+                sed -e 's/^SKIPPED \[[0-9]*\] [^ ]*: /    skipped: /' \
+                    -e 's/\[[0-9,]*\]<std[a-z]*>:.*$//'
+        fi
     else
         local why=""
         [ "$rc" -eq 124 ] && why=" (timed out after ${limit}s)"
@@ -153,9 +166,18 @@ run() {
         "$log" | sort | sed 's/^/    /'
 }
 
-for np in $ranks; do
+# ranks_of FILE: the rank counts FILE runs at.
+ranks_of() {
+    case $1 in
+    test_torch_cuda.py) echo "$cuda_ranks" ;;
+    *) echo "$ranks" ;;
+    esac
+}
+for np in $(printf '%s\n' $ranks $cuda_ranks | sort -n -u); do
     for file in "${files[@]}"; do
-        run "$np" "$file"
+        case " $(ranks_of "$file") " in
+        *" $np "*) run "$np" "$file" ;;
+        esac
     done
 done
 

@@ -45,11 +45,29 @@ def test_basics(rank, size):
     assert isinstance(hvd.mpi_built(), bool)
     assert hvd.mpi_enabled() == under_mpi
     assert hvd.nccl_built() in (0, 1) and isinstance(hvd.cuda_built(), bool)
-    assert not hvd.nccl_enabled()
+    # NCCL carries CUDA tensors only (and needs kolo built with it)
+    assert not hvd.nccl_enabled() or (hvd.nccl_built() and
+                                      torch.cuda.is_available())
     assert hvd.mpi_threads_supported() is False
     assert hvd.HorovodInternalError is hvd.KoloError
     assert issubclass(hvd.HorovodInternalError, RuntimeError)
     hvd.init()  # idempotent
+
+
+def test_built_flags():
+    """Horovod's *_built() answer what the loaded libkolo was built with
+    (kolo_built); nccl_built() is an int, as Horovod's (1 or 0 here)."""
+    from kolo import _lib
+
+    def built(name):
+        return bool(_lib.lib.kolo_built(name.encode()))
+    assert hvd.gloo_built() is built("gloo")
+    assert hvd.mpi_built() is built("mpi")
+    assert hvd.cuda_built() is built("cuda")
+    assert type(hvd.nccl_built()) is int
+    assert hvd.nccl_built() == int(built("nccl"))
+    assert hvd.rocm_built() is built("rocm") is False
+    assert hvd.ddl_built() is False and hvd.ccl_built() is False
 
 
 @pytest.mark.parametrize("dtype", list(TORCH_DTYPES) + [torch.bfloat16],
@@ -461,7 +479,7 @@ def test_errors(rank, size):
                                  torch.float64), name="t.mismatch.dtype")
     with pytest.raises(TypeError, match="dtype"):
         hvd.allreduce(torch.ones(2, dtype=torch.complex64))
-    with pytest.raises(ValueError, match="CUDA"):
+    with pytest.raises(ValueError, match="meta.*CPU and CUDA tensors"):
         hvd.allreduce(torch.empty(2, device="meta"))
     with pytest.raises(ValueError, match="sparse"):
         hvd.allreduce(torch.ones(2).to_sparse())

@@ -229,33 +229,42 @@ def _enabled(what):
     return bool(_lib.has("kolo_enabled") and lib.kolo_enabled(what.encode()))
 
 
+# Horovod's *_built() report what the library was compiled with: here each
+# one is kolo_built(name) of the loaded libkolo, which knows "gloo", "mpi",
+# "cuda" and "nccl" (and answers 0 for the others).
+
+
 def gloo_built():
+    """True when libkolo was built with the Gloo backend."""
     return _built("gloo")
 
 
 def mpi_built():
+    """True when libkolo was built with the MPI backend."""
     return _built("mpi")
 
 
 def nccl_built():
-    """Horovod returns the NCCL version or 0; kolo returns 1 or 0."""
+    """1 when libkolo was built with NCCL (the collectives of CUDA tensors),
+    else 0. Horovod returns the NCCL version or 0: test it for truth."""
     return int(_built("nccl"))
 
 
 def cuda_built():
+    """True when libkolo was built with the CUDA runtime."""
     return _built("cuda")
 
 
 def rocm_built():
-    return False
+    return _built("rocm")
 
 
 def ddl_built():
-    return False
+    return _built("ddl")
 
 
 def ccl_built():
-    return False
+    return _built("ccl")
 
 
 def gloo_enabled():
@@ -601,6 +610,15 @@ def result_bytes(res):
     return res.data, res.bytes
 
 
+def result_copy(res, dst):
+    """kolo_result_copy: the result's bytes into `dst`, an address where the
+    data lives (host memory, or memory on the result's CUDA device; the copy
+    is finished when this returns)."""
+    rc = lib.kolo_result_copy(ctypes.byref(res), dst)
+    if rc != _lib.OK:
+        raise failed(rc, "kolo_result_copy")
+
+
 def result_shape(res):
     return tuple(res.shape[i] for i in range(res.ndim))
 
@@ -622,8 +640,19 @@ def _shape_array(shape):
 
 def make_opts(op=Sum, prescale=1.0, postscale=1.0, process_set=None,
               wire_dtype=None, backward_passes=1, average_passes=False,
-              shape=None):
+              shape=None, place=None):
+    """A kolo_opts_t, and an object to keep alive with it (the shape array).
+
+    place: where the tensors live, (device_type, device, stream): None or
+    DEVICE_HOST leave the defaults (host memory); DEVICE_CUDA sets the CUDA
+    device ordinal and the cudaStream_t (an address, or None for the legacy
+    default stream) on which the caller queued the work producing the
+    input."""
     opts = _lib.new_opts()
+    if place is not None and place[0] != _lib.DEVICE_HOST:
+        opts.device_type = int(place[0])
+        opts.device = int(place[1])
+        opts.stream = place[2] or None
     opts.op = op
     opts.prescale = float(prescale)
     opts.postscale = float(postscale)

@@ -54,6 +54,9 @@ FLOAT16, BFLOAT16, FLOAT32, FLOAT64, BOOL = 6, 7, 8, 9, 10
 # kolo_op_t
 OP_SUM, OP_AVERAGE, OP_MIN, OP_MAX, OP_PRODUCT = 0, 1, 2, 3, 4
 
+# where a tensor lives (kolo_opts_t.device_type, kolo_result_t.device_type)
+DEVICE_HOST, DEVICE_CUDA = 0, 1
+
 GLOBAL_PROCESS_SET = 0
 MAX_DIMS = 8
 MAX_NAME_LEN = 1024

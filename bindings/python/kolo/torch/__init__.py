@@ -4,8 +4,9 @@ A script written for Horovod runs by changing `import horovod.torch as hvd`
 into `import kolo.torch as hvd`, and is started with
 `kolorun -np N python3 train.py`.
 
-This version serves CPU tensors (CUDA tensors are refused with a clear
-error). start_timeline/stop_timeline control the timeline at run time, like
+CPU and CUDA tensors are served alike (CUDA tensors need a libkolo built
+with NCCL: nccl_built()); outputs are on the input's device.
+start_timeline/stop_timeline control the timeline at run time, like
 KOLO_TIMELINE before the job.
 """
 

@@ -54,18 +54,21 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
 
 
 class _TensorSlot:
-    """Stands for a tensor in a broadcast state dict."""
-    __slots__ = ("index", "shape", "dtype")
+    """Stands for a tensor in a broadcast state dict. device is "cpu" or
+    "cuda": the root's CUDA device number means nothing on another rank."""
+    __slots__ = ("index", "shape", "dtype", "device")
 
-    def __init__(self, index, shape, dtype):
+    def __init__(self, index, shape, dtype, device):
         self.index, self.shape, self.dtype = index, shape, dtype
+        self.device = device
 
 
 def _strip(obj, tensors):
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
         return _TensorSlot(len(tensors) - 1, tuple(obj.shape),
-                           str(obj.dtype).replace("torch.", ""))
+                           str(obj.dtype).replace("torch.", ""),
+                           obj.device.type)
     if isinstance(obj, dict):
         return {k: _strip(v, tensors) for k, v in obj.items()}
     if isinstance(obj, list):
@@ -102,12 +105,13 @@ def broadcast_optimizer_state(optimizer, root_rank,
     skeleton = broadcast_object(skeleton, root_rank,
                                 "optimizer_state.skeleton", process_set)
     if not is_root:
-        tensors = []
-        slots = []
+        slots = []  # (slot, index of the parameter whose state it is)
         _collect_slots(skeleton, slots)
-        slots.sort(key=lambda s: s.index)
-        tensors = [torch.empty(s.shape, dtype=getattr(torch, s.dtype))
-                   for s in slots]
+        slots.sort(key=lambda s: s[0].index)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        tensors = [torch.empty(s.shape, dtype=getattr(torch, s.dtype),
+                               device=_slot_device(s, owner, params))
+                   for s, owner in slots]
     else:
         tensors = [t.detach().contiguous() for t in tensors]
     handles = [mpi_ops.broadcast_async_(t, root_rank,
@@ -119,15 +123,38 @@ def broadcast_optimizer_state(optimizer, root_rank,
         optimizer.load_state_dict(_fill(skeleton, tensors))
 
 
-def _collect_slots(obj, out):
+def _collect_slots(obj, out, owner=None, top=True):
+    """Every _TensorSlot of a skeleton, with the index of the parameter it
+    belongs to (the key in state_dict()["state"]) or None."""
     if isinstance(obj, _TensorSlot):
-        out.append(obj)
+        out.append((obj, owner))
     elif isinstance(obj, dict):
-        for v in obj.values():
-            _collect_slots(v, out)
+        for k, v in obj.items():
+            if top and k == "state" and isinstance(v, dict):
+                for pid, st in v.items():
+                    _collect_slots(st, out, pid, False)
+            else:
+                _collect_slots(v, out, owner, False)
     elif isinstance(obj, (list, tuple)):
         for v in obj:
-            _collect_slots(v, out)
+            _collect_slots(v, out, owner, False)
+
+
+def _slot_device(slot, owner, params):
+    """Where this rank receives a broadcast state tensor: on the CPU when
+    the root's is there; when the root's is on CUDA, on this rank's own
+    device for it: that of the parameter it belongs to (state_dict numbers
+    the parameters in param_groups order), else of the first CUDA
+    parameter, else the current CUDA device."""
+    if slot.device != "cuda":
+        return torch.device("cpu")
+    if isinstance(owner, int) and 0 <= owner < len(params) and \
+            params[owner].device.type == "cuda":
+        return params[owner].device
+    for p in params:
+        if p.device.type == "cuda":
+            return p.device
+    return torch.device("cuda", torch.cuda.current_device())
 
 
 def _bytes_of(t):

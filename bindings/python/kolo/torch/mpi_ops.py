@@ -1,11 +1,23 @@
-"""The collectives of kolo.torch on torch tensors (CPU), with Horovod's
-names, arguments and results, and their autograd functions.
+"""The collectives of kolo.torch on torch tensors (CPU and CUDA), with
+Horovod's names, arguments and results, and their autograd functions.
 
 Tensors reach the runtime by address (tensor.data_ptr()): the runtime reads
 the input and writes the output in place, and the binding keeps every
 tensor it handed over alive until its handle is synchronized. A tensor
 that is not contiguous is copied once into a contiguous buffer (and, for
 the in-place forms, copied back when the handle is synchronized).
+
+CUDA tensors (kolo built with NCCL) go the same way, with their place in
+kolo_opts_t: device_type KOLO_DEVICE_CUDA, the device's ordinal, and the
+current stream of that device when the operation is enqueued (the stream
+on which the program, and this binding's contiguous() copies, queued the
+work producing the input: the runtime's stream waits for it through an
+event, so enqueuing never blocks). Outputs are allocated on the input's
+device; a synchronized handle means the runtime's work is complete, so the
+caller's stream may use them at once. Results whose size is known only
+after negotiation (allgather, alltoall, reducescatter) lie on the device
+and are copied into a tensor allocated there (kolo_result_copy). Output
+and input always share a device: a CUDA tensor never gets a CPU output.
 
 Gradients (as Horovod defines them):
   allreduce      the allreduce of the gradient, with the same op and scaling
@@ -39,6 +51,20 @@ _DTYPES = {
 }
 
 
+_nccl = []  # [kolo_built("nccl")] once asked: the library's answer is fixed
+
+
+def _cuda_usable(t, what):
+    if not _nccl:
+        _nccl.append(bool(_core.nccl_built()))
+    if not _nccl[0]:
+        raise ValueError(
+            "%s: the tensor is on %s, and this libkolo (%s) was built without "
+            "NCCL, which CUDA tensors need: build kolo with CUDA and NCCL "
+            "(./configure --with-cuda --with-nccl), or move the tensor with "
+            ".cpu()" % (what, t.device, _lib.path))
+
+
 def _kdtype(t, what="kolo"):
     if not isinstance(t, torch.Tensor):
         raise TypeError("%s takes torch tensors, not %s"
@@ -48,17 +74,47 @@ def _kdtype(t, what="kolo"):
                          "tensors (sparse gradients: DistributedOptimizer "
                          "allgathers them, or use sparse_allreduce_async)"
                          % (what, t.layout))
-    if t.device.type != "cpu":
+    if t.device.type == "cuda":
+        _cuda_usable(t, what)
+    elif t.device.type != "cpu":
         raise ValueError(
-            "%s: the tensor is on %s; this version of kolo.torch serves CPU "
-            "tensors only (CUDA tensors are not supported yet): move it with "
-            ".cpu()" % (what, t.device))
+            "%s: the tensor is on %s; kolo.torch takes CPU and CUDA tensors: "
+            "move it with .cpu() or .cuda()" % (what, t.device))
     kd = _DTYPES.get(t.dtype)
     if kd is None:
         raise TypeError("%s: kolo cannot reduce tensors of dtype %s (it takes "
                         "uint8, int8, int16, int32, int64, float16, bfloat16, "
                         "float32, float64 and bool)" % (what, t.dtype))
     return kd
+
+
+_HOST = (_lib.DEVICE_HOST, 0, None)
+
+
+def _cuda_index(device):
+    """The ordinal of a CUDA torch.device (None: the current device)."""
+    return (device.index if device.index is not None
+            else torch.cuda.current_device())
+
+
+def _place(t):
+    """Where tensor t lives, as make_opts takes it: (device_type, device,
+    stream). For a CUDA tensor the stream is the current stream of its
+    device now, at enqueue: the stream on which the work producing t (and
+    any contiguous() copy made here) was queued. Its cuda_stream is 0 for
+    the default stream, which is the legacy default stream: NULL in
+    kolo_opts_t.stream."""
+    if t.device.type != "cuda":
+        return _HOST
+    index = _cuda_index(t.device)
+    stream = torch.cuda.current_stream(index).cuda_stream
+    return (_lib.DEVICE_CUDA, index, stream or None)
+
+
+def _same_device(a, b, what):
+    if a.device != b.device:
+        raise ValueError("%s: the output is on %s and the input on %s; they "
+                         "must be on one device" % (what, b.device, a.device))
 
 
 def _new_like(t, what):
@@ -80,17 +136,49 @@ def _copy_back(pairs):
         for dst, src in pairs:
             if dst is not src:
                 dst.copy_(src)
+                if src.is_cuda:
+                    # src (a contiguous copy made at enqueue, maybe on
+                    # another stream) is freed after this: the caching
+                    # allocator must not reuse it before the copy has read it
+                    src.record_stream(torch.cuda.current_stream(src.device))
 
 
-def _tensor_from_result(res, dtype):
-    out = torch.empty(_core.result_shape(res), dtype=dtype)
+def _tensor_from_result(res, dtype, device=None):
+    """A new tensor, on `device` (the input's; None: the CPU), holding a
+    kolo_result_t's data (which the caller frees). The result must lie
+    where the input does: a CUDA tensor never gets a CPU output."""
+    cuda = device is not None and device.type == "cuda"
+    if cuda:
+        device = torch.device("cuda", _cuda_index(device))
+    out = torch.empty(_core.result_shape(res), dtype=dtype, device=device)
     data, nbytes = _core.result_bytes(res)
-    if nbytes:
-        expect = out.numel() * out.element_size()
-        if nbytes != expect:
-            raise _core.KoloError("the runtime returned %d bytes for an output "
-                                  "of %d" % (nbytes, expect), _lib.ERR_INTERNAL)
+    if not nbytes:
+        return out
+    expect = out.numel() * out.element_size()
+    if nbytes != expect:
+        raise _core.KoloError("the runtime returned %d bytes for an output "
+                              "of %d" % (nbytes, expect), _lib.ERR_INTERNAL)
+    if not cuda:
+        if res.device_type != _lib.DEVICE_HOST:
+            raise _core.KoloError(
+                "the runtime returned the output of a CPU tensor on device "
+                "type %d" % res.device_type, _lib.ERR_INTERNAL)
         ctypes.memmove(out.data_ptr(), data, nbytes)
+        return out
+    if res.device_type != _lib.DEVICE_CUDA or res.device != device.index:
+        where = ("host memory" if res.device_type == _lib.DEVICE_HOST else
+                 "device type %d, device %d" % (res.device_type, res.device))
+        raise _core.KoloError("the runtime returned the output of a tensor "
+                              "on %s in %s" % (device, where),
+                              _lib.ERR_INTERNAL)
+    # The caching allocator may have given `out` memory that kernels still
+    # queued on the current stream read or write (a tensor freed just
+    # before, on that stream), and kolo_result_copy is not ordered after
+    # that stream's work: let that work finish first. The copy is finished
+    # when kolo_result_copy returns, so the current stream may use `out`
+    # at once.
+    torch.cuda.current_stream(device).synchronize()
+    _core.result_copy(res, out.data_ptr())
     return out
 
 
@@ -104,15 +192,16 @@ def _allreduce_async(tensor, output, name, op, prescale_factor,
     `tensor`: in place). Returns a handle whose synchronize gives output."""
     kd = _kdtype(tensor, "allreduce")
     op = _core.check_op(op)
-    if output is not tensor and (output.shape != tensor.shape or
-                                 output.dtype != tensor.dtype):
-        raise ValueError("allreduce: the output must have the input's shape "
-                         "and dtype")
+    if output is not tensor:
+        if (output.shape != tensor.shape or output.dtype != tensor.dtype):
+            raise ValueError("allreduce: the output must have the input's "
+                             "shape and dtype")
+        _same_device(tensor, output, "allreduce")
     inp = _contig(tensor)
     buf = inp if output is tensor else _contig(output)
     opts, keep = _core.make_opts(op, prescale_factor, postscale_factor,
                                  process_set, wire, passes, average_passes,
-                                 _shape_or_none(tensor))
+                                 _shape_or_none(tensor), _place(inp))
     if key is None:
         key = _core.op_key("allreduce", name, process_set)
     kh = _core.allreduce_async(key, inp.data_ptr(), buf.data_ptr(),
@@ -193,11 +282,13 @@ def allreduce(tensor, average=None, name=None, compression=Compression.none,
 # ---- grouped allreduce -----------------------------------------------------
 
 
-def _by_dtype(tensors, what):
-    """Indices of tensors grouped by kolo dtype, in order of appearance."""
+def _by_dtype_and_place(tensors, what):
+    """Indices of tensors grouped by kolo dtype and place (CPU, or a CUDA
+    device and its current stream), in order of appearance: a dict
+    (kolo dtype, place) -> indices. Each group is one grouped call."""
     groups = {}
     for i, t in enumerate(tensors):
-        groups.setdefault(_kdtype(t, what), []).append(i)
+        groups.setdefault((_kdtype(t, what), _place(t)), []).append(i)
     return groups
 
 
@@ -207,7 +298,10 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
     if not tensors:
         raise ValueError("grouped_allreduce: the list of tensors is empty")
     op = _core.check_op(op)
-    groups = _by_dtype(tensors, "grouped_allreduce")
+    groups = _by_dtype_and_place(tensors, "grouped_allreduce")
+    for t, o in zip(tensors, outputs):
+        if o is not t:
+            _same_device(t, o, "grouped_allreduce")
     base = _core.op_key("grouped_allreduce", name, process_set)
     keys = ["%s.%d" % (base, i) for i in range(len(tensors))]
     ins = [_contig(t) for t in tensors]
@@ -216,10 +310,10 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
     handles = []
     keep = (tensors, ins, bufs, outputs)
     try:
-        for kd, idx in groups.items():
+        for (kd, place), idx in groups.items():
             w = wire if kd == _lib.FLOAT32 else None
             opts, _ = _core.make_opts(op, prescale_factor, postscale_factor,
-                                      process_set, w)
+                                      process_set, w, place=place)
             handles += _core.grouped_allreduce_async(
                 [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
                 [bufs[i].data_ptr() for i in idx],
@@ -315,16 +409,16 @@ def _allgather_async(tensors, name, process_set, grouped, with_splits=False):
         raise ValueError("grouped_allgather: the list of tensors is empty")
     for t in tensors:
         _rows(t, "allgather")
-    groups = _by_dtype(tensors, "allgather")
+    groups = _by_dtype_and_place(tensors, "allgather")
     base = _core.op_key("grouped_allgather" if grouped else "allgather",
                         name, process_set)
     keys = (["%s.%d" % (base, i) for i in range(len(tensors))] if grouped
             else [base])
     ins = [_contig(t) for t in tensors]
     order, handles = [], []
-    opts, _ = _core.make_opts(process_set=process_set)
     try:
-        for kd, idx in groups.items():
+        for (kd, place), idx in groups.items():
+            opts, _ = _core.make_opts(process_set=process_set, place=place)
             handles += _core.grouped_allgather_async(
                 [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
                 [tuple(ins[i].shape) for i in idx], kd, opts)
@@ -334,11 +428,12 @@ def _allgather_async(tensors, name, process_set, grouped, with_splits=False):
             _core.register(handles, ins, None, results=True, what=base)
         raise
     dtypes = [t.dtype for t in tensors]
+    devices = [t.device for t in tensors]
 
     def finish(rs):
         outs = [None] * len(tensors)
         for i, r in zip(order, rs):
-            out = _tensor_from_result(r, dtypes[i])
+            out = _tensor_from_result(r, dtypes[i], devices[i])
             outs[i] = (out, _core.result_splits(r)) if with_splits else out
         return outs if grouped else outs[0]
     return _core.register(handles, (tensors, ins), finish, results=True,
@@ -410,12 +505,15 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 
 def _broadcast_async(tensor, output, root_rank, name, process_set):
     kd = _kdtype(tensor, "broadcast")
+    if output is not tensor:
+        _same_device(tensor, output, "broadcast")
     buf = _contig(output)
     if output is not tensor:
         with torch.no_grad():
             buf.copy_(tensor)
     opts, keep = _core.make_opts(process_set=process_set,
-                                 shape=_shape_or_none(tensor))
+                                 shape=_shape_or_none(tensor),
+                                 place=_place(buf))
     key = _core.op_key("broadcast", name, process_set)
     kh = _core.broadcast_async(key, buf.data_ptr(), buf.numel(), kd, root_rank,
                                opts)
@@ -489,14 +587,15 @@ def alltoall_async(tensor, splits=None, name=None,
     _rows(tensor, "alltoall")
     inp = _contig(tensor)
     sp = _splits_list(splits)
-    opts, _ = _core.make_opts(process_set=process_set)
+    opts, _ = _core.make_opts(process_set=process_set, place=_place(inp))
     key = _core.op_key("alltoall", name, process_set)
     kh = _core.alltoall_async(key, inp.data_ptr(), tuple(inp.shape), kd, sp,
                               opts)
-    dtype = tensor.dtype
+    dtype, device = tensor.dtype, tensor.device
 
     def finish(rs):
-        return (_tensor_from_result(rs[0], dtype),
+        # the received splits stay on the CPU, as Horovod's
+        return (_tensor_from_result(rs[0], dtype, device),
                 torch.tensor(_core.result_splits(rs[0]), dtype=torch.int32))
     return _core.register([kh], (tensor, inp), finish, results=True, what=key)
 
@@ -545,17 +644,17 @@ def _reducescatter_async(tensors, name, op, process_set, prescale_factor,
     op = _rs_op(op)
     for t in tensors:
         _rows(t, "reducescatter")
-    groups = _by_dtype(tensors, "reducescatter")
+    groups = _by_dtype_and_place(tensors, "reducescatter")
     base = _core.op_key("grouped_reducescatter" if grouped else
                         "reducescatter", name, process_set)
     keys = (["%s.%d" % (base, i) for i in range(len(tensors))] if grouped
             else [base])
     ins = [_contig(t) for t in tensors]
     order, handles = [], []
-    opts, _ = _core.make_opts(op, prescale_factor, postscale_factor,
-                              process_set)
     try:
-        for kd, idx in groups.items():
+        for (kd, place), idx in groups.items():
+            opts, _ = _core.make_opts(op, prescale_factor, postscale_factor,
+                                      process_set, place=place)
             handles += _core.grouped_reducescatter_async(
                 [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
                 [tuple(ins[i].shape) for i in idx], kd, opts)
@@ -565,11 +664,12 @@ def _reducescatter_async(tensors, name, op, process_set, prescale_factor,
             _core.register(handles, ins, None, results=True, what=base)
         raise
     dtypes = [t.dtype for t in tensors]
+    devices = [t.device for t in tensors]
 
     def finish(rs):
         outs = [None] * len(tensors)
         for i, r in zip(order, rs):
-            outs[i] = _tensor_from_result(r, dtypes[i])
+            outs[i] = _tensor_from_result(r, dtypes[i], devices[i])
         return outs if grouped else outs[0]
     return _core.register(handles, (tensors, ins), finish, results=True,
                           what=base)
@@ -671,7 +771,7 @@ def sparse_allreduce_async(tensor, name, op=Average,
     values = t._values().contiguous()        # nnz x dense dims
     _kdtype(values, "sparse allreduce")
     base = _core.op_key("sparse_allreduce", name, process_set)
-    opts, _ = _core.make_opts(process_set=process_set)
+    opts, _ = _core.make_opts(process_set=process_set, place=_place(values))
     hs = _core.grouped_allgather_async([base + ".indices"],
                                        [indices.data_ptr()],
                                        [tuple(indices.shape)], _lib.INT64,
@@ -684,11 +784,11 @@ def sparse_allreduce_async(tensor, name, op=Average,
     except Exception:
         _core.register(hs, indices, None, results=True, what=base)
         raise
-    size, vdtype = t.size(), values.dtype
+    size, vdtype, device = t.size(), values.dtype, values.device
 
     def finish(rs):
-        idx = _tensor_from_result(rs[0], torch.int64)
-        vals = _tensor_from_result(rs[1], vdtype)
+        idx = _tensor_from_result(rs[0], torch.int64, device)
+        vals = _tensor_from_result(rs[1], vdtype, device)
         if op == Average:
             vals = vals / _core.set_size(process_set)
         return torch.sparse_coo_tensor(idx.t(), vals, size).coalesce()
@@ -715,7 +815,8 @@ def join(device=-1):
     """For a rank that has run out of data: blocks until every rank has
     joined; meanwhile the allreduces of the others go on, this rank
     contributing zeros. Returns the rank that joined last. `device` is
-    accepted for Horovod's signature (CPU only)."""
+    accepted for Horovod's signature: the runtime makes the zeros a joined
+    rank contributes where each tensor lives, CPU or CUDA."""
     return _core.join()
 
 

@@ -5,8 +5,9 @@ How a gradient travels:
  * A hook on each parameter's gradient accumulator fires as soon as
    autograd has written p.grad, and enqueues the allreduce of that gradient
    at once, so communication overlaps the rest of the backward pass.
- * backward_passes_per_step = N: the runtime accumulates (kolo_opts_t
-   .backward_passes). Passes 1..N-1 hand the gradient to the runtime, which
+ * backward_passes_per_step = N: the runtime accumulates host gradients
+   (kolo_opts_t .backward_passes; CUDA gradients are left to autograd's
+   accumulation in p.grad and allreduced at their last pass). Passes 1..N-1 hand the gradient to the runtime, which
    adds it to a private accumulator and completes at once; the hook then
    clears p.grad so that the next pass starts from nothing. Pass N writes
    the sum (or, with average_aggregated_gradients=True, the mean) into
@@ -227,6 +228,13 @@ class _Distributed:
             if last:
                 self._kolo_enqueue_sparse(p)
             return
+        if p.grad.is_cuda and self.backward_passes_per_step > 1:
+            # The runtime accumulates in host memory only: a CUDA gradient
+            # is accumulated by autograd in p.grad, on its device, and
+            # allreduced at its last pass.
+            if last:
+                self._kolo_enqueue_accumulated(p)
+            return
         self._kolo_enqueue_pass(p, p.grad, last)
 
     def _kolo_scales(self, runtime_average=False):
@@ -260,6 +268,20 @@ class _Distributed:
             return
         self._kolo_handles[id(p)] = ("dense", h, p, cctx, grad)
 
+    def _kolo_enqueue_accumulated(self, p):
+        """A gradient autograd accumulated over every pass in p.grad."""
+        grad = p.grad
+        wire = wire_for(self._kolo_compression, grad)
+        if wire is None:
+            tensor, cctx = self._kolo_compression.compress(grad)
+        else:
+            tensor, cctx = grad, _WIRE
+        pre, post = self._kolo_scales()
+        h = mpi_ops._allreduce_async(
+            tensor, tensor, None, self._kolo_op, pre, post, self.process_set,
+            wire, key=self._kolo_key(p))
+        self._kolo_handles[id(p)] = ("dense", h, p, cctx, grad)
+
     def _kolo_enqueue_group(self, gi):
         members = self._kolo_groups[gi]
         grads = []
@@ -285,15 +307,16 @@ class _Distributed:
     def _kolo_grouped_async(self, tensors, keys, pre, post, wire):
         # mpi_ops._grouped_allreduce_async names members base.i; the
         # optimizer wants each member's own name, so it calls the core.
-        groups = mpi_ops._by_dtype(tensors, "DistributedOptimizer")
+        groups = mpi_ops._by_dtype_and_place(tensors, "DistributedOptimizer")
         handles = []
         ins = [mpi_ops._contig(t) for t in tensors]
         keep = (tensors, ins)
         try:
-            for kd, idx in groups.items():
+            for (kd, place), idx in groups.items():
                 opts, _ = _core.make_opts(
                     self._kolo_op, pre, post, self.process_set,
-                    wire if kd == mpi_ops._lib.FLOAT32 else None)
+                    wire if kd == mpi_ops._lib.FLOAT32 else None,
+                    place=place)
                 handles += _core.grouped_allreduce_async(
                     [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
                     [ins[i].data_ptr() for i in idx],
