@@ -115,9 +115,11 @@ static int nccl_ok(run_t *r, ncclComm_t comm, ncclResult_t rc, const char *what)
     useconds_t pause = 10;
 
     while (rc == ncclInProgress && comm != NULL) {
-        ncclResult_t state = ncclSuccess;
-        if (ncclCommGetAsyncError(comm, &state) != ncclSuccess)
+        ncclResult_t state = ncclSuccess, q;
+        if ((q = ncclCommGetAsyncError(comm, &state)) != ncclSuccess) {
+            rc = q;
             break;
+        }
         rc = state;
         if (rc != ncclInProgress)
             break;
@@ -133,8 +135,13 @@ static int nccl_ok(run_t *r, ncclComm_t comm, ncclResult_t rc, const char *what)
     }
     if (rc == ncclSuccess)
         return KOLO_OK;
-    return failf(r, nccl_code(rc), "%s: %s (%s)", what, ncclGetErrorString(rc),
-                 ncclGetLastError(comm));
+    failf(r, nccl_code(rc), "%s: %s (%s)", what, ncclGetErrorString(rc),
+          ncclGetLastError(comm));
+    /* Past a wrong argument, nothing can be assumed of the work queued so
+     * far (peers may wait in a kernel launched by half a group): abort. */
+    if (rc != ncclInvalidArgument && rc != ncclInvalidUsage)
+        abort_comms(r->g);
+    return nccl_code(rc);
 }
 
 static int nccl_type(int dtype, ncclDataType_t *t)
@@ -263,7 +270,7 @@ int kolo__gpu_prepare(kolo__pset_t *ps, kolo__entry_t *e, int device,
      * before reading the input. */
     if (cudaGetDevice(&prev) != cudaSuccess)
         prev = -1;
-    crc = cudaSetDevice(device);
+    crc = prev == device ? cudaSuccess : cudaSetDevice(device);
     if (crc == cudaSuccess)
         crc = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
     if (crc == cudaSuccess) {
@@ -306,7 +313,7 @@ int kolo__gpu_result_copy(const kolo_result_t *res, void *dst, kolo__err_t *err)
         return KOLO_OK;
     if (cudaGetDevice(&prev) != cudaSuccess)
         prev = -1;
-    rc = cudaSetDevice(res->device);
+    rc = prev == res->device ? cudaSuccess : cudaSetDevice(res->device);
     if (rc == cudaSuccess)
         rc = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     if (rc == cudaSuccess) {
@@ -348,6 +355,20 @@ static ncclResult_t async_error(ncclComm_t comm)
     return state == ncclInProgress ? ncclSuccess : state;
 }
 
+/* After an abort: gives the stream up to 5 s to drain, so that no kernel
+ * queued behind NCCL's writes a user's buffer after its handle failed. A
+ * stream that does not drain leaves the state broken (never freed). */
+static void drain(kolo__gpu_t *g)
+{
+    for (int i = 0; i < 500; i++) {
+        cudaError_t rc = cudaStreamQuery(g->stream);
+        if (rc != cudaErrorNotReady)
+            break;
+        usleep(10000);
+    }
+    cudaGetLastError();
+}
+
 /* Sleeps until the GPU has done everything queued on the stream so far.
  * Every 100 ms it checks NCCL's asynchronous errors and the timeout, and
  * every second whether a peer's process is gone; on any of them it aborts
@@ -386,12 +407,20 @@ static int gpu_wait(run_t *r, const char *what)
             break;
         pthread_mutex_unlock(&g->mu);
         t = now_us();
+        /* A fault in a kernel: the host function will never run. */
+        crc = cudaStreamQuery(g->stream);
+        if (crc != cudaSuccess && crc != cudaErrorNotReady) {
+            abort_comms(g);
+            drain(g);
+            return cuda_ok(r, crc, what);
+        }
         if ((bad = async_error(g->comm)) != ncclSuccess ||
             (bad = async_error(g->local)) != ncclSuccess) {
             int code = nccl_code(bad);
             char msg[512];
             snprintf(msg, sizeof(msg), "%s", ncclGetLastError(NULL));
             abort_comms(g);
+            drain(g);
             return failf(r, code, "NCCL failed during %s: %s (%s); the NCCL "
                          "communicators were aborted", what,
                          ncclGetErrorString(bad), msg);
@@ -402,13 +431,15 @@ static int gpu_wait(run_t *r, const char *what)
             if (kolo__peers_lost(&rt->cfg, prefix, r->ps->ranks, r->ps->size,
                                  lost, sizeof(lost)) > 0) {
                 abort_comms(g);
+                drain(g);
                 return failf(r, KOLO_ERR_RANK_LOST, "lost %s during %s; the "
                              "NCCL communicators were aborted", lost, what);
             }
         }
         if ((double)(t - start) > limit_us) {
             abort_comms(g);
-            return failf(r, KOLO_ERR_TIMEOUT, "%s made no progress for %g s "
+            drain(g);
+            return failf(r, KOLO_ERR_TIMEOUT, "%s did not finish within %g s "
                          "(KOLO_TIMEOUT_SECONDS): some rank is not taking "
                          "part; the NCCL communicators were aborted", what,
                          rt->cfg.timeout_s);
@@ -457,8 +488,8 @@ static int comm_init(run_t *r, const ncclUniqueId *id, int n, int me,
         comm = NULL;
     rc = nccl_ok(r, comm, nrc, what);
     if (rc != KOLO_OK) {
-        if (comm != NULL && !r->g->broken)
-            ncclCommAbort(comm);
+        if (comm != NULL)
+            ncclCommAbort(comm); /* not in g yet: abort_comms missed it */
         return rc;
     }
     *out = comm;
@@ -652,6 +683,7 @@ static int gpu_get(run_t *r, const size_t *idx, size_t n)
 void kolo__gpu_free(kolo__pset_t *ps)
 {
     kolo__gpu_t *g = ps->gpu;
+    int prev = -1;
 
     if (g == NULL)
         return;
@@ -667,6 +699,8 @@ void kolo__gpu_free(kolo__pset_t *ps)
         ncclCommAbort(g->local);
     if (g->broken)
         return; /* a host function may still run: keep the state */
+    if (cudaGetDevice(&prev) != cudaSuccess)
+        prev = -1;
     cudaSetDevice(g->device);
     if (g->fusion != NULL)
         cudaFree(g->fusion);
@@ -674,6 +708,8 @@ void kolo__gpu_free(kolo__pset_t *ps)
         cudaFreeHost(g->stage);
     if (g->stream != NULL)
         cudaStreamDestroy(g->stream);
+    if (prev >= 0 && prev != g->device)
+        cudaSetDevice(prev);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
     free(g);
@@ -1117,8 +1153,7 @@ static int run_reducescatter(run_t *r, kolo__entry_t *e)
             for (int i = 0; nrc == ncclSuccess && i < ps->size; i++) {
                 if (counts[i] > 0)
                     nrc = ncclReduce(src + off * esize,
-                                     i == ps->rank ? res->data
-                                                   : (void *)(src + off * esize),
+                                     i == ps->rank ? res->data : NULL,
                                      counts[i], t, op, i, g->comm, g->stream);
                 off += counts[i];
             }

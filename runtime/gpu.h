@@ -27,7 +27,16 @@
  * signals a condition variable, so the background thread sleeps until the
  * GPU is done, waking every 100 ms to check NCCL's asynchronous errors, a
  * lost peer and the timeout; on any of them the communicators are aborted
- * (which ends NCCL's kernels) and the handles fail with the reason.
+ * (which ends NCCL's kernels), the stream is given a few seconds to drain
+ * (so nothing writes a user's buffer after its handle failed), and the
+ * handles fail with the reason. A kernel fault is seen at the next check
+ * too (the host function never runs after one).
+ *
+ * Known limit: each process set has its own background thread, so CUDA
+ * tensors of two sets may run on one device at the same time; NCCL warns
+ * that concurrent communicators (and cudaMalloc/cudaFree while NCCL
+ * kernels run) can deadlock when ranks order them differently. Keep GPU
+ * collectives of overlapping sets from running at once.
  */
 #ifndef KOLO_GPU_H
 #define KOLO_GPU_H
