@@ -233,7 +233,7 @@ class _Distributed:
             # is accumulated by autograd in p.grad, on its device, and
             # allreduced at its last pass.
             if last:
-                self._kolo_enqueue_accumulated(p)
+                self._kolo_enqueue_pass(p, p.grad, True, in_runtime=False)
             return
         self._kolo_enqueue_pass(p, p.grad, last)
 
@@ -246,18 +246,20 @@ class _Distributed:
             pre /= self.backward_passes_per_step
         return pre, post
 
-    def _kolo_enqueue_pass(self, p, grad, last):
-        """One pass of a runtime-accumulated gradient (see the module's
-        docstring). `grad` is this pass's gradient."""
+    def _kolo_enqueue_pass(self, p, grad, last, in_runtime=True):
+        """One pass of a gradient (see the module's docstring). `grad` is
+        this pass's gradient, accumulated by the runtime; with in_runtime
+        False it is the sum of every pass that autograd kept in p.grad
+        (CUDA gradients), allreduced as it is."""
         if grad.is_sparse:
             grad = grad.to_dense()
-        n = self.backward_passes_per_step
+        n = self.backward_passes_per_step if in_runtime else 1
         wire = wire_for(self._kolo_compression, grad)
         if wire is None:
             tensor, cctx = self._kolo_compression.compress(grad)
         else:
             tensor, cctx = grad, _WIRE
-        pre, post = self._kolo_scales(runtime_average=True)
+        pre, post = self._kolo_scales(runtime_average=in_runtime)
         h = mpi_ops._allreduce_async(
             tensor, tensor, None, self._kolo_op, pre, post, self.process_set,
             wire, passes=n, average_passes=self._kolo_average_passes,
@@ -266,20 +268,6 @@ class _Distributed:
             _core.synchronize(h)  # completed at once: nothing was sent
             p.grad = None         # the runtime holds the sum so far
             return
-        self._kolo_handles[id(p)] = ("dense", h, p, cctx, grad)
-
-    def _kolo_enqueue_accumulated(self, p):
-        """A gradient autograd accumulated over every pass in p.grad."""
-        grad = p.grad
-        wire = wire_for(self._kolo_compression, grad)
-        if wire is None:
-            tensor, cctx = self._kolo_compression.compress(grad)
-        else:
-            tensor, cctx = grad, _WIRE
-        pre, post = self._kolo_scales()
-        h = mpi_ops._allreduce_async(
-            tensor, tensor, None, self._kolo_op, pre, post, self.process_set,
-            wire, key=self._kolo_key(p))
         self._kolo_handles[id(p)] = ("dense", h, p, cctx, grad)
 
     def _kolo_enqueue_group(self, gi):
