@@ -1183,16 +1183,6 @@ int kolo__pset_connect(kolo__pset_t *ps, const kolo__ops_t *ops,
     return KOLO_OK;
 }
 
-static int connect_ops(kolo__runtime_t *rt, kolo__pset_t *ps,
-                       const kolo__ops_t *ops, const char *role, void **ctx,
-                       const int *hosts, const char *cross_ops,
-                       kolo__err_t *err)
-{
-    (void)rt;
-    return kolo__pset_connect(ps, ops, role, ps->rank, ps->size, ps->ranks,
-                              hosts, cross_ops, ctx, err);
-}
-
 /* The host index of every rank, exchanged over the global set's controller
  * before its thread starts (the only time the API thread uses a backend). */
 static int exchange_hosts(kolo__runtime_t *rt, kolo__pset_t *ps,
@@ -1268,8 +1258,8 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
     rc = choose_ops(rt, "KOLO_CONTROLLER", rt->cfg.controller, all_local,
                     size, &ps->ctl_ops, err);
     if (rc == KOLO_OK)
-        rc = connect_ops(rt, ps, ps->ctl_ops, "ctl", &ps->ctl_ctx, hosts, NULL,
-                         err);
+        rc = kolo__pset_connect(ps, ps->ctl_ops, "ctl", ps->rank, ps->size,
+                                ps->ranks, hosts, NULL, &ps->ctl_ctx, err);
     if (rc != KOLO_OK) {
         free(hosts);
         pset_free(ps);
@@ -1298,8 +1288,8 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
     if (rc == KOLO_OK && ps->data_ops == ps->ctl_ops)
         ps->data_ctx = ps->ctl_ctx;
     else if (rc == KOLO_OK)
-        rc = connect_ops(rt, ps, ps->data_ops, "data", &ps->data_ctx, hosts,
-                         cross, err);
+        rc = kolo__pset_connect(ps, ps->data_ops, "data", ps->rank, ps->size,
+                                ps->ranks, hosts, cross, &ps->data_ctx, err);
     free(hosts);
     if (rc == KOLO_OK)
         ps->phase = phase_names(ps->data_ops->name);

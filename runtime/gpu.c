@@ -84,11 +84,6 @@ static int kernel_ok(run_t *r, int rc, const char *what)
     return cuda_ok(r, (cudaError_t)rc, what);
 }
 
-static int64_t now_us(void)
-{
-    return kolo__now_us();
-}
-
 static void abort_comms(kolo__gpu_t *g)
 {
     if (g->comm != NULL)
@@ -110,7 +105,7 @@ static int nccl_code(ncclResult_t rc)
  * fails. */
 static int nccl_ok(run_t *r, ncclComm_t comm, ncclResult_t rc, const char *what)
 {
-    int64_t start = now_us();
+    int64_t start = kolo__now_us();
     double limit_us = r->ps->rt->cfg.timeout_s * 1e6;
     useconds_t pause = 10;
 
@@ -123,7 +118,7 @@ static int nccl_ok(run_t *r, ncclComm_t comm, ncclResult_t rc, const char *what)
         rc = state;
         if (rc != ncclInProgress)
             break;
-        if ((double)(now_us() - start) > limit_us) {
+        if ((double)(kolo__now_us() - start) > limit_us) {
             abort_comms(r->g);
             return failf(r, KOLO_ERR_TIMEOUT, "%s did not finish within %g s "
                          "(KOLO_TIMEOUT_SECONDS): a rank did not take part; "
@@ -377,7 +372,7 @@ static int gpu_wait(run_t *r, const char *what)
 {
     kolo__gpu_t *g = r->g;
     kolo__runtime_t *rt = r->ps->rt;
-    int64_t start = now_us(), peers_at = start;
+    int64_t start = kolo__now_us(), peers_at = start;
     double limit_us = rt->cfg.timeout_s * 1e6;
     uint64_t target;
     cudaError_t crc;
@@ -406,7 +401,7 @@ static int gpu_wait(run_t *r, const char *what)
         if (g->finished >= target)
             break;
         pthread_mutex_unlock(&g->mu);
-        t = now_us();
+        t = kolo__now_us();
         /* A fault in a kernel: the host function will never run. */
         crc = cudaStreamQuery(g->stream);
         if (crc != cudaSuccess && crc != cudaErrorNotReady) {
@@ -882,7 +877,6 @@ static int run_allreduce(run_t *r, const size_t *idx, size_t n)
     padded = g->hier ? (count + (size_t)g->nlocal - 1) / (size_t)g->nlocal *
                            (size_t)g->nlocal
                      : count;
-    KOLO__CHECK(wait_ready(r, idx, n));
 
     if (n == 1 && wire == p->dtype && !standins && !g->hier) {
         /* Alone and uncompressed: reduced from the user's buffers. */
@@ -1196,7 +1190,7 @@ int kolo__gpu_run(kolo__pset_t *ps, const size_t *idx, size_t n,
     if (rc == KOLO_OK && r.g->broken)
         rc = failf(&r, KOLO_ERR_BACKEND, "an earlier NCCL failure aborted "
                    "this process set's communicators");
-    if (rc == KOLO_OK && e0->params.coll != KOLO__COLL_ALLREDUCE)
+    if (rc == KOLO_OK)
         rc = wait_ready(&r, idx, n);
     if (rc == KOLO_OK) {
         switch (e0->params.coll) {
