@@ -140,10 +140,26 @@ EOF
 
 all=large,resnet50,small,latency,fp16
 
+# kolo runs as a training job does (shared memory within this host), the
+# raw side is Gloo called directly; the header and the JSON say so.
 checks=("json_ok '$tmp/np2.json' 2 $all"
-        "grep -q '^large ' '$log'" "! grep -q WRONG '$log'")
+        "grep -q '^large ' '$log'" "! grep -q WRONG '$log'"
+        "grep -q 'moves tensors over shm .*raw = gloo called directly' '$log'"
+        "grep -q '\"raw_backend\": \"gloo\", \"kolo_controller\": \"shm\", \"kolo_cpu_operations\": \"shm\"' '$tmp/np2.json'")
 bound=$long_limit run "np=2 --workload all --quick, JSON" 0 \
     "$kolorun" -np 2 "$bench" --workload all --quick --json "$tmp/np2.json"
+
+# KOLO_CPU_OPERATIONS=gloo puts kolo's tensors on Gloo: the header says so,
+# and the timeline shows that the runtime really reduced them there.
+checks=("json_ok '$tmp/gloo.json' 2 latency,small" "! grep -q WRONG '$log'"
+        "grep -q 'negotiates over gloo and moves tensors over gloo' '$log'"
+        "grep -q '\"kolo_cpu_operations\": \"gloo\"' '$tmp/gloo.json'"
+        "grep -q GLOO_ALLREDUCE '$tmp/gloo-timeline.json'"
+        "! grep -q SHM_ALLREDUCE '$tmp/gloo-timeline.json'")
+run "np=2 KOLO_CPU_OPERATIONS=gloo: kolo's Gloo path against Gloo" 0 \
+    env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
+    KOLO_TIMELINE="$tmp/gloo-timeline.json" "$kolorun" -np 2 "$bench" \
+    --workload latency,small --quick --json "$tmp/gloo.json"
 
 checks=("json_ok '$tmp/np3.json' 3 latency,small" "! grep -q WRONG '$log'")
 run "np=3 --workload latency,small --quick, JSON" 0 \

@@ -1,5 +1,5 @@
 /*
- * kolo-bench.c — measures kolo against its own backend called directly.
+ * kolo-bench.c — measures kolo against a backend called directly.
  *
  *     kolorun -np N kolo-bench [--workload W[,W...]|all] [--backend B]
  *     kolorun --mpi -np N kolo-bench ... --backend mpi
@@ -9,11 +9,18 @@
  *
  * Every workload is measured twice in one run, with the same bytes: through
  * the runtime (kolo_allreduce_async_opts + kolo_wait, named tensors, as a
- * training loop does it) and "raw": the backend's allreduce called directly,
- * from this thread, on one buffer holding all the bytes. The raw side links
- * a private static copy of the backends (libkolo_raw) and opens its own
- * backend context under the rendezvous prefix "kolo-bench-raw", next to the
- * runtime's "kolo<N>/set<M>" contexts. The ratio of the two is the figure
+ * training loop does it) and "raw": the allreduce of the backend named by
+ * --backend called directly, from this thread, on one buffer holding all
+ * the bytes. The runtime runs as it runs a training job: its backends are
+ * the environment's (KOLO_CONTROLLER, KOLO_CPU_OPERATIONS), by default its
+ * own choice, shared memory among the ranks of one host. So the default
+ * (--backend gloo) answers "kolo, or Gloo called directly?";
+ * KOLO_CPU_OPERATIONS=gloo measures kolo's Gloo path against Gloo itself;
+ * --backend shm measures the runtime against its own shared-memory
+ * transport called directly, i.e. what negotiation and fusion cost.
+ * The raw side links a private static copy of the backends (libkolo_raw)
+ * and opens its own backend context under the rendezvous prefix
+ * "kolo-bench-raw", next to the runtime's "kolo<N>/set<M>" contexts. The ratio of the two is the figure
  * that counts (DESIGN.md, "Performance is measured, not assumed"): on shared
  * 2-core machines wall times are noise, a ratio measured in one run is not.
  *
@@ -1559,15 +1566,17 @@ static void usage(FILE *f)
         "usage: kolorun -np N kolo-bench [options]\n"
         "  --workload W      large, resnet50, small, latency, fp16 or all\n"
         "                    (several: comma-separated; default all)\n"
-        "  --backend B       the backend measured, through the runtime and raw:\n"
-        "                    gloo (default), shm (ranks of one host), mpi, or\n"
+        "  --backend B       the backend called directly (raw): gloo (default),\n"
+        "                    mpi, shm (kolo's own shared-memory transport), or\n"
         "                    nccl: the tensors on CUDA devices (device\n"
         "                    KOLO_LOCAL_RANK mod the devices visible), kolo\n"
-        "                    against NCCL called directly on the same bytes\n"
+        "                    against NCCL called directly on the same bytes.\n"
+        "                    kolo itself runs as in training: KOLO_CONTROLLER\n"
+        "                    and KOLO_CPU_OPERATIONS choose its backends\n"
+        "                    (default: shared memory within a host)\n"
         "  --compare B,B     more backends called directly in the same run, as\n"
         "                    extra figures of large, resnet50, small, latency\n"
-        "                    (mpi: run under kolorun --mpi or mpirun; kolo then\n"
-        "                    runs with KOLO_CONTROLLER=KOLO_CPU_OPERATIONS=mpi)\n"
+        "                    (mpi: run under kolorun --mpi or mpirun)\n"
         "  --json FILE       rank 0 writes the results there as JSON\n"
         "  --iters N         timed iterations per figure (default: by workload\n"
         "                    and size, e.g. 30 for small tensors, 5 for 64 MiB)\n"
@@ -1707,6 +1716,29 @@ static const char *env_or(const char *name, const char *def)
     return v && v[0] ? v : def;
 }
 
+/* The backend the runtime uses for a role (KOLO_CONTROLLER or
+ * KOLO_CPU_OPERATIONS), as the runtime chose it: the variable when set,
+ * else shared memory when every rank is on one host, else the network
+ * backend the job was started with. `data` also names hierarchical
+ * allreduce. Only for the header and the JSON. */
+static const char *runtime_backend(const char *var, int data)
+{
+    const char *v = getenv(var);
+    const char *cross = getenv("KOLO_CROSS_SIZE");
+    int hosts = cross && atoi(cross) > 1;
+    const char *net = kolo_enabled("mpi") ? "mpi" : "gloo";
+
+    if (g_size == 1)
+        return "local";
+    if (v && v[0] && strcmp(v, "auto") != 0)
+        return v;
+    if (!hosts)
+        return "shm";
+    if (data && kolo_enabled("shm"))
+        return kolo_enabled("mpi") ? "hier (shm + mpi)" : "hier (shm + gloo)";
+    return net;
+}
+
 /* The raw side: the backend's own context, next to the runtime's.
  * --backend nccl: the host backend of barriers and of the reduction of the
  * times; the raw NCCL side is gpu_init's. */
@@ -1830,15 +1862,14 @@ static void print_header(void)
                g_size, g_size == 1 ? "" : "s", g_dev, g_gpu_name,
                g_nccl_version, g_raw->name);
     } else {
-        printf("kolo-bench %d.%d.%d: %d rank%s; runtime backend %s; raw = %s "
-               "called directly on one buffer\n",
+        printf("kolo-bench %d.%d.%d: %d rank%s; kolo negotiates over %s and "
+               "moves tensors over %s (as a training job does; "
+               "KOLO_CONTROLLER and KOLO_CPU_OPERATIONS change that); raw = "
+               "%s called directly on one buffer\n",
                KOLO_VERSION_MAJOR, KOLO_VERSION_MINOR, KOLO_VERSION_PATCH,
                g_size, g_size == 1 ? "" : "s",
-               g_size == 1             ? "local"
-               : kolo_enabled("gloo") ? "gloo"
-               : kolo_enabled("mpi")  ? "mpi"
-                                      : "unknown",
-               g_raw->name);
+               runtime_backend("KOLO_CONTROLLER", 0),
+               runtime_backend("KOLO_CPU_OPERATIONS", 1), g_raw->name);
     }
     printf("environment: KOLO_FUSION_THRESHOLD=%s KOLO_CYCLE_TIME=%s "
            "KOLO_CACHE_CAPACITY=%s KOLO_TIMELINE=%s KOLO_AUTOTUNE=%s\n",
@@ -1867,6 +1898,10 @@ static void json_begin(void)
     json_string(g_json, g_gpu ? "nccl" : g_size == 1 ? "local" : g_opt.backend);
     fprintf(g_json, ", \"raw_backend\": ");
     json_string(g_json, g_gpu ? "nccl" : g_raw->name);
+    fprintf(g_json, ", \"kolo_controller\": ");
+    json_string(g_json, runtime_backend("KOLO_CONTROLLER", 0));
+    fprintf(g_json, ", \"kolo_cpu_operations\": ");
+    json_string(g_json, runtime_backend("KOLO_CPU_OPERATIONS", 1));
     if (g_gpu) {
         /* rank 0's device; every rank's is KOLO_LOCAL_RANK mod its count */
         fprintf(g_json, ", \"device\": {\"type\": \"cuda\", \"index\": %d, "
@@ -1930,13 +1965,10 @@ int main(int argc, char **argv)
         bad_usage("--backend mpi needs the job started by MPI: run %s",
                   "kolorun --mpi -np N kolo-bench --backend mpi (or "
                   "mpirun -np N kolo-bench --backend mpi)");
-    /* The runtime carries the job on the backend measured, unless the
-     * environment says otherwise; with nccl, the host side is the
-     * environment's (by default the runtime's own choice). */
-    if (!g_gpu) {
-        setenv("KOLO_CONTROLLER", g_opt.backend, 0);
-        setenv("KOLO_CPU_OPERATIONS", g_opt.backend, 0);
-    }
+    /* The runtime runs as this job would run a training loop: its backends
+     * are the environment's (KOLO_CONTROLLER, KOLO_CPU_OPERATIONS), by
+     * default its own choice (shared memory for the ranks of one host).
+     * --backend picks what it is measured against. */
     resnet50_selfcheck();
     g_fault = env_or("KOLO_BENCH_FAULT", "0")[0] == '1';
 

@@ -127,6 +127,10 @@ expect_fail "kolo-bench --backend mpi under plain kolorun: clear error" 2 \
 run "np=2 kolo-bench --backend mpi --quick (latency, small)" \
     "$top/kolorun" --mpi -np 2 "$top/kolo-bench" --backend mpi --quick \
     --workload latency,small
+run "np=2 kolo-bench --backend mpi, kolo on MPI too (KOLO_CPU_OPERATIONS=mpi)" \
+    env KOLO_CONTROLLER=mpi KOLO_CPU_OPERATIONS=mpi \
+    "$top/kolorun" --mpi -np 2 "$top/kolo-bench" --backend mpi --quick \
+    --workload latency,small
 # No rendezvous directory is left behind by the runs above.
 left=$(($(count_rdv) - rdv_before))
 if [ "$left" -le 0 ]; then
