@@ -29,7 +29,11 @@
  * Waiting. A member spins for at most KOLO_SHM_SPIN_US microseconds, and
  * only while the context has no more members than the process may use
  * cores; then it sleeps on a futex in the peer's line. Posting wakes
- * sleepers only when some sleep, counted in the line.
+ * sleepers only when some sleep, counted in the line. The spin yields the
+ * core every few microseconds: the scheduler may have put the peer it
+ * waits for on the same core (with 2 ranks on 2 cores, 10 us steps became
+ * 100-300 us for whole runs while it did), and a yield with nobody else to
+ * run returns at once.
  *
  * Failures. A thread per member polls a pidfd of every peer (and the wake
  * socket): when a peer's process ends it marks the context broken, wakes
@@ -186,6 +190,10 @@ static int wait_one(shm_ctx_t *c, int j, uint32_t s, const char *what,
                 return KOLO_OK;
             pause_cpu();
             if ((i & 63) == 0) {
+                /* Lets a peer that shares this core run: the step it owes
+                 * comes sooner than from spinning on (a no-op when no other
+                 * thread waits for the core). */
+                sched_yield();
                 clock_gettime(CLOCK_MONOTONIC, &t);
                 if ((t.tv_sec - t0.tv_sec) * 1000000L +
                         (t.tv_nsec - t0.tv_nsec) / 1000 >= c->spin_us)
