@@ -1725,7 +1725,8 @@ static const char *runtime_backend(const char *var, int data)
 {
     const char *v = getenv(var);
     const char *cross = getenv("KOLO_CROSS_SIZE");
-    int hosts = cross && atoi(cross) > 1;
+    const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); /* mpirun */
+    int hosts = cross ? atoi(cross) > 1 : local && atoi(local) < g_size;
     const char *net = kolo_enabled("mpi") ? "mpi" : "gloo";
 
     if (g_size == 1)
