@@ -20,9 +20,10 @@
  * transport called directly, i.e. what negotiation and fusion cost.
  * The raw side links a private static copy of the backends (libkolo_raw)
  * and opens its own backend context under the rendezvous prefix
- * "kolo-bench-raw", next to the runtime's "kolo<N>/set<M>" contexts. The ratio of the two is the figure
- * that counts (DESIGN.md, "Performance is measured, not assumed"): on shared
- * 2-core machines wall times are noise, a ratio measured in one run is not.
+ * "kolo-bench-raw", next to the runtime's "kolo<N>/set<M>" contexts. The
+ * ratio of the two is the figure that counts (DESIGN.md, "Performance is
+ * measured, not assumed"): on shared 2-core machines wall times are noise,
+ * a ratio measured in one run is not.
  *
  * How a figure is measured
  *  - Each iteration: every rank fills its input (not timed), the ranks meet
