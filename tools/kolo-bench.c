@@ -1728,7 +1728,7 @@ static const char *runtime_backend(const char *var, int data)
     const char *cross = getenv("KOLO_CROSS_SIZE");
     const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); /* mpirun */
     int hosts = cross ? atoi(cross) > 1 : local && atoi(local) < g_size;
-    const char *net = kolo_enabled("mpi") ? "mpi" : "gloo";
+    int mpi = kolo_enabled("mpi");
 
     if (g_size == 1)
         return "local";
@@ -1737,8 +1737,8 @@ static const char *runtime_backend(const char *var, int data)
     if (!hosts)
         return "shm";
     if (data && kolo_enabled("shm"))
-        return kolo_enabled("mpi") ? "hier (shm + mpi)" : "hier (shm + gloo)";
-    return net;
+        return mpi ? "hier (shm + mpi)" : "hier (shm + gloo)";
+    return mpi ? "mpi" : "gloo";
 }
 
 /* The raw side: the backend's own context, next to the runtime's.
