@@ -72,7 +72,7 @@ typedef struct kolo__ops_config {
                                index: same host, same shared memory) */
     int global_rank;        /* this rank in the whole job */
     const char *cross_ops;  /* hier: the network backend between hosts */
-    size_t shm_slot_bytes;  /* shm: bytes per rank and step (0: 1 MiB) */
+    size_t shm_slot_bytes;  /* shm: bytes per rank and step (0: auto) */
     int shm_spin_us;        /* shm: spin this long before sleeping (< 0:
                                the default, 50) */
     const char *rendezvous; /* "file:DIR" or "redis:HOST:PORT[/JOB]" */

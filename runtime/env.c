@@ -85,6 +85,20 @@ static int parse_bytes(const char *text, void *field, const char **expected)
     return 0;
 }
 
+/* "auto" (0: the consumer chooses) or a number of bytes. */
+static int parse_bytes_auto(const char *text, void *field, const char **expected)
+{
+    if (strcmp(text, "auto") == 0) {
+        *(int64_t *)field = 0;
+        return 0;
+    }
+    if (parse_bytes(text, field, expected) != 0) {
+        *expected = "auto or a number of bytes (optionally with K, M or G)";
+        return -1;
+    }
+    return 0;
+}
+
 static int parse_seconds(const char *text, void *field, const char **expected)
 {
     char *end;
@@ -229,8 +243,9 @@ static const config_row_t rows[] = {
      "within each host and the network across hosts (auto: on when a job "
      "spans hosts with several ranks on each)", parse_auto_bool,
      F(hierarchical)},
-    {"KOLO_SHM_SLOT_BYTES", "1048576", "shared memory: bytes each rank "
-     "writes per step (a chunk of an allreduce); 4K to 1G", parse_bytes,
+    {"KOLO_SHM_SLOT_BYTES", "auto", "shared memory: bytes each rank "
+     "writes per step (a chunk of an allreduce); 4K to 1G, or auto: a "
+     "quarter of the L2 cache, 256K to 1M", parse_bytes_auto,
      F(shm_slot_bytes)},
     {"KOLO_SHM_SPIN_US", "50", "shared memory: microseconds a rank spins "
      "before it sleeps, when the host has a core per rank (0: never spin)",
@@ -380,10 +395,11 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
                              "invalid: expected file:DIR or "
                              "redis:HOST:PORT[/JOB] (port 1 to 65535)",
                              cfg->rendezvous);
-    if (cfg->shm_slot_bytes < 4096 || cfg->shm_slot_bytes > ((int64_t)1 << 30))
+    if (cfg->shm_slot_bytes != 0 &&
+        (cfg->shm_slot_bytes < 4096 || cfg->shm_slot_bytes > ((int64_t)1 << 30)))
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "environment variable KOLO_SHM_SLOT_BYTES=%lld is "
-                             "invalid: expected 4K to 1G bytes",
+                             "invalid: expected auto or 4K to 1G bytes",
                              (long long)cfg->shm_slot_bytes);
     if (cfg->network_interface[0] != '\0') {
         char names[512], host[256] = "";

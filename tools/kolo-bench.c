@@ -1717,6 +1717,13 @@ static const char *env_or(const char *name, const char *def)
     return v && v[0] ? v : def;
 }
 
+/* KOLO_SHM_SLOT_BYTES as the runtime reads it: auto (0) or bytes. */
+static size_t raw_slot_bytes(void)
+{
+    long long v = parse_bytes(env_or("KOLO_SHM_SLOT_BYTES", "auto"));
+    return v > 0 ? (size_t)v : 0;
+}
+
 /* The backend the runtime uses for a role (KOLO_CONTROLLER or
  * KOLO_CPU_OPERATIONS), as the runtime chose it: the variable when set,
  * else shared memory when every rank is on one host, else the network
@@ -1789,7 +1796,7 @@ static void raw_init(const char *backend)
         .timeout_s = 300, .start_timeout_s = 60, .on_wake = NULL,
         .wake_arg = NULL,
         /* The raw side runs as the runtime's does (env.c checked these). */
-        .shm_slot_bytes = (size_t)parse_bytes(env_or("KOLO_SHM_SLOT_BYTES", "1M")),
+        .shm_slot_bytes = raw_slot_bytes(),
         .shm_spin_us = atoi(env_or("KOLO_SHM_SPIN_US", "50"))};
     rc = g_raw->init(&cfg, &g_raw_ctx, err, sizeof(err));
     if (rc != KOLO_OK)
@@ -1874,10 +1881,12 @@ static void print_header(void)
                runtime_backend("KOLO_CPU_OPERATIONS", 1), g_raw->name);
     }
     printf("environment: KOLO_FUSION_THRESHOLD=%s KOLO_CYCLE_TIME=%s "
-           "KOLO_CACHE_CAPACITY=%s KOLO_TIMELINE=%s KOLO_AUTOTUNE=%s\n",
+           "KOLO_CACHE_CAPACITY=%s KOLO_SHM_SLOT_BYTES=%s KOLO_TIMELINE=%s "
+           "KOLO_AUTOTUNE=%s\n",
            env_or("KOLO_FUSION_THRESHOLD", "(default)"),
            env_or("KOLO_CYCLE_TIME", "(default)"),
            env_or("KOLO_CACHE_CAPACITY", "(default)"),
+           env_or("KOLO_SHM_SLOT_BYTES", "(auto)"),
            env_or("KOLO_TIMELINE", "(off)"), env_or("KOLO_AUTOTUNE", "(off)"));
     printf("workloads:%s%s; times: per iteration the slowest rank's (MAX over "
            "ranks, reduced through the raw context after the run), median "

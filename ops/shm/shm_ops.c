@@ -24,7 +24,14 @@
  * slot: every member copies its chunk in (step a), reduces its own shard of
  * the chunk across every member's slot into its slot of the other bank, and
  * copies the whole reduced chunk out of all the slots (step a+1). Every core
- * reduces its share, and a chunk (a slot, 1 MiB by default) stays in cache.
+ * reduces its share, and a chunk stays in cache: a step touches about three
+ * slots' worth per member (its slot, its shard of the peers', its reduced
+ * shard and the peers' reduced shards, plus the user's chunk), so the slot
+ * is by default a quarter of the L2 cache, from 256 KiB to 1 MiB (with
+ * 2 MiB of L2, 512 KiB slots moved 4-256 MiB allreduces 15-20% faster than
+ * 1 MiB slots, and a ResNet-50 step 10%). Every member reads the size of
+ * cpu0's cache, so the ranks of a host agree even on a CPU whose cores
+ * differ.
  *
  * Waiting. A member spins for at most KOLO_SHM_SPIN_US microseconds, and
  * only while the context has no more members than the process may use
@@ -73,7 +80,8 @@
 
 #define SEG_MAGIC 0x6b6f6c6f73686d32ULL /* "kolo shm2" */
 #define SEG_ALIGN 4096
-#define DEFAULT_SLOT_BYTES (1u << 20)
+#define MIN_AUTO_SLOT_BYTES (256u << 10)
+#define MAX_AUTO_SLOT_BYTES (1u << 20)
 #define DEFAULT_SPIN_US 50
 
 /* One cache line per member. */
@@ -474,6 +482,44 @@ static int open_segment(shm_ctx_t *c, double deadline, char *err, size_t errlen)
     return rc;
 }
 
+/* The default slot size: a quarter of cpu0's L2 cache, a power of two from
+ * MIN_AUTO_SLOT_BYTES to MAX_AUTO_SLOT_BYTES; the most where sysfs does not
+ * say. */
+static size_t auto_slot_bytes(void)
+{
+    size_t l2 = 0, slot = MIN_AUTO_SLOT_BYTES;
+
+    for (int i = 0; i < 8 && l2 == 0; i++) {
+        char path[96], text[32];
+        int level = 0;
+        unsigned long kib = 0;
+        FILE *f;
+
+        snprintf(path, sizeof(path),
+                 "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        if ((f = fopen(path, "r")) == NULL)
+            break;
+        if (fscanf(f, "%d", &level) != 1)
+            level = 0;
+        fclose(f);
+        if (level != 2)
+            continue;
+        snprintf(path, sizeof(path),
+                 "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        if ((f = fopen(path, "r")) == NULL)
+            break;
+        if (fgets(text, sizeof(text), f) != NULL &&
+            sscanf(text, "%luK", &kib) == 1)
+            l2 = (size_t)kib << 10;
+        fclose(f);
+    }
+    if (l2 == 0)
+        return MAX_AUTO_SLOT_BYTES;
+    while (slot * 2 <= l2 / 4 && slot < MAX_AUTO_SLOT_BYTES)
+        slot *= 2;
+    return slot;
+}
+
 static int cores_available(void)
 {
     cpu_set_t set;
@@ -520,7 +566,7 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
     }
     /* Slots hold whole 64-byte lines for every member's shard. */
     c->slot = (cfg->shm_slot_bytes >= 4096 ? cfg->shm_slot_bytes
-                                           : DEFAULT_SLOT_BYTES) & ~(size_t)63;
+                                           : auto_slot_bytes()) & ~(size_t)63;
     c->spin_us = c->n > cores_available() ? 0
                  : cfg->shm_spin_us >= 0  ? cfg->shm_spin_us
                                           : DEFAULT_SPIN_US;

@@ -212,6 +212,30 @@ START_TEST(fusion_threshold_suffixes)
 }
 END_TEST
 
+START_TEST(shm_slot_bytes_auto_or_bytes)
+{
+    kolo__config_t cfg;
+
+    fake_reset();
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.shm_slot_bytes, 0); /* auto: the backend picks */
+    fake_set("KOLO_SHM_SLOT_BYTES", "512K");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.shm_slot_bytes, 512 * 1024);
+    fake_set("KOLO_SHM_SLOT_BYTES", "auto");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.shm_slot_bytes, 0);
+    bad_value("KOLO_SHM_SLOT_BYTES", "automatic");
+    bad_value("KOLO_SHM_SLOT_BYTES", "-4K");
+    fake_reset();
+    fake_set("KOLO_SHM_SLOT_BYTES", "1000");
+    load_fails("KOLO_SHM_SLOT_BYTES=1000", "auto or 4K to 1G",
+               (const char *)NULL);
+    fake_set("KOLO_SHM_SLOT_BYTES", "2G");
+    load_fails("KOLO_SHM_SLOT_BYTES=2147483648", (const char *)NULL);
+}
+END_TEST
+
 START_TEST(log_levels)
 {
     static const struct {
@@ -475,6 +499,7 @@ static Suite *env_suite(void)
     tcase_add_test(tc, every_variable_parsed);
     tcase_add_test(tc, local_rank_and_size_default_to_rank_and_size);
     tcase_add_test(tc, fusion_threshold_suffixes);
+    tcase_add_test(tc, shm_slot_bytes_auto_or_bytes);
     tcase_add_test(tc, log_levels);
     tcase_add_test(tc, print_doc_lists_every_variable);
     suite_add_tcase(s, tc);
