@@ -53,10 +53,19 @@ typedef void (*kolo__ops_wake_fn)(void *arg, uint64_t round);
  * its result, so that a backend with buffers of its own (shared memory)
  * packs the user's tensors straight into them, with no fusion buffer in
  * between. Elements are numbered 0..count-1 across the whole batch, in the
- * wire dtype; each function is called with consecutive ranges. */
+ * wire dtype. fill and view are called with increasing ranges, as are
+ * finish and drain. */
 typedef struct kolo__ops_stream {
-    /* Writes elements [at, at + n) of this rank's input to dst. */
+    /* Writes elements [at, at + n) of this rank's input to dst. Elements
+     * that no call fills (or views) are skipped. */
     void (*fill)(void *arg, void *dst, size_t at, size_t n);
+    /* Where elements from `at` can be read where they lie (one tensor,
+     * already in the wire dtype and prescaled): a pointer to element `at`,
+     * valid for the whole collective, and in *run how many of the n
+     * elements follow it there (at least 1). Else NULL: fill them. NULL
+     * function: always fill. A rank reduces its own shard straight from
+     * its input this way, instead of copying it first. */
+    const void *(*view)(void *arg, size_t at, size_t n, size_t *run);
     /* Called on n reduced elements before they are drained (averaging,
      * postscale); it does the same on every rank. NULL: nothing. */
     void (*finish)(void *arg, void *buf, size_t n);

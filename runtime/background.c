@@ -343,15 +343,52 @@ typedef struct stream_state {
     const kolo__params_t *p;
     kolo_dtype_t wire;
     cursor_t in, out;
+    size_t in_pos; /* the batch element `in` points at */
 } stream_state_t;
+
+/* Moves the input cursor forward to batch element `at`, past tensors
+ * with no elements left. */
+static void seek_in(stream_state_t *st, size_t at)
+{
+    while (st->in.i < st->n) {
+        size_t count = (size_t)st->ps->ready[st->idx[st->in.i]]->params.count;
+        size_t skip = count - st->in.at;
+        if (skip > at - st->in_pos)
+            skip = at - st->in_pos;
+        st->in.at += skip;
+        st->in_pos += skip;
+        if (st->in.at < count)
+            break;
+        st->in.i++;
+        st->in.at = 0;
+    }
+}
 
 static void stream_fill(void *arg, void *dst, size_t at, size_t n)
 {
     stream_state_t *st = arg;
-    (void)at;
+    seek_in(st, at);
     move_range(st->ps, st->idx, &st->in, dst, n, st->esize, 1);
+    st->in_pos += n;
     if (st->p->prescale != 1.0)
         kolo__scale(dst, n, st->wire, st->p->prescale);
+}
+
+static const void *stream_view(void *arg, size_t at, size_t n, size_t *run)
+{
+    stream_state_t *st = arg;
+    const kolo__entry_t *e;
+    size_t left;
+
+    if (st->p->wire != st->p->dtype || st->p->prescale != 1.0)
+        return NULL;
+    seek_in(st, at);
+    if (st->in.i >= st->n)
+        return NULL;
+    e = st->ps->ready[st->idx[st->in.i]];
+    left = (size_t)e->params.count - st->in.at;
+    *run = left < n ? left : n;
+    return (const uint8_t *)e->input + st->in.at * st->esize;
 }
 
 static void stream_finish(void *arg, void *buf, size_t n)
@@ -375,8 +412,9 @@ static int run_allreduce_stream(kolo__pset_t *ps, const size_t *idx, size_t n,
 {
     kolo__entry_t *e0 = ps->ready[idx[0]];
     stream_state_t st = {ps, idx, n, 0, &e0->params,
-                         (kolo_dtype_t)e0->params.wire, {0, 0}, {0, 0}};
-    kolo__ops_stream_t s = {stream_fill, stream_finish, stream_drain, &st};
+                         (kolo_dtype_t)e0->params.wire, {0, 0}, {0, 0}, 0};
+    kolo__ops_stream_t s = {stream_fill, stream_view, stream_finish,
+                            stream_drain, &st};
     char detail[KOLO__ERR_LEN];
     int rc;
 
