@@ -21,9 +21,10 @@
  * synchronisation there is.
  *
  * Allreduce is a reduce-scatter then an allgather, per chunk of at most one
- * slot: every member copies its chunk in (step a), reduces its own shard of
- * the chunk across every member's slot into its slot of the other bank, and
- * copies the whole reduced chunk out of all the slots (step a+1). Every core
+ * slot: every member copies its chunk in (step a) but for its own shard,
+ * which only it reads; reduces that shard across its input and every
+ * peer's slot into its slot of the other bank, and copies the whole reduced
+ * chunk out of all the slots (step a+1). Every core
  * reduces its share, and a chunk stays in cache: a step touches about three
  * slots' worth per member (its slot, its shard of the peers', its reduced
  * shard and the peers' reduced shards, plus the user's chunk), so the slot
