@@ -24,15 +24,14 @@
  * slot: every member copies its chunk in (step a) but for its own shard,
  * which only it reads; reduces that shard across its input and every
  * peer's slot into its slot of the other bank, and copies the whole reduced
- * chunk out of all the slots (step a+1). Every core
- * reduces its share, and a chunk stays in cache: a step touches about three
- * slots' worth per member (its slot, its shard of the peers', its reduced
- * shard and the peers' reduced shards, plus the user's chunk), so the slot
- * is by default a quarter of the L2 cache, from 256 KiB to 1 MiB (with
- * 2 MiB of L2, 512 KiB slots moved 4-256 MiB allreduces 15-20% faster than
- * 1 MiB slots, and a ResNet-50 step 10%). Every member reads the size of
- * cpu0's cache, so the ranks of a host agree even on a CPU whose cores
- * differ.
+ * chunk out of all the slots (step a+1). Every core reduces its share, and
+ * a chunk stays in cache: a step touches about three slots' worth per
+ * member (its slot, its shard of the peers', its reduced shard and the
+ * peers' reduced shards, plus the user's chunk), so the slot is by default
+ * a quarter of the L2 cache, from 256 KiB to 1 MiB (with 2 MiB of L2,
+ * 512 KiB slots moved 4-256 MiB allreduces 15-20% faster than 1 MiB slots,
+ * and a ResNet-50 step 10%). Every member reads the size of cpu0's cache,
+ * so the ranks of a host agree even on a CPU whose cores differ.
  *
  * Waiting. A member spins for at most KOLO_SHM_SPIN_US microseconds, and
  * only while the context has no more members than the process may use
@@ -709,7 +708,7 @@ static void fill_chunk(const uint8_t *src, size_t done,
 /* The allreduce of both entry points: input from `s->fill` or `in`,
  * output to `s->drain` or `out`. A member's own shard is never copied in:
  * only its peers read its slot, and they read only their shards, so it
- * reduces its shard straight from its input (2 ranks: a quarter less
+ * reduces its shard straight from its input (2 ranks: about a fifth less
  * memory traffic per chunk). The order of the reduction (member 0, 1, ...)
  * is the same either way, so results are too. */
 static int allreduce_common(shm_ctx_t *c, const uint8_t *src, uint8_t *dst,
