@@ -380,8 +380,6 @@ static const void *stream_view(void *arg, size_t at, size_t n, size_t *run)
     const kolo__entry_t *e;
     size_t left;
 
-    if (st->p->wire != st->p->dtype || st->p->prescale != 1.0)
-        return NULL;
     seek_in(st, at);
     if (st->in.i >= st->n)
         return NULL;
@@ -413,8 +411,12 @@ static int run_allreduce_stream(kolo__pset_t *ps, const size_t *idx, size_t n,
     kolo__entry_t *e0 = ps->ready[idx[0]];
     stream_state_t st = {ps, idx, n, 0, &e0->params,
                          (kolo_dtype_t)e0->params.wire, {0, 0}, {0, 0}, 0};
-    kolo__ops_stream_t s = {stream_fill, stream_view, stream_finish,
-                            stream_drain, &st};
+    /* Tensors already in the wire dtype and not prescaled can be read
+     * where they lie. */
+    int viewable = e0->params.wire == e0->params.dtype &&
+                   e0->params.prescale == 1.0;
+    kolo__ops_stream_t s = {stream_fill, viewable ? stream_view : NULL,
+                            stream_finish, stream_drain, &st};
     char detail[KOLO__ERR_LEN];
     int rc;
 

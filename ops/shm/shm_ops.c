@@ -705,6 +705,14 @@ static void fill_chunk(const uint8_t *src, size_t done,
         s->fill(s->arg, slot + hi * esize, done + hi, m - hi);
 }
 
+/* Member j's input at byte `at` of the shard: its slot of step a, or, for
+ * this member, where its own shard is read from. */
+static const uint8_t *input_of(shm_ctx_t *c, uint32_t a, int j,
+                               const uint8_t *own, size_t at)
+{
+    return j == c->me ? own : slot_of(c, a, j) + at;
+}
+
 /* The allreduce of both entry points: input from `s->fill` or `in`,
  * output to `s->drain` or `out`. A member's own shard is never copied in:
  * only its peers read its slot, and they read only their shards, so it
@@ -742,17 +750,15 @@ static int allreduce_common(shm_ctx_t *c, const uint8_t *src, uint8_t *dst,
         for (size_t k = 0, off = lo; k < (size_t)own.n; off += own.len[k++]) {
             size_t at = off * esize, len = own.len[k];
             uint8_t *mine = slot_of(c, a + 1, c->me) + at;
-            const uint8_t *in0 = c->me == 0 ? own.src[k] : slot_of(c, a, 0) + at;
-            const uint8_t *in1;
+            const uint8_t *own_in = own.src[k];
             if (c->n == 1) {
-                memcpy(mine, in0, len * esize);
+                memcpy(mine, own_in, len * esize);
                 continue;
             }
-            in1 = c->me == 1 ? own.src[k] : slot_of(c, a, 1) + at;
-            reduce(mine, in0, in1, len);
+            reduce(mine, input_of(c, a, 0, own_in, at),
+                   input_of(c, a, 1, own_in, at), len);
             for (int j = 2; j < c->n; j++)
-                reduce(mine, mine,
-                       j == c->me ? own.src[k] : slot_of(c, a, j) + at, len);
+                reduce(mine, mine, input_of(c, a, j, own_in, at), len);
         }
         if (hi > lo && s != NULL && s->finish != NULL)
             s->finish(s->arg, slot_of(c, a + 1, c->me) + lo * esize, hi - lo);
