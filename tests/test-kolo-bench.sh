@@ -116,6 +116,17 @@ for r in results:
                                      r.get("check")))
     if r.get("workload") == "fp16" and not num(r.get("speedup")):
         fail("fp16 %s: speedup is %r" % (r.get("size"), r.get("speedup")))
+    # On the host, the memory pass and the bound it gives (fp32 / pass).
+    if r.get("workload") == "fp16" and doc.get("backend") != "nccl":
+        for key in ("memory_pass", "memory_pass_time_s", "speedup_bound"):
+            if not num(r.get(key)):
+                fail("fp16 %s: %s is %r" % (r.get("size"), key, r.get(key)))
+        if num(r.get("memory_pass_time_s")) and \
+                num(r.get("kolo_fp32_time_s")) and num(r.get("speedup_bound")) \
+                and abs(r["speedup_bound"] - r["kolo_fp32_time_s"] /
+                        r["memory_pass_time_s"]) > 1e-3 * r["speedup_bound"]:
+            fail("fp16 %s: speedup_bound %r is not kolo_fp32_time_s / "
+                 "memory_pass_time_s" % (r.get("size"), r["speedup_bound"]))
 names = [r.get("workload") for r in results]
 for w in workloads:
     if w not in names:

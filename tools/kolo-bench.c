@@ -63,7 +63,12 @@
  *   fp16      large (sizes >= 1 MiB) and resnet50 through the runtime with
  *             float16 on the wire (kolo_opts_t.wire_dtype), against float32
  *             through the runtime (speedup) and the raw float32 backend
- *             (ratio). Results are checked with a tolerance.
+ *             (ratio). Results are checked with a tolerance. On the host, a
+ *             fourth side times one pass over the same float32 tensors,
+ *             every rank at once (read and write each element, as an
+ *             in-place allreduce must at least): no reduction, compressed
+ *             or not, can finish faster, so fp32 time / pass time bounds
+ *             the speed-up that compression can give on this machine.
  *
  * GPU: --backend nccl
  *   The same workloads on CUDA device memory. Each rank takes device
@@ -514,6 +519,19 @@ static int cmp_double(const void *a, const void *b)
 
 static const char *g_side_names[MAX_SIDES];
 
+/* The fp16 workload's sides: kolo fp16, kolo fp32, raw, and on the host the
+ * memory pass (see "fp16" above). */
+enum { FP16_SIDES_GPU = 3, FP16_SIDES = 4, PASS_SIDE = 3 };
+
+static int is_pass(int fp16, int side) { return fp16 && side == PASS_SIDE; }
+
+/* One pass over a float32 tensor in place: every element read and written
+ * (doubled: kolo's own scaling, the pass it makes over a tensor). */
+static void memory_pass(float *buf, size_t count)
+{
+    kolo__scale(buf, count, KOLO_FLOAT32, 2.0);
+}
+
 /* Names the compared sides, from side `first` on. */
 static void compare_sides(int first)
 {
@@ -830,6 +848,10 @@ static void large_run(bench_t *b, int side)
     float *buf = g_gpu ? s->dev : s->buf;
     kolo_handle_t h;
     b->probe = s->buf;
+    if (is_pass(s->fp16, side)) {
+        memory_pass(s->buf, s->count);
+        return;
+    }
     if (side == raw_side && g_gpu) {
         nccl_allreduce(s->dev, s->count);
         dev_sync("ncclAllReduce");
@@ -866,6 +888,8 @@ static void large_fetch(bench_t *b, int side)
 static int large_verify(bench_t *b, int side, char *detail)
 {
     large_state_t *s = b->state;
+    if (is_pass(s->fp16, side))
+        return 0; /* not an allreduce: no result to check */
     return check(s->buf, s->count, 0, (s->fp16 && side == 0) ? 1e-3f : 0.0f,
                  g_side_names[side], detail);
 }
@@ -1171,7 +1195,7 @@ typedef struct resnet_state {
 static void resnet_prepare(bench_t *b, int side)
 {
     resnet_state_t *s = b->state;
-    if (side >= (s->fp16 ? 2 : 1)) {
+    if (side >= (s->fp16 ? 2 : 1) && !is_pass(s->fp16, side)) {
         fill(s->flat, (size_t)RESNET50_ELEMENTS, 0);
         if (g_gpu)
             dev_put(s->dflat, s->flat,
@@ -1195,6 +1219,12 @@ static void resnet_run(bench_t *b, int side)
     int fp16 = s->fp16 && side == 0;
 
     b->probe = side >= (s->fp16 ? 2 : 1) ? s->flat : s->tensor[0];
+    if (is_pass(s->fp16, side)) {
+        b->probe = s->tensor[0];
+        for (int i = 0; i < RESNET50_TENSORS; i++)
+            memory_pass(s->tensor[i], (size_t)s->count[i]);
+        return;
+    }
     if (side >= (s->fp16 ? 2 : 1) && g_gpu) {
         nccl_allreduce(s->dflat, (size_t)RESNET50_ELEMENTS);
         dev_sync("ncclAllReduce");
@@ -1234,6 +1264,8 @@ static int resnet_verify(bench_t *b, int side, char *detail)
     resnet_state_t *s = b->state;
     char what[160];
     int bad = 0;
+    if (is_pass(s->fp16, side))
+        return 0; /* not an allreduce: no result to check */
     if (side >= (s->fp16 ? 2 : 1)) /* raw and --compare: the one buffer */
         return check(s->flat, (size_t)RESNET50_ELEMENTS, 0, 0.0f,
                      g_side_names[side], detail);
@@ -1469,7 +1501,9 @@ static void workload_many(int n)
 
 /* The fp16 rows: kolo = float16 on the wire, raw = the raw float32 backend
  * (ratio, as in large and resnet50), kolo_fp32 = float32 through the
- * runtime (speedup = how much faster float16 is). */
+ * runtime (speedup = how much faster float16 is), and on the host the
+ * memory pass (bound = float32 time / pass time: the most any compression
+ * could gain here). */
 static void emit_fp16(const char *size_text, long long bytes, const char *unit,
                       double scale, int per_time, const side_result_t *r,
                       int warmup, int iters)
@@ -1477,19 +1511,35 @@ static void emit_fp16(const char *size_text, long long bytes, const char *unit,
     figure_t f16 = figure(&r[0], scale, per_time),
              f32 = figure(&r[1], scale, per_time);
     double speedup = r[1].med / r[0].med;
-    char note[128], extra[512], a[32];
+    char note[192], extra[768], pass[256] = "", a[32], c[32];
     row_t row;
 
-    snprintf(note, sizeof(note), "fp32 kolo %s %s, fp16 speedup %.2fx",
-             fmt_num(a, sizeof(a), f32.med), unit, speedup);
+    if (!g_gpu) {
+        figure_t fp = figure(&r[PASS_SIDE], scale, per_time);
+        double bound = r[1].med / r[PASS_SIDE].med;
+        snprintf(note, sizeof(note),
+                 "fp32 kolo %s %s, fp16 speedup %.2fx; one pass %s %s: "
+                 "at most %.2fx",
+                 fmt_num(a, sizeof(a), f32.med), unit, speedup,
+                 fmt_num(c, sizeof(c), fp.med), unit, bound);
+        snprintf(pass, sizeof(pass),
+                 ", \"memory_pass\": %.6g, \"memory_pass_time_s\": %.6g, "
+                 "\"speedup_bound\": %.6g, \"speedup_bound_is\": \"float32 "
+                 "time through the runtime / time of one pass over the "
+                 "float32 tensors on every rank at once\"",
+                 fp.med, r[PASS_SIDE].med, bound);
+    } else {
+        snprintf(note, sizeof(note), "fp32 kolo %s %s, fp16 speedup %.2fx",
+                 fmt_num(a, sizeof(a), f32.med), unit, speedup);
+    }
     snprintf(extra, sizeof(extra),
              ", \"wire_dtype\": \"float16\", \"kolo_fp32\": %.6g, "
              "\"kolo_fp32_min\": %.6g, \"kolo_fp32_max\": %.6g, "
              "\"kolo_fp32_time_s\": %.6g, \"speedup\": %.6g, "
              "\"speedup_is\": \"float32 time / float16 time through the "
-             "runtime, higher is better\"%s",
+             "runtime, higher is better\"%s%s",
              f32.med, f32.min, f32.max, r[1].med, speedup,
-             bytes == RESNET50_ELEMENTS * 4 ? ", \"tensors\": 161" : "");
+             bytes == RESNET50_ELEMENTS * 4 ? ", \"tensors\": 161" : "", pass);
     row = (row_t){.workload = "fp16", .size_bytes = bytes, .size_text = size_text,
                   .unit = unit, .kolo = f16,
                   .raw = figure(&r[2], scale, per_time),
@@ -1508,19 +1558,28 @@ static void workload_fp16(void)
 {
     long long sizes[64];
     int n = large_sizes(sizes, 64, 1 * MIB);
-    side_result_t r[3];
+    int nsides = g_gpu ? FP16_SIDES_GPU : FP16_SIDES;
+    side_result_t r[FP16_SIDES];
     int warmup, iters;
 
-    table_header("fp16: float32 tensors sent as float16 (wire_dtype); kolo = "
-                 "fp16 through the runtime, raw = the raw float32 backend, "
-                 "ratio as in large/resnet50; speedup = over float32 through "
-                 "the runtime");
+#define FP16_TITLE                                                             \
+    "fp16: float32 tensors sent as float16 (wire_dtype); kolo = fp16 through " \
+    "the runtime, raw = the raw float32 backend, ratio as in "                 \
+    "large/resnet50; speedup = over float32 through the runtime"
+    table_header(g_gpu ? FP16_TITLE
+                       : FP16_TITLE ";\none pass = every rank reads and writes "
+                                    "its float32 tensors once, all at once (the "
+                                    "least an in-place allreduce must do); at "
+                                    "most = fp32 time / pass time, the most any "
+                                    "compression could gain here");
+#undef FP16_TITLE
     g_side_names[0] = "kolo fp16";
     g_side_names[1] = "kolo fp32";
     g_side_names[2] = "raw";
+    g_side_names[PASS_SIDE] = "one pass";
     if (n > 0) {
         large_state_t s;
-        bench_t b = {.nsides = 3, .prepare = large_prepare,
+        bench_t b = {.nsides = nsides, .prepare = large_prepare,
                  .run = large_run, .fetch = large_fetch,
                  .verify = large_verify, .state = &s};
         memset(&s, 0, sizeof(s));
@@ -1548,7 +1607,7 @@ static void workload_fp16(void)
     }
     {
         resnet_state_t *s = resnet_new(1);
-        bench_t b = {.nsides = 3, .prepare = resnet_prepare,
+        bench_t b = {.nsides = nsides, .prepare = resnet_prepare,
                  .run = resnet_run, .fetch = resnet_fetch,
                  .verify = resnet_verify, .state = s};
         resnet_defaults(&warmup, &iters);
