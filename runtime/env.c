@@ -201,7 +201,9 @@ static const config_row_t rows[] = {
      F(fusion_threshold)},
     {"KOLO_CHUNK_BYTES", "4194304",
      "allreduces are reduced in pieces of this many bytes, each copied in, "
-     "reduced and copied out while it is in cache (0: whole batches)",
+     "reduced and copied out while it is in cache (0: whole batches; over "
+     "Gloo or MPI a lone tensor that is neither scaled nor averaged goes "
+     "whole)",
      parse_bytes, F(chunk_bytes)},
     {"KOLO_CYCLE_TIME", "5",
      "milliseconds between negotiation rounds while tensors wait for other ranks",
