@@ -150,6 +150,11 @@ typedef struct kolo__ops {
                             kolo__ops_reduce_fn reduce,
                             const kolo__ops_stream_t *s, char *err,
                             size_t errlen);
+
+    /* KOLO_CHUNK_BYTES=auto: the pieces the runtime cuts an allreduce into
+     * for allreduce (0: 4 MiB, which keeps a piece's copies in cache). A
+     * backend whose every call costs much more than a copy asks for more. */
+    int64_t chunk_bytes;
 } kolo__ops_t;
 
 /* The backends this build has. kolo__ops_local serves jobs of one rank. */

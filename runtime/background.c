@@ -1338,6 +1338,14 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
         rc = kolo__pset_connect(ps, ps->data_ops, "data", ps->rank, ps->size,
                                 ps->ranks, hosts, cross, &ps->data_ctx, err);
     free(hosts);
+    if (rc == KOLO_OK && ps->tune_fixed.chunk_bytes < 0) {
+        /* KOLO_CHUNK_BYTES=auto: now that the data backend is known. */
+        ps->tune_fixed.chunk_bytes =
+            ps->data_ops->chunk_bytes > 0 ? ps->data_ops->chunk_bytes : 4 << 20;
+        if (ps->tune != NULL)
+            kolo__autotune_init(ps->tune, &ps->tune_fixed,
+                                (int)rt->cfg.autotune_window);
+    }
     if (rc == KOLO_OK)
         ps->phase = phase_names(ps->data_ops->name);
     if (rc != KOLO_OK) {

@@ -85,11 +85,12 @@ static int parse_bytes(const char *text, void *field, const char **expected)
     return 0;
 }
 
-/* "auto" (0: the consumer chooses) or a number of bytes. */
-static int parse_bytes_auto(const char *text, void *field, const char **expected)
+/* "auto" (auto_value) or a number of bytes. */
+static int auto_or_bytes(const char *text, int64_t auto_value, void *field,
+                         const char **expected)
 {
     if (strcmp(text, "auto") == 0) {
-        *(int64_t *)field = 0;
+        *(int64_t *)field = auto_value;
         return 0;
     }
     if (parse_bytes(text, field, expected) != 0) {
@@ -97,6 +98,19 @@ static int parse_bytes_auto(const char *text, void *field, const char **expected
         return -1;
     }
     return 0;
+}
+
+/* KOLO_SHM_SLOT_BYTES: auto is 0, the transport chooses. */
+static int parse_bytes_auto(const char *text, void *field, const char **expected)
+{
+    return auto_or_bytes(text, 0, field, expected);
+}
+
+/* KOLO_CHUNK_BYTES: auto is -1, the data backend chooses (0 means whole
+ * batches). */
+static int parse_chunk(const char *text, void *field, const char **expected)
+{
+    return auto_or_bytes(text, -1, field, expected);
 }
 
 static int parse_seconds(const char *text, void *field, const char **expected)
@@ -199,12 +213,12 @@ static const config_row_t rows[] = {
     {"KOLO_FUSION_THRESHOLD", "134217728",
      "bytes of tensors fused into one reduction (0: no fusion)", parse_bytes,
      F(fusion_threshold)},
-    {"KOLO_CHUNK_BYTES", "4194304",
+    {"KOLO_CHUNK_BYTES", "auto",
      "allreduces are reduced in pieces of this many bytes, each copied in, "
-     "reduced and copied out while it is in cache (0: whole batches; over "
-     "Gloo or MPI a lone tensor that is neither scaled nor averaged goes "
-     "whole)",
-     parse_bytes, F(chunk_bytes)},
+     "reduced and copied out while it is in cache (0: whole batches; auto: "
+     "16M over Gloo, 4M otherwise; over Gloo or MPI a lone tensor that is "
+     "neither scaled nor averaged goes whole)",
+     parse_chunk, F(chunk_bytes)},
     {"KOLO_CYCLE_TIME", "5",
      "milliseconds between negotiation rounds while tensors wait for other ranks",
      parse_seconds, F(cycle_time_ms)},

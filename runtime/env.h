@@ -20,7 +20,8 @@ typedef struct kolo__config {
     char network_interface[64]; /* KOLO_NETWORK_INTERFACE: its address
                                  * becomes hostname; "" none */
     int64_t fusion_threshold; /* bytes */
-    int64_t chunk_bytes;      /* reduction pieces; 0: whole batches */
+    int64_t chunk_bytes;      /* reduction pieces; 0: whole batches; -1:
+                               * auto (the data backend's choice) */
     double cycle_time_ms;
     int64_t cache_capacity;
     double timeout_s;

@@ -486,4 +486,9 @@ extern "C" const kolo__ops_t kolo__ops_gloo = {
     /* .reduce_scatter = */ gloo_reduce_scatter,
     /* .wake_peers = */ gloo_wake_peers,
     /* .allreduce_stream = */ nullptr,
+    /* Every gloo::allreduce costs hundreds of microseconds before its bytes
+     * move: over a veth link between network namespaces, 16 MiB pieces
+     * reduced float16-compressed 256 MiB tensors 10% and a ResNet-50 step
+     * about 8% faster than 4 MiB ones. */
+    /* .chunk_bytes = */ 16 << 20,
 };

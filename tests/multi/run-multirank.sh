@@ -41,6 +41,26 @@ for np in $nps; do
     run "np=$np shutdown with pending work" "$kolorun" -np "$np" $wrap "$prog" shutdown
 done
 [ -z "$wrap" ] && run "np=2 soak ($soak steps), heap flat" "$kolorun" -np 2 $wrap "$prog" soak "$soak"
+# KOLO_CHUNK_BYTES=auto: the data backend's piece size, as the autotune log's
+# first window shows it (16 MiB over Gloo, 4 MiB over shared memory).
+chunk_default() {
+    local ops=$1 want=$2 log
+    log=$(mktemp) || return 1
+    env KOLO_CPU_OPERATIONS="$ops" KOLO_AUTOTUNE=1 KOLO_AUTOTUNE_WINDOW=1 \
+        KOLO_AUTOTUNE_LOG="$log" "$kolorun" -np 2 "$prog" random 3 || { rm -f "$log"; return 1; }
+    got=$(awk -F, 'NR == 2 {print $4}' "$log")
+    rm -f "$log"
+    [ "$got" = "$want" ] || { echo "KOLO_CPU_OPERATIONS=$ops: chunk_bytes $got, want $want"; return 1; }
+}
+if [ -z "$wrap" ] && [ -z "${KOLO_TEST_LAUNCHER:-}" ]; then
+    export -f chunk_default
+    export kolorun prog
+    grep -q "define KOLO_HAVE_GLOO 1" "$top/config.h" &&
+        run "np=2 KOLO_CHUNK_BYTES=auto over Gloo: 16 MiB pieces" \
+            bash -c 'chunk_default gloo 16777216'
+    run "np=2 KOLO_CHUNK_BYTES=auto over shm: 4 MiB pieces" \
+        bash -c 'chunk_default shm 4194304'
+fi
 [ -z "$wrap" ] && run "np=2 idle job does not spin" "$kolorun" -np 2 $wrap "$prog" idle 3
 run "np=4 idle job does not spin" "$kolorun" -np 4 $wrap "$prog" idle 3
 

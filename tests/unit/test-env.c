@@ -236,6 +236,27 @@ START_TEST(shm_slot_bytes_auto_or_bytes)
 }
 END_TEST
 
+START_TEST(chunk_bytes_auto_or_bytes)
+{
+    kolo__config_t cfg;
+
+    fake_reset();
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.chunk_bytes, -1); /* auto: the data backend picks */
+    fake_set("KOLO_CHUNK_BYTES", "8M");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.chunk_bytes, 8 * 1024 * 1024);
+    fake_set("KOLO_CHUNK_BYTES", "0");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.chunk_bytes, 0); /* whole batches */
+    fake_set("KOLO_CHUNK_BYTES", "auto");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.chunk_bytes, -1);
+    bad_value("KOLO_CHUNK_BYTES", "automatic");
+    bad_value("KOLO_CHUNK_BYTES", "-1");
+}
+END_TEST
+
 START_TEST(log_levels)
 {
     static const struct {
@@ -500,6 +521,7 @@ static Suite *env_suite(void)
     tcase_add_test(tc, local_rank_and_size_default_to_rank_and_size);
     tcase_add_test(tc, fusion_threshold_suffixes);
     tcase_add_test(tc, shm_slot_bytes_auto_or_bytes);
+    tcase_add_test(tc, chunk_bytes_auto_or_bytes);
     tcase_add_test(tc, log_levels);
     tcase_add_test(tc, print_doc_lists_every_variable);
     suite_add_tcase(s, tc);
