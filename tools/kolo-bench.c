@@ -116,6 +116,7 @@
 #endif
 
 #include "kolo.h"
+#include "env.h"
 #include "ops.h"
 #include "reduce.h"
 
@@ -1807,6 +1808,8 @@ static const char *runtime_backend(const char *var, int data)
     return mpi ? "mpi" : "gloo";
 }
 
+static const char *env_get(const char *name) { return getenv(name); }
+
 /* The raw side: the backend's own context, next to the runtime's.
  * --backend nccl: the host backend of barriers and of the reduction of the
  * times; the raw NCCL side is gpu_init's. */
@@ -1814,6 +1817,8 @@ static void raw_init(const char *backend)
 {
     const char *rdv = getenv("KOLO_RENDEZVOUS");
     const char *host = getenv("KOLO_HOSTNAME");
+    const char *iface = getenv("KOLO_NETWORK_INTERFACE");
+    static kolo__config_t kc; /* its hostname outlives raw_init */
     char err[512] = "";
     kolo__ops_config_t cfg;
     int *members;
@@ -1841,6 +1846,14 @@ static void raw_init(const char *backend)
             die("KOLO_RENDEZVOUS is not set: run kolo-bench under kolorun "
                 "(--backend gloo and --compare gloo need kolorun without "
                 "--mpi)");
+    }
+    if (iface != NULL && iface[0] != '\0') {
+        /* Bind where the runtime binds: the interface's address, as
+         * env.c finds it (kolorun --network-interface). */
+        kolo__err_t e;
+        if (kolo__config_load(&kc, env_get, &e) != 0)
+            die("%s", e.msg);
+        host = kc.hostname;
     }
     members = g_raw_members = malloc((size_t)g_size * sizeof(int));
     if (members == NULL)
