@@ -151,9 +151,10 @@ typedef struct kolo__ops {
                             const kolo__ops_stream_t *s, char *err,
                             size_t errlen);
 
-    /* KOLO_CHUNK_BYTES=auto: the pieces the runtime cuts an allreduce into
-     * for allreduce (0: 4 MiB, which keeps a piece's copies in cache). A
-     * backend whose every call costs much more than a copy asks for more. */
+    /* KOLO_CHUNK_BYTES=auto: the bytes of the pieces in which the runtime
+     * hands a fused allreduce to `allreduce` (0: 4 MiB, which keeps a
+     * piece's copies in cache). A backend whose every call costs much more
+     * than a copy asks for more. */
     int64_t chunk_bytes;
 } kolo__ops_t;
 
