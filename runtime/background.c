@@ -1090,8 +1090,8 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
             return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                                  "out of memory creating process set %d", id);
         }
-        kolo__autotune_init(ps->tune, &ps->tune_fixed,
-                            (int)rt->cfg.autotune_window);
+        /* start_threads initialises it, once the data backend has chosen
+         * KOLO_CHUNK_BYTES=auto. */
         if (id == KOLO_GLOBAL_PROCESS_SET && rt->rank == 0 &&
             rt->cfg.autotune_log[0] != '\0') {
             ps->tune_log = fopen(rt->cfg.autotune_log, "w");
@@ -1338,14 +1338,14 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
         rc = kolo__pset_connect(ps, ps->data_ops, "data", ps->rank, ps->size,
                                 ps->ranks, hosts, cross, &ps->data_ctx, err);
     free(hosts);
-    if (rc == KOLO_OK && ps->tune_fixed.chunk_bytes < 0) {
-        /* KOLO_CHUNK_BYTES=auto: now that the data backend is known. */
+    /* KOLO_CHUNK_BYTES=auto: now that the data backend is known; then the
+     * tuner starts from the defaults. */
+    if (rc == KOLO_OK && ps->tune_fixed.chunk_bytes < 0)
         ps->tune_fixed.chunk_bytes =
             ps->data_ops->chunk_bytes > 0 ? ps->data_ops->chunk_bytes : 4 << 20;
-        if (ps->tune != NULL)
-            kolo__autotune_init(ps->tune, &ps->tune_fixed,
-                                (int)rt->cfg.autotune_window);
-    }
+    if (rc == KOLO_OK && ps->tune != NULL)
+        kolo__autotune_init(ps->tune, &ps->tune_fixed,
+                            (int)rt->cfg.autotune_window);
     if (rc == KOLO_OK)
         ps->phase = phase_names(ps->data_ops->name);
     if (rc != KOLO_OK) {

@@ -1833,6 +1833,14 @@ static void raw_init(const char *backend)
         g_raw = kolo__ops_named(backend);
         if (g_raw == NULL)
             die("this kolo-bench has no raw backend '%s'", backend);
+        if (iface != NULL && iface[0] != '\0') {
+            /* Bind where the runtime binds: the interface's address, as
+             * env.c finds it (kolorun --network-interface). */
+            kolo__err_t e;
+            if (kolo__config_load(&kc, env_get, &e) != 0)
+                die("%s", e.msg);
+            host = kc.hostname;
+        }
         if ((rdv == NULL || rdv[0] == '\0') && getenv("PMIX_NAMESPACE") &&
             strcmp(backend, "gloo") != 0) {
             /* Started by mpirun: shared memory keys its segment on the job's
@@ -1846,14 +1854,6 @@ static void raw_init(const char *backend)
             die("KOLO_RENDEZVOUS is not set: run kolo-bench under kolorun "
                 "(--backend gloo and --compare gloo need kolorun without "
                 "--mpi)");
-    }
-    if (iface != NULL && iface[0] != '\0') {
-        /* Bind where the runtime binds: the interface's address, as
-         * env.c finds it (kolorun --network-interface). */
-        kolo__err_t e;
-        if (kolo__config_load(&kc, env_get, &e) != 0)
-            die("%s", e.msg);
-        host = kc.hostname;
     }
     members = g_raw_members = malloc((size_t)g_size * sizeof(int));
     if (members == NULL)
