@@ -1513,15 +1513,16 @@ static void emit_fp16(const char *size_text, long long bytes, const char *unit,
              f32 = figure(&r[1], scale, per_time);
     double speedup = r[1].med / r[0].med;
     char note[192], extra[768], pass[256] = "", a[32], c[32];
+    int len;
     row_t row;
 
-    if (!g_gpu) {
+    len = snprintf(note, sizeof(note), "fp32 kolo %s %s, fp16 speedup %.2fx",
+                   fmt_num(a, sizeof(a), f32.med), unit, speedup);
+    if (!g_gpu && len > 0 && (size_t)len < sizeof(note)) {
         figure_t fp = figure(&r[PASS_SIDE], scale, per_time);
         double bound = r[1].med / r[PASS_SIDE].med;
-        snprintf(note, sizeof(note),
-                 "fp32 kolo %s %s, fp16 speedup %.2fx; one pass %s %s: "
-                 "at most %.2fx",
-                 fmt_num(a, sizeof(a), f32.med), unit, speedup,
+        snprintf(note + len, sizeof(note) - (size_t)len,
+                 "; one pass %s %s: at most %.2fx",
                  fmt_num(c, sizeof(c), fp.med), unit, bound);
         snprintf(pass, sizeof(pass),
                  ", \"memory_pass\": %.6g, \"memory_pass_time_s\": %.6g, "
@@ -1529,9 +1530,6 @@ static void emit_fp16(const char *size_text, long long bytes, const char *unit,
                  "time through the runtime / time of one pass over the "
                  "float32 tensors on every rank at once\"",
                  fp.med, r[PASS_SIDE].med, bound);
-    } else {
-        snprintf(note, sizeof(note), "fp32 kolo %s %s, fp16 speedup %.2fx",
-                 fmt_num(a, sizeof(a), f32.med), unit, speedup);
     }
     snprintf(extra, sizeof(extra),
              ", \"wire_dtype\": \"float16\", \"kolo_fp32\": %.6g, "
