@@ -93,6 +93,12 @@ typedef struct kolo__ops_config {
     kolo__ops_wake_fn on_wake; /* called from a backend thread; must only
                                   set a flag and signal (never block) */
     void *wake_arg;
+    /* While init waits for peers it calls this every few tens of ms (NULL:
+     * never): non-zero means a peer has already failed to connect, with
+     * its reason in why, and init must give up at once with
+     * KOLO_ERR_BACKEND instead of waiting out the start timeout. */
+    int (*abandoned)(void *arg, char *why, size_t len);
+    void *abandoned_arg;
 } kolo__ops_config_t;
 
 typedef struct kolo__ops {

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "agree.h"
 #include "api.h"
 #include "gpu.h"
 #include "mpienv.h"
@@ -225,6 +226,53 @@ static void runtime_free(kolo__runtime_t *rt)
     free(rt);
 }
 
+/* KOLO_* variables that kolo does not know are typos more often than
+ * not: say so once per kolo_init, naming the closest known name (rank 0
+ * warns; the others, whose environment is usually the same, at debug). */
+static void warn_unknown_variables(int rank)
+{
+    extern char **environ;
+
+    for (char **e = environ; e != NULL && *e != NULL; e++) {
+        char name[128];
+        const char *close;
+        size_t n = strcspn(*e, "=");
+
+        if (strncmp(*e, "KOLO_", 5) != 0 || n >= sizeof(name))
+            continue;
+        memcpy(name, *e, n);
+        name[n] = '\0';
+        if (kolo__config_is_known(name))
+            continue;
+        close = kolo__config_closest(name);
+        kolo__log(rank == 0 ? KOLO__LOG_WARNING : KOLO__LOG_DEBUG,
+                  "%s is not a variable kolo knows, and is ignored%s%s%s", name,
+                  close ? " (did you mean " : "", close ? close : "",
+                  close ? "?)" : "; the README's table lists the known ones");
+    }
+}
+
+/* The settings every rank must share, compared before any backend
+ * connects (agree.c): a rank with another fusion threshold, cache
+ * capacity or backend would otherwise exchange buffers the others do not
+ * expect, or wait for peers that are elsewhere. */
+static int agree_settings(const kolo__runtime_t *rt, kolo__err_t *err)
+{
+    char build[256], names[128], *text;
+    int rc;
+
+    kolo__ops_names(names, sizeof(names));
+    snprintf(build, sizeof(build), "%s, messages v%d, backends %s",
+             PACKAGE_VERSION, KOLO__MSG_VERSION, names);
+    if ((text = malloc(KOLO__AGREE_MAX)) == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
+    kolo__config_agreed(&rt->cfg, build, text, KOLO__AGREE_MAX);
+    rc = kolo__agree(&rt->cfg, rt->generation, "settings", text,
+                     kolo__agree_settings, NULL, err);
+    free(text);
+    return rc;
+}
+
 /* A rank that exits without kolo_shutdown still announces it: the other
  * ranks then fail with "rank N has shut down" instead of a lost
  * connection. */
@@ -279,6 +327,7 @@ int kolo_init(void)
     rt->handles = &g_handles;
     rt->generation = g_generation++;
     kolo__log_set_rank(rt->rank);
+    warn_unknown_variables(rt->rank);
 
     rt->timeline = kolo__timeline_new(rt->rank, rt->size, rt->cfg.job_start_us);
     if (rt->timeline == NULL) {
@@ -309,9 +358,20 @@ int kolo_init(void)
         all[r] = r;
     snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
     kolo__peers_register(&rt->cfg, prefix);
-    KOLO__CHECK_GOTO(kolo__pset_start(rt, KOLO_GLOBAL_PROCESS_SET, all, rt->size,
-                                      &world, &err),
-                     rc, free_rt);
+    KOLO__CHECK_GOTO(agree_settings(rt, &err), rc, free_rt);
+    {
+        kolo__outcome_t watch;
+        kolo__outcome_init(&watch, &rt->cfg, rt->generation, "init.connect",
+                           all, rt->size);
+        rc = kolo__pset_start(rt, KOLO_GLOBAL_PROCESS_SET, all, rt->size,
+                              &watch, &world, &err);
+        if (!watch.agreed) {
+            kolo__err_t mine = err;
+            rc = kolo__outcome_agree(&watch, rc, &mine, &err);
+        }
+        if (rc != KOLO_OK)
+            goto free_rt;
+    }
     if (table_add(rt, world, rt->size) != 0) {
         rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
         kolo__pset_stop(world, NULL);
@@ -492,18 +552,84 @@ static int check_ranks(const kolo__runtime_t *rt, const int *ranks, int n,
     return KOLO_OK;
 }
 
-/* Creates set rt->nsets; the caller holds g_mu and checked the ranks. */
+/* The judge of a new set's membership: every rank must have asked for the
+ * same ranks; else the message lists what each rank asked for. */
+static int judge_members(char *const *texts, int n, void *arg, kolo__err_t *err)
+{
+    char msg[KOLO__ERR_LEN];
+    size_t used;
+    int differ = 0;
+
+    for (int r = 1; r < n; r++)
+        differ |= strcmp(texts[r], texts[0]) != 0;
+    if (!differ)
+        return KOLO_OK;
+    used = (size_t)snprintf(msg, sizeof(msg), "the ranks asked for different "
+                            "members of process set %d:", *(int *)arg);
+    /* Ranks that asked for the same set are listed together. */
+    for (int r = 0; r < n && used < sizeof(msg); r++) {
+        char who[160];
+        size_t w = 0;
+        int first = 1, k = 0;
+        for (int q = 0; q < r && first; q++)
+            first = strcmp(texts[q], texts[r]) != 0;
+        if (!first)
+            continue;
+        for (int q = r; q < n && w < sizeof(who) - 16; q++)
+            if (strcmp(texts[q], texts[r]) == 0)
+                w += (size_t)snprintf(who + w, sizeof(who) - w, "%s%d",
+                                      k++ ? ", " : "", q);
+        used += (size_t)snprintf(msg + used, sizeof(msg) - used,
+                                 "%s rank%s %s asked for {%s}", r ? ";" : "",
+                                 k > 1 ? "s" : "", who, texts[r]);
+    }
+    return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT, "%s; every rank must "
+                         "add the same process sets in the same order", msg);
+}
+
+/* Creates set rt->nsets; the caller holds g_mu and checked the ranks.
+ * Every rank of the job takes part: first they agree on the members
+ * (before any of them connects), then on whether every member connected
+ * (agree.c), so that the set exists everywhere or nowhere. */
 static int add_set(kolo__runtime_t *rt, const int *ranks, int n, int *id,
                    kolo__err_t *err)
 {
     kolo__pset_t *ps = NULL;
-    int member = 0, new_id = rt->nsets;
+    kolo__outcome_t watch;
+    int member = 0, new_id = rt->nsets, rc;
+    char topic[32], *text;
+    size_t used = 0;
+    /* Attempts, not ids, name the agreements: a failed add leaves no id
+     * behind, and its keys must not answer the next one. */
+    unsigned attempt = rt->set_attempts++;
+
+    if ((text = malloc(KOLO__AGREE_MAX)) == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "out of memory adding process set %d", new_id);
+    text[0] = '\0';
+    for (int i = 0; i < n && used < KOLO__AGREE_MAX - 16; i++)
+        used += (size_t)snprintf(text + used, KOLO__AGREE_MAX - used, "%s%d",
+                                 i ? "," : "", ranks[i]);
+    snprintf(topic, sizeof(topic), "add%u", attempt);
+    rc = kolo__agree(&rt->cfg, rt->generation, topic, text, judge_members,
+                     &new_id, err);
+    free(text);
+    if (rc != KOLO_OK)
+        return rc;
 
     for (int i = 0; i < n; i++)
         member |= ranks[i] == rt->rank;
+    snprintf(topic, sizeof(topic), "add%u.connect", attempt);
+    kolo__outcome_init(&watch, &rt->cfg, rt->generation, topic, ranks, n);
     /* Members connect among themselves; the others only count the id. */
-    if (member)
-        KOLO__CHECK(kolo__pset_start(rt, new_id, ranks, n, &ps, err));
+    rc = member ? kolo__pset_start(rt, new_id, ranks, n, &watch, &ps, err)
+                : KOLO_OK;
+    if (!watch.agreed) {
+        kolo__err_t mine = *err;
+        rc = kolo__outcome_agree(&watch, rc, &mine, err);
+    }
+    if (rc != KOLO_OK)
+        return rc;
     if (table_add(rt, ps, n) != 0) {
         if (ps != NULL)
             kolo__pset_stop(ps, NULL);

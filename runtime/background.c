@@ -1052,7 +1052,8 @@ static void release_ops(kolo__pset_t *ps)
 }
 
 int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
-                     kolo__pset_t **out, kolo__err_t *err)
+                     kolo__outcome_t *watch, kolo__pset_t **out,
+                     kolo__err_t *err)
 {
     kolo__pset_t *ps = calloc(1, sizeof(*ps));
     sigset_t pipe_set, saved_mask;
@@ -1066,6 +1067,7 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
     ps->rt = rt;
     ps->id = id;
     ps->size = size;
+    ps->watch = watch;
     ps->gpu_device = -1;
     ps->rank = -1;
     for (int i = 0; i < size; i++) {
@@ -1220,6 +1222,8 @@ int kolo__pset_connect(kolo__pset_t *ps, const kolo__ops_t *ops,
         .hostname = rt->cfg.hostname, .timeout_s = rt->cfg.timeout_s,
         .start_timeout_s = rt->cfg.start_timeout_s,
         .on_wake = kolo__wake_from_peer, .wake_arg = ps,
+        .abandoned = ps->watch != NULL ? kolo__outcome_abandoned : NULL,
+        .abandoned_arg = ps->watch,
         .cross_ops = cross_ops,
         .shm_slot_bytes = (size_t)rt->cfg.shm_slot_bytes,
         .shm_spin_us = (int)rt->cfg.shm_spin_us};
@@ -1284,13 +1288,13 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
 {
     int *hosts = NULL;
     const char *cross = NULL;
-    int rc, all_local = 1;
+    int rc = KOLO_OK, all_local = 1;
 
     hosts = malloc((size_t)size * sizeof(int));
     if (hosts == NULL) {
-        pset_free(ps);
-        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                             "out of memory creating process set %d", id);
+        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                           "out of memory creating process set %d", id);
+        goto agree;
     }
     /* Before the global set has exchanged placements, the configuration
      * says whether the job is on one host. */
@@ -1308,9 +1312,8 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
         rc = kolo__pset_connect(ps, ps->ctl_ops, "ctl", ps->rank, ps->size,
                                 ps->ranks, hosts, NULL, &ps->ctl_ctx, err);
     if (rc != KOLO_OK) {
-        free(hosts);
-        pset_free(ps);
-        return rc;
+        ps->ctl_ops = NULL; /* nothing to finalize */
+        goto agree;
     }
     if (id == KOLO_GLOBAL_PROCESS_SET && rt->host_of == NULL) {
         rc = exchange_hosts(rt, ps, err);
@@ -1337,7 +1340,8 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
     else if (rc == KOLO_OK)
         rc = kolo__pset_connect(ps, ps->data_ops, "data", ps->rank, ps->size,
                                 ps->ranks, hosts, cross, &ps->data_ctx, err);
-    free(hosts);
+    if (rc != KOLO_OK)
+        ps->data_ops = NULL; /* not connected (or the controller's) */
     /* KOLO_CHUNK_BYTES=auto: now that the data backend is known; then the
      * tuner starts from the defaults. */
     if (rc == KOLO_OK && ps->tune_fixed.chunk_bytes < 0)
@@ -1348,8 +1352,18 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
                             (int)rt->cfg.autotune_window);
     if (rc == KOLO_OK)
         ps->phase = phase_names(ps->data_ops->name);
+agree:
+    free(hosts);
+    /* Every rank learns whether every member connected, before any thread
+     * runs a round on a set that is not whole (agree.c). */
+    if (ps->watch != NULL) {
+        kolo__err_t mine = *err;
+        rc = kolo__outcome_agree(ps->watch, rc, &mine, err);
+        ps->watch->agreed = 1;
+        ps->watch = NULL;
+    }
     if (rc != KOLO_OK) {
-        ps->ctl_ops->finalize(ps->ctl_ctx);
+        release_ops(ps);
         pset_free(ps);
         return rc;
     }

@@ -30,7 +30,12 @@ typedef struct config_row {
     const char *doc;
     parse_fn parse;
     size_t offset;
+    int agree; /* AGREE: every rank must have the same value (kolo_init
+                * compares them, agree.c); 0: a per-rank value is harmless */
 } config_row_t;
+
+#define AGREE 1
+#define PER_RANK 0
 
 static int parse_int(const char *text, int64_t *out, int64_t lo, int64_t hi)
 {
@@ -194,84 +199,84 @@ static int parse_level(const char *text, void *field, const char **expected)
 #define F(field) offsetof(kolo__config_t, field)
 
 static const config_row_t rows[] = {
-    {"KOLO_RANK", "0", "rank of this process", parse_nonneg, F(rank)},
-    {"KOLO_SIZE", "1", "number of ranks in the job", parse_positive, F(size)},
+    {"KOLO_RANK", "0", "rank of this process", parse_nonneg, F(rank), PER_RANK},
+    {"KOLO_SIZE", "1", "number of ranks in the job", parse_positive, F(size), AGREE},
     {"KOLO_LOCAL_RANK", NULL, "rank among the ranks of this host (default: KOLO_RANK)",
-     parse_nonneg, F(local_rank)},
+     parse_nonneg, F(local_rank), PER_RANK},
     {"KOLO_LOCAL_SIZE", NULL, "ranks on this host (default: KOLO_SIZE)",
-     parse_positive, F(local_size)},
-    {"KOLO_CROSS_RANK", "0", "index of this host", parse_nonneg, F(cross_rank)},
-    {"KOLO_CROSS_SIZE", "1", "number of hosts", parse_positive, F(cross_size)},
+     parse_positive, F(local_size), PER_RANK},
+    {"KOLO_CROSS_RANK", "0", "index of this host", parse_nonneg, F(cross_rank), PER_RANK},
+    {"KOLO_CROSS_SIZE", "1", "number of hosts", parse_positive, F(cross_size), AGREE},
     {"KOLO_RENDEZVOUS", "", "where ranks meet: file:DIR or "
      "redis:HOST:PORT[/JOB] (kolorun sets it)",
-     parse_string, F(rendezvous)},
+     parse_string, F(rendezvous), PER_RANK},
     {"KOLO_HOSTNAME", "127.0.0.1", "address this rank's transport binds",
-     parse_host, F(hostname)},
+     parse_host, F(hostname), PER_RANK},
     {"KOLO_NETWORK_INTERFACE", "", "bind this interface's address instead "
      "of KOLO_HOSTNAME (kolorun --network-interface)", parse_iface,
-     F(network_interface)},
+     F(network_interface), PER_RANK},
     {"KOLO_FUSION_THRESHOLD", "134217728",
      "bytes of tensors fused into one reduction (0: no fusion)", parse_bytes,
-     F(fusion_threshold)},
+     F(fusion_threshold), AGREE},
     {"KOLO_CHUNK_BYTES", "auto",
      "allreduces are reduced in pieces of this many bytes, each copied in, "
      "reduced and copied out while it is in cache (0: whole batches; auto: "
      "16M over Gloo, 4M otherwise; over Gloo or MPI a lone tensor that is "
      "neither scaled nor averaged goes whole)",
-     parse_chunk, F(chunk_bytes)},
+     parse_chunk, F(chunk_bytes), AGREE},
     {"KOLO_CYCLE_TIME", "5",
      "milliseconds between negotiation rounds while tensors wait for other ranks",
-     parse_seconds, F(cycle_time_ms)},
+     parse_seconds, F(cycle_time_ms), AGREE},
     {"KOLO_CACHE_CAPACITY", "1024",
      "negotiated tensors remembered by the response cache (0: off)",
-     parse_nonneg, F(cache_capacity)},
+     parse_nonneg, F(cache_capacity), AGREE},
     {"KOLO_TIMEOUT_SECONDS", "60",
      "a backend operation that makes no progress this long fails",
-     parse_seconds, F(timeout_s)},
+     parse_seconds, F(timeout_s), PER_RANK},
     {"KOLO_START_TIMEOUT", "60",
      "seconds init waits for every rank to arrive", parse_seconds,
-     F(start_timeout_s)},
+     F(start_timeout_s), PER_RANK},
     {"KOLO_LOG_LEVEL", "warning", "trace, debug, info, warning, error or off",
-     parse_level, F(log_level)},
+     parse_level, F(log_level), PER_RANK},
     {"KOLO_TIMELINE", "", "write a Chrome-trace timeline to this file (rank 0, "
-     "or every rank with KOLO_TIMELINE_ALL_RANKS=1)", parse_string, F(timeline)},
+     "or every rank with KOLO_TIMELINE_ALL_RANKS=1)", parse_string, F(timeline), PER_RANK},
     {"KOLO_TIMELINE_MARK_CYCLES", "0", "1: mark every negotiation round",
-     parse_nonneg, F(timeline_mark_cycles)},
+     parse_nonneg, F(timeline_mark_cycles), PER_RANK},
     {"KOLO_TIMELINE_ALL_RANKS", "0",
      "1: every rank writes its own timeline, FILE with the rank before .json",
-     parse_nonneg, F(timeline_all_ranks)},
+     parse_nonneg, F(timeline_all_ranks), PER_RANK},
     {"KOLO_JOB_START_US", "0", "the job's start (kolorun sets it): time zero "
-     "of every rank's timeline", parse_nonneg, F(job_start_us)},
+     "of every rank's timeline", parse_nonneg, F(job_start_us), PER_RANK},
     {"KOLO_STALL_CHECK_TIME_SECONDS", "60",
      "warn when some ranks wait this long for a tensor others have not "
      "enqueued (0: off)",
-     parse_seconds, F(stall_check_s)},
+     parse_seconds, F(stall_check_s), PER_RANK},
     {"KOLO_STALL_SHUTDOWN_TIME_SECONDS", "0",
      "stop the job when a tensor waits this long for other ranks (0: off)",
-     parse_seconds, F(stall_shutdown_s)},
+     parse_seconds, F(stall_shutdown_s), PER_RANK},
     {"KOLO_CONTROLLER", "auto", "backend that negotiates: shm when every "
      "rank is on one host, else gloo (auto), gloo, mpi or shm",
-     parse_backend, F(controller)},
+     parse_backend, F(controller), AGREE},
     {"KOLO_CPU_OPERATIONS", "auto", "backend that moves host tensors: shm "
      "when every rank is on one host, else gloo (auto), gloo, mpi or shm",
-     parse_backend, F(cpu_operations)},
+     parse_backend, F(cpu_operations), AGREE},
     {"KOLO_HIERARCHICAL_ALLREDUCE", "auto", "allreduce through shared memory "
      "within each host and the network across hosts (auto: on when a job "
      "spans hosts with several ranks on each)", parse_auto_bool,
-     F(hierarchical)},
+     F(hierarchical), AGREE},
     {"KOLO_SHM_SLOT_BYTES", "auto", "shared memory: bytes each rank "
      "writes per step (a chunk of an allreduce); 4K to 1G, or auto: a "
      "quarter of the L2 cache, 256K to 1M", parse_bytes_auto,
-     F(shm_slot_bytes)},
+     F(shm_slot_bytes), AGREE},
     {"KOLO_SHM_SPIN_US", "50", "shared memory: microseconds a rank spins "
      "before it sleeps, when the host has a core per rank (0: never spin)",
-     parse_nonneg, F(shm_spin_us)},
+     parse_nonneg, F(shm_spin_us), PER_RANK},
     {"KOLO_AUTOTUNE", "0", "1: tune the fusion threshold, chunk size and "
-     "cycle time on the running job", parse_nonneg, F(autotune)},
+     "cycle time on the running job", parse_nonneg, F(autotune), AGREE},
     {"KOLO_AUTOTUNE_LOG", "", "rank 0 writes every autotune window there "
-     "(CSV)", parse_string, F(autotune_log)},
+     "(CSV)", parse_string, F(autotune_log), PER_RANK},
     {"KOLO_AUTOTUNE_WINDOW", "20", "autotune: rounds with work per measured "
-     "window", parse_positive, F(autotune_window)},
+     "window", parse_positive, F(autotune_window), AGREE},
 };
 
 #undef F
@@ -448,6 +453,101 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
 void kolo__config_print_doc(void *out)
 {
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
-        fprintf(out, "%-24s %-12s %s\n", rows[i].name,
-                rows[i].dflt ? rows[i].dflt : "-", rows[i].doc);
+        fprintf(out, "%-24s %-12s %s%s\n", rows[i].name,
+                rows[i].dflt ? rows[i].dflt : "-", rows[i].doc,
+                rows[i].agree ? " [same on every rank]" : "");
+}
+
+/* The value of a row's field as text: numbers as parsed (so that "16M"
+ * and "16777216" agree), strings as given. */
+static void row_value(const config_row_t *row, const kolo__config_t *cfg,
+                      char *out, size_t len)
+{
+    const void *field = (const char *)cfg + row->offset;
+
+    if (row->parse == parse_seconds)
+        snprintf(out, len, "%g", *(const double *)field);
+    else if (row->parse == parse_string || row->parse == parse_host ||
+             row->parse == parse_iface || row->parse == parse_backend)
+        snprintf(out, len, "%s", (const char *)field);
+    else if ((row->parse == parse_chunk || row->parse == parse_auto_bool) &&
+             *(const int64_t *)field == -1)
+        snprintf(out, len, "auto");
+    else if (row->parse == parse_bytes_auto && *(const int64_t *)field == 0)
+        snprintf(out, len, "auto");
+    else
+        snprintf(out, len, "%lld", (long long)*(const int64_t *)field);
+}
+
+size_t kolo__config_agreed(const kolo__config_t *cfg, const char *build,
+                           char *out, size_t len)
+{
+    size_t used = (size_t)snprintf(out, len, "kolo=%s\n", build);
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]) && used < len; i++) {
+        char v[256];
+        if (!rows[i].agree)
+            continue;
+        row_value(&rows[i], cfg, v, sizeof(v));
+        used += (size_t)snprintf(out + used, len - used, "%s=%s\n",
+                                 rows[i].name, v);
+    }
+    return used;
+}
+
+/* ---- typos -------------------------------------------------------------- */
+
+/* KOLO_* variables that are not settings of the runtime but are still
+ * ours: the test suite's and the tools'. */
+static const char *const other_names[] = {
+    "KOLO_TOP_BUILDDIR", "KOLO_TOP_SRCDIR", "KOLO_TEST_*", "KOLO_PYTEST_*",
+    "KOLO_FUZZ_SECONDS", "KOLO_SOAK_STEPS", "KOLO_LIBRARY", "KOLO_PYTHON",
+    "KOLO_MPIRUN", "KOLO_MPI_TEST_MAX_COUNT", "KOLO_BENCH_FAULT",
+};
+
+static size_t edit_distance(const char *a, const char *b)
+{
+    size_t la = strlen(a), lb = strlen(b), prev[64], cur[64];
+
+    if (la >= 63 || lb >= 63)
+        return 99;
+    for (size_t j = 0; j <= lb; j++)
+        prev[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            size_t del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+        memcpy(prev, cur, (lb + 1) * sizeof(size_t));
+    }
+    return prev[lb];
+}
+
+int kolo__config_is_known(const char *name)
+{
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+        if (strcmp(rows[i].name, name) == 0)
+            return 1;
+    for (size_t i = 0; i < sizeof(other_names) / sizeof(other_names[0]); i++) {
+        size_t n = strlen(other_names[i]);
+        if (other_names[i][n - 1] == '*' ? strncmp(other_names[i], name, n - 1) == 0
+                                         : strcmp(other_names[i], name) == 0)
+            return 1;
+    }
+    return 0;
+}
+
+const char *kolo__config_closest(const char *name)
+{
+    const char *best = NULL;
+    size_t best_d = 99, d;
+
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+        if ((d = edit_distance(name, rows[i].name)) < best_d) {
+            best_d = d;
+            best = rows[i].name;
+        }
+    /* Past a third of the name it is no longer a typo of it. */
+    return best != NULL && best_d * 3 <= strlen(name) ? best : NULL;
 }

@@ -52,4 +52,15 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
 /* Writes "NAME  default  doc" lines for every variable to `out` (FILE*). */
 void kolo__config_print_doc(void *out);
 
+/* Writes "NAME=value" lines for every setting that must be the same on
+ * every rank, after a first line "kolo=BUILD" (version and build); returns
+ * the length. kolo_init compares them across ranks (agree.c). */
+size_t kolo__config_agreed(const kolo__config_t *cfg, const char *build,
+                           char *out, size_t len);
+
+/* Whether NAME is a KOLO_* variable kolo knows; the known setting closest
+ * to a misspelled one, or NULL when none is close. */
+int kolo__config_is_known(const char *name);
+const char *kolo__config_closest(const char *name);
+
 #endif /* KOLO_ENV_H */

@@ -193,6 +193,15 @@ int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, kolo__err_t *err)
         buf[sizeof(g_token) - 1] = '\0';
         memcpy(g_token, buf, sizeof(g_token));
     }
+    /* Every rank must take the same branch below (its calls are
+     * collective), even when only some ranks asked for Gloo: the settings
+     * check in kolo_init then names the difference. */
+    {
+        int any = need_dir;
+        MPI_TRY("MPI_Allreduce", MPI_Allreduce(&need_dir, &any, 1, MPI_INT,
+                                               MPI_MAX, g_comm));
+        need_dir = any;
+    }
     if (need_dir && g_dir[0] == '\0') {
         /* Gloo meets through files: a directory every rank can read. */
         int bad = 0, any_bad = 0, hosts = out->size / out->local_size;
@@ -233,6 +242,16 @@ int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, kolo__err_t *err)
     } else {
         snprintf(out->rendezvous, sizeof(out->rendezvous), "mpi:%s", g_token);
     }
+    return KOLO_OK;
+}
+
+int kolo__mpienv_allgather(const char *mine, size_t each, char *all,
+                           kolo__err_t *err)
+{
+    if (g_comm == MPI_COMM_NULL)
+        return kolo__err_set(err, KOLO_ERR_INTERNAL, "MPI is not started");
+    MPI_TRY("MPI_Allgather", MPI_Allgather(mine, (int)each, MPI_CHAR, all,
+                                           (int)each, MPI_CHAR, g_comm));
     return KOLO_OK;
 }
 

@@ -26,6 +26,10 @@ int kolo__mpienv_launched(int *size);
  * process exits (MPI cannot be initialised twice), when an atexit handler
  * removes that directory and finalizes MPI if kolo initialised it. */
 int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, kolo__err_t *err);
+/* Gathers each rank's `each` bytes into all[size * each], in rank order,
+ * over kolo's duplicate of MPI_COMM_WORLD (after kolo__mpienv_start). */
+int kolo__mpienv_allgather(const char *mine, size_t each, char *all,
+                           kolo__err_t *err);
 #endif
 
 #endif /* KOLO_MPIENV_H */

@@ -20,6 +20,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "agree.h"
 #include "autotune.h"
 #include "cache.h"
 #include "common.h"
@@ -57,6 +58,8 @@ typedef struct kolo__pset {
     int64_t bytes_done;             /* bytes of completed entries */
     int gpu_device;  /* the CUDA device of this rank's CUDA tensors in the
                         set: -1 until the first is enqueued (API lock) */
+    kolo__outcome_t *watch; /* while it connects: the job's agreement on
+                               the outcome (agree.c), or NULL */
     kolo__queue_t queue;
     pthread_t thread;
     int thread_started;
@@ -102,14 +105,19 @@ struct kolo__runtime {
     kolo__pset_t **sets;   /* [nsets], by id; NULL: removed or not a member */
     int *set_sizes;        /* [nsets]: members, also for non-members; 0: removed */
     int nsets;
+    unsigned set_attempts; /* kolo_add_process_set calls that got as far as
+                              agreeing (the same count on every rank) */
 };
 
 /* background.c */
 
 /* Connects a set's backend, starts its thread. ranks[size] are global
- * ranks; this rank must be among them. */
+ * ranks; this rank must be among them. With a watch, every rank of the job
+ * agrees on the outcome before the thread starts (kolo__outcome_agree;
+ * watch->agreed says whether it got that far). */
 int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
-                     kolo__pset_t **out, kolo__err_t *err);
+                     kolo__outcome_t *watch, kolo__pset_t **out,
+                     kolo__err_t *err);
 /* Stops a set (its pending work fails with `why`), joins its thread and
  * frees it. Every member calls it for the same set. */
 void kolo__pset_stop(kolo__pset_t *ps, const kolo__err_t *why);

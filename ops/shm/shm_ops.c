@@ -403,6 +403,19 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+/* Whether a peer has failed to connect (ops.h: abandoned), asked at most
+ * every 50 ms of a wait. */
+static int peer_gave_up(const kolo__ops_config_t *cfg, char *err, size_t errlen)
+{
+    static _Thread_local double last;
+    double t = now_s();
+
+    if (cfg->abandoned == NULL || t - last < 0.05)
+        return 0;
+    last = t;
+    return cfg->abandoned(cfg->abandoned_arg, err, errlen);
+}
+
 /* Member 0 creates and initialises the segment. */
 static int create_segment(shm_ctx_t *c, char *err, size_t errlen)
 {
@@ -449,7 +462,8 @@ static int create_segment(shm_ctx_t *c, char *err, size_t errlen)
 }
 
 /* The other members open it once member 0 has marked it ready. */
-static int open_segment(shm_ctx_t *c, double deadline, char *err, size_t errlen)
+static int open_segment(shm_ctx_t *c, const kolo__ops_config_t *cfg,
+                        double deadline, char *err, size_t errlen)
 {
     header_t h;
     int fd = -1, rc, nap = 1;
@@ -469,6 +483,8 @@ static int open_segment(shm_ctx_t *c, double deadline, char *err, size_t errlen)
                      c->members[0], c->name);
             return KOLO_ERR_TIMEOUT;
         }
+        if (peer_gave_up(cfg, err, errlen))
+            return KOLO_ERR_BACKEND;
         sleep_ms(nap);
         nap = nap < 20 ? nap * 2 : 20;
     }
@@ -596,7 +612,7 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
     }
 
     rc = c->me == 0 ? create_segment(c, err, errlen)
-                    : open_segment(c, deadline, err, errlen);
+                    : open_segment(c, cfg, deadline, err, errlen);
     if (rc != KOLO_OK) {
         shm_finalize(c);
         return rc;
@@ -618,6 +634,10 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
                      "%s within the start timeout", missing, c->name);
             shm_finalize(c);
             return KOLO_ERR_TIMEOUT;
+        }
+        if (peer_gave_up(cfg, err, errlen)) {
+            shm_finalize(c);
+            return KOLO_ERR_BACKEND;
         }
         sleep_ms(nap);
         nap = nap < 20 ? nap * 2 : 20;

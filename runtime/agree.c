@@ -1,0 +1,429 @@
+/*
+ * agree.c — agreement among all ranks before a backend connects.
+ *
+ * Some things are only safe when every rank has them the same: the
+ * settings that decide which backend connects, how tensors are fused and
+ * cut, the size of the response cache (negotiate.c), the message format;
+ * and the members of a process set about to connect. A rank that differs
+ * must not get as far as a backend: there it would wait for peers that
+ * never come, or exchange buffers whose sizes the others do not expect
+ * (wrong sums, or a Gloo assertion in a thread where nothing can catch it).
+ *
+ * So each rank publishes a text and the ranks agree on a verdict:
+ *  - Under a rendezvous store (store.c: file or Redis), rank r sets
+ *    kolo<gen>/agree/<topic>/<r>. Rank 0 waits for every rank's text (up to
+ *    KOLO_START_TIMEOUT), judges them, and sets .../verdict to "CODE
+ *    MESSAGE". The others wait for that verdict and return it, so every
+ *    rank fails, or goes on, together. A rank that waited for the verdict
+ *    in vain looks at which texts are there: missing ones are ranks that
+ *    never arrived; when all are there rank 0 is only slow, and it waits
+ *    once more for up to KOLO_TIMEOUT_SECONDS.
+ *  - Under mpirun, MPI is up before anything else: the texts are gathered
+ *    with MPI_Allgather and every rank judges them itself.
+ * A job of one rank agrees with itself.
+ */
+#include "config.h"
+
+#include "agree.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mpienv.h"
+#include "store.h"
+
+/* "0, 2, 5" for ranks[n] (after eight: "... and 3 more"). */
+static void list_ranks(const int *ranks, int n, char *out, size_t len)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        int k;
+        if (i == 8 && n > 9) {
+            snprintf(out + used, len - used, " and %d more", n - i);
+            return;
+        }
+        k = snprintf(out + used, len - used, "%s%d", i ? ", " : "", ranks[i]);
+        if (k < 0 || (size_t)k >= len - used)
+            return;
+        used += (size_t)k;
+    }
+}
+
+/* The value of line "name=..." in text into out ("(not set)" if none). */
+static void field(const char *text, const char *name, char *out, size_t len)
+{
+    size_t nl = strlen(name);
+    for (const char *p = text; p != NULL && *p; p = strchr(p, '\n'), p = p ? p + 1 : p) {
+        if (strncmp(p, name, nl) == 0 && p[nl] == '=') {
+            size_t vl = strcspn(p + nl + 1, "\n");
+            snprintf(out, len, "%.*s", (int)(vl < len ? vl : len - 1), p + nl + 1);
+            return;
+        }
+    }
+    snprintf(out, len, "(unknown to this kolo)");
+}
+
+/* The first name (in rank 0's order, then the others') whose value is
+ * not the same on every rank, or 0. */
+static int first_difference(char *const *texts, int n, char *name, size_t len)
+{
+    char a[512], b[512];
+    for (int r = 0; r < n; r++) {
+        for (const char *p = texts[r]; *p; ) {
+            size_t l = strcspn(p, "=\n");
+            snprintf(name, len, "%.*s", (int)(l < len ? l : len - 1), p);
+            field(texts[0], name, a, sizeof(a));
+            for (int q = 1; q < n; q++) {
+                field(texts[q], name, b, sizeof(b));
+                if (strcmp(a, b) != 0)
+                    return 1;
+            }
+            p += strcspn(p, "\n");
+            if (*p == '\n')
+                p++;
+        }
+    }
+    return 0;
+}
+
+int kolo__agree_settings(char *const *texts, int n, void *arg, kolo__err_t *err)
+{
+    char name[128], msg[KOLO__ERR_LEN], v[512], ranks_txt[160];
+    char (*values)[512];
+    int *ranks, *which, nvalues = 0;
+    size_t used;
+
+    (void)arg;
+    if (!first_difference(texts, n, name, sizeof(name)))
+        return KOLO_OK;
+    values = malloc((size_t)n * sizeof(*values));
+    ranks = malloc((size_t)n * sizeof(int));
+    which = malloc((size_t)n * sizeof(int));
+    if (values == NULL || ranks == NULL || which == NULL) {
+        free(values);
+        free(ranks);
+        free(which);
+        return kolo__err_set(err, KOLO_ERR_CONFIG, "%s differs across ranks",
+                             name);
+    }
+    /* Group the ranks by value, in the order values first appear. */
+    for (int r = 0; r < n; r++) {
+        int k;
+        field(texts[r], name, v, sizeof(v));
+        for (k = 0; k < nvalues && strcmp(values[k], v) != 0; k++)
+            ;
+        if (k == nvalues)
+            memcpy(values[nvalues++], v, sizeof(v));
+        which[r] = k;
+    }
+    used = (size_t)snprintf(msg, sizeof(msg), "the ranks' settings differ: %s is",
+                            name);
+    for (int k = 0; k < nvalues && used < sizeof(msg); k++) {
+        int m = 0;
+        for (int r = 0; r < n; r++)
+            if (which[r] == k)
+                ranks[m++] = r;
+        list_ranks(ranks, m, ranks_txt, sizeof(ranks_txt));
+        used += (size_t)snprintf(msg + used, sizeof(msg) - used, "%s %s on rank%s %s",
+                                 k == 0 ? "" : k == nvalues - 1 ? " and" : ",",
+                                 values[k], m > 1 ? "s" : "", ranks_txt);
+    }
+    free(values);
+    free(ranks);
+    free(which);
+    return kolo__err_set(err, KOLO_ERR_CONFIG,
+                         "%s; it must be the same on every rank (it decides "
+                         "what goes on the wire or how work is cut)", msg);
+}
+
+/* ---- the exchange ----------------------------------------------------------- */
+
+static void key_of(char *out, size_t len, unsigned gen, const char *topic,
+                   const char *who)
+{
+    snprintf(out, len, "kolo%u/agree/%s/%s", gen, topic, who);
+}
+
+/* The ranks (of n) whose text is not in the store, as "2, 3"; how many. */
+static int missing_ranks(kolo__store_t *st, unsigned gen, const char *topic,
+                         int n, char *out, size_t len)
+{
+    char key[256], who[16];
+    int *miss = calloc((size_t)n, sizeof(int)), m = 0;
+    kolo__err_t e;
+
+    out[0] = '\0';
+    if (miss == NULL)
+        return 0;
+    for (int r = 0; r < n; r++) {
+        char *v = NULL;
+        snprintf(who, sizeof(who), "%d", r);
+        key_of(key, sizeof(key), gen, topic, who);
+        if (kolo__store_get(st, key, 0, &v, &e) == KOLO_ERR_TIMEOUT)
+            miss[m++] = r;
+        free(v);
+    }
+    list_ranks(miss, m, out, len);
+    free(miss);
+    return m;
+}
+
+static int never_arrived(const kolo__config_t *cfg, const char *list, int m,
+                         kolo__err_t *err)
+{
+    return kolo__err_set(err, KOLO_ERR_TIMEOUT,
+                         "rank %lld of %lld could not join the job: rank%s %s "
+                         "never arrived (waited %g s, KOLO_START_TIMEOUT)",
+                         (long long)cfg->rank, (long long)cfg->size,
+                         m > 1 ? "s" : "", list, cfg->start_timeout_s);
+}
+
+/* Rank 0: waits for every text, judges, publishes the verdict. */
+static int judge_all(const kolo__config_t *cfg, kolo__store_t *st, unsigned gen,
+                     const char *topic, kolo__agree_judge_fn judge, void *arg,
+                     kolo__err_t *err)
+{
+    int n = (int)cfg->size, rc = KOLO_OK, m = 0;
+    char **texts = calloc((size_t)n, sizeof(char *));
+    int *miss = calloc((size_t)n, sizeof(int));
+    char key[256], who[16], *verdict;
+    int64_t deadline = kolo__now_us() + (int64_t)(cfg->start_timeout_s * 1e6);
+    kolo__err_t verdict_err;
+
+    kolo__err_clear(&verdict_err);
+    if (texts == NULL || miss == NULL) {
+        free(texts);
+        free(miss);
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
+    }
+    for (int r = 0; r < n && rc == KOLO_OK; r++) {
+        snprintf(who, sizeof(who), "%d", r);
+        key_of(key, sizeof(key), gen, topic, who);
+        /* The start timeout is one budget for all ranks, not one each. */
+        int64_t left = deadline - kolo__now_us();
+        rc = kolo__store_get(st, key, left > 0 ? (double)left / 1e6 : 0,
+                             &texts[r], err);
+        if (rc == KOLO_ERR_TIMEOUT) {
+            miss[m++] = r;
+            rc = KOLO_OK;
+        }
+    }
+    if (rc == KOLO_OK && m > 0) {
+        char list[160];
+        list_ranks(miss, m, list, sizeof(list));
+        rc = never_arrived(cfg, list, m, &verdict_err);
+    } else if (rc == KOLO_OK) {
+        rc = judge(texts, n, arg, &verdict_err);
+    }
+    if (rc == KOLO_OK || verdict_err.msg[0] != '\0') {
+        /* Publish what was decided, success or failure. */
+        kolo__err_t e;
+        int len = snprintf(NULL, 0, "%d %s", rc, verdict_err.msg);
+        verdict = malloc((size_t)len + 1);
+        if (verdict != NULL) {
+            snprintf(verdict, (size_t)len + 1, "%d %s", rc, verdict_err.msg);
+            key_of(key, sizeof(key), gen, topic, "verdict");
+            if (kolo__store_set(st, key, verdict, (size_t)len, &e) != KOLO_OK)
+                kolo__log(KOLO__LOG_WARNING, "cannot publish the verdict on "
+                          "%s: %s", topic, e.msg);
+            free(verdict);
+        }
+        if (rc != KOLO_OK)
+            *err = verdict_err;
+    }
+    for (int r = 0; r < n; r++)
+        free(texts[r]);
+    free(texts);
+    free(miss);
+    return rc;
+}
+
+/* Ranks other than 0: the verdict. */
+static int await_verdict(const kolo__config_t *cfg, kolo__store_t *st,
+                         unsigned gen, const char *topic, kolo__err_t *err)
+{
+    char key[256], list[160], *verdict = NULL, *sp;
+    int rc, m;
+
+    key_of(key, sizeof(key), gen, topic, "verdict");
+    rc = kolo__store_get(st, key, cfg->start_timeout_s, &verdict, err);
+    if (rc == KOLO_ERR_TIMEOUT) {
+        m = missing_ranks(st, gen, topic, (int)cfg->size, list, sizeof(list));
+        if (m > 0)
+            return never_arrived(cfg, list, m, err);
+        /* Everyone is there: rank 0 is slow, not gone. */
+        rc = kolo__store_get(st, key, cfg->timeout_s, &verdict, err);
+        if (rc == KOLO_ERR_TIMEOUT)
+            return kolo__err_set(err, KOLO_ERR_TIMEOUT,
+                                 "rank %lld of %lld: every rank arrived, but "
+                                 "rank 0 gave no verdict on %s within %g s",
+                                 (long long)cfg->rank, (long long)cfg->size,
+                                 topic, cfg->start_timeout_s + cfg->timeout_s);
+    }
+    if (rc != KOLO_OK)
+        return rc;
+    rc = atoi(verdict);
+    sp = strchr(verdict, ' ');
+    if (rc != KOLO_OK)
+        kolo__err_set(err, rc, "%s", sp != NULL ? sp + 1 : verdict);
+    free(verdict);
+    return rc;
+}
+
+#ifdef KOLO_HAVE_MPI
+static int agree_mpi(const kolo__config_t *cfg, const char *mine,
+                     kolo__agree_judge_fn judge, void *arg, kolo__err_t *err)
+{
+    int n = (int)cfg->size, rc;
+    char *all = calloc((size_t)n, KOLO__AGREE_MAX);
+    char *own = calloc(1, KOLO__AGREE_MAX);
+    char **texts = calloc((size_t)n, sizeof(char *));
+
+    if (all == NULL || own == NULL || texts == NULL) {
+        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
+        goto out;
+    }
+    snprintf(own, KOLO__AGREE_MAX, "%s", mine);
+    rc = kolo__mpienv_allgather(own, KOLO__AGREE_MAX, all, err);
+    for (int r = 0; r < n; r++) {
+        texts[r] = all + (size_t)r * KOLO__AGREE_MAX;
+        texts[r][KOLO__AGREE_MAX - 1] = '\0';
+    }
+    if (rc == KOLO_OK)
+        rc = judge(texts, n, arg, err);
+out:
+    free(all);
+    free(own);
+    free(texts);
+    return rc;
+}
+#endif
+
+int kolo__agree(const kolo__config_t *cfg, unsigned gen, const char *topic,
+                const char *mine, kolo__agree_judge_fn judge, void *arg,
+                kolo__err_t *err)
+{
+    kolo__store_t *st = NULL;
+    char key[256], who[16];
+    int rc;
+
+    if (cfg->size == 1) {
+        char *own = strdup(mine);
+        if (own == NULL)
+            return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
+        rc = judge(&own, 1, arg, err);
+        free(own);
+        return rc;
+    }
+#ifdef KOLO_HAVE_MPI
+    if (cfg->mpi_launched)
+        return agree_mpi(cfg, mine, judge, arg, err);
+#endif
+    KOLO__CHECK(kolo__store_open(cfg->rendezvous, cfg->timeout_s, &st, err));
+    snprintf(who, sizeof(who), "%lld", (long long)cfg->rank);
+    key_of(key, sizeof(key), gen, topic, who);
+    rc = kolo__store_set(st, key, mine, strlen(mine), err);
+    if (rc == KOLO_OK)
+        rc = cfg->rank == 0 ? judge_all(cfg, st, gen, topic, judge, arg, err)
+                            : await_verdict(cfg, st, gen, topic, err);
+    kolo__store_close(st);
+    return rc;
+}
+
+/* ---- the outcome of a connection ------------------------------------------ */
+
+/* An outcome text: "RC GAVE_UP MESSAGE"; GAVE_UP is 1 when this rank only
+ * stopped because a peer had failed. */
+#define GAVE_UP_PREFIX "a peer failed first: "
+
+void kolo__outcome_init(kolo__outcome_t *o, const kolo__config_t *cfg,
+                        unsigned gen, const char *topic, const int *members,
+                        int n)
+{
+    memset(o, 0, sizeof(*o));
+    o->cfg = cfg;
+    o->gen = gen;
+    snprintf(o->topic, sizeof(o->topic), "%s", topic);
+    o->members = members;
+    o->n = n;
+}
+
+int kolo__outcome_abandoned(void *arg, char *why, size_t len)
+{
+    kolo__outcome_t *o = arg;
+    char key[256], who[16];
+    kolo__err_t e;
+
+    if (o->cfg->mpi_launched && strncmp(o->cfg->rendezvous, "mpi:", 4) == 0)
+        return 0; /* no store to look in */
+    if (o->store == NULL &&
+        kolo__store_open(o->cfg->rendezvous, o->cfg->timeout_s, &o->store,
+                         &e) != KOLO_OK)
+        return 0;
+    for (int i = 0; i < o->n; i++) {
+        char *text = NULL, *msg;
+        int rc;
+        if (o->members[i] == (int)o->cfg->rank)
+            continue;
+        snprintf(who, sizeof(who), "%d", o->members[i]);
+        key_of(key, sizeof(key), o->gen, o->topic, who);
+        if (kolo__store_get(o->store, key, 0, &text, &e) != KOLO_OK)
+            continue;
+        rc = atoi(text);
+        msg = strchr(text, ' ');
+        if (rc != KOLO_OK && msg != NULL && strlen(msg) >= 3) {
+            snprintf(why, len, "%s%s",
+                     strstr(msg + 3, GAVE_UP_PREFIX) ? "" : GAVE_UP_PREFIX,
+                     msg + 3);
+            free(text);
+            return 1;
+        }
+        free(text);
+    }
+    return 0;
+}
+
+static int judge_outcome(char *const *texts, int n, void *arg, kolo__err_t *err)
+{
+    int pick = -1;
+
+    (void)arg;
+    /* A member's own failure first; one that only gave up, else. */
+    for (int r = 0; r < n; r++) {
+        const char *sp = strchr(texts[r], ' ');
+        if (atoi(texts[r]) == KOLO_OK || sp == NULL)
+            continue;
+        if (sp[1] == '0') {
+            pick = r;
+            break;
+        }
+        if (pick < 0)
+            pick = r;
+    }
+    if (pick < 0)
+        return KOLO_OK;
+    return kolo__err_set(err, atoi(texts[pick]), "%s", strchr(texts[pick], ' ') + 3);
+}
+
+int kolo__outcome_agree(kolo__outcome_t *o, int rc, const kolo__err_t *mine,
+                        kolo__err_t *err)
+{
+    char *text = malloc(KOLO__AGREE_MAX);
+    int gave_up = rc != KOLO_OK &&
+                  strstr(mine->msg, GAVE_UP_PREFIX) != NULL;
+
+    if (o->store != NULL) {
+        kolo__store_close(o->store);
+        o->store = NULL;
+    }
+    o->agreed = 1;
+    if (text == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
+    snprintf(text, KOLO__AGREE_MAX, "%d %d %s", rc, gave_up,
+             rc == KOLO_OK ? "" : mine->msg);
+    rc = kolo__agree(o->cfg, o->gen, o->topic, text, judge_outcome, NULL, err);
+    free(text);
+    return rc;
+}

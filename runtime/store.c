@@ -1,0 +1,367 @@
+/*
+ * store.c — a small key-value store over the job's rendezvous.
+ *
+ * Some things must be agreed by the ranks before any backend connects:
+ * the settings that decide which backend connects at all, and the
+ * membership of a process set that is about to connect. A backend cannot
+ * carry that agreement (the ranks would first have to agree on it), so it
+ * goes through the rendezvous that every rank already reaches:
+ *
+ *  - file:DIR: one file per key in DIR, the key's '/' written as '.'.
+ *    A value is written to a temporary file and renamed into place, so a
+ *    reader sees all of it or nothing.
+ *  - redis:HOST:PORT[/JOB]: SET and GET in Redis's own protocol (RESP)
+ *    over one plain socket, the keys under "JOB/" as the backends' keys are
+ *    (kolorun removes them when the job ends).
+ *
+ * Waiting for a key polls it, sleeping 1 ms at first and doubling up to
+ * 50 ms between looks: this runs on the API thread during kolo_init or a
+ * process set's creation, never on a hot path, and never spins.
+ */
+#define _GNU_SOURCE
+#include "store.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <time.h>
+#include <unistd.h>
+
+struct kolo__store {
+    char dir[4096];  /* file: the directory; "" for Redis */
+    char job[512];   /* redis: the keys' prefix ("JOB/" or "") */
+    char where[600]; /* for messages: "file:DIR" or "Redis HOST:PORT" */
+    int fd;          /* redis: the connection; -1 for files */
+};
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void sleep_ms(double ms)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)(ms / 1000);
+    ts.tv_nsec = (long)((ms - (double)ts.tv_sec * 1000) * 1e6);
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
+        ;
+}
+
+static int redis_connect(kolo__store_t *s, const char *hostport,
+                         double io_timeout_s, kolo__err_t *err)
+{
+    char host[256], port[16];
+    const char *colon, *slash = strchr(hostport, '/');
+    size_t hlen = slash ? (size_t)(slash - hostport) : strlen(hostport);
+    struct addrinfo hints, *ai = NULL, *a;
+    struct timeval tv;
+    int e;
+
+    /* env.c checked the form: HOST:PORT or [IPv6]:PORT, then /JOB. */
+    snprintf(host, sizeof(host), "%.*s", (int)hlen, hostport);
+    colon = strrchr(host, ':');
+    if (colon == NULL)
+        return kolo__err_set(err, KOLO_ERR_CONFIG, "bad Redis address %s", host);
+    snprintf(port, sizeof(port), "%s", colon + 1);
+    host[colon - host] = '\0';
+    if (host[0] == '[') {
+        memmove(host, host + 1, strlen(host));
+        host[strcspn(host, "]")] = '\0';
+    }
+    if (slash != NULL)
+        snprintf(s->job, sizeof(s->job), "%s/", slash + 1);
+    snprintf(s->where, sizeof(s->where), "Redis %.*s", (int)hlen, hostport);
+
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    if ((e = getaddrinfo(host, port, &hints, &ai)) != 0)
+        return kolo__err_set(err, KOLO_ERR_BACKEND, "cannot reach the rendezvous "
+                             "at %s: %s", s->where, gai_strerror(e));
+    tv.tv_sec = (time_t)io_timeout_s;
+    tv.tv_usec = (suseconds_t)((io_timeout_s - (double)tv.tv_sec) * 1e6);
+    for (a = ai; a != NULL && s->fd < 0; a = a->ai_next) {
+        s->fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, 0);
+        if (s->fd < 0)
+            continue;
+        setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+        setsockopt(s->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        if (connect(s->fd, a->ai_addr, a->ai_addrlen) != 0) {
+            e = errno;
+            close(s->fd);
+            s->fd = -1;
+            errno = e;
+        }
+    }
+    freeaddrinfo(ai);
+    if (s->fd < 0)
+        return kolo__err_set(err, KOLO_ERR_BACKEND, "cannot reach the rendezvous "
+                             "at %s: %s", s->where, strerror(errno));
+    return KOLO_OK;
+}
+
+int kolo__store_open(const char *rendezvous, double io_timeout_s,
+                     kolo__store_t **out, kolo__err_t *err)
+{
+    kolo__store_t *s = calloc(1, sizeof(*s));
+    int rc = KOLO_OK;
+
+    *out = NULL;
+    if (s == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
+    s->fd = -1;
+    if (strncmp(rendezvous, "file:", 5) == 0) {
+        snprintf(s->dir, sizeof(s->dir), "%s", rendezvous + 5);
+        snprintf(s->where, sizeof(s->where), "%.590s", rendezvous);
+    } else if (strncmp(rendezvous, "redis:", 6) == 0) {
+        rc = redis_connect(s, rendezvous + 6, io_timeout_s, err);
+    } else {
+        rc = kolo__err_set(err, KOLO_ERR_CONFIG, "rendezvous '%s' has no store",
+                           rendezvous);
+    }
+    if (rc != KOLO_OK) {
+        free(s);
+        return rc;
+    }
+    *out = s;
+    return KOLO_OK;
+}
+
+void kolo__store_close(kolo__store_t *s)
+{
+    if (s == NULL)
+        return;
+    if (s->fd >= 0)
+        close(s->fd);
+    free(s);
+}
+
+/* ---- files ---------------------------------------------------------------- */
+
+static void file_path(const kolo__store_t *s, const char *key, const char *suffix,
+                      char *out, size_t len)
+{
+    int n = snprintf(out, len, "%s/", s->dir);
+    for (const char *k = key; *k && (size_t)n < len - 1; k++)
+        out[n++] = *k == '/' ? '.' : *k;
+    out[n] = '\0';
+    snprintf(out + n, len - (size_t)n, "%s", suffix);
+}
+
+static int file_set(kolo__store_t *s, const char *key, const char *value,
+                    size_t len, kolo__err_t *err)
+{
+    char tmp[4500], path[4400];
+    FILE *f;
+    int ok;
+
+    file_path(s, key, "", path, sizeof(path));
+    snprintf(tmp, sizeof(tmp), "%s.tmp%ld", path, (long)getpid());
+    f = fopen(tmp, "w");
+    if (f == NULL)
+        return kolo__err_set(err, KOLO_ERR_BACKEND, "cannot write %s in the "
+                             "rendezvous directory: %s", tmp, strerror(errno));
+    ok = fwrite(value, 1, len, f) == len;
+    ok &= fclose(f) == 0;
+    if (!ok || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return kolo__err_set(err, KOLO_ERR_BACKEND, "cannot write %s in the "
+                             "rendezvous directory: %s", path, strerror(e));
+    }
+    return KOLO_OK;
+}
+
+/* 1 and the value when the key is there, 0 when not, or an error. */
+static int file_get(kolo__store_t *s, const char *key, char **value,
+                    kolo__err_t *err)
+{
+    char path[4400];
+    FILE *f;
+    struct stat st;
+    char *buf;
+    size_t got;
+
+    file_path(s, key, "", path, sizeof(path));
+    f = fopen(path, "r");
+    if (f == NULL) {
+        if (errno == ENOENT)
+            return 0;
+        return kolo__err_set(err, KOLO_ERR_BACKEND, "cannot read %s: %s", path,
+                             strerror(errno));
+    }
+    if (fstat(fileno(f), &st) != 0 || (buf = malloc((size_t)st.st_size + 1)) == NULL) {
+        fclose(f);
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "cannot read %s", path);
+    }
+    got = fread(buf, 1, (size_t)st.st_size, f);
+    fclose(f);
+    buf[got] = '\0';
+    *value = buf;
+    return 1;
+}
+
+/* ---- Redis ---------------------------------------------------------------- */
+
+static int redis_fail(kolo__store_t *s, const char *what, kolo__err_t *err)
+{
+    int e = errno;
+    return kolo__err_set(err, KOLO_ERR_BACKEND, "the rendezvous at %s: %s: %s",
+                         s->where, what,
+                         e == EAGAIN || e == EWOULDBLOCK ? "no answer in time"
+                                                         : strerror(e));
+}
+
+static int redis_send(kolo__store_t *s, const char *const *args,
+                      const size_t *lens, int n, kolo__err_t *err)
+{
+    char head[64];
+    int k = snprintf(head, sizeof(head), "*%d\r\n", n);
+    struct part {
+        const char *p;
+        size_t n;
+    } parts[16];
+    int np = 0;
+    char hdrs[4][32];
+
+    parts[np++] = (struct part){head, (size_t)k};
+    for (int i = 0; i < n; i++) {
+        int h = snprintf(hdrs[i], sizeof(hdrs[i]), "$%zu\r\n", lens[i]);
+        parts[np++] = (struct part){hdrs[i], (size_t)h};
+        parts[np++] = (struct part){args[i], lens[i]};
+        parts[np++] = (struct part){"\r\n", 2};
+    }
+    for (int i = 0; i < np; i++) {
+        size_t done = 0;
+        while (done < parts[i].n) {
+            ssize_t w = send(s->fd, parts[i].p + done, parts[i].n - done,
+                             MSG_NOSIGNAL);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0)
+                return redis_fail(s, "cannot send", err);
+            done += (size_t)w;
+        }
+    }
+    return KOLO_OK;
+}
+
+/* Reads exactly n bytes. */
+static int redis_read(kolo__store_t *s, char *buf, size_t n, kolo__err_t *err)
+{
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = recv(s->fd, buf + got, n - got, 0);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r == 0)
+            errno = ECONNRESET;
+        if (r <= 0)
+            return redis_fail(s, "cannot read its reply", err);
+        got += (size_t)r;
+    }
+    return KOLO_OK;
+}
+
+/* One reply line (without CRLF) into line[len]. */
+static int redis_line(kolo__store_t *s, char *line, size_t len, kolo__err_t *err)
+{
+    size_t n = 0;
+    for (;;) {
+        char c;
+        KOLO__CHECK(redis_read(s, &c, 1, err));
+        if (c == '\n' && n > 0 && line[n - 1] == '\r') {
+            line[n - 1] = '\0';
+            return KOLO_OK;
+        }
+        if (n + 1 < len)
+            line[n++] = c;
+    }
+}
+
+static int redis_set(kolo__store_t *s, const char *key, const char *value,
+                     size_t len, kolo__err_t *err)
+{
+    char full[4600], line[512];
+    const char *args[3] = {"SET", full, value};
+    size_t lens[3];
+
+    snprintf(full, sizeof(full), "%s%s", s->job, key);
+    lens[0] = 3;
+    lens[1] = strlen(full);
+    lens[2] = len;
+    KOLO__CHECK(redis_send(s, args, lens, 3, err));
+    KOLO__CHECK(redis_line(s, line, sizeof(line), err));
+    if (line[0] != '+')
+        return kolo__err_set(err, KOLO_ERR_BACKEND, "the rendezvous at %s "
+                             "refused SET %s: %s", s->where, full, line);
+    return KOLO_OK;
+}
+
+static int redis_get(kolo__store_t *s, const char *key, char **value,
+                     kolo__err_t *err)
+{
+    char full[4600], line[512], *buf;
+    const char *args[2] = {"GET", full};
+    size_t lens[2];
+    long n;
+
+    snprintf(full, sizeof(full), "%s%s", s->job, key);
+    lens[0] = 3;
+    lens[1] = strlen(full);
+    KOLO__CHECK(redis_send(s, args, lens, 2, err));
+    KOLO__CHECK(redis_line(s, line, sizeof(line), err));
+    if (line[0] != '$')
+        return kolo__err_set(err, KOLO_ERR_BACKEND, "the rendezvous at %s "
+                             "refused GET %s: %s", s->where, full, line);
+    n = atol(line + 1);
+    if (n < 0)
+        return 0;
+    if ((buf = malloc((size_t)n + 2)) == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
+    if (redis_read(s, buf, (size_t)n + 2, err) != KOLO_OK) {
+        free(buf);
+        return err->code;
+    }
+    buf[n] = '\0';
+    *value = buf;
+    return 1;
+}
+
+/* ---- both ----------------------------------------------------------------- */
+
+int kolo__store_set(kolo__store_t *s, const char *key, const char *value,
+                    size_t len, kolo__err_t *err)
+{
+    return s->fd >= 0 ? redis_set(s, key, value, len, err)
+                      : file_set(s, key, value, len, err);
+}
+
+int kolo__store_get(kolo__store_t *s, const char *key, double wait_s,
+                    char **value, kolo__err_t *err)
+{
+    double deadline = now_s() + wait_s, pause_ms = 1;
+
+    *value = NULL;
+    for (;;) {
+        int rc = s->fd >= 0 ? redis_get(s, key, value, err)
+                            : file_get(s, key, value, err);
+        if (rc == 1)
+            return KOLO_OK;
+        if (rc < 0)
+            return rc;
+        if (now_s() >= deadline)
+            return KOLO_ERR_TIMEOUT;
+        sleep_ms(pause_ms);
+        if (pause_ms < 50)
+            pause_ms *= 2;
+    }
+}

@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# run-agree.sh — settings and process-set membership that the ranks must
+# agree on (runtime/agree.c): runs tests/multi/test-agree under kolorun.
+#
+#   - a setting that changes what goes on the wire or how work is cut,
+#     different on one rank (the last), at 2, 3 and 4 ranks, over shared
+#     memory and over Gloo: kolo_init fails on every rank, naming the
+#     variable and both values (before: wrong sums with status OK, an abort
+#     inside Gloo, or a hang until the start timeout);
+#   - the same value written two ways (16M and 16777216): the job runs and
+#     its sums are right;
+#   - a misspelled KOLO_ variable: a warning naming the closest one;
+#   - ranks asking for different members of a process set: the add fails
+#     on every rank, naming each set asked for; the same set everywhere
+#     works;
+#   - a set whose shared memory cannot be reserved (/dev/shm full, in a
+#     private mount namespace: needs root and unshare, else skipped): the
+#     add fails on every rank at once, with the member's reason.
+#
+# Every run is bounded by `timeout`; prints one line per case and
+# "N passed, N failed".
+set -u
+top=${KOLO_TOP_BUILDDIR:-.}
+kolorun=$top/kolorun
+prog=$top/tests/multi/test-agree
+limit=${KOLO_TEST_TIMEOUT:-60}
+
+for f in "$kolorun" "$prog"; do
+    if [ ! -x "$f" ]; then
+        echo "run-agree: '$f' is not an executable file" >&2
+        exit 2
+    fi
+done
+case $kolorun in /*) ;; *) kolorun=$PWD/$kolorun ;; esac
+case $prog in /*) ;; *) prog=$PWD/$prog ;; esac
+for v in $(env | sed -n 's/^\(KOLO_[A-Z_]*\)=.*/\1/p'); do
+    [ "$v" = KOLO_TOP_BUILDDIR ] || [ "$v" = KOLO_TOP_SRCDIR ] ||
+        [ "$v" = KOLO_TEST_TIMEOUT ] || unset "$v"
+done
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/run-agree.XXXXXX") || exit 2
+trap 'rm -rf "$WORK"' EXIT
+export TMPDIR=$WORK/tmp
+mkdir -p "$TMPDIR"
+log=$WORK/log
+
+pass=0
+fail=0
+ok() { pass=$((pass + 1)); echo "ok - $1"; }
+bad() {
+    fail=$((fail + 1))
+    echo "FAIL - $1: $2"
+    sed 's/^/    | /' "$log" | tail -n 20
+}
+
+# passes NP: every rank printed PASS.
+passes() {
+    local n
+    n=$(grep -c '^rank [0-9]*: PASS$' "$log")
+    [ "$n" -eq "$1" ]
+}
+
+# on_last NP VAR=VALUE CMD...: runs CMD under kolorun, the last rank with
+# VAR=VALUE in its environment.
+on_last() {
+    local np=$1 assign=$2
+    shift 2
+    timeout -k 5 "$limit" "$kolorun" -np "$np" sh -c \
+        'if [ "$KOLO_RANK" = "$1" ]; then export "$2"; fi; shift 2; exec "$@"' \
+        sh "$((np - 1))" "$assign" "$@" >"$log" 2>&1 </dev/null
+}
+
+# mismatch NP VAR OURS THEIRS [ENV...]: VAR=OURS on every rank but the
+# last, which has THEIRS; every rank must fail, naming VAR and both values.
+mismatch() {
+    local np=$1 var=$2 ours=$3 theirs=$4 name
+    shift 4
+    name="np=$np $var=$ours but $theirs on the last rank${*:+ ($*)}"
+    (
+        [ $# -gt 0 ] && export "$@"
+        export "$var=$ours"
+        on_last "$np" "$var=$theirs" "$prog" settings fail "$var" "$ours" "$theirs"
+    )
+    local rc=$?
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        bad "$name" "timed out after $limit s"
+    elif ! passes "$np"; then
+        bad "$name" "not every rank failed kolo_init with the message"
+    else
+        ok "$name"
+    fi
+}
+
+# Numbers are compared as parsed; "auto" and strings as written.
+for np in 2 3 4; do
+    mismatch "$np" KOLO_FUSION_THRESHOLD 1024 2048
+done
+mismatch 2 KOLO_FUSION_THRESHOLD 1024 20480 \
+    KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
+mismatch 3 KOLO_CACHE_CAPACITY 1024 1
+mismatch 2 KOLO_CACHE_CAPACITY 1024 1 KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
+mismatch 2 KOLO_AUTOTUNE 0 1
+mismatch 2 KOLO_CHUNK_BYTES auto 1048576
+mismatch 2 KOLO_CONTROLLER shm gloo
+mismatch 3 KOLO_CPU_OPERATIONS shm gloo
+mismatch 2 KOLO_SHM_SLOT_BYTES 65536 131072
+mismatch 2 KOLO_HIERARCHICAL_ALLREDUCE auto 0
+
+name="np=3 KOLO_FUSION_THRESHOLD=16M on two ranks, 16777216 on the last: same value, sums right"
+KOLO_FUSION_THRESHOLD=16M on_last 3 KOLO_FUSION_THRESHOLD=16777216 \
+    "$prog" settings ok
+rc=$?
+if [ $rc -ne 0 ] || ! passes 3; then
+    bad "$name" "exit $rc"
+else
+    ok "$name"
+fi
+
+name="np=2 KOLO_FUSION_TRESHOLD (a typo): warned, naming KOLO_FUSION_THRESHOLD"
+KOLO_FUSION_TRESHOLD=1 timeout -k 5 "$limit" "$kolorun" -np 2 "$prog" settings ok \
+    >"$log" 2>&1 </dev/null
+rc=$?
+if [ $rc -ne 0 ] || ! passes 2; then
+    bad "$name" "exit $rc"
+elif ! grep -q 'KOLO_FUSION_TRESHOLD is not a variable kolo knows.*did you mean KOLO_FUSION_THRESHOLD' "$log"; then
+    bad "$name" "no warning naming the closest variable"
+else
+    ok "$name"
+fi
+
+# sets NP EXPECT SET_OF_RANK0 SET_OF_OTHERS [ENV...]
+sets() {
+    local np=$1 expect=$2 first=$3 others=$4 name rc
+    shift 4
+    name="np=$np sets: rank 0 adds {$first}, the others {$others}${*:+ ($*)}"
+    timeout -k 5 "$limit" env "$@" AGREE_EXPECT="$expect" "$kolorun" -np "$np" \
+        sh -c 'if [ "$KOLO_RANK" = 0 ]; then AGREE_SET=$1; else AGREE_SET=$2; fi
+               export AGREE_SET; shift 2; exec "$@"' \
+        sh "$first" "$others" "$prog" sets >"$log" 2>&1 </dev/null
+    rc=$?
+    if [ $rc -ne 0 ] || ! passes "$np"; then
+        bad "$name" "exit $rc"
+    else
+        ok "$name"
+    fi
+}
+sets 2 ok "0,1" "0,1"
+sets 3 ok "1,2" "1,2"
+sets 3 fail "0,1" "1,2"
+sets 3 fail "0,1" "1,2" KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
+sets 4 fail "0,1,2,3" "0,1,2"
+
+# A private /dev/shm of 8 MiB: enough for the global set, not for another.
+setfull() {
+    local np=$1 name="np=$1 setfull: /dev/shm full when a set is added: every rank fails at once"
+    if [ "$(id -u)" != 0 ] || ! command -v unshare >/dev/null ||
+        ! unshare -m true 2>/dev/null; then
+        echo "ok - $name # SKIP needs root and unshare -m"
+        pass=$((pass + 1))
+        return
+    fi
+    KOLO_START_TIMEOUT=600 timeout -k 5 "$limit" unshare -m sh -c \
+        'mount -t tmpfs -o size=8m tmpfs /dev/shm && exec "$@"' sh \
+        "$kolorun" -np "$np" "$prog" setfull >"$log" 2>&1 </dev/null
+    local rc=$?
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        bad "$name" "timed out after $limit s: a rank waited for the failed member"
+    elif [ $rc -ne 0 ] || ! passes "$np"; then
+        bad "$name" "exit $rc"
+    else
+        ok "$name"
+    fi
+}
+setfull 2
+setfull 3
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
