@@ -157,6 +157,12 @@ typedef struct kolo__ops {
                             const kolo__ops_stream_t *s, char *err,
                             size_t errlen);
 
+    /* Optional (NULL: cannot tell): the global rank of the peer whose step
+     * the background thread is waiting for right now, or -1. Called from
+     * another thread (the stall watchdog) while a collective runs: it may
+     * only read what it can read safely then. */
+    int (*waiting_for)(void *ctx);
+
     /* KOLO_CHUNK_BYTES=auto: the bytes of the pieces in which the runtime
      * hands a fused allreduce to `allreduce` (0: 4 MiB, which keeps a
      * piece's copies in cache). A backend whose every call costs much more

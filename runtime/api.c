@@ -28,6 +28,7 @@
 #include "timeline.h"
 #include "reduce.h"
 #include "runtime.h"
+#include "watchdog.h"
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static kolo__runtime_t *g_rt;
@@ -378,6 +379,12 @@ int kolo_init(void)
         goto free_rt;
     }
     free(all);
+    all = NULL;
+    if (kolo__watchdog_start(rt, &err) != KOLO_OK) {
+        kolo__pset_stop(world, NULL);
+        rc = err.code;
+        goto free_rt;
+    }
 
     kolo__debug("initialised: rank %d of %d, %s backend, fusion threshold "
                 "%lld bytes, cycle time %.3g ms",
@@ -419,6 +426,7 @@ int kolo_shutdown(void)
                                "kolo_shutdown called, but kolo is not "
                                "initialized");
     }
+    kolo__watchdog_stop(rt);
     /* The global set announces the shutdown to the other ranks in its next
      * round, fails what is pending and asks the other sets to stop. */
     kolo__pset_stop(rt->sets[KOLO_GLOBAL_PROCESS_SET], NULL);

@@ -62,6 +62,7 @@
 #include "gpu.h"
 #include "runtime.h"
 #include "timeline.h"
+#include "watchdog.h"
 
 #define SLEEP_MAX_US 1000000 /* longest sleep between rounds */
 #define FUSION_ALIGN 64
@@ -966,13 +967,20 @@ void *kolo__background_main(void *arg)
 
         done_before = ps->completed;
         bytes_before = ps->bytes_done;
-        if (kolo__negotiate(ps, fresh, shutdown, &stop_rank, &err) != KOLO_OK) {
+        kolo__watchdog_enter(ps, "a negotiation round");
+        rc = kolo__negotiate(ps, fresh, shutdown, &stop_rank, &err);
+        kolo__watchdog_enter(ps, NULL);
+        if (rc != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
             stop_all(ps, &err);
             break;
         }
         t2 = kolo__now_us();
-        if (execute(ps, &err) != KOLO_OK) {
+        if (ps->nready > 0)
+            kolo__watchdog_enter(ps, "a collective");
+        rc = execute(ps, &err);
+        kolo__watchdog_enter(ps, NULL);
+        if (rc != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
             stop_all(ps, &err);
             break;
@@ -1180,22 +1188,16 @@ static int choose_ops(const kolo__runtime_t *rt, const char *var,
                          "backend, and this kolo was built without one", size);
 }
 
-/* The message of a backend that could not connect, naming missing ranks. */
+/* The message of a backend that could not connect. Every rank of the job
+ * has arrived by then (kolo_init agreed on the settings first), so what
+ * failed is the connection itself. */
 static int connect_failed(kolo__runtime_t *rt, kolo__pset_t *ps,
                           const kolo__ops_t *ops, int rc, const char *detail,
                           kolo__err_t *err)
 {
-    char missing[512], gen[32];
-
-    snprintf(gen, sizeof(gen), "kolo%u", rt->generation);
     if (ps->id != KOLO_GLOBAL_PROCESS_SET)
         return kolo__err_set(err, rc, "rank %d could not connect process set "
                              "%d (%s): %s", rt->rank, ps->id, ops->name, detail);
-    if (kolo__peers_missing(&rt->cfg, gen, ps->ranks, ps->size, missing,
-                            sizeof(missing)) > 0)
-        return kolo__err_set(err, rc, "rank %d of %d could not join the job: "
-                             "rank(s) %s never arrived (%s)",
-                             rt->rank, rt->size, missing, detail);
     return kolo__err_set(err, rc, "rank %d of %d could not join the job "
                          "(%s, rendezvous %s): %s", rt->rank, rt->size,
                          ops->name,

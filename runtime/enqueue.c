@@ -554,7 +554,7 @@ int kolo_broadcast_async(const char *name, void *buffer, int64_t count,
     }
     if (check_name("broadcast", name, &err) || check_dtype_op("broadcast", name, dtype, NO_OP, &err) ||
         check_count("broadcast", name, count, dtype, &err) ||
-        check_buffer("broadcast", name, buffer, count, "", &err))
+        check_buffer("broadcast", name, buffer, count, "in-place", &err))
         return kolo__api_fail(&err);
     memset(&q, 0, sizeof(q));
     q.coll = "broadcast";

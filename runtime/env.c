@@ -106,6 +106,8 @@ static int auto_or_bytes(const char *text, int64_t auto_value, void *field,
 }
 
 /* KOLO_SHM_SLOT_BYTES: auto is 0, the transport chooses. */
+static int parse_seconds(const char *text, void *field, const char **expected);
+
 static int parse_bytes_auto(const char *text, void *field, const char **expected)
 {
     return auto_or_bytes(text, 0, field, expected);
@@ -116,6 +118,16 @@ static int parse_bytes_auto(const char *text, void *field, const char **expected
 static int parse_chunk(const char *text, void *field, const char **expected)
 {
     return auto_or_bytes(text, -1, field, expected);
+}
+
+/* KOLO_TIMEOUT_SECONDS and KOLO_START_TIMEOUT: 0 would mean failing at
+ * once, so they take a positive number. */
+static int parse_positive_seconds(const char *text, void *field,
+                                  const char **expected)
+{
+    int rc = parse_seconds(text, field, expected);
+    *expected = "a number of seconds above 0 and at most 1000000";
+    return rc == 0 && *(double *)field > 0 ? 0 : -1;
 }
 
 static int parse_seconds(const char *text, void *field, const char **expected)
@@ -232,9 +244,9 @@ static const config_row_t rows[] = {
      parse_nonneg, F(cache_capacity), AGREE},
     {"KOLO_TIMEOUT_SECONDS", "60",
      "a backend operation that makes no progress this long fails",
-     parse_seconds, F(timeout_s), PER_RANK},
+     parse_positive_seconds, F(timeout_s), PER_RANK},
     {"KOLO_START_TIMEOUT", "60",
-     "seconds init waits for every rank to arrive", parse_seconds,
+     "seconds init waits for every rank to arrive", parse_positive_seconds,
      F(start_timeout_s), PER_RANK},
     {"KOLO_LOG_LEVEL", "warning", "trace, debug, info, warning, error or off",
      parse_level, F(log_level), PER_RANK},
@@ -437,16 +449,6 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
                                  cfg->network_interface,
                                  names[0] ? names : "none");
     }
-    if (cfg->timeout_s <= 0)
-        return kolo__err_set(err, KOLO_ERR_CONFIG,
-                             "environment variable KOLO_TIMEOUT_SECONDS='%s' is "
-                             "invalid: expected a positive number of seconds",
-                             getenv_fn("KOLO_TIMEOUT_SECONDS"));
-    if (cfg->start_timeout_s <= 0)
-        return kolo__err_set(err, KOLO_ERR_CONFIG,
-                             "environment variable KOLO_START_TIMEOUT='%s' is "
-                             "invalid: expected a positive number of seconds",
-                             getenv_fn("KOLO_START_TIMEOUT"));
     return KOLO_OK;
 }
 
@@ -465,7 +467,7 @@ static void row_value(const config_row_t *row, const kolo__config_t *cfg,
 {
     const void *field = (const char *)cfg + row->offset;
 
-    if (row->parse == parse_seconds)
+    if (row->parse == parse_seconds || row->parse == parse_positive_seconds)
         snprintf(out, len, "%g", *(const double *)field);
     else if (row->parse == parse_string || row->parse == parse_host ||
              row->parse == parse_iface || row->parse == parse_backend)

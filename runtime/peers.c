@@ -121,25 +121,3 @@ int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
     }
     return found;
 }
-
-int kolo__peers_missing(const kolo__config_t *cfg, const char *prefix,
-                        const int *ranks, int n, char *out, size_t len)
-{
-    char path[4200];
-    size_t used = 0;
-    int found = 0;
-
-    out[0] = '\0';
-    for (int i = 0; i < n; i++) {
-        if (registry_path(cfg, prefix, ranks[i], path, sizeof(path)) != 0)
-            return 0; /* no registry: nothing to say */
-        if (access(path, F_OK) != 0) {
-            int k = snprintf(out + used, len - used, "%s%d", found ? ", " : "",
-                             ranks[i]);
-            if (k > 0 && (size_t)k < len - used)
-                used += (size_t)k;
-            found++;
-        }
-    }
-    return found;
-}

@@ -20,9 +20,4 @@ void kolo__peers_unregister(const kolo__config_t *cfg, const char *prefix);
 int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
                      const int *ranks, int n, char *out, size_t len);
 
-/* Writes "2, 3" for the ranks among ranks[n] that never registered (never
- * reached kolo_init); returns how many. */
-int kolo__peers_missing(const kolo__config_t *cfg, const char *prefix,
-                        const int *ranks, int n, char *out, size_t len);
-
 #endif /* KOLO_PEERS_H */

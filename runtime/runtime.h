@@ -17,6 +17,7 @@
 #define KOLO_RUNTIME_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -63,6 +64,11 @@ typedef struct kolo__pset {
     kolo__queue_t queue;
     pthread_t thread;
     int thread_started;
+    /* Set by the background thread around calls that wait for peers, read
+     * by the watchdog (watchdog.c), which alone uses the two below. */
+    _Atomic int64_t wait_since_us; /* 0: not waiting */
+    const char *_Atomic wait_what;
+    int64_t wait_warned_since, wait_warned_us;
 
     /* ---- background thread only ---- */
     kolo__cache_t cache;
@@ -107,6 +113,7 @@ struct kolo__runtime {
     int nsets;
     unsigned set_attempts; /* kolo_add_process_set calls that got as far as
                               agreeing (the same count on every rank) */
+    struct kolo__watchdog *watchdog; /* watchdog.c, or NULL */
 };
 
 /* background.c */

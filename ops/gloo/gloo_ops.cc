@@ -486,6 +486,7 @@ extern "C" const kolo__ops_t kolo__ops_gloo = {
     /* .reduce_scatter = */ gloo_reduce_scatter,
     /* .wake_peers = */ gloo_wake_peers,
     /* .allreduce_stream = */ nullptr,
+    /* .waiting_for = */ nullptr, /* a Gloo collective does not say */
     /* Every gloo::allreduce costs hundreds of microseconds before its bytes
      * move: over a veth link between network namespaces, 16 MiB pieces
      * reduced float16-compressed 256 MiB tensors 10% and a ResNet-50 step

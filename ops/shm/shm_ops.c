@@ -122,6 +122,7 @@ typedef struct shm_ctx {
     pthread_t listener;
     int listener_started;
     atomic_int lost; /* member index of a peer whose process ended, or -1 */
+    atomic_int waiting_on; /* member index a wait sleeps on, or -1 */
     kolo__ops_wake_fn on_wake;
     void *wake_arg;
 } shm_ctx_t;
@@ -182,11 +183,16 @@ static int reached(line_t *l, uint32_t s)
     return (int32_t)(atomic_load_explicit(&l->seq, memory_order_acquire) - s) >= 0;
 }
 
+static int wait_sleeping(shm_ctx_t *c, int j, uint32_t s, const char *what,
+                         char *err, size_t errlen);
+
+/* Waits until member j has posted step s: spins briefly where the host
+ * has a core per rank, then sleeps (wait_sleeping). */
 static int wait_one(shm_ctx_t *c, int j, uint32_t s, const char *what,
                     char *err, size_t errlen)
 {
     line_t *l = &c->lines[j];
-    double start, deadline;
+    int rc;
 
     if (reached(l, s))
         return KOLO_OK;
@@ -209,8 +215,18 @@ static int wait_one(shm_ctx_t *c, int j, uint32_t s, const char *what,
             }
         }
     }
-    start = now_s();
-    deadline = start + c->timeout_s;
+    rc = wait_sleeping(c, j, s, what, err, errlen);
+    atomic_store_explicit(&c->waiting_on, -1, memory_order_relaxed);
+    return rc;
+}
+
+static int wait_sleeping(shm_ctx_t *c, int j, uint32_t s, const char *what,
+                         char *err, size_t errlen)
+{
+    line_t *l = &c->lines[j];
+    double start = now_s(), deadline = start + c->timeout_s;
+
+    atomic_store_explicit(&c->waiting_on, j, memory_order_relaxed);
     for (;;) {
         int lost = atomic_load(&c->lost);
         unsigned v;
@@ -565,6 +581,7 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
         goto oom;
     c->sock = c->stop_fd = -1;
     atomic_init(&c->lost, -1);
+    atomic_init(&c->waiting_on, -1);
     c->me = cfg->rank;
     c->n = cfg->size;
     c->timeout_s = cfg->timeout_s;
@@ -1017,6 +1034,13 @@ static int shm_wake_peers(void *ctx, uint64_t round, char *err, size_t errlen)
     return KOLO_OK;
 }
 
+static int shm_waiting_for(void *ctx)
+{
+    shm_ctx_t *c = ctx;
+    int j = atomic_load_explicit(&c->waiting_on, memory_order_relaxed);
+    return j >= 0 ? c->members[j] : -1;
+}
+
 const kolo__ops_t kolo__ops_shm = {
     .name = "shm",
     .init = shm_init,
@@ -1030,4 +1054,5 @@ const kolo__ops_t kolo__ops_shm = {
     .reduce_scatter = shm_reduce_scatter,
     .wake_peers = shm_wake_peers,
     .allreduce_stream = shm_allreduce_stream,
+    .waiting_for = shm_waiting_for,
 };

@@ -15,7 +15,11 @@
 #     works;
 #   - a set whose shared memory cannot be reserved (/dev/shm full, in a
 #     private mount namespace: needs root and unshare, else skipped): the
-#     add fails on every rank at once, with the member's reason.
+#     add fails on every rank at once, with the member's reason; the same
+#     at kolo_init, where ranks used to be said "never arrived";
+#   - a rank frozen by SIGSTOP for a few seconds: the others warn while it
+#     lasts, every KOLO_STALL_CHECK_TIME_SECONDS, naming it, and the job
+#     goes on once it is back (before: not a word).
 #
 # Every run is bounded by `timeout`; prints one line per case and
 # "N passed, N failed".
@@ -173,6 +177,48 @@ setfull() {
 }
 setfull 2
 setfull 3
+
+# /dev/shm too small for the job itself: every rank fails kolo_init with
+# the reason, and none is said never to have arrived.
+name="np=4 /dev/shm full at kolo_init: every rank fails with the reason"
+if [ "$(id -u)" != 0 ] || ! command -v unshare >/dev/null ||
+    ! unshare -m true 2>/dev/null; then
+    echo "ok - $name # SKIP needs root and unshare -m"
+    pass=$((pass + 1))
+else
+    KOLO_START_TIMEOUT=600 timeout -k 5 "$limit" unshare -m sh -c \
+        'mount -t tmpfs -o size=64k tmpfs /dev/shm && exec "$@"' sh \
+        "$kolorun" -np 4 "$prog" initfail /dev/shm >"$log" 2>&1 </dev/null
+    rc=$?
+    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+        bad "$name" "timed out after $limit s"
+    elif ! passes 4; then
+        bad "$name" "exit $rc"
+    else
+        ok "$name"
+    fi
+fi
+
+# freeze NP SECONDS [ENV...]: the last rank stops itself for SECONDS; the
+# others must warn, naming it, every KOLO_STALL_CHECK_TIME_SECONDS (1 s).
+freeze() {
+    local np=$1 secs=$2 last=$(($1 - 1)) name rc
+    shift 2
+    name="np=$np freeze: rank $last stopped for $secs s is named by the others${*:+ ($*)}"
+    timeout -k 5 "$limit" env "$@" KOLO_STALL_CHECK_TIME_SECONDS=1 \
+        "$kolorun" -np "$np" "$prog" freeze "$secs" >"$log" 2>&1 </dev/null
+    rc=$?
+    if [ $rc -ne 0 ] || ! passes "$np"; then
+        bad "$name" "exit $rc"
+    elif ! grep -q "WARNING: stall: rank 0 has waited [0-9.]* s in .*rank $last\b.*is stopped" "$log"; then
+        bad "$name" "rank 0 did not warn, naming rank $last as stopped"
+    else
+        ok "$name"
+    fi
+}
+freeze 2 3
+freeze 3 3
+freeze 2 3 KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

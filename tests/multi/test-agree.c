@@ -23,6 +23,14 @@
  *       on every rank, members or not, with the member's reason ("/dev/shm
  *       full"), and at once: the driver sets KOLO_START_TIMEOUT far above
  *       its own bound, so waiting for the start timeout fails the test.
+ *   test-agree initfail WORD
+ *       kolo_init must fail on this rank with a message that holds WORD
+ *       (the driver makes it fail: /dev/shm too small for the job).
+ *   test-agree freeze SECONDS
+ *       the last rank stops itself (SIGSTOP) for SECONDS (a child sends
+ *       SIGCONT), while the others wait for it in an allreduce; then
+ *       everyone goes on. The driver checks the others' stall warnings
+ *       (KOLO_STALL_CHECK_TIME_SECONDS below SECONDS).
  *
  * Prints "rank R: PASS" at the end, or FAIL lines; exits 1 on a failure.
  */
@@ -32,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "kolo.h"
@@ -189,6 +198,40 @@ static void mode_setfull(void)
     MUST(kolo_shutdown());
 }
 
+static void mode_initfail(const char *word)
+{
+    int rc = kolo_init();
+
+    rank = atoi(getenv("KOLO_RANK") ? getenv("KOLO_RANK") : "-1");
+    CHECK(rc != KOLO_OK, "kolo_init succeeded");
+    CHECK(strstr(kolo_last_error(), word) != NULL,
+          "the message does not say '%s': %s", word, kolo_last_error());
+    CHECK(strstr(kolo_last_error(), "never arrived") == NULL,
+          "the message blames ranks that arrived: %s", kolo_last_error());
+    printf("rank %d: kolo_init: %s\n", rank, kolo_last_error());
+}
+
+static void mode_freeze(double seconds)
+{
+    MUST(kolo_init());
+    rank = kolo_rank();
+    allreduce_check(KOLO_GLOBAL_PROCESS_SET, all_weight(), "before", 64);
+    if (rank == kolo_size() - 1) {
+        pid_t me = getpid();
+        if (fork() == 0) {
+            usleep((useconds_t)(seconds * 1e6));
+            kill(me, SIGCONT);
+            _exit(0);
+        }
+        alarm(0); /* the watchdog's clock would run while stopped */
+        raise(SIGSTOP);
+        tu_watchdog(rank, "freeze", "after the freeze", 60);
+    }
+    allreduce_check(KOLO_GLOBAL_PROCESS_SET, all_weight(), "during", 64);
+    allreduce_check(KOLO_GLOBAL_PROCESS_SET, all_weight(), "after", 64);
+    MUST(kolo_shutdown());
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "";
@@ -202,9 +245,13 @@ int main(int argc, char **argv)
         mode_sets();
     else if (strcmp(mode, "setfull") == 0)
         mode_setfull();
+    else if (strcmp(mode, "initfail") == 0 && argc > 2)
+        mode_initfail(argv[2]);
+    else if (strcmp(mode, "freeze") == 0 && argc > 2)
+        mode_freeze(atof(argv[2]));
     else {
         fprintf(stderr, "usage: test-agree settings ok|fail VAR VALUE... | "
-                "sets | setfull\n");
+                "sets | setfull | initfail WORD | freeze SECONDS\n");
         return 2;
     }
     if (failures == 0)
