@@ -142,6 +142,21 @@ typedef int64_t kolo_handle_t;
  * it) and starts the background thread. A second call without shutdown
  * fails with KOLO_ERR_ALREADY_INITIALIZED.
  *
+ * Agreement. Before any backend connects, the ranks compare every setting
+ * that changes what goes on the wire or how work is cut (KOLO_SIZE,
+ * KOLO_CROSS_SIZE, KOLO_FUSION_THRESHOLD, KOLO_CHUNK_BYTES,
+ * KOLO_CYCLE_TIME, KOLO_CACHE_CAPACITY, KOLO_CONTROLLER,
+ * KOLO_CPU_OPERATIONS, KOLO_HIERARCHICAL_ALLREDUCE, KOLO_SHM_SLOT_BYTES,
+ * KOLO_AUTOTUNE, KOLO_AUTOTUNE_WINDOW, and kolo's version, message format
+ * and backends): where one differs, kolo_init fails on every rank with
+ * KOLO_ERR_CONFIG and a message naming the variable and which ranks have
+ * which value. Numbers are compared as parsed (16M equals 16777216). The
+ * other variables may differ per rank. A rank that never arrives makes the
+ * others fail after KOLO_START_TIMEOUT with KOLO_ERR_TIMEOUT, naming it;
+ * a rank whose backend cannot connect (a full /dev/shm, say) makes every
+ * rank fail at once with its reason. A KOLO_* variable kolo does not know
+ * is warned about (rank 0), naming the closest known one.
+ *
  * Under MPI. A process started by mpirun or srun (OMPI_COMM_WORLD_SIZE,
  * PMI_SIZE, PMIX_RANK, ... set) without KOLO_RANK and KOLO_SIZE takes its
  * place from MPI: rank and size from MPI_COMM_WORLD, the local rank and
@@ -412,7 +427,12 @@ KOLO_EXPORT int kolo_join(int *last_rank);
  * with its own negotiation, response cache and queue. Every rank of the job
  * must make the same add/remove calls in the same order (ranks outside a
  * set too): ids are handed out in call order, starting at 1. `ranks` lists
- * global ranks, each once. */
+ * global ranks, each once. The ranks agree on the members before any of
+ * them connects: where they asked for different ones, the call fails on
+ * every rank with KOLO_ERR_INVALID_ARGUMENT, listing what each rank asked
+ * for. A member that cannot connect (a full /dev/shm, say) makes the call
+ * fail at once on every rank, members or not, with its reason. A failed
+ * call creates no set and uses no id. */
 KOLO_EXPORT int kolo_add_process_set(const int *ranks, int nranks, int *id);
 
 /* Removes a set; its pending operations fail. Every rank calls it. */
