@@ -13,9 +13,9 @@
  * With a Redis rendezvous (redis:HOST:PORT/JOB, jobs over several hosts)
  * there is no directory, and the registry is skipped: every function here
  * does nothing and names no one. Only messages lose precision: a lost peer
- * is reported as the backend's "connection closed by peer", a rendezvous
- * timeout without the list of ranks that never arrived; kolorun still
- * names the rank and host that failed first. Storing the registry in Redis
+ * is reported as the backend's "connection closed by peer"; kolorun still
+ * names the rank and host that failed first. (Ranks that never arrive are
+ * named by kolo_init's agreement, agree.c, through either rendezvous.) Storing the registry in Redis
  * would give ranks of the same host their names back, but for peers on
  * other hosts (the case Redis is for) a process id says nothing anyway.
  */
