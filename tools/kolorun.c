@@ -2361,10 +2361,8 @@ static const char *kolorun_redis_eval(const kolorun_t *k, const char *script,
 /* A job that failed with Redis rendezvous: names the ranks, and their
  * hosts, that never reached it (a host that could not start its ranks,
  * or started them late), when others did. Each rank's first rendezvous
- * key is JOB/kolo0/set0/ctl/RANK: the runtime's first kolo_init connects
- * the global process set's controller under the prefix kolo0/set0/ctl
- * (background.c, connect_ops), and Gloo's full mesh stores each rank's
- * address under its rank number. */
+ * key is JOB/kolo0/agree/settings/RANK: the runtime's first kolo_init
+ * publishes its settings there before anything else (agree.c). */
 static void kolorun_redis_missing(const kolorun_t *k)
 {
     static const char script[] =
@@ -2376,7 +2374,7 @@ static void kolorun_redis_missing(const kolorun_t *k)
     char prefix[300], np[16], *reply = malloc(65536);
     if (!reply)
         return;
-    snprintf(prefix, sizeof prefix, "%s/kolo0/set0/ctl/", k->job_id);
+    snprintf(prefix, sizeof prefix, "%s/kolo0/agree/settings/", k->job_id);
     snprintf(np, sizeof np, "%d", k->opts.np);
     const char *why = kolorun_redis_eval(k, script, prefix, np, reply, 65536);
     char *list = reply[0] != ':' ? strchr(reply, ':') : NULL;

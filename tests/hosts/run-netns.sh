@@ -223,7 +223,7 @@ run_fail "an absent --network-interface names it and the host" \
     -H "$H0:1,$H1:1" --start-redis --redis-bind "$net.1" --failure-grace 0 \
     --network-interface nosuch0 "$multi/test-allreduce" random 1
 run_fail "a rendezvous that times out names the host of the failing rank" \
-    "rank_0_on_host_${H0} rendezvous_timed_out" \
+    "rank_0_on_host_${H0} rank_1_never_arrived" \
     -H "$H0:1,$H1:1" --redis "$net.1:$port" --start-timeout 3 --failure-grace 0 \
     sh -c '[ "$KOLO_RANK" = 1 ] && exec sleep 30; exec "$0" random 1' \
     "$multi/test-allreduce"
