@@ -9,8 +9,13 @@
  * Processes. kolorun makes a private rendezvous directory (mkdtemp, mode
  * 0700) and forks one child per rank. Each child sets the KOLO_* variables
  * of its rank, points stdin at /dev/null, its stdout and stderr at two pipes
- * that kolorun reads, and execs the command. All ranks join ONE new process
- * group, separate from kolorun's own group:
+ * that kolorun reads, and execs the command. Until the exec, a child can
+ * tell kolorun what failed (open, dup2, exec: an errno) on a close-on-exec
+ * pipe; kolorun waits for that pipe to close, which means the rank runs, or
+ * to bring an errno, which it reports as "kolorun: cannot start rank 1:
+ * open /dev/null: Too many open files", not as a rank that "exited with
+ * status 127". All ranks join ONE new process group, separate from
+ * kolorun's own group:
  *  - a terminal sends Ctrl-C (SIGINT) to its foreground group only, that is
  *    to kolorun and not to the ranks; kolorun forwards it once. Had the ranks
  *    stayed in kolorun's group they would get every Ctrl-C twice (from the
@@ -80,12 +85,16 @@
  * behind keeps a pipe open, after the grace period), kolorun removes the
  * rendezvous directory and exits:
  *   0        every rank exited with status 0;
- *   S        the rank named as the cause exited with status S (127: the
- *            command was not found, 126: it could not be executed) — what
- *            mpirun does, so a script sees the rank's own status;
+ *   S        the rank named as the cause exited with status S — what
+ *            mpirun does, so a script sees the rank's own status (on
+ *            another host, 127: the command was not found there);
  *   128+N    the rank named as the cause was killed by signal N, the
  *            shell's way of writing "killed by N";
- *   1        kolorun itself failed (rendezvous directory, fork, pipes);
+ *   127      kolorun could not start a rank: the command (or the launch
+ *            command) was not found; 126: it could not be executed — the
+ *            shell's numbers for the same;
+ *   1        kolorun itself failed (rendezvous directory, fork, pipes, file
+ *            descriptors), or could not start a rank for another reason;
  *   2        the command line was wrong.
  * When a signal stopped the job, kolorun ends by that same signal (default
  * action, raised on itself), so that a shell script running kolorun stops on
@@ -237,7 +246,8 @@ typedef struct kolorun {
                         * --failure-grace from then */
     int failed_status; /* its wait status */
     int nsuspects;     /* ranks failed before the cause was chosen */
-    int launch_error;  /* kolorun itself could not start the job */
+    int launch_error;  /* kolorun itself could not start the job: its exit
+                        * status (1; 127 or 126: the command cannot run) */
     int64_t killed_ms;     /* when SIGKILL went out */
     int64_t all_reaped_ms; /* when the last rank was reaped, 0 before */
     int64_t job_start_us;  /* wall-clock start, for the ranks' timelines */
@@ -395,10 +405,11 @@ static void kolorun_usage(FILE *f)
         "Exit status:\n"
         "  0       every rank exited with status 0\n"
         "  S       the rank named as the cause exited with status S\n"
-        "          (127: command not found, 126: command not executable)\n"
         "  128+N   the rank named as the cause was killed by signal N (a\n"
         "          rank killed goes before ranks that exited with an error\n"
         "          at about the same time, likely because of it)\n"
+        "  127     a rank could not start: command not found (126: not\n"
+        "          executable)\n"
         "  1       kolorun itself failed\n"
         "  2       wrong command line\n",
         f);
@@ -1958,12 +1969,38 @@ free_words:
     return rc;
 }
 
+/* What a child that could not become its rank tells kolorun, on a pipe
+ * that exec closes (close-on-exec): end of file with nothing read means the
+ * rank runs. Without it a child could only exit 127, and kolorun would
+ * report a rank that never ran as "exited with status 127". */
+typedef struct kolorun_child_error {
+    int step; /* what failed: kolorun_child_step */
+    int err;  /* its errno */
+} kolorun_child_error_t;
+
+enum kolorun_child_step {
+    KOLORUN_STEP_STDIN = 1, /* open /dev/null for the rank's stdin */
+    KOLORUN_STEP_DUP2,      /* stdin, stdout and stderr onto fds 0, 1, 2 */
+    KOLORUN_STEP_PDEATHSIG, /* prctl(PR_SET_PDEATHSIG) */
+    KOLORUN_STEP_EXEC,      /* execvp of the command (or launch command) */
+};
+
+/* In the child: tells kolorun what failed and exits. */
+__attribute__((noreturn)) static void kolorun_child_fail(int status_w,
+                                                         int step, int err)
+{
+    kolorun_child_error_t ce = {step, err};
+    /* 8 bytes into an empty pipe: written whole, or kolorun is gone. */
+    ssize_t w = write(status_w, &ce, sizeof ce);
+    (void)w;
+    _exit(127);
+}
+
 /* In the child, between fork and exec. kolorun is single-threaded, so the
  * child may call what it likes; it must not return. */
 __attribute__((noreturn)) static void
-kolorun_child(const kolorun_t *k, pid_t launcher, int in_fd, int out_w,
-              int err_w, char **env, int nenv, char **exec_argv,
-              const char *host)
+kolorun_child(const kolorun_t *k, pid_t launcher, int status_w, int in_fd,
+              int out_w, int err_w, char **env, int nenv, char **exec_argv)
 {
     /* Handlers of kolorun make no sense here; exec would reset them anyway,
      * but a signal may come before it. SIGPIPE goes back to what kolorun
@@ -1975,20 +2012,16 @@ kolorun_child(const kolorun_t *k, pid_t launcher, int in_fd, int out_w,
     setpgid(0, k->pgid);
 
     int in = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (in < 0 || dup2(in, STDIN_FILENO) < 0 ||
-        dup2(out_w, STDOUT_FILENO) < 0 || dup2(err_w, STDERR_FILENO) < 0) {
-        dprintf(err_w, "kolorun: cannot set up the rank's stdio: %s\n",
-                strerror(errno));
-        _exit(127);
-    }
+    if (in < 0)
+        kolorun_child_fail(status_w, KOLORUN_STEP_STDIN, errno);
+    if (dup2(in, STDIN_FILENO) < 0 || dup2(out_w, STDOUT_FILENO) < 0 ||
+        dup2(err_w, STDERR_FILENO) < 0)
+        kolorun_child_fail(status_w, KOLORUN_STEP_DUP2, errno);
 
     /* Die with the launcher. If it died already, before the request took
-     * effect, our parent is someone else now: stop here. */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
-        dprintf(STDERR_FILENO, "kolorun: prctl(PR_SET_PDEATHSIG): %s\n",
-                strerror(errno));
-        _exit(127);
-    }
+     * effect, our parent is someone else now: stop here, telling no one. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        kolorun_child_fail(status_w, KOLORUN_STEP_PDEATHSIG, errno);
     if (getppid() != launcher)
         _exit(127);
 
@@ -1997,24 +2030,54 @@ kolorun_child(const kolorun_t *k, pid_t launcher, int in_fd, int out_w,
 
     sigprocmask(SIG_SETMASK, &k->mask_orig, NULL);
     execvp(exec_argv[0], exec_argv);
-
-    int e = errno;
-    if (host)
-        dprintf(STDERR_FILENO, "kolorun: cannot run the launch command '%s' "
-                "for host %s: %s\n", exec_argv[0], host, strerror(e));
-    else
-        dprintf(STDERR_FILENO, "kolorun: cannot run '%s': %s\n", exec_argv[0],
-                strerror(e));
-    /* The shell's convention: 127 not found, 126 found but not runnable. */
-    _exit(e == ENOENT || e == ENOTDIR ? 127 : 126);
+    kolorun_child_fail(status_w, KOLORUN_STEP_EXEC, errno);
 }
 
+/* After fork: waits until the child has exec'd the rank (0) or failed. A
+ * failed child is reaped here, and kolorun says why it could not start the
+ * rank; returns kolorun's exit status then: the shell's 127 (not found) or
+ * 126 (found, not runnable) for a command that cannot be run, else 1. */
+static int kolorun_child_wait(int r, pid_t pid, int status_r,
+                              const char *prog, const char *host)
+{
+    kolorun_child_error_t ce;
+    ssize_t n;
+    do
+        n = read(status_r, &ce, sizeof ce);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof ce)
+        return 0; /* end of file: exec closed the pipe, the rank runs */
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    const char *e = strerror(ce.err);
+    switch (ce.step) {
+    case KOLORUN_STEP_STDIN:
+        kolorun_say("cannot start rank %d: open /dev/null: %s", r, e);
+        return 1;
+    case KOLORUN_STEP_DUP2:
+        kolorun_say("cannot start rank %d: dup2: %s", r, e);
+        return 1;
+    case KOLORUN_STEP_PDEATHSIG:
+        kolorun_say("cannot start rank %d: prctl(PR_SET_PDEATHSIG): %s", r, e);
+        return 1;
+    default:
+        if (host)
+            kolorun_say("cannot start rank %d: cannot run the launch command "
+                        "'%s' for host %s: %s", r, prog, host, e);
+        else
+            kolorun_say("cannot start rank %d: cannot run '%s': %s", r, prog,
+                        e);
+        return ce.err == ENOENT || ce.err == ENOTDIR ? 127 : 126;
+    }
+}
+
+/* Starts rank r. 0, or kolorun's exit status when it cannot (said why). */
 static int kolorun_spawn(kolorun_t *k, int r)
 {
     kolorun_rank_t *rk = &k->ranks[r];
     char *env[KOLORUN_MAX_ENV] = {0};
-    int out[2] = {-1, -1}, err[2] = {-1, -1};
-    int rc = -1;
+    int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
+    int rc = 1;
 
     kolorun_words_t launch = {0};
     const kolorun_host_t *h = kolorun_host_of(k, r);
@@ -2032,7 +2095,8 @@ static int kolorun_spawn(kolorun_t *k, int r)
         kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
         goto close_pipes;
     }
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
+        pipe2(status, O_CLOEXEC) != 0) {
         kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
         goto close_pipes;
     }
@@ -2043,29 +2107,34 @@ static int kolorun_spawn(kolorun_t *k, int r)
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
     pid_t launcher = getpid();
+    char **exec_argv = remote ? launch.w : k->opts.argv;
     pid_t pid = fork();
     if (pid == 0)
         /* A remote rank gets its environment on the launch command's
          * command line, not from kolorun's environment. */
-        kolorun_child(k, launcher, hold[0], out[1], err[1], env,
-                      remote ? 0 : nenv,
-                      remote ? launch.w : k->opts.argv,
-                      remote ? h->name : NULL);
+        kolorun_child(k, launcher, status[1], hold[0], out[1], err[1], env,
+                      remote ? 0 : nenv, exec_argv);
     int fork_errno = errno;
-    if (pid > 0) {
+    if (pid > 0)
         /* Set the group here too: whichever of parent and child runs first
          * wins, and kolorun may signal the group as soon as fork returns.
          * EACCES: the child has exec'd, after setting it itself. */
         setpgid(pid, k->pgid);
-        rk->pid = pid;
-        k->nstarted++;
-        k->nalive++;
-    }
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
         kolorun_say("cannot start rank %d: fork: %s", r, strerror(fork_errno));
         goto close_pipes;
     }
+    /* Only the child may hold the write end: exec closes it. */
+    close(status[1]);
+    status[1] = -1;
+    rc = kolorun_child_wait(r, pid, status[0], exec_argv[0],
+                            remote ? h->name : NULL);
+    if (rc != 0)
+        goto close_pipes;
+    rk->pid = pid;
+    k->nstarted++;
+    k->nalive++;
 
     if (k->opts.verbose) {
         char line[4096];
@@ -2097,6 +2166,8 @@ static int kolorun_spawn(kolorun_t *k, int r)
 
 close_pipes:
     for (int i = 0; i < 2; i++) {
+        if (status[i] >= 0)
+            close(status[i]);
         if (hold[i] >= 0)
             close(hold[i]);
         if (out[i] >= 0)
@@ -2780,7 +2851,7 @@ static void kolorun_free(kolorun_t *k)
 static int kolorun_exit_status(const kolorun_t *k)
 {
     if (k->launch_error)
-        return 1;
+        return k->launch_error;
     if (k->stop_signal)
         return 128 + k->stop_signal;
     if (k->failed_rank < 0)
@@ -2848,8 +2919,9 @@ int main(int argc, char **argv)
     /* A signal that comes while ranks start is handled once all are
      * started (or the start failed), in the loop. */
     for (int r = 0; r < k.opts.np; r++) {
-        if (kolorun_spawn(&k, r) != 0) {
-            k.launch_error = 1;
+        int failed = kolorun_spawn(&k, r);
+        if (failed) {
+            k.launch_error = failed;
             kolorun_stop(&k, SIGTERM);
             break;
         }
