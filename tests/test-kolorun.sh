@@ -317,6 +317,64 @@ expect "done in seconds (took $ms ms)" test "$ms" -lt 10000
 expect "no rank or child of a rank survives" all_gone "$D"/pid.* "$D"/child.*
 end
 
+# paused_failure CODE: rank 1 writes its pid, starts a sleep and waits for
+# it, then exits 3; rank 0 waits for rank 1 to be ready, stops kolorun (its
+# parent) with SIGSTOP, then runs CODE, which ends rank 1 and then rank 0
+# itself. Once both are zombies, kolorun is continued: it finds them ended
+# together, as on a machine too busy to reap one before the other ends, and
+# waitpid hands it rank 0, the older child, first.
+paused_failure() {
+    start_bg -np 2 sh -c 'echo $$ >"$D/pid.$KOLO_RANK"
+        if [ "$KOLO_RANK" = 1 ]; then
+            sleep 60 & echo $! >"$D/child.1"; wait; exit 3
+        fi
+        while [ ! -s "$D/child.1" ]; do sleep 0.05; done
+        kill -STOP $PPID; '"$1"
+    expect "ranks started" wait_files 3
+    expect "both ranks ended while kolorun was stopped" \
+        wait_zombies "$D/pid.0" "$D/pid.1"
+    kill -CONT "$kp"
+    { wait "$kp"; } 2>/dev/null
+    rc=$?
+    disarm
+}
+
+# wait_zombies FILE...: waits (at most 10 s) until the processes whose pids
+# the files hold have all ended and are not reaped yet.
+wait_zombies() {
+    local _ f z
+    for _ in $(seq 100); do
+        z=1
+        for f in "$@"; do
+            [ "$(awk '{ print $3 }' "/proc/$(cat "$f")/stat" 2>/dev/null)" = Z ] ||
+                z=0
+        done
+        [ $z = 1 ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+begin "a rank killed by a signal is the cause, not a survivor reaped before it"
+paused_failure 'kill -KILL "$(cat "$D/pid.1")"; kill "$(cat "$D/child.1")"
+    echo "rank 0 gives up" >&2; exit 1'
+expect "exit status 137 (got $rc)" eq "$rc" 137
+expect "one line names rank 1 and signal 9" \
+    eq "$(grep '^kolorun: ' "$ERR")" "kolorun: rank 1 (pid $(cat "$D/pid.1" 2>/dev/null)) was killed by signal 9 (Killed)"
+expect "no rank or child of a rank survives" all_gone "$D"/pid.* "$D"/child.*
+end
+
+begin "the rank a survivor names as lost is the cause, not the survivor"
+paused_failure 'kill "$(cat "$D/child.1")"; p=$(cat "$D/pid.1")
+    while [ "$(awk "{ print \$3 }" /proc/$p/stat)" != Z ]; do sleep 0.05; done
+    echo "kolo: allreduce failed: lost rank 1 (pid $p) has exited or was killed" >&2
+    exit 1'
+expect "exit status 3 (got $rc)" eq "$rc" 3
+expect "one line names rank 1 and status 3" \
+    eq "$(grep '^kolorun: ' "$ERR")" "kolorun: rank 1 (pid $(cat "$D/pid.1" 2>/dev/null)) exited with status 3"
+expect "no rank or child of a rank survives" all_gone "$D"/pid.* "$D"/child.*
+end
+
 begin "ranks that ignore SIGTERM are killed after the grace period"
 FAILING=2 kr -np 3 sh -c 'trap "" TERM; '"$SLEEPERS"'
     exit 5'
@@ -326,12 +384,44 @@ expect "after about 3 s, not 60 (took $ms ms)" eval '[ "$ms" -ge 2500 ] && [ "$m
 expect "no rank or child of a rank survives" all_gone "$D"/pid.* "$D"/child.*
 end
 
-begin "command not found: status 127 and a message"
+begin "command not found: kolorun cannot start rank 0, says why, status 127"
 kr -np 2 /nonexistent/kolo-cmd --flag
 expect "exit status 127 (got $rc)" eq "$rc" 127
-expect "the child says why" has "^kolorun: cannot run '/nonexistent/kolo-cmd': No such file or directory\$" "$ERR"
-expect "a rank is named, with status 127" has "^kolorun: rank [01] (pid [0-9]*) exited with status 127\$" "$ERR"
-expect "only one rank is named" eq "$(grep -c '^kolorun: rank' "$ERR")" 1
+expect "one line says why" \
+    eq "$(grep '^kolorun: ' "$ERR")" "kolorun: cannot start rank 0: cannot run '/nonexistent/kolo-cmd': No such file or directory"
+printf 'echo hi\n' >"$WORK/not-executable"
+chmod 644 "$WORK/not-executable"
+kr -np 1 "$WORK/not-executable"
+expect "a file that is not executable: status 126 (got $rc)" eq "$rc" 126
+expect "a file that is not executable: one line says why" \
+    eq "$(grep '^kolorun: ' "$ERR")" "kolorun: cannot start rank 0: cannot run '$WORK/not-executable': Permission denied"
+end
+
+# Out of file descriptors: from the smallest limit under which kolorun runs
+# at all up to one where the job starts, every failure is kolorun's own,
+# said as such, and never passed off as a rank's exit status (a child that
+# could not open /dev/null for the rank's stdin used to exit 127, and
+# kolorun reported "rank 1 (pid N) exited with status 127"). Under the
+# lowest limits the dynamic loader cannot open libc for timeout or kolorun
+# (more so where the test harness left descriptors open): skipped.
+begin "out of file descriptors: kolorun says it cannot start the rank, and why"
+spawn_failed=0
+for n in $(seq 4 64); do
+    (ulimit -n "$n" && exec timeout -k 5 20 "$KOLORUN" -np 2 true) \
+        >"$OUT" 2>"$ERR" </dev/null
+    rc=$?
+    [ "$rc" = 0 ] && break
+    has "error while loading shared libraries" "$ERR" && continue
+    expect "ulimit -n $n: exit status 1 (got $rc)" eq "$rc" 1
+    expect "ulimit -n $n: kolorun says it ran out" \
+        has "^kolorun: .*: Too many open files\$" "$ERR"
+    expect "ulimit -n $n: no rank blamed" \
+        eq "$(grep -c '^kolorun: rank' "$ERR")" 0
+    has "^kolorun: cannot start rank [01]: .*Too many open files\$" "$ERR" &&
+        spawn_failed=$((spawn_failed + 1))
+done
+expect "the job starts at last (ulimit -n $n, status $rc)" eq "$rc" 0
+expect "some limit failed the start of a rank" test "$spawn_failed" -gt 0
 end
 
 begin "--verbose shows the rendezvous directory, the pids and the environment"

@@ -9,8 +9,13 @@
  * Processes. kolorun makes a private rendezvous directory (mkdtemp, mode
  * 0700) and forks one child per rank. Each child sets the KOLO_* variables
  * of its rank, points stdin at /dev/null, its stdout and stderr at two pipes
- * that kolorun reads, and execs the command. All ranks join ONE new process
- * group, separate from kolorun's own group:
+ * that kolorun reads, and execs the command. Until the exec, a child can
+ * tell kolorun what failed (open, dup2, exec: an errno) on a close-on-exec
+ * pipe; kolorun waits for that pipe to close, which means the rank runs, or
+ * to bring an errno, which it reports as "kolorun: cannot start rank 1:
+ * open /dev/null: Too many open files", not as a rank that "exited with
+ * status 127". All ranks join ONE new process group, separate from
+ * kolorun's own group:
  *  - a terminal sends Ctrl-C (SIGINT) to its foreground group only, that is
  *    to kolorun and not to the ranks; kolorun forwards it once. Had the ranks
  *    stayed in kolorun's group they would get every Ctrl-C twice (from the
@@ -59,21 +64,37 @@
  * that a child never runs kolorun's handlers between fork and exec.
  *
  * Ending. When a rank exits non-zero or is killed, and kolorun was not
- * already stopping the job, that rank is the cause: kolorun prints its
- * remaining output, then one line naming it ("kolorun: rank 1 (pid 42)
- * exited with status 3"), sends SIGTERM (SIGKILL after the grace period) to
- * the others, and drains their output. Ranks that die because kolorun
- * stopped them are not causes; --verbose reports them. When every rank is
+ * already stopping the job, the job has failed: kolorun prints the rank's
+ * remaining output, then one line naming the cause ("kolorun: rank 1
+ * (pid 42) exited with status 3"), lets the others report the loss for the
+ * failure grace (--failure-grace, 5 s), then sends them SIGTERM (SIGKILL
+ * after the grace period) and drains their output. The first rank reaped is
+ * not always the cause: when a rank is killed, its peers see their
+ * connections close and exit with an error of their own, and on a busy
+ * machine kolorun may find several ranks ended at once, where waitpid hands
+ * over the oldest child first, whichever ended first. So the cause is
+ * chosen among the ranks that failed within KOLORUN_BLAME_MS (a short
+ * moment, for a killed process that is still being torn down) of the first
+ * failure, or until every rank has ended: a rank killed by a signal (it did
+ * not choose to end; the others end because of it), else a rank that a
+ * survivor names in the runtime's message "lost rank N (pid P)", else the
+ * first one reaped. A rank killed by a signal is the cause at once. Ranks
+ * that die because kolorun stopped them are not causes; --verbose reports
+ * them, and the failed ranks that were not chosen. When every rank is
  * gone and their pipes are at end of file (or, if something the ranks left
  * behind keeps a pipe open, after the grace period), kolorun removes the
  * rendezvous directory and exits:
  *   0        every rank exited with status 0;
- *   S        the first failing rank exited with status S (127: the command
- *            was not found, 126: it could not be executed) — what mpirun
- *            does, so a script sees the rank's own status;
- *   128+N    the first failing rank was killed by signal N, the shell's way
- *            of writing "killed by N";
- *   1        kolorun itself failed (rendezvous directory, fork, pipes);
+ *   S        the rank named as the cause exited with status S — what
+ *            mpirun does, so a script sees the rank's own status (on
+ *            another host, 127: the command was not found there);
+ *   128+N    the rank named as the cause was killed by signal N, the
+ *            shell's way of writing "killed by N";
+ *   127      kolorun could not start a rank: the command (or the launch
+ *            command) was not found; 126: it could not be executed — the
+ *            shell's numbers for the same;
+ *   1        kolorun itself failed (rendezvous directory, fork, pipes, file
+ *            descriptors), or could not start a rank for another reason;
  *   2        the command line was wrong.
  * When a signal stopped the job, kolorun ends by that same signal (default
  * action, raised on itself), so that a shell script running kolorun stops on
@@ -119,6 +140,11 @@
 /* After SIGKILL, how long the pipes get to close (the kernel needs moments;
  * longer means a process outside the group, a daemon, holds them). */
 #define KOLORUN_SETTLE_MS 1000
+/* After a rank exits non-zero, how long kolorun waits for a rank killed by
+ * a signal (the likelier cause) before naming the cause: a killed process
+ * becomes a zombie only once the kernel has torn it down, which may come
+ * after its peers saw its sockets close and gave up. */
+#define KOLORUN_BLAME_MS 500
 #define KOLORUN_MAX_RANKS 4096
 #define KOLORUN_MAX_ENV 24
 #define KOLORUN_RMTREE_DEPTH 64
@@ -181,6 +207,9 @@ typedef struct kolorun_stream {
 typedef struct kolorun_rank {
     pid_t pid; /* 0 until started */
     int reaped;
+    int status;     /* its wait status, once reaped */
+    int failed_seq; /* 1, 2...: it failed before the cause was chosen */
+    int named_lost; /* a survivor's message named it lost */
     kolorun_stream_t streams[2]; /* KOLORUN_OUT, KOLORUN_ERR */
     int hold_fd; /* ssh: write end of its stdin; closing it ends the rank */
 } kolorun_rank_t;
@@ -212,10 +241,13 @@ typedef struct kolorun {
     int killed;        /* SIGKILL went to the ranks */
     int64_t stop_ms;   /* when stopping began */
     int stop_signal;   /* the signal that stopped the job, 0 if none */
-    int failed_rank;   /* the first failing rank, -1 if none */
-    int64_t failed_ms; /* when it failed: the others get --failure-grace */
+    int failed_rank;   /* the rank that caused the failure, -1 if none */
+    int64_t failed_ms; /* when the first rank failed: the others get
+                        * --failure-grace from then */
     int failed_status; /* its wait status */
-    int launch_error;  /* kolorun itself could not start the job */
+    int nsuspects;     /* ranks failed before the cause was chosen */
+    int launch_error;  /* kolorun itself could not start the job: its exit
+                        * status (1; 127 or 126: the command cannot run) */
     int64_t killed_ms;     /* when SIGKILL went out */
     int64_t all_reaped_ms; /* when the last rank was reaped, 0 before */
     int64_t job_start_us;  /* wall-clock start, for the ranks' timelines */
@@ -229,6 +261,7 @@ typedef struct kolorun {
 } kolorun_t;
 
 static const struct kolorun_host *kolorun_host_of(const kolorun_t *k, int r);
+static void kolorun_blame(kolorun_t *k);
 
 static int64_t kolorun_now_ms(void)
 {
@@ -371,9 +404,12 @@ static void kolorun_usage(FILE *f)
         "\n"
         "Exit status:\n"
         "  0       every rank exited with status 0\n"
-        "  S       the first rank to fail exited with status S\n"
-        "          (127: command not found, 126: command not executable)\n"
-        "  128+N   the first rank to fail was killed by signal N\n"
+        "  S       the rank named as the cause exited with status S\n"
+        "  128+N   the rank named as the cause was killed by signal N (a\n"
+        "          rank killed goes before ranks that exited with an error\n"
+        "          at about the same time, likely because of it)\n"
+        "  127     a rank could not start: command not found (126: not\n"
+        "          executable)\n"
         "  1       kolorun itself failed\n"
         "  2       wrong command line\n",
         f);
@@ -1019,6 +1055,10 @@ static int kolorun_rmtree_at(int dirfd, const char *name, int depth)
         errno = ELOOP;
         return -1;
     }
+    /* Empty (ranks that end cleanly leave nothing): no descriptor needed,
+     * which counts when kolorun ran out of them. */
+    if (unlinkat(dirfd, name, AT_REMOVEDIR) == 0)
+        return 0;
     int fd = openat(dirfd, name,
                     O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (fd < 0)
@@ -1233,6 +1273,9 @@ static void kolorun_stop(kolorun_t *k, int sig)
 {
     if (k->stopping)
         return;
+    /* Ranks that end from now on are not causes: choose among the failed. */
+    if (k->failed_rank < 0)
+        kolorun_blame(k);
     kolorun_release_remote(k, -1);
     k->stopping = 1;
     k->stop_ms = kolorun_now_ms();
@@ -1325,6 +1368,28 @@ static void kolorun_sink_put(kolorun_sink_t *s, const char *prefix,
         s->buf[s->len++] = '\n';
 }
 
+/* The survivors of a lost rank say so in the runtime's words, "lost rank 1
+ * (pid 42) has exited or was killed": note each rank of this job so named,
+ * for kolorun_blame. A pid that is not the rank's is someone else's text. */
+static void kolorun_note_lost(kolorun_t *k, const char *p, size_t n)
+{
+    static const char key[] = "lost rank ";
+    const char *end = p + n;
+    while ((p = memmem(p, (size_t)(end - p), key, sizeof key - 1)) != NULL) {
+        p += sizeof key - 1;
+        char text[64];
+        size_t len = (size_t)(end - p) < sizeof text - 1 ? (size_t)(end - p)
+                                                          : sizeof text - 1;
+        memcpy(text, p, len);
+        text[len] = '\0';
+        int r;
+        long pid;
+        if (sscanf(text, "%d (pid %ld)", &r, &pid) == 2 && r >= 0 &&
+            r < k->nstarted && (long)k->ranks[r].pid == pid)
+            k->ranks[r].named_lost = 1;
+    }
+}
+
 /* Moves the whole lines of one stream to its sink; at end of file, also the
  * last unterminated line; when the buffer is full of one line, a piece. */
 static void kolorun_stream_emit(kolorun_t *k, int r, int which, int at_eof)
@@ -1364,6 +1429,8 @@ static void kolorun_stream_emit(kolorun_t *k, int r, int which, int at_eof)
             done = st->len;
         }
     }
+    if (k->failed_rank < 0)
+        kolorun_note_lost(k, st->buf, done);
     memmove(st->buf, st->buf + done, st->len - done);
     st->len -= done;
 }
@@ -1436,12 +1503,78 @@ static void kolorun_describe(int status, char *buf, size_t n)
         snprintf(buf, n, "ended with wait status 0x%x", (unsigned)status);
 }
 
+/* Says how rank r ended: "rank 1 (pid 42) exited with status 3", with its
+ * host on a job of several hosts (for a rank on another host the pid is the
+ * launch command's, which stands for it), then hint. */
+static void kolorun_rank_say(const kolorun_t *k, int r, const char *hint)
+{
+    const kolorun_rank_t *rk = &k->ranks[r];
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    char how[128], where[400] = "";
+    kolorun_describe(rk->status, how, sizeof how);
+    if (h)
+        snprintf(where, sizeof where, " on host %s", h->name);
+    kolorun_say("rank %d%s (pid %ld) %s%s", r, where, (long)rk->pid, how,
+                hint);
+}
+
+/* How likely rank r, one of the failed, is the cause: killed by a signal
+ * beats named lost by a survivor beats exited with an error of its own. */
+static int kolorun_blame_weight(const kolorun_rank_t *rk)
+{
+    if (WIFSIGNALED(rk->status))
+        return 2;
+    return rk->named_lost ? 1 : 0;
+}
+
+/* Chooses the cause among the ranks that have failed so far (see "Ending"
+ * at the top of this file) and prints the one line everyone reads. The
+ * other ranks are stopped after the failure grace, by the loop: the runtime
+ * tells each of them which rank it lost, and a program that reports that
+ * and exits should be heard, not killed mid-sentence. */
+static void kolorun_blame(kolorun_t *k)
+{
+    int cause = -1, best = -1, first = 0;
+    for (int r = 0; r < k->nstarted; r++) {
+        const kolorun_rank_t *rk = &k->ranks[r];
+        if (!rk->failed_seq)
+            continue;
+        int w = kolorun_blame_weight(rk);
+        if (w > best || (w == best && rk->failed_seq < first)) {
+            cause = r;
+            best = w;
+            first = rk->failed_seq;
+        }
+    }
+    if (cause < 0)
+        return;
+    const kolorun_host_t *h = kolorun_host_of(k, cause);
+    int status = k->ranks[cause].status;
+    const char *hint = "";
+    if (h && !h->local && WIFEXITED(status)) {
+        if (WEXITSTATUS(status) == 255 && !k->opts.launch_command)
+            hint = ": ssh could not reach the host, log in without a "
+                   "password (BatchMode), or lost the connection";
+        else if (WEXITSTATUS(status) == 127)
+            hint = ": the command (or the launch command) was not found "
+                   "there";
+        else if (WEXITSTATUS(status) == 126)
+            hint = ": the command cannot be executed there";
+    }
+    kolorun_rank_say(k, cause, hint);
+    k->failed_rank = cause;
+    k->failed_status = status;
+    if (k->opts.verbose)
+        for (int r = 0; r < k->nstarted; r++)
+            if (r != cause && k->ranks[r].failed_seq)
+                kolorun_rank_say(k, r, " (not the cause)");
+}
+
 static void kolorun_rank_ended(kolorun_t *k, int r, int status)
 {
     kolorun_rank_t *rk = &k->ranks[r];
-    char how[128];
-    kolorun_describe(status, how, sizeof how);
     rk->reaped = 1;
+    rk->status = status;
     k->nalive--;
     kolorun_release_remote(k, r);
 
@@ -1449,38 +1582,17 @@ static void kolorun_rank_ended(kolorun_t *k, int r, int status)
     kolorun_stream_read(k, r, KOLORUN_ERR, 1);
 
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    /* On several hosts a rank is named with its host; for a rank on
-     * another host the pid is the launch command's, which stands for it. */
-    char where[400] = "";
-    const kolorun_host_t *h = kolorun_host_of(k, r);
-    if (h)
-        snprintf(where, sizeof where, " on host %s", h->name);
     if (!ok && !k->stopping && k->failed_rank < 0) {
-        /* The first failure is the cause, the one line everyone reads. The
-         * other ranks are stopped after the failure grace: the runtime
-         * tells each of them which rank it lost, and a program that reports
-         * that and exits should be heard, not killed mid-sentence. */
-        const char *hint = "";
-        if (h && !h->local && WIFEXITED(status)) {
-            if (WEXITSTATUS(status) == 255 && !k->opts.launch_command)
-                hint = ": ssh could not reach the host, log in without a "
-                       "password (BatchMode), or lost the connection";
-            else if (WEXITSTATUS(status) == 127)
-                hint = ": the command (or the launch command) was not found "
-                       "there";
-            else if (WEXITSTATUS(status) == 126)
-                hint = ": the command cannot be executed there";
-        }
-        kolorun_say("rank %d%s (pid %ld) %s%s", r, where, (long)rk->pid, how,
-                    hint);
-        k->failed_rank = r;
-        k->failed_status = status;
-        k->failed_ms = kolorun_now_ms();
-        if (k->opts.failure_grace_ms == 0)
-            kolorun_stop(k, SIGTERM);
+        /* A failure: the cause is chosen by kolorun_blame, now if nothing
+         * can outrank this one, else once the others had their moment. */
+        rk->failed_seq = ++k->nsuspects;
+        if (rk->failed_seq == 1)
+            k->failed_ms = kolorun_now_ms();
+        if (WIFSIGNALED(status))
+            kolorun_blame(k);
     } else if (k->opts.verbose) {
-        kolorun_say("rank %d%s (pid %ld) %s%s", r, where, (long)rk->pid, how,
-                    k->stopping && !ok ? " (stopped by kolorun)" : "");
+        kolorun_rank_say(k, r, k->stopping && !ok ? " (stopped by kolorun)"
+                                                  : "");
     }
 }
 
@@ -1857,12 +1969,38 @@ free_words:
     return rc;
 }
 
+/* What a child that could not become its rank tells kolorun, on a pipe
+ * that exec closes (close-on-exec): end of file with nothing read means the
+ * rank runs. Without it a child could only exit 127, and kolorun would
+ * report a rank that never ran as "exited with status 127". */
+typedef struct kolorun_child_error {
+    int step; /* what failed: kolorun_child_step */
+    int err;  /* its errno */
+} kolorun_child_error_t;
+
+enum kolorun_child_step {
+    KOLORUN_STEP_STDIN = 1, /* open /dev/null for the rank's stdin */
+    KOLORUN_STEP_DUP2,      /* stdin, stdout and stderr onto fds 0, 1, 2 */
+    KOLORUN_STEP_PDEATHSIG, /* prctl(PR_SET_PDEATHSIG) */
+    KOLORUN_STEP_EXEC,      /* execvp of the command (or launch command) */
+};
+
+/* In the child: tells kolorun what failed and exits. */
+__attribute__((noreturn)) static void kolorun_child_fail(int status_w,
+                                                         int step, int err)
+{
+    kolorun_child_error_t ce = {step, err};
+    /* 8 bytes into an empty pipe: written whole, or kolorun is gone. */
+    ssize_t w = write(status_w, &ce, sizeof ce);
+    (void)w;
+    _exit(127);
+}
+
 /* In the child, between fork and exec. kolorun is single-threaded, so the
  * child may call what it likes; it must not return. */
 __attribute__((noreturn)) static void
-kolorun_child(const kolorun_t *k, pid_t launcher, int in_fd, int out_w,
-              int err_w, char **env, int nenv, char **exec_argv,
-              const char *host)
+kolorun_child(const kolorun_t *k, pid_t launcher, int status_w, int in_fd,
+              int out_w, int err_w, char **env, int nenv, char **exec_argv)
 {
     /* Handlers of kolorun make no sense here; exec would reset them anyway,
      * but a signal may come before it. SIGPIPE goes back to what kolorun
@@ -1874,20 +2012,16 @@ kolorun_child(const kolorun_t *k, pid_t launcher, int in_fd, int out_w,
     setpgid(0, k->pgid);
 
     int in = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
-    if (in < 0 || dup2(in, STDIN_FILENO) < 0 ||
-        dup2(out_w, STDOUT_FILENO) < 0 || dup2(err_w, STDERR_FILENO) < 0) {
-        dprintf(err_w, "kolorun: cannot set up the rank's stdio: %s\n",
-                strerror(errno));
-        _exit(127);
-    }
+    if (in < 0)
+        kolorun_child_fail(status_w, KOLORUN_STEP_STDIN, errno);
+    if (dup2(in, STDIN_FILENO) < 0 || dup2(out_w, STDOUT_FILENO) < 0 ||
+        dup2(err_w, STDERR_FILENO) < 0)
+        kolorun_child_fail(status_w, KOLORUN_STEP_DUP2, errno);
 
     /* Die with the launcher. If it died already, before the request took
-     * effect, our parent is someone else now: stop here. */
-    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) {
-        dprintf(STDERR_FILENO, "kolorun: prctl(PR_SET_PDEATHSIG): %s\n",
-                strerror(errno));
-        _exit(127);
-    }
+     * effect, our parent is someone else now: stop here, telling no one. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        kolorun_child_fail(status_w, KOLORUN_STEP_PDEATHSIG, errno);
     if (getppid() != launcher)
         _exit(127);
 
@@ -1896,24 +2030,54 @@ kolorun_child(const kolorun_t *k, pid_t launcher, int in_fd, int out_w,
 
     sigprocmask(SIG_SETMASK, &k->mask_orig, NULL);
     execvp(exec_argv[0], exec_argv);
-
-    int e = errno;
-    if (host)
-        dprintf(STDERR_FILENO, "kolorun: cannot run the launch command '%s' "
-                "for host %s: %s\n", exec_argv[0], host, strerror(e));
-    else
-        dprintf(STDERR_FILENO, "kolorun: cannot run '%s': %s\n", exec_argv[0],
-                strerror(e));
-    /* The shell's convention: 127 not found, 126 found but not runnable. */
-    _exit(e == ENOENT || e == ENOTDIR ? 127 : 126);
+    kolorun_child_fail(status_w, KOLORUN_STEP_EXEC, errno);
 }
 
+/* After fork: waits until the child has exec'd the rank (0) or failed. A
+ * failed child is reaped here, and kolorun says why it could not start the
+ * rank; returns kolorun's exit status then: the shell's 127 (not found) or
+ * 126 (found, not runnable) for a command that cannot be run, else 1. */
+static int kolorun_child_wait(int r, pid_t pid, int status_r,
+                              const char *prog, const char *host)
+{
+    kolorun_child_error_t ce;
+    ssize_t n;
+    do
+        n = read(status_r, &ce, sizeof ce);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof ce)
+        return 0; /* end of file: exec closed the pipe, the rank runs */
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    const char *e = strerror(ce.err);
+    switch (ce.step) {
+    case KOLORUN_STEP_STDIN:
+        kolorun_say("cannot start rank %d: open /dev/null: %s", r, e);
+        return 1;
+    case KOLORUN_STEP_DUP2:
+        kolorun_say("cannot start rank %d: dup2: %s", r, e);
+        return 1;
+    case KOLORUN_STEP_PDEATHSIG:
+        kolorun_say("cannot start rank %d: prctl(PR_SET_PDEATHSIG): %s", r, e);
+        return 1;
+    default:
+        if (host)
+            kolorun_say("cannot start rank %d: cannot run the launch command "
+                        "'%s' for host %s: %s", r, prog, host, e);
+        else
+            kolorun_say("cannot start rank %d: cannot run '%s': %s", r, prog,
+                        e);
+        return ce.err == ENOENT || ce.err == ENOTDIR ? 127 : 126;
+    }
+}
+
+/* Starts rank r. 0, or kolorun's exit status when it cannot (said why). */
 static int kolorun_spawn(kolorun_t *k, int r)
 {
     kolorun_rank_t *rk = &k->ranks[r];
     char *env[KOLORUN_MAX_ENV] = {0};
-    int out[2] = {-1, -1}, err[2] = {-1, -1};
-    int rc = -1;
+    int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
+    int rc = 1;
 
     kolorun_words_t launch = {0};
     const kolorun_host_t *h = kolorun_host_of(k, r);
@@ -1931,7 +2095,8 @@ static int kolorun_spawn(kolorun_t *k, int r)
         kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
         goto close_pipes;
     }
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0) {
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
+        pipe2(status, O_CLOEXEC) != 0) {
         kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
         goto close_pipes;
     }
@@ -1942,29 +2107,34 @@ static int kolorun_spawn(kolorun_t *k, int r)
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, &old);
     pid_t launcher = getpid();
+    char **exec_argv = remote ? launch.w : k->opts.argv;
     pid_t pid = fork();
     if (pid == 0)
         /* A remote rank gets its environment on the launch command's
          * command line, not from kolorun's environment. */
-        kolorun_child(k, launcher, hold[0], out[1], err[1], env,
-                      remote ? 0 : nenv,
-                      remote ? launch.w : k->opts.argv,
-                      remote ? h->name : NULL);
+        kolorun_child(k, launcher, status[1], hold[0], out[1], err[1], env,
+                      remote ? 0 : nenv, exec_argv);
     int fork_errno = errno;
-    if (pid > 0) {
+    if (pid > 0)
         /* Set the group here too: whichever of parent and child runs first
          * wins, and kolorun may signal the group as soon as fork returns.
          * EACCES: the child has exec'd, after setting it itself. */
         setpgid(pid, k->pgid);
-        rk->pid = pid;
-        k->nstarted++;
-        k->nalive++;
-    }
     sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
         kolorun_say("cannot start rank %d: fork: %s", r, strerror(fork_errno));
         goto close_pipes;
     }
+    /* Only the child may hold the write end: exec closes it. */
+    close(status[1]);
+    status[1] = -1;
+    rc = kolorun_child_wait(r, pid, status[0], exec_argv[0],
+                            remote ? h->name : NULL);
+    if (rc != 0)
+        goto close_pipes;
+    rk->pid = pid;
+    k->nstarted++;
+    k->nalive++;
 
     if (k->opts.verbose) {
         char line[4096];
@@ -1996,6 +2166,8 @@ static int kolorun_spawn(kolorun_t *k, int r)
 
 close_pipes:
     for (int i = 0; i < 2; i++) {
+        if (status[i] >= 0)
+            close(status[i]);
         if (hold[i] >= 0)
             close(hold[i]);
         if (out[i] >= 0)
@@ -2519,6 +2691,11 @@ static int kolorun_loop(kolorun_t *k, int wake_rd)
         kolorun_reap(k);
 
         int64_t now = kolorun_now_ms();
+        /* A rank failed a moment ago, or every rank has ended: nothing
+         * more is coming that could be the cause. */
+        if (k->failed_rank < 0 && k->nsuspects > 0 &&
+            (k->nalive == 0 || now - k->failed_ms >= KOLORUN_BLAME_MS))
+            kolorun_blame(k);
         /* The failure grace is over: stop the others. */
         if (k->failed_rank >= 0 && !k->stopping &&
             now - k->failed_ms >= k->opts.failure_grace_ms)
@@ -2564,6 +2741,8 @@ static int kolorun_loop(kolorun_t *k, int wake_rd)
             deadline = k->stop_ms + KOLORUN_GRACE_MS;
         else if (k->failed_rank >= 0 && !k->stopping)
             deadline = k->failed_ms + k->opts.failure_grace_ms;
+        else if (k->nsuspects > 0 && !k->stopping)
+            deadline = k->failed_ms + KOLORUN_BLAME_MS;
         if (drain_until >= 0 && (deadline < 0 || drain_until < deadline))
             deadline = drain_until;
         int timeout = -1;
@@ -2670,7 +2849,7 @@ static void kolorun_free(kolorun_t *k)
 static int kolorun_exit_status(const kolorun_t *k)
 {
     if (k->launch_error)
-        return 1;
+        return k->launch_error;
     if (k->stop_signal)
         return 128 + k->stop_signal;
     if (k->failed_rank < 0)
@@ -2738,8 +2917,9 @@ int main(int argc, char **argv)
     /* A signal that comes while ranks start is handled once all are
      * started (or the start failed), in the loop. */
     for (int r = 0; r < k.opts.np; r++) {
-        if (kolorun_spawn(&k, r) != 0) {
-            k.launch_error = 1;
+        int failed = kolorun_spawn(&k, r);
+        if (failed) {
+            k.launch_error = failed;
             kolorun_stop(&k, SIGTERM);
             break;
         }
