@@ -192,21 +192,74 @@ static void putf(text_t *t, const char *fmt, ...)
         put(t, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
 }
 
-/* A JSON string, escaped. */
+/* The length of the well-formed UTF-8 sequence that starts at s, or 0
+ * where the bytes at s are not one (Unicode's table 3-7: no overlong form,
+ * no surrogate, nothing above U+10FFFF, no sequence cut short). Stops at
+ * the first byte that does not fit, so it never reads past the NUL. */
+static size_t utf8_len(const unsigned char *s)
+{
+    unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
+    size_t n;
+
+    if (s[0] < 0x80)
+        return 1;
+    if (s[0] >= 0xc2 && s[0] <= 0xdf) {
+        n = 2;
+    } else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+        n = 3;
+        if (s[0] == 0xe0)
+            lo = 0xa0; /* overlong below U+0800 */
+        else if (s[0] == 0xed)
+            hi = 0x9f; /* U+D800..U+DFFF, the surrogates */
+    } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+        n = 4;
+        if (s[0] == 0xf0)
+            lo = 0x90; /* overlong below U+10000 */
+        else if (s[0] == 0xf4)
+            hi = 0x8f; /* above U+10FFFF */
+    } else {
+        return 0; /* a continuation byte, C0, C1 or F5..FF */
+    }
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xbf)
+            return 0;
+    return n;
+}
+
+/* A JSON string, escaped. Tensor names are bytes, not always UTF-8, and
+ * JSON is UTF-8: a byte that is not part of a well-formed UTF-8 sequence
+ * is written as the escape of the lone surrogate U+DC00 + byte ("\xe9"
+ * becomes "\udce9"), as Python's "surrogateescape" decodes it. Well-formed
+ * UTF-8 never encodes a surrogate, so two different names stay two
+ * different strings (a Latin-1 "\xe9" is not the UTF-8 "\xc3\xa9"), and
+ * name.encode("utf-8", "surrogateescape") gives the bytes back. JSON
+ * parsers (Python's json, JavaScript's JSON.parse, and so chrome://tracing)
+ * accept such an escape; the file itself stays pure UTF-8. */
 static void put_json_string(text_t *t, const char *s)
 {
+    const unsigned char *p = (const unsigned char *)s, *run = p;
+
     put(t, "\"", 1);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
-            char esc[2] = {'\\', (char)c};
-            put(t, esc, 2);
-        } else if (c < 0x20) {
-            putf(t, "\\u%04x", c);
-        } else {
-            put(t, (const char *)s, 1);
+    while (*p) {
+        size_t n = utf8_len(p);
+        if (n > 0 && *p != '"' && *p != '\\' && *p >= 0x20) {
+            p += n; /* written as it is, with the run it belongs to */
+            continue;
         }
+        put(t, (const char *)run, (size_t)(p - run));
+        if (n == 0) {
+            putf(t, "\\udc%02x", *p);
+        } else if (*p == '"' || *p == '\\') {
+            char esc[2] = {'\\', (char)*p};
+            put(t, esc, 2);
+        } else {
+            putf(t, "\\u%04x", *p);
+        }
+        run = ++p;
     }
+    put(t, (const char *)run, (size_t)(p - run));
     put(t, "\"", 1);
 }
 

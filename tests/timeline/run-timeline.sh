@@ -18,6 +18,8 @@
 #   kolo-timeline     summary numbers (counts, bytes per tensor) checked
 #                     against the workload; plot output parsed as XML; bad
 #                     input gives the documented errors and exit codes
+#   odd names         tensor names that are not valid UTF-8: the file is
+#                     still UTF-8 JSON, each name on a lane of its own
 #   stall inspector   one rank withholds a tensor: rank 0 warns naming the
 #                     rank and the tensor (KOLO_STALL_CHECK_TIME_SECONDS=1);
 #                     KOLO_STALL_SHUTDOWN_TIME_SECONDS=2 fails every rank's
@@ -233,6 +235,15 @@ for np in 2 3; do
             $py "$check" stalled "$tool" "$d/stall.json" --size "$np"
     fi
 done
+
+# Tensor names that are not valid UTF-8.
+d=$work/names
+mkdir -p "$d"
+if run "np=2 tensor names that are not valid UTF-8" \
+    "$kolorun" -np 2 "$prog" names "$d/names.json"; then
+    run "np=2   names.json: UTF-8 JSON, one lane per name, kolo-timeline reads it" \
+        $py "$check" names "$tool" "$d" "$d/names.json"
+fi
 
 # kolo-timeline on bad input, and on a file written the way Horovod does.
 d=$work/np2

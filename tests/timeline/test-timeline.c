@@ -44,6 +44,9 @@
  *                  must fail with an error naming the last rank and
  *                  'grad.withheld', within $TL_STALL_BOUND_S (10) s of the
  *                  enqueue; a later enqueue must fail too.
+ *   names FILE     rank 0 writes FILE while every rank allreduces tensors
+ *                  whose names are not valid UTF-8 (and some that are):
+ *                  the file must load, each name on a lane of its own
  *
  * Each rank prints "rank R of N: PASS MODE" and exits 0, or prints FAIL
  * lines and exits 1. A watchdog (alarm) turns a hang into a FAIL line.
@@ -273,6 +276,47 @@ static void mode_loop(void)
     }
 }
 
+/* Names that are not valid UTF-8, and some that are. Keep in step with
+ * ODD_NAMES in check-timeline.py. */
+static const char *const odd_names[] = {
+    "odd.plain",
+    "odd.\xc3\xa9",           /* U+00E9, valid */
+    "odd.\xe9",               /* the Latin-1 byte of U+00E9: invalid */
+    "odd.\xc3",               /* a sequence cut short at the end */
+    "odd.\xc3(",              /* ... and before an ASCII byte */
+    "odd.\xe2\x82",           /* a three-byte sequence cut short */
+    "odd.\xe2\x82\xac",       /* U+20AC, valid */
+    "odd.\xf0\x9f\x98\x80",   /* U+1F600, valid */
+    "odd.\xed\xa0\x80",       /* an encoded surrogate (U+D800): invalid */
+    "odd.\xc0\xaf",           /* an overlong '/': invalid */
+    "odd.\xf4\x90\x80\x80",   /* above U+10FFFF: invalid */
+    "odd.\xff\xfe",
+    "odd.\\udce9",            /* the text of an escape, valid */
+    "odd.\"q\\\x01",          /* JSON's own escapes */
+};
+
+static void mode_names(const char *path)
+{
+    enum { N = sizeof(odd_names) / sizeof(odd_names[0]), COUNT = 16 };
+    float v[N][COUNT];
+    kolo_handle_t h[N];
+
+    if (rank == 0)
+        MUST(kolo_start_timeline(path, 0));
+    for (int t = 0; t < N; t++) {
+        for (int i = 0; i < COUNT; i++)
+            v[t][i] = 1.0f;
+        MUST(kolo_allreduce_async(odd_names[t], v[t], v[t], COUNT, KOLO_FLOAT32,
+                                  KOLO_OP_SUM, &h[t]));
+    }
+    for (int t = 0; t < N; t++) {
+        MUST(kolo_wait(h[t]));
+        CHECK(v[t][0] == (float)size, "odd name %d: %g", t, v[t][0]);
+    }
+    if (rank == 0)
+        MUST(kolo_stop_timeline());
+}
+
 /* 1 if msg names rank k ("rank K" followed by a non-digit). */
 static int names_rank(const char *msg, int k)
 {
@@ -340,7 +384,8 @@ int main(int argc, char **argv)
 
     if (argc < 2) {
         fprintf(stderr, "usage: test-timeline api FILE | steps | straggler [MS] "
-                        "| restart FILE | loop | stall-warn | stall-shutdown\n");
+                        "| restart FILE | loop | stall-warn | stall-shutdown "
+                        "| names FILE\n");
         return 2;
     }
     mode = argv[1];
@@ -364,6 +409,8 @@ int main(int argc, char **argv)
         steps(0, nsteps);
     } else if (strcmp(mode, "restart") == 0 && argc > 2) {
         mode_restart(argv[2], 6);
+    } else if (strcmp(mode, "names") == 0 && argc > 2) {
+        mode_names(argv[2]);
     } else if (strcmp(mode, "loop") == 0) {
         mode_loop();
     } else if (strcmp(mode, "stall-warn") == 0) {
