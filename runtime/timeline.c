@@ -18,6 +18,12 @@
  * interrupted by a signal, so even a job killed with SIGKILL leaves a file
  * that Perfetto, chrome://tracing or a JSON parser load whole.
  *
+ * A failed write. When a write fails (a full disk), the writer cuts the
+ * file back to where that write began and puts the closing "]" back: the
+ * file is what the last complete write left, valid JSON. The timeline then
+ * stops: a warning says once that events are dropped from now on, and
+ * kolo_stop_timeline returns the error.
+ *
  * Lanes. Like Horovod's timeline, every tensor is a "process" of its own
  * (a pid, named by a process_name metadata event the first time the tensor
  * appears), so a viewer shows one lane per tensor with its phases nested.
@@ -354,28 +360,68 @@ static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
     }
 }
 
-/* Writes `t` plus the closing bracket at the end of the file in one call. */
+/* All of buf at `at`; -1 with errno set when it cannot (a full disk: a
+ * short write, then ENOSPC). */
+static int pwrite_all(int fd, const char *buf, size_t len, off_t at)
+{
+    while (len > 0) {
+        ssize_t n = pwrite(fd, buf, len, at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0) { /* defensive: no progress, no error */
+            errno = EIO;
+            return -1;
+        }
+        buf += n;
+        len -= (size_t)n;
+        at += n;
+    }
+    return 0;
+}
+
+/* A write failed (errno_: why). Puts the file back as the last complete
+ * write left it and stops the timeline: what is recorded from now on is
+ * dropped. Said once, here; kolo_stop_timeline returns it. A failed header
+ * is the caller's to report (kolo__timeline_start fails). */
+static void write_failed(kolo__timeline_t *tl, int errno_)
+{
+    /* Cut what the failed write added, and put the closing bracket back
+     * over the bytes it overwrote. Neither needs a block of the full disk:
+     * the truncation frees what the failed write took, and the bracket
+     * goes where the last one was. Before the header there is nothing to
+     * keep. Both fail where the file is no regular file (/dev/full), which
+     * kept nothing anyway. */
+    off_t keep = tl->end > 0 ? tl->end + 3 : 0;
+    if (ftruncate(tl->fd, keep) != 0 ||
+        (keep > 0 && pwrite(tl->fd, "\n]\n", 3, tl->end) != 3))
+        kolo__debug("timeline %s: cannot put the file back as it was: %s",
+                    tl->path, strerror(errno));
+    close(tl->fd);
+    tl->fd = -1;
+    __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
+    kolo__err_set(&tl->error, KOLO_ERR_BACKEND,
+                  "timeline %s: cannot write: %s; events are dropped from now "
+                  "on (the file keeps the %lld bytes written before, valid "
+                  "JSON)",
+                  tl->path, strerror(errno_), (long long)keep);
+    if (tl->end > 0)
+        kolo__log(KOLO__LOG_WARNING, "%s", tl->error.msg);
+}
+
+/* Writes `t` plus the closing bracket at the end of the file in one call.
+ * On failure the file is as the last write left it (write_failed). */
 static int write_out(kolo__timeline_t *tl, text_t *t)
 {
     size_t body = t->len;
-    ssize_t n;
 
     if (body == 0 || tl->fd < 0)
         return 0;
     put(t, "\n]\n", 3);
-    n = pwrite(tl->fd, t->buf, t->len, tl->end);
-    if (n != (ssize_t)t->len) {
-        kolo__err_set(&tl->error, KOLO_ERR_BACKEND,
-                      "timeline %s: write failed: %s; the timeline stops here "
-                      "(the file holds what was written before)",
-                      tl->path, n < 0 ? strerror(errno) : "short write (disk full?)");
-        kolo__log(KOLO__LOG_ERROR, "%s", tl->error.msg);
-        /* Keep the file valid: close the array where it was. */
-        if (pwrite(tl->fd, "\n]\n", 3, tl->end) != 3)
-            kolo__debug("timeline %s: cannot close the array", tl->path);
-        close(tl->fd);
-        tl->fd = -1;
-        __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
+    if (pwrite_all(tl->fd, t->buf, t->len, tl->end) != 0) {
+        write_failed(tl, errno);
+        t->len = 0;
         return -1;
     }
     tl->end += (off_t)body;
@@ -511,9 +557,10 @@ int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles
     putf(&t, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{"
              "\"name\":\"kolo rank %d\"}}", tl->rank);
     tl->end = 0;
-    if (write_out(tl, &t) != 0)
+    if (write_out(tl, &t) != 0) {
         rc = kolo__err_set(err, tl->error.code, "%s", tl->error.msg);
-    else
+        kolo__err_clear(&tl->error); /* reported here */
+    } else
         __atomic_store_n(&tl->active, 1, __ATOMIC_RELAXED);
     if (rc == KOLO_OK && !tl->writer_started) {
         tl->quit = 0;
@@ -537,12 +584,9 @@ int kolo__timeline_stop(kolo__timeline_t *tl, kolo__err_t *err)
     int rc = KOLO_OK;
 
     pthread_mutex_lock(&tl->mu);
-    if (tl->fd < 0 && !tl->active) {
-        pthread_mutex_unlock(&tl->mu);
-        return KOLO_OK;
-    }
     __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
-    /* Let the writer write what is queued, then close. */
+    /* Let the writer write what is queued and go idle: then the file (and
+     * whether a write failed) is this thread's to look at. */
     if (tl->writer_started) {
         tl->stopping = 1;
         pthread_cond_signal(&tl->cv);
@@ -562,8 +606,12 @@ int kolo__timeline_stop(kolo__timeline_t *tl, kolo__err_t *err)
         write_out(tl, &t);
         free(t.buf);
     }
-    if (tl->error.code != KOLO_OK)
+    /* A write that failed, now or earlier (the writer stopped the timeline
+     * then): reported once. */
+    if (tl->error.code != KOLO_OK) {
         rc = kolo__err_set(err, tl->error.code, "%s", tl->error.msg);
+        kolo__err_clear(&tl->error);
+    }
     if (tl->fd >= 0) {
         close(tl->fd);
         tl->fd = -1;

@@ -19,6 +19,7 @@ leaves, and of kolo-timeline on them (run by run-timeline.sh).
                     [--complete] FILE...
   check-timeline.py plot TOOL DIR FILE...
   check-timeline.py names TOOL DIR FILE          (tensor names not UTF-8)
+  check-timeline.py full FILE                    (written to a disk that filled)
   check-timeline.py bad-input TOOL DIR GOODFILE --steps S
   check-timeline.py horovod TOOL DIR GOODFILE --steps S
 
@@ -551,6 +552,26 @@ def _utf8(b):
         return False
 
 
+def cmd_full(args):
+    """The file of a timeline whose disk filled up: it loads, holds the
+    header and what was written before the failed write."""
+    path = args[0]
+    try:
+        events = load(path)
+    except ValueError as e:
+        with open(path, "rb") as f:
+            raw = f.read()
+        fail("%s: json.load refuses the file that a full disk left (%d bytes, "
+             "ending %r): %s" % (path, len(raw), raw[-60:], e))
+        return
+    check_header(path, events, 0, None)
+    _, tops, _, _, open_spans = lanes_of(path, events, allow_open=True)
+    if not failures:
+        ok("%s: json.load read the %d events (%d lanes) written before the disk "
+           "filled up (%d lanes with open spans)"
+           % (path, len(events), len(tops), len(open_spans)))
+
+
 # ---------------------------------------------------------------- kolo-timeline
 
 def run_tool(tool, *argv):
@@ -810,7 +831,7 @@ def main():
     cmd = args.pop(0)
     cmds = {"structure": cmd_structure, "aligned": cmd_aligned, "killed": cmd_killed,
             "stalled": cmd_stalled, "balanced": cmd_balanced,
-            "names": cmd_names,
+            "names": cmd_names, "full": cmd_full,
             "summary": cmd_summary, "plot": cmd_plot,
             "bad-input": cmd_bad_input, "horovod": cmd_horovod}
     if cmd not in cmds:

@@ -47,12 +47,20 @@
  *   names FILE     rank 0 writes FILE while every rank allreduces tensors
  *                  whose names are not valid UTF-8 (and some that are):
  *                  the file must load, each name on a lane of its own
+ *   fill FILE NEXT rank 0 writes FILE, on a disk too small for it (the
+ *                  driver mounts a 64 KiB tmpfs), while every rank
+ *                  allreduces tensors of long names; kolo_stop_timeline
+ *                  must then report the failed write ("No space left on
+ *                  device"); rank 0 then writes NEXT (one step), which
+ *                  must work. The driver checks that FILE loads and that
+ *                  the failure was logged once.
  *
  * Each rank prints "rank R of N: PASS MODE" and exits 0, or prints FAIL
  * lines and exits 1. A watchdog (alarm) turns a hang into a FAIL line.
  */
 #define _GNU_SOURCE
 
+#include <errno.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -317,6 +325,50 @@ static void mode_names(const char *path)
         MUST(kolo_stop_timeline());
 }
 
+/* Rank 0's timeline goes to a disk that fills up: about 200 KiB of events
+ * (192 lanes named by 900 bytes each) for a 64 KiB file system. */
+static void mode_fill(const char *path, const char *next)
+{
+    enum { ROUNDS = 12, N = 16, COUNT = 64, PAD = 900 };
+    static char names[N][PAD + 64];
+    float v[N][COUNT];
+    kolo_handle_t h[N];
+
+    if (rank == 0)
+        MUST(kolo_start_timeline(path, 1));
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int t = 0; t < N; t++) {
+            int n = snprintf(names[t], sizeof(names[t]), "fill.%d.%d.", r, t);
+            memset(names[t] + n, 'x', PAD);
+            names[t][n + PAD] = '\0';
+            for (int i = 0; i < COUNT; i++)
+                v[t][i] = 1.0f;
+            MUST(kolo_allreduce_async(names[t], v[t], v[t], COUNT, KOLO_FLOAT32,
+                                      KOLO_OP_SUM, &h[t]));
+        }
+        for (int t = 0; t < N; t++) {
+            MUST(kolo_wait(h[t]));
+            CHECK(v[t][0] == (float)size, "fill.%d.%d: %g", r, t, v[t][0]);
+        }
+    }
+    if (rank == 0) {
+        int rc = kolo_stop_timeline();
+        const char *msg = kolo_last_error();
+        CHECK(rc < 0, "kolo_stop_timeline after the disk filled up: status %d, "
+                      "want the write error", rc);
+        if (rc < 0) {
+            CHECK(strstr(msg, path) != NULL && strstr(msg, strerror(ENOSPC)) != NULL,
+                  "kolo_stop_timeline's error does not name %s and '%s': %s",
+                  path, strerror(ENOSPC), msg);
+            fprintf(stderr, "rank 0: kolo_stop_timeline: %d %s\n", rc, msg);
+        }
+        MUST(kolo_start_timeline(next, 0));
+    }
+    steps(0, 1);
+    if (rank == 0)
+        MUST(kolo_stop_timeline());
+}
+
 /* 1 if msg names rank k ("rank K" followed by a non-digit). */
 static int names_rank(const char *msg, int k)
 {
@@ -385,7 +437,7 @@ int main(int argc, char **argv)
     if (argc < 2) {
         fprintf(stderr, "usage: test-timeline api FILE | steps | straggler [MS] "
                         "| restart FILE | loop | stall-warn | stall-shutdown "
-                        "| names FILE\n");
+                        "| names FILE | fill FILE NEXT\n");
         return 2;
     }
     mode = argv[1];
@@ -411,6 +463,8 @@ int main(int argc, char **argv)
         mode_restart(argv[2], 6);
     } else if (strcmp(mode, "names") == 0 && argc > 2) {
         mode_names(argv[2]);
+    } else if (strcmp(mode, "fill") == 0 && argc > 3) {
+        mode_fill(argv[2], argv[3]);
     } else if (strcmp(mode, "loop") == 0) {
         mode_loop();
     } else if (strcmp(mode, "stall-warn") == 0) {
