@@ -401,13 +401,18 @@ static void write_failed(kolo__timeline_t *tl, int errno_)
     close(tl->fd);
     tl->fd = -1;
     __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
-    kolo__err_set(&tl->error, KOLO_ERR_BACKEND,
+    if (tl->end == 0) {
+        kolo__err_set(&tl->error, KOLO_ERR_INVALID_ARGUMENT,
+                      "cannot write the timeline file '%s': %s", tl->path,
+                      strerror(errno_));
+        return;
+    }
+    kolo__err_set(&tl->error, KOLO_ERR_INVALID_ARGUMENT,
                   "timeline %s: cannot write: %s; events are dropped from now "
                   "on (the file keeps the %lld bytes written before, valid "
                   "JSON)",
                   tl->path, strerror(errno_), (long long)keep);
-    if (tl->end > 0)
-        kolo__log(KOLO__LOG_WARNING, "%s", tl->error.msg);
+    kolo__log(KOLO__LOG_WARNING, "%s", tl->error.msg);
 }
 
 /* Writes `t` plus the closing bracket at the end of the file in one call.
@@ -532,7 +537,7 @@ int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles
     fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                             "timeline: cannot create '%s': %s", path,
+                             "cannot create the timeline file '%s': %s", path,
                              strerror(errno));
     pthread_mutex_lock(&tl->mu);
     tl->fd = fd;
