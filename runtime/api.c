@@ -345,10 +345,19 @@ int kolo_init(void)
                      rt->cfg.timeline, rt->rank);
         else
             snprintf(path, sizeof(path), "%s.%d", rt->cfg.timeline, rt->rank);
-        KOLO__CHECK_GOTO(kolo__timeline_start(rt->timeline, path,
-                                              (int)rt->cfg.timeline_mark_cycles,
-                                              &err),
-                         rc, free_rt);
+        rc = kolo__timeline_start(rt->timeline, path,
+                                  (int)rt->cfg.timeline_mark_cycles, &err);
+        if (rc != KOLO_OK) {
+            /* A file that cannot be created or written: the variable's
+             * value is wrong, as kolo.h promises for KOLO_* variables. */
+            char why[KOLO__ERR_LEN];
+            snprintf(why, sizeof(why), "%s", err.msg);
+            rc = kolo__err_set(&err, KOLO_ERR_CONFIG,
+                               "environment variable KOLO_TIMELINE='%s' is "
+                               "invalid: %s",
+                               rt->cfg.timeline, why);
+            goto free_rt;
+        }
     }
     all = malloc((size_t)rt->size * sizeof(int));
     if (all == NULL) {

@@ -18,6 +18,12 @@
  * interrupted by a signal, so even a job killed with SIGKILL leaves a file
  * that Perfetto, chrome://tracing or a JSON parser load whole.
  *
+ * A failed write. When a write fails (a full disk), the writer cuts the
+ * file back to where that write began and puts the closing "]" back: the
+ * file is what the last complete write left, valid JSON. The timeline then
+ * stops: a warning says once that events are dropped from now on, and
+ * kolo_stop_timeline returns the error.
+ *
  * Lanes. Like Horovod's timeline, every tensor is a "process" of its own
  * (a pid, named by a process_name metadata event the first time the tensor
  * appears), so a viewer shows one lane per tensor with its phases nested.
@@ -192,21 +198,74 @@ static void putf(text_t *t, const char *fmt, ...)
         put(t, tmp, (size_t)n < sizeof(tmp) ? (size_t)n : sizeof(tmp) - 1);
 }
 
-/* A JSON string, escaped. */
+/* The length of the well-formed UTF-8 sequence that starts at s, or 0
+ * where the bytes at s are not one (Unicode's table 3-7: no overlong form,
+ * no surrogate, nothing above U+10FFFF, no sequence cut short). Stops at
+ * the first byte that does not fit, so it never reads past the NUL. */
+static size_t utf8_len(const unsigned char *s)
+{
+    unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
+    size_t n;
+
+    if (s[0] < 0x80)
+        return 1;
+    if (s[0] >= 0xc2 && s[0] <= 0xdf) {
+        n = 2;
+    } else if (s[0] >= 0xe0 && s[0] <= 0xef) {
+        n = 3;
+        if (s[0] == 0xe0)
+            lo = 0xa0; /* overlong below U+0800 */
+        else if (s[0] == 0xed)
+            hi = 0x9f; /* U+D800..U+DFFF, the surrogates */
+    } else if (s[0] >= 0xf0 && s[0] <= 0xf4) {
+        n = 4;
+        if (s[0] == 0xf0)
+            lo = 0x90; /* overlong below U+10000 */
+        else if (s[0] == 0xf4)
+            hi = 0x8f; /* above U+10FFFF */
+    } else {
+        return 0; /* a continuation byte, C0, C1 or F5..FF */
+    }
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xbf)
+            return 0;
+    return n;
+}
+
+/* A JSON string, escaped. Tensor names are bytes, not always UTF-8, and
+ * JSON is UTF-8: a byte that is not part of a well-formed UTF-8 sequence
+ * is written as the escape of the lone surrogate U+DC00 + byte ("\xe9"
+ * becomes "\udce9"), as Python's "surrogateescape" decodes it. Well-formed
+ * UTF-8 never encodes a surrogate, so two different names stay two
+ * different strings (a Latin-1 "\xe9" is not the UTF-8 "\xc3\xa9"), and
+ * name.encode("utf-8", "surrogateescape") gives the bytes back. JSON
+ * parsers (Python's json, JavaScript's JSON.parse, and so chrome://tracing)
+ * accept such an escape; the file itself stays pure UTF-8. */
 static void put_json_string(text_t *t, const char *s)
 {
+    const unsigned char *p = (const unsigned char *)s, *run = p;
+
     put(t, "\"", 1);
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') {
-            char esc[2] = {'\\', (char)c};
-            put(t, esc, 2);
-        } else if (c < 0x20) {
-            putf(t, "\\u%04x", c);
-        } else {
-            put(t, (const char *)s, 1);
+    while (*p) {
+        size_t n = utf8_len(p);
+        if (n > 0 && *p != '"' && *p != '\\' && *p >= 0x20) {
+            p += n; /* written as it is, with the run it belongs to */
+            continue;
         }
+        put(t, (const char *)run, (size_t)(p - run));
+        if (n == 0) {
+            putf(t, "\\udc%02x", *p);
+        } else if (*p == '"' || *p == '\\') {
+            char esc[2] = {'\\', (char)*p};
+            put(t, esc, 2);
+        } else {
+            putf(t, "\\u%04x", *p);
+        }
+        run = ++p;
     }
+    put(t, (const char *)run, (size_t)(p - run));
     put(t, "\"", 1);
 }
 
@@ -301,28 +360,73 @@ static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
     }
 }
 
-/* Writes `t` plus the closing bracket at the end of the file in one call. */
+/* All of buf at `at`; -1 with errno set when it cannot (a full disk: a
+ * short write, then ENOSPC). */
+static int pwrite_all(int fd, const char *buf, size_t len, off_t at)
+{
+    while (len > 0) {
+        ssize_t n = pwrite(fd, buf, len, at);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0)
+            return -1;
+        if (n == 0) { /* defensive: no progress, no error */
+            errno = EIO;
+            return -1;
+        }
+        buf += n;
+        len -= (size_t)n;
+        at += n;
+    }
+    return 0;
+}
+
+/* A write failed (errno_: why). Puts the file back as the last complete
+ * write left it and stops the timeline: what is recorded from now on is
+ * dropped. Said once, here; kolo_stop_timeline returns it. A failed header
+ * is the caller's to report (kolo__timeline_start fails). */
+static void write_failed(kolo__timeline_t *tl, int errno_)
+{
+    /* Cut what the failed write added, and put the closing bracket back
+     * over the bytes it overwrote. Neither needs a block of the full disk:
+     * the truncation frees what the failed write took, and the bracket
+     * goes where the last one was. Before the header there is nothing to
+     * keep. Both fail where the file is no regular file (/dev/full), which
+     * kept nothing anyway. */
+    off_t keep = tl->end > 0 ? tl->end + 3 : 0;
+    if (ftruncate(tl->fd, keep) != 0 ||
+        (keep > 0 && pwrite(tl->fd, "\n]\n", 3, tl->end) != 3))
+        kolo__debug("timeline %s: cannot put the file back as it was: %s",
+                    tl->path, strerror(errno));
+    close(tl->fd);
+    tl->fd = -1;
+    __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
+    if (tl->end == 0) {
+        kolo__err_set(&tl->error, KOLO_ERR_INVALID_ARGUMENT,
+                      "cannot write the timeline file '%s': %s", tl->path,
+                      strerror(errno_));
+        return;
+    }
+    kolo__err_set(&tl->error, KOLO_ERR_INVALID_ARGUMENT,
+                  "timeline %s: cannot write: %s; events are dropped from now "
+                  "on (the file keeps the %lld bytes written before, valid "
+                  "JSON)",
+                  tl->path, strerror(errno_), (long long)keep);
+    kolo__log(KOLO__LOG_WARNING, "%s", tl->error.msg);
+}
+
+/* Writes `t` plus the closing bracket at the end of the file in one call.
+ * On failure the file is as the last write left it (write_failed). */
 static int write_out(kolo__timeline_t *tl, text_t *t)
 {
     size_t body = t->len;
-    ssize_t n;
 
     if (body == 0 || tl->fd < 0)
         return 0;
     put(t, "\n]\n", 3);
-    n = pwrite(tl->fd, t->buf, t->len, tl->end);
-    if (n != (ssize_t)t->len) {
-        kolo__err_set(&tl->error, KOLO_ERR_BACKEND,
-                      "timeline %s: write failed: %s; the timeline stops here "
-                      "(the file holds what was written before)",
-                      tl->path, n < 0 ? strerror(errno) : "short write (disk full?)");
-        kolo__log(KOLO__LOG_ERROR, "%s", tl->error.msg);
-        /* Keep the file valid: close the array where it was. */
-        if (pwrite(tl->fd, "\n]\n", 3, tl->end) != 3)
-            kolo__debug("timeline %s: cannot close the array", tl->path);
-        close(tl->fd);
-        tl->fd = -1;
-        __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
+    if (pwrite_all(tl->fd, t->buf, t->len, tl->end) != 0) {
+        write_failed(tl, errno);
+        t->len = 0;
         return -1;
     }
     tl->end += (off_t)body;
@@ -433,7 +537,7 @@ int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles
     fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                             "timeline: cannot create '%s': %s", path,
+                             "cannot create the timeline file '%s': %s", path,
                              strerror(errno));
     pthread_mutex_lock(&tl->mu);
     tl->fd = fd;
@@ -458,9 +562,10 @@ int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles
     putf(&t, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{"
              "\"name\":\"kolo rank %d\"}}", tl->rank);
     tl->end = 0;
-    if (write_out(tl, &t) != 0)
+    if (write_out(tl, &t) != 0) {
         rc = kolo__err_set(err, tl->error.code, "%s", tl->error.msg);
-    else
+        kolo__err_clear(&tl->error); /* reported here */
+    } else
         __atomic_store_n(&tl->active, 1, __ATOMIC_RELAXED);
     if (rc == KOLO_OK && !tl->writer_started) {
         tl->quit = 0;
@@ -484,12 +589,9 @@ int kolo__timeline_stop(kolo__timeline_t *tl, kolo__err_t *err)
     int rc = KOLO_OK;
 
     pthread_mutex_lock(&tl->mu);
-    if (tl->fd < 0 && !tl->active) {
-        pthread_mutex_unlock(&tl->mu);
-        return KOLO_OK;
-    }
     __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
-    /* Let the writer write what is queued, then close. */
+    /* Let the writer write what is queued and go idle: then the file (and
+     * whether a write failed) is this thread's to look at. */
     if (tl->writer_started) {
         tl->stopping = 1;
         pthread_cond_signal(&tl->cv);
@@ -509,8 +611,12 @@ int kolo__timeline_stop(kolo__timeline_t *tl, kolo__err_t *err)
         write_out(tl, &t);
         free(t.buf);
     }
-    if (tl->error.code != KOLO_OK)
+    /* A write that failed, now or earlier (the writer stopped the timeline
+     * then): reported once. */
+    if (tl->error.code != KOLO_OK) {
         rc = kolo__err_set(err, tl->error.code, "%s", tl->error.msg);
+        kolo__err_clear(&tl->error);
+    }
     if (tl->fd >= 0) {
         close(tl->fd);
         tl->fd = -1;

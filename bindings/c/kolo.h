@@ -479,11 +479,14 @@ KOLO_EXPORT const char *kolo_handle_error(kolo_handle_t handle);
  * to `path` on this rank, replacing one being written. mark_cycles adds a
  * CYCLE_START marker per negotiation round. The same as KOLO_TIMELINE and
  * KOLO_TIMELINE_MARK_CYCLES at init. Any rank may call it; usually rank 0
- * does (its file shows every rank's readiness). */
+ * does (its file shows every rank's readiness). A file that cannot be
+ * created or written: KOLO_ERR_INVALID_ARGUMENT, the message naming the
+ * file and why (at init, by KOLO_TIMELINE: KOLO_ERR_CONFIG). */
 KOLO_EXPORT int kolo_start_timeline(const char *path, int mark_cycles);
 
-/* Writes what was recorded and closes the file. Reports a failed write
- * (a full disk, say) that stopped the timeline earlier. */
+/* Writes what was recorded and closes the file. Reports, once, a failed
+ * write (a full disk, say) that stopped the timeline earlier: the file
+ * then holds what was written before it, valid JSON. */
 KOLO_EXPORT int kolo_stop_timeline(void);
 
 /* ---- What this build has ----------------------------------------------- */

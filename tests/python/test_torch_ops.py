@@ -504,6 +504,124 @@ def test_errors(rank, size):
     assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == size
 
 
+# ---- memory changed in flight -----------------------------------------------
+
+# 4 MiB: freed, such a block goes back to the system, and a runtime still
+# writing to it crashes the process instead of quietly corrupting the heap.
+N_SWAP = 1 << 20
+
+
+def _changed_in_flight(rank, enqueue, change):
+    """Rank 0 enqueues (enqueue() returns the handle), then change()s the
+    tensor, and only then lets the others enqueue: the runtime reads and
+    writes rank 0's memory after the change. Returns the handle."""
+    if rank == 0:
+        h = enqueue()
+        change()
+        hvd.barrier()
+    else:
+        hvd.barrier()
+        h = enqueue()
+    return h
+
+
+def test_memory_replaced_in_flight(rank, size):
+    """A tensor given other memory (set_(), .data =) between the enqueue
+    and synchronize: the memory the runtime uses stays alive (no crash);
+    an in-place result is copied into the tensor's new memory when the
+    tensor kept its shape, dtype and device, and a RuntimeError naming the
+    tensor says why it cannot be otherwise."""
+    total = float(sum(range(1, size + 1)))
+
+    def fill():
+        return torch.full((N_SWAP,), float(rank + 1))
+
+    # in place, new memory of the same shape: the result lands in it
+    for name, change in (
+            ("swap.set", lambda t: t.set_(torch.zeros(N_SWAP))),
+            ("swap.data", lambda t: setattr(t, "data", torch.zeros(N_SWAP)))):
+        t = fill()
+        h = _changed_in_flight(
+            rank, lambda: hvd.allreduce_async_(t, op=hvd.Sum, name=name),
+            lambda: change(t))
+        assert hvd.synchronize(h) is t
+        assert t.shape == (N_SWAP,) and bool(torch.all(t == total)), name
+
+    # in place, new memory of another shape: a clear error on rank 0
+    t = fill()
+    h = _changed_in_flight(
+        rank,
+        lambda: hvd.allreduce_async_(t, op=hvd.Sum, name="swap.shape"),
+        lambda: t.set_(torch.zeros(10)))
+    if rank == 0:
+        with pytest.raises(RuntimeError, match=r"allreduce\.swap\.shape: the "
+                           r"tensor was given other memory.*now \[10\]"):
+            hvd.synchronize(h)
+    else:
+        hvd.synchronize(h)
+        assert bool(torch.all(t == total))
+
+    # not contiguous: the copy-back goes to the view's new memory
+    base = torch.full((N_SWAP // 512, 1024), float(rank + 1))
+    view = base[:, ::2]
+    h = _changed_in_flight(
+        rank,
+        lambda: hvd.allreduce_async_(view, op=hvd.Sum, name="swap.nc"),
+        lambda: view.set_(torch.zeros(view.shape)))
+    assert hvd.synchronize(h) is view and bool(torch.all(view == total))
+
+    # the input of an out-of-place allreduce: its values at the enqueue
+    t = fill()
+    h = _changed_in_flight(
+        rank,
+        lambda: hvd.allreduce_async(t, op=hvd.Sum, name="swap.input"),
+        lambda: t.set_(torch.zeros(3)))
+    out = hvd.synchronize(h)
+    assert out.shape == (N_SWAP,) and bool(torch.all(out == total))
+
+    # an in-place broadcast and grouped allreduce
+    t = torch.full((N_SWAP,), float(rank))
+    h = _changed_in_flight(
+        rank,
+        lambda: hvd.broadcast_async_(t, 1, name="swap.bcast"),
+        lambda: t.set_(torch.zeros(N_SWAP)))
+    assert hvd.synchronize(h) is t and bool(torch.all(t == 1.0))
+    a, b = fill(), fill()
+    h = _changed_in_flight(
+        rank,
+        lambda: hvd.grouped_allreduce_async_([a, b], op=hvd.Sum,
+                                             name="swap.group"),
+        lambda: a.set_(torch.zeros(N_SWAP)))
+    got = hvd.synchronize(h)
+    assert got[0] is a and got[1] is b
+    assert bool(torch.all(a == total)) and bool(torch.all(b == total))
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum).item() == size
+
+
+def test_resize_in_flight_refused(rank, size):
+    """Growing a tensor reallocates its storage, freeing the memory whoever
+    holds it: while an operation uses that storage, resize_ and resize_as_
+    refuse to grow it, naming the operation; resizing within the storage,
+    and any resize after synchronize, work."""
+    total = float(sum(range(1, size + 1)))
+    t = torch.full((N_SWAP,), float(rank + 1))
+    h = hvd.allreduce_async_(t, op=hvd.Sum, name="grow")
+    with pytest.raises(RuntimeError, match=r"resize_\(\).*allreduce\.grow.*"
+                       r"synchronize the handle first"):
+        t.resize_(4 * N_SWAP)
+    with pytest.raises(RuntimeError, match=r"resize_as_\(\).*allreduce\.grow"):
+        t.resize_as_(torch.empty(2, N_SWAP))
+    with pytest.raises(RuntimeError, match=r"allreduce\.grow"):
+        t[:10].resize_(2 * N_SWAP)  # another view of the same storage
+    assert t.resize_(N_SWAP) is t  # within the storage: fine
+    assert hvd.synchronize(h) is t and bool(torch.all(t == total))
+    t.resize_(4 * N_SWAP)  # synchronized: the memory is the program's again
+    assert t.numel() == 4 * N_SWAP
+    u = torch.ones(4)
+    u.resize_(8)  # a tensor no operation uses
+    assert u.numel() == 8
+
+
 def test_timeline_start_stop(rank, size, tmp_path):
     """start_timeline/stop_timeline write a Chrome trace that a JSON parser
     loads, with the collectives run in between and none after."""

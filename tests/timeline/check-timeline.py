@@ -18,6 +18,8 @@ leaves, and of kolo-timeline on them (run by run-timeline.sh).
   check-timeline.py summary TOOL --size N --steps S [--straggler R]
                     [--complete] FILE...
   check-timeline.py plot TOOL DIR FILE...
+  check-timeline.py names TOOL DIR FILE          (tensor names not UTF-8)
+  check-timeline.py full FILE                    (written to a disk that filled)
   check-timeline.py bad-input TOOL DIR GOODFILE --steps S
   check-timeline.py horovod TOOL DIR GOODFILE --steps S
 
@@ -41,6 +43,15 @@ WORKLOAD = {
     "gather.x": ("ALLGATHER", 48, "float32", [3, 4]),
     "bcast.w": ("BROADCAST", 1024, "float32", [256]),
 }
+
+# The tensor names of test-timeline's "names" mode, as bytes: some are not
+# valid UTF-8. Keep in step with odd_names in test-timeline.c.
+ODD_NAMES = [
+    b"odd.plain", b"odd.\xc3\xa9", b"odd.\xe9", b"odd.\xc3", b"odd.\xc3(",
+    b"odd.\xe2\x82", b"odd.\xe2\x82\xac", b"odd.\xf0\x9f\x98\x80",
+    b"odd.\xed\xa0\x80", b"odd.\xc0\xaf", b"odd.\xf4\x90\x80\x80",
+    b"odd.\xff\xfe", b"odd.\\udce9", b"odd.\"q\\\x01",
+]
 
 # Lanes that may appear besides the workload's (the straggler mode's barrier).
 IGNORED = {"kolo.barrier"}
@@ -466,6 +477,101 @@ def cmd_stalled(args):
            "kolo-timeline lists the failed negotiation" % path)
 
 
+def cmd_names(args):
+    """Tensor names that are not valid UTF-8: the file is UTF-8 and JSON;
+    every name has a lane of its own and gives its bytes back (a byte that
+    is not UTF-8 is written as the escape of a lone surrogate U+DC80 +
+    byte, Python's "surrogateescape"); kolo-timeline reads the file."""
+    tool, outdir, path = args
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        fail("%s: not UTF-8 at byte %d: %r" % (path, e.start,
+                                              raw[max(0, e.start - 20):e.end + 20]))
+    try:
+        events = load(path)
+    except ValueError as e:
+        fail("%s: json.load refuses the file: %s" % (path, e))
+        return
+    check_header(path, events, 0, None)
+    names, tops, _, _, _ = lanes_of(path, events)
+    got = {}
+    for pid, n in names.items():
+        if pid == 0:
+            continue
+        try:
+            b = n.encode("utf-8", "surrogateescape")
+        except (AttributeError, UnicodeEncodeError) as e:
+            fail("%s: lane %d's name %r does not give bytes back: %s"
+                 % (path, pid, n, e))
+            continue
+        got[b] = pid
+        if "ALLREDUCE" not in [s.name for s in tops.get(pid, [])]:
+            fail("%s: lane %r has no ALLREDUCE span" % (path, n))
+    for b in ODD_NAMES:
+        if b not in got:
+            fail("%s: no lane for the tensor %r (lanes: %s)"
+                 % (path, b, sorted(got)))
+    for b in got:
+        if b not in ODD_NAMES:
+            fail("%s: a lane %r for no tensor of the job" % (path, b))
+    rc, out, err = run_tool(tool, "summary", path)
+    if rc != 0 or "odd.plain" not in out:
+        fail("kolo-timeline summary %s: exit %d: %s%s" % (path, rc, out, err))
+    rc, out, err = run_tool(tool, "summary", "--json", path)
+    if rc != 0:
+        fail("kolo-timeline summary --json %s: exit %d: %s" % (path, rc, err))
+    else:
+        tensors = json.loads(out)["tensors"]
+        if len(tensors) != len(ODD_NAMES):
+            fail("kolo-timeline summary --json: %d tensors, want %d: %s"
+                 % (len(tensors), len(ODD_NAMES), sorted(tensors)))
+    svg = os.path.join(outdir, "names.svg")
+    rc, out, err = run_tool(tool, "plot", path, "-o", svg)
+    if rc != 0:
+        fail("kolo-timeline plot %s: exit %d: %s" % (path, rc, err))
+    else:
+        try:
+            ET.parse(svg)
+        except ET.ParseError as e:
+            fail("%s: not well-formed XML: %s" % (svg, e))
+    if not failures:
+        ok("%s: UTF-8 JSON; %d tensor names, %d of them not UTF-8, each on its "
+           "own lane and read back byte for byte; kolo-timeline summary and "
+           "plot read it" % (path, len(ODD_NAMES), sum(1 for b in ODD_NAMES
+                                                      if not _utf8(b))))
+
+
+def _utf8(b):
+    try:
+        b.decode("utf-8")
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def cmd_full(args):
+    """The file of a timeline whose disk filled up: it loads, holds the
+    header and what was written before the failed write."""
+    path = args[0]
+    try:
+        events = load(path)
+    except ValueError as e:
+        with open(path, "rb") as f:
+            raw = f.read()
+        fail("%s: json.load refuses the file that a full disk left (%d bytes, "
+             "ending %r): %s" % (path, len(raw), raw[-60:], e))
+        return
+    check_header(path, events, 0, None)
+    _, tops, _, _, open_spans = lanes_of(path, events, allow_open=True)
+    if not failures:
+        ok("%s: json.load read the %d events (%d lanes) written before the disk "
+           "filled up (%d lanes with open spans)"
+           % (path, len(events), len(tops), len(open_spans)))
+
+
 # ---------------------------------------------------------------- kolo-timeline
 
 def run_tool(tool, *argv):
@@ -725,6 +831,7 @@ def main():
     cmd = args.pop(0)
     cmds = {"structure": cmd_structure, "aligned": cmd_aligned, "killed": cmd_killed,
             "stalled": cmd_stalled, "balanced": cmd_balanced,
+            "names": cmd_names, "full": cmd_full,
             "summary": cmd_summary, "plot": cmd_plot,
             "bad-input": cmd_bad_input, "horovod": cmd_horovod}
     if cmd not in cmds:

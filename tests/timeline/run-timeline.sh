@@ -18,6 +18,11 @@
 #   kolo-timeline     summary numbers (counts, bytes per tensor) checked
 #                     against the workload; plot output parsed as XML; bad
 #                     input gives the documented errors and exit codes
+#   odd names         tensor names that are not valid UTF-8: the file is
+#                     still UTF-8 JSON, each name on a lane of its own
+#   a full disk       the timeline written to a 64 KiB tmpfs (mounted here;
+#                     skipped unless root): the file loads, the failed write
+#                     is said once, and kolo_stop_timeline reports it
 #   stall inspector   one rank withholds a tensor: rank 0 warns naming the
 #                     rank and the tensor (KOLO_STALL_CHECK_TIME_SECONDS=1);
 #                     KOLO_STALL_SHUTDOWN_TIME_SECONDS=2 fails every rank's
@@ -39,7 +44,8 @@ pass=0
 fail=0
 work=$(mktemp -d "${TMPDIR:-/tmp}/kolo-timeline-test.XXXXXX")
 log=$work/log
-trap 'rm -rf "$work"' EXIT
+mounted=
+trap '[ -n "$mounted" ] && umount "$mounted"; rm -rf "$work"' EXIT
 
 for f in "$kolorun" "$prog"; do
     if [ ! -x "$f" ]; then
@@ -233,6 +239,39 @@ for np in 2 3; do
             $py "$check" stalled "$tool" "$d/stall.json" --size "$np"
     fi
 done
+
+# Tensor names that are not valid UTF-8.
+d=$work/names
+mkdir -p "$d"
+if run "np=2 tensor names that are not valid UTF-8" \
+    "$kolorun" -np 2 "$prog" names "$d/names.json"; then
+    run "np=2   names.json: UTF-8 JSON, one lane per name, kolo-timeline reads it" \
+        $py "$check" names "$tool" "$d" "$d/names.json"
+fi
+
+# A disk that fills up while rank 0 writes its timeline: a 64 KiB tmpfs.
+d=$work/full
+mkdir -p "$d/fs"
+if [ "$(id -u)" != 0 ]; then
+    echo "SKIP a disk that fills up: mounting a tmpfs needs root"
+elif ! mount -t tmpfs -o size=64k kolo-timeline-test "$d/fs" >"$log" 2>&1; then
+    echo "SKIP a disk that fills up: cannot mount a tmpfs: $(head -n 1 "$log")"
+else
+    mounted=$d/fs
+    if run "np=2 timeline on a 64 KiB disk that fills up" \
+        "$kolorun" -np 2 "$prog" fill "$d/fs/tl.json" "$d/next.json"; then
+        n=$(grep -c "WARNING: timeline $d/fs/tl.json: cannot write: No space left on device; events are dropped" "$log")
+        if [ "$n" -eq 1 ]; then
+            ok "np=2   the failed write is said once, naming the file and the error"
+        else
+            bad "np=2   the failed write is said $n times, want once (a WARNING naming $d/fs/tl.json and 'No space left on device')"
+        fi
+        run "np=2   the full disk's file loads" $py "$check" full "$d/fs/tl.json"
+        run "np=2   the next timeline, on another disk, is whole" \
+            $py "$check" structure "$d/next.json" --size 2 --steps 1
+    fi
+    umount "$mounted" && mounted=
+fi
 
 # kolo-timeline on bad input, and on a file written the way Horovod does.
 d=$work/np2

@@ -44,12 +44,23 @@
  *                  must fail with an error naming the last rank and
  *                  'grad.withheld', within $TL_STALL_BOUND_S (10) s of the
  *                  enqueue; a later enqueue must fail too.
+ *   names FILE     rank 0 writes FILE while every rank allreduces tensors
+ *                  whose names are not valid UTF-8 (and some that are):
+ *                  the file must load, each name on a lane of its own
+ *   fill FILE NEXT rank 0 writes FILE, on a disk too small for it (the
+ *                  driver mounts a 64 KiB tmpfs), while every rank
+ *                  allreduces tensors of long names; kolo_stop_timeline
+ *                  must then report the failed write ("No space left on
+ *                  device"); rank 0 then writes NEXT (one step), which
+ *                  must work. The driver checks that FILE loads and that
+ *                  the failure was logged once.
  *
  * Each rank prints "rank R of N: PASS MODE" and exits 0, or prints FAIL
  * lines and exits 1. A watchdog (alarm) turns a hang into a FAIL line.
  */
 #define _GNU_SOURCE
 
+#include <errno.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -273,6 +284,91 @@ static void mode_loop(void)
     }
 }
 
+/* Names that are not valid UTF-8, and some that are. Keep in step with
+ * ODD_NAMES in check-timeline.py. */
+static const char *const odd_names[] = {
+    "odd.plain",
+    "odd.\xc3\xa9",           /* U+00E9, valid */
+    "odd.\xe9",               /* the Latin-1 byte of U+00E9: invalid */
+    "odd.\xc3",               /* a sequence cut short at the end */
+    "odd.\xc3(",              /* ... and before an ASCII byte */
+    "odd.\xe2\x82",           /* a three-byte sequence cut short */
+    "odd.\xe2\x82\xac",       /* U+20AC, valid */
+    "odd.\xf0\x9f\x98\x80",   /* U+1F600, valid */
+    "odd.\xed\xa0\x80",       /* an encoded surrogate (U+D800): invalid */
+    "odd.\xc0\xaf",           /* an overlong '/': invalid */
+    "odd.\xf4\x90\x80\x80",   /* above U+10FFFF: invalid */
+    "odd.\xff\xfe",
+    "odd.\\udce9",            /* the text of an escape, valid */
+    "odd.\"q\\\x01",          /* JSON's own escapes */
+};
+
+static void mode_names(const char *path)
+{
+    enum { N = sizeof(odd_names) / sizeof(odd_names[0]), COUNT = 16 };
+    float v[N][COUNT];
+    kolo_handle_t h[N];
+
+    if (rank == 0)
+        MUST(kolo_start_timeline(path, 0));
+    for (int t = 0; t < N; t++) {
+        for (int i = 0; i < COUNT; i++)
+            v[t][i] = 1.0f;
+        MUST(kolo_allreduce_async(odd_names[t], v[t], v[t], COUNT, KOLO_FLOAT32,
+                                  KOLO_OP_SUM, &h[t]));
+    }
+    for (int t = 0; t < N; t++) {
+        MUST(kolo_wait(h[t]));
+        CHECK(v[t][0] == (float)size, "odd name %d: %g", t, v[t][0]);
+    }
+    if (rank == 0)
+        MUST(kolo_stop_timeline());
+}
+
+/* Rank 0's timeline goes to a disk that fills up: about 200 KiB of events
+ * (192 lanes named by 900 bytes each) for a 64 KiB file system. */
+static void mode_fill(const char *path, const char *next)
+{
+    enum { ROUNDS = 12, N = 16, COUNT = 64, PAD = 900 };
+    static char names[N][PAD + 64];
+    float v[N][COUNT];
+    kolo_handle_t h[N];
+
+    if (rank == 0)
+        MUST(kolo_start_timeline(path, 1));
+    for (int r = 0; r < ROUNDS; r++) {
+        for (int t = 0; t < N; t++) {
+            int n = snprintf(names[t], sizeof(names[t]), "fill.%d.%d.", r, t);
+            memset(names[t] + n, 'x', PAD);
+            names[t][n + PAD] = '\0';
+            for (int i = 0; i < COUNT; i++)
+                v[t][i] = 1.0f;
+            MUST(kolo_allreduce_async(names[t], v[t], v[t], COUNT, KOLO_FLOAT32,
+                                      KOLO_OP_SUM, &h[t]));
+        }
+        for (int t = 0; t < N; t++) {
+            MUST(kolo_wait(h[t]));
+            CHECK(v[t][0] == (float)size, "fill.%d.%d: %g", r, t, v[t][0]);
+        }
+    }
+    if (rank == 0) {
+        int rc = kolo_stop_timeline();
+        const char *msg = kolo_last_error();
+        CHECK(rc < 0, "kolo_stop_timeline after the disk filled up: status %d, "
+                      "want the write error", rc);
+        if (rc < 0) {
+            CHECK(strstr(msg, path) != NULL && strstr(msg, strerror(ENOSPC)) != NULL,
+                  "kolo_stop_timeline's error does not name %s and '%s': %s",
+                  path, strerror(ENOSPC), msg);
+            fprintf(stderr, "rank 0: kolo_stop_timeline: %d %s\n", rc, msg);
+        }
+        MUST(kolo_start_timeline(next, 0));
+    }
+    steps(0, 1);
+    if (rank == 0)
+        MUST(kolo_stop_timeline());
+}
+
 /* 1 if msg names rank k ("rank K" followed by a non-digit). */
 static int names_rank(const char *msg, int k)
 {
@@ -340,7 +436,8 @@ int main(int argc, char **argv)
 
     if (argc < 2) {
         fprintf(stderr, "usage: test-timeline api FILE | steps | straggler [MS] "
-                        "| restart FILE | loop | stall-warn | stall-shutdown\n");
+                        "| restart FILE | loop | stall-warn | stall-shutdown "
+                        "| names FILE | fill FILE NEXT\n");
         return 2;
     }
     mode = argv[1];
@@ -364,6 +461,10 @@ int main(int argc, char **argv)
         steps(0, nsteps);
     } else if (strcmp(mode, "restart") == 0 && argc > 2) {
         mode_restart(argv[2], 6);
+    } else if (strcmp(mode, "names") == 0 && argc > 2) {
+        mode_names(argv[2]);
+    } else if (strcmp(mode, "fill") == 0 && argc > 3) {
+        mode_fill(argv[2], argv[3]);
     } else if (strcmp(mode, "loop") == 0) {
         mode_loop();
     } else if (strcmp(mode, "stall-warn") == 0) {

@@ -18,6 +18,7 @@
 
 #include <check.h>
 #include <dirent.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -693,6 +694,42 @@ START_TEST(invalid_environment)
 }
 END_TEST
 
+/* A timeline file that cannot be written (/dev/full: every write fails
+ * with ENOSPC) is the file's fault, said with its name and the reason: by
+ * KOLO_TIMELINE a configuration error, by kolo_start_timeline an invalid
+ * argument; never "the communication backend failed". */
+START_TEST(unwritable_timeline)
+{
+    const char *why = strerror(ENOSPC);
+    int fds, threads;
+
+    if (access("/dev/full", W_OK) != 0) {
+        printf("unwritable_timeline: skipped: no writable /dev/full here\n");
+        return;
+    }
+    MUST(kolo_init());
+    MUST(kolo_shutdown());
+    fds = count_fds();
+    threads = count_dir("/proc/self/task");
+    setenv("KOLO_TIMELINE", "/dev/full", 1);
+    EXPECT_ERR(kolo_init(), KOLO_ERR_CONFIG, "KOLO_TIMELINE='/dev/full'",
+               "cannot write the timeline file '/dev/full'", why);
+    ck_assert_int_eq(kolo_is_initialized(), 0);
+    ck_assert_int_eq(count_fds(), fds);
+    ck_assert_int_eq(count_threads_settled(threads), threads);
+    unsetenv("KOLO_TIMELINE");
+
+    MUST(kolo_init());
+    EXPECT_ERR(kolo_start_timeline("/dev/full", 0), KOLO_ERR_INVALID_ARGUMENT,
+               "cannot write the timeline file '/dev/full'", why);
+    /* Said once, by the start: the stop has nothing to add. */
+    MUST(kolo_stop_timeline());
+    MUST(allreduce_ok("after/timeline", 100));
+    MUST(kolo_shutdown());
+    ck_assert_int_eq(count_fds(), fds);
+}
+END_TEST
+
 /* ---- work in flight -------------------------------------------------------------- */
 
 /* Every wrong call of this file's kinds, at once; each must fail. */
@@ -843,6 +880,7 @@ static Suite *api_suite(void)
     tcase_set_timeout(tc, 30);
     tcase_add_loop_test(tc, invalid_environment, 0,
                         (int)(sizeof(bad_env) / sizeof(bad_env[0])));
+    tcase_add_test(tc, unwritable_timeline);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("work in flight");

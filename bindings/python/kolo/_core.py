@@ -143,7 +143,7 @@ def init(comm=None, process_sets=None):
             rc = lib.kolo_init()
             if rc != _lib.OK and rc != _lib.ERR_ALREADY_INITIALIZED:
                 raise KoloError(_message(rc, "kolo_init"), rc)
-            _pending.clear()
+            _drop_pending()
             _noname.clear()  # a new job: unnamed operations count afresh
             if not _atexit_registered:
                 atexit.register(_atexit_shutdown)
@@ -160,7 +160,7 @@ def shutdown():
         if not lib.kolo_is_initialized():
             return
         rc = lib.kolo_shutdown()
-        _pending.clear()
+        _drop_pending()
         for ps in list(_registered_sets.values()):
             ps.process_set_id = None
         _registered_sets.clear()
@@ -521,25 +521,39 @@ def join():
 
 
 class _Pending:
-    __slots__ = ("handles", "keep", "finish", "results", "what")
+    __slots__ = ("handles", "keep", "finish", "results", "what", "release")
 
-    def __init__(self, handles, keep, finish, results, what):
+    def __init__(self, handles, keep, finish, results, what, release):
         self.handles = handles  # kolo handles
         self.keep = keep        # objects whose memory the runtime uses
         self.finish = finish    # callable(list of Result or None) -> output
         self.results = results  # True: the handles hand over a kolo_result_t
         self.what = what
+        self.release = release  # callable(), once the runtime is done
 
 
 _pending = {}
 _next_handle = itertools.count(1)
 
 
-def register(handles, keep, finish, results=False, what=""):
-    """Records enqueued kolo handles under one new Python handle."""
+def register(handles, keep, finish, results=False, what="", release=None):
+    """Records enqueued kolo handles under one new Python handle. release,
+    if given, is called once the runtime no longer uses the memory (the
+    handle synchronized, or kolo shut down)."""
     h = next(_next_handle)
-    _pending[h] = _Pending(list(handles), keep, finish, results, what)
+    _pending[h] = _Pending(list(handles), keep, finish, results, what,
+                           release)
     return h
+
+
+def _drop_pending():
+    """Forgets every pending handle (the runtime has stopped: none of them
+    uses memory any more)."""
+    pending = list(_pending.values())
+    _pending.clear()
+    for p in pending:
+        if p.release is not None:
+            p.release()
 
 
 def _wait_one(kh, want_result):
@@ -599,6 +613,8 @@ def synchronize(handle):
             if res is not None:
                 lib.kolo_result_free(ctypes.byref(res))
         p.keep = None
+        if p.release is not None:
+            p.release()
 
 
 def pending_count():

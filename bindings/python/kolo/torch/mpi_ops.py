@@ -2,10 +2,12 @@
 Horovod's names, arguments and results, and their autograd functions.
 
 Tensors reach the runtime by address (tensor.data_ptr()): the runtime reads
-the input and writes the output in place, and the binding keeps every
-tensor it handed over alive until its handle is synchronized. A tensor
-that is not contiguous is copied once into a contiguous buffer (and, for
-the in-place forms, copied back when the handle is synchronized).
+the input and writes the output in place, and the binding keeps the memory
+of every tensor it handed over alive until its handle is synchronized, even
+if the program gives the tensor other memory meanwhile (see "Memory in
+flight" below). A tensor that is not contiguous is copied once into a
+contiguous buffer (and, for the in-place forms, copied back when the handle
+is synchronized).
 
 CUDA tensors (kolo built with NCCL) go the same way, with their place in
 kolo_opts_t: device_type KOLO_DEVICE_CUDA, the device's ordinal, and the
@@ -30,6 +32,8 @@ Gradients (as Horovod defines them):
 """
 
 import ctypes
+import functools
+import threading
 
 import torch
 
@@ -143,6 +147,188 @@ def _copy_back(pairs):
                     src.record_stream(torch.cuda.current_stream(src.device))
 
 
+# ---- memory in flight -------------------------------------------------------
+#
+# From enqueue to completion the runtime reads and writes the tensors'
+# memory by address. Meanwhile a program may give a tensor other memory:
+# t.set_(...), t.data = ..., t.resize_(...) to more elements. What keeps
+# that from freeing the memory under the runtime (a crash, or another
+# tensor's data overwritten):
+#
+#  * Each operation holds a detached alias of every tensor it hands over
+#    (_Held): the alias holds the tensor's storage, so set_() and .data =
+#    cannot free it. The result goes to that memory; at synchronize an
+#    in-place operation copies it into the tensor when the tensor has new
+#    memory but the shape, dtype and device it was enqueued with, and
+#    raises a RuntimeError naming the tensor when it has not (Horovod, which
+#    also holds the tensor, writes into whatever memory it has when the
+#    operation runs, and says nothing).
+#  * Growing a storage reallocates it in place: its memory is freed,
+#    whoever holds the storage. So Tensor.resize_ and Tensor.resize_as_
+#    refuse, with a RuntimeError naming the operation, to grow a storage
+#    that an operation in flight uses; resizing within the storage, and any
+#    resize once the handle is synchronized, work as always. Growth that
+#    bypasses these two methods (Tensor.storage().resize_(), an out=
+#    argument of another size) is not seen; synchronize then says that the
+#    memory moved under the operation, and raises.
+
+_in_flight = {}  # storage address -> [operations using it, the first's name]
+_in_flight_lock = threading.Lock()
+
+
+def _storage_address(t):
+    return t.data_ptr() - t.storage_offset() * t.element_size()
+
+
+class _Held:
+    """The memory of the tensors an operation hands to the runtime, held
+    until its handle is synchronized (release)."""
+
+    __slots__ = ("what", "aliases", "addresses", "storages")
+
+    def __init__(self, what, tensors):
+        self.what = what
+        self.aliases = [t.detach() for t in tensors]
+        self.addresses = [a.data_ptr() for a in self.aliases]
+        # (no memory, nothing to guard: empty tensors all sit at 0)
+        self.storages = [_storage_address(a) for a in self.aliases
+                         if a.data_ptr()]
+        with _in_flight_lock:
+            for s in self.storages:
+                entry = _in_flight.setdefault(s, [0, what])
+                entry[0] += 1
+
+    def release(self):
+        with _in_flight_lock:
+            for s in self.storages:
+                entry = _in_flight.get(s)
+                if entry is not None:
+                    entry[0] -= 1
+                    if entry[0] <= 0:
+                        del _in_flight[s]
+        self.storages = []
+        self.aliases = []
+
+    def check(self):
+        """Raises if the memory of a held tensor was reallocated while the
+        operation was in flight (by a path the resize guard does not see):
+        the runtime then used memory that had been freed."""
+        for a, address in zip(self.aliases, self.addresses):
+            if a.data_ptr() != address:
+                raise RuntimeError(
+                    "%s: the memory of a tensor handed to it was reallocated "
+                    "while it was in flight (Tensor.storage().resize_(), or "
+                    "an out= argument of another size): the operation used "
+                    "memory that had been freed, and its result is lost. "
+                    "Synchronize the handle before resizing the tensor"
+                    % self.what)
+
+
+def _held(what, tensors, enqueue, results=False):
+    """Holds the tensors' memory (_Held), then enqueues: enqueue(handles)
+    appends the kolo handles to the list it is given. If enqueuing fails
+    half-way, what was enqueued keeps the memory until it completes.
+    Returns (held, handles)."""
+    held = _Held(what, tensors)
+    done = []
+    try:
+        enqueue(done)
+    except Exception:
+        if done:
+            _core.register(done, held, None, results=results, what=what,
+                           release=held.release)
+        else:
+            held.release()
+        raise
+    return held, done
+
+
+def _describe(t):
+    return "%s %s on %s" % (list(t.shape), str(t.dtype).replace("torch.", ""),
+                            t.device)
+
+
+def _write_back(what, items):
+    """After an in-place operation: items are (tensor, result, (shape,
+    dtype, device) of the tensor at enqueue), result being the held alias of
+    what the runtime wrote (the tensor's own memory, or a contiguous copy of
+    it). Copies the result into the tensor where it is not already there."""
+    pairs = []
+    for t, res, (shape, dtype, device) in items:
+        if t.data_ptr() == res.data_ptr():
+            continue  # in place, in the memory the tensor still has
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device != device:
+            raise RuntimeError(
+                "%s: the tensor was given other memory while the operation "
+                "was in flight (set_() or .data =), and is now %s, "
+                "not %s: the result, written to the memory it had, cannot be "
+                "copied into it. Synchronize the handle before changing the "
+                "tensor" % (what, _describe(t), "%s %s on %s" % (
+                    list(shape), str(dtype).replace("torch.", ""), device)))
+        pairs.append((t, res))
+    _copy_back(pairs)
+
+
+def _spec(t):
+    return tuple(t.shape), t.dtype, t.device
+
+
+def _resize_numel(args, kwargs):
+    """The number of elements Tensor.resize_(*args, **kwargs) asks for, or
+    None where the arguments are not sizes (torch will say so)."""
+    sizes = args
+    if len(args) == 1 and not isinstance(args[0], int):
+        sizes = args[0]
+    elif not args:
+        sizes = kwargs.get("size", kwargs.get("sizes"))
+    try:
+        n = 1
+        for d in sizes:
+            n *= int(d)
+        return n
+    except (TypeError, ValueError):
+        return None
+
+
+def _resize_as_numel(args, kwargs):
+    other = args[0] if args else kwargs.get("the_template",
+                                            kwargs.get("other"))
+    return other.numel() if isinstance(other, torch.Tensor) else None
+
+
+def _storage_nbytes(t):
+    if hasattr(t, "untyped_storage"):
+        return t.untyped_storage().nbytes()
+    return t.storage().nbytes()
+
+
+def _guard_resize(method, numel_of):
+    """Wraps torch.Tensor.<method> to refuse growing a storage in flight."""
+    orig = getattr(torch.Tensor, method)
+    if getattr(orig, "_kolo_guarded", False):
+        return
+
+    @functools.wraps(orig)
+    def guarded(self, *args, **kwargs):
+        if _in_flight:
+            entry = _in_flight.get(_storage_address(self))
+            n = numel_of(args, kwargs) if entry is not None else None
+            if n is not None and (self.storage_offset() + n) * \
+                    self.element_size() > _storage_nbytes(self):
+                raise RuntimeError(
+                    "%s(): the tensor's memory is in use by kolo's %s, in "
+                    "flight, and growing it to %d elements would free that "
+                    "memory under the operation: synchronize the handle "
+                    "first" % (method, entry[1], n))
+        return orig(self, *args, **kwargs)
+    guarded._kolo_guarded = True
+    setattr(torch.Tensor, method, guarded)
+
+
+_guard_resize("resize_", _resize_numel)
+_guard_resize("resize_as_", _resize_as_numel)
+
+
 def _tensor_from_result(res, dtype, device=None):
     """A new tensor, on `device` (the input's; None: the CPU), holding a
     kolo_result_t's data (which the caller frees). The result must lie
@@ -204,15 +390,17 @@ def _allreduce_async(tensor, output, name, op, prescale_factor,
                                  _shape_or_none(tensor), _place(inp))
     if key is None:
         key = _core.op_key("allreduce", name, process_set)
-    kh = _core.allreduce_async(key, inp.data_ptr(), buf.data_ptr(),
-                               inp.numel(), kd, opts)
+    held, hs = _held(key, [inp, buf], lambda done: done.append(
+        _core.allreduce_async(key, inp.data_ptr(), buf.data_ptr(),
+                              inp.numel(), kd, opts)))
+    back = [(output, held.aliases[1], _spec(output))]
 
     def finish(_r):
-        if buf is not output:
-            _copy_back([(output, buf)])
+        held.check()
+        _write_back(key, back)
         return output
-    return _core.register([kh], (tensor, inp, buf, output, keep), finish,
-                          what=key)
+    return _core.register(hs, (tensor, inp, buf, output, keep, held), finish,
+                          what=key, release=held.release)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None,
@@ -307,9 +495,8 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
     ins = [_contig(t) for t in tensors]
     bufs = [ins[i] if outputs[i] is tensors[i] else _contig(outputs[i])
             for i in range(len(tensors))]
-    handles = []
-    keep = (tensors, ins, bufs, outputs)
-    try:
+
+    def enqueue(handles):
         for (kd, place), idx in groups.items():
             w = wire if kd == _lib.FLOAT32 else None
             opts, _ = _core.make_opts(op, prescale_factor, postscale_factor,
@@ -318,15 +505,17 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
                 [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
                 [bufs[i].data_ptr() for i in idx],
                 [ins[i].numel() for i in idx], kd, opts)
-    except Exception:
-        if handles:  # keep what was enqueued alive until it completes
-            _core.register(handles, keep, None, what=base)
-        raise
+    held, handles = _held(base, ins + bufs, enqueue)
+    n = len(tensors)
+    back = [(outputs[i], held.aliases[n + i], _spec(outputs[i]))
+            for i in range(n)]
 
     def finish(_r):
-        _copy_back([(o, b) for o, b in zip(outputs, bufs) if o is not b])
+        held.check()
+        _write_back(base, back)
         return list(outputs)
-    return _core.register(handles, keep, finish, what=base)
+    return _core.register(handles, (tensors, ins, bufs, outputs, held),
+                          finish, what=base, release=held.release)
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None,
@@ -415,29 +604,28 @@ def _allgather_async(tensors, name, process_set, grouped, with_splits=False):
     keys = (["%s.%d" % (base, i) for i in range(len(tensors))] if grouped
             else [base])
     ins = [_contig(t) for t in tensors]
-    order, handles = [], []
-    try:
+    order = []
+
+    def enqueue(handles):
         for (kd, place), idx in groups.items():
             opts, _ = _core.make_opts(process_set=process_set, place=place)
             handles += _core.grouped_allgather_async(
                 [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
                 [tuple(ins[i].shape) for i in idx], kd, opts)
-            order += idx
-    except Exception:
-        if handles:
-            _core.register(handles, ins, None, results=True, what=base)
-        raise
+            order.extend(idx)
+    held, handles = _held(base, ins, enqueue, results=True)
     dtypes = [t.dtype for t in tensors]
     devices = [t.device for t in tensors]
 
     def finish(rs):
+        held.check()
         outs = [None] * len(tensors)
         for i, r in zip(order, rs):
             out = _tensor_from_result(r, dtypes[i], devices[i])
             outs[i] = (out, _core.result_splits(r)) if with_splits else out
         return outs if grouped else outs[0]
-    return _core.register(handles, (tensors, ins), finish, results=True,
-                          what=base)
+    return _core.register(handles, (tensors, ins, held), finish, results=True,
+                          what=base, release=held.release)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -515,14 +703,17 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
                                  shape=_shape_or_none(tensor),
                                  place=_place(buf))
     key = _core.op_key("broadcast", name, process_set)
-    kh = _core.broadcast_async(key, buf.data_ptr(), buf.numel(), kd, root_rank,
-                               opts)
+    held, hs = _held(key, [buf], lambda done: done.append(
+        _core.broadcast_async(key, buf.data_ptr(), buf.numel(), kd, root_rank,
+                              opts)))
+    back = [(output, held.aliases[0], _spec(output))]
 
     def finish(_r):
-        if buf is not output:
-            _copy_back([(output, buf)])
+        held.check()
+        _write_back(key, back)
         return output
-    return _core.register([kh], (tensor, buf, output, keep), finish, what=key)
+    return _core.register(hs, (tensor, buf, output, keep, held), finish,
+                          what=key, release=held.release)
 
 
 def broadcast_async(tensor, root_rank, name=None,
@@ -589,15 +780,18 @@ def alltoall_async(tensor, splits=None, name=None,
     sp = _splits_list(splits)
     opts, _ = _core.make_opts(process_set=process_set, place=_place(inp))
     key = _core.op_key("alltoall", name, process_set)
-    kh = _core.alltoall_async(key, inp.data_ptr(), tuple(inp.shape), kd, sp,
-                              opts)
+    held, hs = _held(key, [inp], lambda done: done.append(
+        _core.alltoall_async(key, inp.data_ptr(), tuple(inp.shape), kd, sp,
+                             opts)), results=True)
     dtype, device = tensor.dtype, tensor.device
 
     def finish(rs):
+        held.check()
         # the received splits stay on the CPU, as Horovod's
         return (_tensor_from_result(rs[0], dtype, device),
                 torch.tensor(_core.result_splits(rs[0]), dtype=torch.int32))
-    return _core.register([kh], (tensor, inp), finish, results=True, what=key)
+    return _core.register(hs, (tensor, inp, held), finish, results=True,
+                          what=key, release=held.release)
 
 
 class _Alltoall(torch.autograd.Function):
@@ -650,29 +844,28 @@ def _reducescatter_async(tensors, name, op, process_set, prescale_factor,
     keys = (["%s.%d" % (base, i) for i in range(len(tensors))] if grouped
             else [base])
     ins = [_contig(t) for t in tensors]
-    order, handles = [], []
-    try:
+    order = []
+
+    def enqueue(handles):
         for (kd, place), idx in groups.items():
             opts, _ = _core.make_opts(op, prescale_factor, postscale_factor,
                                       process_set, place=place)
             handles += _core.grouped_reducescatter_async(
                 [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
                 [tuple(ins[i].shape) for i in idx], kd, opts)
-            order += idx
-    except Exception:
-        if handles:
-            _core.register(handles, ins, None, results=True, what=base)
-        raise
+            order.extend(idx)
+    held, handles = _held(base, ins, enqueue, results=True)
     dtypes = [t.dtype for t in tensors]
     devices = [t.device for t in tensors]
 
     def finish(rs):
+        held.check()
         outs = [None] * len(tensors)
         for i, r in zip(order, rs):
             outs[i] = _tensor_from_result(r, dtypes[i], devices[i])
         return outs if grouped else outs[0]
-    return _core.register(handles, (tensors, ins), finish, results=True,
-                          what=base)
+    return _core.register(handles, (tensors, ins, held), finish, results=True,
+                          what=base, release=held.release)
 
 
 def reducescatter_async(tensor, name=None, op=Average,
@@ -772,28 +965,28 @@ def sparse_allreduce_async(tensor, name, op=Average,
     _kdtype(values, "sparse allreduce")
     base = _core.op_key("sparse_allreduce", name, process_set)
     opts, _ = _core.make_opts(process_set=process_set, place=_place(values))
-    hs = _core.grouped_allgather_async([base + ".indices"],
-                                       [indices.data_ptr()],
-                                       [tuple(indices.shape)], _lib.INT64,
-                                       opts)
-    try:
+
+    def enqueue(hs):
+        hs += _core.grouped_allgather_async([base + ".indices"],
+                                            [indices.data_ptr()],
+                                            [tuple(indices.shape)],
+                                            _lib.INT64, opts)
         hs += _core.grouped_allgather_async([base + ".values"],
                                             [values.data_ptr()],
                                             [tuple(values.shape)],
                                             _kdtype(values), opts)
-    except Exception:
-        _core.register(hs, indices, None, results=True, what=base)
-        raise
+    held, hs = _held(base, [indices, values], enqueue, results=True)
     size, vdtype, device = t.size(), values.dtype, values.device
 
     def finish(rs):
+        held.check()
         idx = _tensor_from_result(rs[0], torch.int64, device)
         vals = _tensor_from_result(rs[1], vdtype, device)
         if op == Average:
             vals = vals / _core.set_size(process_set)
         return torch.sparse_coo_tensor(idx.t(), vals, size).coalesce()
-    return _core.register(hs, (t, indices, values), finish, results=True,
-                          what=base)
+    return _core.register(hs, (t, indices, values, held), finish,
+                          results=True, what=base, release=held.release)
 
 
 # ---- completion, barrier, join ---------------------------------------------

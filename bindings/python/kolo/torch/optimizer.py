@@ -296,10 +296,9 @@ class _Distributed:
         # mpi_ops._grouped_allreduce_async names members base.i; the
         # optimizer wants each member's own name, so it calls the core.
         groups = mpi_ops._by_dtype_and_place(tensors, "DistributedOptimizer")
-        handles = []
         ins = [mpi_ops._contig(t) for t in tensors]
-        keep = (tensors, ins)
-        try:
+
+        def enqueue(handles):
             for (kd, place), idx in groups.items():
                 opts, _ = _core.make_opts(
                     self._kolo_op, pre, post, self.process_set,
@@ -309,16 +308,18 @@ class _Distributed:
                     [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
                     [ins[i].data_ptr() for i in idx],
                     [ins[i].numel() for i in idx], kd, opts)
-        except Exception:
-            if handles:
-                _core.register(handles, keep, None)
-            raise
+        # The memory stays the runtime's until synchronized, whatever
+        # happens to the gradients meanwhile (mpi_ops, "memory in flight").
+        held, handles = mpi_ops._held(keys[0], ins, enqueue)
+        back = [(t, a, mpi_ops._spec(t)) for t, a in zip(tensors,
+                                                         held.aliases)]
 
         def finish(_r):
-            mpi_ops._copy_back([(t, b) for t, b in zip(tensors, ins)
-                                if t is not b])
+            held.check()
+            mpi_ops._write_back(keys[0], back)
             return tensors
-        return _core.register(handles, keep, finish, what=keys[0])
+        return _core.register(handles, (tensors, ins, held), finish,
+                              what=keys[0], release=held.release)
 
     def _kolo_enqueue_sparse(self, p):
         grad = p.grad
