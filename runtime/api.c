@@ -335,7 +335,10 @@ int kolo_init(void)
         rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
         goto free_rt;
     }
-    if (rt->cfg.timeline[0] != '\0' && (rt->rank == 0 || rt->cfg.timeline_all_ranks)) {
+    /* KOLO_TIMELINE=DYNAMIC (Horovod's HOROVOD_TIMELINE=DYNAMIC): no file
+     * until kolo_start_timeline. */
+    if (rt->cfg.timeline[0] != '\0' && strcmp(rt->cfg.timeline, "DYNAMIC") != 0 &&
+        (rt->rank == 0 || rt->cfg.timeline_all_ranks)) {
         char path[4200];
         size_t len = strlen(rt->cfg.timeline);
         if (!rt->cfg.timeline_all_ranks)
@@ -482,9 +485,10 @@ int kolo_built(const char *what)
     if (strcmp(what, "cuda") == 0)
         return 1;
 #endif
-#ifdef KOLO_HAVE_NCCL
+#ifdef KOLO_HAVE_GPU
+    /* Horovod's nccl_built() is the version: scripts compare it. */
     if (strcmp(what, "nccl") == 0)
-        return 1;
+        return kolo__gpu_nccl_version();
 #endif
     return 0;
 }

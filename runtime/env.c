@@ -251,7 +251,8 @@ static const config_row_t rows[] = {
     {"KOLO_LOG_LEVEL", "warning", "trace, debug, info, warning, error or off",
      parse_level, F(log_level), PER_RANK},
     {"KOLO_TIMELINE", "", "write a Chrome-trace timeline to this file (rank 0, "
-     "or every rank with KOLO_TIMELINE_ALL_RANKS=1)", parse_string, F(timeline), PER_RANK},
+     "or every rank with KOLO_TIMELINE_ALL_RANKS=1); DYNAMIC: none until "
+     "start_timeline", parse_string, F(timeline), PER_RANK},
     {"KOLO_TIMELINE_MARK_CYCLES", "0", "1: mark every negotiation round",
      parse_nonneg, F(timeline_mark_cycles), PER_RANK},
     {"KOLO_TIMELINE_ALL_RANKS", "0",

@@ -170,6 +170,8 @@ static ncclRedOp_t nccl_op(int op, int dtype)
 
 /* ---- the API thread ------------------------------------------------------- */
 
+int kolo__gpu_nccl_version(void) { return NCCL_VERSION_CODE; }
+
 int kolo__gpu_device_count(void)
 {
     int n = 0;

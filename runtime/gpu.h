@@ -71,6 +71,8 @@ void kolo__gpu_mem_free(void *data);
 
 /* The number of CUDA devices this process sees (0 when none or no driver). */
 int kolo__gpu_device_count(void);
+/* NCCL_VERSION_CODE of the NCCL kolo was built with (22809 for 2.28.9). */
+int kolo__gpu_nccl_version(void);
 
 #endif /* KOLO_HAVE_GPU */
 #endif /* KOLO_GPU_H */

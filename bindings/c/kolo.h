@@ -478,8 +478,11 @@ KOLO_EXPORT const char *kolo_handle_error(kolo_handle_t handle);
  * chrome://tracing open, valid at every moment, even if the job is killed)
  * to `path` on this rank, replacing one being written. mark_cycles adds a
  * CYCLE_START marker per negotiation round. The same as KOLO_TIMELINE and
- * KOLO_TIMELINE_MARK_CYCLES at init. Any rank may call it; usually rank 0
- * does (its file shows every rank's readiness). A file that cannot be
+ * KOLO_TIMELINE_MARK_CYCLES at init (KOLO_TIMELINE=DYNAMIC, Horovod's
+ * HOROVOD_TIMELINE=DYNAMIC, starts none at init and leaves it to this
+ * call). Any rank may call it; usually rank 0 does (its file shows every
+ * rank's readiness); kolo.torch's start_timeline calls it on rank 0 only,
+ * as Horovod writes the coordinator's timeline. A file that cannot be
  * created or written: KOLO_ERR_INVALID_ARGUMENT, the message naming the
  * file and why (at init, by KOLO_TIMELINE: KOLO_ERR_CONFIG). */
 KOLO_EXPORT int kolo_start_timeline(const char *path, int mark_cycles);
@@ -491,8 +494,10 @@ KOLO_EXPORT int kolo_stop_timeline(void);
 
 /* ---- What this build has ----------------------------------------------- */
 
-/* 1 if this kolo was built with the backend or device support named
- * ("gloo", "mpi", "cuda", "nccl"), else 0. */
+/* Nonzero if this kolo was built with the backend or device support named
+ * ("gloo", "mpi", "cuda", "nccl"), else 0: 1, except for "nccl", which
+ * gives NCCL's version code (22809 for NCCL 2.28.9), as Horovod's
+ * nccl_built() does. */
 KOLO_EXPORT int kolo_built(const char *what);
 
 /* 1 if the named backend carries this job's negotiation or host

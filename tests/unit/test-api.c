@@ -730,6 +730,37 @@ START_TEST(unwritable_timeline)
 }
 END_TEST
 
+/* KOLO_TIMELINE=DYNAMIC (Horovod's HOROVOD_TIMELINE=DYNAMIC): no file at
+ * init, not even one called DYNAMIC; kolo_start_timeline starts one. */
+START_TEST(dynamic_timeline)
+{
+    char dir[] = "/tmp/test-api-tl.XXXXXX", path[64];
+    FILE *f;
+    char head[2] = "";
+
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+    ck_assert_int_eq(chdir(dir), 0);
+    setenv("KOLO_TIMELINE", "DYNAMIC", 1);
+    MUST(kolo_init());
+    ck_assert_int_ne(access("DYNAMIC", F_OK), 0);
+    snprintf(path, sizeof(path), "%s/t.json", dir);
+    MUST(kolo_start_timeline(path, 0));
+    MUST(allreduce_ok("dynamic/timeline", 10));
+    MUST(kolo_stop_timeline());
+    MUST(kolo_shutdown());
+    unsetenv("KOLO_TIMELINE");
+    ck_assert_int_ne(access("DYNAMIC", F_OK), 0);
+    f = fopen(path, "r");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fread(head, 1, 1, f), 1);
+    ck_assert_int_eq(head[0], '[');
+    fclose(f);
+    unlink(path);
+    ck_assert_int_eq(chdir("/"), 0);
+    rmdir(dir);
+}
+END_TEST
+
 /* ---- work in flight -------------------------------------------------------------- */
 
 /* Every wrong call of this file's kinds, at once; each must fail. */
@@ -881,6 +912,7 @@ static Suite *api_suite(void)
     tcase_add_loop_test(tc, invalid_environment, 0,
                         (int)(sizeof(bad_env) / sizeof(bad_env[0])));
     tcase_add_test(tc, unwritable_timeline);
+    tcase_add_test(tc, dynamic_timeline);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("work in flight");

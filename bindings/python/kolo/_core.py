@@ -10,6 +10,7 @@ waited on (synchronize) or kolo is shut down.
 
 import atexit
 import ctypes
+import os
 import itertools
 import threading
 import warnings
@@ -82,6 +83,17 @@ class KoloValueError(ValueError):
         super().__init__(message)
         self.code = code
         self.status = _lib.STATUS_NAMES.get(code, str(code))
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """Horovod's exception of an elastic job whose hosts were added or
+    removed: the training loop's state is committed and the job re-forms.
+    skip_sync: whether the state may skip its synchronization (nothing
+    failed, so every rank holds the same state)."""
+
+    def __init__(self, skip_sync=False):
+        super().__init__("the job's hosts were updated")
+        self.skip_sync = skip_sync
 
 
 _NOT_INITIALIZED = ("kolo has not been initialized; call init() first "
@@ -245,9 +257,12 @@ def mpi_built():
 
 
 def nccl_built():
-    """1 when libkolo was built with NCCL (the collectives of CUDA tensors),
-    else 0. Horovod returns the NCCL version or 0: test it for truth."""
-    return int(_built("nccl"))
+    """NCCL's version code when libkolo was built with NCCL (the collectives
+    of CUDA tensors), e.g. 22809 for NCCL 2.28.9, else 0: as Horovod's, so
+    scripts that compare it with 2700 take the same branch."""
+    if not _lib.has("kolo_built"):
+        return 0
+    return int(lib.kolo_built(b"nccl"))
 
 
 def cuda_built():
@@ -267,12 +282,18 @@ def ccl_built():
     return _built("ccl")
 
 
-def gloo_enabled():
-    return _enabled("gloo")
-
-
 def mpi_enabled():
+    """True when MPI carries this job: started by mpirun (or kolorun
+    --mpi), or an MPI backend in use; as Horovod's under mpirun."""
     return _enabled("mpi")
+
+
+def gloo_enabled():
+    """True when the job runs without MPI: kolo's own controller (shared
+    memory, Gloo) plays the part of Horovod's Gloo mode, which is what
+    `horovodrun --gloo` (and kolorun's way of starting ranks) gives a
+    Horovod script. False before init, as Horovod's."""
+    return is_initialized() and (_enabled("gloo") or not _enabled("mpi"))
 
 
 def nccl_enabled():
@@ -284,18 +305,44 @@ def mpi_threads_supported():
     return False
 
 
+def _timeline_writer():
+    """Whether this rank writes the timeline: rank 0, as Horovod's
+    coordinator, or every rank with KOLO_TIMELINE_ALL_RANKS=1."""
+    return rank() == 0 or os.environ.get("KOLO_TIMELINE_ALL_RANKS") == "1"
+
+
 def start_timeline(file_path, mark_cycles=False):
-    """Starts writing a Chrome-trace timeline to file_path on this rank
-    (replacing one being written); mark_cycles adds a CYCLE_START marker per
-    negotiation round. Horovod's hvd.start_timeline."""
-    check(_lib.lib.kolo_start_timeline(str(file_path).encode(),
+    """Horovod's hvd.start_timeline: every rank calls it; rank 0 writes a
+    Chrome-trace timeline of the job to file_path (replacing one being
+    written; with KOLO_TIMELINE_ALL_RANKS=1 every rank writes its own,
+    t.json as t.<rank>.json). mark_cycles adds a CYCLE_START marker per
+    negotiation round. Horovod refuses it unless HOROVOD_TIMELINE=DYNAMIC
+    was set before the job; kolo needs no such setting (KOLO_TIMELINE=
+    DYNAMIC, or HOROVOD_TIMELINE=DYNAMIC, is accepted and starts none at
+    init)."""
+    if not file_path:
+        raise ValueError("file_path must not be empty")
+    if not is_initialized():
+        raise ValueError("kolo has not been initialized; use hvd.init().")
+    if not _timeline_writer():
+        return
+    path = str(file_path)
+    if os.environ.get("KOLO_TIMELINE_ALL_RANKS") == "1":
+        base, ext = os.path.splitext(path)
+        path = ("%s.%d%s" % (base, rank(), ext) if ext == ".json"
+                else "%s.%d" % (path, rank()))
+    check(_lib.lib.kolo_start_timeline(path.encode(),
                                        1 if mark_cycles else 0),
           "start_timeline")
 
 
 def stop_timeline():
-    """Writes what was recorded and closes the timeline file."""
-    check(_lib.lib.kolo_stop_timeline(), "stop_timeline")
+    """Horovod's hvd.stop_timeline: writes what was recorded and closes the
+    timeline file (nothing to do on ranks that write none)."""
+    if not is_initialized():
+        raise ValueError("kolo has not been initialized; use hvd.init().")
+    if _timeline_writer():
+        check(_lib.lib.kolo_stop_timeline(), "stop_timeline")
 
 
 # ---- names -----------------------------------------------------------------

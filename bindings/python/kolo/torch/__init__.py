@@ -7,12 +7,14 @@ into `import kolo.torch as hvd`, and is started with
 CPU and CUDA tensors are served alike (CUDA tensors need a libkolo built
 with NCCL: nccl_built()); outputs are on the input's device.
 start_timeline/stop_timeline control the timeline at run time, like
-KOLO_TIMELINE before the job.
+KOLO_TIMELINE before the job (rank 0 writes it, as Horovod's coordinator).
+Horovod's submodules import by the same names: kolo.torch.mpi_ops,
+.compression, .optimizer, .functions, .sync_batch_norm.
 """
 
 from .._core import (  # noqa: F401
     Sum, Average, Min, Max, Product, Adasum,
-    KoloError, KoloValueError,
+    KoloError, KoloValueError, HostsUpdatedInterrupt,
     ProcessSet, global_process_set, add_process_set, remove_process_set,
     add_process_sets_from_groups,
     init, shutdown, is_initialized, rank, size, local_rank, local_size,
@@ -41,8 +43,10 @@ from .functions import (  # noqa: F401
 )
 from .mixed_precision import GradScaler, DynamicLossScaler  # noqa: F401
 
-# Horovod's name for a failed collective.
+# Horovod's name for a failed collective (horovod.common.exceptions), and
+# kolo's own spelling of it.
 HorovodInternalError = KoloError
+KoloInternalError = KoloError
 
 __all__ = [
     "Sum", "Average", "Min", "Max", "Product", "Adasum", "KoloError",
@@ -64,5 +68,6 @@ __all__ = [
     "DistributedOptimizer", "clip_grad_norm_hook", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "allreduce_gradients", "clip_by_global_norm", "GradScaler",
-    "DynamicLossScaler", "HorovodInternalError"
+    "DynamicLossScaler", "HorovodInternalError", "KoloInternalError",
+    "HostsUpdatedInterrupt"
 ]
