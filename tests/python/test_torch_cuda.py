@@ -91,7 +91,7 @@ def check(got, want, dtype, dev):
 
 
 def test_built():
-    assert hvd.nccl_built() == 1
+    assert hvd.nccl_built() >= 20000
     assert hvd.cuda_built()
 
 
