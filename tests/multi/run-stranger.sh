@@ -61,15 +61,16 @@ fail=0
 
 # run NP MODE
 run() {
-    local np=$1 mode=$2 d=$WORK/job rc src why= desc
+    local np=$1 mode=$2 d=$WORK/job rc src why='' desc
     desc="np=$np $mode: the job completes"
     rm -rf "$d"
     mkdir -p "$d"
     mkfifo "$d/go"
-    # Rank NP-1 waits for the stranger's go before it starts.
     timeout -k 10 "$limit" "$python" "$stranger" "$mode" "$d" "$np" \
         >"$d/stranger" 2>&1 </dev/null &
     src=$!
+    # Rank NP-1 waits for the stranger's go before it starts.
+    # shellcheck disable=SC2016 # the ranks expand these
     timeout -k 10 "$limit" env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
         KOLO_TIMEOUT_SECONDS=20 STRANGER_DIR="$d" STRANGER_LAST=$((np - 1)) \
         "$kolorun" --start-timeout 60 -np "$np" \
