@@ -14,6 +14,15 @@
 # "-lgloo -lhiredis -libverbs -pthread" is tried second, for a static
 # libgloo.
 #
+# A second check: whether Gloo's TCP pair listens on a socket of its own
+# and takes the first connection it accepts as its peer (Debian's
+# 0.0~git20220518 snapshot: Pair::listen, Pair::handleListening). Then
+# ops/gloo/gloo_ops.cc derives from that pair to screen what it accepts
+# (a stranger's connection is dropped; see "Strangers" there) and
+# KOLO_GLOO_PAIR_LISTENS is defined. Gloo's pair.h includes
+# gloo/common/memory.h, which Debian does not install: the check, like the
+# build, searches ops/gloo/compat after the system's directories.
+#
 # Substitutes GLOO_CPPFLAGS and GLOO_LIBS; AM_CONDITIONAL HAVE_GLOO;
 # defines KOLO_HAVE_GLOO. Sets kolo_have_gloo (yes/no), kolo_gloo_summary.
 
@@ -47,6 +56,31 @@ static void kolo_sum (void *out, const void *a, const void *b, size_t n)
   gloo::allreduce (options);
 ]])])
 
+m4_define([_KOLO_GLOO_PAIR_PROGRAM],
+[AC_LANG_PROGRAM([[
+#include <chrono>
+#include <gloo/transport/tcp/context.h>
+#include <gloo/transport/tcp/pair.h>
+struct kolo_probe : gloo::transport::tcp::Pair {
+  kolo_probe (gloo::transport::tcp::Context *c, gloo::transport::tcp::Device *d)
+    : gloo::transport::tcp::Pair (c, d, 1, std::chrono::milliseconds (1)) {}
+  void handleEvents (int events) override
+  {
+    if (state_ == LISTENING && fd_ >= 0)
+      handleListening ();
+    else
+      gloo::transport::tcp::Pair::handleEvents (events);
+    handleConnected ();
+    signalException (std::string ("x"));
+    (void) context_->rank;
+    (void) rank_;
+  }
+};
+]], [[
+  kolo_probe *p = nullptr;
+  (void) p;
+]])])
+
 AC_DEFUN([KOLO_CHECK_GLOO],
 [AC_REQUIRE([KOLO_PROG_CXX_CXX17])
 AC_REQUIRE([KOLO_CHECK_PTHREAD])
@@ -56,6 +90,7 @@ AC_ARG_WITH([gloo],
   [], [with_gloo=auto])
 kolo_have_gloo=no
 kolo_gloo_why=
+kolo_gloo_pair_listens=no
 GLOO_CPPFLAGS=
 GLOO_LIBS=
 AS_CASE([$with_gloo],
@@ -93,14 +128,24 @@ AS_IF([test "x$with_gloo" != xno],
               break])
          done
          AS_IF([test "x$kolo_have_gloo" = xno],
-           [kolo_gloo_why="a program using Gloo does not link with -lgloo (see config.log)"])],
+           [kolo_gloo_why="a program using Gloo does not link with -lgloo (see config.log)"])
+         AC_MSG_CHECKING([whether Gloo's TCP pair listens on its own socket])
+         CPPFLAGS="$CPPFLAGS -idirafter $srcdir/ops/gloo/compat"
+         AC_COMPILE_IFELSE([_KOLO_GLOO_PAIR_PROGRAM],
+           [kolo_gloo_pair_listens=yes], [kolo_gloo_pair_listens=no])
+         AC_MSG_RESULT([$kolo_gloo_pair_listens])],
         [kolo_gloo_why="the Gloo headers do not compile (see config.log)"])
       KOLO_RESTORE_FLAGS
       AC_LANG_POP([C++])])])
 AS_IF([test "x$kolo_have_gloo" = xyes],
   [KOLO_HEADER_DIR([kolo_gloo_incdir], [gloo/allreduce.h], [$CXX -E -x c++ $CPPFLAGS $GLOO_CPPFLAGS])
    kolo_gloo_summary="yes (${kolo_gloo_incdir:-system headers}, $GLOO_LIBS)"
-   AC_DEFINE([KOLO_HAVE_GLOO], [1], [Define to 1 to build the Gloo host backend.])],
+   AC_DEFINE([KOLO_HAVE_GLOO], [1], [Define to 1 to build the Gloo host backend.])
+   AS_IF([test "x$kolo_gloo_pair_listens" = xyes],
+     [AC_DEFINE([KOLO_GLOO_PAIR_LISTENS], [1],
+        [Define to 1 when Gloo's TCP pair listens on its own socket (kolo then screens what it accepts).])
+      kolo_gloo_summary="$kolo_gloo_summary, strangers' connections screened"],
+     [kolo_gloo_summary="$kolo_gloo_summary, strangers' connections not screened (this Gloo's TCP pair is not the one kolo knows)"])],
   [test "x$with_gloo" = xno],
   [GLOO_CPPFLAGS=
    kolo_gloo_summary="no (disabled)"],

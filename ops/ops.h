@@ -49,6 +49,10 @@ typedef void (*kolo__ops_reduce_fn)(void *out, const void *a, const void *b,
 
 typedef void (*kolo__ops_wake_fn)(void *arg, uint64_t round);
 
+/* A warning the backend wants the user to see (one sentence, no newline).
+ * May be called from a backend thread; must not block for long. */
+typedef void (*kolo__ops_warn_fn)(const char *msg);
+
 /* Where a streamed allreduce (allreduce_stream) takes its input and puts
  * its result, so that a backend with buffers of its own (shared memory)
  * packs the user's tensors straight into them, with no fusion buffer in
@@ -99,6 +103,7 @@ typedef struct kolo__ops_config {
      * KOLO_ERR_BACKEND instead of waiting out the start timeout. */
     int (*abandoned)(void *arg, char *why, size_t len);
     void *abandoned_arg;
+    kolo__ops_warn_fn warn;    /* NULL: the backend's warnings are dropped */
 } kolo__ops_config_t;
 
 typedef struct kolo__ops {

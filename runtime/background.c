@@ -1205,6 +1205,13 @@ static int connect_failed(kolo__runtime_t *rt, kolo__pset_t *ps,
                          detail);
 }
 
+/* A backend's warning (Gloo: a stranger's connection it dropped), from
+ * whatever thread the backend runs. */
+static void warn_from_backend(const char *msg)
+{
+    kolo__log(KOLO__LOG_WARNING, "%s", msg);
+}
+
 int kolo__pset_connect(kolo__pset_t *ps, const kolo__ops_t *ops,
                        const char *role, int rank, int size,
                        const int *members, const int *hosts,
@@ -1226,6 +1233,7 @@ int kolo__pset_connect(kolo__pset_t *ps, const kolo__ops_t *ops,
         .on_wake = kolo__wake_from_peer, .wake_arg = ps,
         .abandoned = ps->watch != NULL ? kolo__outcome_abandoned : NULL,
         .abandoned_arg = ps->watch,
+        .warn = warn_from_backend,
         .cross_ops = cross_ops,
         .shm_slot_bytes = (size_t)rt->cfg.shm_slot_bytes,
         .shm_spin_us = (int)rt->cfg.shm_spin_us};

@@ -24,12 +24,22 @@
  * the listener reports it as a token for round UINT64_MAX, so the runtime
  * runs a round at once and the backend names the failure.
  *
+ * Strangers: while Gloo's pairs listen for each other, anyone may connect
+ * to their ports. Each pair's connecting side first sends a hello with the
+ * job's identity (32 random bytes rank 0 draws and puts in the rendezvous
+ * store); the listening side takes the first connection whose hello is
+ * right and drops, with a warning, every other one (see "Strangers"
+ * below).
+ *
  * Only Gloo's newer API (gloo::allreduce, gloo::gather, ...) is used: the
  * older algorithm classes set socket buffer sizes from their first message
  * and mixing the two APIs was measured to slow 64 KiB allreduces 100-fold
  * (shared/MEASUREMENTS.md). The transport runs in its default asynchronous
  * mode: waiting threads block on condition variables, never spin.
  */
+#include "config.h"
+
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -43,6 +53,13 @@
 
 #include <algorithm>
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <gloo/allgather.h>
@@ -59,6 +76,10 @@
 #define HIREDIS_NESTED_INCLUDE 1
 #include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
+#ifdef KOLO_GLOO_PAIR_LISTENS
+#include <gloo/transport/tcp/context.h>
+#include <gloo/transport/tcp/pair.h>
+#endif
 
 #include "ops.h"
 
@@ -185,6 +206,463 @@ std::unique_ptr<gloo::rendezvous::Store> open_store(const std::string &rdv,
     }
 }
 
+namespace tcp = gloo::transport::tcp;
+
+#ifdef KOLO_GLOO_PAIR_LISTENS
+/* ---- Strangers ----------------------------------------------------------
+ *
+ * Gloo 0.5's TCP pair (Debian's snapshot) listens on a socket of its own
+ * until its peer connects, and takes the first connection it accepts as
+ * the peer: Pair::handleListening accepts, closes the listening socket and
+ * calls handleConnected, reading nothing from the new socket first (no
+ * sequence number, no check). A stranger that connects while a rank waits
+ * for its peers (a port scanner, a health check) becomes the pair: if it
+ * closes, the pair fails with "Connection closed by peer"; if it sends a
+ * few bytes and holds on, they are read as the first bytes of Gloo's first
+ * message and the real peer, which finds the listening socket closed, is
+ * refused, or every rank waits for the operation timeout.
+ *
+ * Gloo's listener cannot be told to check anything, but its pair's event
+ * handler and connect are virtual and its state is protected: kolo screens
+ * connections before Gloo sees a byte of them, rather than retrying the
+ * connection phase on fresh ports after a failure (which would still leave
+ * a stranger's bytes in a pair's first message, and a silent stranger
+ * holding a pair until a timeout).
+ *
+ * So kolo's pairs screen what they accept. GuardedDevice creates
+ * GuardedContexts, which create GuardedPairs; a GuardedPair takes over
+ * Gloo's event handling while it listens and connects:
+ *  - the connecting side, once its connection is made, first writes a
+ *    hello: a magic, the job's identity (32 random bytes rank 0 puts in
+ *    the rendezvous store under this context's prefix; never on a command
+ *    line) and the two ranks; then Gloo's own code finishes the connection;
+ *  - the listening side accepts every connection as a Stranger, an epoll
+ *    handler of its own, and reads its first bytes without blocking. The
+ *    first Stranger whose hello matches (identity, and the ranks of this
+ *    pair) becomes the pair's socket, through Gloo's handleConnected, and
+ *    the listening socket is closed; one that closes, sends other bytes,
+ *    or has not said its hello when the pair connects is dropped, with a
+ *    warning. Nothing a stranger sends reaches Gloo, nothing waits on a
+ *    stranger, and a stranger that holds a connection open costs a socket
+ *    until the pair connects (at most kMaxStrangers at once per pair: past
+ *    that the oldest is dropped).
+ * Everything here runs on the device's loop thread under the pair's mutex
+ * (try-locked, as Gloo's own handler does: epoll is level-triggered and
+ * calls again), and catches every exception: the loop thread does not.
+ * Once the pair is connected, events go straight to Gloo's handler.
+ */
+
+constexpr size_t kSecretBytes = 32;
+constexpr size_t kHelloBytes = 8 + kSecretBytes + 4 + 4;
+constexpr char kHelloMagic[8] = {'K', 'O', 'L', 'O', 'P', 'A', 'I', 'R'};
+constexpr size_t kMaxStrangers = 16;
+constexpr int kMaxStrangerWarnings = 5;
+
+/* What every pair of one context shares: the identity and the warnings. */
+struct Guard {
+    uint8_t secret[kSecretBytes];
+    kolo__ops_warn_fn warn = nullptr;
+    std::atomic<int> warned{0};
+
+    /* The hello of the pair from rank `from` to rank `to`. */
+    void hello(uint8_t *out, uint32_t from, uint32_t to) const
+    {
+        uint32_t f = htonl(from), t = htonl(to);
+        std::memcpy(out, kHelloMagic, sizeof(kHelloMagic));
+        std::memcpy(out + 8, secret, kSecretBytes);
+        std::memcpy(out + 8 + kSecretBytes, &f, 4);
+        std::memcpy(out + 12 + kSecretBytes, &t, 4);
+    }
+
+    /* Compares every byte, whatever the first difference. */
+    bool matches(const uint8_t *got, uint32_t from, uint32_t to) const
+    {
+        uint8_t want[kHelloBytes], diff = 0;
+        hello(want, from, to);
+        for (size_t i = 0; i < kHelloBytes; i++)
+            diff |= static_cast<uint8_t>(want[i] ^ got[i]);
+        return diff == 0;
+    }
+
+    /* The first few dropped strangers are reported, then no more. */
+    void dropped(const std::string &what)
+    {
+        int n = warned.fetch_add(1) + 1;
+        if (warn == nullptr || n > kMaxStrangerWarnings)
+            return;
+        std::string msg = "Gloo: " + what + "; the job goes on";
+        if (n == kMaxStrangerWarnings)
+            msg += " (further dropped connections are not reported)";
+        warn(msg.c_str());
+    }
+};
+
+std::string sockaddr_text(const struct sockaddr_storage &ss)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    if (ss.ss_family == AF_INET) {
+        const auto *in = reinterpret_cast<const struct sockaddr_in *>(&ss);
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+        port = ntohs(in->sin_port);
+        return std::string(host) + ":" + std::to_string(port);
+    }
+    if (ss.ss_family == AF_INET6) {
+        const auto *in6 = reinterpret_cast<const struct sockaddr_in6 *>(&ss);
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+        port = ntohs(in6->sin6_port);
+    }
+    return "[" + std::string(host) + "]:" + std::to_string(port);
+}
+
+/* One loop tick: returns once the device's loop thread has finished the
+ * batch of events it was handling (Gloo's unregisterDescriptor waits for
+ * that when called from another thread). */
+void loop_tick(tcp::Device *device)
+{
+    struct Nothing : tcp::Handler {
+        void handleEvents(int) override {}
+    } nothing;
+    int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0)
+        throw gloo::IoException(std::string("eventfd: ") + std::strerror(errno));
+    try {
+        device->registerDescriptor(fd, EPOLLIN, &nothing);
+        device->unregisterDescriptor(fd, &nothing);
+    } catch (...) {
+        ::close(fd);
+        throw;
+    }
+    ::close(fd);
+}
+
+class GuardedPair : public tcp::Pair {
+  public:
+    GuardedPair(tcp::Context *context, tcp::Device *device, int rank,
+                std::chrono::milliseconds timeout, std::shared_ptr<Guard> guard)
+        : tcp::Pair(context, device, rank, timeout), guard_(std::move(guard))
+    {
+        std::lock_guard<std::mutex> lock(m_);
+        /* Gloo's constructor started listening, with its own handler until
+         * this constructor began; the address is not published yet, so
+         * only a blind scan could have reached it in that instant. */
+        if (state_ != LISTENING)
+            throw gloo::IoException("a connection reached a Gloo listening "
+                                    "socket before kolo could screen it");
+        /* Non-blocking, so that accept_strangers takes every pending
+         * connection and then stops. */
+        int flags = fcntl(fd_, F_GETFL);
+        if (flags < 0 || fcntl(fd_, F_SETFL, flags | O_NONBLOCK) < 0)
+            throw gloo::IoException(std::string("fcntl: ") + std::strerror(errno));
+    }
+
+    ~GuardedPair() override
+    {
+        try {
+            std::unique_lock<std::mutex> lock(m_);
+            closing_ = true;
+            bool ticked = false;
+            for (auto &s : strangers_) {
+                if (s->open) {
+                    drop(*s, nullptr); /* waits for a loop tick */
+                    ticked = true;
+                }
+            }
+            lock.unlock();
+            /* A Stranger dropped on the loop thread may still be named in
+             * the batch of events the loop is handling: free none before
+             * that batch is over. */
+            if (!strangers_.empty() && !ticked)
+                loop_tick(device_);
+        } catch (...) {
+            /* Nothing to report from a destructor. */
+        }
+    }
+
+    void connect(const std::vector<char> &bytes) override
+    {
+        tcp::Pair::connect(bytes);
+        std::lock_guard<std::mutex> lock(m_);
+        for (auto &s : strangers_)
+            if (s->open)
+                drop(*s, "it had not presented the job's identity when the "
+                         "pair connected");
+        screening_.store(false);
+    }
+
+    void handleEvents(int events) override
+    {
+        if (!screening_.load()) {
+            tcp::Pair::handleEvents(events);
+            return;
+        }
+        try {
+            std::unique_lock<std::mutex> lock(m_, std::try_to_lock);
+            if (!lock)
+                return;
+            if (closing_)
+                return;
+            if (state_ == LISTENING) {
+                accept_strangers();
+                return;
+            }
+            if (state_ == CONNECTING && hello_sent_ < kHelloBytes &&
+                !(events & (EPOLLERR | EPOLLHUP)) && !introduce())
+                return;
+        } catch (...) {
+            /* Nothing may escape into Gloo's loop thread. */
+            return;
+        }
+        tcp::Pair::handleEvents(events);
+    }
+
+  private:
+    /* A connection accepted while listening, until it has said who it is. */
+    struct Stranger : tcp::Handler {
+        GuardedPair *pair = nullptr;
+        int fd = -1;
+        bool open = false;
+        uint64_t seq = 0;
+        size_t got = 0;
+        uint8_t buf[kHelloBytes];
+        std::string from;
+
+        void handleEvents(int) override
+        {
+            try {
+                std::unique_lock<std::mutex> lock(pair->m_, std::try_to_lock);
+                if (!lock || !open)
+                    return;
+                if (pair->closing_ || pair->state_ != LISTENING)
+                    pair->drop(*this, "it had not presented the job's "
+                                      "identity when the pair connected");
+                else
+                    pair->screen(*this);
+            } catch (...) {
+                /* Nothing may escape into Gloo's loop thread. */
+            }
+        }
+    };
+
+    /* The connecting side's hello; false until all of it is written (or
+     * when writing failed: then the pair has its exception). m_ held. */
+    bool introduce()
+    {
+        uint8_t hello[kHelloBytes];
+        guard_->hello(hello, static_cast<uint32_t>(context_->rank),
+                      static_cast<uint32_t>(rank_));
+        while (hello_sent_ < kHelloBytes) {
+            ssize_t n = ::send(fd_, hello + hello_sent_, kHelloBytes - hello_sent_,
+                               MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (n > 0) {
+                hello_sent_ += static_cast<size_t>(n);
+                continue;
+            }
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return false; /* epoll says when it can go on */
+            signalException(GLOO_ERROR_MSG("connect ", peer_.str(),
+                                           ": sending the job's identity: ",
+                                           std::strerror(errno)));
+            return false;
+        }
+        return true;
+    }
+
+    /* Accepts every pending connection and screens it. m_ held. */
+    void accept_strangers()
+    {
+        while (state_ == LISTENING) {
+            struct sockaddr_storage ss;
+            socklen_t len = sizeof(ss);
+            int fd = ::accept4(fd_, reinterpret_cast<struct sockaddr *>(&ss),
+                               &len, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0) {
+                if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO)
+                    continue;
+                if (errno == EAGAIN || errno == EWOULDBLOCK)
+                    return;
+                signalException(GLOO_ERROR_MSG("accept: ", std::strerror(errno)));
+                return;
+            }
+            Stranger &s = slot();
+            s.fd = fd;
+            s.open = true;
+            s.seq = ++accepted_;
+            s.got = 0;
+            s.from = sockaddr_text(ss);
+            try {
+                device_->registerDescriptor(fd, EPOLLIN, &s);
+            } catch (...) {
+                ::close(fd);
+                s.open = false;
+                s.fd = -1;
+                throw;
+            }
+            screen(s);
+        }
+    }
+
+    /* A Stranger to hold the next connection: a free one, a new one, or
+     * the one that has waited longest, dropped. Strangers are reused, and
+     * freed only with the pair: an event for a dropped connection that is
+     * still in the loop's batch then makes a reused one read its own
+     * socket without blocking, which does no harm. m_ held. */
+    Stranger &slot()
+    {
+        Stranger *oldest = nullptr;
+        for (auto &s : strangers_) {
+            if (!s->open)
+                return *s;
+            if (oldest == nullptr || s->seq < oldest->seq)
+                oldest = s.get();
+        }
+        if (strangers_.size() < kMaxStrangers) {
+            strangers_.emplace_back(new Stranger);
+            strangers_.back()->pair = this;
+            return *strangers_.back();
+        }
+        drop(*oldest, ("it was the oldest of more than " +
+                       std::to_string(kMaxStrangers) +
+                       " connections waiting to present the job's identity")
+                          .c_str());
+        return *oldest;
+    }
+
+    /* Reads what a Stranger has sent so far; adopts it as the pair's
+     * connection once its hello is complete and right. m_ held. */
+    void screen(Stranger &s)
+    {
+        while (s.got < kHelloBytes) {
+            ssize_t n = ::recv(s.fd, s.buf + s.got, kHelloBytes - s.got,
+                               MSG_DONTWAIT);
+            if (n > 0) {
+                s.got += static_cast<size_t>(n);
+                continue;
+            }
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                return; /* wait for more */
+            drop(s, n == 0 ? "it closed the connection before presenting the "
+                             "job's identity"
+                           : (std::string("reading its identity: ") +
+                              std::strerror(errno)).c_str());
+            return;
+        }
+        if (!guard_->matches(s.buf, static_cast<uint32_t>(rank_),
+                             static_cast<uint32_t>(context_->rank))) {
+            drop(s, "what it sent is not the job's identity");
+            return;
+        }
+        /* The peer: its socket replaces the listening one, and Gloo's
+         * own code takes it from here. */
+        device_->unregisterDescriptor(s.fd, &s);
+        device_->unregisterDescriptor(fd_, this);
+        ::close(fd_);
+        fd_ = s.fd;
+        s.fd = -1;
+        s.open = false;
+        handleConnected();
+        for (auto &o : strangers_)
+            if (o->open)
+                drop(*o, "it had not presented the job's identity when the "
+                         "pair connected");
+    }
+
+    /* Closes a Stranger's connection, saying why (why == NULL: silently).
+     * m_ held. */
+    void drop(Stranger &s, const char *why)
+    {
+        try {
+            device_->unregisterDescriptor(s.fd, &s);
+        } catch (...) {
+            /* Not registered: nothing to undo. */
+        }
+        ::close(s.fd);
+        s.fd = -1;
+        s.open = false;
+        if (why != nullptr)
+            guard_->dropped("dropped a connection from " + s.from + " to rank " +
+                            std::to_string(context_->rank) +
+                            "'s listening socket for rank " +
+                            std::to_string(rank_) + ": " + why);
+    }
+
+    std::shared_ptr<Guard> guard_;
+    std::vector<std::unique_ptr<Stranger>> strangers_;
+    uint64_t accepted_ = 0;
+    size_t hello_sent_ = 0;
+    bool closing_ = false;
+    std::atomic<bool> screening_{true};
+};
+
+class GuardedContext : public tcp::Context {
+  public:
+    GuardedContext(std::shared_ptr<tcp::Device> device, int rank, int size,
+                   std::shared_ptr<Guard> guard)
+        : tcp::Context(std::move(device), rank, size), guard_(std::move(guard))
+    {
+    }
+
+    std::unique_ptr<gloo::transport::Pair> &createPair(int rank) override
+    {
+        pairs_[rank] = std::unique_ptr<gloo::transport::Pair>(new GuardedPair(
+            this, device_.get(), rank, getTimeout(), guard_));
+        return pairs_[rank];
+    }
+
+  private:
+    std::shared_ptr<Guard> guard_;
+};
+
+class GuardedDevice : public tcp::Device {
+  public:
+    GuardedDevice(const tcp::attr &attr, std::shared_ptr<Guard> guard)
+        : tcp::Device(attr), guard_(std::move(guard))
+    {
+    }
+
+    std::shared_ptr<gloo::transport::Context> createContext(int rank,
+                                                            int size) override
+    {
+        return std::make_shared<GuardedContext>(shared_from_this(), rank, size,
+                                                guard_);
+    }
+
+  private:
+    std::shared_ptr<Guard> guard_;
+};
+
+/* This context's identity: rank 0 draws it and puts it in the store, the
+ * others wait for it there (bounded by the start timeout, as rendezvous). */
+void share_identity(gloo::rendezvous::Store &store, int rank, Guard &guard)
+{
+    static const char key[] = "kolo-identity";
+    if (rank == 0) {
+        size_t have = 0;
+        while (have < kSecretBytes) {
+            ssize_t n = getrandom(guard.secret + have, kSecretBytes - have, 0);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n <= 0)
+                throw gloo::IoException(std::string("getrandom: ") +
+                                        std::strerror(errno));
+            have += static_cast<size_t>(n);
+        }
+        store.set(key, std::vector<char>(guard.secret, guard.secret + kSecretBytes));
+        return;
+    }
+    std::vector<char> got = store.get(key);
+    if (got.size() != kSecretBytes)
+        throw gloo::IoException("the job's identity in the rendezvous store "
+                                "has " + std::to_string(got.size()) +
+                                " bytes, not " + std::to_string(kSecretBytes));
+    std::memcpy(guard.secret, got.data(), kSecretBytes);
+}
+#endif /* KOLO_GLOO_PAIR_LISTENS */
+
 std::chrono::milliseconds to_ms(double seconds)
 {
     return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
@@ -255,16 +733,6 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
     int rc = guarded("rendezvous", err, errlen, [&] {
         char self[256] = "";
         gethostname(self, sizeof(self) - 1);
-        gloo::transport::tcp::attr attr;
-        attr.hostname = cfg->hostname;
-        try {
-            g->device = gloo::transport::tcp::CreateDevice(attr);
-        } catch (const std::exception &e) {
-            throw gloo::IoException(std::string("cannot bind address ") +
-                                    cfg->hostname + " on host " + self +
-                                    " (KOLO_HOSTNAME, or the address of "
-                                    "KOLO_NETWORK_INTERFACE): " + e.what());
-        }
         std::string ns;
         std::unique_ptr<gloo::rendezvous::Store> base =
             open_store(cfg->rendezvous, self, ns);
@@ -272,6 +740,27 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
             ns.empty() ? std::string(cfg->prefix) : ns + "/" + cfg->prefix,
             *base);
         TimedStore store(prefix, to_ms(cfg->start_timeout_s));
+        tcp::attr attr;
+        attr.hostname = cfg->hostname;
+#ifdef KOLO_GLOO_PAIR_LISTENS
+        auto guard = std::make_shared<Guard>();
+        guard->warn = cfg->warn;
+        if (cfg->size > 1)
+            share_identity(store, cfg->rank, *guard);
+#endif
+        try {
+#ifdef KOLO_GLOO_PAIR_LISTENS
+            g->device = std::make_shared<GuardedDevice>(
+                tcp::CreateDeviceAttr(attr), guard);
+#else
+            g->device = tcp::CreateDevice(attr);
+#endif
+        } catch (const std::exception &e) {
+            throw gloo::IoException(std::string("cannot bind address ") +
+                                    cfg->hostname + " on host " + self +
+                                    " (KOLO_HOSTNAME, or the address of "
+                                    "KOLO_NETWORK_INTERFACE): " + e.what());
+        }
         g->context =
             std::make_shared<gloo::rendezvous::Context>(cfg->rank, cfg->size);
         /* Connecting is bounded by the start timeout, operations by the
