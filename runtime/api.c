@@ -274,6 +274,23 @@ static int agree_settings(const kolo__runtime_t *rt, kolo__err_t *err)
     return rc;
 }
 
+/* A test seam (tests/multi/run-stranger.sh): with KOLO_TEST_HOLD_CONNECT
+ * naming a FIFO, this rank waits between the agreement and the connection
+ * until a line arrives there, so that a test can reach the listening
+ * sockets of the ranks that went ahead. */
+static void hold_for_test(void)
+{
+    const char *fifo = getenv("KOLO_TEST_HOLD_CONNECT");
+    char line[16];
+    FILE *f;
+
+    if (fifo == NULL || fifo[0] == '\0' || (f = fopen(fifo, "r")) == NULL)
+        return;
+    if (fgets(line, sizeof(line), f) == NULL)
+        kolo__debug("KOLO_TEST_HOLD_CONNECT: %s closed without a line", fifo);
+    fclose(f);
+}
+
 /* A rank that exits without kolo_shutdown still announces it: the other
  * ranks then fail with "rank N has shut down" instead of a lost
  * connection. */
@@ -372,6 +389,7 @@ int kolo_init(void)
     snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
     kolo__peers_register(&rt->cfg, prefix);
     KOLO__CHECK_GOTO(agree_settings(rt, &err), rc, free_rt);
+    hold_for_test();
     {
         kolo__outcome_t watch;
         kolo__outcome_init(&watch, &rt->cfg, rt->generation, "init.connect",

@@ -11,9 +11,10 @@
 #             identity, hold
 #   flood     20 silent connections to every port, held
 #
-# To give the stranger a listening socket to find, the last rank waits
-# before kolo_init until the stranger has struck (it reads a line from a
-# FIFO); the other ranks meanwhile listen for it. Each run must end with
+# To give the stranger a listening socket to find, the last rank waits in
+# kolo_init, after the ranks have agreed on their settings and before it
+# connects, until the stranger has struck (KOLO_TEST_HOLD_CONNECT names a
+# FIFO it reads a line from); the other ranks meanwhile listen for it. Each run must end with
 # kolorun's status 0, every rank's PASS line (the program checks the
 # reduced values), the stranger's report that it struck every early rank
 # (and that the job closed every connection it held), and kolo's warning
@@ -75,7 +76,8 @@ run() {
         KOLO_TIMEOUT_SECONDS=20 STRANGER_DIR="$d" STRANGER_LAST=$((np - 1)) \
         "$kolorun" --start-timeout 60 -np "$np" \
         bash -c 'echo $$ >"$STRANGER_DIR/pid.$KOLO_RANK"
-            [ "$KOLO_RANK" = "$STRANGER_LAST" ] && read -r _ <"$STRANGER_DIR/go"
+            [ "$KOLO_RANK" = "$STRANGER_LAST" ] &&
+                export KOLO_TEST_HOLD_CONNECT=$STRANGER_DIR/go
             exec "$@"' rank "$prog" random 3 >"$log" 2>&1 </dev/null
     rc=$?
     wait "$src"

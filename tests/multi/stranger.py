@@ -5,7 +5,8 @@ tests/multi/run-stranger.sh.
     stranger.py MODE DIR NP
 
 The job's ranks write their pids to DIR/pid.R; its last rank (NP - 1) waits
-before kolo_init until a line arrives on the FIFO DIR/go. Meanwhile the
+in kolo_init (KOLO_TEST_HOLD_CONNECT: after the settings agreement, before
+it connects) until a line arrives on the FIFO DIR/go. Meanwhile the
 other ranks sit in Gloo's connection phase, each listening for the last
 rank. This program waits (bounded) until each of them listens on a TCP
 port, strikes every such port, then lets the last rank go. MODE:
