@@ -40,6 +40,7 @@ from .functions import (  # noqa: F401
     allgather_object, allreduce_gradients, clip_by_global_norm,
 )
 from .mixed_precision import GradScaler, DynamicLossScaler  # noqa: F401
+from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 
 # Horovod's name for a failed collective.
 HorovodInternalError = KoloError
@@ -64,5 +65,5 @@ __all__ = [
     "DistributedOptimizer", "clip_grad_norm_hook", "broadcast_parameters",
     "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "allreduce_gradients", "clip_by_global_norm", "GradScaler",
-    "DynamicLossScaler", "HorovodInternalError"
+    "DynamicLossScaler", "HorovodInternalError", "SyncBatchNorm"
 ]
