@@ -42,6 +42,9 @@ optimizer.py, _DistributedAdasumOptimizer):
    step() the model still holds its weights.
  * On one rank (a process set of one), as in Horovod, the optimizer is the
    plain DistributedOptimizer: the gradient is used as it is.
+ * groups and sparse_as_dense are ignored, as Horovod ignores them with
+   Adasum (what travels is the change of each parameter, dense);
+   gradient_predivide_factor, allreduce hooks and GradScaler are refused.
 
 Like Horovod's example (examples/pytorch/pytorch_mnist.py --use-adasum),
 do not scale the learning rate by the number of ranks with Adasum. Horovod
