@@ -50,7 +50,8 @@ def test_gloo_and_mpi_enabled_follow_the_launch():
 
 def test_horovod_submodules_import_by_name():
     import importlib
-    for name in ("mpi_ops", "compression", "optimizer", "functions"):
+    for name in ("mpi_ops", "compression", "optimizer", "functions",
+                 "sync_batch_norm"):
         importlib.import_module("kolo.torch." + name)
     from kolo.torch.mpi_ops import allreduce_async_, synchronize  # noqa: F401
     from kolo.torch.compression import Compression  # noqa: F401

@@ -296,8 +296,9 @@ def test_horovod_errors(rank, size):
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
         hvd.DistributedOptimizer(sgd(m.parameters()), op=hvd.Sum,
                                  gradient_predivide_factor=2.0)
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.DistributedOptimizer(sgd(m.parameters()), op=hvd.Adasum)
+    with pytest.raises(ValueError, match="Adasum.*hooks"):
+        hvd.DistributedOptimizer(sgd(m.parameters()), op=hvd.Adasum,
+                                 post_allreduce_hooks=[print])
     with pytest.raises(TypeError):
         hvd.DistributedOptimizer(m)
     o = hvd.DistributedOptimizer(sgd(m.parameters()), named_parameters=pairs)

@@ -12,7 +12,13 @@ ranks hold identical parameters.
 
 Options: --epochs N, --batch-size B (per rank), --lr LR (scaled by the
 number of ranks), --fp16 (allreduce gradients in float16 with dynamic loss
-scaling), --backward-passes N (accumulate N sub-batches per step).
+scaling), --backward-passes N (accumulate N sub-batches per step),
+--use-adasum (DistributedOptimizer(op=hvd.Adasum): each rank applies its own
+update and the changes are combined with Adasum; as in Horovod's
+pytorch_mnist.py --use-adasum, the learning rate is then not scaled by the
+number of ranks. Horovod's example scales it by local_size() for CUDA
+tensors with NCCL, where Horovod averages within a node; kolo applies the
+same Adasum over all ranks on every device, so the factor stays 1.)
 """
 
 import argparse
@@ -39,7 +45,11 @@ def main():
     ap.add_argument("--lr", type=float, default=0.05)
     ap.add_argument("--fp16", action="store_true")
     ap.add_argument("--backward-passes", type=int, default=1)
+    ap.add_argument("--use-adasum", action="store_true")
     args = ap.parse_args()
+    if args.use_adasum and args.fp16:
+        ap.error("--use-adasum cannot be combined with --fp16 (loss scaling "
+                 "is not supported with Adasum, as in Horovod)")
 
     hvd.init()
     torch.set_num_threads(1)  # ranks share the machine's cores
@@ -53,25 +63,30 @@ def main():
     model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(),
                           nn.Linear(128, 128), nn.ReLU(),
                           nn.Linear(128, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=0.9)
+    # Adasum needs no scaling of the learning rate by the number of ranks
+    lr_scaler = 1 if args.use_adasum else size
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr * lr_scaler,
+                          momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
     opt = hvd.DistributedOptimizer(
         opt, named_parameters=model.named_parameters(),
         compression=hvd.Compression.fp16 if args.fp16 else
         hvd.Compression.none,
-        backward_passes_per_step=args.backward_passes)
+        backward_passes_per_step=args.backward_passes,
+        op=hvd.Adasum if args.use_adasum else hvd.Average)
     scaler = hvd.GradScaler(enabled=args.fp16)
     loss_fn = nn.CrossEntropyLoss()
     passes = args.backward_passes
     step_rows = args.batch_size * passes
 
     if rank == 0:
-        print("kolo.torch: %d ranks, %d training samples, batch %d per rank%s%s"
+        print("kolo.torch: %d ranks, %d training samples, batch %d per rank%s%s%s"
               % (size, len(x_train), args.batch_size,
                  ", fp16 allreduce with loss scaling" if args.fp16 else "",
                  ", %d backward passes per step" % passes if passes > 1
-                 else ""), flush=True)
+                 else "", ", Adasum" if args.use_adasum else ""),
+              flush=True)
 
     for epoch in range(args.epochs):
         model.train()

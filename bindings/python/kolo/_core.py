@@ -25,7 +25,9 @@ Average = _lib.OP_AVERAGE
 Min = _lib.OP_MIN
 Max = _lib.OP_MAX
 Product = _lib.OP_PRODUCT
-# Horovod's Adasum: a name users may type, refused with a clear error.
+# Horovod's Adasum (a plain int constant, as Horovod's ops are): allreduce,
+# grouped allreduce and DistributedOptimizer compute it in the bindings
+# (kolo/_adasum.py); the runtime has no such op.
 Adasum = 100
 
 _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max",
@@ -35,8 +37,9 @@ _OP_NAMES = {Sum: "Sum", Average: "Average", Min: "Min", Max: "Max",
 def check_op(op):
     """Returns op as a kolo_op_t value, or raises."""
     if op == Adasum:
-        raise NotImplementedError(
-            "kolo does not implement the Adasum reduction; use Average or Sum")
+        raise ValueError(
+            "op=Adasum is an allreduce op (allreduce, grouped_allreduce, "
+            "DistributedOptimizer); this operation takes Average or Sum")
     if op not in (Sum, Average, Min, Max, Product):
         raise ValueError("unknown reduction op %r (kolo offers Average, Sum, "
                          "Min, Max, Product)" % (op,))

@@ -13,8 +13,8 @@ import pickle
 
 import numpy as np
 
-from . import _core, _lib
-from ._core import Average, Sum, global_process_set
+from . import _adasum, _core, _lib
+from ._core import Adasum, Average, Sum, global_process_set
 
 _DTYPES = {
     np.dtype(np.uint8): _lib.UINT8,
@@ -90,6 +90,10 @@ def _from_result(res, dtype):
 
 def _allreduce_async(a, out, name, op, prescale_factor, postscale_factor,
                      process_set, wire_dtype, prefix="allreduce"):
+    if op == Adasum:
+        key = _core.op_key(prefix, name, process_set)
+        return _adasum_async([a], [out], [key], key, prescale_factor,
+                             postscale_factor, process_set, wire_dtype, True)
     op = _core.check_op(op)
     opts, keep = _core.make_opts(op, prescale_factor, postscale_factor,
                                  process_set, _wire(wire_dtype, a))
@@ -143,11 +147,14 @@ def allreduce_(array, op=Average, name=None, prescale_factor=1.0,
 
 def _grouped_allreduce_async(arrays, outs, name, op, prescale_factor,
                              postscale_factor, process_set):
-    op = _core.check_op(op)
     if not arrays:
         raise ValueError("grouped_allreduce: the list of arrays is empty")
     base = _core.op_key("grouped_allreduce", name, process_set)
     keys = ["%s.%d" % (base, i) for i in range(len(arrays))]
+    if op == Adasum:
+        return _adasum_async(arrays, outs, keys, base, prescale_factor,
+                             postscale_factor, process_set, None, False)
+    op = _core.check_op(op)
     dtypes = {_kdtype(a) for a in arrays}
     if len(dtypes) != 1:
         raise TypeError("grouped_allreduce: the arrays of one group must share "
@@ -190,6 +197,44 @@ def grouped_allreduce_(arrays, op=Average, name=None, prescale_factor=1.0,
                        postscale_factor=1.0, process_set=global_process_set):
     return _core.synchronize(grouped_allreduce_async_(
         arrays, op, name, prescale_factor, postscale_factor, process_set))
+
+
+def _adasum_async(arrays, outs, keys, what, prescale_factor,
+                  postscale_factor, process_set, wire_dtype, single):
+    """op=Adasum (kolo/_adasum.py): each array is copied at enqueue and
+    allgathered; synchronize() combines the rows and writes the outputs."""
+    if wire_dtype is not None:
+        raise ValueError("%s: op=Adasum takes no wire_dtype" % what)
+    hosts = [np.array(a, copy=True, order="C") for a in arrays]
+    kds = []
+    for h in hosts:
+        kd = _kdtype(h)
+        _adasum.check_dtype(kd, what, str(h.dtype))
+        kds.append(kd)
+    pre, post = float(prescale_factor), float(postscale_factor)
+    groups = {}
+    for i, kd in enumerate(kds):
+        groups.setdefault(kd, []).append(i)
+    order, hs = [], []
+    try:
+        for kd, idx in groups.items():
+            hs += _adasum.enqueue([keys[i] for i in idx],
+                                  [hosts[i].ctypes.data for i in idx],
+                                  [hosts[i].shape for i in idx], kd,
+                                  process_set)
+            order += idx
+    except Exception:
+        if hs:  # what was enqueued must still complete
+            _core.register(hs, hosts, None, results=True, what=what)
+        raise
+
+    def finish(rs):
+        for i, res in zip(order, rs):
+            r = _adasum.reduce(res, kds[i], hosts[i].size, pre, post)
+            outs[i][...] = r.reshape(hosts[i].shape)
+        return outs[0] if single else list(outs)
+    return _core.register(hs, (arrays, outs, hosts), finish, results=True,
+                          what=what)
 
 
 # ---- broadcast -------------------------------------------------------------

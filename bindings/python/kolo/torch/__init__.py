@@ -42,6 +42,7 @@ from .functions import (  # noqa: F401
     allgather_object, allreduce_gradients, clip_by_global_norm,
 )
 from .mixed_precision import GradScaler, DynamicLossScaler  # noqa: F401
+from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 
 # Horovod's name for a failed collective (horovod.common.exceptions), and
 # kolo's own spelling of it.
@@ -69,5 +70,5 @@ __all__ = [
     "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "allreduce_gradients", "clip_by_global_norm", "GradScaler",
     "DynamicLossScaler", "HorovodInternalError", "KoloInternalError",
-    "HostsUpdatedInterrupt"
+    "HostsUpdatedInterrupt", "SyncBatchNorm"
 ]

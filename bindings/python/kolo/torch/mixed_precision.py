@@ -41,6 +41,7 @@ import torch
 from .. import _core
 from .._core import global_process_set
 from . import mpi_ops
+from .adasum import _DistributedAdasum
 from .optimizer import _Distributed
 
 _READY, _UNSCALED, _STEPPED = 0, 1, 2
@@ -88,6 +89,12 @@ class GradScaler:
         raise ValueError("outputs must be a tensor or an iterable of tensors")
 
     def _state(self, optimizer):
+        if isinstance(optimizer, _DistributedAdasum):
+            raise ValueError(
+                "GradScaler cannot unscale the gradients of a "
+                "DistributedOptimizer(op=Adasum): it applies each update "
+                "during the backward pass, from the gradient as it is (as in "
+                "Horovod, loss scaling is not supported with Adasum)")
         return self._per_opt.setdefault(id(optimizer),
                                         {"stage": _READY, "found_inf": False})
 

@@ -38,7 +38,7 @@ import threading
 import torch
 
 from .. import _core, _lib
-from .._core import Average, Sum, global_process_set
+from .._core import Adasum, Average, Sum, global_process_set
 from .compression import Compression, wire_for
 
 _DTYPES = {
@@ -376,6 +376,10 @@ def _allreduce_async(tensor, output, name, op, prescale_factor,
                      average_passes=False, key=None):
     """Enqueues one allreduce of `tensor` into `output` (which may be
     `tensor`: in place). Returns a handle whose synchronize gives output."""
+    if op == Adasum:
+        return _adasum_async([tensor], [output], name, prescale_factor,
+                             postscale_factor, process_set, wire, passes,
+                             key, grouped=False)
     kd = _kdtype(tensor, "allreduce")
     op = _core.check_op(op)
     if output is not tensor:
@@ -485,6 +489,10 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
     tensors = list(tensors)
     if not tensors:
         raise ValueError("grouped_allreduce: the list of tensors is empty")
+    if op == Adasum:
+        return _adasum_async(tensors, outputs, name, prescale_factor,
+                             postscale_factor, process_set, wire, 1, None,
+                             grouped=True)
     op = _core.check_op(op)
     groups = _by_dtype_and_place(tensors, "grouped_allreduce")
     for t, o in zip(tensors, outputs):
@@ -581,6 +589,24 @@ def grouped_allreduce(tensors, average=None, name=None,
                                    postscale_factor, process_set, None,
                                    *[c for c, _ in pairs])
     return [compression.decompress(o, c) for o, (_, c) in zip(outs, pairs)]
+
+
+def _adasum_async(tensors, outputs, name, prescale_factor, postscale_factor,
+                  process_set, wire, passes, key, grouped):
+    """op=Adasum (kolo/torch/adasum.py): the same names as any allreduce."""
+    from . import adasum
+    if passes != 1:
+        raise ValueError("op=Adasum does not accumulate backward passes in "
+                         "the runtime")
+    if grouped:
+        base = _core.op_key("grouped_allreduce", name, process_set)
+        keys = ["%s.%d" % (base, i) for i in range(len(tensors))]
+    else:
+        base = key or _core.op_key("allreduce", name, process_set)
+        keys = [base]
+    return adasum.allreduce_async(tensors, outputs, keys, base,
+                                  prescale_factor, postscale_factor,
+                                  process_set, wire, single=not grouped)
 
 
 # ---- allgather -------------------------------------------------------------

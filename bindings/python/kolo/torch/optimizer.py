@@ -44,7 +44,7 @@ import torch
 
 from .. import _core
 from .._core import Average, Sum, Adasum, global_process_set
-from . import mpi_ops
+from . import adasum, mpi_ops
 from .compression import Compression, wire_for
 
 _WIRE = object()  # marks a gradient compressed on the wire by the runtime
@@ -70,9 +70,6 @@ class _Distributed:
                     groups, sparse_as_dense, process_set,
                     average_aggregated_gradients, pre_allreduce_hooks,
                     post_allreduce_hooks):
-        if op == Adasum:
-            raise NotImplementedError(
-                "kolo does not implement Adasum: use op=Average or op=Sum")
         op = _core.check_op(op)
         if gradient_predivide_factor != 1.0 and op != Average:
             raise ValueError("gradient_predivide_factor not supported with "
@@ -593,7 +590,9 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     backward_passes_per_step: backward passes accumulated locally before
       one allreduce (summed, as in Horovod; average_aggregated_gradients=True
       averages them).
-    op: Average (default), Sum, Min, Max, Product.
+    op: Average (default), Sum, Min, Max, Product, or Adasum (Horovod's
+      delta optimizer: each rank applies the update locally and the
+      changes of the parameters are combined; kolo/torch/adasum.py).
     gradient_predivide_factor: with op=Average, gradients are divided by
       this before the sum and by size/factor after it.
     groups / num_groups: an int (that many groups of consecutive
@@ -608,12 +607,27 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("DistributedOptimizer wraps a torch.optim.Optimizer, "
                         "not %s" % type(optimizer).__name__)
-    if isinstance(optimizer, _Distributed):
+    if isinstance(optimizer, (_Distributed, adasum._DistributedAdasum)):
         raise ValueError("this optimizer is a DistributedOptimizer already")
     if groups is None and num_groups:
         warnings.warn("num_groups is deprecated; use groups",
                       DeprecationWarning, stacklevel=2)
         groups = num_groups
+    if op == Adasum:
+        # Horovod's _DistributedAdasumOptimizer: kolo/torch/adasum.py
+        if gradient_predivide_factor != 1.0:
+            raise ValueError("gradient_predivide_factor not supported with "
+                             "op != Average")
+        if pre_allreduce_hooks or post_allreduce_hooks:
+            raise ValueError("op=Adasum allreduces the change of the "
+                             "parameters, not gradients: it takes no "
+                             "pre_allreduce_hooks or post_allreduce_hooks")
+        if _core.set_size(process_set) > 1:
+            return adasum.distributed_optimizer(
+                optimizer, named_parameters, compression,
+                backward_passes_per_step, process_set,
+                average_aggregated_gradients)
+        op = Sum  # one rank: the gradient as it is (Horovod does the same)
     base = type(optimizer)
     cls = type(base.__name__, (_Distributed, base),
                {"__module__": base.__module__})
