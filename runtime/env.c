@@ -126,7 +126,7 @@ static int parse_positive_seconds(const char *text, void *field,
                                   const char **expected)
 {
     int rc = parse_seconds(text, field, expected);
-    *expected = "a number of seconds above 0 and at most 1000000";
+    *expected = "a positive number of seconds, at most 1000000";
     return rc == 0 && *(double *)field > 0 ? 0 : -1;
 }
 
