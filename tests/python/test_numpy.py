@@ -440,8 +440,9 @@ def test_argument_errors(rank, size):
         kolo.poll(123456789)
     with pytest.raises(ValueError, match="name"):
         kolo.allreduce(np.ones(2), name="x" * 2000)
-    with pytest.raises(ValueError, match="timeline"):
-        kolo.start_timeline("/nonexistent-dir/t.json")
+    if kolo.rank() == 0:  # the rank that writes the timeline
+        with pytest.raises(ValueError, match="timeline"):
+            kolo.start_timeline("/nonexistent-dir/t.json")
     with pytest.raises(ValueError, match="comm"):
         kolo.init(comm=[0])
 
