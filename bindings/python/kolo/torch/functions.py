@@ -99,7 +99,7 @@ def broadcast_optimizer_state(optimizer, root_rank,
     empties the others' state."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    is_root = _core.set_rank(process_set) == root_rank
+    is_root = _core.rank() == root_rank  # a global rank, as in Horovod
     tensors = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
     skeleton = broadcast_object(skeleton, root_rank,
@@ -172,7 +172,7 @@ def broadcast_object(obj, root_rank=0, name=None,
                      process_set=global_process_set):
     """root_rank's `obj` (any picklable object) on every rank of the set."""
     key = name or "broadcast_object"
-    is_root = _core.set_rank(process_set) == root_rank
+    is_root = _core.rank() == root_rank  # a global rank, as in Horovod
     payload = _dumps(obj) if is_root else b""
     n = torch.tensor([len(payload)], dtype=torch.int64)
     mpi_ops.broadcast_(n, root_rank, key + ".size", process_set)

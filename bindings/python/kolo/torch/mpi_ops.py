@@ -719,7 +719,9 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
 def broadcast_async(tensor, root_rank, name=None,
                     process_set=global_process_set):
     """Starts a broadcast of root_rank's tensor into a new tensor (the input
-    is not modified); synchronize(handle) returns it."""
+    is not modified); synchronize(handle) returns it. root_rank is a global
+    rank (hvd.rank() of the root), whatever the process set, as in Horovod;
+    it must be a member of the set."""
     out = _new_like(tensor, "broadcast")
     return _broadcast_async(tensor, out, root_rank, name, process_set)
 
@@ -747,7 +749,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
-        if _core.set_rank(ctx.process_set) != ctx.root_rank:
+        if _core.rank() != ctx.root_rank:  # root_rank is a global rank
             reduced = torch.zeros_like(reduced)
         return reduced, None, None, None
 
