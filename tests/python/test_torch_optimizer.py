@@ -318,6 +318,40 @@ def test_horovod_errors(rank, size):
     assert_same_everywhere(m)
 
 
+def test_without_named_parameters(rank, size):
+    """Without named_parameters, Horovod names each parameter
+    allreduce.noname.<group>.<index in the group> (_parameter_names maps
+    parameter -> name): the same names on every rank, and training works."""
+    m = make_model()
+    ps = list(m.parameters())
+    groups = [{"params": ps[:2]}, {"params": ps[2:], "lr": 0.05}]
+    o = hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1,
+                                                 momentum=0.9))
+    want = {id(p): "allreduce.noname.%d.%d" % (i, j)
+            for i, g in enumerate(groups) for j, p in enumerate(g["params"])}
+    assert {id(p): n for p, n in o._parameter_names.items()} == want
+    names = [o._parameter_names[p] for p in ps]
+    assert hvd.allgather_object(names) == [names] * size
+    for step in range(2):
+        o.zero_grad()
+        loss_fn(m, *batch(step, rank, 4)).backward()
+        o.step()
+    ref = make_model()
+    rps = list(ref.parameters())
+    ropt = torch.optim.SGD([{"params": rps[:2]},
+                            {"params": rps[2:], "lr": 0.05}],
+                           lr=0.1, momentum=0.9)
+    for step in range(2):
+        ropt.zero_grad()
+        loss_fn(ref, *global_batch(step, 4)).backward()
+        ropt.step()
+    assert_close(params(m), params(ref))
+    # with named_parameters: Horovod's mapping of the names given
+    pairs = named(m)
+    o = hvd.DistributedOptimizer(sgd(m.parameters()), named_parameters=pairs)
+    assert o._parameter_names == {p: n for n, p in pairs}
+
+
 @pytest.mark.parametrize("groups", [2, "list"])
 def test_groups(rank, size, groups):
     m = make_model()

@@ -89,8 +89,19 @@ class _Distributed:
             backward_passes_per_step)
 
         all_params = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is None:
+            # Horovod's names: the parameter's group and its place there,
+            # the same on every rank that built the optimizer the same way.
+            named_parameters = [
+                ("allreduce.noname.%d.%d" % (i, j), p)
+                for i, g in enumerate(self.param_groups)
+                for j, p in enumerate(g["params"])]
+        named_parameters = list(named_parameters)
         self._kolo_names = self._kolo_name_parameters(named_parameters,
                                                       all_params)
+        # Horovod's attribute, which programs read: parameter -> its name.
+        self._parameter_names = {p: name for name, p in
+                                 sorted(named_parameters, key=lambda x: x[0])}
         seen = set()
         # Parameters that get gradients, in a fixed order (the same on
         # every rank: the optimizer's order).
@@ -131,8 +142,6 @@ class _Distributed:
         return n
 
     def _kolo_name_parameters(self, named_parameters, all_params):
-        if named_parameters is None:
-            return {id(p): "noname.%d" % i for i, p in enumerate(all_params)}
         named = list(named_parameters)
         if any(not isinstance(x, tuple) or len(x) != 2 or
                not isinstance(x[0], str) for x in named):
