@@ -466,6 +466,113 @@ def test_broadcast_then_train_stays_identical(rank, size):
     assert_same_everywhere(model)
 
 
+class StateNet(nn.Module):
+    """A Linear layer, a parameter the loss never reaches and a frozen one
+    (requires_grad=False)."""
+
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc = nn.Linear(4, 3)
+        self.unused = nn.Parameter(torch.randn(2))
+        self.frozen = nn.Parameter(torch.randn(3), requires_grad=False)
+
+    def forward(self, x):
+        return self.fc(x) + self.frozen
+
+
+def state_loss(net, r, size):
+    """Gradients independent of the weights and exact: rank r's input is
+    x0 + (r - (size - 1) / 2) * d, so the ranks' average gradient is that of
+    x0, whatever the order of the sum (small multiples of 1/16)."""
+    d = torch.tensor([[1.0, -1.0, 2.0, 0.0]]) / 8
+    x = torch.tensor([[1.0, -0.5, 0.75, 2.0]]) + (r - (size - 1) / 2) * d
+    c = torch.tensor([[0.5, -1.0, 1.5]])
+    return (net(x) * c).sum()
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=5e-5),
+    lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.25),
+    lambda p: torch.optim.Adam(p, lr=0.01),
+    lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+], ids=["sgd-momentum-wd", "sgd-wd", "adam", "adamw"])
+def test_broadcast_optimizer_state_as_horovod(rank, size, make):
+    """broadcast_optimizer_state on fresh optimizers creates their state as
+    Horovod's does (a step with zero gradients, which counts and applies
+    weight decay), for parameters without a gradient too; then two steps.
+    The reference replays Horovod's sequence on one process, without kolo;
+    the result must be the same bit for bit."""
+    root = size - 1
+    net = StateNet(seed=50 + rank)  # different on every rank
+    opt = hvd.DistributedOptimizer(make(net.parameters()),
+                                   named_parameters=named(net))
+    hvd.broadcast_parameters(net.state_dict(), root_rank=root)
+    hvd.broadcast_optimizer_state(opt, root_rank=root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # kolo: no gradient for 'unused'
+        for step in range(2):
+            opt.zero_grad(set_to_none=False)  # torch 1.13's default
+            state_loss(net, rank, size).backward()
+            opt.step()
+
+    ref = StateNet(seed=50 + root)
+    ropt = make(ref.parameters())
+    # Horovod's broadcast_optimizer_state on an optimizer without state
+    for p in ref.parameters():
+        if p.requires_grad:
+            p.grad = p.data.new(p.size()).zero_()
+    ropt.step()
+    for step in range(2):
+        grads = []
+        for r in range(size):
+            ropt.zero_grad(set_to_none=False)
+            state_loss(ref, r, size).backward()
+            grads.append([p.grad.clone() for p in ref.parameters()
+                          if p.requires_grad])
+        live = [p for p in ref.parameters() if p.requires_grad]
+        for i, p in enumerate(live):
+            p.grad.copy_(sum(g[i] for g in grads) / size)
+        ropt.step()
+    for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), name
+    assert len(opt.state) == len(ropt.state) == 3  # not the frozen one
+    for p, q in zip(net.parameters(), ref.parameters()):
+        st, rst = opt.state.get(p, {}), ropt.state.get(q, {})
+        assert st.keys() == rst.keys()
+        for k in st:
+            if st[k] is None:  # SGD without momentum: a None buffer
+                assert rst[k] is None, k
+            else:
+                assert torch.equal(torch.as_tensor(st[k]),
+                                   torch.as_tensor(rst[k])), k
+        if "step" in st:
+            assert int(st["step"]) == 3  # the creating step counts
+
+
+def test_broadcast_optimizer_state_of_a_stateless_optimizer(rank, size):
+    """An optimizer with no state even after a step: Horovod broadcasts
+    nothing, hyper-parameters included."""
+    class Plain(torch.optim.Optimizer):
+        def __init__(self, ps, lr):
+            super().__init__(ps, {"lr": lr})
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-g["lr"])
+
+    net = StateNet(seed=7)
+    before = params(net)
+    opt = Plain(net.parameters(), lr=0.1 * (rank + 1))
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.param_groups[0]["lr"] == 0.1 * (rank + 1)
+    assert not opt.state
+    assert all(torch.equal(p, q) for p, q in zip(params(net), before))
+
+
 def test_lr_scheduler_made_before_wrapping(rank, size):
     m = make_model()
     base = torch.optim.SGD(m.parameters(), lr=0.1)
