@@ -428,6 +428,108 @@ def test_sparse_embedding(rank, size, sparse_as_dense):
     assert torch.allclose(emb.weight, ref.weight, atol=1e-12)
 
 
+def sparse_of(r, size):
+    """Rank r's sparse gradient-like tensor: uncoalesced (index 1 twice),
+    rows of a 6 x 2 matrix, r + 2 entries."""
+    idx = torch.tensor([[1] + [(r + k) % 6 for k in range(r + 1)]])
+    vals = torch.arange(2.0 * (r + 2)).reshape(r + 2, 2) + 10 * r
+    return torch.sparse_coo_tensor(idx, vals, (6, 2))
+
+
+@pytest.mark.parametrize("op", ["Average", "Sum"])
+def test_sparse_allreduce_async_handle(rank, size, op):
+    """Horovod's sparse_allreduce_async returns a function: handle() is the
+    allgather of every rank's indices and values, in rank order and not
+    coalesced (the values divided by the size for Average)."""
+    import types
+    op = getattr(hvd, op)
+    h = hvd.sparse_allreduce_async(sparse_of(rank, size),
+                                   name="t.sparse.%d" % op, op=op)
+    assert isinstance(h, types.FunctionType)
+    out = h()
+    assert out.is_sparse and not out.is_coalesced()
+    assert out.shape == (6, 2) and out.dtype == torch.float32
+    want_idx = torch.cat([sparse_of(r, size)._indices()
+                          for r in range(size)], 1)
+    want_vals = torch.cat([sparse_of(r, size)._values()
+                           for r in range(size)])
+    if op == hvd.Average:
+        want_vals = want_vals / size
+    assert torch.equal(out._indices(), want_idx)
+    assert torch.equal(out._values(), want_vals)
+    assert h() is out  # waited once, the same tensor at every call
+    assert hvd.poll(h) and hvd.synchronize(h) is out
+
+
+def sparse_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.ModuleDict({"a": nn.Embedding(6, 3, sparse=True),
+                          "b": nn.Embedding(4, 3, sparse=True)})
+
+
+def sparse_loss(m, r, size):
+    """Gradients independent of the weights, multiples of size / 4 (their
+    averages, sums and the coalescing of duplicates are exact, whatever
+    the order): rank r looks up rows r % 6 twice, 5 and (r + 1) % 4."""
+    w = torch.tensor([[1.0, -2.0, 3.0]]) * size / 4 * (r + 1)
+    a = m["a"](torch.tensor([r % 6, 5, r % 6]))
+    b = m["b"](torch.tensor([(r + 1) % 4]))
+    return (a * w).sum() + (b * w).sum()
+
+
+@pytest.mark.parametrize("mode", ["allgather", "sparse_as_dense", "groups"])
+def test_sparse_adam(rank, size, mode):
+    """nn.Embedding(sparse=True) with torch.optim.SparseAdam: the gradients
+    stay sparse, as in Horovod. The reference does on one process what
+    Horovod does: broadcast_optimizer_state's step with zero (sparse)
+    gradients, then per step the aggregated gradient (the ranks' indices
+    and values concatenated, values / size; with sparse_as_dense the dense
+    average made sparse), written into p.grad by zero_().add_()."""
+    m = sparse_model()
+    kw = {"sparse_as_dense": mode == "sparse_as_dense"}
+    if mode == "groups":
+        kw["groups"] = [[m["a"].weight, m["b"].weight]]
+    o = hvd.DistributedOptimizer(
+        torch.optim.SparseAdam(m.parameters(), lr=0.1),
+        named_parameters=named(m), **kw)
+    hvd.broadcast_optimizer_state(o, root_rank=0)
+    for step in range(2):
+        o.zero_grad()
+        sparse_loss(m, rank, size).backward()
+        o.step()
+        assert m["a"].weight.grad.is_sparse
+        assert m["b"].weight.grad.is_sparse
+
+    ref = sparse_model()
+    ropt = torch.optim.SparseAdam(ref.parameters(), lr=0.1)
+    for p in ref.parameters():
+        p.grad = p.data.new_zeros(p.size()).to_sparse()
+    ropt.step()
+    for step in range(2):
+        grads = []
+        for r in range(size):
+            ropt.zero_grad()
+            sparse_loss(ref, r, size).backward()
+            grads.append([p.grad.clone() for p in ref.parameters()])
+        ropt.zero_grad()
+        for i, p in enumerate(ref.parameters()):
+            gs = [g[i] for g in grads]
+            if mode == "sparse_as_dense":
+                agg = (sum(g.to_dense() for g in gs) / size).to_sparse()
+            else:
+                agg = torch.sparse_coo_tensor(
+                    torch.cat([g._indices() for g in gs], 1),
+                    torch.cat([g._values() for g in gs]) / size, p.shape)
+            p.grad.zero_().add_(agg)
+        ropt.step()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert torch.equal(p, q)
+    for st, rst in zip(o.state.values(), ropt.state.values()):
+        assert st["step"] == rst["step"] == 3  # the creating step counts
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(st[k], rst[k])
+
+
 def test_process_set(rank, size):
     members = [r for r in range(size) if r != size - 1]  # all but the last
     ps = hvd.add_process_set(members)
