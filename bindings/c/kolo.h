@@ -306,7 +306,11 @@ KOLO_EXPORT int kolo_allreduce_async_opts(const char *name, const void *input,
                                           kolo_handle_t *handle);
 
 /* Broadcast of `count` elements in place: when done, every rank's `buffer`
- * holds what the root's held. `root` is a rank of the process set. */
+ * holds what the root's held. `root` is the root's rank within the process
+ * set (0 .. set size - 1: its position in the `ranks` given to
+ * kolo_add_process_set), not its global rank; for the global set the two
+ * are the same. (The Python bindings take a global rank, as Horovod does,
+ * and translate it.) */
 KOLO_EXPORT int kolo_broadcast_async(const char *name, void *buffer,
                                      int64_t count, kolo_dtype_t dtype,
                                      int root, const kolo_opts_t *opts,

@@ -327,8 +327,17 @@ def test_process_sets(rank, size):
             np.testing.assert_array_equal(got, np.full(3, float(sum(members))))
             got = kolo.allgather(np.array([rank]), process_set=ps)
             assert got.tolist() == members
-            b = kolo.broadcast(np.array([rank]), 1, process_set=ps)
+            # root_rank is a global rank, as in Horovod
+            b = kolo.broadcast(np.array([rank]), members[1], process_set=ps)
             assert b.tolist() == [members[1]]
+            assert kolo.broadcast_object(rank, members[1], process_set=ps) \
+                == members[1]
+            if size > 2:  # a root outside the set is refused
+                with pytest.raises(ValueError, match="root rank 1 is not a "
+                                   "member of process set %d, whose ranks "
+                                   "are 0, %d" % (ps.process_set_id,
+                                                  size - 1)):
+                    kolo.broadcast(np.array([rank]), 1, process_set=ps)
             kolo.barrier(process_set=ps)
         else:
             assert ps.rank() is None

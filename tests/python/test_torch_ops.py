@@ -228,6 +228,76 @@ def test_broadcast(rank, size):
     assert hvd.synchronize(h) is z and z.tolist() == [size - 1 + 10]
 
 
+def _sets_without_rank_0(size):
+    """Process sets whose set ranks differ from their global ranks: every
+    rank but 0, and the odd ranks (at 2 ranks both are {1})."""
+    return [list(range(1, size)), [r for r in range(size) if r % 2]]
+
+
+def test_broadcast_root_is_a_global_rank(rank, size):
+    """As in Horovod, root_rank is a global rank (hvd.rank() of the root)
+    whatever the process set: broadcast, broadcast_, broadcast_async(_),
+    the gradient of broadcast, broadcast_object, broadcast_parameters and
+    broadcast_optimizer_state."""
+    for k, members in enumerate(_sets_without_rank_0(size)):
+        ps = hvd.add_process_set(members)
+        try:
+            if rank in members:
+                for root in members:
+                    tag = "t.gr.%d.%d" % (k, root)
+                    x = t_data(200 + root, rank, (3, 2))
+                    want = t_data(200 + root, root, (3, 2))
+                    got = hvd.broadcast(x, root, name=tag, process_set=ps)
+                    assert torch.equal(got, want)
+                    assert torch.equal(x, t_data(200 + root, rank, (3, 2)))
+                    y = x.clone()
+                    assert hvd.broadcast_(y, root, name=tag + "_",
+                                          process_set=ps) is y
+                    assert torch.equal(y, want)
+                    h = hvd.broadcast_async(x, root, name=tag + ".a",
+                                            process_set=ps)
+                    assert torch.equal(hvd.synchronize(h), want)
+                    z = x.clone()
+                    h = hvd.broadcast_async_(z, root, name=tag + ".a_",
+                                             process_set=ps)
+                    assert hvd.synchronize(h) is z and torch.equal(z, want)
+                    # the gradient: the set's average on the root, else 0
+                    xg = x.clone().requires_grad_()
+                    out = hvd.broadcast(xg, root, name=tag + ".g",
+                                        process_set=ps)
+                    (out * (rank + 1)).sum().backward()
+                    mean = sum(m + 1 for m in members) / len(members)
+                    assert torch.equal(xg.grad, torch.full_like(
+                        x, mean if rank == root else 0.0))
+                    assert hvd.broadcast_object(
+                        {"from": rank}, root_rank=root, name=tag + ".o",
+                        process_set=ps) == {"from": root}
+                    torch.manual_seed(300 + rank)
+                    m = torch.nn.Linear(3, 2)
+                    hvd.broadcast_parameters(m.state_dict(), root_rank=root,
+                                             process_set=ps)
+                    torch.manual_seed(300 + root)
+                    ref = torch.nn.Linear(3, 2)
+                    assert torch.equal(m.weight, ref.weight)
+                    assert torch.equal(m.bias, ref.bias)
+                    opt = torch.optim.SGD(m.parameters(), lr=0.5 + rank,
+                                          momentum=0.25 * rank)
+                    hvd.broadcast_optimizer_state(opt, root_rank=root,
+                                                  process_set=ps)
+                    assert opt.param_groups[0]["lr"] == 0.5 + root
+                    assert opt.param_groups[0]["momentum"] == 0.25 * root
+                # a root outside the set: refused, naming the set's ranks
+                outside = [r for r in range(size) if r not in members]
+                with pytest.raises(ValueError, match=r"root rank %d is not a "
+                                   r"member of process set %d, whose ranks "
+                                   r"are %s" % (outside[0], ps.process_set_id,
+                                                ", ".join(map(str, members)))):
+                    hvd.broadcast(torch.ones(1), outside[0], process_set=ps)
+            hvd.barrier()
+        finally:
+            hvd.remove_process_set(ps)
+
+
 def test_alltoall(rank, size):
     splits = [j + 1 for j in range(size)]
     x = torch.cat([torch.full((j + 1, 2), 100.0 * rank + j)

@@ -319,6 +319,40 @@ def test_horovod_errors(rank, size):
     assert_same_everywhere(m)
 
 
+def test_without_named_parameters(rank, size):
+    """Without named_parameters, Horovod names each parameter
+    allreduce.noname.<group>.<index in the group> (_parameter_names maps
+    parameter -> name): the same names on every rank, and training works."""
+    m = make_model()
+    ps = list(m.parameters())
+    groups = [{"params": ps[:2]}, {"params": ps[2:], "lr": 0.05}]
+    o = hvd.DistributedOptimizer(torch.optim.SGD(groups, lr=0.1,
+                                                 momentum=0.9))
+    want = {id(p): "allreduce.noname.%d.%d" % (i, j)
+            for i, g in enumerate(groups) for j, p in enumerate(g["params"])}
+    assert {id(p): n for p, n in o._parameter_names.items()} == want
+    names = [o._parameter_names[p] for p in ps]
+    assert hvd.allgather_object(names) == [names] * size
+    for step in range(2):
+        o.zero_grad()
+        loss_fn(m, *batch(step, rank, 4)).backward()
+        o.step()
+    ref = make_model()
+    rps = list(ref.parameters())
+    ropt = torch.optim.SGD([{"params": rps[:2]},
+                            {"params": rps[2:], "lr": 0.05}],
+                           lr=0.1, momentum=0.9)
+    for step in range(2):
+        ropt.zero_grad()
+        loss_fn(ref, *global_batch(step, 4)).backward()
+        ropt.step()
+    assert_close(params(m), params(ref))
+    # with named_parameters: Horovod's mapping of the names given
+    pairs = named(m)
+    o = hvd.DistributedOptimizer(sgd(m.parameters()), named_parameters=pairs)
+    assert o._parameter_names == {p: n for n, p in pairs}
+
+
 @pytest.mark.parametrize("groups", [2, "list"])
 def test_groups(rank, size, groups):
     m = make_model()
@@ -395,6 +429,108 @@ def test_sparse_embedding(rank, size, sparse_as_dense):
     assert torch.allclose(emb.weight, ref.weight, atol=1e-12)
 
 
+def sparse_of(r, size):
+    """Rank r's sparse gradient-like tensor: uncoalesced (index 1 twice),
+    rows of a 6 x 2 matrix, r + 2 entries."""
+    idx = torch.tensor([[1] + [(r + k) % 6 for k in range(r + 1)]])
+    vals = torch.arange(2.0 * (r + 2)).reshape(r + 2, 2) + 10 * r
+    return torch.sparse_coo_tensor(idx, vals, (6, 2))
+
+
+@pytest.mark.parametrize("op", ["Average", "Sum"])
+def test_sparse_allreduce_async_handle(rank, size, op):
+    """Horovod's sparse_allreduce_async returns a function: handle() is the
+    allgather of every rank's indices and values, in rank order and not
+    coalesced (the values divided by the size for Average)."""
+    import types
+    op = getattr(hvd, op)
+    h = hvd.sparse_allreduce_async(sparse_of(rank, size),
+                                   name="t.sparse.%d" % op, op=op)
+    assert isinstance(h, types.FunctionType)
+    out = h()
+    assert out.is_sparse and not out.is_coalesced()
+    assert out.shape == (6, 2) and out.dtype == torch.float32
+    want_idx = torch.cat([sparse_of(r, size)._indices()
+                          for r in range(size)], 1)
+    want_vals = torch.cat([sparse_of(r, size)._values()
+                           for r in range(size)])
+    if op == hvd.Average:
+        want_vals = want_vals / size
+    assert torch.equal(out._indices(), want_idx)
+    assert torch.equal(out._values(), want_vals)
+    assert h() is out  # waited once, the same tensor at every call
+    assert hvd.poll(h) and hvd.synchronize(h) is out
+
+
+def sparse_model(seed=0):
+    torch.manual_seed(seed)
+    return nn.ModuleDict({"a": nn.Embedding(6, 3, sparse=True),
+                          "b": nn.Embedding(4, 3, sparse=True)})
+
+
+def sparse_loss(m, r, size):
+    """Gradients independent of the weights, multiples of size / 4 (their
+    averages, sums and the coalescing of duplicates are exact, whatever
+    the order): rank r looks up rows r % 6 twice, 5 and (r + 1) % 4."""
+    w = torch.tensor([[1.0, -2.0, 3.0]]) * size / 4 * (r + 1)
+    a = m["a"](torch.tensor([r % 6, 5, r % 6]))
+    b = m["b"](torch.tensor([(r + 1) % 4]))
+    return (a * w).sum() + (b * w).sum()
+
+
+@pytest.mark.parametrize("mode", ["allgather", "sparse_as_dense", "groups"])
+def test_sparse_adam(rank, size, mode):
+    """nn.Embedding(sparse=True) with torch.optim.SparseAdam: the gradients
+    stay sparse, as in Horovod. The reference does on one process what
+    Horovod does: broadcast_optimizer_state's step with zero (sparse)
+    gradients, then per step the aggregated gradient (the ranks' indices
+    and values concatenated, values / size; with sparse_as_dense the dense
+    average made sparse), written into p.grad by zero_().add_()."""
+    m = sparse_model()
+    kw = {"sparse_as_dense": mode == "sparse_as_dense"}
+    if mode == "groups":
+        kw["groups"] = [[m["a"].weight, m["b"].weight]]
+    o = hvd.DistributedOptimizer(
+        torch.optim.SparseAdam(m.parameters(), lr=0.1),
+        named_parameters=named(m), **kw)
+    hvd.broadcast_optimizer_state(o, root_rank=0)
+    for step in range(2):
+        o.zero_grad()
+        sparse_loss(m, rank, size).backward()
+        o.step()
+        assert m["a"].weight.grad.is_sparse
+        assert m["b"].weight.grad.is_sparse
+
+    ref = sparse_model()
+    ropt = torch.optim.SparseAdam(ref.parameters(), lr=0.1)
+    for p in ref.parameters():
+        p.grad = p.data.new_zeros(p.size()).to_sparse()
+    ropt.step()
+    for step in range(2):
+        grads = []
+        for r in range(size):
+            ropt.zero_grad()
+            sparse_loss(ref, r, size).backward()
+            grads.append([p.grad.clone() for p in ref.parameters()])
+        ropt.zero_grad()
+        for i, p in enumerate(ref.parameters()):
+            gs = [g[i] for g in grads]
+            if mode == "sparse_as_dense":
+                agg = (sum(g.to_dense() for g in gs) / size).to_sparse()
+            else:
+                agg = torch.sparse_coo_tensor(
+                    torch.cat([g._indices() for g in gs], 1),
+                    torch.cat([g._values() for g in gs]) / size, p.shape)
+            p.grad.zero_().add_(agg)
+        ropt.step()
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert torch.equal(p, q)
+    for st, rst in zip(o.state.values(), ropt.state.values()):
+        assert st["step"] == rst["step"] == 3  # the creating step counts
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(st[k], rst[k])
+
+
 def test_process_set(rank, size):
     members = [r for r in range(size) if r != size - 1]  # all but the last
     ps = hvd.add_process_set(members)
@@ -431,6 +567,113 @@ def test_broadcast_then_train_stays_identical(rank, size):
             loss_fn(model, *batch(step, rank, 4)).backward()
             opt.step()
     assert_same_everywhere(model)
+
+
+class StateNet(nn.Module):
+    """A Linear layer, a parameter the loss never reaches and a frozen one
+    (requires_grad=False)."""
+
+    def __init__(self, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc = nn.Linear(4, 3)
+        self.unused = nn.Parameter(torch.randn(2))
+        self.frozen = nn.Parameter(torch.randn(3), requires_grad=False)
+
+    def forward(self, x):
+        return self.fc(x) + self.frozen
+
+
+def state_loss(net, r, size):
+    """Gradients independent of the weights and exact: rank r's input is
+    x0 + (r - (size - 1) / 2) * d, so the ranks' average gradient is that of
+    x0, whatever the order of the sum (small multiples of 1/16)."""
+    d = torch.tensor([[1.0, -1.0, 2.0, 0.0]]) / 8
+    x = torch.tensor([[1.0, -0.5, 0.75, 2.0]]) + (r - (size - 1) / 2) * d
+    c = torch.tensor([[0.5, -1.0, 1.5]])
+    return (net(x) * c).sum()
+
+
+@pytest.mark.parametrize("make", [
+    lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=5e-5),
+    lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.25),
+    lambda p: torch.optim.Adam(p, lr=0.01),
+    lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1),
+], ids=["sgd-momentum-wd", "sgd-wd", "adam", "adamw"])
+def test_broadcast_optimizer_state_as_horovod(rank, size, make):
+    """broadcast_optimizer_state on fresh optimizers creates their state as
+    Horovod's does (a step with zero gradients, which counts and applies
+    weight decay), for parameters without a gradient too; then two steps.
+    The reference replays Horovod's sequence on one process, without kolo;
+    the result must be the same bit for bit."""
+    root = size - 1
+    net = StateNet(seed=50 + rank)  # different on every rank
+    opt = hvd.DistributedOptimizer(make(net.parameters()),
+                                   named_parameters=named(net))
+    hvd.broadcast_parameters(net.state_dict(), root_rank=root)
+    hvd.broadcast_optimizer_state(opt, root_rank=root)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # kolo: no gradient for 'unused'
+        for step in range(2):
+            opt.zero_grad(set_to_none=False)  # torch 1.13's default
+            state_loss(net, rank, size).backward()
+            opt.step()
+
+    ref = StateNet(seed=50 + root)
+    ropt = make(ref.parameters())
+    # Horovod's broadcast_optimizer_state on an optimizer without state
+    for p in ref.parameters():
+        if p.requires_grad:
+            p.grad = p.data.new(p.size()).zero_()
+    ropt.step()
+    for step in range(2):
+        grads = []
+        for r in range(size):
+            ropt.zero_grad(set_to_none=False)
+            state_loss(ref, r, size).backward()
+            grads.append([p.grad.clone() for p in ref.parameters()
+                          if p.requires_grad])
+        live = [p for p in ref.parameters() if p.requires_grad]
+        for i, p in enumerate(live):
+            p.grad.copy_(sum(g[i] for g in grads) / size)
+        ropt.step()
+    for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+        assert torch.equal(p, q), name
+    assert len(opt.state) == len(ropt.state) == 3  # not the frozen one
+    for p, q in zip(net.parameters(), ref.parameters()):
+        st, rst = opt.state.get(p, {}), ropt.state.get(q, {})
+        assert st.keys() == rst.keys()
+        for k in st:
+            if st[k] is None:  # SGD without momentum: a None buffer
+                assert rst[k] is None, k
+            else:
+                assert torch.equal(torch.as_tensor(st[k]),
+                                   torch.as_tensor(rst[k])), k
+        if "step" in st:
+            assert int(st["step"]) == 3  # the creating step counts
+
+
+def test_broadcast_optimizer_state_of_a_stateless_optimizer(rank, size):
+    """An optimizer with no state even after a step: Horovod broadcasts
+    nothing, hyper-parameters included."""
+    class Plain(torch.optim.Optimizer):
+        def __init__(self, ps, lr):
+            super().__init__(ps, {"lr": lr})
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for g in self.param_groups:
+                for p in g["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-g["lr"])
+
+    net = StateNet(seed=7)
+    before = params(net)
+    opt = Plain(net.parameters(), lr=0.1 * (rank + 1))
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    assert opt.param_groups[0]["lr"] == 0.1 * (rank + 1)
+    assert not opt.state
+    assert all(torch.equal(p, q) for p, q in zip(params(net), before))
 
 
 def test_lr_scheduler_made_before_wrapping(rank, size):

@@ -757,9 +757,35 @@ def grouped_allreduce_async(keys, inps, outs, counts, dtype, opts):
     return list(hs)
 
 
+def set_root(key, root_rank, process_set_id):
+    """The rank within process set `process_set_id` of global rank
+    root_rank. The bindings take root_rank as a global rank, as Horovod does
+    (its broadcast compares root_rank with rank(), whatever the process
+    set); kolo_broadcast_async takes the root's rank within the set, the
+    index of that global rank among the set's ranks in increasing order (the
+    order add_process_set hands them to the runtime). A root outside the set
+    is refused, naming the set's global ranks."""
+    root = int(root_rank)
+    if process_set_id == _lib.GLOBAL_PROCESS_SET:
+        return root  # the runtime names a root outside the job
+    ps = _registered_sets.get(process_set_id)
+    if ps is None:
+        return root  # not a set of this job: the runtime says so
+    ranks = ps.ranks
+    if root not in ranks:
+        raise KoloValueError(
+            "broadcast of '%s': root rank %d is not a member of process set "
+            "%d, whose ranks are %s; root_rank is a global rank (hvd.rank() "
+            "of the root), as in Horovod"
+            % (key, root, process_set_id, ", ".join(str(r) for r in ranks)))
+    return ranks.index(root)
+
+
 def broadcast_async(key, buf, count, dtype, root, opts):
+    """Enqueues a broadcast from global rank `root` (see set_root)."""
+    root = set_root(key, root, opts.process_set)
     h = _lib.handle_t(0)
-    check(lib.kolo_broadcast_async(encode(key), buf, count, dtype, int(root),
+    check(lib.kolo_broadcast_async(encode(key), buf, count, dtype, root,
                                    ctypes.byref(opts), ctypes.byref(h)),
           "broadcast of '%s'" % key)
     return h.value

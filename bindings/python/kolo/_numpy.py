@@ -251,7 +251,9 @@ def _broadcast_async(a, root_rank, name, process_set):
 def broadcast_async(array, root_rank, name=None,
                     process_set=global_process_set):
     """Starts a broadcast from root_rank into a new array (the input is not
-    modified); synchronize(handle) returns it."""
+    modified); synchronize(handle) returns it. root_rank is a global rank
+    (kolo.rank() of the root) whatever the process set, as in Horovod; it
+    must be a member of the set."""
     a = np.array(array, copy=True, order="C")
     _kdtype(a)
     return _broadcast_async(a, root_rank, name, process_set)
@@ -434,7 +436,7 @@ def broadcast_object(obj, root_rank=0, name=None,
                      process_set=global_process_set):
     """root_rank's `obj` (pickled), on every rank of the process set."""
     key = name or "broadcast_object"
-    is_root = _core.set_rank(process_set) == root_rank
+    is_root = _core.rank() == root_rank  # a global rank
     payload = pickle.dumps(obj) if is_root else b""
     n = np.array([len(payload)], dtype=np.int64)
     broadcast_(n, root_rank, key + ".size", process_set)

@@ -94,16 +94,27 @@ def broadcast_optimizer_state(optimizer, root_rank,
                               process_set=global_process_set):
     """Makes every rank's optimizer state (hyper-parameters of the parameter
     groups, and per-parameter state such as momentum buffers and step
-    counts) a copy of root_rank's. The optimizers must have been built the
-    same way on every rank. A root whose state is still empty (no step yet)
-    empties the others' state."""
+    counts) a copy of root_rank's (a global rank). The optimizers must have
+    been built the same way on every rank.
+
+    As Horovod does, a rank whose optimizer has no state yet first creates
+    it (_create_state): every parameter that requires a gradient gets a
+    zero gradient, and the optimizer takes one step. That step counts (an
+    Adam step counter is 1 after it) and moves the parameters where the
+    update of a zero gradient is not zero (weight decay); the gradients are
+    left zero. An optimizer that has no state even then (stateless) is left
+    as it is, hyper-parameters included."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    is_root = _core.set_rank(process_set) == root_rank
+    if not optimizer.state_dict()["state"]:
+        _create_state(optimizer)
+    is_root = _core.rank() == root_rank  # a global rank, as in Horovod
     tensors = []
     skeleton = _strip(optimizer.state_dict(), tensors) if is_root else None
     skeleton = broadcast_object(skeleton, root_rank,
                                 "optimizer_state.skeleton", process_set)
+    if not skeleton["state"]:
+        return  # stateless: Horovod broadcasts nothing either
     if not is_root:
         slots = []  # (slot, index of the parameter whose state it is)
         _collect_slots(skeleton, slots)
@@ -121,6 +132,25 @@ def broadcast_optimizer_state(optimizer, root_rank,
         _core.synchronize(h)
     if not is_root:
         optimizer.load_state_dict(_fill(skeleton, tensors))
+
+
+def _create_state(optimizer):
+    """Creates the state of an optimizer that has none yet, as Horovod's
+    broadcast_optimizer_state does: a zero gradient (sparse for SparseAdam)
+    for every parameter that requires one, then one step of the optimizer
+    itself; a DistributedOptimizer takes the step of the optimizer it wraps,
+    which communicates nothing."""
+    from .optimizer import _Distributed
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad:
+                p.grad = p.data.new_zeros(p.size())
+                if isinstance(optimizer, torch.optim.SparseAdam):
+                    p.grad = p.grad.to_sparse()
+    if isinstance(optimizer, _Distributed):
+        super(_Distributed, optimizer).step()
+    else:
+        optimizer.step()
 
 
 def _collect_slots(obj, out, owner=None, top=True):
@@ -172,7 +202,7 @@ def broadcast_object(obj, root_rank=0, name=None,
                      process_set=global_process_set):
     """root_rank's `obj` (any picklable object) on every rank of the set."""
     key = name or "broadcast_object"
-    is_root = _core.set_rank(process_set) == root_rank
+    is_root = _core.rank() == root_rank  # a global rank, as in Horovod
     payload = _dumps(obj) if is_root else b""
     n = torch.tensor([len(payload)], dtype=torch.int64)
     mpi_ops.broadcast_(n, root_rank, key + ".size", process_set)

@@ -745,7 +745,9 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
 def broadcast_async(tensor, root_rank, name=None,
                     process_set=global_process_set):
     """Starts a broadcast of root_rank's tensor into a new tensor (the input
-    is not modified); synchronize(handle) returns it."""
+    is not modified); synchronize(handle) returns it. root_rank is a global
+    rank (hvd.rank() of the root), whatever the process set, as in Horovod;
+    it must be a member of the set."""
     out = _new_like(tensor, "broadcast")
     return _broadcast_async(tensor, out, root_rank, name, process_set)
 
@@ -773,7 +775,7 @@ class _Broadcast(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
-        if _core.set_rank(ctx.process_set) != ctx.root_rank:
+        if _core.rank() != ctx.root_rank:  # root_rank is a global rank
             reduced = torch.zeros_like(reduced)
         return reduced, None, None, None
 
@@ -979,16 +981,29 @@ def grouped_reducescatter(tensors, name=None, compression=Compression.none,
 
 def sparse_allreduce_async(tensor, name, op=Average,
                            process_set=global_process_set):
-    """The allreduce of a sparse COO tensor, done as an allgather of its
-    indices and of its values; synchronize(handle) returns the reduced
-    sparse tensor (coalesced: duplicate indices summed)."""
+    """Starts the allreduce of a sparse COO tensor, done as Horovod does it:
+    an allgather of its indices and one of its values, in rank order, as
+    they are (not coalesced: duplicate indices stay, the optimizer's
+    coalesce() sums them), the values divided by the set's size for
+    Average.
+
+    Returns Horovod's handle: a function; handle() waits and returns the
+    reduced sparse tensor (uncoalesced, the input's size, dtype and device).
+    Calling it again returns the same tensor. synchronize(handle) and
+    poll(handle) take it too (Horovod's synchronize returns None for it
+    without waiting; kolo's waits and returns what handle() returns)."""
+    op = _core.check_op(op)
     if op not in (Sum, Average):
         raise ValueError("the allreduce of a sparse tensor takes op=Sum or "
                          "op=Average, not %s" % _core.op_name(op))
-    t = tensor.coalesce()
-    indices = t._indices().t().contiguous()  # nnz x sparse_dim
-    values = t._values().contiguous()        # nnz x dense dims
-    _kdtype(values, "sparse allreduce")
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_sparse:
+        raise ValueError("sparse_allreduce_async takes a sparse COO tensor "
+                         "(layout torch.sparse_coo), not %s"
+                         % (tensor.layout if isinstance(tensor, torch.Tensor)
+                            else type(tensor).__name__))
+    indices = tensor._indices().t().contiguous()  # nnz x sparse_dim
+    values = tensor._values().contiguous()        # nnz x dense dims
+    kd = _kdtype(values, "sparse allreduce")
     base = _core.op_key("sparse_allreduce", name, process_set)
     opts, _ = _core.make_opts(process_set=process_set, place=_place(values))
 
@@ -999,10 +1014,9 @@ def sparse_allreduce_async(tensor, name, op=Average,
                                             _lib.INT64, opts)
         hs += _core.grouped_allgather_async([base + ".values"],
                                             [values.data_ptr()],
-                                            [tuple(values.shape)],
-                                            _kdtype(values), opts)
+                                            [tuple(values.shape)], kd, opts)
     held, hs = _held(base, [indices, values], enqueue, results=True)
-    size, vdtype, device = t.size(), values.dtype, values.device
+    size, vdtype, device = tensor.size(), values.dtype, values.device
 
     def finish(rs):
         held.check()
@@ -1010,9 +1024,30 @@ def sparse_allreduce_async(tensor, name, op=Average,
         vals = _tensor_from_result(rs[1], vdtype, device)
         if op == Average:
             vals = vals / _core.set_size(process_set)
-        return torch.sparse_coo_tensor(idx.t(), vals, size).coalesce()
-    return _core.register(hs, (t, indices, values, held), finish,
-                          results=True, what=base, release=held.release)
+        return torch.sparse_coo_tensor(idx.t(), vals, size)
+    return _sparse_handle(_core.register(
+        hs, (tensor, indices, values, held), finish, results=True,
+        what=base, release=held.release))
+
+
+def _sparse_handle(h):
+    """The handle of sparse_allreduce_async: a function, as Horovod's, that
+    waits for the kolo handle h at its first call and returns the result
+    (or raises the operation's error) at every call. Its attribute
+    _kolo_sparse lets poll() and synchronize() recognize it."""
+    state = []  # [result, error] once waited
+
+    def handle():
+        if not state:
+            try:
+                state[:] = [_core.synchronize(h), None]
+            except Exception as e:
+                state[:] = [None, e]
+        if state[1] is not None:
+            raise state[1]
+        return state[0]
+    handle._kolo_sparse = lambda: bool(state) or _core.poll(h)
+    return handle
 
 
 # ---- completion, barrier, join ---------------------------------------------
@@ -1020,13 +1055,19 @@ def sparse_allreduce_async(tensor, name, op=Average,
 
 def poll(handle):
     """True when the operation of `handle` is done."""
+    sparse = getattr(handle, "_kolo_sparse", None)
+    if sparse is not None:
+        return sparse()
     return _core.poll(handle)
 
 
 def synchronize(handle):
     """Waits for the operation of `handle` (the GIL is released meanwhile)
     and returns its output. A failed operation raises HorovodInternalError
-    (kolo.KoloError, a RuntimeError) with the runtime's message."""
+    (kolo.KoloError, a RuntimeError) with the runtime's message. The handle
+    of sparse_allreduce_async is called: its result is returned."""
+    if getattr(handle, "_kolo_sparse", None) is not None:
+        return handle()
     return _core.synchronize(handle)
 
 

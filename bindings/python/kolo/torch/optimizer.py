@@ -86,8 +86,19 @@ class _Distributed:
             backward_passes_per_step)
 
         all_params = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is None:
+            # Horovod's names: the parameter's group and its place there,
+            # the same on every rank that built the optimizer the same way.
+            named_parameters = [
+                ("allreduce.noname.%d.%d" % (i, j), p)
+                for i, g in enumerate(self.param_groups)
+                for j, p in enumerate(g["params"])]
+        named_parameters = list(named_parameters)
         self._kolo_names = self._kolo_name_parameters(named_parameters,
                                                       all_params)
+        # Horovod's attribute, which programs read: parameter -> its name.
+        self._parameter_names = {p: name for name, p in
+                                 sorted(named_parameters, key=lambda x: x[0])}
         seen = set()
         # Parameters that get gradients, in a fixed order (the same on
         # every rank: the optimizer's order).
@@ -110,6 +121,7 @@ class _Distributed:
                 self._kolo_group_of[id(p)] = gi
 
         self._kolo_passes = {}    # id(p) -> hook calls since the last sync
+        self._kolo_sparse_ids = set()  # id(p) of sparse gradients seen
         self._kolo_handles = {}   # id(p) or ("group", gi) -> pending entry
         self._kolo_fired = False  # a hook fired since the last synchronize
         self._kolo_unused = None  # indices without a gradient at step 1
@@ -128,8 +140,6 @@ class _Distributed:
         return n
 
     def _kolo_name_parameters(self, named_parameters, all_params):
-        if named_parameters is None:
-            return {id(p): "noname.%d" % i for i, p in enumerate(all_params)}
         named = list(named_parameters)
         if any(not isinstance(x, tuple) or len(x) != 2 or
                not isinstance(x[0], str) for x in named):
@@ -211,19 +221,22 @@ class _Distributed:
             raise AssertionError(_TOO_MANY_PASSES)
         self._kolo_passes[pid] = n
         self._kolo_fired = True
+        if p.grad is not None and p.grad.is_sparse:
+            self._kolo_sparse_ids.add(pid)
         if p.grad is None or self._kolo_pre_hooks:
             return  # deferred: synchronize() communicates
         last = n == self.backward_passes_per_step
         gi = self._kolo_group_of.get(pid)
+        if p.grad.is_sparse and not self._kolo_sparse_as_dense:
+            if last:  # allgathered alone, even in a group
+                self._kolo_enqueue_sparse(p)
+            if gi is None:
+                return
         if gi is not None:
             if last and all(self._kolo_passes.get(id(q), 0) ==
                             self.backward_passes_per_step
                             for q in self._kolo_groups[gi]):
                 self._kolo_enqueue_group(gi)
-            return
-        if p.grad.is_sparse and not self._kolo_sparse_as_dense:
-            if last:
-                self._kolo_enqueue_sparse(p)
             return
         if p.grad.is_cuda and self.backward_passes_per_step > 1:
             # The runtime accumulates in host memory only: a CUDA gradient
@@ -249,7 +262,7 @@ class _Distributed:
         False it is the sum of every pass that autograd kept in p.grad
         (CUDA gradients), allreduced as it is."""
         if grad.is_sparse:
-            grad = grad.to_dense()
+            grad = grad.to_dense()  # sparse_as_dense: p.grad stays sparse
         n = self.backward_passes_per_step if in_runtime else 1
         wire = wire_for(self._kolo_compression, grad)
         if wire is None:
@@ -262,18 +275,25 @@ class _Distributed:
             wire, passes=n, average_passes=self._kolo_average_passes,
             key=self._kolo_key(p))
         if not last:
-            _core.synchronize(h)  # completed at once: nothing was sent
+            mpi_ops.synchronize(h)  # completed at once: nothing was sent
             p.grad = None         # the runtime holds the sum so far
             return
         self._kolo_handles[id(p)] = ("dense", h, p, cctx, grad)
 
     def _kolo_enqueue_group(self, gi):
-        members = self._kolo_groups[gi]
-        grads = []
-        for p in members:
-            if p.grad.is_sparse:
-                p.grad = p.grad.to_dense()
-            grads.append(p.grad)
+        members = []
+        for p in self._kolo_groups[gi]:
+            if p.grad.is_sparse and not self._kolo_sparse_as_dense:
+                if id(p) not in self._kolo_handles:
+                    self._kolo_enqueue_sparse(p)  # allgathered alone
+            else:
+                members.append(p)
+        if not members:
+            return
+        # A sparse gradient travels as a dense copy, and the result is made
+        # sparse again in p.grad (_kolo_set_grad), as Horovod does.
+        grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad
+                 for p in members]
         comp = self._kolo_compression
         wires = [wire_for(comp, g) for g in grads]
         pre, post = self._kolo_scales()
@@ -409,6 +429,13 @@ class _Distributed:
                 hook(live)
         for p in live:
             pid = id(p)
+            if pid in self._kolo_handles:
+                continue
+            if p.grad.is_sparse:
+                self._kolo_sparse_ids.add(pid)
+                if not self._kolo_sparse_as_dense:
+                    self._kolo_enqueue_sparse(p)  # even in a group
+                    continue
             gi = self._kolo_group_of.get(pid)
             if gi is not None:
                 if ("group", gi) not in self._kolo_handles:
@@ -417,14 +444,8 @@ class _Distributed:
                     if members:
                         self._kolo_enqueue_group_of(gi, members)
                 continue
-            if pid in self._kolo_handles:
-                continue
-            if self._kolo_pre_hooks or (p.grad.is_sparse and
-                                        not self._kolo_sparse_as_dense):
-                if p.grad.is_sparse and not self._kolo_sparse_as_dense:
-                    self._kolo_enqueue_sparse(p)
-                else:
-                    self._kolo_enqueue_deferred(p)
+            if self._kolo_pre_hooks:
+                self._kolo_enqueue_deferred(p)
                 continue
             # Runtime accumulation cut short: complete the group of passes
             # with zeros (the runtime holds the passes so far).
@@ -453,8 +474,7 @@ class _Distributed:
         """Deferred mode: autograd accumulated the passes in p.grad."""
         grad = p.grad
         if grad.is_sparse:
-            grad = grad.to_dense()
-            p.grad = grad
+            grad = grad.to_dense()  # sparse_as_dense: p.grad stays sparse
         wire = wire_for(self._kolo_compression, grad)
         if wire is None:
             tensor, cctx = self._kolo_compression.compress(grad)
@@ -466,10 +486,20 @@ class _Distributed:
                                      key=self._kolo_key(p))
         self._kolo_handles[id(p)] = ("dense", h, p, cctx, grad)
 
-    @staticmethod
-    def _kolo_set_grad(p, out):
+    def _kolo_set_grad(self, p, out):
         g = p.grad
         if g is out:
+            return
+        if out.is_sparse or id(p) in self._kolo_sparse_ids:
+            # As Horovod: a sparse gradient stays sparse (with
+            # sparse_as_dense it was reduced as a dense copy: the result is
+            # made sparse again), and its tensor gets the result in place.
+            if not out.is_sparse:
+                out = out.to_sparse()
+            if g is not None and g.is_sparse:
+                g.zero_().add_(out)
+            else:
+                p.grad = out
             return
         if (g is not None and not g.is_sparse and not out.is_sparse and
                 g.dtype == out.dtype and g.shape == out.shape):
@@ -482,7 +512,7 @@ class _Distributed:
         for entry in list(self._kolo_handles.values()):
             kind, h, target, cctx, grad = entry
             try:
-                out = _core.synchronize(h)
+                out = mpi_ops.synchronize(h)
             except Exception as e:  # wait for the others before raising
                 if error is None:
                     error = e
@@ -495,7 +525,7 @@ class _Distributed:
                 self._kolo_set_grad(target, out if cctx is _WIRE
                                     else comp.decompress(out, cctx))
             elif kind == "sparse":
-                target.grad = out
+                self._kolo_set_grad(target, out)
             else:  # group
                 for p, o, c in zip(target, out, cctx):
                     self._kolo_set_grad(p, o if c is _WIRE
@@ -506,7 +536,7 @@ class _Distributed:
     def _kolo_drain(self):
         for entry in list(self._kolo_handles.values()):
             try:
-                _core.synchronize(entry[1])
+                mpi_ops.synchronize(entry[1])
             except Exception:
                 pass
 
@@ -598,8 +628,9 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     groups / num_groups: an int (that many groups of consecutive
       parameters) or a list of lists of parameters, each list allreduced as
       one group once all its gradients are ready.
-    sparse_as_dense: densify sparse gradients (else they are allgathered
-      as indices and values).
+    sparse_as_dense: reduce sparse gradients as dense copies, the result
+      made sparse again (else they are allgathered as indices and values);
+      p.grad stays sparse either way, as in Horovod.
     process_set: the ranks the gradients are reduced among.
     pre_allreduce_hooks / post_allreduce_hooks (kolo): callables hook(params)
       run before the allreduce (e.g. clip_grad_norm_hook) and after it.
