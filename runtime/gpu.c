@@ -154,7 +154,7 @@ static int nccl_type(int dtype, ncclDataType_t *t)
     }
 }
 
-/* AVERAGE is a sum divided afterwards (integers truncate, as on the host);
+/* AVERAGE is a sum scaled afterwards by postscale / size, as on the host;
  * on bool, SUM and MAX are "or", MIN and PRODUCT "and" (values 0 and 1). */
 static ncclRedOp_t nccl_op(int op, int dtype)
 {
@@ -861,6 +861,8 @@ static int run_allreduce(run_t *r, const size_t *idx, size_t n)
     const kolo__params_t *p = &e0->params;
     int wire = p->wire, standins = 0;
     size_t esize = kolo_dtype_size((kolo_dtype_t)wire), count = 0, padded;
+    /* AVERAGE is SUM and one scaling by postscale / size (Horovod's). */
+    double post = kolo__postscale_factor(p->op, p->postscale, ps->size);
     ncclDataType_t t;
     uint8_t *buf;
 
@@ -920,12 +922,8 @@ static int run_allreduce(run_t *r, const size_t *idx, size_t n)
                                                           g->comm, g->stream),
                                 "ncclAllReduce"));
     }
-    if (p->op == KOLO_OP_AVERAGE)
-        KOLO__CHECK(kernel_ok(r, kolo__gpu_average(buf, count, wire, ps->size,
-                                                   g->stream),
-                              "averaging"));
-    if (p->postscale != 1.0)
-        KOLO__CHECK(kernel_ok(r, kolo__gpu_scale(buf, count, wire, p->postscale,
+    if (post != 1.0)
+        KOLO__CHECK(kernel_ok(r, kolo__gpu_scale(buf, count, wire, post,
                                                  g->stream),
                               "postscaling"));
     if (buf == g->fusion)
@@ -1104,6 +1102,7 @@ static int run_reducescatter(run_t *r, kolo__entry_t *e)
     size_t esize = kolo_dtype_size((kolo_dtype_t)p->dtype);
     int64_t d0 = p->shape[0], row = d0 > 0 ? p->count / d0 : 0;
     size_t *counts = calloc((size_t)ps->size, sizeof(size_t)), mine;
+    double post = kolo__postscale_factor(p->op, p->postscale, ps->size);
     const uint8_t *src = e->input;
     kolo__result_t *res = NULL;
     ncclDataType_t t;
@@ -1158,13 +1157,9 @@ static int run_reducescatter(run_t *r, kolo__entry_t *e)
                          "reducescatter (grouped ncclReduce)");
         }
     }
-    if (rc == KOLO_OK && mine > 0 && p->op == KOLO_OP_AVERAGE)
-        rc = kernel_ok(r, kolo__gpu_average(res->data, mine, p->dtype, ps->size,
-                                            g->stream),
-                       "averaging");
-    if (rc == KOLO_OK && mine > 0 && p->postscale != 1.0)
-        rc = kernel_ok(r, kolo__gpu_scale(res->data, mine, p->dtype,
-                                          p->postscale, g->stream),
+    if (rc == KOLO_OK && mine > 0 && post != 1.0)
+        rc = kernel_ok(r, kolo__gpu_scale(res->data, mine, p->dtype, post,
+                                          g->stream),
                        "postscaling");
     if (rc == KOLO_OK)
         rc = gpu_wait(r, "the reducescatter");

@@ -192,11 +192,13 @@ template <typename T> struct scale_int {
     }
 };
 
+/* float32: the factor rounded to float32, a float32 product (the host's
+ * kolo__scale, Horovod's ScaleBuffer). */
 struct scale_f32 {
-    double f;
+    float f;
     __device__ __forceinline__ float operator()(float x) const
     {
-        return (float)((double)x * f);
+        return __fmul_rn(x, f);
     }
 };
 
@@ -513,7 +515,7 @@ int run_scaled_copy(const kolo__gpu_copy_t *c, size_t n, int dtype,
         return run_map<uint16_t, uint16_t>(c, n, scale_half<fmt_f16>{(float)scale}, s);
     case KOLO_BFLOAT16:
         return run_map<uint16_t, uint16_t>(c, n, scale_half<fmt_bf16>{(float)scale}, s);
-    case KOLO_FLOAT32: return run_map<float, float>(c, n, scale_f32{scale}, s);
+    case KOLO_FLOAT32: return run_map<float, float>(c, n, scale_f32{(float)scale}, s);
     case KOLO_FLOAT64: return run_map<double, double>(c, n, scale_f64{scale}, s);
     case KOLO_BOOL: return run_copy(c, n, 1, s); /* bool is never scaled */
     default: return (int)cudaErrorInvalidValue;

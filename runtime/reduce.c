@@ -243,14 +243,22 @@ int kolo__op_valid_for_dtype(kolo_dtype_t dtype, kolo_op_t op)
 
 /* ---- scale -------------------------------------------------------------- */
 
-static void scale_f32(float *restrict b, size_t n, double f)
+static void mul_f32_const(float *restrict b, size_t n, float f)
 {
     size_t i = 0;
     for (; i + CHUNK <= n; i += CHUNK)
         for (size_t j = 0; j < CHUNK; j++)
-            b[i + j] = (float)((double)b[i + j] * f);
+            b[i + j] *= f;
     for (; i < n; i++)
-        b[i] = (float)((double)b[i] * f);
+        b[i] *= f;
+}
+
+/* float32 is scaled in float32, by the factor rounded to float32 first:
+ * Horovod's CPU ScaleBuffer (float scale * float element), so that results
+ * agree with it bit for bit. */
+static void scale_f32(float *restrict b, size_t n, double f)
+{
+    mul_f32_const(b, n, (float)f);
 }
 
 static void scale_f64(double *restrict b, size_t n, double f)
@@ -263,18 +271,8 @@ static void scale_f64(double *restrict b, size_t n, double f)
         b[i] *= f;
 }
 
-static void mul_f32_const(float *restrict b, size_t n, float f)
-{
-    size_t i = 0;
-    for (; i + CHUNK <= n; i += CHUNK)
-        for (size_t j = 0; j < CHUNK; j++)
-            b[i + j] *= f;
-    for (; i < n; i++)
-        b[i] *= f;
-}
-
-/* Division is what AVERAGE promises (correctly rounded sum / size), so no
- * multiplication by a rounded reciprocal. */
+/* Division is what kolo__average promises (a correctly rounded quotient),
+ * so no multiplication by a rounded reciprocal. */
 static void div_f32_const(float *restrict b, size_t n, float d)
 {
     size_t i = 0;

@@ -41,23 +41,38 @@ kolo__reduce_fn kolo__reduce_get(kolo_dtype_t dtype, kolo_op_t op);
  * bool and for an unknown dtype or op. */
 int kolo__op_valid_for_dtype(kolo_dtype_t dtype, kolo_op_t op);
 
-/* Multiplies the n elements of buf by factor, in place (pre/postscale).
- *  - float32: computed in double, rounded once to float32.
+/* Multiplies the n elements of buf by factor, in place (pre/postscale),
+ * with the arithmetic of Horovod's CPU ScaleBuffer, so that scaled results
+ * agree with horovod bit for bit:
+ *  - float32: factor rounded to float32, then a float32 product.
  *  - float64: computed in double.
  *  - float16 / bfloat16: widened to float32, multiplied by (float)factor,
- *    rounded once back to 16 bits.
+ *    rounded once back to 16 bits (to nearest even).
  *  - integers: value * factor computed in double, then truncated toward
  *    zero; results outside the type's range saturate to its minimum or
- *    maximum, a NaN result gives 0. int64 values beyond 2^53 lose precision
- *    in the double product (a factor of exactly 1.0 leaves every type
- *    untouched).
+ *    maximum (Horovod's conversion is undefined there), a NaN result gives
+ *    0. int64 values beyond 2^53 lose precision in the double product (a
+ *    factor of exactly 1.0 leaves every type untouched).
  *  - bool: unchanged. Unknown dtype: nothing is done. */
 void kolo__scale(void *buf, size_t n, kolo_dtype_t dtype, double factor);
 
-/* AVERAGE's division: divides the n elements of buf by divisor, in place.
+/* The factor an allreduce or reducescatter multiplies its result by:
+ * postscale, divided by the process set's size for AVERAGE. AVERAGE is SUM
+ * followed by this one scaling (kolo__scale), as in Horovod, whose
+ * backends do `postscale_factor /= size` in double and scale once. */
+static inline double kolo__postscale_factor(int op, double postscale,
+                                            int64_t size)
+{
+    return op == KOLO_OP_AVERAGE && size > 1 ? postscale / (double)size
+                                             : postscale;
+}
+
+/* Divides the n elements of buf by divisor, in place (the average over
+ * local passes of kolo__accumulate_finish; a collective's AVERAGE is
+ * kolo__postscale_factor instead).
  *  - integers: exact integer division, truncating toward zero (never goes
  *    through floating point, so int64 is exact).
- *  - float32: correctly rounded quotient (sum / size, rounded once).
+ *  - float32: correctly rounded quotient (x / divisor, rounded once).
  *  - float64: x / (double)divisor.
  *  - float16 / bfloat16: float32 quotient rounded once to 16 bits.
  *  - bool: unchanged (callers refuse AVERAGE of bool earlier).

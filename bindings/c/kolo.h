@@ -117,8 +117,11 @@ typedef enum kolo_dtype {
     KOLO_DTYPE_COUNT_
 } kolo_dtype_t;
 
-/* Reduction operations. AVERAGE is SUM divided by the number of ranks
- * (integers truncate toward zero). On bool, SUM and MAX are logical or,
+/* Reduction operations. AVERAGE is SUM whose result is multiplied by
+ * postscale / n (n the number of ranks of the process set, the quotient
+ * computed in double) with the scaling rules of kolo_opts_t: Horovod's
+ * arithmetic, so float32 gets sum * (float)(1.0 / n) and integers the
+ * double product truncated toward zero. On bool, SUM and MAX are logical or,
  * MIN and PRODUCT logical and; AVERAGE of bool is refused. float16 and
  * bfloat16 are reduced in float32 and rounded once per step. */
 typedef enum kolo_op {
@@ -220,8 +223,14 @@ typedef struct kolo_opts {
 
     /* allreduce and reducescatter: every rank's input is multiplied by
      * prescale before the reduction and the result by postscale after it
-     * (defaults 1.0), in one pass over the fusion buffer. Integers are
-     * truncated toward zero after each scaling. */
+     * (defaults 1.0; AVERAGE uses postscale / n), in one pass over the
+     * fusion buffer, with the arithmetic of Horovod's CPU path so that
+     * results agree with it bit for bit: float32 elements are multiplied in
+     * float32 by the factor rounded to float32; float16 and bfloat16 are
+     * widened to float32, multiplied by (float)factor and rounded once
+     * (to nearest even); float64 in double; integers in double, truncated
+     * toward zero (saturating at the type's limits, NaN giving 0). A factor
+     * of exactly 1.0 leaves the data untouched; bool is never scaled. */
     double prescale, postscale;
 
     /* The process set the collective runs in (default

@@ -79,7 +79,7 @@ suite "run-collectives.sh under mpirun, int counts lowered to 16" \
 suite "run-pytest.sh (the Python bindings) under kolorun --mpi" \
     KOLO_TEST_LAUNCHER="$tmp/kolorun-mpi" KOLO_PYTEST_RANKS="2 3" \
     "$src/tests/python/run-pytest.sh" test_numpy.py test_torch_ops.py \
-    test_torch_optimizer.py test_torch_adasum.py
+    test_torch_optimizer.py test_torch_adasum.py test_torch_scaling.py
 
 echo "---- test-mpi, kolorun --mpi, kolo-bench --backend mpi"
 for np in 2 3 4; do

@@ -453,8 +453,8 @@ static double matrix_value(kolo_dtype_t d, kolo_op_t op, int scaled, int r,
 }
 
 /* The reference, computed with the documented semantics: each input scaled
- * (integers truncated), reduced, averaged (integers truncate toward zero),
- * scaled again. */
+ * (integers truncated), reduced, scaled again by postscale (divided by the
+ * size for AVERAGE; integers truncated toward zero). */
 static double matrix_expect(kolo_dtype_t d, kolo_op_t op, int scaled, int t,
                             int step, int64_t i)
 {
@@ -480,7 +480,7 @@ static double matrix_expect(kolo_dtype_t d, kolo_op_t op, int scaled, int t,
         }
     }
     if (op == KOLO_OP_AVERAGE)
-        acc = is_float(d) ? acc / size : trunc(acc / size);
+        post /= size; /* AVERAGE: one scaling by postscale / size (kolo.h) */
     if (post != 1)
         acc = is_float(d) ? acc * post : trunc(acc * post);
     return acc;
@@ -1286,9 +1286,8 @@ static double rs_expect(const rscase_t *c, int t, int step, int64_t i)
     double acc = 0;
     for (int r = 0; r < size; r++)
         acc += rs_value(c, r, t, step, i) * c->pre; /* exact: pre is 0.5 or 1 */
-    if (c->op == KOLO_OP_AVERAGE)
-        acc = is_float(c->dtype) ? acc / size : trunc(acc / size);
-    return acc * c->post;
+    double post = c->op == KOLO_OP_AVERAGE ? c->post / size : c->post;
+    return is_float(c->dtype) ? acc * post : trunc(acc * post);
 }
 
 static int64_t rs_share(int64_t rows, int r)

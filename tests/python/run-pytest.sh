@@ -61,9 +61,9 @@ if [ $# -gt 0 ]; then
     files=("$@")
 else
     files=(test_numpy.py test_torch_ops.py test_torch_optimizer.py
-           test_torch_mixed_precision.py test_torch_cuda.py test_lifecycle.py
-           test_torch_horovod_api.py test_torch_adasum.py
-           test_torch_sync_batch_norm.py)
+           test_torch_mixed_precision.py test_torch_scaling.py
+           test_torch_cuda.py test_lifecycle.py test_torch_horovod_api.py
+           test_torch_adasum.py test_torch_sync_batch_norm.py)
 fi
 
 # A sanitizer build of libkolo (--enable-sanitizers) needs the sanitizer's

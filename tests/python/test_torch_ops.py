@@ -443,10 +443,12 @@ def test_reducescatter_grad(rank, size):
         y = hvd.reducescatter(x, op=op, name="t.g.rs.%d" % op,
                               prescale_factor=3.0)
         (y * coeffs(69, rank, (split[rank], 2))).sum().backward()
+        # Horovod's: the allgather of the gradient times the size for Sum
+        # (as is for Average), times prescale
         want = 3.0 * torch.cat([coeffs(69, r, (split[r], 2))
                                 for r in range(size)])
-        if op == hvd.Average:
-            want = want / size
+        if op == hvd.Sum:
+            want = want * size
         assert torch.allclose(x.grad, want)
 
 
@@ -463,7 +465,8 @@ def test_grouped_grads(rank, size):
     c = t_data(72, rank, (size, 2)).requires_grad_()
     yc, = hvd.grouped_reducescatter([c], op=hvd.Sum)
     yc.sum().backward()
-    assert torch.allclose(c.grad, torch.ones(size, 2, dtype=torch.float64))
+    assert torch.allclose(c.grad, torch.full((size, 2), float(size),
+                                             dtype=torch.float64))
 
 
 def test_sparse_allreduce(rank, size):

@@ -724,8 +724,10 @@ START_TEST(scale_all)
                                       (long long)get_int(buf, i, d),
                                       (long long)want);
                     } else if (d == KOLO_FLOAT32) {
+                        /* Horovod's ScaleBuffer: float32 product with
+                         * the factor rounded to float32. */
                         float x = ((float *)orig)[i];
-                        float want = (float)((double)x * f);
+                        float want = x * (float)f;
                         float g = ((float *)buf)[i];
                         ck_assert(same_f(g, want, fbits(g), fbits(want), 0));
                     } else if (d == KOLO_FLOAT64) {
@@ -777,6 +779,35 @@ START_TEST(scale_int_saturation)
     kolo__scale(&big, 1, KOLO_INT64, 1.0);
     ck_assert(big == (INT64_C(1) << 62) + 1);
     kolo__scale(NULL, 0, KOLO_FLOAT64, 2.0);
+}
+END_TEST
+
+/* Values where Horovod's float32 scaling (x * (float)f) and a product in
+ * double rounded once ((float)((double)x * f)) disagree in the last bit:
+ * kolo must give Horovod's. */
+START_TEST(scale_f32_is_horovods)
+{
+    float a[3] = {3.0f, 11.0f, 7.0f};
+    uint32_t bits[3];
+    kolo__scale(a, 2, KOLO_FLOAT32, 0.3);      /* 0x3f666666 in double */
+    kolo__scale(a + 2, 1, KOLO_FLOAT32, 1.0 / 3.0);
+    memcpy(bits, a, sizeof(bits));
+    ck_assert_uint_eq(bits[0], 0x3f666667u);     /* 3 * 0.3f */
+    ck_assert_uint_eq(bits[1], 0x40533334u);     /* 11 * 0.3f */
+    ck_assert_uint_eq(bits[2], 0x40155556u);     /* 7 * (float)(1/3) */
+}
+END_TEST
+
+/* AVERAGE's factor: postscale / size in double, size 1 (or less) leaving
+ * postscale as it is; other ops keep postscale. */
+START_TEST(postscale_factor)
+{
+    ck_assert(kolo__postscale_factor(KOLO_OP_SUM, 0.7, 3) == 0.7);
+    ck_assert(kolo__postscale_factor(KOLO_OP_MAX, 2.0, 4) == 2.0);
+    ck_assert(kolo__postscale_factor(KOLO_OP_AVERAGE, 1.0, 3) == 1.0 / 3.0);
+    ck_assert(kolo__postscale_factor(KOLO_OP_AVERAGE, 0.7, 3) == 0.7 / 3.0);
+    ck_assert(kolo__postscale_factor(KOLO_OP_AVERAGE, 0.7, 1) == 0.7);
+    ck_assert(kolo__postscale_factor(KOLO_OP_AVERAGE, 5.0, 4) == 1.25);
 }
 END_TEST
 
@@ -918,6 +949,8 @@ static Suite *reduce_suite(void)
     tcase_add_test(tc, average_int_extremes);
     tcase_add_loop_test(tc, scale_all, 0, KOLO_DTYPE_COUNT_);
     tcase_add_test(tc, scale_int_saturation);
+    tcase_add_test(tc, scale_f32_is_horovods);
+    tcase_add_test(tc, postscale_factor);
     tcase_add_test(tc, accumulator_sizes);
     tcase_add_loop_test(tc, accumulate_all, 0, KOLO_DTYPE_COUNT_);
     tcase_add_test(tc, accumulate_half_precision);

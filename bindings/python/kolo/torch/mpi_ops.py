@@ -27,8 +27,8 @@ Gradients (as Horovod defines them):
   broadcast      the average allreduce of the gradient on the root, zero
                  elsewhere
   alltoall       the alltoall of the gradient with the received splits
-  reducescatter  the allgather of the gradient (divided by the set's size
-                 for Average, times prescale and postscale)
+  reducescatter  the allgather of the gradient times the set's size for
+                 Sum (as is for Average), then times prescale and postscale
 """
 
 import ctypes
@@ -914,11 +914,27 @@ def grouped_reducescatter_async(tensors, name=None, op=Average,
                                 prescale_factor, postscale_factor, True)
 
 
-def _rs_grad_scale(op, prescale, postscale, process_set):
-    scale = prescale * postscale
-    if op == Average:
-        scale /= _core.set_size(process_set)
-    return scale
+def _rs_grads_in(grads, op, prescale, postscale, process_set):
+    """The gradients of a reducescatter's outputs, scaled as horovod.torch
+    scales them before allgathering them: times the process set's size for
+    Sum (none for Average: the gradient of an average over ranks is the
+    output's gradient itself, Horovod's convention of the allreduce's
+    Average gradient), then times prescale, then times postscale, each a
+    separate product rounded in the gradient's dtype, as Horovod's
+    HorovodReducescatter.backward does them. Out of place: Horovod scales
+    the incoming gradient in place (the caller's tensor, or a read-only
+    expanded one), which kolo does not repeat."""
+    out = []
+    n = _core.set_size(process_set)
+    for g in grads:
+        if op == Sum:
+            g = g * n
+        if prescale != 1.0:
+            g = g * prescale
+        if postscale != 1.0:
+            g = g * postscale
+        out.append(g)
+    return out
 
 
 class _Reducescatter(torch.autograd.Function):
@@ -931,9 +947,9 @@ class _Reducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         op, process_set, prescale, postscale = ctx.args
-        g = allgather(grad, process_set=process_set)
-        scale = _rs_grad_scale(op, prescale, postscale, process_set)
-        return (g * scale if scale != 1.0 else g), None, None, None, None, None
+        g, = _rs_grads_in([grad], op, prescale, postscale, process_set)
+        return (allgather(g, process_set=process_set),
+                None, None, None, None, None)
 
 
 def reducescatter(tensor, name=None, compression=Compression.none, op=Average,
@@ -957,10 +973,8 @@ class _GroupedReducescatter(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         op, process_set, prescale, postscale = ctx.args
-        gs = grouped_allgather(list(grads), process_set=process_set)
-        scale = _rs_grad_scale(op, prescale, postscale, process_set)
-        if scale != 1.0:
-            gs = [g * scale for g in gs]
+        gs = _rs_grads_in(grads, op, prescale, postscale, process_set)
+        gs = grouped_allgather(gs, process_set=process_set)
         return (None,) * 5 + tuple(gs)
 
 
