@@ -418,6 +418,22 @@ def test_broadcast_grad(rank, size):
     assert torch.allclose(x.grad, want)
 
 
+def test_broadcast_grad_is_multiplied_by_zero(rank, size):
+    """Horovod multiplies the averaged gradient by 0 on the other ranks:
+    -0.0 where it is negative, NaN where it is not finite."""
+    x = torch.zeros(3, dtype=torch.float64, requires_grad=True)
+    y = hvd.broadcast(x, 0, name="t.g.bc0")
+    g = torch.tensor([-1.0, 2.0, float("inf")], dtype=torch.float64)
+    y.backward(g)
+    if rank == 0:
+        assert torch.equal(x.grad[:2], torch.tensor([-1.0, 2.0],
+                                                     dtype=torch.float64))
+    else:
+        assert torch.signbit(x.grad[0]) and x.grad[0] == 0
+        assert x.grad[1] == 0 and not torch.signbit(x.grad[1])
+        assert torch.isnan(x.grad[2])
+
+
 def test_alltoall_grad(rank, size):
     def splits_of(r):
         return [(r + j) % 2 + 1 for j in range(size)]
@@ -507,6 +523,14 @@ def test_broadcast_parameters(rank, size):
                                                               ref.bias)
     with pytest.raises(ValueError, match="invalid params"):
         hvd.broadcast_parameters(m2.parameters(), 0)
+    # A list of bare tensors, as Horovod accepts (list(model.parameters())).
+    torch.manual_seed(rank + 200)
+    m3 = torch.nn.Linear(2, 3)
+    hvd.broadcast_parameters(list(m3.parameters()), root_rank=0)
+    torch.manual_seed(200)
+    ref = torch.nn.Linear(2, 3)
+    assert torch.equal(m3.weight, ref.weight) and torch.equal(m3.bias,
+                                                              ref.bias)
 
 
 @pytest.mark.parametrize("make", [

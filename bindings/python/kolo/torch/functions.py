@@ -19,16 +19,18 @@ except ImportError:
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
     """Overwrites, in place, every tensor of `params` with root_rank's:
-    `params` is a dict (model.state_dict()) or a list of (name, tensor)
-    pairs (model.named_parameters()). Every rank must pass the same names.
-    Entries that are not tensors are left alone."""
+    `params` is a dict (model.state_dict()), a list of (name, tensor)
+    pairs (list(model.named_parameters())) or, as in Horovod, a list of
+    tensors (list(model.parameters()), named in call order like unnamed
+    operations). Every rank must pass the same names. Entries that are not
+    tensors are left alone."""
     if isinstance(params, dict):
         items = sorted(params.items())
     elif isinstance(params, list):
-        items = list(params)
-        if any(not isinstance(x, tuple) or len(x) != 2 for x in items):
-            raise ValueError("broadcast_parameters takes a dict or a list of "
-                             "(name, tensor) pairs")
+        items = [x if isinstance(x, tuple) else (None, x) for x in params]
+        if any(len(x) != 2 for x in items):
+            raise ValueError("broadcast_parameters takes a dict, a list of "
+                             "(name, tensor) pairs or a list of tensors")
     else:
         raise ValueError("invalid params of type: %s" % type(params))
     handles = []
@@ -39,7 +41,8 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         try:
             handles.append(mpi_ops.broadcast_async_(
                 p.data if isinstance(p, torch.nn.Parameter) else p,
-                root_rank, "parameters." + str(name), process_set))
+                root_rank, None if name is None else "parameters." + str(name),
+                process_set))
         except Exception as e:
             error = e
             break

@@ -776,7 +776,9 @@ class _Broadcast(torch.autograd.Function):
     def backward(ctx, grad):
         reduced = allreduce(grad, op=Average, process_set=ctx.process_set)
         if _core.rank() != ctx.root_rank:  # root_rank is a global rank
-            reduced = torch.zeros_like(reduced)
+            # Horovod multiplies by 0: -0.0 where the gradient is negative,
+            # NaN where it is not finite, bit for bit.
+            reduced.mul_(0)
         return reduced, None, None, None
 
 
