@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run-pytest.sh — runs the Python binding tests (tests/python/test_*.py) as
-# real jobs under kolorun, at 2 and 3 ranks: every pytest process is one
+# real jobs under kolorun, at 2, 3 and 4 ranks: every pytest process is one
 # rank, and every rank runs the same tests in the same order. Each run is
 # bounded in time (timeout -k 10 $KOLO_TEST_TIMEOUT, 300 s by default) so a
 # hang fails instead of hanging CI. A test counts as passed when it passed
@@ -12,7 +12,7 @@
 #   (from the build directory; `make check` runs it with KOLO_TOP_BUILDDIR,
 #   KOLO_TOP_SRCDIR and KOLO_PYTHON set)
 # Environment: KOLO_PYTHON (default /usr/bin/python3), KOLO_LIBRARY
-#   (default BUILDDIR/.libs/libkolo.so), KOLO_PYTEST_RANKS ("2 3"),
+#   (default BUILDDIR/.libs/libkolo.so), KOLO_PYTEST_RANKS ("2 3 4"),
 #   KOLO_PYTEST_CUDA_RANKS (the rank counts of test_torch_cuda.py: "1"
 #   and KOLO_PYTEST_RANKS, since it needs one GPU per rank and a machine
 #   may have one), KOLO_TEST_TIMEOUT (300).
@@ -31,7 +31,7 @@ python=${KOLO_PYTHON-/usr/bin/python3}
 kolorun=${KOLO_TEST_LAUNCHER:-$top/kolorun} # run-mpi.sh: kolorun --mpi
 lib=${KOLO_LIBRARY:-$top/.libs/libkolo.so}
 limit=${KOLO_TEST_TIMEOUT:-300}
-ranks=${KOLO_PYTEST_RANKS:-2 3}
+ranks=${KOLO_PYTEST_RANKS:-2 3 4}
 cuda_ranks=${KOLO_PYTEST_CUDA_RANKS:-1 $ranks}
 tests=$src/tests/python
 
