@@ -23,21 +23,16 @@ as indices and values unless sparse_as_dense), and every gradient when a
 pre-allreduce hook is registered (the hook sees all local gradients, so
 communication waits for the end of the backward pass).
 
-Parameters without a gradient. At the first synchronize() the ranks agree
-(one small allreduce of a flag per parameter) on which parameters got a
-gradient on some rank. From then on every such parameter is communicated at
-every step without further agreement: a rank that lacks its gradient
-contributes zeros, as in Horovod, so nobody waits forever and steady steps
-cost no extra negotiation round. Parameters that got no gradient on any
-rank at the first step are skipped with a warning (their .grad is left as
-it is, None for a parameter never used); only for models that have such
-parameters do the ranks check them again at every step (one tiny
-allreduce), in case a rank starts using them. A synchronize() on a rank
-that produced no gradient at all since the last step is an error.
+Parameters without a gradient. As in Horovod, every parameter of the
+optimizer is communicated at every step: a rank that lacks a parameter's
+gradient contributes zeros (whatever .grad holds, zeros where it is None),
+so nobody waits forever, and a parameter that got no gradient on any rank
+ends the step with a zero gradient, which weight decay and momentum still
+act on, exactly as in a Horovod run. A synchronize() on a rank that produced
+no gradient at all since the last step is an error.
 """
 
 import contextlib
-import zlib
 import warnings
 
 import torch
@@ -108,12 +103,6 @@ class _Distributed:
                 seen.add(id(p))
                 self._kolo_params.append(p)
         self._kolo_index = {id(p): i for i, p in enumerate(self._kolo_params)}
-        # The name of the presence agreement: the same on every rank for
-        # the same parameters, whatever else each rank has created.
-        self._kolo_uid = "%08x.%d" % (
-            zlib.crc32("\0".join(self._kolo_names[id(p)] for p in
-                                 self._kolo_params).encode()),
-            len(self._kolo_params))
         self._kolo_groups = self._kolo_make_groups(groups)
         self._kolo_group_of = {}
         for gi, members in enumerate(self._kolo_groups):
@@ -124,7 +113,6 @@ class _Distributed:
         self._kolo_sparse_ids = set()  # id(p) of sparse gradients seen
         self._kolo_handles = {}   # id(p) or ("group", gi) -> pending entry
         self._kolo_fired = False  # a hook fired since the last synchronize
-        self._kolo_unused = None  # indices without a gradient at step 1
         self._synchronized = False
         self._should_synchronize = True
         self._kolo_grad_accs = []
@@ -355,21 +343,11 @@ class _Distributed:
 
     # ---- synchronize -------------------------------------------------------
 
-    def _kolo_agree(self, flags, what):
-        """The OR over the ranks of the set of one flag per parameter."""
-        if not flags:
-            return []
-        t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.uint8)
-        mpi_ops.allreduce_(t, op=_core.Max,
-                           name="DistributedOptimizer.%s.%s"
-                           % (self._kolo_uid, what),
-                           process_set=self.process_set)
-        return [bool(f) for f in t.tolist()]
-
     def _kolo_presence(self):
-        """Which parameters are communicated this step (see the module's
-        docstring): all of them, but those that got no gradient on any rank
-        at the first step are checked again every step."""
+        """Which parameters are communicated this step: all of them, as in
+        Horovod, which gives a parameter without a gradient a zero one and
+        allreduces it (so weight decay and momentum still move it, as a
+        Horovod user's results show)."""
         params = self._kolo_params
         fired = [self._kolo_passes.get(id(p), 0) > 0 for p in params]
         if params and not any(fired):
@@ -379,17 +357,7 @@ class _Distributed:
                 "parameters of the optimizer got a gradient on rank %d since "
                 "the last step (was loss.backward() called?)"
                 % (len(params), _core.rank()))
-        if self._kolo_unused is None:  # the first step: learn the layout
-            present = self._kolo_agree(fired, "presence")
-            self._kolo_unused = [i for i, f in enumerate(present) if not f]
-            return present
-        present = [True] * len(params)
-        if self._kolo_unused:
-            again = self._kolo_agree([fired[i] for i in self._kolo_unused],
-                                     "unused")
-            for i, f in zip(self._kolo_unused, again):
-                present[i] = f
-        return present
+        return [True] * len(params)
 
     def synchronize(self):
         """Waits for the allreduce of every gradient and writes the results
@@ -411,16 +379,9 @@ class _Distributed:
     def _kolo_synchronize(self):
         present = self._kolo_presence()
         n = self.backward_passes_per_step
-        skipped = [p for p, f in zip(self._kolo_params, present) if not f]
-        if skipped:
-            warnings.warn(
-                "kolo DistributedOptimizer: no gradient for %s on any rank: "
-                "skipped (their .grad is left as it is)"
-                % ", ".join(self._kolo_names[id(p)] for p in skipped),
-                stacklevel=3)
         live = [p for p, f in zip(self._kolo_params, present) if f]
-        # Parameters some other rank has a gradient for, and this one not:
-        # contribute zeros (or whatever .grad holds).
+        # Parameters without a gradient on this rank contribute zeros (or
+        # whatever .grad holds), as in Horovod.
         for p in live:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
