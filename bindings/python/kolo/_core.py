@@ -638,12 +638,31 @@ def poll(handle):
     return True
 
 
+_wait = lib.kolo_wait
+_OK = _lib.OK
+
+
 def synchronize(handle):
     """Waits for the operation and returns its output (see the enqueuing
     function). Raises KoloError with the runtime's message if it failed."""
     p = _pending.pop(handle, None)
     if p is None:
         raise ValueError("unknown handle %r (already synchronized?)" % (handle,))
+    handles = p.handles
+    if len(handles) == 1 and not p.results:
+        # one kolo handle and no kolo_result_t (an allreduce): the same as
+        # below, with less work
+        try:
+            rc = _wait(handles[0])
+            if rc != _OK:
+                if rc == _lib.ERR_NOT_INITIALIZED:
+                    raise KoloValueError(_NOT_INITIALIZED, rc)
+                raise KoloError(_lib.last_error() or _lib.strerror(rc), rc)
+            return p.finish([None]) if p.finish is not None else None
+        finally:
+            p.keep = None
+            if p.release is not None:
+                p.release()
     results = []
     error = None
     try:

@@ -380,6 +380,12 @@ def _allreduce_async(tensor, output, name, op, prescale_factor,
         return _adasum_async([tensor], [output], name, prescale_factor,
                              postscale_factor, process_set, wire, passes,
                              key, grouped=False)
+    if output is tensor:
+        h = _allreduce_inplace_fast(tensor, name, op, prescale_factor,
+                                    postscale_factor, process_set, wire,
+                                    passes, average_passes, key)
+        if h is not None:
+            return h
     kd = _kdtype(tensor, "allreduce")
     op = _core.check_op(op)
     if output is not tensor:
@@ -407,6 +413,146 @@ def _allreduce_async(tensor, output, name, op, prescale_factor,
                           what=key, release=held.release)
 
 
+# ---- the fast path of an in-place allreduce of a host tensor ---------------
+#
+# What a training loop does most (DistributedOptimizer's hooks,
+# allreduce_async_ of a gradient): an in-place allreduce of a contiguous CPU
+# tensor. The general path above builds a kolo_opts_t, a shape array, two
+# aliases and three closures per call; this one does the same checks with
+# the least Python work: the kolo_opts_t (the runtime copies it, shape
+# included, at enqueue) is made once per combination of options and shape
+# and reused, one alias holds the memory, and one small object both
+# finishes and releases the operation. Same names, same checks, same
+# results, same errors: anything it does not handle (CUDA, non-contiguous
+# tensors, Adasum, an unknown op or dtype, more than MAX_DIMS dimensions,
+# a tensor that is not a plain strided tensor) goes the general way, which
+# raises the errors.
+
+_FAST_OPS = frozenset((Sum, Average, _core.Min, _core.Max, _core.Product))
+_fast_opts = {}      # options and shape -> ctypes.byref(kolo_opts_t)
+_FAST_OPTS_MAX = 4096
+_enqueue_opts = _lib.lib.kolo_allreduce_async_opts
+_OK = _lib.OK
+_STRIDED = torch.strided
+_GLOBAL = global_process_set
+_SCALARS = (float, int)
+_CPU = torch.device("cpu")
+
+
+class _InPlace:
+    """An in-place allreduce of a host tensor in flight: holds an alias of
+    the tensor (its memory), and is both the finish and the release of its
+    _core handle."""
+
+    __slots__ = ("key", "tensor", "alias", "address", "storage", "spec")
+
+    def finish(self, _results):
+        t, a = self.tensor, self.alias
+        if a.data_ptr() != self.address:
+            _Held.check(self)  # raises, naming the operation
+        if t.data_ptr() != self.address:
+            _write_back(self.key, [(t, a, self.spec)])
+        return t
+
+    # _Held.check reads these
+    @property
+    def what(self):
+        return self.key
+
+    @property
+    def aliases(self):
+        return [self.alias]
+
+    @property
+    def addresses(self):
+        return [self.address]
+
+    def release(self):
+        s = self.storage
+        if s:
+            self.storage = 0
+            with _in_flight_lock:
+                entry = _in_flight.get(s)
+                if entry is not None:
+                    entry[0] -= 1
+                    if entry[0] <= 0:
+                        del _in_flight[s]
+        self.alias = None
+
+
+def _allreduce_inplace_fast(tensor, name, op, prescale, postscale,
+                            process_set, wire, passes, average_passes, key):
+    """Enqueues an in-place allreduce of a contiguous CPU tensor and
+    returns its handle, or returns None (nothing done) where the general
+    path must take it."""
+    if (type(tensor) is not torch.Tensor or type(op) is not int or
+            op not in _FAST_OPS or type(prescale) not in _SCALARS or
+            type(postscale) not in _SCALARS or
+            (wire is not None and type(wire) is not int) or
+            type(passes) is not int or type(average_passes) is not bool or
+            tensor.layout is not _STRIDED or tensor.is_cuda or
+            not tensor.is_contiguous()):
+        return None
+    dtype = tensor.dtype
+    kd = _DTYPES.get(dtype)
+    shape = tuple(tensor.shape)
+    if (kd is None or len(shape) > _lib.MAX_DIMS or
+            tensor.device != _CPU):
+        return None
+    if process_set is _GLOBAL or process_set is None:
+        sid = 0
+    else:
+        sid = _core.set_id(process_set)
+    okey = (op, prescale, postscale, sid, wire, passes, average_passes,
+            shape)
+    cached = _fast_opts.get(okey)
+    if cached is None:
+        opts, keep = _core.make_opts(op, prescale, postscale, process_set,
+                                     wire, passes, average_passes,
+                                     shape or None, _HOST)
+        # (the byref, and what its memory belongs to)
+        cached = (ctypes.byref(opts), opts, keep)
+        if len(_fast_opts) >= _FAST_OPTS_MAX:
+            _fast_opts.clear()
+        _fast_opts[okey] = cached
+    ref = cached[0]
+    if key is None:
+        if name is None:
+            key = _core.op_key("allreduce", None, process_set)
+        elif type(name) is str:
+            key = "allreduce." + name
+        else:
+            key = _core.op_key("allreduce", name, process_set)
+    op_ = _InPlace()
+    op_.key = key
+    op_.tensor = tensor
+    alias = op_.alias = tensor.detach()
+    address = op_.address = alias.data_ptr()
+    op_.spec = (shape, dtype, _CPU)
+    if address:
+        storage = address - alias.storage_offset() * alias.element_size()
+        with _in_flight_lock:
+            entry = _in_flight.get(storage)
+            if entry is None:
+                _in_flight[storage] = [1, key]
+            else:
+                entry[0] += 1
+    else:
+        storage = 0
+    op_.storage = storage
+    h = _lib.handle_t(0)
+    try:
+        rc = _enqueue_opts(key.encode("utf-8"), address, address,
+                           alias.numel(), kd, ref, ctypes.byref(h))
+        if rc != _OK:
+            raise _core.refused(rc, "allreduce of '%s'" % key)
+    except BaseException:
+        op_.release()
+        raise
+    return _core.register((h.value,), op_, op_.finish, what=key,
+                          release=op_.release)
+
+
 def allreduce_async(tensor, average=None, name=None, op=None,
                     prescale_factor=1.0, postscale_factor=1.0,
                     process_set=global_process_set):
@@ -424,6 +570,14 @@ def allreduce_async_(tensor, average=None, name=None, op=None,
                      prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
     """Starts an in-place allreduce; synchronize(handle) returns `tensor`."""
+    if average is None:
+        if op is None:
+            op = Average
+        h = _allreduce_inplace_fast(tensor, name, op, prescale_factor,
+                                    postscale_factor, process_set, None, 1,
+                                    False, None)
+        if h is not None:
+            return h
     op = _core.resolve_op(op, average)
     return _allreduce_async(tensor, tensor, name, op, prescale_factor,
                             postscale_factor, process_set)
@@ -1082,7 +1236,8 @@ def synchronize(handle):
     and returns its output. A failed operation raises HorovodInternalError
     (kolo.KoloError, a RuntimeError) with the runtime's message. The handle
     of sparse_allreduce_async is called: its result is returned."""
-    if getattr(handle, "_kolo_sparse", None) is not None:
+    if type(handle) is not int and (
+            getattr(handle, "_kolo_sparse", None) is not None):
         return handle()
     return _core.synchronize(handle)
 
