@@ -111,6 +111,7 @@ static void record(kolo__timeline_t *tl, ev_type_t type, const char *tensor,
                    const char *phase, const char *args, int64_t ts)
 {
     event_t ev = {type, ts ? ts : kolo__now_us(), NULL, phase, NULL};
+    int active;
 
     if (!kolo__timeline_active(tl))
         return;
@@ -121,8 +122,11 @@ static void record(kolo__timeline_t *tl, ev_type_t type, const char *tensor,
         return;
     }
     pthread_mutex_lock(&tl->mu);
-    if (!tl->active || tl->count == RING_SIZE) {
-        if (tl->active)
+    /* active is also cleared outside the lock, by a write that failed
+     * (write_failed): always read it atomically. */
+    active = __atomic_load_n(&tl->active, __ATOMIC_RELAXED);
+    if (!active || tl->count == RING_SIZE) {
+        if (active)
             tl->dropped++;
         pthread_mutex_unlock(&tl->mu);
         free(ev.tensor);
