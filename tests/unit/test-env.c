@@ -463,7 +463,7 @@ START_TEST(timeout_must_be_positive)
         fake_reset();
         fake_set("KOLO_TIMEOUT_SECONDS", zeros[i]);
         snprintf(quoted, sizeof quoted, "'%s'", zeros[i]);
-        load_fails("KOLO_TIMEOUT_SECONDS", quoted, "positive",
+        load_fails("KOLO_TIMEOUT_SECONDS", quoted, "above 0",
                    (const char *)NULL);
     }
 }
