@@ -144,15 +144,19 @@ static int wants_gloo(const char *var)
 }
 #endif
 
+static const char *plain_getenv(const char *name) { return getenv(name); }
+
 /* A job started by mpirun or srun, not by kolorun (no KOLO_RANK and
- * KOLO_SIZE): the ranks come from MPI. Sets *mpi_launched. */
+ * KOLO_SIZE, nor their Horovod twins): the ranks come from MPI. Sets
+ * *mpi_launched. */
 static int mpi_configure(int *mpi_launched, kolo__err_t *err)
 {
     int launched_size = 0;
 
     *mpi_launched = 0;
     g_env_noverride = 0;
-    if (getenv("KOLO_RANK") != NULL || getenv("KOLO_SIZE") != NULL ||
+    if (kolo__config_get("KOLO_RANK", plain_getenv) != NULL ||
+        kolo__config_get("KOLO_SIZE", plain_getenv) != NULL ||
         !kolo__mpienv_launched(&launched_size))
         return KOLO_OK;
 #ifdef KOLO_HAVE_MPI
@@ -227,30 +231,20 @@ static void runtime_free(kolo__runtime_t *rt)
     free(rt);
 }
 
+static void note_variable(const char *msg, void *arg)
+{
+    kolo__log(*(int *)arg == 0 ? KOLO__LOG_WARNING : KOLO__LOG_DEBUG, "%s", msg);
+}
+
 /* KOLO_* variables that kolo does not know are typos more often than
- * not: say so once per kolo_init, naming the closest known name (rank 0
- * warns; the others, whose environment is usually the same, at debug). */
+ * not, and a HOROVOD_* variable kolo cannot honour should not pass in
+ * silence: say so once per kolo_init (env.c's kolo__config_scan; rank 0
+ * warns, the others, whose environment is usually the same, at debug). */
 static void warn_unknown_variables(int rank)
 {
     extern char **environ;
 
-    for (char **e = environ; e != NULL && *e != NULL; e++) {
-        char name[128];
-        const char *close;
-        size_t n = strcspn(*e, "=");
-
-        if (strncmp(*e, "KOLO_", 5) != 0 || n >= sizeof(name))
-            continue;
-        memcpy(name, *e, n);
-        name[n] = '\0';
-        if (kolo__config_is_known(name))
-            continue;
-        close = kolo__config_closest(name);
-        kolo__log(rank == 0 ? KOLO__LOG_WARNING : KOLO__LOG_DEBUG,
-                  "%s is not a variable kolo knows, and is ignored%s%s%s", name,
-                  close ? " (did you mean " : "", close ? close : "",
-                  close ? "?)" : "; the README's table lists the known ones");
-    }
+    kolo__config_scan(environ, env_get, note_variable, &rank);
 }
 
 /* The settings every rank must share, compared before any backend
