@@ -486,7 +486,8 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
                                  (long long)cfg->size);
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "%s=%lld but KOLO_RENDEZVOUS is not set: "
-                             "start multi-rank jobs with kolorun or mpirun",
+                             "start multi-rank jobs with kolorun, mpirun, "
+                             "torchrun or srun",
                              getenv_fn("KOLO_SIZE") ? "KOLO_SIZE"
                                                     : "HOROVOD_SIZE",
                              (long long)cfg->size);

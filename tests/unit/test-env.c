@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "env.h"
+#include "launchenv.h"
 
 /* ---- a fake environment ------------------------------------------------ */
 
@@ -676,6 +677,148 @@ START_TEST(scan_warns_once_per_finding)
 }
 END_TEST
 
+/* ---- torchrun and srun (launchenv.c) ----------------------------------- */
+
+static int detect(kolo__launchenv_t *le, kolo__err_t *err)
+{
+    kolo__err_clear(err);
+    return kolo__launchenv_detect(fake_getenv, le, err);
+}
+
+START_TEST(torchrun_places_the_rank)
+{
+    kolo__launchenv_t le;
+    kolo__err_t err;
+
+    fake_reset();
+    ck_assert_int_eq(detect(&le, &err), 0); /* no launcher: one rank */
+    fake_set("RANK", "5");
+    fake_set("WORLD_SIZE", "8");
+    fake_set("LOCAL_RANK", "1");
+    fake_set("LOCAL_WORLD_SIZE", "4");
+    fake_set("GROUP_RANK", "1");
+    fake_set("GROUP_WORLD_SIZE", "2");
+    fake_set("MASTER_ADDR", "node0.cluster");
+    fake_set("MASTER_PORT", "29500");
+    fake_set("TORCHELASTIC_RUN_ID", "job7");
+    fake_set("TORCHELASTIC_RESTART_COUNT", "2");
+    /* srun's variables too (srun torchrun ...): torchrun's are the rank's. */
+    fake_set("SLURM_PROCID", "0");
+    fake_set("SLURM_STEP_ID", "0");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_str_eq(le.launcher, "torchrun");
+    ck_assert_int_eq(le.rank, 5);
+    ck_assert_int_eq(le.size, 8);
+    ck_assert_int_eq(le.local_rank, 1);
+    ck_assert_int_eq(le.local_size, 4);
+    ck_assert_int_eq(le.cross_rank, 1);
+    ck_assert_int_eq(le.cross_size, 2);
+    ck_assert_str_eq(le.host, "node0.cluster");
+    ck_assert_int_eq(le.port, 29501);
+    ck_assert_str_eq(le.rendezvous, "redis:node0.cluster:29501/torchrun-job7-2");
+
+    /* One node: the server is reached on loopback. */
+    fake_set("RANK", "1");
+    fake_set("LOCAL_RANK", "1");
+    fake_set("WORLD_SIZE", "2");
+    fake_set("LOCAL_WORLD_SIZE", "2");
+    fake_set("GROUP_RANK", "0");
+    fake_set("GROUP_WORLD_SIZE", "1");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_str_eq(le.host, "127.0.0.1");
+    ck_assert_int_eq(le.cross_size, 1);
+
+    /* torch.distributed's env:// without torchrun's local variables. */
+    fake_reset();
+    fake_set("RANK", "0");
+    fake_set("WORLD_SIZE", "2");
+    fake_set("MASTER_ADDR", "127.0.0.1");
+    fake_set("MASTER_PORT", "29500");
+    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
+    ck_assert_msg(strstr(err.msg, "LOCAL_RANK is not set") != NULL, "%s", err.msg);
+    fake_set("LOCAL_RANK", "0");
+    fake_set("LOCAL_WORLD_SIZE", "2");
+    fake_set("RANK", "2");
+    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
+    ck_assert_msg(strstr(err.msg, "rank 2 of 2") != NULL, "%s", err.msg);
+    fake_set("RANK", "x");
+    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
+    ck_assert_msg(strstr(err.msg, "RANK='x'") != NULL, "%s", err.msg);
+}
+END_TEST
+
+START_TEST(srun_places_the_rank)
+{
+    kolo__launchenv_t le;
+    kolo__err_t err;
+
+    /* A batch script: SLURM_PROCID, but no step. */
+    fake_reset();
+    fake_set("SLURM_PROCID", "0");
+    fake_set("SLURM_NTASKS", "7");
+    fake_set("SLURM_JOB_ID", "4242");
+    ck_assert_int_eq(detect(&le, &err), 0);
+
+    /* srun -n 7 over 3 nodes, 3+3+1 tasks: task 6 on the third node. */
+    fake_set("SLURM_STEP_ID", "3");
+    fake_set("SLURM_PROCID", "6");
+    fake_set("SLURM_LOCALID", "0");
+    fake_set("SLURM_NODEID", "2");
+    fake_set("SLURM_NNODES", "3");
+    fake_set("SLURM_STEP_TASKS_PER_NODE", "3(x2),1");
+    fake_set("SLURM_STEP_NODELIST", "gpu[07-09],cpu1");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_str_eq(le.launcher, "srun");
+    ck_assert_int_eq(le.rank, 6);
+    ck_assert_int_eq(le.size, 7);
+    ck_assert_int_eq(le.local_rank, 0);
+    ck_assert_int_eq(le.local_size, 1);
+    ck_assert_int_eq(le.cross_rank, 2);
+    ck_assert_int_eq(le.cross_size, 3);
+    ck_assert_str_eq(le.host, "gpu07");
+    ck_assert_int_eq(le.port, 30000 + (4242 * 16 + 3) % 30000);
+    ck_assert_str_eq(strstr(le.rendezvous, "/"), "/srun-4242.3");
+    /* The second node has 3. */
+    fake_set("SLURM_NODEID", "1");
+    fake_set("SLURM_PROCID", "4");
+    fake_set("SLURM_LOCALID", "1");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_int_eq(le.local_size, 3);
+    /* MASTER_ADDR and MASTER_PORT, when the script sets them, win. */
+    fake_set("MASTER_ADDR", "10.1.1.1");
+    fake_set("MASTER_PORT", "29500");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_str_eq(le.rendezvous, "redis:10.1.1.1:29501/srun-4242.3");
+    /* SLURM_NTASKS_PER_NODE when the per-node list is absent. */
+    fake_reset();
+    fake_set("SLURM_STEP_ID", "0");
+    fake_set("SLURM_PROCID", "1");
+    fake_set("SLURM_NTASKS", "4");
+    fake_set("SLURM_LOCALID", "1");
+    fake_set("SLURM_NODEID", "0");
+    fake_set("SLURM_NNODES", "2");
+    fake_set("SLURM_NTASKS_PER_NODE", "2");
+    fake_set("SLURM_JOB_NODELIST", "a,b");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_int_eq(le.local_size, 2);
+    ck_assert_str_eq(le.host, "a");
+    /* One node: loopback, whatever the list says. */
+    fake_set("SLURM_NNODES", "1");
+    fake_set("SLURM_NTASKS_PER_NODE", "4");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_str_eq(le.host, "127.0.0.1");
+    /* Missing: named. */
+    fake_set("SLURM_NNODES", "2");
+    fake_set("SLURM_NTASKS_PER_NODE", "2");
+    fake_set("SLURM_JOB_NODELIST", "bad[1-2");
+    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
+    ck_assert_msg(strstr(err.msg, "MASTER_ADDR") != NULL, "%s", err.msg);
+    fake_set("SLURM_TASKS_PER_NODE", "2(x");
+    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
+    ck_assert_msg(strstr(err.msg, "SLURM_TASKS_PER_NODE='2(x'") != NULL, "%s", err.msg);
+}
+END_TEST
+
 static Suite *env_suite(void)
 {
     Suite *s = suite_create("env");
@@ -711,6 +854,10 @@ static Suite *env_suite(void)
     tcase_add_test(tc, scan_warns_once_per_finding);
     suite_add_tcase(s, tc);
 
+    tc = tcase_create("launchers");
+    tcase_add_test(tc, torchrun_places_the_rank);
+    tcase_add_test(tc, srun_places_the_rank);
+    suite_add_tcase(s, tc);
     return s;
 }
 
