@@ -550,6 +550,10 @@ int kolo_built(const char *what)
     if (strcmp(what, "mpi") == 0)
         return 1;
 #endif
+#ifdef KOLO_HAVE_SHM
+    if (strcmp(what, "shm") == 0)
+        return 1;
+#endif
 #ifdef KOLO_HAVE_CUDA
     if (strcmp(what, "cuda") == 0)
         return 1;

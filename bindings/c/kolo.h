@@ -495,7 +495,7 @@ KOLO_EXPORT int kolo_stop_timeline(void);
 /* ---- What this build has ----------------------------------------------- */
 
 /* Nonzero if this kolo was built with the backend or device support named
- * ("gloo", "mpi", "cuda", "nccl"), else 0: 1, except for "nccl", which
+ * ("gloo", "mpi", "shm", "cuda", "nccl"), else 0: 1, except for "nccl", which
  * gives NCCL's version code (22809 for NCCL 2.28.9), as Horovod's
  * nccl_built() does. */
 KOLO_EXPORT int kolo_built(const char *what);
