@@ -1056,13 +1056,14 @@ static int kolorun_knob_match(int argc, char **argv, int *i, const char *arg,
         return 0;
     }
     /* Refused before its value is read: the refusal says enough. */
-    if (k->kind == KR_REFUSED &&
-        (strncmp(arg, k->flag, strlen(k->flag)) == 0 ||
-         (k->alias && strncmp(arg, k->alias, strlen(k->alias)) == 0))) {
-        const char *rest = arg + strlen(strncmp(arg, k->flag, strlen(k->flag)) == 0
-                                            ? k->flag : k->alias);
-        if (*rest == '\0' || *rest == '=')
-            kolorun_refuse(k->flag, k->why);
+    if (k->kind == KR_REFUSED) {
+        for (int j = 0; j < 2; j++) {
+            const char *name = j == 0 ? k->flag : k->alias;
+            size_t n = name ? strlen(name) : 0;
+            if (name && strncmp(arg, name, n) == 0 &&
+                (arg[n] == '\0' || arg[n] == '='))
+                kolorun_refuse(name, k->why);
+        }
     }
     if ((*value = kolorun_opt_value(argc, argv, i, arg, k->flag)) ||
         (k->alias && (*value = kolorun_opt_value(argc, argv, i, arg, k->alias))))
@@ -1334,8 +1335,13 @@ static void *kolorun_libkolo(char *path, size_t n, char *why, size_t wn)
     snprintf(cand[nc++], sizeof cand[0], "libkolo.so.0");
     why[0] = '\0';
     for (int i = 0; i < nc; i++) {
-        if (strchr(cand[i], '/') && access(cand[i], F_OK) != 0)
+        if (strchr(cand[i], '/') && access(cand[i], F_OK) != 0) {
+            if (i == 0 && env && *env) {
+                snprintf(why, wn, "KOLO_LIBRARY=%.400s: %s", env, strerror(errno));
+                return NULL; /* KOLO_LIBRARY names the one to use */
+            }
             continue;
+        }
         void *h = dlopen(cand[i], RTLD_NOW | RTLD_LOCAL);
         if (h && dlsym(h, "kolo_built")) {
             snprintf(path, n, "%.4199s", cand[i]);
@@ -1626,8 +1632,11 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
                                          &v)) != 0)
                 knob = j;
         if (knob >= 0) {
+            /* Messages name the spelling given, without its =VALUE. */
+            char what[64];
+            snprintf(what, sizeof what, "%.*s", (int)strcspn(a, "="), a);
             kolorun_knob_apply(o, &kolorun_knobs[knob], on == 2 ? "0" : v,
-                               kolorun_knobs[knob].flag);
+                               what);
             given[knob] = 1;
             continue;
         }
