@@ -815,8 +815,9 @@ KOLO_STALL_CHECK_DISABLE=0
 KOLO_TIMELINE_MARK_CYCLES=0"
 kr --num-proc 2 --network-interfaces lo,eth9 --network-interface eth10 --tcp \
     sh -c "$SETTINGS"
-expect "--num-proc; the first interface binds, NCCL gets all; --tcp keeps NCCL off InfiniBand" \
-    eq "$(sort -u "$OUT")" "KOLO_NETWORK_INTERFACE=lo
+expect "exit status 0 (got $rc)" eq "$rc" 0
+expect "--num-proc; the last flag's first interface binds, NCCL gets all; --tcp keeps NCCL off InfiniBand" \
+    eq "$(sort -u "$OUT")" "KOLO_NETWORK_INTERFACE=eth10
 NCCL_IB_DISABLE=1
 NCCL_SOCKET_IFNAME=lo,eth9,eth10"
 end

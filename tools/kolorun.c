@@ -486,8 +486,9 @@ static void kolorun_usage(FILE *f)
         "  --rendezvous-dir DIR     ranks meet in a fresh directory under DIR, a\n"
         "                           file system every host shares\n"
         "  --network-interfaces IF,...  (or --network-interface IF, repeatable)\n"
-        "                           ranks bind the first one's address on their\n"
-        "                           host for Gloo; NCCL_SOCKET_IFNAME gets all\n"
+        "                           ranks bind the address of the first IF of\n"
+        "                           the last such flag on their host for Gloo;\n"
+        "                           NCCL_SOCKET_IFNAME gets them all\n"
         "\n"
         "Each rank gets KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,\n"
         "KOLO_CROSS_RANK (its host's index), KOLO_CROSS_SIZE (hosts),\n"
@@ -1258,9 +1259,11 @@ static void kolorun_config_file(kolorun_opts_t *o, const char *path,
     fclose(f);
 }
 
-/* --network-interface(s): a comma list, repeatable; the first is the one
- * Gloo binds (KOLO_NETWORK_INTERFACE, as horovodrun's HOROVOD_GLOO_IFACE),
- * all of them go to NCCL (NCCL_SOCKET_IFNAME), as horovodrun does. */
+/* --network-interface(s): a comma list, repeatable. All of them go to NCCL
+ * (NCCL_SOCKET_IFNAME), as horovodrun does; Gloo binds one
+ * (KOLO_NETWORK_INTERFACE, horovodrun's HOROVOD_GLOO_IFACE, which it takes
+ * from a set in no order): the first of the last flag, so that a later
+ * flag overrides an earlier one as everywhere on kolorun's line. */
 static void kolorun_add_nics(kolorun_opts_t *o, const char *list,
                              const char *flag)
 {
@@ -1288,8 +1291,10 @@ static void kolorun_add_nics(kolorun_opts_t *o, const char *list,
             free(o->nics);
             o->nics = all;
         }
-        if (!o->network_interface)
+        if (p == list) {
+            free(o->network_interface);
             o->network_interface = strndup(p, n);
+        }
         if (p[n] == '\0')
             break;
         p += n + 1;
