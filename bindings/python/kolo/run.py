@@ -94,6 +94,17 @@ def _find_kolorun():
         "kolo, or make install it" % (", ".join(tried) or "nothing"))
 
 
+def _site_dirs():
+    import site
+    import sysconfig
+    dirs = set(sysconfig.get_paths().get(k) for k in ("purelib", "platlib"))
+    try:
+        dirs.update(site.getsitepackages())
+    except AttributeError:  # some virtualenvs' old site.py
+        pass
+    return {os.path.abspath(d) for d in dirs if d}
+
+
 def _pickler():
     try:
         import cloudpickle  # carries lambdas and nested functions by value
@@ -260,11 +271,13 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None,
                 work]
 
         env = dict(os.environ)
-        # The ranks import kolo as this process did.
+        # The ranks import kolo as this process did: from a source tree,
+        # through PYTHONPATH (an installed kolo is on their path already).
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(
-            [here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                      if p and p != here])
+        if here not in _site_dirs():
+            env["PYTHONPATH"] = os.pathsep.join(
+                [here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                          if p and p != here])
         from . import _lib
         env.setdefault("KOLO_LIBRARY", os.path.abspath(_lib.path))
         kolorun_lines = []
