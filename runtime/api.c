@@ -23,8 +23,10 @@
 #include "agree.h"
 #include "api.h"
 #include "gpu.h"
+#include "launchenv.h"
 #include "mpienv.h"
 #include "peers.h"
+#include "rdvserver.h"
 #include "timeline.h"
 #include "reduce.h"
 #include "runtime.h"
@@ -108,12 +110,22 @@ kolo__pset_t *kolo__api_set(kolo__runtime_t *rt, int id, const char *what,
 /* ---- life cycle ----------------------------------------------------------- */
 
 /* The variables kolo_init reads: the environment, except where a job
- * started by mpirun supplies them from MPI (mpi_configure). */
+ * started by mpirun supplies them from MPI (mpi_configure), or one started
+ * by torchrun or srun from their variables (launcher_configure). */
 static struct {
     const char *name;
     char value[4200];
-} g_env_override[8];
+} g_env_override[12];
 static int g_env_noverride;
+
+/* torchrun or srun: rank 0 serves the rendezvous at this port, the others
+ * wait for it there (after the configuration is read: KOLO_START_TIMEOUT
+ * bounds the wait). port 0: no such job, or the user named a rendezvous. */
+static struct {
+    int port;
+    char host[256];
+    char why[300];
+} g_serve;
 
 static const char *env_get(const char *name)
 {
@@ -123,7 +135,8 @@ static const char *env_get(const char *name)
     return getenv(name);
 }
 
-#ifdef KOLO_HAVE_MPI
+static void env_override(const char *name, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 static void env_override(const char *name, const char *fmt, ...)
 {
     va_list ap;
@@ -137,6 +150,7 @@ static void env_override(const char *name, const char *fmt, ...)
     g_env_noverride++;
 }
 
+#ifdef KOLO_HAVE_MPI
 static int wants_gloo(const char *var)
 {
     const char *v = getenv(var);
@@ -144,17 +158,73 @@ static int wants_gloo(const char *var)
 }
 #endif
 
-/* A job started by mpirun or srun, not by kolorun (no KOLO_RANK and
- * KOLO_SIZE): the ranks come from MPI. Sets *mpi_launched. */
+static const char *plain_getenv(const char *name) { return getenv(name); }
+
+/* A job started by torchrun or by srun without MPI (launchenv.c): the
+ * ranks take their places from the launcher's variables, and meet at the
+ * rendezvous rank 0 serves unless KOLO_RENDEZVOUS names one. */
+static int launcher_configure(kolo__err_t *err)
+{
+    kolo__launchenv_t le;
+    const char *rdv = getenv("KOLO_RENDEZVOUS");
+    int rc = kolo__launchenv_detect(plain_getenv, &le, err);
+
+    if (rc <= 0)
+        return rc;
+    env_override("KOLO_RANK", "%d", le.rank);
+    env_override("KOLO_SIZE", "%d", le.size);
+    env_override("KOLO_LOCAL_RANK", "%d", le.local_rank);
+    env_override("KOLO_LOCAL_SIZE", "%d", le.local_size);
+    env_override("KOLO_CROSS_RANK", "%d", le.cross_rank);
+    env_override("KOLO_CROSS_SIZE", "%d", le.cross_size);
+    if ((rdv == NULL || rdv[0] == '\0') && le.size > 1) {
+        env_override("KOLO_RENDEZVOUS", "%s", le.rendezvous);
+        g_serve.port = le.port;
+        snprintf(g_serve.host, sizeof(g_serve.host), "%s", le.host);
+        snprintf(g_serve.why, sizeof(g_serve.why), "%s", le.where);
+    }
+    /* Peers on other nodes must reach this rank's transport. */
+    if (kolo__config_get("KOLO_HOSTNAME", plain_getenv) == NULL &&
+        kolo__config_get("KOLO_NETWORK_INTERFACE", plain_getenv) == NULL &&
+        le.cross_size > 1) {
+        char host[256] = "";
+        if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0')
+            env_override("KOLO_HOSTNAME", "%s", host);
+    }
+    kolo__debug("started by %s: rank %d of %d, local rank %d of %d, node %d "
+                "of %d", le.launcher, le.rank, le.size, le.local_rank,
+                le.local_size, le.cross_rank, le.cross_size);
+    return KOLO_OK;
+}
+
+/* Rank 0 of a job started by torchrun or srun serves the rendezvous; the
+ * others wait until it answers, for at most KOLO_START_TIMEOUT. */
+static int serve_rendezvous(const kolo__config_t *cfg, kolo__err_t *err)
+{
+    if (g_serve.port == 0)
+        return KOLO_OK;
+    if (cfg->rank == 0)
+        return kolo__rdvserver_start(g_serve.port, g_serve.why, err);
+    return kolo__rdvserver_wait(g_serve.host, g_serve.port,
+                                cfg->start_timeout_s, g_serve.why, err);
+}
+
+/* Where this process stands when kolorun did not start it (no KOLO_RANK,
+ * KOLO_SIZE or their Horovod twins): from MPI under mpirun (or srun with
+ * an MPI plugin), else from torchrun's or srun's variables, else a job of
+ * one rank. Sets *mpi_launched. */
 static int mpi_configure(int *mpi_launched, kolo__err_t *err)
 {
     int launched_size = 0;
 
     *mpi_launched = 0;
     g_env_noverride = 0;
-    if (getenv("KOLO_RANK") != NULL || getenv("KOLO_SIZE") != NULL ||
-        !kolo__mpienv_launched(&launched_size))
+    memset(&g_serve, 0, sizeof(g_serve));
+    if (kolo__config_get("KOLO_RANK", plain_getenv) != NULL ||
+        kolo__config_get("KOLO_SIZE", plain_getenv) != NULL)
         return KOLO_OK;
+    if (!kolo__mpienv_launched(&launched_size))
+        return launcher_configure(err);
 #ifdef KOLO_HAVE_MPI
     {
         kolo__mpienv_t m;
@@ -182,6 +252,14 @@ static int mpi_configure(int *mpi_launched, kolo__err_t *err)
         return KOLO_OK;
     }
 #else
+    {
+        /* srun with an MPI plugin also sets PMI's variables: without MPI,
+         * Slurm's own say the same. */
+        kolo__launchenv_t le;
+        kolo__err_t ignored;
+        if (kolo__launchenv_detect(plain_getenv, &le, &ignored) != 0)
+            return launcher_configure(err);
+    }
     if (launched_size > 1)
         return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
                              "this process was started by an MPI launcher "
@@ -227,30 +305,20 @@ static void runtime_free(kolo__runtime_t *rt)
     free(rt);
 }
 
+static void note_variable(const char *msg, void *arg)
+{
+    kolo__log(*(int *)arg == 0 ? KOLO__LOG_WARNING : KOLO__LOG_DEBUG, "%s", msg);
+}
+
 /* KOLO_* variables that kolo does not know are typos more often than
- * not: say so once per kolo_init, naming the closest known name (rank 0
- * warns; the others, whose environment is usually the same, at debug). */
+ * not, and a HOROVOD_* variable kolo cannot honour should not pass in
+ * silence: say so once per kolo_init (env.c's kolo__config_scan; rank 0
+ * warns, the others, whose environment is usually the same, at debug). */
 static void warn_unknown_variables(int rank)
 {
     extern char **environ;
 
-    for (char **e = environ; e != NULL && *e != NULL; e++) {
-        char name[128];
-        const char *close;
-        size_t n = strcspn(*e, "=");
-
-        if (strncmp(*e, "KOLO_", 5) != 0 || n >= sizeof(name))
-            continue;
-        memcpy(name, *e, n);
-        name[n] = '\0';
-        if (kolo__config_is_known(name))
-            continue;
-        close = kolo__config_closest(name);
-        kolo__log(rank == 0 ? KOLO__LOG_WARNING : KOLO__LOG_DEBUG,
-                  "%s is not a variable kolo knows, and is ignored%s%s%s", name,
-                  close ? " (did you mean " : "", close ? close : "",
-                  close ? "?)" : "; the README's table lists the known ones");
-    }
+    kolo__config_scan(environ, env_get, note_variable, &rank);
 }
 
 /* The settings every rank must share, compared before any backend
@@ -346,6 +414,7 @@ int kolo_init(void)
     rt->generation = g_generation++;
     kolo__log_set_rank(rt->rank);
     warn_unknown_variables(rt->rank);
+    KOLO__CHECK_GOTO(serve_rendezvous(&rt->cfg, &err), rc, free_rt);
 
     rt->timeline = kolo__timeline_new(rt->rank, rt->size, rt->cfg.job_start_us);
     if (rt->timeline == NULL) {
@@ -497,6 +566,10 @@ int kolo_built(const char *what)
 #endif
 #ifdef KOLO_HAVE_MPI
     if (strcmp(what, "mpi") == 0)
+        return 1;
+#endif
+#ifdef KOLO_HAVE_SHM
+    if (strcmp(what, "shm") == 0)
         return 1;
 #endif
 #ifdef KOLO_HAVE_CUDA

@@ -2,11 +2,23 @@
  * env.c — one table drives the parsing, the defaults and the documentation
  * of every KOLO_* variable, so the three can never disagree.
  *
- * Each row: {name, default, doc, parser, offset into kolo__config_t}. A
- * parser takes the text and a pointer to the field and returns 0, or -1 with
- * a short description of what it expected; kolo__config_load turns that into
- * a message naming the variable. Cross-field checks (rank < size, ...) come
- * after the table.
+ * Each row: {name, default, doc, parser, offset into kolo__config_t, agree,
+ * twin}. A parser takes the text and a pointer to the field and returns 0,
+ * or -1 with a short description of what it expected; kolo__config_load
+ * turns that into a message naming the variable. Cross-field checks (rank <
+ * size, ...) come after the table.
+ *
+ * Horovod's twins. A row's twin is the HOROVOD_* variable of the same
+ * setting, in the same unit (HOROVOD_FUSION_THRESHOLD in bytes,
+ * HOROVOD_CYCLE_TIME in milliseconds), so that a job written for Horovod
+ * runs with the settings it had. The twin is read, through the row's own
+ * parser, only where the KOLO_* variable is not set: KOLO_* wins, and
+ * kolo__config_scan warns when both are set to different values. A bad
+ * twin's value fails kolo_init naming the twin. The settings the ranks
+ * compare (agree.c) are the parsed fields, so a twin on one rank and the
+ * KOLO_* name on another agree when their values do. Horovod variables
+ * without a kolo meaning are listed below the table (horovod_notes), each
+ * with the reason kolo_init gives when one is set.
  */
 #include "env.h"
 
@@ -19,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -32,6 +45,8 @@ typedef struct config_row {
     size_t offset;
     int agree; /* AGREE: every rank must have the same value (kolo_init
                 * compares them, agree.c); 0: a per-rank value is harmless */
+    const char *twin; /* Horovod's variable for the same setting, read when
+                       * `name` is not set; NULL: none */
 } config_row_t;
 
 #define AGREE 1
@@ -175,14 +190,18 @@ static int parse_iface(const char *text, void *field, const char **expected)
     return 0;
 }
 
+/* In any case: Horovod's HOROVOD_CONTROLLER=GLOO means gloo. */
 static int parse_backend(const char *text, void *field, const char **expected)
 {
+    static const char *const names[] = {"auto", "gloo", "mpi", "shm"};
+
     *expected = "auto, gloo, mpi or shm";
-    if (strcmp(text, "auto") != 0 && strcmp(text, "gloo") != 0 &&
-        strcmp(text, "mpi") != 0 && strcmp(text, "shm") != 0)
-        return -1;
-    strcpy(field, text);
-    return 0;
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcasecmp(text, names[i]) == 0) {
+            strcpy(field, names[i]);
+            return 0;
+        }
+    return -1;
 }
 
 static int parse_auto_bool(const char *text, void *field, const char **expected)
@@ -202,7 +221,10 @@ static int parse_level(const char *text, void *field, const char **expected)
     int level;
 
     *expected = "one of trace, debug, info, warning, error, off";
-    if (kolo__log_level_parse(text, &level) != 0)
+    /* Horovod's FATAL: kolo logs nothing above its errors. */
+    if (strcasecmp(text, "fatal") == 0)
+        level = KOLO__LOG_ERROR;
+    else if (kolo__log_level_parse(text, &level) != 0)
         return -1;
     *(int64_t *)field = level;
     return 0;
@@ -211,85 +233,99 @@ static int parse_level(const char *text, void *field, const char **expected)
 #define F(field) offsetof(kolo__config_t, field)
 
 static const config_row_t rows[] = {
-    {"KOLO_RANK", "0", "rank of this process", parse_nonneg, F(rank), PER_RANK},
-    {"KOLO_SIZE", "1", "number of ranks in the job", parse_positive, F(size), AGREE},
+    {"KOLO_RANK", "0", "rank of this process", parse_nonneg, F(rank), PER_RANK,
+     "HOROVOD_RANK"},
+    {"KOLO_SIZE", "1", "number of ranks in the job", parse_positive, F(size),
+     AGREE, "HOROVOD_SIZE"},
     {"KOLO_LOCAL_RANK", NULL, "rank among the ranks of this host (default: KOLO_RANK)",
-     parse_nonneg, F(local_rank), PER_RANK},
+     parse_nonneg, F(local_rank), PER_RANK, "HOROVOD_LOCAL_RANK"},
     {"KOLO_LOCAL_SIZE", NULL, "ranks on this host (default: KOLO_SIZE)",
-     parse_positive, F(local_size), PER_RANK},
-    {"KOLO_CROSS_RANK", "0", "index of this host", parse_nonneg, F(cross_rank), PER_RANK},
-    {"KOLO_CROSS_SIZE", "1", "number of hosts", parse_positive, F(cross_size), AGREE},
+     parse_positive, F(local_size), PER_RANK, "HOROVOD_LOCAL_SIZE"},
+    {"KOLO_CROSS_RANK", "0", "index of this host", parse_nonneg, F(cross_rank),
+     PER_RANK, "HOROVOD_CROSS_RANK"},
+    {"KOLO_CROSS_SIZE", "1", "number of hosts", parse_positive, F(cross_size),
+     AGREE, "HOROVOD_CROSS_SIZE"},
     {"KOLO_RENDEZVOUS", "", "where ranks meet: file:DIR or "
      "redis:HOST:PORT[/JOB] (kolorun sets it)",
-     parse_string, F(rendezvous), PER_RANK},
+     parse_string, F(rendezvous), PER_RANK, NULL},
     {"KOLO_HOSTNAME", "127.0.0.1", "address this rank's transport binds",
-     parse_host, F(hostname), PER_RANK},
+     parse_host, F(hostname), PER_RANK, "HOROVOD_HOSTNAME"},
     {"KOLO_NETWORK_INTERFACE", "", "bind this interface's address instead "
      "of KOLO_HOSTNAME (kolorun --network-interface)", parse_iface,
-     F(network_interface), PER_RANK},
+     F(network_interface), PER_RANK, "HOROVOD_GLOO_IFACE"},
     {"KOLO_FUSION_THRESHOLD", "134217728",
      "bytes of tensors fused into one reduction (0: no fusion)", parse_bytes,
-     F(fusion_threshold), AGREE},
+     F(fusion_threshold), AGREE, "HOROVOD_FUSION_THRESHOLD"},
     {"KOLO_CHUNK_BYTES", "auto",
      "allreduces are reduced in pieces of this many bytes, each copied in, "
      "reduced and copied out while it is in cache (0: whole batches; auto: "
      "16M over Gloo, 4M otherwise; over Gloo or MPI a lone tensor that is "
      "neither scaled nor averaged goes whole)",
-     parse_chunk, F(chunk_bytes), AGREE},
+     parse_chunk, F(chunk_bytes), AGREE, NULL},
     {"KOLO_CYCLE_TIME", "5",
      "milliseconds between negotiation rounds while tensors wait for other ranks",
-     parse_seconds, F(cycle_time_ms), AGREE},
+     parse_seconds, F(cycle_time_ms), AGREE, "HOROVOD_CYCLE_TIME"},
     {"KOLO_CACHE_CAPACITY", "1024",
      "negotiated tensors remembered by the response cache (0: off)",
-     parse_nonneg, F(cache_capacity), AGREE},
+     parse_nonneg, F(cache_capacity), AGREE, "HOROVOD_CACHE_CAPACITY"},
     {"KOLO_TIMEOUT_SECONDS", "60",
      "a backend operation that makes no progress this long fails",
-     parse_positive_seconds, F(timeout_s), PER_RANK},
+     parse_positive_seconds, F(timeout_s), PER_RANK,
+     "HOROVOD_GLOO_TIMEOUT_SECONDS"},
     {"KOLO_START_TIMEOUT", "60",
      "seconds init waits for every rank to arrive", parse_positive_seconds,
-     F(start_timeout_s), PER_RANK},
-    {"KOLO_LOG_LEVEL", "warning", "trace, debug, info, warning, error or off",
-     parse_level, F(log_level), PER_RANK},
+     F(start_timeout_s), PER_RANK, "HOROVOD_START_TIMEOUT"},
+    {"KOLO_LOG_LEVEL", "warning", "trace, debug, info, warning, error or off "
+     "(Horovod's fatal: error)", parse_level, F(log_level), PER_RANK,
+     "HOROVOD_LOG_LEVEL"},
     {"KOLO_TIMELINE", "", "write a Chrome-trace timeline to this file (rank 0, "
      "or every rank with KOLO_TIMELINE_ALL_RANKS=1); DYNAMIC: none until "
-     "start_timeline", parse_string, F(timeline), PER_RANK},
+     "start_timeline", parse_string, F(timeline), PER_RANK, "HOROVOD_TIMELINE"},
     {"KOLO_TIMELINE_MARK_CYCLES", "0", "1: mark every negotiation round",
-     parse_nonneg, F(timeline_mark_cycles), PER_RANK},
+     parse_nonneg, F(timeline_mark_cycles), PER_RANK,
+     "HOROVOD_TIMELINE_MARK_CYCLES"},
     {"KOLO_TIMELINE_ALL_RANKS", "0",
      "1: every rank writes its own timeline, FILE with the rank before .json",
-     parse_nonneg, F(timeline_all_ranks), PER_RANK},
+     parse_nonneg, F(timeline_all_ranks), PER_RANK, NULL},
     {"KOLO_JOB_START_US", "0", "the job's start (kolorun sets it): time zero "
-     "of every rank's timeline", parse_nonneg, F(job_start_us), PER_RANK},
+     "of every rank's timeline", parse_nonneg, F(job_start_us), PER_RANK, NULL},
+    {"KOLO_STALL_CHECK_DISABLE", "0", "1: no stall check at all, neither "
+     "warnings nor shutdown (kolorun --no-stall-check)", parse_nonneg,
+     F(stall_check_disable), PER_RANK, "HOROVOD_STALL_CHECK_DISABLE"},
     {"KOLO_STALL_CHECK_TIME_SECONDS", "60",
      "warn when some ranks wait this long for a tensor others have not "
      "enqueued (0: off)",
-     parse_seconds, F(stall_check_s), PER_RANK},
+     parse_seconds, F(stall_check_s), PER_RANK,
+     "HOROVOD_STALL_CHECK_TIME_SECONDS"},
     {"KOLO_STALL_SHUTDOWN_TIME_SECONDS", "0",
      "stop the job when a tensor waits this long for other ranks (0: off)",
-     parse_seconds, F(stall_shutdown_s), PER_RANK},
+     parse_seconds, F(stall_shutdown_s), PER_RANK,
+     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"},
     {"KOLO_CONTROLLER", "auto", "backend that negotiates: shm when every "
      "rank is on one host, else gloo (auto), gloo, mpi or shm",
-     parse_backend, F(controller), AGREE},
+     parse_backend, F(controller), AGREE, "HOROVOD_CONTROLLER"},
     {"KOLO_CPU_OPERATIONS", "auto", "backend that moves host tensors: shm "
      "when every rank is on one host, else gloo (auto), gloo, mpi or shm",
-     parse_backend, F(cpu_operations), AGREE},
+     parse_backend, F(cpu_operations), AGREE, "HOROVOD_CPU_OPERATIONS"},
     {"KOLO_HIERARCHICAL_ALLREDUCE", "auto", "allreduce through shared memory "
      "within each host and the network across hosts (auto: on when a job "
      "spans hosts with several ranks on each)", parse_auto_bool,
-     F(hierarchical), AGREE},
+     F(hierarchical), AGREE, "HOROVOD_HIERARCHICAL_ALLREDUCE"},
     {"KOLO_SHM_SLOT_BYTES", "auto", "shared memory: bytes each rank "
      "writes per step (a chunk of an allreduce); 4K to 1G, or auto: a "
      "quarter of the L2 cache, 256K to 1M", parse_bytes_auto,
-     F(shm_slot_bytes), AGREE},
+     F(shm_slot_bytes), AGREE, NULL},
     {"KOLO_SHM_SPIN_US", "50", "shared memory: microseconds a rank spins "
      "before it sleeps, when the host has a core per rank (0: never spin)",
-     parse_nonneg, F(shm_spin_us), PER_RANK},
+     parse_nonneg, F(shm_spin_us), PER_RANK, NULL},
     {"KOLO_AUTOTUNE", "0", "1: tune the fusion threshold, chunk size and "
-     "cycle time on the running job", parse_nonneg, F(autotune), AGREE},
+     "cycle time on the running job", parse_nonneg, F(autotune), AGREE,
+     "HOROVOD_AUTOTUNE"},
     {"KOLO_AUTOTUNE_LOG", "", "rank 0 writes every autotune window there "
-     "(CSV)", parse_string, F(autotune_log), PER_RANK},
+     "(CSV)", parse_string, F(autotune_log), PER_RANK, "HOROVOD_AUTOTUNE_LOG"},
     {"KOLO_AUTOTUNE_WINDOW", "20", "autotune: rounds with work per measured "
-     "window", parse_positive, F(autotune_window), AGREE},
+     "window", parse_positive, F(autotune_window), AGREE,
+     "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"},
 };
 
 #undef F
@@ -379,13 +415,30 @@ static int interface_address(const char *iface, char *out, size_t len,
     return found;
 }
 
+/* The text of a row's variable: NAME, else its Horovod twin (*from says
+ * which), else NULL. */
+static const char *row_text(const config_row_t *row,
+                            const char *(*getenv_fn)(const char *),
+                            const char **from)
+{
+    const char *value = getenv_fn(row->name);
+
+    *from = row->name;
+    if (value == NULL && row->twin != NULL &&
+        (value = getenv_fn(row->twin)) != NULL)
+        *from = row->twin;
+    return value;
+}
+
 int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *),
                       kolo__err_t *err)
 {
+    const char *from;
+
     memset(cfg, 0, sizeof(*cfg));
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
         const config_row_t *row = &rows[i];
-        const char *value = getenv_fn(row->name);
+        const char *value = row_text(row, getenv_fn, &from);
         const char *expected = "";
         void *field = (char *)cfg + row->offset;
 
@@ -397,13 +450,17 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
             return kolo__err_set(err, KOLO_ERR_CONFIG,
                                  "environment variable %s='%.200s%s' is "
                                  "invalid: expected %s",
-                                 row->name, value,
+                                 from, value,
                                  strlen(value) > 200 ? "..." : "", expected);
     }
-    if (getenv_fn("KOLO_LOCAL_RANK") == NULL)
+    if (kolo__config_get("KOLO_LOCAL_RANK", getenv_fn) == NULL)
         cfg->local_rank = cfg->rank;
-    if (getenv_fn("KOLO_LOCAL_SIZE") == NULL)
+    if (kolo__config_get("KOLO_LOCAL_SIZE", getenv_fn) == NULL)
         cfg->local_size = cfg->size;
+    /* Horovod's HOROVOD_STALL_CHECK_DISABLE turns the stall inspector off,
+     * warnings and shutdown alike. */
+    if (cfg->stall_check_disable > 0)
+        cfg->stall_check_s = cfg->stall_shutdown_s = 0;
 
     if (cfg->rank >= cfg->size)
         return kolo__err_set(err, KOLO_ERR_CONFIG,
@@ -417,11 +474,24 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "KOLO_CROSS_RANK=%lld is not below KOLO_CROSS_SIZE=%lld",
                              (long long)cfg->cross_rank, (long long)cfg->cross_size);
-    if (cfg->size > 1 && cfg->rendezvous[0] == '\0')
+    if (cfg->size > 1 && cfg->rendezvous[0] == '\0') {
+        /* horovodrun's ranks meet through its own HTTP server, which kolo
+         * does not speak; its command line works with kolorun. */
+        if (getenv_fn("HOROVOD_GLOO_RENDEZVOUS_ADDR") != NULL)
+            return kolo__err_set(err, KOLO_ERR_CONFIG,
+                                 "HOROVOD_SIZE=%lld: this process was "
+                                 "started by horovodrun, whose rendezvous "
+                                 "kolo cannot use; run the same command "
+                                 "line with kolorun in place of horovodrun",
+                                 (long long)cfg->size);
         return kolo__err_set(err, KOLO_ERR_CONFIG,
-                             "KOLO_SIZE=%lld but KOLO_RENDEZVOUS is not set: "
-                             "start multi-rank jobs with kolorun or mpirun",
+                             "%s=%lld but KOLO_RENDEZVOUS is not set: "
+                             "start multi-rank jobs with kolorun, mpirun, "
+                             "torchrun or srun",
+                             getenv_fn("KOLO_SIZE") ? "KOLO_SIZE"
+                                                    : "HOROVOD_SIZE",
                              (long long)cfg->size);
+    }
     /* mpi:TOKEN is the form kolo_init sets itself under mpirun. */
     if (cfg->rendezvous[0] != '\0' && !rendezvous_ok(cfg->rendezvous))
         return kolo__err_set(err, KOLO_ERR_CONFIG,
@@ -455,10 +525,25 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
 
 void kolo__config_print_doc(void *out)
 {
-    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
-        fprintf(out, "%-24s %-12s %s%s\n", rows[i].name,
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        char twin[64] = "";
+        if (rows[i].twin != NULL)
+            snprintf(twin, sizeof(twin), " [Horovod: %s]", rows[i].twin);
+        fprintf(out, "%-24s %-12s %s%s%s\n", rows[i].name,
                 rows[i].dflt ? rows[i].dflt : "-", rows[i].doc,
-                rows[i].agree ? " [same on every rank]" : "");
+                rows[i].agree ? " [same on every rank]" : "", twin);
+    }
+}
+
+const char *kolo__config_get(const char *name,
+                             const char *(*getenv_fn)(const char *))
+{
+    const char *from;
+
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+        if (strcmp(rows[i].name, name) == 0)
+            return row_text(&rows[i], getenv_fn, &from);
+    return getenv_fn(name);
 }
 
 /* The value of a row's field as text: numbers as parsed (so that "16M"
@@ -553,4 +638,206 @@ const char *kolo__config_closest(const char *name)
         }
     /* Past a third of the name it is no longer a typo of it. */
     return best != NULL && best_d * 3 <= strlen(name) ? best : NULL;
+}
+
+/* ---- Horovod's variables without a kolo meaning ------------------------ */
+
+/* When a set variable deserves a warning. Horovod reads its switches as
+ * integers, "on" when above 0 (strtol), and so does this. */
+typedef enum {
+    NOTE_ALWAYS,     /* it asks for what kolo does not do */
+    NOTE_IF_ON,      /* only when on: off asks for what kolo does anyway */
+    NOTE_IF_OFF,     /* only when off */
+    NOTE_UNLESS_ONE, /* only for another number than 1 */
+    NOTE_NEVER,      /* kolo does what it asks anyway, or it is read when
+                      * Horovod is built, not at run time */
+} note_when_t;
+
+static const struct horovod_note {
+    const char *name; /* a trailing '*' matches any end */
+    note_when_t when;
+    const char *why;
+} horovod_notes[] = {
+    {"HOROVOD_HIERARCHICAL_ALLGATHER", NOTE_IF_ON, "kolo has no hierarchical "
+     "allgather (allgather goes through shared memory within a host)"},
+    {"HOROVOD_MPI_THREADS_DISABLE", NOTE_IF_ON, "kolo's background thread "
+     "calls MPI, so kolo needs MPI_THREAD_MULTIPLE"},
+    {"HOROVOD_NUM_NCCL_STREAMS", NOTE_UNLESS_ONE, "kolo uses one NCCL stream "
+     "per process set"},
+    {"HOROVOD_THREAD_AFFINITY", NOTE_ALWAYS, "kolo does not pin its "
+     "background thread (taskset or numactl pin the whole rank)"},
+    {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", NOTE_ALWAYS, "kolo's autotune is a "
+     "coordinate search, not Bayesian optimisation; KOLO_AUTOTUNE_WINDOW "
+     "sets its window"},
+    {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", NOTE_ALWAYS, "kolo's autotune "
+     "is a coordinate search, not Bayesian optimisation; "
+     "KOLO_AUTOTUNE_WINDOW sets its window"},
+    {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", NOTE_ALWAYS, "kolo's "
+     "autotune is a coordinate search, not Bayesian optimisation; "
+     "KOLO_AUTOTUNE_WINDOW sets its window"},
+    {"HOROVOD_CCL_*", NOTE_ALWAYS, "kolo has no oneCCL backend"},
+    {"HOROVOD_BATCH_D2D_MEMCOPIES", NOTE_IF_OFF, "kolo always packs GPU "
+     "tensors with its own batched kernels"},
+    {"HOROVOD_DISABLE_GROUP_FUSION", NOTE_IF_ON, "kolo always fuses a "
+     "group's tensors together"},
+    {"HOROVOD_ENABLE_XLA_OPS", NOTE_IF_ON, "kolo has no TensorFlow binding"},
+    {"HOROVOD_ADASUM_*", NOTE_ALWAYS, "kolo has no Adasum"},
+    {"HOROVOD_LOG_HIDE_TIME", NOTE_IF_OFF, "kolo's log lines carry no time "
+     "(kolorun --prefix-output-with-timestamp stamps every line)"},
+    {"HOROVOD_ELASTIC", NOTE_IF_ON, "kolo_init does not start an elastic "
+     "job"},
+    {"HOROVOD_GLOO_RENDEZVOUS_ADDR", NOTE_ALWAYS, "it is horovodrun's, whose "
+     "rendezvous kolo cannot use: start the job with kolorun, which takes "
+     "horovodrun's flags"},
+    {"HOROVOD_GLOO_RENDEZVOUS_PORT", NOTE_ALWAYS, "it is horovodrun's, whose "
+     "rendezvous kolo cannot use: start the job with kolorun, which takes "
+     "horovodrun's flags"},
+    {"HOROVOD_ENABLE_ASYNC_COMPLETION", NOTE_NEVER, "kolo completes GPU "
+     "work asynchronously always"},
+    {"HOROVOD_DYNAMIC_PROCESS_SETS", NOTE_NEVER, "kolo adds and removes "
+     "process sets at any time"},
+    {"HOROVOD_DISABLE_NVTX_RANGES", NOTE_NEVER, "kolo marks no NVTX ranges"},
+    /* Read by Horovod's build (pip install), not by a running job. */
+    {"HOROVOD_WITH_*", NOTE_NEVER, ""},
+    {"HOROVOD_WITHOUT_*", NOTE_NEVER, ""},
+    {"HOROVOD_BUILD_*", NOTE_NEVER, ""},
+    {"HOROVOD_GPU", NOTE_NEVER, ""},
+    {"HOROVOD_GPU_*", NOTE_NEVER, ""},
+    {"HOROVOD_CUDA_*", NOTE_NEVER, ""},
+    {"HOROVOD_NCCL_HOME", NOTE_NEVER, ""},
+    {"HOROVOD_NCCL_INCLUDE", NOTE_NEVER, ""},
+    {"HOROVOD_NCCL_LIB", NOTE_NEVER, ""},
+    {"HOROVOD_NCCL_LINK", NOTE_NEVER, ""},
+    {"HOROVOD_ROCM_*", NOTE_NEVER, ""},
+    {"HOROVOD_MPICXX_SHOW", NOTE_NEVER, ""},
+    {"HOROVOD_CMAKE", NOTE_NEVER, ""},
+    {"HOROVOD_DEBUG", NOTE_NEVER, ""},
+    {"HOROVOD_CPU_OPERATIONS_DEFAULT", NOTE_NEVER, ""},
+    {"HOROVOD_CONTROLLER_DEFAULT", NOTE_NEVER, ""},
+    {"HOROVOD_ALLOW_MIXED_GPU_IMPL", NOTE_NEVER, ""},
+};
+
+static const struct horovod_note *horovod_note(const char *name)
+{
+    for (size_t i = 0; i < sizeof(horovod_notes) / sizeof(horovod_notes[0]); i++) {
+        const char *n = horovod_notes[i].name;
+        size_t len = strlen(n);
+        if (n[len - 1] == '*' ? strncmp(n, name, len - 1) == 0
+                              : strcmp(n, name) == 0)
+            return &horovod_notes[i];
+    }
+    return NULL;
+}
+
+static int note_applies(note_when_t when, const char *value)
+{
+    long v = strtol(value, NULL, 10);
+
+    switch (when) {
+    case NOTE_ALWAYS: return 1;
+    case NOTE_IF_ON: return v > 0;
+    case NOTE_IF_OFF: return v <= 0;
+    case NOTE_UNLESS_ONE: return v != 1;
+    default: return 0;
+    }
+}
+
+/* The HOROVOD_* name closest to a misspelled one: twins and notes. */
+static const char *horovod_closest(const char *name)
+{
+    const char *best = NULL;
+    size_t best_d = 99, d;
+
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+        if (rows[i].twin && (d = edit_distance(name, rows[i].twin)) < best_d) {
+            best_d = d;
+            best = rows[i].twin;
+        }
+    for (size_t i = 0; i < sizeof(horovod_notes) / sizeof(horovod_notes[0]); i++) {
+        const char *n = horovod_notes[i].name;
+        if (n[strlen(n) - 1] != '*' && (d = edit_distance(name, n)) < best_d) {
+            best_d = d;
+            best = n;
+        }
+    }
+    return best != NULL && best_d * 3 <= strlen(name) ? best : NULL;
+}
+
+/* Both a KOLO_* variable and its twin are set: do they say the same? They
+ * are compared parsed ("1M" and "1048576" agree); a twin that does not
+ * parse is kolo__config_load's to report. */
+static int twin_differs(const config_row_t *row, const char *mine,
+                        const char *twin)
+{
+    kolo__config_t a, b;
+    const char *expected;
+    char va[4200], vb[4200];
+
+    memset(&a, 0, sizeof(a));
+    memset(&b, 0, sizeof(b));
+    if (row->parse(mine, (char *)&a + row->offset, &expected) != 0 ||
+        row->parse(twin, (char *)&b + row->offset, &expected) != 0)
+        return 0;
+    row_value(row, &a, va, sizeof(va));
+    row_value(row, &b, vb, sizeof(vb));
+    return strcmp(va, vb) != 0;
+}
+
+void kolo__config_scan(char *const *env,
+                       const char *(*getenv_fn)(const char *),
+                       void (*note)(const char *msg, void *arg), void *arg)
+{
+    char msg[1024];
+
+    for (char *const *e = env; e != NULL && *e != NULL; e++) {
+        char name[128];
+        const char *value = *e + strcspn(*e, "=");
+        size_t n = (size_t)(value - *e);
+
+        if (n >= sizeof(name) || *value != '=')
+            continue;
+        memcpy(name, *e, n);
+        name[n] = '\0';
+        value++;
+        if (strncmp(name, "KOLO_", 5) == 0 && !kolo__config_is_known(name)) {
+            const char *close = kolo__config_closest(name);
+            snprintf(msg, sizeof(msg),
+                     "%s is not a variable kolo knows, and is ignored%s%s%s",
+                     name, close ? " (did you mean " : "", close ? close : "",
+                     close ? "?)" : "; the README's table lists the known "
+                                    "ones");
+            note(msg, arg);
+        } else if (strncmp(name, "HOROVOD_", 8) == 0) {
+            const config_row_t *twin = NULL;
+            const struct horovod_note *h;
+
+            for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
+                if (rows[i].twin && strcmp(rows[i].twin, name) == 0)
+                    twin = &rows[i];
+            if (twin != NULL) {
+                const char *mine = getenv_fn(twin->name);
+                if (mine != NULL && twin_differs(twin, mine, value)) {
+                    snprintf(msg, sizeof(msg),
+                             "%s=%.200s and %s=%.200s are both set and "
+                             "differ: kolo uses %s", twin->name, mine, name,
+                             value, twin->name);
+                    note(msg, arg);
+                }
+            } else if ((h = horovod_note(name)) != NULL) {
+                if (note_applies(h->when, value)) {
+                    snprintf(msg, sizeof(msg), "%s=%.200s is ignored: %s",
+                             name, value, h->why);
+                    note(msg, arg);
+                }
+            } else {
+                const char *close = horovod_closest(name);
+                snprintf(msg, sizeof(msg),
+                         "%s is not a Horovod variable kolo knows, and is "
+                         "ignored%s%s%s",
+                         name, close ? " (did you mean " : "",
+                         close ? close : "", close ? "?)" : "");
+                note(msg, arg);
+            }
+        }
+    }
 }

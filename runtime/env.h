@@ -30,6 +30,8 @@ typedef struct kolo__config {
     char timeline[4096];     /* KOLO_TIMELINE; "" off */
     int64_t timeline_mark_cycles, timeline_all_ranks;
     int64_t job_start_us;    /* set by kolorun: the timeline's time zero */
+    int64_t stall_check_disable; /* KOLO_STALL_CHECK_DISABLE: the two
+                                  * below are then 0 */
     double stall_check_s;    /* 0: off */
     double stall_shutdown_s; /* 0: off */
     char controller[16];     /* KOLO_CONTROLLER: auto, gloo, mpi, shm */
@@ -62,5 +64,21 @@ size_t kolo__config_agreed(const kolo__config_t *cfg, const char *build,
  * to a misspelled one, or NULL when none is close. */
 int kolo__config_is_known(const char *name);
 const char *kolo__config_closest(const char *name);
+
+/* The text of a setting as kolo__config_load reads it: the variable NAME,
+ * else its Horovod twin (HOROVOD_RANK for KOLO_RANK, ...), else NULL.
+ * Names that are not settings are looked up as they are. */
+const char *kolo__config_get(const char *name,
+                             const char *(*getenv_fn)(const char *));
+
+/* Looks through an environment (NAME=value strings, NULL-terminated) for
+ * what deserves a warning, calling note once per finding with a one-line
+ * message: a KOLO_* variable kolo does not know (naming the closest one);
+ * a KOLO_* variable set together with its HOROVOD_* twin to another value
+ * (KOLO_* wins); a HOROVOD_* variable kolo cannot honour, with the reason;
+ * a HOROVOD_* variable kolo does not know. */
+void kolo__config_scan(char *const *env,
+                       const char *(*getenv_fn)(const char *),
+                       void (*note)(const char *msg, void *arg), void *arg);
 
 #endif /* KOLO_ENV_H */

@@ -769,11 +769,259 @@ if command -v redis-server >/dev/null 2>&1; then
     end
 fi
 
+# ---------------------------------------------------------------------------
+# horovodrun's flags (Horovod 0.28.1, runner/launch.py): same spellings, the
+# same meaning, through the KOLO_* variables of every rank
+
+# The settings' variables of one rank, sorted, on one line each.
+SETTINGS='env | grep -E "^(KOLO_(FUSION|CYCLE|CACHE|HIER|AUTOTUNE|TIMELINE|STALL|TIMEOUT|LOG|NETWORK)|HOROVOD_|NCCL_)" | sort'
+
+begin "horovodrun's tuning flags set every rank's KOLO_* variables"
+HOROVOD_FUSION_THRESHOLD=1 HOROVOD_LOG_LEVEL=error HOROVOD_GLOO_IFACE=x \
+    kr -np 2 --fusion-threshold-mb 32 --cycle-time-ms 2.5 --cache-capacity 7 \
+    --hierarchical-allreduce --autotune --autotune-log-file "$WORK/at.csv" \
+    --autotune-steps-per-sample 9 --timeline-filename "$WORK/t.json" \
+    --timeline-mark-cycles --no-stall-check --stall-check-warning-time-seconds 11 \
+    --stall-check-shutdown-time-seconds 22 --gloo-timeout-seconds 33 \
+    --log-level DEBUG --disable-cache --num-nccl-streams 1 \
+    --no-hierarchical-allgather --no-mpi-threads-disable --log-without-timestamp \
+    sh -c "$SETTINGS"
+expect "exit status 0 (got $rc)" eq "$rc" 0
+want="HOROVOD_GLOO_IFACE=x
+KOLO_AUTOTUNE=1
+KOLO_AUTOTUNE_LOG=$WORK/at.csv
+KOLO_AUTOTUNE_WINDOW=9
+KOLO_CACHE_CAPACITY=7
+KOLO_CYCLE_TIME=2.5
+KOLO_FUSION_THRESHOLD=33554432
+KOLO_HIERARCHICAL_ALLREDUCE=1
+KOLO_LOG_LEVEL=debug
+KOLO_STALL_CHECK_DISABLE=1
+KOLO_STALL_CHECK_TIME_SECONDS=11
+KOLO_STALL_SHUTDOWN_TIME_SECONDS=22
+KOLO_TIMELINE=$WORK/t.json
+KOLO_TIMELINE_MARK_CYCLES=1
+KOLO_TIMEOUT_SECONDS=33"
+expect "both ranks: the flags' values, MiB in bytes; the HOROVOD_* twins the flags replace are gone, others kept" \
+    eq "$(sort "$OUT")" "$(printf '%s\n%s' "$want" "$want" | sort)"
+kr -np 1 --hierarchical-allreduce --no-hierarchical-allreduce --autotune \
+    --no-autotune --timeline-mark-cycles --no-timeline-mark-cycles \
+    --no-stall-check --stall-check --fusion-threshold-mb 0 sh -c "$SETTINGS"
+expect "the off forms, and the last flag wins (got $(tr '\n' ' ' <"$OUT"))" \
+    eq "$(cat "$OUT")" "KOLO_AUTOTUNE=0
+KOLO_FUSION_THRESHOLD=0
+KOLO_HIERARCHICAL_ALLREDUCE=0
+KOLO_STALL_CHECK_DISABLE=0
+KOLO_TIMELINE_MARK_CYCLES=0"
+kr --num-proc 2 --network-interfaces lo,eth9 --network-interface eth10 --tcp \
+    sh -c "$SETTINGS"
+expect "exit status 0 (got $rc)" eq "$rc" 0
+expect "--num-proc; the last flag's first interface binds, NCCL gets all; --tcp keeps NCCL off InfiniBand" \
+    eq "$(sort -u "$OUT")" "KOLO_NETWORK_INTERFACE=eth10
+NCCL_IB_DISABLE=1
+NCCL_SOCKET_IFNAME=lo,eth9,eth10"
+end
+
+begin "flags kolo cannot honour are refused with one line saying why"
+for flag in --hierarchical-allgather "--autotune-warmup-samples 3" \
+    "--autotune-bayes-opt-max-samples 5" "--autotune-gaussian-process-noise 0.5" \
+    --mpi-threads-disable "--num-nccl-streams 2" "--thread-affinity 1" \
+    --log-with-timestamp --no-log-hide-timestamp --jsrun "--min-np 1" "--max-num-proc 4" \
+    "--slots-per-host 2" "--elastic-timeout 5" "--reset-limit 1" \
+    "--blacklist-cooldown-range 1 2" "--host-discovery-script x" \
+    "--mpi-args --foo" "--binding-args x"; do
+    # shellcheck disable=SC2086
+    kr -np 2 $flag sh -c 'echo started'
+    expect "$flag -> status 2 (got $rc)" eq "$rc" 2
+    expect "$flag -> one line naming it, 'kolo cannot honour it' and why (said: $(cat "$ERR"))" \
+        eq "$(grep -c "^kolorun: ${flag%% *}: kolo cannot honour it: ..*" "$ERR")/$(wc -l <"$ERR")" 1/1
+    expect "$flag -> no rank started" eq "$(cat "$OUT")" ""
+done
+bad "--fusion-threshold-mb wants a whole number of megabytes" -np 1 --fusion-threshold-mb 1.5
+bad "--cycle-time-ms wants a number of milliseconds" -np 1 --cycle-time-ms -1
+bad "--cache-capacity wants a whole number (0 or more)" -np 1 --cache-capacity x
+bad "--gloo-timeout-seconds wants a whole number (1 or more)" -np 1 --gloo-timeout-seconds 0
+bad "--log-level wants one of TRACE, DEBUG" -np 1 --log-level loud
+bad "--network-interfaces wants interface names" -np 1 --network-interfaces a/b
+end
+
+begin "--output-filename DIR: DIR/rank.R/stdout and stderr, R padded as horovodrun"
+kr -np 12 --output-filename "$WORK/o/deep" sh -c 'echo "out $KOLO_RANK"; echo "err $KOLO_RANK" >&2; printf "last"'
+expect "exit status 0 (got $rc)" eq "$rc" 0
+expect "rank.00 .. rank.11 (got $(ls "$WORK/o/deep" | tr '\n' ' '))" \
+    eq "$(ls "$WORK/o/deep" | tr '\n' ' ')" "rank.00 rank.01 rank.02 rank.03 rank.04 rank.05 rank.06 rank.07 rank.08 rank.09 rank.10 rank.11 "
+expect "rank 3's stdout, whole" eq "$(cat "$WORK/o/deep/rank.03/stdout")" "out 3
+last"
+expect "rank 11's stderr" eq "$(cat "$WORK/o/deep/rank.11/stderr")" "err 11"
+expect "the terminal still shows it" eq "$(grep -o 'out [0-9]*' "$OUT" | wc -l)" 12
+kr -np 1 --output-filename "$WORK/o" --tag-output sh -c 'echo one'
+expect "one rank: rank.0 (horovodrun's log10(0) fails here); files hold what is shown" \
+    eq "$(cat "$WORK/o/rank.0/stdout")" "[0]<stdout>:one"
+touch "$WORK/file"
+kr -np 1 --output-filename "$WORK/file" true
+expect "a file in the way: kolorun fails, status 1 (got $rc)" eq "$rc" 1
+expect "a file in the way: said" has "cannot create the directory $WORK/file: Not a directory" "$ERR"
+rm -rf "$WORK/o" "$WORK/file"
+end
+
+begin "--prefix-output-with-timestamp: the local time before each line, as horovodrun"
+kr -np 1 --prefix-output-with-timestamp --tag-output sh -c 'echo hi; echo ho >&2'
+stamp='[A-Z][a-z][a-z] [A-Z][a-z][a-z] [ 1-3][0-9] [0-2][0-9]:[0-5][0-9]:[0-6][0-9] [0-9][0-9][0-9][0-9]'
+expect "tagged: TIME[0]<stdout>:hi (got $(cat "$OUT"))" has "^$stamp\[0\]<stdout>:hi\$" "$OUT"
+expect "and on stderr" has "^$stamp\[0\]<stderr>:ho\$" "$ERR"
+kr -np 1 -prefix-timestamp sh -c 'echo hi'
+expect "untagged: TIME hi (got $(cat "$OUT"))" has "^$stamp hi\$" "$OUT"
+end
+
+begin "--config-file: horovodrun's YAML; flags on the command line win"
+cat >"$WORK/hvd.yaml" <<'YAML'
+# as horovodrun's config files
+---
+controller: gloo
+params:
+  fusion_threshold_mb: 32      # MiB
+  cycle_time_ms: 10
+  cache_capacity: 2048
+  hierarchical_allreduce: true
+  hierarchical_allgather: false
+autotune:
+  enabled: yes
+  log_file: 'at log.csv'
+  steps_per_sample: 20
+timeline:
+  filename: "t#1.json"
+  mark_cycles: true
+stall_check:
+  enabled: false
+  warning_time_seconds: 120
+  shutdown_time_seconds: ~
+library_options:
+  mpi_threads_disable: false
+  num_nccl_streams: 1
+  gloo_timeout_seconds: 60
+logging:
+  level: INFO
+  hide_timestamp: true
+YAML
+kr -np 1 --cache-capacity 5 --config-file "$WORK/hvd.yaml" --cycle-time-ms 3 sh -c "$SETTINGS"
+expect "exit status 0 (got $rc)" eq "$rc" 0
+expect "the file's values, the flags' where given (before or after it)" eq "$(cat "$OUT")" \
+    "KOLO_AUTOTUNE=1
+KOLO_AUTOTUNE_LOG=at log.csv
+KOLO_AUTOTUNE_WINDOW=20
+KOLO_CACHE_CAPACITY=5
+KOLO_CYCLE_TIME=3
+KOLO_FUSION_THRESHOLD=33554432
+KOLO_HIERARCHICAL_ALLREDUCE=1
+KOLO_LOG_LEVEL=info
+KOLO_STALL_CHECK_DISABLE=1
+KOLO_STALL_CHECK_TIME_SECONDS=120
+KOLO_TIMELINE=t#1.json
+KOLO_TIMELINE_MARK_CYCLES=1
+KOLO_TIMEOUT_SECONDS=60"
+expect "a key horovodrun does not read: a warning naming the line" \
+    has "hvd.yaml:27: warning: logging.hide_timestamp is not a key horovodrun reads; ignored" "$ERR"
+printf 'library_options:\n  mpi_threads_disable: true\n' >"$WORK/bad.yaml"
+bad "bad.yaml:2: library_options.mpi_threads_disable (--mpi-threads-disable): kolo cannot honour it" \
+    -np 1 --config-file "$WORK/bad.yaml"
+printf 'params:\n  - fusion_threshold_mb: 1\n' >"$WORK/bad.yaml"
+bad "bad.yaml:2: kolorun reads horovodrun's config files" -np 1 --config-file "$WORK/bad.yaml"
+printf 'params:\n  cycle_time_ms: fast\n' >"$WORK/bad.yaml"
+bad "bad.yaml:2: params.cycle_time_ms (--cycle-time-ms) wants a number" -np 1 --config-file "$WORK/bad.yaml"
+printf 'controller: nccl\n' >"$WORK/bad.yaml"
+bad "bad.yaml:1: controller: nccl is not a controller" -np 1 --config-file "$WORK/bad.yaml"
+bad "--config-file $WORK/none.yaml: No such file" -np 1 --config-file "$WORK/none.yaml"
+end
+
+begin "HOROVOD_* variables and the flags' variables reach ranks on other hosts"
+HOROVOD_CYCLE_TIME=4 kr -H far:1 --redis 127.0.0.1:1 --tcp --fusion-threshold-mb 1 \
+    --launch-command 'env -i /bin/sh -c {command}' \
+    sh -c 'echo "$HOROVOD_CYCLE_TIME $KOLO_FUSION_THRESHOLD $NCCL_IB_DISABLE"'
+expect "exit status 0 (got $rc)" eq "$rc" 0
+expect "carried on the command line (got $(cat "$OUT"))" eq "$(cat "$OUT")" "4 1048576 1"
+end
+
+# The build's own answers, for --check-build and --version.
+CONFIG_H=${KOLO_TOP_BUILDDIR:-$(dirname "$KOLORUN")}/config.h
+built() { grep -q "define KOLO_HAVE_$1 1" "$CONFIG_H" && echo X || echo ' '; }
+
+begin "--check-build: horovodrun's table of what this kolo has"
+if [ -r "$CONFIG_H" ]; then
+    kr -cb
+    expect "status 0 without -np or a command (got $rc)" eq "$rc" 0
+    expect "the version line" has "^kolo v$(sed -n 's/.*PACKAGE_VERSION "\(.*\)"/\1/p' "$CONFIG_H"):\$" "$OUT"
+    for section in "Available Frameworks:" "Available Controllers:" "Available Tensor Operations:"; do
+        expect "section $section" has "^$section\$" "$OUT"
+    done
+    expect "controllers as built" eq "$(sed -n '/^Available Controllers:/,/^$/p' "$OUT" | sed 1d)" \
+        "    [$(built SHM)] shm
+    [$(built GLOO)] Gloo
+    [$(built MPI)] MPI"
+    if grep -q "define KOLO_HAVE_GPU 1" "$CONFIG_H"; then
+        expect "NCCL with its version" has '^    \[X\] NCCL [0-9]*\.[0-9]*\.[0-9]*$' "$OUT"
+        expect "CUDA" has '^    \[X\] CUDA$' "$OUT"
+    else
+        expect "no NCCL" has '^    \[ \] NCCL$' "$OUT"
+    fi
+    expect "tensor operations as built" has "^    \[$(built GLOO)\] Gloo\$" "$OUT"
+    expect "whether a GPU is visible now" has '^GPU visible now: \(yes, [0-9]* device\|no (\)' "$OUT"
+    py=${KOLO_PYTHON:-/usr/bin/python3}
+    if "$py" -c 'import torch' 2>/dev/null; then
+        expect "PyTorch with its version" has "^    \[X\] PyTorch $("$py" -c 'import torch; print(torch.__version__)')\$" "$OUT"
+    fi
+    if "$py" -c 'import numpy' 2>/dev/null; then
+        expect "NumPy with its version" has "^    \[X\] NumPy $("$py" -c 'import numpy; print(numpy.__version__)')\$" "$OUT"
+    fi
+    KOLO_PYTHON=/bin/false KOLO_LIBRARY=$WORK/none.so kr --check-build
+    expect "without Python: frameworks unchecked, said" has "^    \[ \] PyTorch\$" "$OUT"
+    expect "without Python: said" has "could not be run: no frameworks checked" "$OUT"
+    expect "without libkolo: configure's answer, said" has "libkolo could not be loaded" "$OUT"
+    expect "without libkolo: still the controllers" has "^    \[$(built GLOO)\] Gloo\$" "$OUT"
+else
+    echo "    (no config.h at $CONFIG_H: only the exit status checked)"
+    kr -cb
+    expect "status 0 (got $rc)" eq "$rc" 0
+fi
+end
+
+begin "-v, --version: the version, as horovodrun"
+kr --version
+expect "status 0" eq "$rc" 0
+if [ -r "$CONFIG_H" ]; then
+    expect "the version alone" eq "$(cat "$OUT")" "$(sed -n 's/.*PACKAGE_VERSION "\(.*\)"/\1/p' "$CONFIG_H")"
+fi
+kr -v
+expect "-v too" eq "$rc" 0
+end
+
+begin "-p and -i: horovodrun's short ssh options"
+PATH=$WORK/bin:$PATH kr -H far:1 --redis 127.0.0.1:1 -p 2200 -i "$WORK/key" true
+expect "exit status 0 (got $rc)" eq "$rc" 0
+args=$(cat "$D"/ssh.* 2>/dev/null | head -n 9 | tr '\n' ' ')
+expect "ssh -p 2200 -i key (got: $args)" eq "$args" \
+    "-o BatchMode=yes -o ConnectTimeout=60 -p 2200 -i $WORK/key far "
+end
+
 begin "--help prints the usage on stdout and exits 0"
 kr --help
 expect "status 0" eq "$rc" 0
 expect "usage line" has "^usage: kolorun -np N" "$OUT"
 expect "documents the tag format" has "\[1\]<stdout>:text" "$OUT"
+for group in "Controller arguments:" "Tuneable parameter arguments:" \
+    "Autotune arguments:" "Timeline arguments:" "Stall check arguments:" \
+    "Library arguments:" "Logging arguments:" "Host arguments"; do
+    expect "the group $group" has "^$group" "$OUT"
+done
+for flag in --num-proc --check-build --version --output-filename \
+    --prefix-output-with-timestamp --config-file --disable-cache \
+    --fusion-threshold-mb --cycle-time-ms --cache-capacity \
+    --hierarchical-allreduce --autotune --autotune-log-file \
+    --timeline-filename --timeline-mark-cycles --no-stall-check \
+    --stall-check-warning-time-seconds --stall-check-shutdown-time-seconds \
+    --gloo-timeout-seconds --tcp --mpi-args --log-level \
+    --network-interfaces --ssh-port --ssh-identity-file; do
+    expect "lists $flag" has "$flag" "$OUT"
+done
 kr -h
 expect "-h too" eq "$rc" 0
 end

@@ -48,8 +48,12 @@
  * lines of different ranks never mix. Without --tag-output the bytes pass
  * unchanged; with it every line gets the prefix "[rank]<stdout>:" or
  * "[rank]<stderr>:" — the format of horovodrun and Open MPI's mpirun, so logs
- * and the tools that read them look the same. A rank's stdout and stderr are
- * two pipes, so their relative order is not kept, as under any launcher.
+ * and the tools that read them look the same; --prefix-output-with-timestamp
+ * puts the local time before it, as horovodrun does. --output-filename DIR
+ * also writes what is shown of each rank's stream to DIR/rank.R/stdout or
+ * stderr, horovodrun's layout, from the same loop. A rank's stdout and
+ * stderr are two pipes, so their relative order is not kept, as under any
+ * launcher.
  * If kolorun's own stdout is a closed pipe (kolorun ... | head), kolorun
  * closes the ranks' stdout pipes in turn: they get the EPIPE/SIGPIPE they
  * would have got writing to head themselves, instead of running on unseen.
@@ -102,9 +106,12 @@
  */
 #define _GNU_SOURCE
 
+#include "config.h"
+
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <dirent.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
@@ -118,6 +125,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -170,6 +178,15 @@ typedef struct kolorun_host {
     int local;      /* the launching host: its ranks start directly */
 } kolorun_host_t;
 
+/* A variable kolorun sets for every rank from a flag (or --config-file):
+ * a KOLO_* setting, or NCCL's for --tcp and --network-interfaces. */
+typedef struct kolorun_setting {
+    const char *var;  /* KOLO_FUSION_THRESHOLD, ... */
+    const char *twin; /* the HOROVOD_* variable it supersedes, or NULL */
+    char *value;
+} kolorun_setting_t;
+#define KOLORUN_MAX_SETTINGS 32
+
 typedef struct kolorun_opts {
     int np;
     /* Several hosts. NULL: every rank on this machine, as before. */
@@ -184,12 +201,19 @@ typedef struct kolorun_opts {
     int start_redis;            /* --start-redis */
     const char *redis_bind;     /* --redis-bind ADDR */
     const char *rdv_base;       /* --rendezvous-dir: shared parent directory */
-    const char *network_interface; /* --network-interface */
+    char *network_interface; /* the first of --network-interface(s) */
+    char *nics;              /* all of them, comma-separated */
     const char **xenv;          /* -x NAME[=VALUE], in order */
     int nxenv;
     int tag_output;
+    int timestamp;          /* --prefix-output-with-timestamp */
+    const char *output_dir; /* --output-filename DIR */
     int verbose;
-    const char *timeline;      /* NULL: not given */
+    kolorun_setting_t settings[KOLORUN_MAX_SETTINGS]; /* horovodrun's flags */
+    int nsettings;
+    int tcp;                /* --tcp */
+    const char *mpi_args;   /* --mpi-args: more words for mpirun */
+    const char *binding_args; /* --binding-args: mpirun's, for --bind-to none */
     const char *start_timeout; /* NULL: not given; validated digits */
     long failure_grace_ms;     /* --failure-grace */
     int mpi;                   /* --mpi: run the job through mpirun */
@@ -211,6 +235,7 @@ typedef struct kolorun_rank {
     int failed_seq; /* 1, 2...: it failed before the cause was chosen */
     int named_lost; /* a survivor's message named it lost */
     kolorun_stream_t streams[2]; /* KOLORUN_OUT, KOLORUN_ERR */
+    int files[2]; /* --output-filename: DIR/rank.R/stdout, stderr; -1 none */
     int hold_fd; /* ssh: write end of its stdin; closing it ends the rank */
 } kolorun_rank_t;
 
@@ -333,35 +358,106 @@ static void kolorun_usage(FILE *f)
 {
     fputs(
         "usage: kolorun -np N [options] [--] command [args...]\n"
+        "       kolorun --check-build | --version | --help\n"
         "\n"
         "Starts N ranks of command on this machine (or on the hosts of -H or\n"
         "--hostfile), carries their output and waits for them. If one rank\n"
-        "fails, the others are stopped.\n"
+        "fails, the others are stopped. kolorun takes horovodrun's flags, with\n"
+        "the same meaning; each tuning flag sets the KOLO_* variable named for\n"
+        "every rank (and replaces the HOROVOD_* variable of the same setting).\n"
         "\n"
-        "  -np N, -n N, --np N      number of ranks (required without -H or\n"
+        "  -np N, --num-proc N, -n N  number of ranks (required without -H or\n"
         "                           --hostfile)\n"
+        "  -cb, --check-build       show what this kolo has (frameworks,\n"
+        "                           controllers, tensor operations, NCCL's\n"
+        "                           version) and whether a GPU is visible now\n"
+        "  -v, --version            show kolo's version\n"
         "  --tag-output             prefix every output line with its rank\n"
         "                           and stream, like horovodrun and mpirun:\n"
         "                             [1]<stdout>:text\n"
         "                             [1]<stderr>:text\n"
-        "  --timeline-filename F    give every rank KOLO_TIMELINE=F\n"
+        "  --prefix-output-with-timestamp, -prefix-timestamp\n"
+        "                           prefix every output line with the local\n"
+        "                           time, as horovodrun: Mon Jun  5 10:00:00 2023\n"
+        "  --output-filename DIR    also write each rank's stdout and stderr to\n"
+        "                           DIR/rank.R/stdout and DIR/rank.R/stderr (R\n"
+        "                           padded with zeros: rank.03 of 12), as they\n"
+        "                           are shown; under --mpi, mpirun's own layout\n"
+        "  --config-file FILE       horovodrun's YAML configuration (controller,\n"
+        "                           params, autotune, timeline, stall_check,\n"
+        "                           library_options, logging); flags on the\n"
+        "                           command line win over it\n"
         "  --start-timeout SECONDS  give every rank KOLO_START_TIMEOUT=SECONDS:\n"
         "                           how long ranks wait for each other at start\n"
         "  --failure-grace SECONDS  after a rank fails, let the others report it\n"
         "                           and exit by themselves for this long before\n"
         "                           stopping them (default 5; 0: stop at once)\n"
-        "  --gloo                   use the Gloo controller (the default)\n"
-        "  --mpi                    run the job through mpirun (Open MPI): the\n"
-        "                           ranks take their places from MPI and use the\n"
-        "                           mpi backend (KOLO_CONTROLLER and\n"
-        "                           KOLO_CPU_OPERATIONS still choose); every\n"
-        "                           KOLO_* variable is passed on with -x;\n"
-        "                           KOLO_MPIRUN names another mpirun\n"
+        "  --disable-cache          accepted: kolorun keeps no cache of its\n"
+        "                           checks between runs (horovodrun's of ssh)\n"
         "  --verbose                say what kolorun does: rendezvous directory,\n"
         "                           each rank's pid and environment and end\n"
         "  -h, --help               show this help\n"
         "\n"
-        "Several hosts (see README.md, \"Several hosts\"):\n"
+        "Controller arguments:\n"
+        "  --gloo                   kolorun starts the ranks (the default; on one\n"
+        "                           host they use shared memory, see README.md)\n"
+        "  --mpi                    run the job through mpirun (Open MPI): the\n"
+        "                           ranks take their places from MPI and use the\n"
+        "                           mpi backend (KOLO_CONTROLLER and\n"
+        "                           KOLO_CPU_OPERATIONS still choose); every\n"
+        "                           KOLO_* and HOROVOD_* variable is passed on\n"
+        "                           with -x; KOLO_MPIRUN names another mpirun\n"
+        "\n"
+        "Tuneable parameter arguments:\n"
+        "  --fusion-threshold-mb MB KOLO_FUSION_THRESHOLD=MB*1048576 (default 128;\n"
+        "                           0: no fusion)\n"
+        "  --cycle-time-ms MS       KOLO_CYCLE_TIME=MS (default 5)\n"
+        "  --cache-capacity N       KOLO_CACHE_CAPACITY=N (default 1024; 0: off)\n"
+        "  --hierarchical-allreduce, --no-hierarchical-allreduce\n"
+        "                           KOLO_HIERARCHICAL_ALLREDUCE=1 or 0 (default:\n"
+        "                           on across hosts with several ranks each)\n"
+        "\n"
+        "Autotune arguments:\n"
+        "  --autotune               KOLO_AUTOTUNE=1\n"
+        "  --autotune-log-file F    KOLO_AUTOTUNE_LOG=F\n"
+        "  --autotune-steps-per-sample N\n"
+        "                           KOLO_AUTOTUNE_WINDOW=N: rounds per window\n"
+        "\n"
+        "Timeline arguments:\n"
+        "  --timeline-filename F    KOLO_TIMELINE=F\n"
+        "  --timeline-mark-cycles   KOLO_TIMELINE_MARK_CYCLES=1\n"
+        "\n"
+        "Stall check arguments:\n"
+        "  --no-stall-check         KOLO_STALL_CHECK_DISABLE=1\n"
+        "  --stall-check-warning-time-seconds S\n"
+        "                           KOLO_STALL_CHECK_TIME_SECONDS=S (default 60)\n"
+        "  --stall-check-shutdown-time-seconds S\n"
+        "                           KOLO_STALL_SHUTDOWN_TIME_SECONDS=S (default\n"
+        "                           0: never)\n"
+        "\n"
+        "Library arguments:\n"
+        "  --gloo-timeout-seconds S KOLO_TIMEOUT_SECONDS=S (default 60)\n"
+        "  --tcp                    NCCL_IB_DISABLE=1; under --mpi, Open MPI on\n"
+        "                           TCP (--mca pml ob1 --mca btl ^openib)\n"
+        "  --mpi-args ARGS          with --mpi: more words for mpirun\n"
+        "  --binding-args ARGS      with --mpi: mpirun's binding, in place of\n"
+        "                           --bind-to none\n"
+        "  --num-nccl-streams 1     accepted (kolo uses one stream)\n"
+        "\n"
+        "Logging arguments:\n"
+        "  --log-level LEVEL        KOLO_LOG_LEVEL (TRACE, DEBUG, INFO, WARNING,\n"
+        "                           ERROR, FATAL; any case)\n"
+        "  --log-without-timestamp  accepted (kolo's log lines carry no time)\n"
+        "\n"
+        "Refused, with the reason (kolo cannot honour them): --hierarchical-\n"
+        "allgather, --autotune-warmup-samples, --autotune-bayes-opt-max-samples,\n"
+        "--autotune-gaussian-process-noise, --mpi-threads-disable, --num-nccl-\n"
+        "streams other than 1, --thread-affinity, --log-with-timestamp, --jsrun,\n"
+        "and the elastic arguments (--min-np, --max-np, --slots-per-host,\n"
+        "--elastic-timeout, --reset-limit, --blacklist-cooldown-range,\n"
+        "--host-discovery-script).\n"
+        "\n"
+        "Host arguments (see README.md, \"Several hosts\"):\n"
         "  -H, --hosts H:N,...      hosts and their slots (H alone: 1 slot); ranks\n"
         "                           fill the hosts in order, host by host; -np\n"
         "                           defaults to the sum of the slots\n"
@@ -375,10 +471,11 @@ static void kolorun_usage(FILE *f)
         "                           quoted word) are replaced. Without {command}\n"
         "                           the words env VAR=VALUE... command args... are\n"
         "                           appended, e.g. 'ip netns exec {host}'\n"
-        "  --ssh-port PORT          ssh -p PORT\n"
-        "  --ssh-identity-file F    ssh -i F\n"
+        "  -p, --ssh-port PORT      ssh -p PORT\n"
+        "  -i, --ssh-identity-file F  ssh -i F\n"
         "  -x NAME[=VALUE]          also pass NAME (from here, or VALUE) to the\n"
-        "                           ranks on other hosts; KOLO_* always go\n"
+        "                           ranks on other hosts; KOLO_* and HOROVOD_*\n"
+        "                           always go\n"
         "  --redis HOST:PORT        ranks meet through this Redis server (keys\n"
         "                           under a name of this job, deleted at the end)\n"
         "  --start-redis            start redis-server here for the job, on a free\n"
@@ -388,7 +485,10 @@ static void kolorun_usage(FILE *f)
         "                           its first non-loopback IPv4 address)\n"
         "  --rendezvous-dir DIR     ranks meet in a fresh directory under DIR, a\n"
         "                           file system every host shares\n"
-        "  --network-interface IF   ranks bind IF's address on their host for Gloo\n"
+        "  --network-interfaces IF,...  (or --network-interface IF, repeatable)\n"
+        "                           ranks bind the address of the first IF of\n"
+        "                           the last such flag on their host for Gloo;\n"
+        "                           NCCL_SOCKET_IFNAME gets them all\n"
         "\n"
         "Each rank gets KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,\n"
         "KOLO_CROSS_RANK (its host's index), KOLO_CROSS_SIZE (hosts),\n"
@@ -686,16 +786,801 @@ static void kolorun_check_template(const char *t)
     }
 }
 
+/* ------------------------------------------------------------------------
+ * horovodrun's flags
+ *
+ * kolorun takes horovodrun's flags (Horovod 0.28.1, horovod/runner/
+ * launch.py) with their spellings and meanings. Each flag that tunes the
+ * runtime sets the KOLO_* variable of the same setting for every rank (the
+ * variable horovodrun would set is HOROVOD_*, which kolo also reads; the
+ * flag's KOLO_* wins, so kolorun removes that HOROVOD_* twin from the
+ * ranks' environment, as horovodrun overwrites it). --config-file reads the
+ * same settings from horovodrun's YAML file; flags on the command line win
+ * over the file wherever they stand, as in horovodrun (whose help says
+ * otherwise). A flag kolo cannot honour is refused with one line saying
+ * why and what to use instead, never ignored.
+ */
+
+enum kolorun_kind {
+    KR_MB,       /* whole MiB >= 0, given to the ranks in bytes */
+    KR_COUNT,    /* whole number >= 0 */
+    KR_POSITIVE, /* whole number >= 1 */
+    KR_MS,       /* a number >= 0 */
+    KR_TEXT,     /* a file name: not empty */
+    KR_LEVEL,    /* trace, debug, info, warning, error or fatal */
+    KR_SWITCH,   /* on: var=1; off (its --no- form, YAML false): var=0 */
+    KR_REFUSED,  /* takes a value; refused whatever it is */
+    KR_REFUSED_ON, /* a switch refused on; off asks for what kolo does */
+    KR_ONE,      /* a count that kolo honours only as 1 */
+    KR_NOOP,     /* a switch that asks for what kolorun does anyway */
+};
+
+typedef struct kolorun_knob {
+    const char *flag, *alias;         /* spellings that turn it on / set it */
+    const char *off_flag, *off_alias; /* switches: spellings that turn it off */
+    const char *yaml;     /* "section.key" in --config-file, or NULL */
+    int yaml_inverted;    /* YAML true means off (stall_check.enabled) */
+    enum kolorun_kind kind;
+    const char *var;      /* the ranks' variable */
+    const char *twin;     /* the HOROVOD_* variable it supersedes */
+    const char *why;      /* refused: why, and what to use instead */
+} kolorun_knob_t;
+
+#define KR_ELASTIC                                                        \
+    "kolorun does not start elastic jobs; give a fixed -np (with -H or "  \
+    "--hostfile for several hosts)"
+#define KR_BAYES                                                          \
+    "kolo's autotune is a coordinate search, not Bayesian optimisation, " \
+    "and has no such knob; --autotune-steps-per-sample sets the rounds "  \
+    "it measures per window"
+
+static const kolorun_knob_t kolorun_knobs[] = {
+    {"--fusion-threshold-mb", NULL, NULL, NULL, "params.fusion_threshold_mb", 0,
+     KR_MB, "KOLO_FUSION_THRESHOLD", "HOROVOD_FUSION_THRESHOLD", NULL},
+    {"--cycle-time-ms", NULL, NULL, NULL, "params.cycle_time_ms", 0, KR_MS,
+     "KOLO_CYCLE_TIME", "HOROVOD_CYCLE_TIME", NULL},
+    {"--cache-capacity", NULL, NULL, NULL, "params.cache_capacity", 0,
+     KR_COUNT, "KOLO_CACHE_CAPACITY", "HOROVOD_CACHE_CAPACITY", NULL},
+    {"--hierarchical-allreduce", NULL, "--no-hierarchical-allreduce", NULL,
+     "params.hierarchical_allreduce", 0, KR_SWITCH,
+     "KOLO_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLREDUCE", NULL},
+    {"--hierarchical-allgather", NULL, "--no-hierarchical-allgather", NULL,
+     "params.hierarchical_allgather", 0, KR_REFUSED_ON, NULL, NULL,
+     "kolo has no hierarchical allgather (allgather goes through shared "
+     "memory within a host, and over Gloo or MPI between hosts); drop it"},
+    {"--autotune", NULL, "--no-autotune", NULL, "autotune.enabled", 0,
+     KR_SWITCH, "KOLO_AUTOTUNE", "HOROVOD_AUTOTUNE", NULL},
+    {"--autotune-log-file", NULL, NULL, NULL, "autotune.log_file", 0, KR_TEXT,
+     "KOLO_AUTOTUNE_LOG", "HOROVOD_AUTOTUNE_LOG", NULL},
+    {"--autotune-steps-per-sample", NULL, NULL, NULL,
+     "autotune.steps_per_sample", 0, KR_POSITIVE, "KOLO_AUTOTUNE_WINDOW",
+     "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", NULL},
+    {"--autotune-warmup-samples", NULL, NULL, NULL, "autotune.warmup_samples",
+     0, KR_REFUSED, NULL, NULL, KR_BAYES},
+    {"--autotune-bayes-opt-max-samples", NULL, NULL, NULL,
+     "autotune.bayes_opt_max_samples", 0, KR_REFUSED, NULL, NULL, KR_BAYES},
+    {"--autotune-gaussian-process-noise", NULL, NULL, NULL,
+     "autotune.gaussian_process_noise", 0, KR_REFUSED, NULL, NULL, KR_BAYES},
+    {"--timeline-filename", NULL, NULL, NULL, "timeline.filename", 0, KR_TEXT,
+     "KOLO_TIMELINE", "HOROVOD_TIMELINE", NULL},
+    {"--timeline-mark-cycles", NULL, "--no-timeline-mark-cycles", NULL,
+     "timeline.mark_cycles", 0, KR_SWITCH, "KOLO_TIMELINE_MARK_CYCLES",
+     "HOROVOD_TIMELINE_MARK_CYCLES", NULL},
+    {"--no-stall-check", NULL, "--stall-check", NULL, "stall_check.enabled", 1,
+     KR_SWITCH, "KOLO_STALL_CHECK_DISABLE", "HOROVOD_STALL_CHECK_DISABLE",
+     NULL},
+    {"--stall-check-warning-time-seconds", NULL, NULL, NULL,
+     "stall_check.warning_time_seconds", 0, KR_COUNT,
+     "KOLO_STALL_CHECK_TIME_SECONDS", "HOROVOD_STALL_CHECK_TIME_SECONDS", NULL},
+    {"--stall-check-shutdown-time-seconds", NULL, NULL, NULL,
+     "stall_check.shutdown_time_seconds", 0, KR_COUNT,
+     "KOLO_STALL_SHUTDOWN_TIME_SECONDS", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+     NULL},
+    {"--mpi-threads-disable", NULL, "--no-mpi-threads-disable", NULL,
+     "library_options.mpi_threads_disable", 0, KR_REFUSED_ON, NULL, NULL,
+     "kolo's background thread calls MPI, so kolo needs "
+     "MPI_THREAD_MULTIPLE; mpi4py works on top of kolo as it is"},
+    {"--num-nccl-streams", NULL, NULL, NULL, "library_options.num_nccl_streams",
+     0, KR_ONE, NULL, NULL, "kolo uses one NCCL stream per process set; "
+     "drop it (or give 1)"},
+    {"--thread-affinity", NULL, NULL, NULL, NULL, 0, KR_REFUSED, NULL, NULL,
+     "kolo does not pin its background thread; pin the whole rank "
+     "(taskset, numactl, or --mpi with --binding-args)"},
+    {"--ccl-bgt-affinity", NULL, NULL, NULL, "library_options.ccl_bgt_affinity",
+     0, KR_REFUSED, NULL, NULL, "kolo has no oneCCL backend"},
+    {"--gloo-timeout-seconds", NULL, NULL, NULL,
+     "library_options.gloo_timeout_seconds", 0, KR_POSITIVE,
+     "KOLO_TIMEOUT_SECONDS", "HOROVOD_GLOO_TIMEOUT_SECONDS", NULL},
+    {"--log-level", NULL, NULL, NULL, "logging.level", 0, KR_LEVEL,
+     "KOLO_LOG_LEVEL", "HOROVOD_LOG_LEVEL", NULL},
+    {"--log-with-timestamp", "--no-log-hide-timestamp", "--log-without-timestamp",
+     "--log-hide-timestamp", "logging.with_timestamp", 0, KR_REFUSED_ON, NULL,
+     NULL, "kolo's log lines carry no time; --prefix-output-with-timestamp "
+     "stamps every line of the ranks' output"},
+    {"--disable-cache", NULL, NULL, NULL, NULL, 0, KR_NOOP, NULL, NULL, NULL},
+    {"--jsrun", NULL, NULL, NULL, NULL, 0, KR_REFUSED_ON, NULL, NULL,
+     "kolorun has no jsrun launcher; under LSF use --mpi (mpirun), or -H"},
+    {"--min-np", "--min-num-proc", NULL, NULL, NULL, 0, KR_REFUSED, NULL, NULL,
+     KR_ELASTIC},
+    {"--max-np", "--max-num-proc", NULL, NULL, NULL, 0, KR_REFUSED, NULL, NULL,
+     KR_ELASTIC},
+    {"--slots-per-host", NULL, NULL, NULL, NULL, 0, KR_REFUSED, NULL, NULL,
+     KR_ELASTIC},
+    {"--elastic-timeout", NULL, NULL, NULL, NULL, 0, KR_REFUSED, NULL, NULL,
+     KR_ELASTIC},
+    {"--reset-limit", NULL, NULL, NULL, NULL, 0, KR_REFUSED, NULL, NULL,
+     KR_ELASTIC},
+    {"--blacklist-cooldown-range", NULL, NULL, NULL, NULL, 0, KR_REFUSED, NULL,
+     NULL, KR_ELASTIC},
+    {"--host-discovery-script", NULL, NULL, NULL, NULL, 0, KR_REFUSED, NULL,
+     NULL, KR_ELASTIC},
+};
+#define KOLORUN_NKNOBS ((int)(sizeof kolorun_knobs / sizeof kolorun_knobs[0]))
+
+/* Says that `what` (a flag, or FILE:LINE: key) cannot be honoured, and
+ * exits 2. */
+__attribute__((noreturn)) static void kolorun_refuse(const char *what,
+                                                     const char *why)
+{
+    kolorun_say("%s: kolo cannot honour it: %s", what, why);
+    exit(2);
+}
+
+/* Records the value a knob gives the ranks (replacing an earlier one). */
+static void kolorun_setting_put(kolorun_opts_t *o, const char *var,
+                                const char *twin, char *value)
+{
+    if (!value) {
+        kolorun_say("out of memory");
+        exit(1);
+    }
+    for (int i = 0; i < o->nsettings; i++) {
+        if (strcmp(o->settings[i].var, var) == 0) {
+            free(o->settings[i].value);
+            o->settings[i].value = value;
+            return;
+        }
+    }
+    if (o->nsettings >= KOLORUN_MAX_SETTINGS) {
+        kolorun_say("too many settings");
+        exit(2);
+    }
+    o->settings[o->nsettings].var = var;
+    o->settings[o->nsettings].twin = twin;
+    o->settings[o->nsettings].value = value;
+    o->nsettings++;
+}
+
+/* A number in [lo, hi]: whole unless `frac`. -1 when it is not. */
+static int kolorun_number(const char *s, int frac, double lo, double hi,
+                          double *out)
+{
+    char *end;
+    double v;
+    if (!s || *s == '\0' || strchr(" \t+-", *s))
+        return -1;
+    errno = 0;
+    v = frac ? strtod(s, &end) : (double)strtoll(s, &end, 10);
+    if (errno || *end != '\0' || v < lo || v > hi || v != v)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* Applies knob k with value v (NULL for a switch turned on, "0" for a
+ * switch turned off). `what` names where it comes from for messages. */
+static void kolorun_knob_apply(kolorun_opts_t *o, const kolorun_knob_t *k,
+                               const char *v, const char *what)
+{
+    double d;
+    switch (k->kind) {
+    case KR_MB:
+        if (kolorun_number(v, 0, 0, 8.0 * 1024 * 1024 * 1024, &d) != 0) {
+            kolorun_say("%s wants a whole number of megabytes (0 or more), "
+                        "not '%s'", what, v);
+            exit(2);
+        }
+        kolorun_setting_put(o, k->var, k->twin,
+                            kolorun_strdupf("%lld", (long long)d * 1048576LL));
+        return;
+    case KR_COUNT:
+    case KR_POSITIVE:
+        if (kolorun_number(v, 0, k->kind == KR_POSITIVE ? 1 : 0, 1e6, &d) != 0) {
+            kolorun_say("%s wants a whole number (%s), not '%s'", what,
+                        k->kind == KR_POSITIVE ? "1 or more" : "0 or more", v);
+            exit(2);
+        }
+        kolorun_setting_put(o, k->var, k->twin, kolorun_strdupf("%lld",
+                                                                (long long)d));
+        return;
+    case KR_MS:
+        if (kolorun_number(v, 1, 0, 1e6, &d) != 0) {
+            kolorun_say("%s wants a number of milliseconds (0 or more), not "
+                        "'%s'", what, v);
+            exit(2);
+        }
+        kolorun_setting_put(o, k->var, k->twin, kolorun_strdupf("%s", v));
+        return;
+    case KR_TEXT:
+        if (!v || *v == '\0') {
+            kolorun_say("%s wants a file name", what);
+            exit(2);
+        }
+        kolorun_setting_put(o, k->var, k->twin, kolorun_strdupf("%s", v));
+        return;
+    case KR_LEVEL: {
+        static const char *const levels[] = {"trace", "debug", "info",
+                                             "warning", "error", "fatal"};
+        for (size_t i = 0; i < sizeof levels / sizeof levels[0]; i++)
+            if (v && strcasecmp(v, levels[i]) == 0) {
+                kolorun_setting_put(o, k->var, k->twin,
+                                    kolorun_strdupf("%s", levels[i]));
+                return;
+            }
+        kolorun_say("%s wants one of TRACE, DEBUG, INFO, WARNING, ERROR, "
+                    "FATAL (any case), not '%s'", what, v ? v : "");
+        exit(2);
+    }
+    case KR_SWITCH:
+        kolorun_setting_put(o, k->var, k->twin,
+                            kolorun_strdupf("%s", v ? v : "1"));
+        return;
+    case KR_REFUSED:
+        kolorun_refuse(what, k->why);
+    case KR_REFUSED_ON:
+        if (!v || strcmp(v, "0") != 0)
+            kolorun_refuse(what, k->why);
+        return;
+    case KR_ONE:
+        if (kolorun_number(v, 0, 0, 1e6, &d) != 0 || d != 1)
+            kolorun_refuse(what, k->why);
+        return;
+    case KR_NOOP:
+        return;
+    }
+}
+
+/* Whether arg is one of knob k's spellings: 1 on, 2 off, 0 neither. For a
+ * knob with a value, *value gets it (and *i moves past it). */
+static int kolorun_knob_match(int argc, char **argv, int *i, const char *arg,
+                              const kolorun_knob_t *k, const char **value)
+{
+    int is_switch = k->kind == KR_SWITCH || k->kind == KR_REFUSED_ON ||
+                    k->kind == KR_NOOP;
+    *value = NULL;
+    if (is_switch) {
+        if (strcmp(arg, k->flag) == 0 || (k->alias && strcmp(arg, k->alias) == 0))
+            return 1;
+        if ((k->off_flag && strcmp(arg, k->off_flag) == 0) ||
+            (k->off_alias && strcmp(arg, k->off_alias) == 0))
+            return 2;
+        return 0;
+    }
+    /* Refused before its value is read: the refusal says enough. */
+    if (k->kind == KR_REFUSED) {
+        for (int j = 0; j < 2; j++) {
+            const char *name = j == 0 ? k->flag : k->alias;
+            size_t n = name ? strlen(name) : 0;
+            if (name && strncmp(arg, name, n) == 0 &&
+                (arg[n] == '\0' || arg[n] == '='))
+                kolorun_refuse(name, k->why);
+        }
+    }
+    if ((*value = kolorun_opt_value(argc, argv, i, arg, k->flag)) ||
+        (k->alias && (*value = kolorun_opt_value(argc, argv, i, arg, k->alias))))
+        return 1;
+    return 0;
+}
+
+/* ---- --config-file: horovodrun's YAML --------------------------------- */
+
+/* One scalar of the file: quotes removed; "" for null (absent). */
+static int kolorun_yaml_scalar(char *s, char *out, size_t len)
+{
+    size_t n = strlen(s);
+    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\t'))
+        s[--n] = '\0';
+    if (s[0] == '\'' || s[0] == '"') {
+        char q = s[0];
+        size_t o = 0;
+        const char *p = s + 1;
+        for (; *p; p++) {
+            if (*p == q && q == '\'' && p[1] == '\'') {
+                p++;
+            } else if (*p == q) {
+                break;
+            } else if (*p == '\\' && q == '"' && p[1] != '\0') {
+                p++;
+            }
+            if (o + 1 < len)
+                out[o++] = *p;
+        }
+        out[o] = '\0';
+        return *p == q && p[1] == '\0' ? 0 : -1;
+    }
+    if (strcmp(s, "~") == 0 || strcasecmp(s, "null") == 0)
+        s[0] = '\0';
+    if (strchr("[]{}&*!|>%@`", s[0]) && s[0] != '\0')
+        return -1; /* flow collections, anchors, tags, block scalars */
+    snprintf(out, len, "%s", s);
+    return 0;
+}
+
+/* YAML 1.1's booleans (PyYAML reads yes/no/on/off too): 1, 0, or -1. */
+static int kolorun_yaml_bool(const char *v)
+{
+    static const char *const yes[] = {"true", "yes", "on", "y"};
+    static const char *const no[] = {"false", "no", "off", "n"};
+    for (size_t i = 0; i < 4; i++) {
+        if (strcasecmp(v, yes[i]) == 0)
+            return 1;
+        if (strcasecmp(v, no[i]) == 0)
+            return 0;
+    }
+    return -1;
+}
+
+/* Reads horovodrun's --config-file: top-level `controller: gloo|mpi` and
+ * sections of `key: value` (params, autotune, timeline, stall_check,
+ * library_options, logging), each key as its flag, unless the command line
+ * gave that flag (given[] says). Errors name FILE:LINE; a key horovodrun
+ * does not read is warned about and skipped, as horovodrun skips it. */
+static void kolorun_config_file(kolorun_opts_t *o, const char *path,
+                                const int *given, int controller_given)
+{
+    FILE *f = fopen(path, "r");
+    char line[4096], section[64] = "";
+    int lineno = 0, section_indent = -1;
+    if (!f) {
+        kolorun_say("--config-file %s: %s", path, strerror(errno));
+        exit(2);
+    }
+    while (fgets(line, sizeof line, f)) {
+        char where[1200], key[128], *p, *colon, value[4096];
+        int indent;
+        lineno++;
+        snprintf(where, sizeof where, "%s:%d", path, lineno);
+        if (!strchr(line, '\n') && !feof(f)) {
+            kolorun_say("%s: line longer than %d characters", where,
+                        (int)sizeof line - 2);
+            exit(2);
+        }
+        line[strcspn(line, "\r\n")] = '\0';
+        /* A comment starts at '#' that begins the line or follows a blank
+         * (outside quotes). */
+        {
+            char q = 0;
+            for (p = line; *p; p++) {
+                if (q) {
+                    if (*p == q)
+                        q = 0;
+                } else if (*p == '\'' || *p == '"') {
+                    q = *p;
+                } else if (*p == '#' && (p == line || p[-1] == ' ' || p[-1] == '\t')) {
+                    *p = '\0';
+                    break;
+                }
+            }
+        }
+        indent = (int)strspn(line, " ");
+        p = line + indent;
+        if (*p == '\t') {
+            kolorun_say("%s: YAML indents with blanks, not tabs", where);
+            exit(2);
+        }
+        if (*p == '\0' || strcmp(p, "---") == 0 || strcmp(p, "...") == 0)
+            continue;
+        colon = strstr(p, ": ");
+        if (!colon && p[strlen(p) - 1] == ':')
+            colon = p + strlen(p) - 1;
+        if (!colon || *p == '-' || colon == p || (size_t)(colon - p) >= sizeof key) {
+            kolorun_say("%s: kolorun reads horovodrun's config files, "
+                        "'key: value' lines and sections of them, and does "
+                        "not understand '%s'", where, p);
+            exit(2);
+        }
+        snprintf(key, sizeof key, "%.*s", (int)(colon - p), p);
+        if (kolorun_yaml_scalar(colon + 1 + strspn(colon + 1, " "), value,
+                                sizeof value) != 0) {
+            kolorun_say("%s: the value of %s is not a plain, quoted or empty "
+                        "scalar", where, key);
+            exit(2);
+        }
+        if (indent == 0) {
+            section[0] = '\0';
+            section_indent = -1;
+            if (strcmp(key, "controller") == 0) {
+                if (value[0] == '\0')
+                    continue;
+                if (strcasecmp(value, "gloo") != 0 && strcasecmp(value, "mpi") != 0) {
+                    kolorun_say("%s: controller: %s is not a controller "
+                                "(gloo or mpi)", where, value);
+                    exit(2);
+                }
+                if (!controller_given) {
+                    o->gloo = strcasecmp(value, "gloo") == 0;
+                    o->mpi = !o->gloo;
+                }
+                continue;
+            }
+            if (value[0] != '\0') {
+                kolorun_say("%s: warning: %s is not a key horovodrun reads; "
+                            "ignored", where, key);
+                continue;
+            }
+            snprintf(section, sizeof section, "%.63s", key);
+            continue;
+        }
+        if (section[0] == '\0') {
+            kolorun_say("%s: %s is indented, but no section is open", where, key);
+            exit(2);
+        }
+        if (section_indent < 0)
+            section_indent = indent;
+        if (indent != section_indent) {
+            kolorun_say("%s: kolorun reads sections one level deep; %s is "
+                        "indented differently from the keys before it",
+                        where, key);
+            exit(2);
+        }
+        if (value[0] == '\0')
+            continue; /* null: not set, as in horovodrun */
+        {
+            char full[200];
+            int found = 0;
+            snprintf(full, sizeof full, "%s.%s", section, key);
+            for (int i = 0; i < KOLORUN_NKNOBS && !found; i++) {
+                const kolorun_knob_t *k = &kolorun_knobs[i];
+                char what[1500];
+                if (!k->yaml || strcmp(k->yaml, full) != 0)
+                    continue;
+                found = 1;
+                if (given[i])
+                    break; /* the command line wins */
+                snprintf(what, sizeof what, "%s: %s (%s)", where, full, k->flag);
+                if (k->kind == KR_SWITCH || k->kind == KR_REFUSED_ON) {
+                    int b = kolorun_yaml_bool(value);
+                    if (b < 0) {
+                        kolorun_say("%s wants true or false, not '%s'", what,
+                                    value);
+                        exit(2);
+                    }
+                    kolorun_knob_apply(o, k, b != k->yaml_inverted ? NULL : "0",
+                                       what);
+                } else {
+                    kolorun_knob_apply(o, k, value, what);
+                }
+            }
+            if (!found)
+                kolorun_say("%s: warning: %s is not a key horovodrun reads; "
+                            "ignored", where, full);
+        }
+    }
+    fclose(f);
+}
+
+/* --network-interface(s): a comma list, repeatable. All of them go to NCCL
+ * (NCCL_SOCKET_IFNAME), as horovodrun does; Gloo binds one
+ * (KOLO_NETWORK_INTERFACE, horovodrun's HOROVOD_GLOO_IFACE, which it takes
+ * from a set in no order): the first of the last flag, so that a later
+ * flag overrides an earlier one as everywhere on kolorun's line. */
+static void kolorun_add_nics(kolorun_opts_t *o, const char *list,
+                             const char *flag)
+{
+    const char *p = list;
+    if (*list == '\0') {
+        kolorun_say("%s wants interface names, for example eth0", flag);
+        exit(2);
+    }
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        char name[64];
+        if (n == 0 || n >= 16 || memchr(p, '/', n) || memchr(p, ' ', n)) {
+            kolorun_say("%s wants interface names (at most 15 characters, "
+                        "e.g. eth0), not '%.*s'", flag, (int)n, p);
+            exit(2);
+        }
+        snprintf(name, sizeof name, "%.*s", (int)n, p);
+        if (!o->nics || !strstr(o->nics, name)) {
+            char *all = o->nics ? kolorun_strdupf("%s,%s", o->nics, name)
+                                : kolorun_strdupf("%s", name);
+            if (!all) {
+                kolorun_say("out of memory");
+                exit(1);
+            }
+            free(o->nics);
+            o->nics = all;
+        }
+        if (p == list) {
+            free(o->network_interface);
+            o->network_interface = strndup(p, n);
+        }
+        if (p[n] == '\0')
+            break;
+        p += n + 1;
+    }
+}
+
+/* ------------------------------------------------------------------------
+ * --check-build: what this kolo has, in horovodrun's layout
+ *
+ * The backends are what libkolo says (kolo_built), found as the Python
+ * binding finds it: KOLO_LIBRARY, else the build tree next to this kolorun
+ * (.libs/), else the libdir kolo was configured for, else the loader's
+ * path; where it cannot be loaded, what ./configure found, saying so. The
+ * frameworks are what a Python interpreter imports: KOLO_PYTHON, else the
+ * one ./configure found (the bindings' own), else python3 on PATH. A GPU
+ * is "visible now" when the CUDA driver counts one (CUDA_VISIBLE_DEVICES
+ * applies).
+ */
+
+#define KOLORUN_PROBE_MS 60000 /* importing torch takes seconds; a bound */
+
+typedef int (*kolorun_built_fn)(const char *);
+
+static void *kolorun_libkolo(char *path, size_t n, char *why, size_t wn)
+{
+    char self[4096], cand[4][4200];
+    int nc = 0;
+    const char *env = getenv("KOLO_LIBRARY");
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (env && *env)
+        snprintf(cand[nc++], sizeof cand[0], "%s", env);
+    if (len > 0) {
+        self[len] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = '\0';
+            snprintf(cand[nc++], sizeof cand[0], "%s/.libs/libkolo.so.0", self);
+        }
+    }
+#ifdef KOLO_LIBDIR
+    snprintf(cand[nc++], sizeof cand[0], "%s/libkolo.so.0", KOLO_LIBDIR);
+#endif
+    snprintf(cand[nc++], sizeof cand[0], "libkolo.so.0");
+    why[0] = '\0';
+    for (int i = 0; i < nc; i++) {
+        if (strchr(cand[i], '/') && access(cand[i], F_OK) != 0) {
+            if (i == 0 && env && *env) {
+                snprintf(why, wn, "KOLO_LIBRARY=%.400s: %s", env, strerror(errno));
+                return NULL; /* KOLO_LIBRARY names the one to use */
+            }
+            continue;
+        }
+        void *h = dlopen(cand[i], RTLD_NOW | RTLD_LOCAL);
+        if (h && dlsym(h, "kolo_built")) {
+            snprintf(path, n, "%.4199s", cand[i]);
+            return h;
+        }
+        snprintf(why, wn, "%s", h ? "it has no kolo_built" : dlerror());
+        if (h)
+            dlclose(h);
+        if (env && *env)
+            break; /* KOLO_LIBRARY names the one to use */
+    }
+    if (!why[0])
+        snprintf(why, wn, "not found");
+    return NULL;
+}
+
+/* What ./configure found, where libkolo cannot be asked. */
+static int kolorun_configured(const char *what)
+{
+    (void)what;
+#ifdef KOLO_HAVE_GLOO
+    if (strcmp(what, "gloo") == 0)
+        return 1;
+#endif
+#ifdef KOLO_HAVE_MPI
+    if (strcmp(what, "mpi") == 0)
+        return 1;
+#endif
+#ifdef KOLO_HAVE_SHM
+    if (strcmp(what, "shm") == 0)
+        return 1;
+#endif
+#ifdef KOLO_HAVE_GPU
+    if (strcmp(what, "cuda") == 0 || strcmp(what, "nccl") == 0)
+        return 1;
+#endif
+    return 0;
+}
+
+/* Runs argv with stdout into buf (stderr to /dev/null), for at most
+ * KOLORUN_PROBE_MS; 0 when it ran and exited 0. */
+static int kolorun_capture(char *const argv[], char *buf, size_t n)
+{
+    int p[2];
+    size_t used = 0;
+    buf[0] = '\0';
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return -1;
+    }
+    if (pid == 0) {
+        int nul = open("/dev/null", O_RDWR);
+        if (nul >= 0) {
+            dup2(nul, STDIN_FILENO);
+            dup2(nul, STDERR_FILENO);
+        }
+        dup2(p[1], STDOUT_FILENO);
+        execvp(argv[0], argv);
+        _exit(127);
+    }
+    close(p[1]);
+    int64_t deadline = kolorun_now_ms() + KOLORUN_PROBE_MS;
+    for (;;) {
+        struct pollfd pf = {p[0], POLLIN, 0};
+        int64_t left = deadline - kolorun_now_ms();
+        if (left <= 0) {
+            kill(pid, SIGKILL);
+            break;
+        }
+        int r = poll(&pf, 1, (int)left);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            continue;
+        ssize_t got = read(p[0], buf + used, n - 1 - used);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        used += (size_t)got;
+        if (used >= n - 1)
+            break;
+    }
+    buf[used] = '\0';
+    close(p[0]);
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -1;
+}
+
+/* The version after "name " on a line of the probe's output, or NULL. */
+static const char *kolorun_probe_line(const char *out, const char *name,
+                                      char *ver, size_t n)
+{
+    size_t len = strlen(name);
+    for (const char *p = out; *p != '\0';) {
+        const char *nl = strchr(p, '\n');
+        if (strncmp(p, name, len) == 0 && p[len] == ' ') {
+            snprintf(ver, n, "%.*s", (int)strcspn(p + len + 1, "\n"), p + len + 1);
+            return ver;
+        }
+        if (!nl)
+            break;
+        p = nl + 1;
+    }
+    return NULL;
+}
+
+typedef int (*kolorun_cu_int_fn)(unsigned);
+typedef int (*kolorun_cu_count_fn)(int *);
+typedef int (*kolorun_cu_name_fn)(int, const char **);
+
+/* "yes, N devices" or "no (why)": what the CUDA driver counts now. */
+static void kolorun_gpu_visible(char *out, size_t n)
+{
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        snprintf(out, n, "no (no CUDA driver here: libcuda.so.1 cannot be "
+                 "loaded)");
+        return;
+    }
+    kolorun_cu_int_fn cu_init = (kolorun_cu_int_fn)dlsym(h, "cuInit");
+    kolorun_cu_count_fn cu_count = (kolorun_cu_count_fn)dlsym(h, "cuDeviceGetCount");
+    kolorun_cu_name_fn cu_name = (kolorun_cu_name_fn)dlsym(h, "cuGetErrorName");
+    int count = 0, rc = cu_init && cu_count ? cu_init(0) : -1;
+    if (rc == 0)
+        rc = cu_count(&count);
+    if (rc == 0 && count > 0) {
+        snprintf(out, n, "yes, %d device%s", count, count == 1 ? "" : "s");
+    } else if (rc == 0) {
+        snprintf(out, n, "no (the CUDA driver counts no device)");
+    } else {
+        const char *name = NULL;
+        if (!cu_name || rc < 0 || cu_name(rc, &name) != 0 || !name)
+            name = "an error";
+        snprintf(out, n, "no (cuInit: %s)", name);
+    }
+    dlclose(h);
+}
+
+__attribute__((noreturn)) static void kolorun_check_build(void)
+{
+    char libpath[4200] = "", why[512], probe[4096], tver[128], nver[128], kver[128];
+    void *h = kolorun_libkolo(libpath, sizeof libpath, why, sizeof why);
+    kolorun_built_fn built = h ? (kolorun_built_fn)dlsym(h, "kolo_built") : NULL;
+    const char *python = getenv("KOLO_PYTHON");
+#ifdef KOLO_CONFIGURED_PYTHON
+    if ((!python || !*python) && strcmp(KOLO_CONFIGURED_PYTHON, ":") != 0 &&
+        KOLO_CONFIGURED_PYTHON[0] != '\0')
+        python = KOLO_CONFIGURED_PYTHON;
+#endif
+    char *pyargv[] = {
+        (char *)(python && *python ? python : "python3"), "-c",
+        "import importlib\n"
+        "for m in ('torch', 'numpy', 'kolo'):\n"
+        "    try:\n"
+        "        v = getattr(importlib.import_module(m), '__version__', '?')\n"
+        "        print(m, v)\n"
+        "    except Exception as e:\n"
+        "        print(m + '-', type(e).__name__)\n",
+        NULL};
+    int py = kolorun_capture(pyargv, probe, sizeof probe) == 0;
+    int have_gloo, have_mpi, have_shm, have_cuda, nccl;
+    char gpu[256];
+
+    if (built) {
+        have_gloo = built("gloo");
+        have_mpi = built("mpi");
+        have_shm = built("shm");
+        have_cuda = built("cuda");
+        nccl = built("nccl");
+    } else {
+        have_gloo = kolorun_configured("gloo");
+        have_mpi = kolorun_configured("mpi");
+        have_shm = kolorun_configured("shm");
+        have_cuda = kolorun_configured("cuda");
+        nccl = kolorun_configured("nccl");
+    }
+    kolorun_gpu_visible(gpu, sizeof gpu);
+
+    printf("kolo v%s:\n\n", PACKAGE_VERSION);
+    printf("Available Frameworks:\n");
+    const char *torch = py ? kolorun_probe_line(probe, "torch", tver, sizeof tver) : NULL;
+    const char *numpy = py ? kolorun_probe_line(probe, "numpy", nver, sizeof nver) : NULL;
+    printf("    [%c] PyTorch%s%s\n", torch ? 'X' : ' ', torch ? " " : "",
+           torch ? torch : "");
+    printf("    [%c] NumPy%s%s\n", numpy ? 'X' : ' ', numpy ? " " : "",
+           numpy ? numpy : "");
+    printf("\nAvailable Controllers:\n");
+    printf("    [%c] shm\n", have_shm ? 'X' : ' ');
+    printf("    [%c] Gloo\n", have_gloo ? 'X' : ' ');
+    printf("    [%c] MPI\n", have_mpi ? 'X' : ' ');
+    printf("\nAvailable Tensor Operations:\n");
+    if (nccl > 1)
+        printf("    [X] NCCL %d.%d.%d\n", nccl >= 10000 ? nccl / 10000 : nccl / 1000,
+               nccl >= 10000 ? nccl % 10000 / 100 : nccl % 1000 / 100, nccl % 100);
+    else
+        printf("    [%c] NCCL\n", nccl ? 'X' : ' ');
+    printf("    [%c] shm\n", have_shm ? 'X' : ' ');
+    printf("    [%c] Gloo\n", have_gloo ? 'X' : ' ');
+    printf("    [%c] MPI\n", have_mpi ? 'X' : ' ');
+    printf("    [%c] CUDA\n", have_cuda ? 'X' : ' ');
+    printf("\nGPU visible now: %s\n", gpu);
+    if (built)
+        printf("(libkolo: %s)\n", libpath);
+    else
+        printf("(libkolo could not be loaded: %s; this is what ./configure "
+               "found)\n", why);
+    if (!py)
+        printf("(%s could not be run: no frameworks checked)\n", pyargv[0]);
+    else if (!kolorun_probe_line(probe, "kolo", kver, sizeof kver))
+        printf("(%s cannot import the kolo package: put bindings/python on "
+               "PYTHONPATH, or make install)\n", pyargv[0]);
+    fflush(stdout);
+    exit(0);
+}
+
 /* Parses the options; exits 0 after --help, 2 on a wrong command line. */
 static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
 {
-    const char *hosts = NULL, *hostfile = NULL;
+    const char *hosts = NULL, *hostfile = NULL, *config_file = NULL;
+    int given[KOLORUN_NKNOBS] = {0}, check_build = 0;
     memset(o, 0, sizeof *o);
     o->failure_grace_ms = 5000;
     int i;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v;
+        int knob = -1, on = 0;
         if (strcmp(a, "--") == 0) {
             i++;
             break;
@@ -706,8 +1591,58 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             kolorun_usage(stdout);
             exit(0);
         }
+        if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) {
+            printf("%s\n", PACKAGE_VERSION); /* as horovodrun: the version */
+            exit(0);
+        }
+        if (strcmp(a, "-cb") == 0 || strcmp(a, "--check-build") == 0) {
+            check_build = 1;
+            continue;
+        }
         if (strcmp(a, "--tag-output") == 0) {
             o->tag_output = 1;
+            continue;
+        }
+        if (strcmp(a, "--prefix-output-with-timestamp") == 0 ||
+            strcmp(a, "-prefix-timestamp") == 0) {
+            o->timestamp = 1;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--output-filename"))) {
+            if (*v == '\0') {
+                kolorun_say("--output-filename wants a directory");
+                exit(2);
+            }
+            o->output_dir = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--config-file"))) {
+            config_file = v;
+            continue;
+        }
+        if (strcmp(a, "--tcp") == 0) {
+            o->tcp = 1;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--mpi-args"))) {
+            o->mpi_args = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--binding-args"))) {
+            o->binding_args = v;
+            continue;
+        }
+        for (int j = 0; j < KOLORUN_NKNOBS && knob < 0; j++)
+            if ((on = kolorun_knob_match(argc, argv, &i, a, &kolorun_knobs[j],
+                                         &v)) != 0)
+                knob = j;
+        if (knob >= 0) {
+            /* Messages name the spelling given, without its =VALUE. */
+            char what[64];
+            snprintf(what, sizeof what, "%.*s", (int)strcspn(a, "="), a);
+            kolorun_knob_apply(o, &kolorun_knobs[knob], on == 2 ? "0" : v,
+                               what);
+            given[knob] = 1;
             continue;
         }
         if (strcmp(a, "--verbose") == 0) {
@@ -723,6 +1658,7 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             continue;
         }
         if ((v = kolorun_opt_value(argc, argv, &i, a, "-np")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "--num-proc")) ||
             (v = kolorun_opt_value(argc, argv, &i, a, "--np")) ||
             (v = kolorun_opt_value(argc, argv, &i, a, "-n"))) {
             long np = kolorun_parse_long(v, 1, KOLORUN_MAX_RANKS);
@@ -733,15 +1669,6 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
                 exit(2);
             }
             o->np = (int)np;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a,
-                                   "--timeline-filename"))) {
-            if (*v == '\0') {
-                kolorun_say("--timeline-filename wants a file name");
-                exit(2);
-            }
-            o->timeline = v;
             continue;
         }
         if ((v = kolorun_opt_value(argc, argv, &i, a, "--failure-grace"))) {
@@ -782,7 +1709,8 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             o->launch_command = v;
             continue;
         }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--ssh-port"))) {
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--ssh-port")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "-p"))) {
             if (kolorun_parse_long(v, 1, 65535) < 0) {
                 kolorun_say("--ssh-port wants a port from 1 to 65535, not "
                             "'%s'",
@@ -793,7 +1721,8 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             continue;
         }
         if ((v = kolorun_opt_value(argc, argv, &i, a,
-                                   "--ssh-identity-file"))) {
+                                   "--ssh-identity-file")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "-i"))) {
             if (access(v, R_OK) != 0) {
                 kolorun_say("--ssh-identity-file %s: %s", v, strerror(errno));
                 exit(2);
@@ -856,20 +1785,22 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             continue;
         }
         if ((v = kolorun_opt_value(argc, argv, &i, a,
+                                   "--network-interfaces"))) {
+            kolorun_add_nics(o, v, "--network-interfaces");
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a,
                                    "--network-interface"))) {
-            if (*v == '\0' || strlen(v) >= 16 || strchr(v, '/') ||
-                strchr(v, ' ')) {
-                kolorun_say("--network-interface wants an interface name "
-                            "(at most 15 characters, e.g. eth0), not '%s'",
-                            v);
-                exit(2);
-            }
-            o->network_interface = v;
+            kolorun_add_nics(o, v, "--network-interface");
             continue;
         }
         kolorun_say("unknown option '%s' (see kolorun --help)", a);
         exit(2);
     }
+    if (config_file)
+        kolorun_config_file(o, config_file, given, o->gloo || o->mpi);
+    if (check_build)
+        kolorun_check_build();
     if (hosts && hostfile) {
         kolorun_say("give the hosts with -H or with --hostfile, not both");
         exit(2);
@@ -926,18 +1857,142 @@ static void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
                     "the whole job when a rank fails");
         exit(2);
     }
+    if (o->mpi_args && !o->mpi)
+        kolorun_refuse("--mpi-args", "kolorun starts the ranks itself "
+                       "unless --mpi runs them through mpirun: add --mpi, "
+                       "or drop --mpi-args");
+    if (o->binding_args && !o->mpi)
+        kolorun_refuse("--binding-args", "kolorun does not bind ranks to "
+                       "cores; --mpi hands the binding to mpirun");
+    /* horovodrun --tcp: NCCL stays off InfiniBand (and, under --mpi, Open
+     * MPI on TCP, see kolorun_exec_mpirun); Gloo is TCP already. */
+    if (o->tcp)
+        kolorun_setting_put(o, "NCCL_IB_DISABLE", NULL, kolorun_strdupf("1"));
+    if (o->nics)
+        kolorun_setting_put(o, "NCCL_SOCKET_IFNAME", NULL,
+                            kolorun_strdupf("%s", o->nics));
+}
+
+/* Gives every rank the settings of horovodrun's flags: in kolorun's own
+ * environment, which the ranks here inherit, the command line of ranks on
+ * other hosts carries (kolorun_remote_command) and mpirun passes on (-x).
+ * A flag's KOLO_* variable wins over its HOROVOD_* twin in the runtime
+ * anyway; removing the twin spares the ranks the warning that the two
+ * differ, as horovodrun overwrites it. */
+static void kolorun_settings_apply(const kolorun_opts_t *o)
+{
+    for (int i = 0; i < o->nsettings; i++) {
+        if (setenv(o->settings[i].var, o->settings[i].value, 1) != 0) {
+            kolorun_say("out of memory");
+            exit(1);
+        }
+        if (o->settings[i].twin)
+            unsetenv(o->settings[i].twin);
+    }
+}
+
+/* Whether kolorun passes variable NAME=... on to ranks it does not start
+ * itself (other hosts, mpirun): kolo's, Horovod's twins, and what the
+ * flags set. */
+static int kolorun_passed_on(const kolorun_opts_t *o, const char *entry)
+{
+    size_t n = strcspn(entry, "=");
+    if (entry[n] != '=')
+        return 0;
+    if (strncmp(entry, "KOLO_", 5) == 0 || strncmp(entry, "HOROVOD_", 8) == 0)
+        return 1;
+    for (int i = 0; i < o->nsettings; i++)
+        if (strlen(o->settings[i].var) == n &&
+            strncmp(entry, o->settings[i].var, n) == 0)
+            return 1;
+    return 0;
 }
 
 /* ------------------------------------------------------------------------
  * --mpi: the job runs under mpirun
  */
 
+/* A string list that grows; NULL-terminated; strings owned. */
+typedef struct kolorun_words {
+    char **w;
+    int n, cap;
+    int oom;
+} kolorun_words_t;
+
+static void kolorun_words_add(kolorun_words_t *ws, char *owned)
+{
+    if (!owned || ws->oom) {
+        free(owned);
+        ws->oom = 1;
+        return;
+    }
+    if (ws->n + 2 > ws->cap) {
+        int cap = ws->cap ? ws->cap * 2 : 32;
+        char **w = realloc(ws->w, (size_t)cap * sizeof *w);
+        if (!w) {
+            free(owned);
+            ws->oom = 1;
+            return;
+        }
+        ws->w = w;
+        ws->cap = cap;
+    }
+    ws->w[ws->n++] = owned;
+    ws->w[ws->n] = NULL;
+}
+
+static void kolorun_words_free(kolorun_words_t *ws)
+{
+    for (int i = 0; i < ws->n; i++)
+        free(ws->w[i]);
+    free(ws->w);
+    memset(ws, 0, sizeof *ws);
+}
+
+/* Splits --mpi-args (or --binding-args) into words at blanks; quotes
+ * ('...' or "...") keep blanks in a word, as the shell horovodrun hands its
+ * command line to would. */
+static void kolorun_split_words(const char *text, kolorun_words_t *out)
+{
+    const char *p = text;
+    for (;;) {
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (*p == '\0')
+            return;
+        char *w = malloc(strlen(p) + 1);
+        size_t n = 0;
+        char q = 0;
+        if (!w) {
+            out->oom = 1;
+            return;
+        }
+        for (; *p && (q || (*p != ' ' && *p != '\t')); p++) {
+            if (q && *p == q)
+                q = 0;
+            else if (!q && (*p == '\'' || *p == '"'))
+                q = *p;
+            else
+                w[n++] = *p;
+        }
+        w[n] = '\0';
+        kolorun_words_add(out, w);
+    }
+}
+
 /* Replaces kolorun with `mpirun [--allow-run-as-root] [--oversubscribe]
  * --bind-to none -np N [--tag-output] -x KOLO_... command args`. The ranks
  * learn their places from MPI, so kolorun's own KOLO_RANK/SIZE/LOCAL/CROSS
  * variables must not reach them. --bind-to none: mpirun binds each rank to
  * one core by default, where its background thread would compete with its
- * training thread (shared/MEASUREMENTS.md). Returns only on failure: kolorun's exit status. */
+ * training thread (shared/MEASUREMENTS.md); --binding-args replaces it.
+ * horovodrun's flags go to mpirun as horovodrun's mpi_run.py hands them
+ * over: --output-filename and --prefix-output-with-timestamp
+ * (--timestamp-output) to mpirun's own, --tcp as Open MPI's ob1 without
+ * openib, --network-interfaces as btl_tcp_if_include, the ssh port and
+ * identity as plm_rsh_args, and --mpi-args last. Every KOLO_* and
+ * HOROVOD_* variable, and what the flags set, goes with -x. Returns only
+ * on failure: kolorun's exit status. */
 static int kolorun_exec_mpirun(const kolorun_opts_t *o, int64_t job_start_us)
 {
     static const char *const placement[] = {
@@ -945,8 +2000,8 @@ static int kolorun_exec_mpirun(const kolorun_opts_t *o, int64_t job_start_us)
         "KOLO_CROSS_RANK", "KOLO_CROSS_SIZE"};
     extern char **environ;
     const char *mpirun = getenv("KOLO_MPIRUN");
-    char np[16], start_us[32], **av;
-    size_t nenv = 0, nargs = 0, n = 0;
+    char np[16], start_us[32];
+    kolorun_words_t av = {0};
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 
     if (mpirun == NULL || *mpirun == '\0')
@@ -954,61 +2009,84 @@ static int kolorun_exec_mpirun(const kolorun_opts_t *o, int64_t job_start_us)
     for (size_t j = 0; j < sizeof placement / sizeof placement[0]; j++)
         unsetenv(placement[j]);
     snprintf(start_us, sizeof start_us, "%lld", (long long)job_start_us);
-    if ((o->timeline && setenv("KOLO_TIMELINE", o->timeline, 1) != 0) ||
-        (o->start_timeout &&
+    if ((o->start_timeout &&
          setenv("KOLO_START_TIMEOUT", o->start_timeout, 1) != 0) ||
+        (o->network_interface &&
+         setenv("KOLO_NETWORK_INTERFACE", o->network_interface, 1) != 0) ||
         setenv("KOLO_JOB_START_US", start_us, 1) != 0) {
         kolorun_say("out of memory");
         return 1;
     }
-    for (char **e = environ; *e; e++)
-        nenv += strncmp(*e, "KOLO_", 5) == 0;
-    while (o->argv[nargs])
-        nargs++;
-    av = calloc(12 + 2 * nenv + nargs + 1, sizeof *av);
-    if (!av) {
+    snprintf(np, sizeof np, "%d", o->np);
+    kolorun_words_add(&av, strdup(mpirun));
+    if (geteuid() == 0)
+        kolorun_words_add(&av, strdup("--allow-run-as-root"));
+    if (cpus > 0 && o->np > cpus)
+        kolorun_words_add(&av, strdup("--oversubscribe"));
+    if (o->binding_args) {
+        kolorun_split_words(o->binding_args, &av);
+    } else {
+        kolorun_words_add(&av, strdup("--bind-to"));
+        kolorun_words_add(&av, strdup("none"));
+    }
+    kolorun_words_add(&av, strdup("-np"));
+    kolorun_words_add(&av, strdup(np));
+    if (o->tag_output)
+        kolorun_words_add(&av, strdup("--tag-output"));
+    if (o->timestamp)
+        kolorun_words_add(&av, strdup("--timestamp-output"));
+    if (o->output_dir) {
+        kolorun_words_add(&av, strdup("--output-filename"));
+        kolorun_words_add(&av, strdup(o->output_dir));
+    }
+    if (o->tcp) {
+        kolorun_words_add(&av, strdup("--mca"));
+        kolorun_words_add(&av, strdup("pml"));
+        kolorun_words_add(&av, strdup("ob1"));
+        kolorun_words_add(&av, strdup("--mca"));
+        kolorun_words_add(&av, strdup("btl"));
+        kolorun_words_add(&av, strdup("^openib"));
+    }
+    if (o->nics) {
+        kolorun_words_add(&av, strdup("--mca"));
+        kolorun_words_add(&av, strdup("btl_tcp_if_include"));
+        kolorun_words_add(&av, strdup(o->nics));
+    }
+    if (o->ssh_port || o->ssh_identity) {
+        kolorun_words_add(&av, strdup("--mca"));
+        kolorun_words_add(&av, strdup("plm_rsh_args"));
+        kolorun_words_add(&av, kolorun_strdupf(
+            "%s%s%s%s%s", o->ssh_port ? "-p " : "", o->ssh_port ? o->ssh_port : "",
+            o->ssh_port && o->ssh_identity ? " " : "",
+            o->ssh_identity ? "-i " : "", o->ssh_identity ? o->ssh_identity : ""));
+    }
+    for (char **e = environ; *e; e++) {
+        if (!kolorun_passed_on(o, *e))
+            continue;
+        kolorun_words_add(&av, strdup("-x"));
+        kolorun_words_add(&av, kolorun_strdupf("%.*s", (int)strcspn(*e, "="), *e));
+    }
+    if (o->mpi_args)
+        kolorun_split_words(o->mpi_args, &av);
+    for (char **a = o->argv; *a; a++)
+        kolorun_words_add(&av, strdup(*a));
+    if (av.oom) {
         kolorun_say("out of memory");
         return 1;
     }
-    snprintf(np, sizeof np, "%d", o->np);
-    av[n++] = (char *)mpirun;
-    if (geteuid() == 0)
-        av[n++] = "--allow-run-as-root";
-    if (cpus > 0 && o->np > cpus)
-        av[n++] = "--oversubscribe";
-    av[n++] = "--bind-to";
-    av[n++] = "none";
-    av[n++] = "-np";
-    av[n++] = np;
-    if (o->tag_output)
-        av[n++] = "--tag-output";
-    for (char **e = environ; *e; e++) {
-        char *eq = strchr(*e, '=');
-        if (strncmp(*e, "KOLO_", 5) != 0 || !eq)
-            continue;
-        av[n++] = "-x";
-        av[n] = kolorun_strdupf("%.*s", (int)(eq - *e), *e);
-        if (!av[n]) {
-            kolorun_say("out of memory");
-            return 1;
-        }
-        n++;
-    }
-    for (size_t j = 0; j < nargs; j++)
-        av[n++] = o->argv[j];
-    av[n] = NULL;
     if (o->verbose) {
         fprintf(stderr, "kolorun: running");
-        for (size_t j = 0; j < n; j++)
-            fprintf(stderr, " %s", av[j]);
+        for (int j = 0; j < av.n; j++)
+            fprintf(stderr, " %s", av.w[j]);
         fputc('\n', stderr);
     }
     fflush(NULL);
-    execvp(mpirun, av);
+    execvp(mpirun, av.w);
     int why = errno;
     kolorun_say("--mpi: cannot run %s: %s (install Open MPI's mpirun, e.g. "
                 "the openmpi-bin package, or name one with KOLO_MPIRUN)",
                 mpirun, strerror(why));
+    kolorun_words_free(&av);
     return why == ENOENT ? 127 : 1;
 }
 
@@ -1390,42 +2468,92 @@ static void kolorun_note_lost(kolorun_t *k, const char *p, size_t n)
     }
 }
 
-/* Moves the whole lines of one stream to its sink; at end of file, also the
- * last unterminated line; when the buffer is full of one line, a piece. */
+/* --output-filename: the same record into the rank's file. A file that
+ * cannot be written (a full disk) is said once and closed; the job and the
+ * terminal's copy go on. */
+static void kolorun_file_put(kolorun_t *k, int r, int which, const char *prefix,
+                             size_t plen, const char *data, size_t n,
+                             int newline)
+{
+    int *fd = &k->ranks[r].files[which];
+    if (*fd < 0)
+        return;
+    if ((plen > 0 && kolorun_write_all(*fd, prefix, plen) != 0) ||
+        kolorun_write_all(*fd, data, n) != 0 ||
+        (newline && kolorun_write_all(*fd, "\n", 1) != 0)) {
+        kolorun_say("warning: cannot write rank %d's %s to %s/rank.*/%s: %s; "
+                    "the rest goes to the terminal only",
+                    r, which == KOLORUN_OUT ? "stdout" : "stderr",
+                    k->opts.output_dir, which == KOLORUN_OUT ? "stdout" : "stderr",
+                    strerror(errno));
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+/* What goes before each line of rank r's stream: with
+ * --prefix-output-with-timestamp the local time as horovodrun writes it
+ * (Python's time.asctime: "Mon Jun  5 10:00:00 2023"), then with
+ * --tag-output "[r]<stdout>:"; a blank between the time and an untagged
+ * line. Empty: the bytes pass unchanged. */
+static size_t kolorun_line_prefix(const kolorun_t *k, int r, int which,
+                                  char *out, size_t n)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    if (k->opts.timestamp) {
+        time_t now = time(NULL);
+        struct tm tm;
+        localtime_r(&now, &tm);
+        len = strftime(out, n, "%a %b %e %H:%M:%S %Y", &tm);
+    }
+    if (k->opts.tag_output)
+        len += (size_t)snprintf(out + len, n - len, "[%d]<%s>:", r,
+                                which == KOLORUN_OUT ? "stdout" : "stderr");
+    else if (len > 0)
+        len += (size_t)snprintf(out + len, n - len, " ");
+    return len;
+}
+
+/* Moves the whole lines of one stream to its sink (and its file); at end
+ * of file, also the last unterminated line; when the buffer is full of one
+ * line, a piece. */
 static void kolorun_stream_emit(kolorun_t *k, int r, int which, int at_eof)
 {
     kolorun_stream_t *st = &k->ranks[r].streams[which];
     kolorun_sink_t *sink = &k->sinks[which];
     size_t done = 0;
+    char prefix[96];
+    size_t plen = kolorun_line_prefix(k, r, which, prefix, sizeof prefix);
 
-    if (!k->opts.tag_output) {
+    if (plen == 0) {
         /* Unchanged bytes: everything up to the last newline, in one go. */
         size_t end = st->len;
         while (end > 0 && st->buf[end - 1] != '\n')
             end--;
         if (at_eof || (end == 0 && st->len == KOLORUN_LINE_MAX))
             end = st->len;
-        if (end > 0)
+        if (end > 0) {
             kolorun_sink_put(sink, "", 0, st->buf, end, 0);
+            kolorun_file_put(k, r, which, "", 0, st->buf, end, 0);
+        }
         done = end;
     } else {
-        char prefix[48];
-        int plen = snprintf(prefix, sizeof prefix, "[%d]<%s>:", r,
-                            which == KOLORUN_OUT ? "stdout" : "stderr");
         for (;;) {
             char *nl = memchr(st->buf + done, '\n', st->len - done);
             if (!nl)
                 break;
             size_t n = (size_t)(nl - (st->buf + done)) + 1;
-            kolorun_sink_put(sink, prefix, (size_t)plen, st->buf + done, n, 0);
+            kolorun_sink_put(sink, prefix, plen, st->buf + done, n, 0);
+            kolorun_file_put(k, r, which, prefix, plen, st->buf + done, n, 0);
             done += n;
         }
-        /* Tagged output is made of lines: a piece or a last line without a
-         * newline gets one, so that the next prefix starts a line. */
+        /* Prefixed output is made of lines: a piece or a last line without
+         * a newline gets one, so that the next prefix starts a line. */
         size_t rest = st->len - done;
         if (rest > 0 && (at_eof || rest == KOLORUN_LINE_MAX)) {
-            kolorun_sink_put(sink, prefix, (size_t)plen, st->buf + done, rest,
-                             1);
+            kolorun_sink_put(sink, prefix, plen, st->buf + done, rest, 1);
+            kolorun_file_put(k, r, which, prefix, plen, st->buf + done, rest, 1);
             done = st->len;
         }
     }
@@ -1689,8 +2817,6 @@ static int kolorun_rank_env(const kolorun_t *k, int r,
     /* Every rank's timeline counts time from the same moment. */
     env[n++] = kolorun_strdupf("KOLO_JOB_START_US=%lld",
                                (long long)k->job_start_us);
-    if (k->opts.timeline)
-        env[n++] = kolorun_strdupf("KOLO_TIMELINE=%s", k->opts.timeline);
     if (k->opts.start_timeout)
         env[n++] = kolorun_strdupf("KOLO_START_TIMEOUT=%s",
                                    k->opts.start_timeout);
@@ -1703,43 +2829,6 @@ static int kolorun_rank_env(const kolorun_t *k, int r,
         if (!env[i])
             return -1;
     return n;
-}
-
-/* A string list that grows; NULL-terminated; strings owned. */
-typedef struct kolorun_words {
-    char **w;
-    int n, cap;
-    int oom;
-} kolorun_words_t;
-
-static void kolorun_words_add(kolorun_words_t *ws, char *owned)
-{
-    if (!owned || ws->oom) {
-        free(owned);
-        ws->oom = 1;
-        return;
-    }
-    if (ws->n + 2 > ws->cap) {
-        int cap = ws->cap ? ws->cap * 2 : 32;
-        char **w = realloc(ws->w, (size_t)cap * sizeof *w);
-        if (!w) {
-            free(owned);
-            ws->oom = 1;
-            return;
-        }
-        ws->w = w;
-        ws->cap = cap;
-    }
-    ws->w[ws->n++] = owned;
-    ws->w[ws->n] = NULL;
-}
-
-static void kolorun_words_free(kolorun_words_t *ws)
-{
-    for (int i = 0; i < ws->n; i++)
-        free(ws->w[i]);
-    free(ws->w);
-    memset(ws, 0, sizeof *ws);
 }
 
 /* s in single quotes for a POSIX shell: ' becomes '\''. */
@@ -1788,7 +2877,7 @@ static void kolorun_remote_command(const kolorun_t *k, char **env, int nenv,
     for (int i = 0; i < nenv; i++)
         kolorun_words_add(out, strdup(env[i]));
     for (char **e = environ; *e; e++)
-        if (strncmp(*e, "KOLO_", 5) == 0 && !kolorun_env_has(env, nenv, *e))
+        if (kolorun_passed_on(&k->opts, *e) && !kolorun_env_has(env, nenv, *e))
             kolorun_words_add(out, strdup(*e));
     for (int i = 0; i < k->opts.nxenv; i++) {
         const char *x = k->opts.xenv[i], *val;
@@ -2789,15 +3878,86 @@ static void kolorun_std_fds(void)
     }
 }
 
-/* Pipes per rank: ask for the file descriptors a big job needs. */
-static void kolorun_raise_fd_limit(int np)
+/* Pipes (and --output-filename's files) per rank: ask for the file
+ * descriptors a big job needs. */
+static void kolorun_raise_fd_limit(int np, int files)
 {
     struct rlimit rl;
-    rlim_t need = (rlim_t)np * 3 + 32; /* + a stdin pipe per ssh rank */
+    /* + a stdin pipe per ssh rank */
+    rlim_t need = (rlim_t)np * (files ? 5 : 3) + 32;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need) {
         rl.rlim_cur = need < rl.rlim_max ? need : rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
+}
+
+/* Makes directory path and its parents (mkdir -p); 0 or -1 (errno). */
+static int kolorun_mkdirs(const char *path)
+{
+    char *p = strdup(path);
+    struct stat st;
+    if (!p)
+        return -1;
+    for (char *q = p + 1; *q; q++) {
+        if (*q != '/')
+            continue;
+        *q = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            free(p);
+            return -1;
+        }
+        *q = '/';
+    }
+    int rc = mkdir(p, 0777) != 0 && errno != EEXIST ? -1 : 0;
+    free(p);
+    if (rc == 0 && (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return rc;
+}
+
+/* --output-filename DIR: each rank's stdout and stderr also go to
+ * DIR/rank.R/stdout and DIR/rank.R/stderr, R padded with zeros to the
+ * width of the last rank (rank.03 of 12), the layout of horovodrun's
+ * gloo_run.py; the files are created anew. 0, or -1 said why. */
+static int kolorun_outputs_open(kolorun_t *k)
+{
+    const char *dir = k->opts.output_dir;
+    int width = 1;
+    for (int v = k->opts.np - 1; v >= 10; v /= 10)
+        width++;
+    if (kolorun_mkdirs(dir) != 0) {
+        kolorun_say("--output-filename: cannot create the directory %s: %s",
+                    dir, strerror(errno));
+        return -1;
+    }
+    for (int r = 0; r < k->opts.np; r++) {
+        char *sub = kolorun_strdupf("%s/rank.%0*d", dir, width, r);
+        if (!sub || (mkdir(sub, 0777) != 0 && errno != EEXIST)) {
+            kolorun_say("--output-filename: cannot create %s: %s",
+                        sub ? sub : dir, strerror(errno));
+            free(sub);
+            return -1;
+        }
+        for (int s = 0; s < 2; s++) {
+            char *f = kolorun_strdupf("%s/%s", sub, s == KOLORUN_OUT ? "stdout"
+                                                                     : "stderr");
+            k->ranks[r].files[s] = f ? open(f, O_WRONLY | O_CREAT | O_TRUNC |
+                                                   O_CLOEXEC, 0666)
+                                     : -1;
+            if (k->ranks[r].files[s] < 0) {
+                kolorun_say("--output-filename: cannot create %s: %s",
+                            f ? f : sub, strerror(errno));
+                free(f);
+                free(sub);
+                return -1;
+            }
+            free(f);
+        }
+        free(sub);
+    }
+    return 0;
 }
 
 /* Allocates the ranks' and sinks' buffers; -1 when memory is short. */
@@ -2808,6 +3968,7 @@ static int kolorun_alloc(kolorun_t *k)
         return -1;
     for (int r = 0; r < k->opts.np; r++) {
         k->ranks[r].hold_fd = -1;
+        k->ranks[r].files[0] = k->ranks[r].files[1] = -1;
         for (int s = 0; s < 2; s++) {
             k->ranks[r].streams[s].fd = -1;
             k->ranks[r].streams[s].buf = malloc(KOLORUN_LINE_MAX);
@@ -2831,6 +3992,8 @@ static void kolorun_free(kolorun_t *k)
         if (k->ranks[r].hold_fd >= 0)
             close(k->ranks[r].hold_fd);
         for (int s = 0; s < 2; s++) {
+            if (k->ranks[r].files[s] >= 0)
+                close(k->ranks[r].files[s]);
             kolorun_stream_close(&k->ranks[r].streams[s]);
             free(k->ranks[r].streams[s].buf);
         }
@@ -2843,6 +4006,10 @@ static void kolorun_free(kolorun_t *k)
         free(k->opts.hosts[h].name);
     free(k->opts.hosts);
     free(k->opts.xenv);
+    free(k->opts.nics);
+    free(k->opts.network_interface);
+    for (int i = 0; i < k->opts.nsettings; i++)
+        free(k->opts.settings[i].value);
 }
 
 /* The exit status, from how the job ended (see the top of this file). */
@@ -2889,10 +4056,11 @@ int main(int argc, char **argv)
     }
     kolorun_std_fds();
     kolorun_parse(argc, argv, &k.opts);
+    kolorun_settings_apply(&k.opts);
     if (k.opts.mpi) {
         return kolorun_exec_mpirun(&k.opts, k.job_start_us);
     }
-    kolorun_raise_fd_limit(k.opts.np);
+    kolorun_raise_fd_limit(k.opts.np, k.opts.output_dir != NULL);
 
     int rc = 1;
     int wake_rd = -1;
@@ -2900,6 +4068,8 @@ int main(int argc, char **argv)
         kolorun_say("out of memory");
         goto free_memory;
     }
+    if (k.opts.output_dir && kolorun_outputs_open(&k) != 0)
+        goto free_memory;
     wake_rd = kolorun_signals_setup(&k);
     if (wake_rd < 0)
         goto free_memory;

@@ -160,6 +160,23 @@ typedef int64_t kolo_handle_t;
  * rank fail at once with its reason. A KOLO_* variable kolo does not know
  * is warned about (rank 0), naming the closest known one.
  *
+ * Horovod's variables. Where a KOLO_* variable is not set, its HOROVOD_*
+ * twin is read in its place (HOROVOD_FUSION_THRESHOLD for
+ * KOLO_FUSION_THRESHOLD, HOROVOD_RANK for KOLO_RANK, ...; README.md lists
+ * them); a twin set to another value than its KOLO_* variable, a HOROVOD_*
+ * variable kolo cannot honour, and an unknown HOROVOD_* name are warned
+ * about (rank 0).
+ *
+ * torchrun and srun. A process without KOLO_RANK and KOLO_SIZE (or their
+ * twins) and without an MPI launcher's variables takes its place from
+ * torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+ * GROUP_WORLD_SIZE, MASTER_ADDR, MASTER_PORT), else from those srun gives
+ * the tasks of a job step (SLURM_PROCID, SLURM_STEP_ID, ...). Unless
+ * KOLO_RENDEZVOUS names one, rank 0 then serves the job's rendezvous on
+ * MASTER_PORT+1 (srun without MASTER_PORT: a port from the job and step
+ * ids) from a thread that lives until the process exits, and the others
+ * wait for it up to KOLO_START_TIMEOUT (KOLO_ERR_TIMEOUT, naming it).
+ *
  * Under MPI. A process started by mpirun or srun (OMPI_COMM_WORLD_SIZE,
  * PMI_SIZE, PMIX_RANK, ... set) without KOLO_RANK and KOLO_SIZE takes its
  * place from MPI: rank and size from MPI_COMM_WORLD, the local rank and
@@ -177,7 +194,7 @@ typedef int64_t kolo_handle_t;
  * 0 create a rendezvous directory (removed at exit); that needs every rank
  * on one host, or KOLO_RENDEZVOUS=file:DIR on a shared file system. A
  * job built without MPI but started by mpirun as several ranks fails with
- * KOLO_ERR_UNSUPPORTED. */
+ * KOLO_ERR_UNSUPPORTED, unless srun's variables place it (above). */
 KOLO_EXPORT int kolo_init(void);
 
 /* Stops this rank. The first rank to shut down stops the job: every handle
@@ -508,7 +525,7 @@ KOLO_EXPORT int kolo_stop_timeline(void);
 /* ---- What this build has ----------------------------------------------- */
 
 /* Nonzero if this kolo was built with the backend or device support named
- * ("gloo", "mpi", "cuda", "nccl"), else 0: 1, except for "nccl", which
+ * ("gloo", "mpi", "shm", "cuda", "nccl"), else 0: 1, except for "nccl", which
  * gives NCCL's version code (22809 for NCCL 2.28.9), as Horovod's
  * nccl_built() does. */
 KOLO_EXPORT int kolo_built(const char *what);

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "env.h"
+#include "launchenv.h"
 
 /* ---- a fake environment ------------------------------------------------ */
 
@@ -22,7 +23,7 @@
 static const char *fake_names[MAX_VARS];
 static const char *fake_values[MAX_VARS];
 static int fake_n;
-static int fake_lookups_of_unknown; /* names outside KOLO_* */
+static int fake_lookups_of_unknown; /* names outside KOLO_* and HOROVOD_* */
 
 static void fake_reset(void)
 {
@@ -45,7 +46,7 @@ static void fake_set(const char *name, const char *value)
 
 static const char *fake_getenv(const char *name)
 {
-    if (strncmp(name, "KOLO_", 5) != 0)
+    if (strncmp(name, "KOLO_", 5) != 0 && strncmp(name, "HOROVOD_", 8) != 0)
         fake_lookups_of_unknown++;
     for (int i = 0; i < fake_n; i++)
         if (strcmp(fake_names[i], name) == 0)
@@ -463,7 +464,7 @@ START_TEST(timeout_must_be_positive)
         fake_reset();
         fake_set("KOLO_TIMEOUT_SECONDS", zeros[i]);
         snprintf(quoted, sizeof quoted, "'%s'", zeros[i]);
-        load_fails("KOLO_TIMEOUT_SECONDS", quoted, "positive",
+        load_fails("KOLO_TIMEOUT_SECONDS", quoted, "above 0",
                    (const char *)NULL);
     }
 }
@@ -512,6 +513,312 @@ START_TEST(print_doc_lists_every_variable)
 }
 END_TEST
 
+
+/* ---- Horovod's twins ---------------------------------------------------- */
+
+START_TEST(horovod_twins_read)
+{
+    kolo__config_t cfg;
+
+    fake_reset();
+    fake_set("HOROVOD_RANK", "1");
+    fake_set("HOROVOD_SIZE", "2");
+    fake_set("KOLO_RENDEZVOUS", "file:/tmp/job");
+    fake_set("HOROVOD_FUSION_THRESHOLD", "1048576"); /* bytes, as kolo */
+    fake_set("HOROVOD_CYCLE_TIME", "2.5");           /* ms, as kolo */
+    fake_set("HOROVOD_CACHE_CAPACITY", "7");
+    fake_set("HOROVOD_CONTROLLER", "GLOO");          /* Horovod's case */
+    fake_set("HOROVOD_CPU_OPERATIONS", "Gloo");
+    fake_set("HOROVOD_LOG_LEVEL", "FATAL");
+    fake_set("HOROVOD_GLOO_TIMEOUT_SECONDS", "30");
+    fake_set("HOROVOD_START_TIMEOUT", "45");
+    fake_set("HOROVOD_TIMELINE", "/tmp/t.json");
+    fake_set("HOROVOD_TIMELINE_MARK_CYCLES", "1");
+    fake_set("HOROVOD_HIERARCHICAL_ALLREDUCE", "0");
+    fake_set("HOROVOD_AUTOTUNE", "1");
+    fake_set("HOROVOD_AUTOTUNE_LOG", "/tmp/a.csv");
+    fake_set("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "10");
+    fake_set("HOROVOD_STALL_CHECK_TIME_SECONDS", "5");
+    fake_set("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "9");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.rank, 1);
+    ck_assert_int_eq(cfg.size, 2);
+    ck_assert_int_eq(cfg.local_rank, 1); /* defaults follow the twin too */
+    ck_assert_int_eq(cfg.local_size, 2);
+    ck_assert_int_eq(cfg.fusion_threshold, 1048576);
+    ck_assert_double_eq(cfg.cycle_time_ms, 2.5);
+    ck_assert_int_eq(cfg.cache_capacity, 7);
+    ck_assert_str_eq(cfg.controller, "gloo");
+    ck_assert_str_eq(cfg.cpu_operations, "gloo");
+    ck_assert_int_eq(cfg.log_level, KOLO__LOG_ERROR);
+    ck_assert_double_eq(cfg.timeout_s, 30.0);
+    ck_assert_double_eq(cfg.start_timeout_s, 45.0);
+    ck_assert_str_eq(cfg.timeline, "/tmp/t.json");
+    ck_assert_int_eq(cfg.timeline_mark_cycles, 1);
+    ck_assert_int_eq(cfg.hierarchical, 0);
+    ck_assert_int_eq(cfg.autotune, 1);
+    ck_assert_str_eq(cfg.autotune_log, "/tmp/a.csv");
+    ck_assert_int_eq(cfg.autotune_window, 10);
+    ck_assert_double_eq(cfg.stall_check_s, 5.0);
+    ck_assert_double_eq(cfg.stall_shutdown_s, 9.0);
+
+    /* HOROVOD_STALL_CHECK_DISABLE turns warnings and shutdown off. */
+    fake_set("HOROVOD_STALL_CHECK_DISABLE", "1");
+    load_ok(&cfg);
+    ck_assert_double_eq(cfg.stall_check_s, 0.0);
+    ck_assert_double_eq(cfg.stall_shutdown_s, 0.0);
+    fake_set("HOROVOD_STALL_CHECK_DISABLE", "0");
+    load_ok(&cfg);
+    ck_assert_double_eq(cfg.stall_check_s, 5.0);
+}
+END_TEST
+
+START_TEST(kolo_variable_wins_over_twin)
+{
+    kolo__config_t cfg;
+
+    fake_reset();
+    fake_set("HOROVOD_FUSION_THRESHOLD", "2097152");
+    fake_set("KOLO_FUSION_THRESHOLD", "1M");
+    fake_set("HOROVOD_CYCLE_TIME", "not a number"); /* never read */
+    fake_set("KOLO_CYCLE_TIME", "3");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.fusion_threshold, 1048576);
+    ck_assert_double_eq(cfg.cycle_time_ms, 3.0);
+    ck_assert_str_eq(kolo__config_get("KOLO_FUSION_THRESHOLD", fake_getenv), "1M");
+    ck_assert_str_eq(kolo__config_get("KOLO_RANK", fake_getenv) ? "set" : "unset",
+                     "unset");
+    fake_set("HOROVOD_RANK", "0");
+    ck_assert_str_eq(kolo__config_get("KOLO_RANK", fake_getenv), "0");
+}
+END_TEST
+
+START_TEST(bad_twin_named)
+{
+    fake_reset();
+    fake_set("HOROVOD_CYCLE_TIME", "fast");
+    load_fails("HOROVOD_CYCLE_TIME", "'fast'", "expected", (const char *)NULL);
+    fake_reset();
+    fake_set("HOROVOD_CONTROLLER", "CCL");
+    load_fails("HOROVOD_CONTROLLER", "'CCL'", "gloo", (const char *)NULL);
+    /* horovodrun's ranks: its rendezvous is not kolo's. */
+    fake_reset();
+    fake_set("HOROVOD_RANK", "0");
+    fake_set("HOROVOD_SIZE", "2");
+    fake_set("HOROVOD_GLOO_RENDEZVOUS_ADDR", "10.0.0.1");
+    load_fails("horovodrun", "kolorun", (const char *)NULL);
+}
+END_TEST
+
+static char notes[16][1024];
+static int nnotes;
+
+static void collect_note(const char *msg, void *arg)
+{
+    (void)arg;
+    ck_assert_int_lt(nnotes, 16);
+    snprintf(notes[nnotes++], sizeof notes[0], "%s", msg);
+}
+
+/* Runs the scan over env (NULL-terminated) and returns how many notes
+ * contain `want` (NULL: how many notes in all). */
+static int scan_count(char **env, const char *want)
+{
+    int n = 0;
+    nnotes = 0;
+    fake_reset();
+    for (char **e = env; *e; e++) {
+        static char names[32][128];
+        size_t len = strcspn(*e, "=");
+        snprintf(names[e - env], sizeof names[0], "%.*s", (int)len, *e);
+        fake_set(names[e - env], *e + len + 1);
+    }
+    kolo__config_scan(env, fake_getenv, collect_note, NULL);
+    for (int i = 0; i < nnotes; i++)
+        n += want == NULL || strstr(notes[i], want) != NULL;
+    return n;
+}
+
+START_TEST(scan_warns_once_per_finding)
+{
+    char *quiet[] = {"KOLO_FUSION_THRESHOLD=1M",
+                     "HOROVOD_FUSION_THRESHOLD=1048576", /* the same value */
+                     "HOROVOD_HIERARCHICAL_ALLGATHER=0", /* asks for nothing */
+                     "HOROVOD_NUM_NCCL_STREAMS=1",
+                     "HOROVOD_MPI_THREADS_DISABLE=0",
+                     "HOROVOD_WITH_PYTORCH=1",           /* Horovod's build */
+                     "HOROVOD_GPU_OPERATIONS=NCCL",
+                     "HOROVOD_DYNAMIC_PROCESS_SETS=1",   /* kolo always does */
+                     "KOLO_TOP_BUILDDIR=/x", "PATH=/bin", NULL};
+    char *loud[] = {"KOLO_CYCLE_TIME=5", "HOROVOD_CYCLE_TIME=1",
+                    "HOROVOD_HIERARCHICAL_ALLGATHER=1",
+                    "HOROVOD_NUM_NCCL_STREAMS=2",
+                    "HOROVOD_THREAD_AFFINITY=0,1",
+                    "HOROVOD_FUSION_TRESHOLD=1",
+                    "KOLO_FUSION_TRESHOLD=1",
+                    "HOROVOD_GLOO_RENDEZVOUS_ADDR=10.0.0.1", NULL};
+
+    ck_assert_int_eq(scan_count(quiet, NULL), 0);
+    ck_assert_int_eq(scan_count(loud, NULL), 7);
+    ck_assert_int_eq(scan_count(loud, "KOLO_CYCLE_TIME=5 and "
+                                      "HOROVOD_CYCLE_TIME=1 are both set and "
+                                      "differ: kolo uses KOLO_CYCLE_TIME"), 1);
+    ck_assert_int_eq(scan_count(loud, "HOROVOD_HIERARCHICAL_ALLGATHER=1 is "
+                                      "ignored: kolo has no hierarchical"), 1);
+    ck_assert_int_eq(scan_count(loud, "HOROVOD_NUM_NCCL_STREAMS=2 is ignored"), 1);
+    ck_assert_int_eq(scan_count(loud, "HOROVOD_THREAD_AFFINITY=0,1 is ignored"), 1);
+    ck_assert_int_eq(scan_count(loud, "HOROVOD_FUSION_TRESHOLD is not a "
+                                      "Horovod variable kolo knows, and is "
+                                      "ignored (did you mean "
+                                      "HOROVOD_FUSION_THRESHOLD?)"), 1);
+    ck_assert_int_eq(scan_count(loud, "did you mean KOLO_FUSION_THRESHOLD?"), 1);
+    ck_assert_int_eq(scan_count(loud, "HOROVOD_GLOO_RENDEZVOUS_ADDR=10.0.0.1 "
+                                      "is ignored: it is horovodrun's"), 1);
+}
+END_TEST
+
+/* ---- torchrun and srun (launchenv.c) ----------------------------------- */
+
+static int detect(kolo__launchenv_t *le, kolo__err_t *err)
+{
+    kolo__err_clear(err);
+    return kolo__launchenv_detect(fake_getenv, le, err);
+}
+
+START_TEST(torchrun_places_the_rank)
+{
+    kolo__launchenv_t le;
+    kolo__err_t err;
+
+    fake_reset();
+    ck_assert_int_eq(detect(&le, &err), 0); /* no launcher: one rank */
+    fake_set("RANK", "5");
+    fake_set("WORLD_SIZE", "8");
+    fake_set("LOCAL_RANK", "1");
+    fake_set("LOCAL_WORLD_SIZE", "4");
+    fake_set("GROUP_RANK", "1");
+    fake_set("GROUP_WORLD_SIZE", "2");
+    fake_set("MASTER_ADDR", "node0.cluster");
+    fake_set("MASTER_PORT", "29500");
+    fake_set("TORCHELASTIC_RUN_ID", "job7");
+    fake_set("TORCHELASTIC_RESTART_COUNT", "2");
+    /* srun's variables too (srun torchrun ...): torchrun's are the rank's. */
+    fake_set("SLURM_PROCID", "0");
+    fake_set("SLURM_STEP_ID", "0");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_str_eq(le.launcher, "torchrun");
+    ck_assert_int_eq(le.rank, 5);
+    ck_assert_int_eq(le.size, 8);
+    ck_assert_int_eq(le.local_rank, 1);
+    ck_assert_int_eq(le.local_size, 4);
+    ck_assert_int_eq(le.cross_rank, 1);
+    ck_assert_int_eq(le.cross_size, 2);
+    ck_assert_str_eq(le.host, "node0.cluster");
+    ck_assert_int_eq(le.port, 29501);
+    ck_assert_str_eq(le.rendezvous, "redis:node0.cluster:29501/torchrun-job7-2");
+
+    /* One node: the server is reached on loopback. */
+    fake_set("RANK", "1");
+    fake_set("LOCAL_RANK", "1");
+    fake_set("WORLD_SIZE", "2");
+    fake_set("LOCAL_WORLD_SIZE", "2");
+    fake_set("GROUP_RANK", "0");
+    fake_set("GROUP_WORLD_SIZE", "1");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_str_eq(le.host, "127.0.0.1");
+    ck_assert_int_eq(le.cross_size, 1);
+
+    /* torch.distributed's env:// without torchrun's local variables. */
+    fake_reset();
+    fake_set("RANK", "0");
+    fake_set("WORLD_SIZE", "2");
+    fake_set("MASTER_ADDR", "127.0.0.1");
+    fake_set("MASTER_PORT", "29500");
+    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
+    ck_assert_msg(strstr(err.msg, "LOCAL_RANK is not set") != NULL, "%s", err.msg);
+    fake_set("LOCAL_RANK", "0");
+    fake_set("LOCAL_WORLD_SIZE", "2");
+    fake_set("RANK", "2");
+    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
+    ck_assert_msg(strstr(err.msg, "rank 2 of 2") != NULL, "%s", err.msg);
+    fake_set("RANK", "x");
+    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
+    ck_assert_msg(strstr(err.msg, "RANK='x'") != NULL, "%s", err.msg);
+}
+END_TEST
+
+START_TEST(srun_places_the_rank)
+{
+    kolo__launchenv_t le;
+    kolo__err_t err;
+
+    /* A batch script: SLURM_PROCID, but no step. */
+    fake_reset();
+    fake_set("SLURM_PROCID", "0");
+    fake_set("SLURM_NTASKS", "7");
+    fake_set("SLURM_JOB_ID", "4242");
+    ck_assert_int_eq(detect(&le, &err), 0);
+
+    /* srun -n 7 over 3 nodes, 3+3+1 tasks: task 6 on the third node. */
+    fake_set("SLURM_STEP_ID", "3");
+    fake_set("SLURM_PROCID", "6");
+    fake_set("SLURM_LOCALID", "0");
+    fake_set("SLURM_NODEID", "2");
+    fake_set("SLURM_NNODES", "3");
+    fake_set("SLURM_STEP_TASKS_PER_NODE", "3(x2),1");
+    fake_set("SLURM_STEP_NODELIST", "gpu[07-09],cpu1");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_str_eq(le.launcher, "srun");
+    ck_assert_int_eq(le.rank, 6);
+    ck_assert_int_eq(le.size, 7);
+    ck_assert_int_eq(le.local_rank, 0);
+    ck_assert_int_eq(le.local_size, 1);
+    ck_assert_int_eq(le.cross_rank, 2);
+    ck_assert_int_eq(le.cross_size, 3);
+    ck_assert_str_eq(le.host, "gpu07");
+    ck_assert_int_eq(le.port, 30000 + (4242 * 16 + 3) % 30000);
+    ck_assert_str_eq(strstr(le.rendezvous, "/"), "/srun-4242.3");
+    /* The second node has 3. */
+    fake_set("SLURM_NODEID", "1");
+    fake_set("SLURM_PROCID", "4");
+    fake_set("SLURM_LOCALID", "1");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_int_eq(le.local_size, 3);
+    /* MASTER_ADDR and MASTER_PORT, when the script sets them, win. */
+    fake_set("MASTER_ADDR", "10.1.1.1");
+    fake_set("MASTER_PORT", "29500");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_str_eq(le.rendezvous, "redis:10.1.1.1:29501/srun-4242.3");
+    /* SLURM_NTASKS_PER_NODE when the per-node list is absent. */
+    fake_reset();
+    fake_set("SLURM_STEP_ID", "0");
+    fake_set("SLURM_PROCID", "1");
+    fake_set("SLURM_NTASKS", "4");
+    fake_set("SLURM_LOCALID", "1");
+    fake_set("SLURM_NODEID", "0");
+    fake_set("SLURM_NNODES", "2");
+    fake_set("SLURM_NTASKS_PER_NODE", "2");
+    fake_set("SLURM_JOB_NODELIST", "a,b");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_int_eq(le.local_size, 2);
+    ck_assert_str_eq(le.host, "a");
+    /* One node: loopback, whatever the list says. */
+    fake_set("SLURM_NNODES", "1");
+    fake_set("SLURM_NTASKS_PER_NODE", "4");
+    ck_assert_int_eq(detect(&le, &err), 1);
+    ck_assert_str_eq(le.host, "127.0.0.1");
+    /* Missing: named. */
+    fake_set("SLURM_NNODES", "2");
+    fake_set("SLURM_NTASKS_PER_NODE", "2");
+    fake_set("SLURM_JOB_NODELIST", "bad[1-2");
+    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
+    ck_assert_msg(strstr(err.msg, "MASTER_ADDR") != NULL, "%s", err.msg);
+    fake_set("SLURM_TASKS_PER_NODE", "2(x");
+    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
+    ck_assert_msg(strstr(err.msg, "SLURM_TASKS_PER_NODE='2(x'") != NULL, "%s", err.msg);
+}
+END_TEST
+
 static Suite *env_suite(void)
 {
     Suite *s = suite_create("env");
@@ -538,6 +845,18 @@ static Suite *env_suite(void)
     tcase_add_test(tc, network_interface_resolved);
     tcase_add_test(tc, timeout_must_be_positive);
     tcase_add_test(tc, first_bad_variable_reported);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("horovod");
+    tcase_add_test(tc, horovod_twins_read);
+    tcase_add_test(tc, kolo_variable_wins_over_twin);
+    tcase_add_test(tc, bad_twin_named);
+    tcase_add_test(tc, scan_warns_once_per_finding);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("launchers");
+    tcase_add_test(tc, torchrun_places_the_rank);
+    tcase_add_test(tc, srun_places_the_rank);
     suite_add_tcase(s, tc);
     return s;
 }

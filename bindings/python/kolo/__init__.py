@@ -1,6 +1,8 @@
 """kolo: data-parallel distributed training, in the spirit of Horovod.
 
-This package is the NumPy API; kolo.torch mirrors horovod.torch.
+This package is the NumPy API; kolo.torch mirrors horovod.torch, and
+kolo.run(func, np=N) runs a function on the ranks of a new job, as
+horovod.run does.
 
     import numpy as np, kolo
     kolo.init()                               # every rank (run under kolorun)
@@ -31,6 +33,8 @@ from ._core import (  # noqa: F401
     barrier, join, poll, synchronize,
 )
 
+from .run import run, RunError  # noqa: F401  (horovod.run)
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -42,7 +46,7 @@ __all__ = [
     "gloo_built", "mpi_built", "nccl_built", "cuda_built", "rocm_built",
     "ddl_built", "ccl_built", "gloo_enabled", "mpi_enabled", "nccl_enabled",
     "mpi_threads_supported", "start_timeline", "stop_timeline", "barrier",
-    "join", "poll", "synchronize"
+    "join", "poll", "synchronize", "run", "RunError"
 ]
 
 try:

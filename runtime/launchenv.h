@@ -1,0 +1,34 @@
+/*
+ * launchenv.h — a job started by torchrun or by Slurm's srun, without
+ * kolorun and without MPI: where this process stands in it, and where its
+ * ranks meet (design in launchenv.c).
+ */
+#ifndef KOLO_LAUNCHENV_H
+#define KOLO_LAUNCHENV_H
+
+#include "common.h"
+
+typedef struct kolo__launchenv {
+    const char *launcher; /* "torchrun" or "srun", for messages */
+    int rank, size, local_rank, local_size, cross_rank, cross_size;
+    /* The rendezvous that rank 0 serves (rdvserver.c), used when the user
+     * names none (KOLO_RENDEZVOUS): redis:HOST:PORT/JOB. */
+    char host[256];       /* where the others reach rank 0's server */
+    int port;             /* its port */
+    char rendezvous[600]; /* "redis:HOST:PORT/JOB" */
+    char where[200];      /* how host and port were chosen, for messages:
+                           * "MASTER_ADDR:MASTER_PORT+1", ... */
+} kolo__launchenv_t;
+
+/* Looks for a launcher's variables through getenv_fn, in this order:
+ * torchrun (torch.distributed's RANK, WORLD_SIZE, MASTER_ADDR,
+ * MASTER_PORT, with LOCAL_RANK, LOCAL_WORLD_SIZE and, when given,
+ * GROUP_RANK, GROUP_WORLD_SIZE), then srun (SLURM_PROCID with
+ * SLURM_STEP_ID: a task of a job step, not the batch script). Returns 1 and
+ * fills *out when one placed this process, 0 when none did, or
+ * KOLO_ERR_CONFIG with a message naming the variable that is missing or
+ * wrong. */
+int kolo__launchenv_detect(const char *(*getenv_fn)(const char *),
+                           kolo__launchenv_t *out, kolo__err_t *err);
+
+#endif /* KOLO_LAUNCHENV_H */
