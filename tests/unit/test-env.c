@@ -464,7 +464,7 @@ START_TEST(timeout_must_be_positive)
         fake_reset();
         fake_set("KOLO_TIMEOUT_SECONDS", zeros[i]);
         snprintf(quoted, sizeof quoted, "'%s'", zeros[i]);
-        load_fails("KOLO_TIMEOUT_SECONDS", quoted, "above 0",
+        load_fails("KOLO_TIMEOUT_SECONDS", quoted, "positive",
                    (const char *)NULL);
     }
 }
