@@ -171,7 +171,13 @@ run "a process started by horovodrun: kolo_init says to use kolorun" bash -c '
 
 # ---- kolo.run ------------------------------------------------------------------
 
-if "$python" -c 'import numpy, pytest' 2>/dev/null; then
+# A sanitizer build of libkolo: preload its runtime into the interpreter
+# (this case comes last: the C programs above need none).
+# shellcheck source=tests/python/sanitizer-preload.sh
+. "$src/tests/python/sanitizer-preload.sh"
+if ! kolo_python_preload "$top/.libs/libkolo.so"; then
+    echo "SKIP kolo.run: $kolo_preload_why"
+elif "$python" -c 'import numpy, pytest' 2>/dev/null; then
     run "kolo.run at 2 ranks: values in rank order, a rank's exception" \
         env PYTHONPATH="$src/bindings/python" KOLO_LIBRARY="$top/.libs/libkolo.so" \
         PYTHONDONTWRITEBYTECODE=1 "$python" -m pytest -q -p no:cacheprovider \

@@ -26,6 +26,13 @@ if ! "$python" -c 'import torch' 2>/dev/null; then
 fi
 export PYTHONPATH=$src/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 export KOLO_LIBRARY=${KOLO_LIBRARY:-$top/.libs/libkolo.so}
+# A sanitizer build of libkolo: preload its runtime (ThreadSanitizer: skip).
+# shellcheck source=tests/python/sanitizer-preload.sh
+. "$here/sanitizer-preload.sh"
+if ! kolo_python_preload "$KOLO_LIBRARY"; then
+    echo "SKIP: $kolo_preload_why"
+    exit 77
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass=0

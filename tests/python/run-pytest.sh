@@ -66,28 +66,10 @@ else
            test_torch_adasum.py test_torch_sync_batch_norm.py)
 fi
 
-# A sanitizer build of libkolo (--enable-sanitizers) needs the sanitizer's
-# runtime loaded first in the (uninstrumented) interpreter: preload it.
-# ThreadSanitizer cannot work that way: skip.
-undef=$(nm -D --undefined-only "$lib" 2>/dev/null)
-case $undef in
-*__tsan_*)
-    skip "$lib is built with ThreadSanitizer, which an uninstrumented Python cannot load" ;;
-esac
-preload=
-for san in asan ubsan; do
-    case $undef in
-    *__${san}_*)
-        so=$(${CC:-gcc} -print-file-name=lib$san.so 2>/dev/null)
-        [ -f "$so" ] || skip "$lib needs lib$san.so, and ${CC:-gcc} does not know where it is"
-        preload="$preload${preload:+ }$so" ;;
-    esac
-done
-if [ -n "$preload" ]; then
-    echo "NOTE: sanitizer build: LD_PRELOAD=$preload (leak checking off: the interpreter leaks by design)"
-    export LD_PRELOAD="$preload${LD_PRELOAD:+ $LD_PRELOAD}"
-    export ASAN_OPTIONS="detect_leaks=0${ASAN_OPTIONS:+:$ASAN_OPTIONS}"
-fi
+# A sanitizer build of libkolo: preload its runtime (ThreadSanitizer: skip).
+# shellcheck source=tests/python/sanitizer-preload.sh
+. "$here/sanitizer-preload.sh"
+kolo_python_preload "$lib" || skip "$kolo_preload_why"
 
 export PYTHONPATH=$src/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 export KOLO_LIBRARY=$lib
