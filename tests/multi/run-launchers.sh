@@ -71,12 +71,17 @@ if "$python" -c 'import torch.distributed.run' 2>/dev/null; then
     port=$(free_port)
     run "torchrun, 2 nodes of 2 ranks (static, MASTER_PORT+1): hierarchical" bash -c '
         log=$(mktemp) && trap "rm -f $log*" EXIT
+        pids= bad=0
         for node in 0 1; do
             KOLO_LOG_LEVEL=debug torchrun --nnodes 2 --node_rank $node \
                 --nproc_per_node 2 --master_addr 127.0.0.1 --master_port '"$port"' \
                 --no_python "$prog" random 3 >"$log.$node" 2>&1 &
+            pids="$pids $!"
         done
-        wait %1 && wait %2 || { cat "$log".*; exit 1; }
+        # By pid: a job spec (%2) is gone once that job has ended and been
+        # reported, which made this case fail when node 1 ended first.
+        for p in $pids; do wait "$p" || bad=1; done
+        [ "$bad" = 0 ] || { cat "$log".*; exit 1; }
         cat "$log".* >"$log"
         for r in 0 1 2 3; do expect_all "$log" 1 "rank $r of 4, hier backend" || exit 1; done
         expect_all "$log" 1 "on port '"$((port + 1))"' (torchrun"'
