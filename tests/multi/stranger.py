@@ -102,6 +102,36 @@ def release(d, deadline):
         return True
 
 
+def strike(mode, targets, held, struck):
+    """Hits every (rank, family, addr, port) of targets as MODE says,
+    appending the connections it holds to held and the ranks it reached
+    to struck."""
+    # A socket of a pair between two early ranks may stop listening before
+    # it is reached: the connection is refused, or, when it was already
+    # waiting in the listener's backlog as the listener closed, reset at
+    # the first send. Only the ports of the pairs with the last rank listen
+    # until it is released, and every early rank has some.
+    for rank, family, addr, port in sorted(set(targets)):
+        for _ in range(20 if mode == "flood" else 1):
+            try:
+                s = socket.create_connection((addr, port), timeout=10)
+            except OSError:
+                break
+            try:
+                if mode == "garbage":
+                    s.sendall(b"GET")
+                elif mode == "impostor":
+                    s.sendall(b"KOLOPAIR" + bytes(range(56)))
+            except OSError:
+                s.close()  # reset: that listener had closed
+                break
+            struck.add(rank)
+            if mode == "scan":
+                s.close()
+                continue
+            held.append(s)
+
+
 def main():
     mode, d, np = sys.argv[1], sys.argv[2], int(sys.argv[3])
     deadline = time.monotonic() + BOUND
@@ -126,25 +156,11 @@ def main():
         targets = []
     held = []
     struck = set()
-    # A socket of a pair between two early ranks may stop listening before
-    # it is reached (refused): only the ports of the pairs with the last
-    # rank listen until it is released, and every early rank has some.
-    for rank, family, addr, port in sorted(set(targets)):
-        for _ in range(20 if mode == "flood" else 1):
-            try:
-                s = socket.create_connection((addr, port), timeout=10)
-            except OSError:
-                break
-            struck.add(rank)
-            if mode == "scan":
-                s.close()
-                continue
-            if mode == "garbage":
-                s.sendall(b"GET")
-            elif mode == "impostor":
-                s.sendall(b"KOLOPAIR" + bytes(range(56)))
-            held.append(s)
-    released = release(d, deadline)
+    try:
+        strike(mode, targets, held, struck)
+    finally:
+        # Whatever happened above, the last rank must not wait for us.
+        released = release(d, deadline)
     closed = 0
     open_socks = list(held)
     while open_socks and time.monotonic() < deadline:

@@ -255,6 +255,7 @@ def cmd_structure(args):
     # Every backend span, to find fused batches.
     backend_spans = []
     execs = {}
+    judged, overtaken = [], []  # --straggler: (tensor, step) judged; where not last
     for name, (coll, nbytes, dtype, shape) in WORKLOAD.items():
         pid = tensors.get(name)
         if pid is None:
@@ -330,16 +331,32 @@ def cmd_structure(args):
                 # Rank 0 records the others' ready times when their requests
                 # reach it, a negotiation round at a time: under load a rank
                 # may land in the same round as the straggler, microseconds
-                # after it. Only a rank clearly later (1 ms) is wrong.
+                # after it. Only a rank clearly later (1 ms) counts as ahead
+                # of it; and as a rank the scheduler stops for longer than the
+                # straggler's delay is late too (seen: 182 ms, four builds
+                # beside the test), the straggler must be the last in most
+                # steps (as kolo-timeline's "usually last"), not in every one.
                 top_ts = max(ts for _, ts in mine)
                 late = max(ts for r, ts in mine if r == straggler)
+                judged.append((name, k))
                 if late < top_ts - 1000:
-                    fail("%s: %s step %d: rank %d was not the last ready, by %.1f "
-                         "ms: %s" % (path, name, k, straggler, (top_ts - late) / 1e3,
-                                     mine))
+                    overtaken.append((name, k, "%s step %d by %.1f ms: %s" % (
+                        name, k, (top_ts - late) / 1e3, mine)))
         extra = [(r, ts) for r, ts in inst if ex_list and ts > ex_list[-1][1].start]
         if extra:
             fail("%s: %s: ready instants after the last operation: %s" % (path, name, extra))
+    if straggler is not None:
+        # Judged a step at a time: one stopped rank delays every tensor of
+        # its step. The straggler must be last in most steps.
+        steps_judged = {k for _, k in judged}
+        steps_overtaken = {k for _, k, _ in overtaken}
+        if not steps_judged:
+            fail("%s: no step had every rank's ready instant, so the straggler "
+                 "rank %d could not be judged" % (path, straggler))
+        elif 2 * len(steps_overtaken) >= len(steps_judged):
+            fail("%s: rank %d was not the last ready in %d of %d steps: %s"
+                 % (path, straggler, len(steps_overtaken), len(steps_judged),
+                    "; ".join(t for _, _, t in overtaken)))
     # Fused tensors (backend spans that overlap) copy through the fusion
     # buffer; a tensor reduced alone is reduced in place.
     backend_spans.sort()
