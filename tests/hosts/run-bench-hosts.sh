@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# run-bench-hosts.sh — tools/kolo-bench-hosts, as a user runs it: kolo-bench
+# across network-namespace hosts, and nothing left behind.
+#
+#   - 2 hosts x 1 rank and 2 hosts x 2 ranks, short workloads: exits 0, and
+#     each layout's JSON has every rank, kolo negotiating over Gloo (so the
+#     ranks really stood on different hosts: on one host kolo uses shared
+#     memory) and every result checked "ok";
+#   - a layout it cannot make is refused (exit 2, the reason), with no
+#     namespace made;
+#   - SIGTERM in the middle of a run: the namespaces and links go away.
+#
+# Needs root, iproute2 and redis-server; skips with a message (exit 77,
+# "0 passed, 0 failed") where it cannot run.
+#
+# Usage: tests/hosts/run-bench-hosts.sh   (from the build directory; `make
+# check` runs it with KOLO_TOP_BUILDDIR and KOLO_TOP_SRCDIR set)
+set -u
+top=$(cd "${KOLO_TOP_BUILDDIR:-.}" && pwd)
+src=$(cd "${KOLO_TOP_SRCDIR:-$top}" && pwd)
+tool=$src/tools/kolo-bench-hosts
+py=/usr/bin/python3
+[ -x "$py" ] || py=${KOLO_PYTHON:-python3}
+
+skip() {
+    echo "SKIP: $*"
+    echo "0 passed, 0 failed"
+    exit 77
+}
+[ "$(id -u)" = 0 ] || skip "needs root to make network namespaces"
+command -v ip >/dev/null 2>&1 || skip "needs ip (iproute2)"
+command -v redis-server >/dev/null 2>&1 ||
+    skip "needs redis-server (apt-get install redis-server)"
+for f in "$top/kolorun" "$top/kolo-bench"; do
+    [ -x "$f" ] || { echo "run-bench-hosts: '$f' is not an executable file" >&2; exit 2; }
+done
+# Can this machine make a namespace at all?
+probe=kbprobe$$
+ip netns add "$probe" 2>/dev/null || skip "cannot make network namespaces here"
+ip netns del "$probe"
+
+. "$(dirname "$0")/../run-lib.sh"
+work=$(mktemp -d)
+# run_log: run-lib.sh's, whose EXIT trap this one replaces.
+# shellcheck disable=SC2154
+trap 'rm -rf "$work" "$run_log"' EXIT
+kbh=("$tool" --kolorun "$top/kolorun" --bench "$top/kolo-bench")
+export work py
+
+# What the script's namespaces and links leave: its names carry its pid.
+leftovers() { # leftovers PID
+    { ip netns list; ip -o link; } 2>/dev/null | grep -E "kbench$1-|kbb$1|kbv$1h" || true
+}
+export -f leftovers
+
+runs() {
+    "$@" --out "$work/runs" --layouts 2x1,2x2 -- --workload latency,small --quick \
+        >"$work/runs.out" 2>&1 &
+    local pid=$! rc
+    wait "$pid"
+    rc=$?
+    cat "$work/runs.out"
+    [ "$rc" = 0 ] || { echo "kolo-bench-hosts exited $rc"; return 1; }
+    grep -qx '2 passed, 0 failed' "$work/runs.out" || { echo "no '2 passed, 0 failed'"; return 1; }
+    "$py" - "$work/runs" <<'EOF' || return 1
+import json, sys
+d = sys.argv[1]
+for layout, ranks in (("2x1", 2), ("2x2", 4)):
+    j = json.load(open("%s/%s.json" % (d, layout)))
+    bad = []
+    if j["ranks"] != ranks:
+        bad.append("ranks %r, want %d" % (j["ranks"], ranks))
+    if j["kolo_controller"] != "gloo":
+        bad.append("kolo negotiates over %r, want gloo (ranks on different hosts)"
+                   % j["kolo_controller"])
+    got = sorted({r["workload"] for r in j["results"]})
+    if got != ["latency", "small"]:
+        bad.append("workloads %s, want latency and small" % got)
+    if not j["ok"] or any(r["check"] != "ok" for r in j["results"]):
+        bad.append("results not all checked ok: %s" % [r["check"] for r in j["results"]])
+    if bad:
+        print("%s: %s" % (layout, "; ".join(bad)))
+        sys.exit(1)
+    print("%s: %d ranks over %s, %d results ok" % (layout, ranks,
+          j["kolo_controller"], len(j["results"])))
+EOF
+    local left
+    left=$(leftovers "$pid")
+    [ -z "$left" ] || { echo "left behind: $left"; return 1; }
+}
+export -f runs
+run "2x1 and 2x2: every rank, Gloo between hosts, results ok" bash -c 'runs "$@"' runs "${kbh[@]}"
+
+refused() {
+    "$@" --layouts 1x2 >"$work/bad.out" 2>&1 &
+    local pid=$! rc
+    wait "$pid"
+    rc=$?
+    cat "$work/bad.out"
+    [ "$rc" = 2 ] || { echo "exit $rc, want 2"; return 1; }
+    grep -q "a layout is HOSTSxRANKS with 2-9 hosts" "$work/bad.out" || return 1
+    [ -z "$(leftovers "$pid")" ] || { echo "it made namespaces"; return 1; }
+}
+export -f refused
+run "a layout of one host is refused, nothing made" bash -c 'refused "$@"' refused "${kbh[@]}"
+
+# SIGTERM once the hosts stand and a job runs in them.
+interrupted() {
+    "$@" --out "$work/int" --layouts 2x1 -- --workload large >"$work/int.out" 2>&1 &
+    local pid=$! rc h=0
+    for _ in $(seq 300); do
+        if [ -n "$(ip netns pids "kbench$pid-h0" 2>/dev/null)" ]; then
+            h=1
+            break
+        fi
+        sleep 0.1
+    done
+    kill -TERM "$pid"
+    wait "$pid"
+    rc=$?
+    [ "$h" = 1 ] || { echo "no rank ever ran in kbench$pid-h0"; cat "$work/int.out"; return 1; }
+    [ "$rc" = 130 ] || { echo "exit $rc after SIGTERM, want 130"; return 1; }
+    local left
+    left=$(leftovers "$pid")
+    [ -z "$left" ] || { echo "left behind after SIGTERM: $left"; return 1; }
+}
+export -f interrupted
+run "SIGTERM mid-run: namespaces and links removed" bash -c 'interrupted "$@"' interrupted "${kbh[@]}"
+
+finish
