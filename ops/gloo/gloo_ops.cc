@@ -31,6 +31,11 @@
  * right and drops, with a warning, every other one (see "Strangers"
  * below).
  *
+ * Small allreduces (each rank sending at most 64 KiB in all) are one
+ * exchange of the whole buffers, every rank reducing them in rank order,
+ * instead of Gloo's ring (2(n-1) network steps in sequence); see
+ * run_exchange.
+ *
  * Only Gloo's newer API (gloo::allreduce, gloo::gather, ...) is used: the
  * older algorithm classes set socket buffer sizes from their first message
  * and mixing the two APIs was measured to slow 64 KiB allreduces 100-fold
@@ -105,6 +110,9 @@ struct GlooCtx {
     std::vector<char> send_pending;
     std::thread listener;
     std::atomic<bool> stopping{false};
+
+    /* The ranks' buffers of a small allreduce (run_exchange). */
+    std::vector<uint8_t> exchange;
 };
 
 void listen(GlooCtx *g)
@@ -720,6 +728,93 @@ void run_allreduce(GlooCtx *g, const void *in, void *out, size_t count,
     gloo::allreduce(opts);
 }
 
+/* A small buffer: one exchange in place of Gloo's ring.
+ *
+ * Gloo's ring allreduce is a reduce-scatter followed by an allgather:
+ * 2(n-1) network steps one after the other, whatever the size, and where a
+ * step costs a round trip on a real link (about 100 us on the veth links of
+ * tools/kolo-bench-hosts) a small allreduce costs 2(n-1) of them. Instead
+ * every rank can send its whole buffer to every other rank at once, and
+ * each reduces x0 (op) x1 (op) ... (op) x(n-1), in rank order: one step,
+ * and the same bits on every rank, as with the ring. With two ranks the
+ * result is also the ring's, which reduces each element once from the
+ * same two operands, only perhaps in the other order ("own (op)
+ * received", which differs by segment); that shows only in commutative
+ * operations' corner cases: the payload kept of two NaNs, min/max of -0
+ * and +0. With more ranks a float sum is rounded in rank order, where the
+ * ring's order depends on the segment: both are one fixed order, the same
+ * on every rank (kolo's shared-memory path has its own, too). It serves
+ * the negotiation's bit vector (an AND, every round) and small tensors.
+ *
+ * It pays while the bytes each rank sends, (n-1) x the buffer, stay within
+ * kExchangeMaxBytes: beyond, the ring wins, each rank sending and reducing
+ * about twice the buffer whatever n (measured with two ranks on two
+ * namespace hosts: from 16 B to 16 KiB the exchange took half the ring's
+ * time, at 64 KiB about the same, at 256 KiB and 1 MiB longer). The limit
+ * is compiled in: every rank must take the same path (kolo_init compares
+ * kolo's version across ranks). kolo-bench's raw side, a private copy of
+ * this file, is built with KOLO_GLOO_RING_ONLY: its figure is Gloo's own
+ * algorithm, as a program that calls gloo::allreduce gets. */
+#ifdef KOLO_GLOO_RING_ONLY
+constexpr size_t kExchangeMaxBytes = 0;
+#else
+constexpr size_t kExchangeMaxBytes = 64 * 1024;
+#endif
+
+/* The timeout of a wait on an unbound buffer: KOLO_TIMEOUT_SECONDS. It
+ * must be given: without one, the wait takes the transport context's
+ * timeout, which Gloo copied when the context connected, under
+ * KOLO_START_TIMEOUT (gloo_init sets the operation timeout after
+ * connecting, on the rendezvous context that Gloo's collectives read). */
+std::chrono::milliseconds op_timeout(const GlooCtx *g)
+{
+    return g->context->getTimeout();
+}
+
+bool exchange_pays(const GlooCtx *g, size_t count, size_t elem_size)
+{
+    return g->size > 1 && count > 0 &&
+           count * elem_size <= kExchangeMaxBytes / (size_t)(g->size - 1);
+}
+
+void run_exchange(GlooCtx *g, const void *in, void *out, size_t count,
+                  size_t elem_size, kolo__ops_reduce_fn reduce)
+{
+    const int n = g->size, me = g->rank;
+    const size_t bytes = count * elem_size;
+    const void *mine = in != nullptr ? in : out;
+    std::vector<const void *> x(n);
+
+    /* Slot r of the scratch receives rank r's buffer. */
+    if (g->exchange.size() < (size_t)n * bytes)
+        g->exchange.resize((size_t)n * bytes);
+    uint8_t *scratch = g->exchange.data();
+    auto sbuf = g->context->createUnboundBuffer(const_cast<void *>(mine), bytes);
+    auto rbuf = g->context->createUnboundBuffer(scratch, (size_t)n * bytes);
+    const uint64_t slot = (0x6b6f6c6fULL << 32) | g->tag++;
+    for (int r = 0; r < n; r++)
+        if (r != me)
+            rbuf->recv(r, slot, (size_t)r * bytes, bytes);
+    for (int r = 0; r < n; r++)
+        if (r != me)
+            sbuf->send(r, slot);
+    for (int r = 0; r < n - 1; r++)
+        rbuf->waitRecv(nullptr, op_timeout(g));
+    for (int r = 0; r < n - 1; r++)
+        sbuf->waitSend(nullptr, op_timeout(g));
+    for (int r = 0; r < n; r++)
+        x[r] = r == me ? mine : scratch + (size_t)r * bytes;
+    /* out is written from the first reduction on: where it is this rank's
+     * own buffer and that is read after (rank 2 and up), keep a copy. */
+    if (me >= 2 && mine == out) {
+        std::memcpy(scratch + (size_t)me * bytes, mine, bytes);
+        x[me] = scratch + (size_t)me * bytes;
+    }
+    reduce(out, x[0], x[1], count);
+    for (int r = 2; r < n; r++)
+        reduce(out, out, x[r], count);
+}
+
 int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
                          size_t errlen)
 {
@@ -811,6 +906,10 @@ int gloo_allreduce(void *ctx, const void *in, void *out,
 {
     GlooCtx *g = static_cast<GlooCtx *>(ctx);
     return guarded("allreduce", err, errlen, [&] {
+        if (exchange_pays(g, count, elem_size)) {
+            run_exchange(g, in, out, count, elem_size, reduce);
+            return;
+        }
         switch (elem_size) {
         case 1: run_allreduce<uint8_t>(g, in, out, count, reduce); break;
         case 2: run_allreduce<uint16_t>(g, in, out, count, reduce); break;
@@ -928,12 +1027,12 @@ int gloo_reduce_scatter(void *ctx, void *work, void *out, const size_t *counts,
             if (sbytes > 0)
                 wbuf->send((r + 1) % n, slot, off[sb], sbytes);
             if (rbytes > 0) {
-                tbuf->waitRecv();
+                tbuf->waitRecv(nullptr, op_timeout(g));
                 uint8_t *dst = static_cast<uint8_t *>(work) + off[rb];
                 reduce(dst, dst, tmp.data(), counts[rb]);
             }
             if (sbytes > 0)
-                wbuf->waitSend();
+                wbuf->waitSend(nullptr, op_timeout(g));
         }
         std::memcpy(out, static_cast<uint8_t *>(work) + off[r],
                     off[r + 1] - off[r]);
@@ -952,7 +1051,7 @@ int gloo_wake_peers(void *ctx, uint64_t round, char *err, size_t errlen)
             /* The previous token to r has almost always left: r's listener
              * reposts its receive right after taking one. */
             if (g->send_pending[r])
-                g->send_buf[r]->waitSend();
+                g->send_buf[r]->waitSend(nullptr, op_timeout(g));
             g->send_token[r] = round;
             g->send_buf[r]->send(r, kWakeSlot);
             g->send_pending[r] = 1;

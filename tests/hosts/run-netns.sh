@@ -139,6 +139,11 @@ for np in 2 3 4; do
         "$kn" -np "$np" -H "$H0:2,$H1:2" --redis "$net.1:$port" \
         "$multi/test-allreduce" random 3
 done
+# Two ranks over Gloo: allreduces up to 64 KiB are one exchange, larger
+# ones Gloo's ring (ops/gloo/gloo_ops.cc); both sides of that limit.
+run "test-collectives allreduce-sizes, 2 hosts x 1" \
+    "$kn" -H "$H0:1,$H1:1" --redis "$net.1:$port" \
+    "$multi/test-collectives" allreduce-sizes
 run "test-allreduce random, 3 hosts x 1, --start-redis" \
     "$kn" -H "$H0:1,$H1:1,$H2:1" --start-redis --redis-bind "$net.1" \
     "$multi/test-allreduce" random 3

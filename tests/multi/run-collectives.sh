@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # run-collectives.sh — runs test-collectives (every collective beyond the
-# plain allreduce: options and dtypes, compression, broadcast, allgather,
+# plain allreduce: options and dtypes, sizes around 64 KiB, compression, broadcast, allgather,
 # alltoall, reducescatter, grouped, barrier, join, process sets, mismatches)
 # as real processes under kolorun, every mode at 2, 3 and 4 ranks, each run
 # bounded in time so that a hang fails instead of hanging CI. Prints one line
@@ -18,7 +18,7 @@ prog=${KOLO_TEST_COLLECTIVES:-$top/tests/multi/test-collectives}
 nps=${KOLO_TEST_NP:-2 3 4}
 wrap=${KOLO_TEST_WRAP:-}
 . "$(dirname "$0")/../run-lib.sh"
-modes="allreduce-matrix compression broadcast allgather alltoall
+modes="allreduce-matrix allreduce-sizes compression broadcast allgather alltoall
 reducescatter grouped barrier join process-sets mismatch"
 modes=${KOLO_TEST_MODES:-$modes}
 [ $# -gt 0 ] && modes="$*"

@@ -5,6 +5,8 @@
  *
  *   test-collectives allreduce-matrix  every dtype x op x count, with and
  *                                      without prescale/postscale
+ *   test-collectives allreduce-sizes   one tensor at a time, at sizes
+ *                                      around 64 KiB, in place and not
  *   test-collectives compression       float32 allreduce over a float16 /
  *                                      bfloat16 wire
  *   test-collectives broadcast         every root, several dtypes and counts
@@ -2703,6 +2705,73 @@ static void mode_mismatch(void)
 }
 
 /* ======================================================================== */
+/* allreduce-sizes                                                          */
+/* ======================================================================== */
+
+/* One tensor at a time (nothing to fuse it with), at sizes around 64 KiB,
+ * where a backend may change algorithm (Gloo with two ranks: an exchange
+ * up to 64 KiB, its ring above), in place and out of place, every element
+ * checked against matrix_expect. */
+static void mode_allreduce_sizes(void)
+{
+    static const kolo_dtype_t dtypes[] = {KOLO_UINT8,   KOLO_INT16, KOLO_FLOAT16,
+                                          KOLO_INT32,   KOLO_FLOAT32,
+                                          KOLO_INT64,   KOLO_FLOAT64};
+    static const kolo_op_t ops[] = {KOLO_OP_SUM, KOLO_OP_MIN, KOLO_OP_PRODUCT,
+                                    KOLO_OP_AVERAGE};
+    const int64_t kib64 = 64 * 1024;
+    int k = 0;
+
+    for (int a = 0; a < NELEM(dtypes); a++) {
+        kolo_dtype_t d = dtypes[a];
+        int64_t es = (int64_t)esize(d);
+        /* In elements: 1, 64 KiB - 1 element, 64 KiB, + 1 element, and
+         * 256 KiB + 1 element. */
+        const int64_t counts[] = {1, kib64 / es - 1, kib64 / es, kib64 / es + 1,
+                                  4 * kib64 / es + 1};
+        for (int b = 0; b < NELEM(ops); b++)
+            for (int c = 0; c < NELEM(counts); c++, k++) {
+                kolo_op_t op = ops[b];
+                int64_t n = counts[c];
+                int in_place = k % 2, bad = 0, rc;
+                void *in, *out;
+                kolo_handle_t h;
+                char name[96];
+
+                if (op == KOLO_OP_AVERAGE && !is_float(d))
+                    continue; /* integer averages: allreduce-matrix */
+                snprintf(name, sizeof(name), "sizes/%s/%s/%lld%s",
+                         kolo_dtype_name(d), kolo_op_name(op), (long long)n,
+                         in_place ? "/in-place" : "");
+                in = xmalloc((size_t)(n * es));
+                out = in_place ? in : xmalloc((size_t)(n * es));
+                for (int64_t i = 0; i < n; i++)
+                    put(d, in, i, matrix_value(d, op, 0, rank, k, 0, i));
+                if (!in_place) /* must be overwritten */
+                    memset(out, 0xa5, (size_t)(n * es));
+                rc = grab(kolo_allreduce_async(name, in, out, n, d, op, &h));
+                CHECK(rc == KOLO_OK, "enqueue %s: %d %s", name, rc, lastmsg);
+                if (rc == KOLO_OK && wait_ok(h, name))
+                    for (int64_t i = 0; i < n && bad < 3; i++) {
+                        double e = matrix_expect(d, op, 0, k, 0, i);
+                        double g = get(d, out, i);
+                        double tol = op == KOLO_OP_AVERAGE
+                                         ? avg_tolerance(d) * fabs(e) : 0;
+                        nchecks++;
+                        if (!(fabs(g - e) <= tol)) {
+                            CHECK(0, "%s element %lld: got %.17g, expected "
+                                     "%.17g", name, (long long)i, g, e);
+                            bad++;
+                        }
+                    }
+                if (!in_place)
+                    free(out);
+                free(in);
+            }
+    }
+}
+
+/* ======================================================================== */
 
 int main(int argc, char **argv)
 {
@@ -2718,6 +2787,8 @@ int main(int argc, char **argv)
         mode_allreduce_matrix(argc > 2 ? atoi(argv[2]) : 2);
     else if (strcmp(mode, "compression") == 0)
         mode_compression();
+    else if (strcmp(mode, "allreduce-sizes") == 0)
+        mode_allreduce_sizes();
     else if (strcmp(mode, "broadcast") == 0)
         mode_broadcast(2);
     else if (strcmp(mode, "allgather") == 0)
