@@ -55,6 +55,7 @@ export -f leftovers
 
 runs() {
     "$@" --out "$work/runs" --layouts 2x1,2x2 -- --workload latency,small --quick \
+        --iters 3 --warmup 1 \
         >"$work/runs.out" 2>&1 &
     local pid=$! rc
     wait "$pid"
