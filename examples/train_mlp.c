@@ -656,6 +656,11 @@ int main(int argc, char **argv)
     if (opt.fp16)
         check_half_conversions();
 
+    /* Until kolo_init succeeds kolo_rank() knows nothing: a message about
+     * a failed init names the rank the launcher gave (kolorun's KOLO_RANK,
+     * or horovodrun's twin). */
+    if (getenv("KOLO_RANK") != NULL || getenv("HOROVOD_RANK") != NULL)
+        rank = atoi(getenv("KOLO_RANK") ? getenv("KOLO_RANK") : getenv("HOROVOD_RANK"));
     check(kolo_init(), "kolo_init");
     rank = kolo_rank();
     size = kolo_size();
