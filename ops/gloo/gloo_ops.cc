@@ -892,6 +892,21 @@ void gloo_finalize(void *ctx)
             g->stopping.store(true);
             g->recv_buf->abortWaitRecv();
             g->listener.join();
+            /* Gloo's loop thread reads a wake token from send_token while
+             * it sends it: wait for the last one to each peer before
+             * send_token goes. Without this wait nothing ordered that read
+             * before the free (ThreadSanitizer saw it). A token is 8 bytes,
+             * so it has left unless the peer is gone (Gloo then fails the
+             * send, caught below) or reads nothing at all: after a second
+             * that one is left to Gloo's teardown, as it always was. */
+            for (int r = 0; r < g->size; r++) {
+                if (!g->send_pending[r])
+                    continue;
+                try {
+                    g->send_buf[r]->waitSend(nullptr, std::chrono::seconds(1));
+                } catch (...) {
+                }
+            }
         }
         delete g;
     } catch (...) {

@@ -364,6 +364,11 @@ static void mode_fill(const char *path, const char *next)
         }
         MUST(kolo_start_timeline(next, 0));
     }
+    /* The next file must see every rank's request of its step: no rank
+     * may send one before rank 0's timeline is on (seen under
+     * ThreadSanitizer: rank 1's request for grad.a reached rank 0 first,
+     * and its ready instant was never recorded). */
+    MUST(kolo_barrier(KOLO_GLOBAL_PROCESS_SET));
     steps(0, 1);
     if (rank == 0)
         MUST(kolo_stop_timeline());
