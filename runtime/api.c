@@ -29,6 +29,7 @@
 #include "rdvserver.h"
 #include "timeline.h"
 #include "reduce.h"
+#include "pset.h"
 #include "runtime.h"
 #include "watchdog.h"
 

@@ -22,8 +22,10 @@
 #include <nccl.h>
 
 #include "gpu.h"
+#include "complete.h"
 #include "gpu_kernels.h"
 #include "peers.h"
+#include "pset.h"
 #include "reduce.h"
 
 #define WATCH_NS 100000000L  /* a wait checks errors, peers, time this often */

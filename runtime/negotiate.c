@@ -67,6 +67,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "complete.h"
+#include "negotiate.h"
 #include "runtime.h"
 #include "timeline.h"
 

@@ -3,6 +3,11 @@
  * (api.c), the background threads (background.c) and negotiation
  * (negotiate.c).
  *
+ * The engine's modules, each with its header: pset.c (a set's life
+ * cycle), background.c (its thread's loop), negotiate.c (one round's
+ * agreement), execute.c (running the round's plan), complete.c (how an
+ * entry ends). They call downwards in that order, never back up.
+ *
  * A job has process sets: the global set (id 0, every rank) and the sets
  * the program adds. Each set a rank belongs to has, on that rank, its own
  * queue, background thread, backend context, response cache and
@@ -116,67 +121,11 @@ struct kolo__runtime {
     struct kolo__watchdog *watchdog; /* watchdog.c, or NULL */
 };
 
-/* background.c */
-
-/* Connects a set's backend, starts its thread. ranks[size] are global
- * ranks; this rank must be among them. With a watch, every rank of the job
- * agrees on the outcome before the thread starts (kolo__outcome_agree;
- * watch->agreed says whether it got that far). */
-int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
-                     kolo__outcome_t *watch, kolo__pset_t **out,
-                     kolo__err_t *err);
-/* Stops a set (its pending work fails with `why`), joins its thread and
- * frees it. Every member calls it for the same set. */
-void kolo__pset_stop(kolo__pset_t *ps, const kolo__err_t *why);
-/* Asks a set's thread to stop with `why` without waiting for it. */
-void kolo__pset_request_stop(kolo__pset_t *ps, const kolo__err_t *why);
-void *kolo__background_main(void *arg);
-
-/* Completes an entry: releases its name and completes its handle (with
- * the entry's result, if any). Frees the entry. */
-void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
-                    const char *msg);
-
-/* Timeline spans on an entry's lane (no-ops while the timeline is off);
- * kolo__complete closes what is still open. ts 0: now. */
-void kolo__tl_entry_begin(kolo__pset_t *ps, kolo__entry_t *e, const char *phase,
-                          const char *args, int64_t ts);
-void kolo__tl_entry_end(kolo__pset_t *ps, kolo__entry_t *e);
-
-/* negotiate.c: one negotiation round. `fresh` are the entries taken from
- * the queue this cycle. Fills ps->ready / ps->nready with the entries that
- * are ready on every rank, in plan order (with zero-filled stand-ins for
- * the allreduces of ranks that joined), and completes the ones that failed
- * negotiation. Sets *stop_rank to the lowest set rank that asked to shut
- * down, or -1. A failure returned here (the backend, or a protocol error)
- * ends the set. */
-int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
-                    int *stop_rank, kolo__err_t *err);
-int kolo__negotiate_init(kolo__pset_t *ps);
-void kolo__negotiate_free(kolo__pset_t *ps);
-/* Calls fn on every entry the negotiation still holds, removing them. */
-void kolo__negotiate_drain(kolo__pset_t *ps,
-                           void (*fn)(kolo__pset_t *, kolo__entry_t *,
-                                      const kolo__err_t *),
-                           const kolo__err_t *why);
-/* 1 when this rank holds entries that wait for other ranks. */
-int kolo__negotiate_pending(const kolo__pset_t *ps);
-
-/* After a backend failure (rc, detail): if a peer's process is gone, names
- * it in `detail` (rewritten) and returns KOLO_ERR_RANK_LOST; else returns
- * rc unchanged. */
-int kolo__explain_failure(kolo__pset_t *ps, int rc, char *detail, size_t len);
-
-/* Connects a backend context among `size` members of the set (global
- * ranks members[], host indices hosts[]), this rank being member `rank`;
- * `role` makes its rendezvous keys unique within the set. Background
- * thread or set start-up; every member calls it. */
-int kolo__pset_connect(kolo__pset_t *ps, const kolo__ops_t *ops,
-                       const char *role, int rank, int size,
-                       const int *members, const int *hosts,
-                       const char *cross_ops, void **ctx, kolo__err_t *err);
-
-/* The backend's on_wake callback; arg is the set. */
-void kolo__wake_from_peer(void *arg, uint64_t round);
+/* The settings in force: the autotuner's while it runs, else the
+ * configuration's. */
+static inline const kolo__tune_params_t *kolo__tuned(const kolo__pset_t *ps)
+{
+    return ps->tune != NULL ? &ps->tune->cur : &ps->tune_fixed;
+}
 
 #endif /* KOLO_RUNTIME_H */

@@ -1,0 +1,141 @@
+/*
+ * complete.c — how an entry ends: its timeline lane (the phases a tensor
+ * passes through, named as in Horovod's timeline) and its completion, with
+ * a result or with a message that names the tensor and, after a backend
+ * failure, the rank that was lost.
+ *
+ * Called by the set's background thread only (the loop, negotiation and
+ * execution): nothing here calls back into them.
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <unistd.h>
+
+#include "complete.h"
+#include "peers.h"
+#include "timeline.h"
+
+#define FUSION_ALIGN 64
+
+void kolo__tl_entry_begin(kolo__pset_t *ps, kolo__entry_t *e, const char *phase,
+                          const char *args, int64_t ts)
+{
+    if (kolo__timeline_active(ps->rt->timeline)) {
+        kolo__tl_begin(ps->rt->timeline, e->name, phase, args, ts);
+        e->tl_depth++;
+    }
+}
+
+void kolo__tl_entry_end(kolo__pset_t *ps, kolo__entry_t *e)
+{
+    if (e->tl_depth > 0) {
+        kolo__tl_end(ps->rt->timeline, e->name, 0);
+        e->tl_depth--;
+    }
+}
+
+/* The backend's phase names, as in Horovod's timeline: "GLOO_ALLREDUCE".
+ * Static: timeline events keep the pointer after the set is gone. */
+#define KOLO__PHASES(B)                                                      \
+    {#B "_ALLREDUCE", #B "_BROADCAST", #B "_ALLGATHER", #B "_ALLTOALL",      \
+     #B "_REDUCESCATTER", #B "_BARRIER", #B "_JOIN"}
+const char *const *kolo__phase_names(const char *backend)
+{
+    static const char *const names[][KOLO__COLL_COUNT_] = {
+        KOLO__PHASES(LOCAL), KOLO__PHASES(GLOO), KOLO__PHASES(SHM),
+        KOLO__PHASES(MPI), KOLO__PHASES(HIER), KOLO__PHASES(NCCL),
+        KOLO__PHASES(BACKEND)};
+    static const char *const keys[] = {"local", "gloo", "shm", "mpi", "hier",
+                                       "nccl"};
+
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+        if (strcmp(keys[i], backend) == 0)
+            return names[i];
+    return names[sizeof(keys) / sizeof(keys[0])];
+}
+#undef KOLO__PHASES
+
+const char *kolo__backend_phase(const kolo__pset_t *ps, int coll)
+{
+    if (coll < 0 || coll >= KOLO__COLL_COUNT_ || ps->phase == NULL)
+        return "BACKEND";
+    return ps->phase[coll];
+}
+
+/* Every entry of a batch enters or leaves a phase. */
+void kolo__tl_batch(kolo__pset_t *ps, const size_t *idx, size_t n,
+                     const char *phase)
+{
+    if (!kolo__timeline_active(ps->rt->timeline))
+        return;
+    for (size_t i = 0; i < n; i++) {
+        kolo__entry_t *e = ps->ready[idx[i]];
+        if (phase != NULL)
+            kolo__tl_entry_begin(ps, e, phase, NULL, 0);
+        else
+            kolo__tl_entry_end(ps, e);
+    }
+}
+
+void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
+                    const char *msg)
+{
+    while (e->tl_depth > 0)
+        kolo__tl_entry_end(ps, e);
+    if (e->handle > 0) {
+        /* The name is released before the handle completes, so that a
+         * training thread returning from kolo_wait can enqueue the same
+         * name again. */
+        kolo__queue_release(&ps->queue, e->name);
+        kolo__handles_complete_output(ps->rt->handles, e->handle, status, msg,
+                                      status == KOLO_OK ? e->result : NULL,
+                                      kolo__result_free);
+        if (status == KOLO_OK)
+            e->result = NULL;
+    }
+    if (status == KOLO_OK)
+        ps->bytes_done += e->params.count *
+                          (int64_t)kolo_dtype_size((kolo_dtype_t)e->params.wire);
+    kolo__entry_free(e);
+    ps->completed++;
+}
+
+/* Completes an entry that will never run, with a sentence naming it. */
+void kolo__fail_entry(kolo__pset_t *ps, kolo__entry_t *e,
+                       const kolo__err_t *why)
+{
+    char msg[KOLO__ERR_LEN + KOLO_MAX_NAME_LEN + 64];
+    if (strstr(why->msg, e->name) != NULL)
+        snprintf(msg, sizeof(msg), "%s", why->msg);
+    else
+        snprintf(msg, sizeof(msg), "%s of tensor '%s' did not complete: %s",
+                 kolo__coll_name(e->params.coll), e->name, why->msg);
+    kolo__complete(ps, e, why->code, msg);
+}
+
+
+int kolo__explain_failure(kolo__pset_t *ps, int rc, char *detail, size_t len)
+{
+    char lost[512], prefix[32], copy[KOLO__ERR_LEN];
+
+    if (rc != KOLO_ERR_RANK_LOST && rc != KOLO_ERR_BACKEND && rc != KOLO_ERR_TIMEOUT)
+        return rc;
+    snprintf(prefix, sizeof(prefix), "kolo%u", ps->rt->generation);
+    /* A peer's sockets close while its process is still being torn down:
+     * give it a moment to be gone before deciding nobody died. */
+    for (int tries = 0; tries < 10; tries++) {
+        if (kolo__peers_lost(&ps->rt->cfg, prefix, ps->ranks, ps->size, lost,
+                             sizeof(lost)) > 0) {
+            snprintf(copy, sizeof(copy), "%s", detail);
+            snprintf(detail, len, "lost %s (%s)", lost, copy);
+            return KOLO_ERR_RANK_LOST;
+        }
+        if (rc == KOLO_ERR_TIMEOUT)
+            break;
+        usleep(20000);
+    }
+    return rc;
+}

@@ -1,0 +1,38 @@
+/*
+ * complete.h — how an entry ends (complete.c): its timeline lane and its
+ * completion. Used by negotiation, execution and the loop.
+ */
+#ifndef KOLO_COMPLETE_H
+#define KOLO_COMPLETE_H
+
+#include "runtime.h"
+
+/* Completes an entry: releases its name and completes its handle (with
+ * the entry's result, if any). Frees the entry. */
+void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
+                    const char *msg);
+/* Completes an entry that will never run, with a sentence naming it. */
+void kolo__fail_entry(kolo__pset_t *ps, kolo__entry_t *e,
+                      const kolo__err_t *why);
+
+/* Timeline spans on an entry's lane (no-ops while the timeline is off);
+ * kolo__complete closes what is still open. ts 0: now. */
+void kolo__tl_entry_begin(kolo__pset_t *ps, kolo__entry_t *e, const char *phase,
+                          const char *args, int64_t ts);
+void kolo__tl_entry_end(kolo__pset_t *ps, kolo__entry_t *e);
+/* Every entry ps->ready[idx[0..n)] enters `phase`, or (NULL) leaves the
+ * one it is in. */
+void kolo__tl_batch(kolo__pset_t *ps, const size_t *idx, size_t n,
+                    const char *phase);
+/* A backend's phase names, by collective, as in Horovod's timeline
+ * ("GLOO_ALLREDUCE"); static, so events may keep the pointers. */
+const char *const *kolo__phase_names(const char *backend);
+/* The phase of collective `coll` on the set's data backend. */
+const char *kolo__backend_phase(const kolo__pset_t *ps, int coll);
+
+/* After a backend failure (rc, detail): if a peer's process is gone, names
+ * it in `detail` (rewritten) and returns KOLO_ERR_RANK_LOST; else returns
+ * rc unchanged. */
+int kolo__explain_failure(kolo__pset_t *ps, int rc, char *detail, size_t len);
+
+#endif /* KOLO_COMPLETE_H */

@@ -1,0 +1,640 @@
+/*
+ * execute.c — runs a round's plan: splits its allreduces into fusion
+ * batches (fusion.c), reduces each batch with one backend call, runs the
+ * other collectives one by one, and completes every entry of the plan.
+ *
+ * Called by the set's background thread only, with the plan that
+ * negotiation left in ps->ready (the same on every member).
+ */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "complete.h"
+#include "execute.h"
+#include "fusion.h"
+#include "gpu.h"
+#include "half.h"
+#include "reduce.h"
+
+#define FUSION_ALIGN 64
+
+static int fusion_reserve(kolo__pset_t *ps, size_t bytes)
+{
+    size_t cap;
+    uint8_t *buf;
+
+    if (ps->fusion_cap >= bytes)
+        return 0;
+    cap = (bytes + FUSION_ALIGN - 1) / FUSION_ALIGN * FUSION_ALIGN;
+    buf = aligned_alloc(FUSION_ALIGN, cap);
+    if (buf == NULL)
+        return -1;
+    /* Touch every page now, so that reductions never fault pages in. */
+    memset(buf, 0, cap);
+    free(ps->fusion);
+    ps->fusion = buf;
+    ps->fusion_cap = cap;
+    return 0;
+}
+
+
+static int backend_error(kolo__pset_t *ps, int rc, const kolo__entry_t *e,
+                         size_t nfused, char *detail, kolo__err_t *err)
+{
+    rc = kolo__explain_failure(ps, rc, detail, KOLO__ERR_LEN);
+    if (nfused > 1)
+        return kolo__err_set(err, rc,
+                             "rank %d: %s of tensor '%s' fused with %zu others "
+                             "failed: %s",
+                             ps->rank, kolo__coll_name(e->params.coll), e->name,
+                             nfused - 1, detail);
+    return kolo__err_set(err, rc, "rank %d: %s of tensor '%s' (%lld %s) failed: %s",
+                         ps->rank, kolo__coll_name(e->params.coll), e->name,
+                         (long long)e->params.count,
+                         kolo_dtype_name((kolo_dtype_t)e->params.dtype), detail);
+}
+
+static int no_memory(kolo__pset_t *ps, const kolo__entry_t *e, size_t bytes,
+                     kolo__err_t *err)
+{
+    return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                         "rank %d: out of memory (%zu bytes) for %s of tensor "
+                         "'%s'",
+                         ps->rank, bytes, kolo__coll_name(e->params.coll),
+                         e->name);
+}
+
+/* Copies n elements of a tensor, from element `at`, into a buffer of the
+ * wire dtype (compressing float32 to float16/bfloat16), or back. */
+static void pack(void *dst, const kolo__entry_t *e, size_t at, size_t n)
+{
+    size_t esize = kolo_dtype_size((kolo_dtype_t)e->params.dtype);
+    const uint8_t *src = (const uint8_t *)e->input + at * esize;
+    if (e->params.wire == KOLO_FLOAT16 && e->params.dtype == KOLO_FLOAT32)
+        kolo__f32_to_f16((const float *)src, dst, n);
+    else if (e->params.wire == KOLO_BFLOAT16 && e->params.dtype == KOLO_FLOAT32)
+        kolo__f32_to_bf16((const float *)src, dst, n);
+    else
+        memcpy(dst, src, n * esize);
+}
+
+static void unpack(kolo__entry_t *e, size_t at, const void *src, size_t n)
+{
+    size_t esize = kolo_dtype_size((kolo_dtype_t)e->params.dtype);
+    uint8_t *dst = (uint8_t *)e->output + at * esize;
+    if (e->params.wire == KOLO_FLOAT16 && e->params.dtype == KOLO_FLOAT32)
+        kolo__f16_to_f32(src, (float *)dst, n);
+    else if (e->params.wire == KOLO_BFLOAT16 && e->params.dtype == KOLO_FLOAT32)
+        kolo__bf16_to_f32(src, (float *)dst, n);
+    else
+        memcpy(dst, src, n * esize);
+}
+
+/* A position in a batch: entry idx[i], element `at` of it. */
+typedef struct cursor {
+    size_t i, at;
+} cursor_t;
+
+/* Moves the next n elements of the batch between the tensors and buf,
+ * advancing the cursor: into buf (in = 1) or back out of it (in = 0). */
+static void move_range(kolo__pset_t *ps, const size_t *idx, cursor_t *c,
+                       uint8_t *buf, size_t n, size_t esize, int in)
+{
+    while (n > 0) {
+        kolo__entry_t *e = ps->ready[idx[c->i]];
+        size_t left = (size_t)e->params.count - c->at;
+        size_t take = left < n ? left : n;
+        if (take > 0) {
+            if (in)
+                pack(buf, e, c->at, take);
+            else
+                unpack(e, c->at, buf, take);
+            buf += take * esize;
+            n -= take;
+            c->at += take;
+        }
+        if (c->at == (size_t)e->params.count) {
+            c->i++;
+            c->at = 0;
+        }
+    }
+}
+
+/* A streamed allreduce (ops.h) over the batch: the backend asks for the
+ * input piece by piece and hands the result back the same way. */
+typedef struct stream_state {
+    kolo__pset_t *ps;
+    const size_t *idx;
+    size_t n, esize;
+    const kolo__params_t *p;
+    kolo_dtype_t wire;
+    cursor_t in, out;
+    size_t in_pos; /* the batch element `in` points at */
+} stream_state_t;
+
+/* Moves the input cursor forward to batch element `at`, past tensors
+ * with no elements left. */
+static void seek_in(stream_state_t *st, size_t at)
+{
+    while (st->in.i < st->n) {
+        size_t count = (size_t)st->ps->ready[st->idx[st->in.i]]->params.count;
+        size_t skip = count - st->in.at;
+        if (skip > at - st->in_pos)
+            skip = at - st->in_pos;
+        st->in.at += skip;
+        st->in_pos += skip;
+        if (st->in.at < count)
+            break;
+        st->in.i++;
+        st->in.at = 0;
+    }
+}
+
+static void stream_fill(void *arg, void *dst, size_t at, size_t n)
+{
+    stream_state_t *st = arg;
+    seek_in(st, at);
+    move_range(st->ps, st->idx, &st->in, dst, n, st->esize, 1);
+    st->in_pos += n;
+    if (st->p->prescale != 1.0)
+        kolo__scale(dst, n, st->wire, st->p->prescale);
+}
+
+static const void *stream_view(void *arg, size_t at, size_t n, size_t *run)
+{
+    stream_state_t *st = arg;
+    const kolo__entry_t *e;
+    size_t left;
+
+    seek_in(st, at);
+    if (st->in.i >= st->n)
+        return NULL;
+    e = st->ps->ready[st->idx[st->in.i]];
+    left = (size_t)e->params.count - st->in.at;
+    *run = left < n ? left : n;
+    return (const uint8_t *)e->input + st->in.at * st->esize;
+}
+
+static void stream_finish(void *arg, void *buf, size_t n)
+{
+    stream_state_t *st = arg;
+    kolo__scale(buf, n, st->wire,
+                kolo__postscale_factor(st->p->op, st->p->postscale,
+                                       st->ps->size));
+}
+
+static void stream_drain(void *arg, const void *src, size_t at, size_t n)
+{
+    stream_state_t *st = arg;
+    (void)at;
+    move_range(st->ps, st->idx, &st->out, (uint8_t *)src, n, st->esize, 0);
+}
+
+static int run_allreduce_stream(kolo__pset_t *ps, const size_t *idx, size_t n,
+                                size_t count, kolo__err_t *err)
+{
+    kolo__entry_t *e0 = ps->ready[idx[0]];
+    stream_state_t st = {ps, idx, n, 0, &e0->params,
+                         (kolo_dtype_t)e0->params.wire, {0, 0}, {0, 0}, 0};
+    /* Tensors already in the wire dtype and not prescaled can be read
+     * where they lie. */
+    int viewable = e0->params.wire == e0->params.dtype &&
+                   e0->params.prescale == 1.0;
+    kolo__ops_stream_t s = {stream_fill, viewable ? stream_view : NULL,
+                            stream_finish, stream_drain, &st};
+    char detail[KOLO__ERR_LEN];
+    int rc;
+
+    st.esize = kolo_dtype_size(st.wire);
+    kolo__tl_batch(ps, idx, n, kolo__backend_phase(ps, KOLO__COLL_ALLREDUCE));
+    rc = ps->data_ops->allreduce_stream(
+        ps->data_ctx, count, st.esize,
+        kolo__reduce_get(st.wire, (kolo_op_t)e0->params.op), &s, detail,
+        sizeof(detail));
+    kolo__tl_batch(ps, idx, n, NULL);
+    if (rc != KOLO_OK)
+        return backend_error(ps, rc, e0, n, detail, err);
+    return KOLO_OK;
+}
+
+/* Allreduces the batch ps->ready[idx[0..n)]: dtype, op, wire dtype and
+ * scale factors are the same for all of it.
+ *
+ * Cache-aware: the batch is reduced in pieces of KOLO_CHUNK_BYTES. Each
+ * piece is copied into the fusion buffer, prescaled, reduced, postscaled
+ * (AVERAGE's division included), and copied out while it is still in cache, instead of making
+ * each of those passes over the whole batch at memory speed
+ * (shared/MEASUREMENTS.md: 1-4 MiB pieces reduce 2-4 times faster than one
+ * 64 MiB buffer). A tensor alone and uncompressed is reduced from the
+ * user's buffers: no copy. It is cut into pieces only when kolo itself
+ * passes over the result (a scale factor, or AVERAGE's division), to make
+ * that pass in cache; otherwise the backend gets it whole, since every
+ * piece would cost a call (over Gloo, 64-256 MiB tensors in 4 MiB pieces
+ * reached 0.72-0.84 of the backend's own speed, whole 0.97-1.01). */
+static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
+                         kolo__err_t *err)
+{
+    kolo__entry_t *e0 = ps->ready[idx[0]];
+    const kolo__params_t *p = &e0->params;
+    kolo_dtype_t wire = (kolo_dtype_t)p->wire;
+    size_t esize = kolo_dtype_size(wire), count = 0, piece;
+    kolo__reduce_fn fn = kolo__reduce_get(wire, (kolo_op_t)p->op);
+    int direct = n == 1 && p->wire == p->dtype;
+    /* AVERAGE is SUM and one scaling by postscale / size (Horovod's). */
+    double post = kolo__postscale_factor(p->op, p->postscale, ps->size);
+    const char *phase = kolo__backend_phase(ps, KOLO__COLL_ALLREDUCE);
+    char detail[KOLO__ERR_LEN];
+    cursor_t cin = {0, 0}, cout = {0, 0};
+    int rc = KOLO_OK;
+
+    for (size_t i = 0; i < n; i++)
+        count += (size_t)ps->ready[idx[i]]->params.count;
+    if (count == 0)
+        return KOLO_OK;
+    if (ps->data_ops->allreduce_stream != NULL)
+        return run_allreduce_stream(ps, idx, n, count, err);
+    piece = kolo__tuned(ps)->chunk_bytes > 0 ? (size_t)kolo__tuned(ps)->chunk_bytes / esize
+                                        : count;
+    if (direct && p->prescale == 1.0 && post == 1.0)
+        piece = count;
+    if (piece == 0)
+        piece = 1;
+    if (piece > count)
+        piece = count;
+    if (!direct && fusion_reserve(ps, piece * esize) != 0)
+        return no_memory(ps, e0, piece * esize, err);
+
+    /* The timeline shows the first copy in, the reduction (which, for a
+     * batch of several pieces, includes the copies of the later pieces) and
+     * the last copy out. */
+    if (direct)
+        kolo__tl_batch(ps, idx, n, phase);
+    for (size_t done = 0; done < count && rc == KOLO_OK; done += piece) {
+        size_t m = count - done < piece ? count - done : piece;
+        int first = done == 0, last = done + m == count;
+        const void *in = NULL;
+        uint8_t *out;
+
+        if (direct) {
+            const uint8_t *src = (const uint8_t *)e0->input + done * esize;
+            out = (uint8_t *)e0->output + done * esize;
+            if (p->prescale != 1.0) {
+                /* Never write the user's input: scale into the output. */
+                if (src != out)
+                    memcpy(out, src, m * esize);
+                kolo__scale(out, m, wire, p->prescale);
+            } else if (src != out) {
+                in = src;
+            }
+        } else {
+            out = ps->fusion;
+            if (first)
+                kolo__tl_batch(ps, idx, n, "MEMCPY_IN_FUSION_BUFFER");
+            move_range(ps, idx, &cin, out, m, esize, 1);
+            if (p->prescale != 1.0)
+                kolo__scale(out, m, wire, p->prescale);
+            if (first) {
+                kolo__tl_batch(ps, idx, n, NULL);
+                kolo__tl_batch(ps, idx, n, phase);
+            }
+        }
+        rc = ps->data_ops->allreduce(ps->data_ctx, in, out, m, esize, fn,
+                                     detail, sizeof(detail));
+        if (rc != KOLO_OK)
+            break;
+        kolo__scale(out, m, wire, post);
+        if (!direct && last) {
+            kolo__tl_batch(ps, idx, n, NULL);
+            kolo__tl_batch(ps, idx, n, "MEMCPY_OUT_FUSION_BUFFER");
+        }
+        if (!direct)
+            move_range(ps, idx, &cout, out, m, esize, 0);
+    }
+    kolo__tl_batch(ps, idx, n, NULL);
+    if (rc != KOLO_OK)
+        return backend_error(ps, rc, e0, n, detail, err);
+    return KOLO_OK;
+}
+
+static int run_broadcast(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
+{
+    size_t bytes = (size_t)e->params.count *
+                   kolo_dtype_size((kolo_dtype_t)e->params.dtype);
+    char detail[KOLO__ERR_LEN];
+    int rc;
+
+    if (bytes == 0)
+        return KOLO_OK;
+    rc = ps->data_ops->broadcast(ps->data_ctx, e->output, bytes, e->params.root,
+                                 detail, sizeof(detail));
+    return rc == KOLO_OK ? KOLO_OK : backend_error(ps, rc, e, 1, detail, err);
+}
+
+/* A new result of `rows` rows shaped like the entry's tensor. */
+static kolo__result_t *new_result(const kolo__entry_t *e, int64_t rows,
+                                  int nsplits)
+{
+    size_t row_bytes = (size_t)e->params.count *
+                       kolo_dtype_size((kolo_dtype_t)e->params.dtype);
+    kolo__result_t *r = calloc(1, sizeof(*r));
+
+    if (r == NULL)
+        return NULL;
+    r->bytes = (size_t)rows * row_bytes;
+    r->data = malloc(r->bytes ? r->bytes : 1);
+    r->splits = calloc((size_t)nsplits, sizeof(int64_t));
+    if (r->data == NULL || r->splits == NULL) {
+        kolo__result_free(r);
+        return NULL;
+    }
+    r->nsplits = nsplits;
+    r->ndim = e->params.ndim;
+    memcpy(r->shape, e->params.shape, sizeof(r->shape));
+    r->shape[0] = rows;
+    return r;
+}
+
+static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
+{
+    size_t row_bytes = (size_t)e->params.count *
+                       kolo_dtype_size((kolo_dtype_t)e->params.dtype);
+    int64_t *rows = calloc((size_t)ps->size, sizeof(int64_t)), total = 0;
+    size_t *bytes = calloc((size_t)ps->size, sizeof(size_t));
+    char detail[KOLO__ERR_LEN];
+    kolo__result_t *res = NULL;
+    int rc;
+
+    if (rows == NULL || bytes == NULL) {
+        rc = no_memory(ps, e, (size_t)ps->size * 16, err);
+        goto out;
+    }
+    /* The first dimension may differ: exchange it first. */
+    rc = ps->data_ops->allgather(ps->data_ctx, &e->rows, rows, sizeof(int64_t),
+                                 detail, sizeof(detail));
+    if (rc != KOLO_OK) {
+        rc = backend_error(ps, rc, e, 1, detail, err);
+        goto out;
+    }
+    for (int r = 0; r < ps->size; r++) {
+        bytes[r] = (size_t)rows[r] * row_bytes;
+        total += rows[r];
+    }
+    res = new_result(e, total, ps->size);
+    if (res == NULL) {
+        rc = no_memory(ps, e, (size_t)total * row_bytes, err);
+        goto out;
+    }
+    memcpy(res->splits, rows, (size_t)ps->size * sizeof(int64_t));
+    if (res->bytes > 0) {
+        rc = ps->data_ops->allgatherv(ps->data_ctx, e->input, res->data,
+                                      bytes, detail, sizeof(detail));
+        if (rc != KOLO_OK) {
+            rc = backend_error(ps, rc, e, 1, detail, err);
+            goto out;
+        }
+    }
+    e->result = res;
+    res = NULL;
+out:
+    kolo__result_free(res);
+    free(rows);
+    free(bytes);
+    return rc;
+}
+
+static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
+{
+    size_t n = (size_t)ps->size;
+    size_t row_bytes = (size_t)e->params.count *
+                       kolo_dtype_size((kolo_dtype_t)e->params.dtype);
+    int64_t *all = calloc(n * n, sizeof(int64_t)), total = 0;
+    size_t *sb = calloc(n, sizeof(size_t)), *rb = calloc(n, sizeof(size_t));
+    char detail[KOLO__ERR_LEN];
+    kolo__result_t *res = NULL;
+    int rc;
+
+    if (all == NULL || sb == NULL || rb == NULL) {
+        rc = no_memory(ps, e, n * n * 8, err);
+        goto out;
+    }
+    /* Every rank learns every rank's splits: what it receives from rank j
+     * is rank j's split for it. */
+    rc = ps->data_ops->allgather(ps->data_ctx, e->splits, all,
+                                 n * sizeof(int64_t), detail, sizeof(detail));
+    if (rc != KOLO_OK) {
+        rc = backend_error(ps, rc, e, 1, detail, err);
+        goto out;
+    }
+    for (size_t j = 0; j < n; j++) {
+        sb[j] = (size_t)e->splits[j] * row_bytes;
+        rb[j] = (size_t)all[j * n + (size_t)ps->rank] * row_bytes;
+        total += all[j * n + (size_t)ps->rank];
+    }
+    res = new_result(e, total, ps->size);
+    if (res == NULL) {
+        rc = no_memory(ps, e, (size_t)total * row_bytes, err);
+        goto out;
+    }
+    for (size_t j = 0; j < n; j++)
+        res->splits[j] = all[j * n + (size_t)ps->rank];
+    rc = ps->data_ops->alltoallv(ps->data_ctx, e->input, sb, res->data, rb,
+                                 detail, sizeof(detail));
+    if (rc != KOLO_OK) {
+        rc = backend_error(ps, rc, e, 1, detail, err);
+        goto out;
+    }
+    e->result = res;
+    res = NULL;
+out:
+    kolo__result_free(res);
+    free(all);
+    free(sb);
+    free(rb);
+    return rc;
+}
+
+static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
+                             kolo__err_t *err)
+{
+    const kolo__params_t *p = &e->params;
+    kolo_dtype_t dtype = (kolo_dtype_t)p->dtype;
+    size_t esize = kolo_dtype_size(dtype);
+    int64_t d0 = p->shape[0], row = d0 > 0 ? p->count / d0 : 0;
+    size_t *counts = calloc((size_t)ps->size, sizeof(size_t));
+    char detail[KOLO__ERR_LEN];
+    kolo__result_t *res = NULL;
+    int64_t mine = 0;
+    int rc = KOLO_OK;
+
+    if (counts == NULL || fusion_reserve(ps, (size_t)p->count * esize) != 0) {
+        rc = no_memory(ps, e, (size_t)p->count * esize, err);
+        goto out;
+    }
+    for (int r = 0; r < ps->size; r++) {
+        int64_t rows = d0 / ps->size + (r < d0 % ps->size ? 1 : 0);
+        counts[r] = (size_t)(rows * row);
+        if (r == ps->rank)
+            mine = rows;
+    }
+    res = calloc(1, sizeof(*res));
+    if (res == NULL || (res->splits = calloc((size_t)ps->size, 8)) == NULL ||
+        (res->data = malloc(counts[ps->rank] * esize + 1)) == NULL) {
+        rc = no_memory(ps, e, counts[ps->rank] * esize, err);
+        goto out;
+    }
+    res->bytes = counts[ps->rank] * esize;
+    res->ndim = p->ndim;
+    memcpy(res->shape, p->shape, sizeof(res->shape));
+    res->shape[0] = mine;
+    res->nsplits = ps->size;
+    for (int r = 0; r < ps->size; r++)
+        res->splits[r] = row > 0 ? (int64_t)counts[r] / row : 0;
+    if (p->count > 0) {
+        memcpy(ps->fusion, e->input, (size_t)p->count * esize);
+        if (p->prescale != 1.0)
+            kolo__scale(ps->fusion, (size_t)p->count, dtype, p->prescale);
+        rc = ps->data_ops->reduce_scatter(
+            ps->data_ctx, ps->fusion, res->data, counts, esize,
+            kolo__reduce_get(dtype, (kolo_op_t)p->op), detail, sizeof(detail));
+        if (rc != KOLO_OK) {
+            rc = backend_error(ps, rc, e, 1, detail, err);
+            goto out;
+        }
+        kolo__scale(res->data, counts[ps->rank], dtype,
+                    kolo__postscale_factor(p->op, p->postscale, ps->size));
+    }
+    e->result = res;
+    res = NULL;
+out:
+    kolo__result_free(res);
+    free(counts);
+    return rc;
+}
+
+/* The fusion key: allreduces fuse only with the same place (host or
+ * CUDA), dtype, op, wire dtype and scale factors (the scales get a small index per plan). */
+static uint32_t fusion_key(const kolo__params_t *p, const kolo__params_t **scales,
+                           uint32_t *nscales)
+{
+    uint32_t s;
+    if (p->coll != KOLO__COLL_ALLREDUCE)
+        return 0xffffffffu; /* never fused */
+    for (s = 0; s < *nscales; s++)
+        if (scales[s]->prescale == p->prescale &&
+            scales[s]->postscale == p->postscale)
+            break;
+    if (s == *nscales) {
+        if (s == 256)
+            return 0xffffffffu; /* too many distinct scales: alone */
+        scales[(*nscales)++] = p;
+    }
+    return (uint32_t)p->device_type << 30 | (uint32_t)p->dtype << 24 |
+           (uint32_t)p->op << 16 | (uint32_t)p->wire << 8 | (s & 0xff);
+}
+
+/* Executes the plan in ps->ready; completes every entry of it. */
+int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
+{
+    size_t n = ps->nready;
+    kolo__fusion_item_t *items;
+    const kolo__params_t *scales[256];
+    uint32_t nscales = 0;
+    size_t *order;
+    kolo__batch_t *batches;
+    long nb = 0;
+    int rc = KOLO_OK;
+
+    if (n == 0)
+        return KOLO_OK;
+    items = malloc(n * sizeof(*items));
+    order = malloc(n * sizeof(*order));
+    batches = malloc(n * sizeof(*batches));
+    if (items == NULL || order == NULL || batches == NULL) {
+        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                           "rank %d: out of memory planning %zu tensors",
+                           ps->rank, n);
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        const kolo__params_t *p = &ps->ready[i]->params;
+        items[i].key = fusion_key(p, scales, &nscales);
+        items[i].bytes = p->count * (int64_t)kolo_dtype_size((kolo_dtype_t)p->wire);
+        if (items[i].key == 0xffffffffu)
+            items[i].bytes = INT64_MAX; /* alone */
+    }
+    nb = kolo__fusion_plan(items, n, kolo__tuned(ps)->fusion_threshold, order, batches);
+    if (nb < 0) {
+        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                           "rank %d: out of memory planning %zu tensors",
+                           ps->rank, n);
+        goto out;
+    }
+    for (long b = 0; b < nb; b++) {
+        const size_t *idx = order + batches[b].first;
+        kolo__entry_t *e0 = ps->ready[idx[0]];
+        int other = e0->params.coll != KOLO__COLL_ALLREDUCE;
+        int gpu = e0->params.device_type == KOLO_DEVICE_CUDA &&
+                  e0->params.coll <= KOLO__COLL_REDUCESCATTER;
+        kolo__tl_batch(ps, idx, batches[b].n, NULL); /* QUEUE ends */
+        if (other || gpu)
+            kolo__tl_batch(ps, idx, batches[b].n,
+                     gpu ? kolo__phase_names("nccl")[e0->params.coll]
+                         : kolo__backend_phase(ps, e0->params.coll));
+        if (gpu) {
+#ifdef KOLO_HAVE_GPU
+            rc = kolo__gpu_run(ps, idx, batches[b].n, err);
+#else
+            rc = kolo__err_set(err, KOLO_ERR_INTERNAL, "tensor '%s' is on a "
+                               "CUDA device in a build without GPU support",
+                               e0->name);
+#endif
+        } else switch (e0->params.coll) {
+        case KOLO__COLL_ALLREDUCE:
+            rc = run_allreduce(ps, idx, batches[b].n, err);
+            break;
+        case KOLO__COLL_BROADCAST:
+            rc = run_broadcast(ps, e0, err);
+            break;
+        case KOLO__COLL_ALLGATHER:
+            rc = run_allgather(ps, e0, err);
+            break;
+        case KOLO__COLL_ALLTOALL:
+            rc = run_alltoall(ps, e0, err);
+            break;
+        case KOLO__COLL_REDUCESCATTER:
+            rc = run_reducescatter(ps, e0, err);
+            break;
+        default:
+            /* A barrier is done once negotiated: every rank has entered
+             * it by then. */
+            rc = KOLO_OK;
+            break;
+        }
+        if (other || gpu)
+            kolo__tl_batch(ps, idx, batches[b].n, NULL);
+        for (size_t i = 0; i < batches[b].n; i++) {
+            kolo__entry_t *e = ps->ready[idx[i]];
+            ps->ready[idx[i]] = NULL;
+            if (rc == KOLO_OK)
+                kolo__complete(ps, e, KOLO_OK, NULL);
+            else
+                kolo__fail_entry(ps, e, err);
+        }
+        if (rc != KOLO_OK)
+            break;
+    }
+out:
+    /* After a failure, what is left of the plan fails with it: the backend
+     * is broken or memory ran out. */
+    for (size_t i = 0; rc != KOLO_OK && i < n; i++)
+        if (ps->ready[i] != NULL)
+            kolo__fail_entry(ps, ps->ready[i], err);
+    ps->nready = 0;
+    free(items);
+    free(order);
+    free(batches);
+    return rc;
+}

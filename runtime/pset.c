@@ -1,0 +1,398 @@
+/*
+ * pset.c — the life cycle of a process set on one rank: choosing and
+ * connecting its backends (ops/registry.c decides which), learning where
+ * the ranks are, starting its background thread (background.c), and
+ * stopping it. The API (api.c) starts and stops sets; the loop never
+ * calls in here, except to ask the other sets to stop with the global
+ * set's reason.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "background.h"
+#include "complete.h"
+#include "gpu.h"
+#include "negotiate.h"
+#include "pset.h"
+
+void kolo__wake_from_peer(void *arg, uint64_t round)
+{
+    kolo__pset_t *ps = arg;
+    kolo__queue_peer_wake(&ps->queue, round);
+}
+
+static void pset_free(kolo__pset_t *ps)
+{
+    if (ps->tune_log != NULL)
+        fclose(ps->tune_log);
+    free(ps->tune);
+    kolo__negotiate_free(ps);
+    kolo__queue_destroy(&ps->queue);
+    free(ps->fusion);
+    free(ps->ranks);
+    free(ps);
+}
+
+static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
+                         int size, kolo__err_t *err);
+
+static void release_ops(kolo__pset_t *ps)
+{
+#ifdef KOLO_HAVE_GPU
+    kolo__gpu_free(ps);
+#endif
+    if (ps->data_ops != NULL && ps->data_ctx != ps->ctl_ctx)
+        ps->data_ops->finalize(ps->data_ctx);
+    if (ps->ctl_ops != NULL)
+        ps->ctl_ops->finalize(ps->ctl_ctx);
+}
+
+int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
+                     kolo__outcome_t *watch, kolo__pset_t **out,
+                     kolo__err_t *err)
+{
+    kolo__pset_t *ps = calloc(1, sizeof(*ps));
+    sigset_t pipe_set, saved_mask;
+    int rc;
+
+    if (ps == NULL || (ps->ranks = malloc((size_t)size * sizeof(int))) == NULL) {
+        free(ps);
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "out of memory creating process set %d", id);
+    }
+    ps->rt = rt;
+    ps->id = id;
+    ps->size = size;
+    ps->watch = watch;
+    ps->gpu_device = -1;
+    ps->rank = -1;
+    for (int i = 0; i < size; i++) {
+        ps->ranks[i] = ranks[i];
+        if (ranks[i] == rt->rank)
+            ps->rank = i;
+    }
+    if (kolo__queue_init(&ps->queue) != 0) {
+        free(ps->ranks);
+        free(ps);
+        return kolo__err_set(err, KOLO_ERR_INTERNAL,
+                             "cannot create the queue of process set %d", id);
+    }
+    ps->tune_fixed = (kolo__tune_params_t){rt->cfg.fusion_threshold,
+                                           rt->cfg.chunk_bytes,
+                                           rt->cfg.cycle_time_ms};
+    if (rt->cfg.autotune && size > 1) {
+        ps->tune = malloc(sizeof(*ps->tune));
+        if (ps->tune == NULL) {
+            free(ps->ranks);
+            free(ps);
+            return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                                 "out of memory creating process set %d", id);
+        }
+        /* start_threads initialises it, once the data backend has chosen
+         * KOLO_CHUNK_BYTES=auto. */
+        if (id == KOLO_GLOBAL_PROCESS_SET && rt->rank == 0 &&
+            rt->cfg.autotune_log[0] != '\0') {
+            ps->tune_log = fopen(rt->cfg.autotune_log, "w");
+            if (ps->tune_log == NULL) {
+                int e = errno;
+                free(ps->tune);
+                free(ps->ranks);
+                free(ps);
+                return kolo__err_set(err, KOLO_ERR_CONFIG,
+                                     "KOLO_AUTOTUNE_LOG=%s: cannot create it "
+                                     "on rank 0: %s", rt->cfg.autotune_log,
+                                     strerror(e));
+            }
+            fprintf(ps->tune_log, "window,parameter,fusion_threshold,"
+                    "chunk_bytes,cycle_time_ms,bytes,busy_seconds,"
+                    "bytes_per_busy_second,state\n");
+        }
+    }
+    if (kolo__negotiate_init(ps) != 0) {
+        pset_free(ps);
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "out of memory for a response cache of %lld "
+                             "entries (KOLO_CACHE_CAPACITY)",
+                             (long long)rt->cfg.cache_capacity);
+    }
+    /* Threads started from here (the backend's and ours) write to sockets
+     * whose peer may be gone: they must get EPIPE, not a SIGPIPE that kills
+     * the process. They inherit this thread's mask; ours is restored. */
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe_set, &saved_mask);
+    rc = start_threads(rt, ps, id, size, err);
+    pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);
+    if (rc == KOLO_OK)
+        *out = ps;
+    return rc;
+}
+
+/* Which backend a role uses: KOLO_CONTROLLER or KOLO_CPU_OPERATIONS when
+ * set (not "auto"), else shared memory when every member is on this host and
+ * this build has it, else the first network backend this build has. */
+static int choose_ops(const kolo__runtime_t *rt, const char *var,
+                      const char *want, int all_local, int size,
+                      const kolo__ops_t **out, kolo__err_t *err)
+{
+    static const char *const network[] = {"gloo", "mpi"};
+    char names[128];
+
+    *out = NULL;
+    if (size == 1) {
+        *out = &kolo__ops_local;
+        return KOLO_OK;
+    }
+    if (want[0] != '\0' && strcmp(want, "auto") != 0) {
+        *out = kolo__ops_named(want);
+        if (*out == NULL) {
+            kolo__ops_names(names, sizeof(names));
+            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                                 "%s=%s: this kolo has no backend of that "
+                                 "name (it has: %s)", var, want,
+                                 names[0] ? names : "none");
+        }
+        if (strcmp(want, "mpi") == 0 && !rt->cfg.mpi_launched)
+            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                                 "%s=mpi: the mpi backend needs the job to be "
+                                 "started by mpirun (or kolorun --mpi), and "
+                                 "rank %d was started by kolorun without "
+                                 "--mpi", var, rt->rank);
+        if (strcmp(want, "shm") == 0 && !all_local)
+            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                                 "%s=shm: the ranks of this job or process "
+                                 "set are not all on one host", var);
+        return KOLO_OK;
+    }
+    if (all_local && (*out = kolo__ops_find("shm")) != NULL)
+        return KOLO_OK;
+    if (rt->cfg.mpi_launched && (*out = kolo__ops_find("mpi")) != NULL)
+        return KOLO_OK;
+    for (size_t i = 0; i < sizeof(network) / sizeof(network[0]); i++)
+        if ((*out = kolo__ops_find(network[i])) != NULL)
+            return KOLO_OK;
+    return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                         "a process set of %d ranks needs a communication "
+                         "backend, and this kolo was built without one", size);
+}
+
+/* The message of a backend that could not connect. Every rank of the job
+ * has arrived by then (kolo_init agreed on the settings first), so what
+ * failed is the connection itself. */
+static int connect_failed(kolo__runtime_t *rt, kolo__pset_t *ps,
+                          const kolo__ops_t *ops, int rc, const char *detail,
+                          kolo__err_t *err)
+{
+    if (ps->id != KOLO_GLOBAL_PROCESS_SET)
+        return kolo__err_set(err, rc, "rank %d could not connect process set "
+                             "%d (%s): %s", rt->rank, ps->id, ops->name, detail);
+    return kolo__err_set(err, rc, "rank %d of %d could not join the job "
+                         "(%s, rendezvous %s): %s", rt->rank, rt->size,
+                         ops->name,
+                         rt->cfg.rendezvous[0] ? rt->cfg.rendezvous : "none",
+                         detail);
+}
+
+/* A backend's warning (Gloo: a stranger's connection it dropped), from
+ * whatever thread the backend runs. */
+static void warn_from_backend(const char *msg)
+{
+    kolo__log(KOLO__LOG_WARNING, "%s", msg);
+}
+
+int kolo__pset_connect(kolo__pset_t *ps, const kolo__ops_t *ops,
+                       const char *role, int rank, int size,
+                       const int *members, const int *hosts,
+                       const char *cross_ops, void **ctx, kolo__err_t *err)
+{
+    kolo__runtime_t *rt = ps->rt;
+    kolo__ops_config_t ocfg;
+    char prefix[96], detail[KOLO__ERR_LEN];
+    int rc;
+
+    snprintf(prefix, sizeof(prefix), "kolo%u/set%d/%s", rt->generation,
+             ps->id, role);
+    ocfg = (kolo__ops_config_t){
+        .rank = rank, .size = size, .members = members,
+        .hosts = hosts, .global_rank = rt->rank,
+        .rendezvous = rt->cfg.rendezvous, .prefix = prefix,
+        .hostname = rt->cfg.hostname, .timeout_s = rt->cfg.timeout_s,
+        .start_timeout_s = rt->cfg.start_timeout_s,
+        .on_wake = kolo__wake_from_peer, .wake_arg = ps,
+        .abandoned = ps->watch != NULL ? kolo__outcome_abandoned : NULL,
+        .abandoned_arg = ps->watch,
+        .warn = warn_from_backend,
+        .cross_ops = cross_ops,
+        .shm_slot_bytes = (size_t)rt->cfg.shm_slot_bytes,
+        .shm_spin_us = (int)rt->cfg.shm_spin_us};
+    detail[0] = '\0';
+    rc = ops->init(&ocfg, ctx, detail, sizeof(detail));
+    if (rc != KOLO_OK)
+        return connect_failed(rt, ps, ops, rc, detail, err);
+    return KOLO_OK;
+}
+
+/* The host index of every rank, exchanged over the global set's controller
+ * before its thread starts (the only time the API thread uses a backend). */
+static int exchange_hosts(kolo__runtime_t *rt, kolo__pset_t *ps,
+                          kolo__err_t *err)
+{
+    char detail[KOLO__ERR_LEN] = "";
+    int me = (int)rt->cfg.cross_rank;
+    int rc;
+
+    rt->host_of = calloc((size_t)rt->size, sizeof(int));
+    if (rt->host_of == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
+    if (rt->size == 1)
+        return KOLO_OK;
+    rc = ps->ctl_ops->allgather(ps->ctl_ctx, &me, rt->host_of, sizeof(int),
+                                detail, sizeof(detail));
+    if (rc != KOLO_OK)
+        return kolo__err_set(err, rc, "rank %d could not exchange host "
+                             "placement: %s", rt->rank, detail);
+    return KOLO_OK;
+}
+
+/* Whether a set that spans hosts reduces hierarchically (ops/hier): with
+ * KOLO_HIERARCHICAL_ALLREDUCE=1, or by default when every host holds the
+ * same number of members, more than one. */
+static int use_hierarchical(const kolo__runtime_t *rt, const kolo__pset_t *ps,
+                            const int *hosts)
+{
+    int first = -1, same = 1;
+
+    if (rt->cfg.hierarchical == 0 || kolo__ops_find("hier") == NULL)
+        return 0;
+    for (int i = 0; i < ps->size; i++) {
+        int here = 0;
+        for (int j = 0; j < ps->size; j++)
+            here += hosts[j] == hosts[i];
+        if (first < 0)
+            first = here;
+        same &= here == first;
+    }
+    if (same && first > 1)
+        return 1;
+    if (rt->cfg.hierarchical == 1 && ps->rank == 0)
+        kolo__log(KOLO__LOG_WARNING, "KOLO_HIERARCHICAL_ALLREDUCE=1, but process "
+                  "set %d does not have the same number of ranks (more than "
+                  "one) on every host: its allreduce stays flat", ps->id);
+    return 0;
+}
+
+static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
+                         int size, kolo__err_t *err)
+{
+    int *hosts = NULL;
+    const char *cross = NULL;
+    int rc = KOLO_OK, all_local = 1;
+
+    hosts = malloc((size_t)size * sizeof(int));
+    if (hosts == NULL) {
+        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                           "out of memory creating process set %d", id);
+        goto agree;
+    }
+    /* Before the global set has exchanged placements, the configuration
+     * says whether the job is on one host. */
+    for (int i = 0; i < size; i++)
+        hosts[i] = rt->host_of != NULL ? rt->host_of[ps->ranks[i]]
+                                       : (int)rt->cfg.cross_rank;
+    if (rt->host_of == NULL)
+        all_local = rt->cfg.cross_size == 1 && rt->cfg.local_size == rt->size;
+    for (int i = 1; i < size; i++)
+        all_local &= hosts[i] == hosts[0];
+
+    rc = choose_ops(rt, "KOLO_CONTROLLER", rt->cfg.controller, all_local,
+                    size, &ps->ctl_ops, err);
+    if (rc == KOLO_OK)
+        rc = kolo__pset_connect(ps, ps->ctl_ops, "ctl", ps->rank, ps->size,
+                                ps->ranks, hosts, NULL, &ps->ctl_ctx, err);
+    if (rc != KOLO_OK) {
+        ps->ctl_ops = NULL; /* nothing to finalize */
+        goto agree;
+    }
+    if (id == KOLO_GLOBAL_PROCESS_SET && rt->host_of == NULL) {
+        rc = exchange_hosts(rt, ps, err);
+        for (int i = 0; rc == KOLO_OK && i < size; i++) {
+            hosts[i] = rt->host_of[ps->ranks[i]];
+            if (hosts[i] != hosts[0] && all_local)
+                rc = kolo__err_set(err, KOLO_ERR_CONFIG,
+                                   "rank %d is on host %d but rank %d is on "
+                                   "host %d, while KOLO_CROSS_SIZE=1 and "
+                                   "KOLO_LOCAL_SIZE=%lld say one host",
+                                   ps->ranks[0], hosts[0], ps->ranks[i],
+                                   hosts[i], (long long)rt->cfg.local_size);
+        }
+    }
+    if (rc == KOLO_OK)
+        rc = choose_ops(rt, "KOLO_CPU_OPERATIONS", rt->cfg.cpu_operations,
+                        all_local, size, &ps->data_ops, err);
+    if (rc == KOLO_OK && !all_local && use_hierarchical(rt, ps, hosts)) {
+        cross = ps->data_ops->name;
+        ps->data_ops = kolo__ops_find("hier");
+    }
+    if (rc == KOLO_OK && ps->data_ops == ps->ctl_ops)
+        ps->data_ctx = ps->ctl_ctx;
+    else if (rc == KOLO_OK)
+        rc = kolo__pset_connect(ps, ps->data_ops, "data", ps->rank, ps->size,
+                                ps->ranks, hosts, cross, &ps->data_ctx, err);
+    if (rc != KOLO_OK)
+        ps->data_ops = NULL; /* not connected (or the controller's) */
+    /* KOLO_CHUNK_BYTES=auto: now that the data backend is known; then the
+     * tuner starts from the defaults. */
+    if (rc == KOLO_OK && ps->tune_fixed.chunk_bytes < 0)
+        ps->tune_fixed.chunk_bytes =
+            ps->data_ops->chunk_bytes > 0 ? ps->data_ops->chunk_bytes : 4 << 20;
+    if (rc == KOLO_OK && ps->tune != NULL)
+        kolo__autotune_init(ps->tune, &ps->tune_fixed,
+                            (int)rt->cfg.autotune_window);
+    if (rc == KOLO_OK)
+        ps->phase = kolo__phase_names(ps->data_ops->name);
+agree:
+    free(hosts);
+    /* Every rank learns whether every member connected, before any thread
+     * runs a round on a set that is not whole (agree.c). */
+    if (ps->watch != NULL) {
+        kolo__err_t mine = *err;
+        rc = kolo__outcome_agree(ps->watch, rc, &mine, err);
+        ps->watch->agreed = 1;
+        ps->watch = NULL;
+    }
+    if (rc != KOLO_OK) {
+        release_ops(ps);
+        pset_free(ps);
+        return rc;
+    }
+    if (pthread_create(&ps->thread, NULL, kolo__background_main, ps) != 0) {
+        release_ops(ps);
+        pset_free(ps);
+        return kolo__err_set(err, KOLO_ERR_INTERNAL,
+                             "cannot start the background thread of process "
+                             "set %d", id);
+    }
+    ps->thread_started = 1;
+    return KOLO_OK;
+}
+
+void kolo__pset_request_stop(kolo__pset_t *ps, const kolo__err_t *why)
+{
+    if (why != NULL)
+        kolo__queue_close(&ps->queue, why);
+    kolo__queue_request_shutdown(&ps->queue);
+}
+
+void kolo__pset_stop(kolo__pset_t *ps, const kolo__err_t *why)
+{
+    kolo__pset_request_stop(ps, why);
+    if (ps->thread_started)
+        pthread_join(ps->thread, NULL);
+    release_ops(ps);
+    pset_free(ps);
+}
