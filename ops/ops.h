@@ -106,8 +106,20 @@ typedef struct kolo__ops_config {
     kolo__ops_warn_fn warn;    /* NULL: the backend's warnings are dropped */
 } kolo__ops_config_t;
 
+/* What a backend can do, for the one chooser (ops/registry.c). */
+enum {
+    KOLO__OPS_USER = 1 << 0,     /* users may name it: KOLO_CONTROLLER,
+                                    KOLO_CPU_OPERATIONS, kolo-bench */
+    KOLO__OPS_ONE_HOST = 1 << 1, /* only between the ranks of one host */
+    KOLO__OPS_NETWORK = 1 << 2,  /* between hosts */
+    KOLO__OPS_MPIRUN = 1 << 3,   /* only in a job that mpirun started */
+    KOLO__OPS_HOSTS = 1 << 4     /* composes one-host and network backends
+                                    (hierarchical allreduce) */
+};
+
 typedef struct kolo__ops {
     const char *name;
+    unsigned caps; /* KOLO__OPS_* */
 
     /* Connects to every rank of the job. On success *ctx is the backend's
      * state, passed to every other call. */
@@ -196,6 +208,28 @@ const kolo__ops_t *kolo__ops_find(const char *name);
 const kolo__ops_t *kolo__ops_named(const char *name);
 /* Writes those names, comma-separated, for error messages. */
 void kolo__ops_names(char *out, size_t len);
+
+/* What a role of a process set (its controller, its data) needs. */
+typedef struct kolo__ops_need {
+    int size;          /* members */
+    int all_local;     /* every member on this host */
+    int mpi_launched;  /* mpirun (or kolorun --mpi) started the job */
+    int rank;          /* this rank in the job, for messages */
+    const char *var;   /* the variable that names a choice, for messages */
+    const char *want;  /* its value: a backend's name; NULL, "" or "auto":
+                          the default */
+} kolo__ops_need_t;
+
+/* The one place the backend is chosen: the one named (when this build has
+ * it and it can serve), else the default — kolo__ops_local for one member,
+ * a one-host backend (shared memory) when every member is on this host,
+ * MPI when mpirun started the job, else the first network backend (Gloo,
+ * then MPI). KOLO_OK, or KOLO_ERR_UNSUPPORTED with a sentence in err. */
+int kolo__ops_choose(const kolo__ops_need_t *need, const kolo__ops_t **out,
+                     char *err, size_t errlen);
+/* The backend that composes a one-host backend with a network one across
+ * hosts (hierarchical allreduce), or NULL when this build has none. */
+const kolo__ops_t *kolo__ops_hierarchical(void);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,9 @@
 /*
  * registry.c — the backends this build has, by the names users give them in
- * KOLO_CONTROLLER and KOLO_CPU_OPERATIONS.
+ * KOLO_CONTROLLER and KOLO_CPU_OPERATIONS, and the one place that chooses
+ * among them (from their capability fields, ops.h): the runtime asks here
+ * for every role of every process set, and kolo-bench asks here to say
+ * which backends the runtime uses.
  */
 #include "config.h"
 
@@ -22,10 +25,11 @@ static const kolo__ops_t *const all_ops[] = {
 #endif
     &kolo__ops_local,
 };
+#define NOPS (sizeof(all_ops) / sizeof(all_ops[0]))
 
 const kolo__ops_t *kolo__ops_find(const char *name)
 {
-    for (size_t i = 0; i < sizeof(all_ops) / sizeof(all_ops[0]); i++)
+    for (size_t i = 0; i < NOPS; i++)
         if (strcmp(all_ops[i]->name, name) == 0)
             return all_ops[i];
     return NULL;
@@ -34,7 +38,73 @@ const kolo__ops_t *kolo__ops_find(const char *name)
 /* local and hier are composed by the runtime, never named by users. */
 static int user_named(const kolo__ops_t *ops)
 {
-    return strcmp(ops->name, "local") != 0 && strcmp(ops->name, "hier") != 0;
+    return (ops->caps & KOLO__OPS_USER) != 0;
+}
+
+/* The first backend with every capability in `caps`, in table order. */
+static const kolo__ops_t *first_with(unsigned caps)
+{
+    for (size_t i = 0; i < NOPS; i++)
+        if ((all_ops[i]->caps & caps) == caps)
+            return all_ops[i];
+    return NULL;
+}
+
+int kolo__ops_choose(const kolo__ops_need_t *need, const kolo__ops_t **out,
+                     char *err, size_t errlen)
+{
+    const char *want = need->want != NULL ? need->want : "";
+    const kolo__ops_t *ops = NULL;
+    char names[128];
+
+    *out = NULL;
+    if (need->size == 1) {
+        *out = &kolo__ops_local;
+        return KOLO_OK;
+    }
+    if (want[0] != '\0' && strcmp(want, "auto") != 0) {
+        ops = kolo__ops_named(want);
+        if (ops == NULL) {
+            kolo__ops_names(names, sizeof(names));
+            snprintf(err, errlen, "%s=%s: this kolo has no backend of that "
+                     "name (it has: %s)", need->var, want,
+                     names[0] ? names : "none");
+            return KOLO_ERR_UNSUPPORTED;
+        }
+        if ((ops->caps & KOLO__OPS_MPIRUN) && !need->mpi_launched) {
+            snprintf(err, errlen, "%s=%s: the %s backend needs the job to be "
+                     "started by mpirun (or kolorun --mpi), and rank %d was "
+                     "started by kolorun without --mpi", need->var, want,
+                     ops->name, need->rank);
+            return KOLO_ERR_UNSUPPORTED;
+        }
+        if ((ops->caps & KOLO__OPS_ONE_HOST) && !need->all_local) {
+            snprintf(err, errlen, "%s=%s: the ranks of this job or process "
+                     "set are not all on one host", need->var, want);
+            return KOLO_ERR_UNSUPPORTED;
+        }
+        *out = ops;
+        return KOLO_OK;
+    }
+    if (need->all_local)
+        ops = first_with(KOLO__OPS_USER | KOLO__OPS_ONE_HOST);
+    if (ops == NULL && need->mpi_launched)
+        ops = first_with(KOLO__OPS_USER | KOLO__OPS_MPIRUN);
+    if (ops == NULL)
+        ops = first_with(KOLO__OPS_USER | KOLO__OPS_NETWORK);
+    if (ops == NULL) {
+        snprintf(err, errlen, "a process set of %d ranks needs a "
+                 "communication backend, and this kolo was built without "
+                 "one", need->size);
+        return KOLO_ERR_UNSUPPORTED;
+    }
+    *out = ops;
+    return KOLO_OK;
+}
+
+const kolo__ops_t *kolo__ops_hierarchical(void)
+{
+    return first_with(KOLO__OPS_HOSTS);
 }
 
 const kolo__ops_t *kolo__ops_named(const char *name)
@@ -50,7 +120,7 @@ void kolo__ops_names(char *out, size_t len)
     if (len == 0)
         return;
     out[0] = '\0';
-    for (size_t i = 0; i < sizeof(all_ops) / sizeof(all_ops[0]); i++) {
+    for (size_t i = 0; i < NOPS; i++) {
         if (!user_named(all_ops[i]))
             continue;
         int n = snprintf(out + used, len - used, "%s%s", used ? ", " : "",

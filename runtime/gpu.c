@@ -517,18 +517,20 @@ static int ensure_comm(run_t *r)
     return rc;
 }
 
-/* The network backend between hosts: the set's own when it is one. */
+/* The network backend between hosts: the set's own when it is one, else
+ * the registry's default across hosts. */
 static const kolo__ops_t *network_ops(const kolo__pset_t *ps)
 {
     const kolo__ops_t *ops = ps->data_ops;
-    if (ops != NULL && (strcmp(ops->name, "gloo") == 0 ||
-                        strcmp(ops->name, "mpi") == 0))
+    kolo__ops_need_t need = {ps->size, 0, (int)ps->rt->cfg.mpi_launched,
+                             ps->rt->rank, "", NULL};
+    char detail[KOLO__ERR_LEN];
+
+    if (ops != NULL && (ops->caps & KOLO__OPS_NETWORK))
         return ops;
-    if (ps->rt->cfg.mpi_launched && (ops = kolo__ops_find("mpi")) != NULL)
-        return ops;
-    if ((ops = kolo__ops_find("gloo")) != NULL)
-        return ops;
-    return kolo__ops_find("mpi");
+    if (kolo__ops_choose(&need, &ops, detail, sizeof(detail)) != KOLO_OK)
+        return NULL;
+    return ops;
 }
 
 /* Decides, once per set, whether allreduce is hierarchical, and sets it up:

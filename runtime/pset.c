@@ -133,52 +133,21 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
     return rc;
 }
 
-/* Which backend a role uses: KOLO_CONTROLLER or KOLO_CPU_OPERATIONS when
- * set (not "auto"), else shared memory when every member is on this host and
- * this build has it, else the first network backend this build has. */
+/* Which backend a role uses (the registry decides, ops/registry.c):
+ * KOLO_CONTROLLER or KOLO_CPU_OPERATIONS when set (not "auto"), else the
+ * default for where the members are. */
 static int choose_ops(const kolo__runtime_t *rt, const char *var,
                       const char *want, int all_local, int size,
                       const kolo__ops_t **out, kolo__err_t *err)
 {
-    static const char *const network[] = {"gloo", "mpi"};
-    char names[128];
+    kolo__ops_need_t need = {size, all_local, (int)rt->cfg.mpi_launched, rt->rank,
+                             var, want};
+    char detail[KOLO__ERR_LEN];
+    int rc = kolo__ops_choose(&need, out, detail, sizeof(detail));
 
-    *out = NULL;
-    if (size == 1) {
-        *out = &kolo__ops_local;
-        return KOLO_OK;
-    }
-    if (want[0] != '\0' && strcmp(want, "auto") != 0) {
-        *out = kolo__ops_named(want);
-        if (*out == NULL) {
-            kolo__ops_names(names, sizeof(names));
-            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
-                                 "%s=%s: this kolo has no backend of that "
-                                 "name (it has: %s)", var, want,
-                                 names[0] ? names : "none");
-        }
-        if (strcmp(want, "mpi") == 0 && !rt->cfg.mpi_launched)
-            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
-                                 "%s=mpi: the mpi backend needs the job to be "
-                                 "started by mpirun (or kolorun --mpi), and "
-                                 "rank %d was started by kolorun without "
-                                 "--mpi", var, rt->rank);
-        if (strcmp(want, "shm") == 0 && !all_local)
-            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
-                                 "%s=shm: the ranks of this job or process "
-                                 "set are not all on one host", var);
-        return KOLO_OK;
-    }
-    if (all_local && (*out = kolo__ops_find("shm")) != NULL)
-        return KOLO_OK;
-    if (rt->cfg.mpi_launched && (*out = kolo__ops_find("mpi")) != NULL)
-        return KOLO_OK;
-    for (size_t i = 0; i < sizeof(network) / sizeof(network[0]); i++)
-        if ((*out = kolo__ops_find(network[i])) != NULL)
-            return KOLO_OK;
-    return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
-                         "a process set of %d ranks needs a communication "
-                         "backend, and this kolo was built without one", size);
+    if (rc != KOLO_OK)
+        return kolo__err_set(err, rc, "%s", detail);
+    return KOLO_OK;
 }
 
 /* The message of a backend that could not connect. Every rank of the job
@@ -267,7 +236,7 @@ static int use_hierarchical(const kolo__runtime_t *rt, const kolo__pset_t *ps,
 {
     int first = -1, same = 1;
 
-    if (rt->cfg.hierarchical == 0 || kolo__ops_find("hier") == NULL)
+    if (rt->cfg.hierarchical == 0 || kolo__ops_hierarchical() == NULL)
         return 0;
     for (int i = 0; i < ps->size; i++) {
         int here = 0;
@@ -336,7 +305,7 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
                         all_local, size, &ps->data_ops, err);
     if (rc == KOLO_OK && !all_local && use_hierarchical(rt, ps, hosts)) {
         cross = ps->data_ops->name;
-        ps->data_ops = kolo__ops_find("hier");
+        ps->data_ops = kolo__ops_hierarchical();
     }
     if (rc == KOLO_OK && ps->data_ops == ps->ctl_ops)
         ps->data_ctx = ps->ctl_ctx;

@@ -1078,6 +1078,7 @@ int gloo_wake_peers(void *ctx, uint64_t round, char *err, size_t errlen)
 
 extern "C" const kolo__ops_t kolo__ops_gloo = {
     /* .name = */ "gloo",
+    /* .caps = */ KOLO__OPS_USER | KOLO__OPS_NETWORK,
     /* .init = */ gloo_init,
     /* .finalize = */ gloo_finalize,
     /* .allreduce = */ gloo_allreduce,

@@ -261,6 +261,7 @@ static int hier_wake_peers(void *ctx, uint64_t round, char *err, size_t errlen)
 
 const kolo__ops_t kolo__ops_hier = {
     .name = "hier",
+    .caps = KOLO__OPS_HOSTS,
     .init = hier_init,
     .finalize = hier_finalize,
     .allreduce = hier_allreduce,

@@ -88,6 +88,7 @@ static int local_wake_peers(void *ctx, uint64_t round, char *err,
 
 const kolo__ops_t kolo__ops_local = {
     .name = "local",
+    .caps = 0, /* one rank: nothing to choose */
     .init = local_init,
     .finalize = local_finalize,
     .allreduce = local_allreduce,

@@ -685,6 +685,7 @@ out:
 
 const kolo__ops_t kolo__ops_mpi = {
     .name = "mpi",
+    .caps = KOLO__OPS_USER | KOLO__OPS_NETWORK | KOLO__OPS_MPIRUN,
     .init = mpi_init,
     .finalize = mpi_finalize,
     .allreduce = mpi_allreduce,

@@ -1043,6 +1043,7 @@ static int shm_waiting_for(void *ctx)
 
 const kolo__ops_t kolo__ops_shm = {
     .name = "shm",
+    .caps = KOLO__OPS_USER | KOLO__OPS_ONE_HOST,
     .init = shm_init,
     .finalize = shm_finalize,
     .allreduce = shm_allreduce,
