@@ -239,11 +239,11 @@ void *kolo__background_main(void *arg)
             cycle_us = (int64_t)(kolo__tuned(ps)->cycle_ms * 1000.0);
             sleep_start = cycle_us > 1000 ? cycle_us : 1000;
         }
-        ps->others_waiting = !progressed && ps->any_pending;
+        ps->others_waiting = !progressed && ps->neg.any_pending;
         /* The sleep grows while rounds find nothing to do anywhere. Both
          * inputs are the same on every rank, so all ranks back off alike
          * and a token from one does not reset the others. */
-        if (progressed || ps->any_pending)
+        if (progressed || ps->neg.any_pending)
             sleep_us = sleep_start;
         else
             sleep_us = sleep_us * 2 < SLEEP_MAX_US ? sleep_us * 2 : SLEEP_MAX_US;

@@ -26,7 +26,7 @@ static int fusion_reserve(kolo__pset_t *ps, size_t bytes)
     size_t cap;
     uint8_t *buf;
 
-    if (ps->fusion_cap >= bytes)
+    if (ps->exec.fusion_cap >= bytes)
         return 0;
     cap = (bytes + FUSION_ALIGN - 1) / FUSION_ALIGN * FUSION_ALIGN;
     buf = aligned_alloc(FUSION_ALIGN, cap);
@@ -34,9 +34,9 @@ static int fusion_reserve(kolo__pset_t *ps, size_t bytes)
         return -1;
     /* Touch every page now, so that reductions never fault pages in. */
     memset(buf, 0, cap);
-    free(ps->fusion);
-    ps->fusion = buf;
-    ps->fusion_cap = cap;
+    free(ps->exec.fusion);
+    ps->exec.fusion = buf;
+    ps->exec.fusion_cap = cap;
     return 0;
 }
 
@@ -290,7 +290,7 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
                 in = src;
             }
         } else {
-            out = ps->fusion;
+            out = ps->exec.fusion;
             if (first)
                 kolo__tl_batch(ps, idx, n, "MEMCPY_IN_FUSION_BUFFER");
             move_range(ps, idx, &cin, out, m, esize, 1);
@@ -493,11 +493,11 @@ static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
     for (int r = 0; r < ps->size; r++)
         res->splits[r] = row > 0 ? (int64_t)counts[r] / row : 0;
     if (p->count > 0) {
-        memcpy(ps->fusion, e->input, (size_t)p->count * esize);
+        memcpy(ps->exec.fusion, e->input, (size_t)p->count * esize);
         if (p->prescale != 1.0)
-            kolo__scale(ps->fusion, (size_t)p->count, dtype, p->prescale);
+            kolo__scale(ps->exec.fusion, (size_t)p->count, dtype, p->prescale);
         rc = ps->data_ops->reduce_scatter(
-            ps->data_ctx, ps->fusion, res->data, counts, esize,
+            ps->data_ctx, ps->exec.fusion, res->data, counts, esize,
             kolo__reduce_get(dtype, (kolo_op_t)p->op), detail, sizeof(detail));
         if (rc != KOLO_OK) {
             rc = backend_error(ps, rc, e, 1, detail, err);

@@ -643,7 +643,7 @@ out:
 static int gpu_get(run_t *r, const size_t *idx, size_t n)
 {
     kolo__pset_t *ps = r->ps;
-    kolo__gpu_t *g = ps->gpu;
+    kolo__gpu_t *g = ps->exec.gpu;
     pthread_condattr_t attr;
     int device = -1, count;
 
@@ -674,7 +674,7 @@ static int gpu_get(run_t *r, const size_t *idx, size_t n)
     pthread_cond_init(&g->cv, &attr);
     pthread_condattr_destroy(&attr);
     r->g = g;
-    ps->gpu = g;
+    ps->exec.gpu = g;
     KOLO__CHECK(cuda_ok(r, cudaSetDevice(device), "cudaSetDevice"));
     return cuda_ok(r, cudaStreamCreateWithFlags(&g->stream,
                                                 cudaStreamNonBlocking),
@@ -683,12 +683,12 @@ static int gpu_get(run_t *r, const size_t *idx, size_t n)
 
 void kolo__gpu_free(kolo__pset_t *ps)
 {
-    kolo__gpu_t *g = ps->gpu;
+    kolo__gpu_t *g = ps->exec.gpu;
     int prev = -1;
 
     if (g == NULL)
         return;
-    ps->gpu = NULL;
+    ps->exec.gpu = NULL;
     if (g->cross_ctx != NULL)
         g->cross_ops->finalize(g->cross_ctx);
     /* Abort rather than destroy: every batch has finished (each waits), so

@@ -92,20 +92,20 @@ int kolo__negotiate_init(kolo__pset_t *ps)
     size_t cap = (size_t)ps->rt->cfg.cache_capacity;
     size_t rank_words = ((size_t)ps->size + 63) / 64;
 
-    if (kolo__cache_init(&ps->cache, cap) != 0)
+    if (kolo__cache_init(&ps->neg.cache, cap) != 0)
         return -1;
-    ps->hits = calloc(cap ? cap : 1, sizeof(*ps->hits));
-    ps->joined = calloc((size_t)ps->size, 1);
-    ps->hit_words = (cap + 63) / 64;
-    ps->shut_word = 1;
-    ps->join_word = ps->shut_word + rank_words;
-    ps->hit_word = ps->join_word + rank_words;
-    ps->inv_word = ps->hit_word + ps->hit_words;
-    ps->nwords = ps->inv_word + ps->hit_words;
-    ps->bits = calloc(ps->nwords, sizeof(uint64_t));
-    kolo__map_init(&ps->sent);
-    kolo__map_init(&ps->table);
-    if (ps->hits == NULL || ps->bits == NULL || ps->joined == NULL)
+    ps->neg.hits = calloc(cap ? cap : 1, sizeof(*ps->neg.hits));
+    ps->neg.joined = calloc((size_t)ps->size, 1);
+    ps->neg.hit_words = (cap + 63) / 64;
+    ps->neg.shut_word = 1;
+    ps->neg.join_word = ps->neg.shut_word + rank_words;
+    ps->neg.hit_word = ps->neg.join_word + rank_words;
+    ps->neg.inv_word = ps->neg.hit_word + ps->neg.hit_words;
+    ps->neg.nwords = ps->neg.inv_word + ps->neg.hit_words;
+    ps->neg.bits = calloc(ps->neg.nwords, sizeof(uint64_t));
+    kolo__map_init(&ps->neg.sent);
+    kolo__map_init(&ps->neg.table);
+    if (ps->neg.hits == NULL || ps->neg.bits == NULL || ps->neg.joined == NULL)
         return -1;
     return 0;
 }
@@ -125,27 +125,27 @@ void kolo__negotiate_free(kolo__pset_t *ps)
     size_t it = 0;
     void *v;
 
-    while (kolo__map_next(&ps->table, &it, NULL, &v))
+    while (kolo__map_next(&ps->neg.table, &it, NULL, &v))
         pending_name_free(v);
-    kolo__map_free(&ps->table);
-    kolo__map_free(&ps->sent);
-    kolo__cache_free(&ps->cache);
-    free(ps->hits);
-    free(ps->bits);
-    free(ps->joined);
+    kolo__map_free(&ps->neg.table);
+    kolo__map_free(&ps->neg.sent);
+    kolo__cache_free(&ps->neg.cache);
+    free(ps->neg.hits);
+    free(ps->neg.bits);
+    free(ps->neg.joined);
     free(ps->ready);
-    kolo__bytes_free(&ps->send_buf);
-    kolo__bytes_free(&ps->recv_buf);
-    kolo__bytes_free(&ps->resp_buf);
-    ps->hits = NULL;
-    ps->bits = NULL;
+    kolo__bytes_free(&ps->neg.send_buf);
+    kolo__bytes_free(&ps->neg.recv_buf);
+    kolo__bytes_free(&ps->neg.resp_buf);
+    ps->neg.hits = NULL;
+    ps->neg.bits = NULL;
     ps->ready = NULL;
 }
 
 int kolo__negotiate_pending(const kolo__pset_t *ps)
 {
-    return ps->nhits > 0 || ps->uncached_head != NULL || ps->sent.count > 0 ||
-           ps->join_entry != NULL;
+    return ps->neg.nhits > 0 || ps->neg.uncached_head != NULL || ps->neg.sent.count > 0 ||
+           ps->neg.join_entry != NULL;
 }
 
 void kolo__negotiate_drain(kolo__pset_t *ps,
@@ -157,25 +157,25 @@ void kolo__negotiate_drain(kolo__pset_t *ps,
     void *v;
     kolo__entry_t *e;
 
-    for (size_t b = 0; b < ps->cache.capacity; b++)
-        if (ps->hits[b] != NULL) {
-            fn(ps, ps->hits[b], why);
-            ps->hits[b] = NULL;
+    for (size_t b = 0; b < ps->neg.cache.capacity; b++)
+        if (ps->neg.hits[b] != NULL) {
+            fn(ps, ps->neg.hits[b], why);
+            ps->neg.hits[b] = NULL;
         }
-    ps->nhits = 0;
-    e = ps->uncached_head;
+    ps->neg.nhits = 0;
+    e = ps->neg.uncached_head;
     while (e != NULL) {
         kolo__entry_t *next = e->next;
         fn(ps, e, why);
         e = next;
     }
-    ps->uncached_head = ps->uncached_tail = NULL;
-    while (kolo__map_next(&ps->sent, &it, NULL, &v))
+    ps->neg.uncached_head = ps->neg.uncached_tail = NULL;
+    while (kolo__map_next(&ps->neg.sent, &it, NULL, &v))
         fn(ps, v, why);
-    kolo__map_free(&ps->sent);
-    if (ps->join_entry != NULL) {
-        fn(ps, ps->join_entry, why);
-        ps->join_entry = NULL;
+    kolo__map_free(&ps->neg.sent);
+    if (ps->neg.join_entry != NULL) {
+        fn(ps, ps->neg.join_entry, why);
+        ps->neg.join_entry = NULL;
     }
 }
 
@@ -203,11 +203,11 @@ static kolo__entry_t *standin(const char *name, const kolo__params_t *p)
 static void uncached_append(kolo__pset_t *ps, kolo__entry_t *e)
 {
     e->next = NULL;
-    if (ps->uncached_tail != NULL)
-        ps->uncached_tail->next = e;
+    if (ps->neg.uncached_tail != NULL)
+        ps->neg.uncached_tail->next = e;
     else
-        ps->uncached_head = e;
-    ps->uncached_tail = e;
+        ps->neg.uncached_head = e;
+    ps->neg.uncached_tail = e;
 }
 
 /* Timeline: the tensor is negotiated; its operation starts, queued. */
@@ -256,10 +256,10 @@ static int ready_push(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
  * next cycle. */
 static void unhit(kolo__pset_t *ps, size_t bit)
 {
-    if (ps->hits[bit] != NULL) {
-        uncached_append(ps, ps->hits[bit]);
-        ps->hits[bit] = NULL;
-        ps->nhits--;
+    if (ps->neg.hits[bit] != NULL) {
+        uncached_append(ps, ps->neg.hits[bit]);
+        ps->neg.hits[bit] = NULL;
+        ps->neg.nhits--;
     }
 }
 
@@ -268,7 +268,7 @@ static void unhit(kolo__pset_t *ps, size_t bit)
  * round). */
 static int finish_join(kolo__pset_t *ps, int last_joined, kolo__err_t *err)
 {
-    kolo__entry_t *e = ps->join_entry;
+    kolo__entry_t *e = ps->neg.join_entry;
     kolo__result_t *res = calloc(1, sizeof(*res));
 
     if (res == NULL || (res->splits = malloc(sizeof(int64_t))) == NULL) {
@@ -280,7 +280,7 @@ static int finish_join(kolo__pset_t *ps, int last_joined, kolo__err_t *err)
     res->nsplits = 1;
     res->splits[0] = last_joined;
     e->result = res;
-    ps->join_entry = NULL;
+    ps->neg.join_entry = NULL;
     kolo__complete(ps, e, KOLO_OK, NULL);
     return KOLO_OK;
 }
@@ -471,14 +471,14 @@ static void fail_groups_together(resp_list_t *l)
 static int complete(const kolo__pset_t *ps, const kolo__pending_name_t *p)
 {
     for (int r = 0; r < ps->size; r++)
-        if (!p->have[r] && !ps->joined[r])
+        if (!p->have[r] && !ps->neg.joined[r])
             return 0;
     return p->nhave > 0;
 }
 
 /* Rank 0: reads every rank's requests (rank r's are at recv + r * stride,
  * lens[r] bytes), updates the table and encodes the responses into
- * ps->resp_buf. A malformed message yields a response list whose rank field
+ * ps->neg.resp_buf. A malformed message yields a response list whose rank field
  * is -1 and whose only response carries the error: every rank stops. */
 static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
                       const uint64_t *lens, kolo__err_t *err)
@@ -488,14 +488,14 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
     kolo__err_t derr;
     int rc = KOLO_OK;
 
-    if (ps->stall_fatal.code != KOLO_OK) {
+    if (ps->neg.stall_fatal.code != KOLO_OK) {
         kolo__response_t fatal;
         kolo__msg_t m = {KOLO__MSG_RESPONSES, -1, 1, {.responses = &fatal}};
         memset(&fatal, 0, sizeof(fatal));
         fatal.name = (char *)"*";
-        fatal.status = ps->stall_fatal.code;
-        fatal.text = ps->stall_fatal.msg;
-        return kolo__msg_encode(&m, &ps->resp_buf, err);
+        fatal.status = ps->neg.stall_fatal.code;
+        fatal.text = ps->neg.stall_fatal.msg;
+        return kolo__msg_encode(&m, &ps->neg.resp_buf, err);
     }
     for (int r = 0; r < ps->size; r++) {
         kolo__err_clear(&derr);
@@ -518,18 +518,18 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
                 free(out.items[i].name), free(out.items[i].text);
             free(out.items);
             kolo__log(KOLO__LOG_ERROR, "%s", derr.msg);
-            return kolo__msg_encode(&m, &ps->resp_buf, err);
+            return kolo__msg_encode(&m, &ps->neg.resp_buf, err);
         }
         derr.code = KOLO_OK;
         for (uint32_t i = 0; i < msg.n; i++) {
             kolo__request_t *q = &msg.u.requests[i];
-            kolo__pending_name_t *p = kolo__map_gets(&ps->table, q->name);
+            kolo__pending_name_t *p = kolo__map_gets(&ps->neg.table, q->name);
             if (p == NULL) {
                 p = calloc(1, sizeof(*p));
                 if (p == NULL ||
                     (p->params = calloc((size_t)ps->size, sizeof(*p->params))) == NULL ||
                     (p->have = calloc((size_t)ps->size, 1)) == NULL ||
-                    kolo__map_puts(&ps->table, q->name, p) != 0) {
+                    kolo__map_puts(&ps->neg.table, q->name, p) != 0) {
                     pending_name_free(p);
                     rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                                        "out of memory in the coordinator");
@@ -553,7 +553,7 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
             }
             p->params[r] = q->params;
             if (complete(ps, p)) {
-                kolo__map_dels(&ps->table, p->name);
+                kolo__map_dels(&ps->neg.table, p->name);
                 if (resp_push(ps, &out, p) != 0) {
                     pending_name_free(p);
                     rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
@@ -566,14 +566,14 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
         kolo__msg_free(&msg);
     }
     /* A rank that joined completes the names that only it was missing. */
-    if (ps->njoined > 0) {
+    if (ps->neg.njoined > 0) {
         size_t it = 0;
         void *v;
-        while (kolo__map_next(&ps->table, &it, NULL, &v)) {
+        while (kolo__map_next(&ps->neg.table, &it, NULL, &v)) {
             kolo__pending_name_t *p = v;
             if (!complete(ps, p))
                 continue;
-            kolo__map_dels(&ps->table, p->name);
+            kolo__map_dels(&ps->neg.table, p->name);
             if (resp_push(ps, &out, p) != 0) {
                 pending_name_free(p);
                 rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
@@ -586,7 +586,7 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
     fail_groups_together(&out);
     {
         kolo__msg_t m = {KOLO__MSG_RESPONSES, 0, out.n, {.responses = out.items}};
-        rc = kolo__msg_encode(&m, &ps->resp_buf, err);
+        rc = kolo__msg_encode(&m, &ps->neg.resp_buf, err);
     }
     goto free_out;
 
@@ -634,7 +634,7 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
     int rc;
 
     /* Encode this rank's uncached requests and move them to `sent`. */
-    for (kolo__entry_t *e = ps->uncached_head; e != NULL; e = e->next)
+    for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next)
         n++;
     reqs = calloc(n ? n : 1, sizeof(*reqs));
     lens = calloc((size_t)ps->size, sizeof(*lens));
@@ -644,26 +644,26 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
         goto out;
     }
     n = 0;
-    for (kolo__entry_t *e = ps->uncached_head; e != NULL; e = e->next)
+    for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next)
         reqs[n++] = (kolo__request_t){e->name, e->params};
     {
         kolo__msg_t m = {KOLO__MSG_REQUESTS, ps->rank, n, {.requests = reqs}};
-        KOLO__CHECK_GOTO(kolo__msg_encode(&m, &ps->send_buf, err), rc, out);
+        KOLO__CHECK_GOTO(kolo__msg_encode(&m, &ps->neg.send_buf, err), rc, out);
     }
-    for (kolo__entry_t *e = ps->uncached_head, *next; e != NULL; e = next) {
+    for (kolo__entry_t *e = ps->neg.uncached_head, *next; e != NULL; e = next) {
         next = e->next;
         e->next = NULL;
-        if (kolo__map_puts(&ps->sent, e->name, e) != 0) {
+        if (kolo__map_puts(&ps->neg.sent, e->name, e) != 0) {
             rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                                "out of memory tracking tensor '%s'", e->name);
             goto out;
         }
-        ps->uncached_head = next;
+        ps->neg.uncached_head = next;
     }
-    ps->uncached_tail = NULL;
+    ps->neg.uncached_tail = NULL;
 
     /* Gather the requests at the coordinator. */
-    mylen = ps->send_buf.len;
+    mylen = ps->neg.send_buf.len;
     rc = ops->allgather(ps->ctl_ctx, &mylen, lens, sizeof(mylen), detail,
                         sizeof(detail));
     if (rc != KOLO_OK) {
@@ -673,15 +673,15 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
     for (int r = 0; r < ps->size; r++)
         if (lens[r] > maxlen)
             maxlen = lens[r];
-    if (bytes_reserve(&ps->send_buf, maxlen) != 0 ||
-        (ps->rank == 0 && bytes_reserve(&ps->recv_buf, maxlen * (uint64_t)ps->size) != 0)) {
+    if (bytes_reserve(&ps->neg.send_buf, maxlen) != 0 ||
+        (ps->rank == 0 && bytes_reserve(&ps->neg.recv_buf, maxlen * (uint64_t)ps->size) != 0)) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "out of memory for %llu bytes of requests",
                            (unsigned long long)maxlen * (uint64_t)ps->size);
         goto out;
     }
-    memset(ps->send_buf.data + mylen, 0, maxlen - mylen);
-    rc = ops->gather(ps->ctl_ctx, ps->send_buf.data, ps->recv_buf.data, maxlen,
+    memset(ps->neg.send_buf.data + mylen, 0, maxlen - mylen);
+    rc = ops->gather(ps->ctl_ctx, ps->neg.send_buf.data, ps->neg.recv_buf.data, maxlen,
                      0, detail, sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_failed(ps, rc, "gather of requests", detail, err);
@@ -690,28 +690,28 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
 
     /* The coordinator decides; everyone learns the decision. */
     if (ps->rank == 0)
-        KOLO__CHECK_GOTO(coordinate(ps, ps->recv_buf.data, maxlen, lens, err),
+        KOLO__CHECK_GOTO(coordinate(ps, ps->neg.recv_buf.data, maxlen, lens, err),
                          rc, out);
-    resplen = ps->rank == 0 ? ps->resp_buf.len : 0;
+    resplen = ps->rank == 0 ? ps->neg.resp_buf.len : 0;
     rc = ops->broadcast(ps->ctl_ctx, &resplen, sizeof(resplen), 0, detail,
                         sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_failed(ps, rc, "broadcast of the response size", detail, err);
         goto out;
     }
-    if (bytes_reserve(&ps->resp_buf, resplen) != 0) {
+    if (bytes_reserve(&ps->neg.resp_buf, resplen) != 0) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "out of memory for %llu bytes of responses",
                            (unsigned long long)resplen);
         goto out;
     }
-    rc = ops->broadcast(ps->ctl_ctx, ps->resp_buf.data, resplen, 0, detail,
+    rc = ops->broadcast(ps->ctl_ctx, ps->neg.resp_buf.data, resplen, 0, detail,
                         sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_failed(ps, rc, "broadcast of responses", detail, err);
         goto out;
     }
-    KOLO__CHECK_GOTO(kolo__msg_decode(ps->resp_buf.data, resplen, 0, &resp, err),
+    KOLO__CHECK_GOTO(kolo__msg_decode(ps->neg.resp_buf.data, resplen, 0, &resp, err),
                      rc, out);
     if (resp.kind != KOLO__MSG_RESPONSES || resp.rank < 0) {
         rc = kolo__err_set(err,
@@ -729,11 +729,11 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
     /* Apply the responses in order: cache the OK ones, fail the others. */
     for (uint32_t i = 0; i < resp.n && rc == KOLO_OK; i++) {
         kolo__response_t *r = &resp.u.responses[i];
-        kolo__entry_t *e = kolo__map_dels(&ps->sent, r->name);
+        kolo__entry_t *e = kolo__map_dels(&ps->neg.sent, r->name);
         size_t bit;
         int evicted;
 
-        if (e == NULL && ps->joined[ps->rank]) {
+        if (e == NULL && ps->neg.joined[ps->rank]) {
             /* A tensor this joined rank never enqueued: zeros, or nothing
              * when it failed. */
             if (r->status != KOLO_OK)
@@ -762,7 +762,7 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
          * memory): the evicted bit's waiters must be resent either way.
          * Grouped tensors are not cached (see the essay). */
         if (r->params.group <= 1) {
-            kolo__cache_put(&ps->cache, r->name, &r->params, &bit, &evicted);
+            kolo__cache_put(&ps->neg.cache, r->name, &r->params, &bit, &evicted);
             if (evicted)
                 unhit(ps, bit);
         }
@@ -794,9 +794,9 @@ static int stall_report(const kolo__pset_t *ps, int64_t now, int64_t limit_us,
         int listed = 0, more = 0, k;
 
         names[0] = '\0';
-        while (kolo__map_next(&ps->table, &it, NULL, &v)) {
+        while (kolo__map_next(&ps->neg.table, &it, NULL, &v)) {
             const kolo__pending_name_t *p = v;
-            if (p->have[r] || ps->joined[r] || now - p->first_us < limit_us)
+            if (p->have[r] || ps->neg.joined[r] || now - p->first_us < limit_us)
                 continue;
             if (listed == MAX_NAMES) {
                 more++;
@@ -827,24 +827,24 @@ static void stall_check(kolo__pset_t *ps)
     int64_t now = kolo__now_us();
     char list[KOLO__MSG_MAX_TEXT - 200];
 
-    if (ps->rank != 0 || ps->table.count == 0 || ps->stall_fatal.code != KOLO_OK)
+    if (ps->rank != 0 || ps->neg.table.count == 0 || ps->neg.stall_fatal.code != KOLO_OK)
         return;
     if (cfg->stall_shutdown_s > 0 &&
         stall_report(ps, now, (int64_t)(cfg->stall_shutdown_s * 1e6), list,
                      sizeof(list)) > 0) {
-        kolo__err_set(&ps->stall_fatal, KOLO_ERR_TIMEOUT,
+        kolo__err_set(&ps->neg.stall_fatal, KOLO_ERR_TIMEOUT,
                       "stall: ranks waited more than %g s "
                       "(KOLO_STALL_SHUTDOWN_TIME_SECONDS) for tensors other "
                       "ranks never enqueued: %s",
                       cfg->stall_shutdown_s, list);
-        kolo__log(KOLO__LOG_ERROR, "%s", ps->stall_fatal.msg);
+        kolo__log(KOLO__LOG_ERROR, "%s", ps->neg.stall_fatal.msg);
         return;
     }
     if (cfg->stall_check_s > 0 &&
-        now - ps->stall_warned_us >= (int64_t)(cfg->stall_check_s * 1e6) &&
+        now - ps->neg.stall_warned_us >= (int64_t)(cfg->stall_check_s * 1e6) &&
         stall_report(ps, now, (int64_t)(cfg->stall_check_s * 1e6), list,
                      sizeof(list)) > 0) {
-        ps->stall_warned_us = now;
+        ps->neg.stall_warned_us = now;
         kolo__log(KOLO__LOG_WARNING,
                   "stall: some ranks have waited more than %g s "
                   "(KOLO_STALL_CHECK_TIME_SECONDS) for tensors other ranks "
@@ -856,9 +856,9 @@ static void stall_check(kolo__pset_t *ps)
 int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
                     int *stop_rank, kolo__err_t *err)
 {
-    uint64_t *v = ps->bits;
+    uint64_t *v = ps->neg.bits;
     char detail[KOLO__ERR_LEN];
-    size_t cap = ps->cache.capacity;
+    size_t cap = ps->neg.cache.capacity;
     int rc;
 
     ps->nready = 0;
@@ -876,7 +876,7 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
             int64_t start = e->enqueued_us;
             /* On the coordinator, negotiation began with the first rank's
              * request, which may have come before this rank's. */
-            const kolo__pending_name_t *p = kolo__map_gets(&ps->table, e->name);
+            const kolo__pending_name_t *p = kolo__map_gets(&ps->neg.table, e->name);
             if (p != NULL && p->first_us < start)
                 start = p->first_us;
             snprintf(me, sizeof(me), "%d", ps->rank);
@@ -885,17 +885,17 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
             kolo__tl_instant(ps->rt->timeline, e->name, me, e->enqueued_us);
         }
         if (e->params.coll == KOLO__COLL_JOIN) {
-            ps->join_entry = e; /* a second one is refused at enqueue */
+            ps->neg.join_entry = e; /* a second one is refused at enqueue */
             continue;
         }
         if (e->params.group > 1) { /* groups are never cached */
             uncached_append(ps, e);
             continue;
         }
-        switch (kolo__cache_lookup(&ps->cache, e->name, &e->params, &bit)) {
+        switch (kolo__cache_lookup(&ps->neg.cache, e->name, &e->params, &bit)) {
         case KOLO__CACHE_HIT:
-            ps->hits[bit] = e;
-            ps->nhits++;
+            ps->neg.hits[bit] = e;
+            ps->neg.nhits++;
             break;
         case KOLO__CACHE_MISMATCH:
             /* Marked below through the invalid bits; resent next round. */
@@ -908,22 +908,22 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
     }
 
     /* Build this rank's vector (layout in the essay). */
-    memset(v, 0xff, ps->nwords * sizeof(uint64_t));
-    memset(v + ps->hit_word, 0, ps->hit_words * sizeof(uint64_t));
+    memset(v, 0xff, ps->neg.nwords * sizeof(uint64_t));
+    memset(v + ps->neg.hit_word, 0, ps->neg.hit_words * sizeof(uint64_t));
     for (size_t b = 0; b < cap; b++) {
         const kolo__cache_entry_t *c;
         /* A joined rank has every cached allreduce, as zeros. */
-        if (ps->hits[b] != NULL ||
-            (ps->join_entry != NULL && (c = kolo__cache_at(&ps->cache, b)) != NULL &&
+        if (ps->neg.hits[b] != NULL ||
+            (ps->neg.join_entry != NULL && (c = kolo__cache_at(&ps->neg.cache, b)) != NULL &&
              c->params.coll == KOLO__COLL_ALLREDUCE))
-            BIT_SET(v + ps->hit_word, b);
+            BIT_SET(v + ps->neg.hit_word, b);
     }
-    if (ps->join_entry != NULL) {
-        BIT_CLR(v + ps->join_word, (size_t)ps->rank);
+    if (ps->neg.join_entry != NULL) {
+        BIT_CLR(v + ps->neg.join_word, (size_t)ps->rank);
         /* The round in which a rank joins runs the full round, so that the
          * coordinator completes the names that only this rank was missing
          * (no other rank may have anything new to send). */
-        if (!ps->joined[ps->rank])
+        if (!ps->neg.joined[ps->rank])
             v[0] &= ~FLAG_NO_UNCACHED;
     }
     if (ps->rt->cfg.stall_check_s > 0 || ps->rt->cfg.stall_shutdown_s > 0) {
@@ -933,48 +933,48 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
                                                      : ps->rt->cfg.stall_shutdown_s;
         int64_t now = kolo__now_us();
         for (size_t b = 0; b < cap; b++)
-            if (ps->hits[b] != NULL &&
-                now - ps->hits[b]->enqueued_us > (int64_t)(limit * 5e5))
-                BIT_CLR(v + ps->inv_word, b);
+            if (ps->neg.hits[b] != NULL &&
+                now - ps->neg.hits[b]->enqueued_us > (int64_t)(limit * 5e5))
+                BIT_CLR(v + ps->neg.inv_word, b);
     }
-    if (ps->stall_fatal.code != KOLO_OK)
+    if (ps->neg.stall_fatal.code != KOLO_OK)
         v[0] &= ~FLAG_NO_UNCACHED; /* the coordinator has something to say */
-    for (kolo__entry_t *e = ps->uncached_head; e != NULL; e = e->next) {
+    for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next) {
         size_t bit;
-        if (kolo__cache_lookup(&ps->cache, e->name, &e->params, &bit) ==
+        if (kolo__cache_lookup(&ps->neg.cache, e->name, &e->params, &bit) ==
             KOLO__CACHE_MISMATCH)
-            BIT_CLR(v + ps->inv_word, bit);
+            BIT_CLR(v + ps->neg.inv_word, bit);
     }
-    if (ps->uncached_head != NULL)
+    if (ps->neg.uncached_head != NULL)
         v[0] &= ~FLAG_NO_UNCACHED;
     if (kolo__negotiate_pending(ps))
         v[0] &= ~FLAG_NONE_PENDING;
     if (shutdown)
-        BIT_CLR(v + ps->shut_word, (size_t)ps->rank);
+        BIT_CLR(v + ps->neg.shut_word, (size_t)ps->rank);
 
-    rc = ps->ctl_ops->allreduce(ps->ctl_ctx, NULL, v, ps->nwords, sizeof(uint64_t),
+    rc = ps->ctl_ops->allreduce(ps->ctl_ctx, NULL, v, ps->neg.nwords, sizeof(uint64_t),
                                 band64, detail, sizeof(detail));
     if (rc != KOLO_OK)
         return backend_failed(ps, rc, "allreduce of the readiness bits", detail,
                               err);
 
-    ps->any_pending = !(v[0] & FLAG_NONE_PENDING);
+    ps->neg.any_pending = !(v[0] & FLAG_NONE_PENDING);
     for (int r = 0; r < ps->size; r++)
-        if (!BIT_GET(v + ps->shut_word, (size_t)r)) {
+        if (!BIT_GET(v + ps->neg.shut_word, (size_t)r)) {
             *stop_rank = r;
             break;
         }
     {
         int last_joined = -1, njoined = 0;
         for (int r = 0; r < ps->size; r++) {
-            int j = !BIT_GET(v + ps->join_word, (size_t)r);
-            if (j && !ps->joined[r])
+            int j = !BIT_GET(v + ps->neg.join_word, (size_t)r);
+            if (j && !ps->neg.joined[r])
                 last_joined = r; /* the highest of those new this round */
-            ps->joined[r] = (uint8_t)j;
+            ps->neg.joined[r] = (uint8_t)j;
             njoined += j;
         }
-        ps->njoined = njoined;
-        if (njoined == ps->size && ps->join_entry != NULL) {
+        ps->neg.njoined = njoined;
+        if (njoined == ps->size && ps->neg.join_entry != NULL) {
             /* Everyone has joined: the joins complete, all alike. */
             KOLO__CHECK(finish_join(ps, last_joined, err));
         }
@@ -983,15 +983,15 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
     /* Ready cached tensors, in bit order; then forget invalidated bits. */
     for (size_t b = 0; b < cap; b++) {
         const kolo__cache_entry_t *c;
-        if (!BIT_GET(v + ps->hit_word, b))
+        if (!BIT_GET(v + ps->neg.hit_word, b))
             continue;
-        kolo__cache_touch(&ps->cache, b);
-        if (ps->hits[b] != NULL) {
-            KOLO__CHECK(ready_push(ps, ps->hits[b], err));
-            ps->hits[b] = NULL;
-            ps->nhits--;
-        } else if (ps->joined[ps->rank] &&
-                   (c = kolo__cache_at(&ps->cache, b)) != NULL) {
+        kolo__cache_touch(&ps->neg.cache, b);
+        if (ps->neg.hits[b] != NULL) {
+            KOLO__CHECK(ready_push(ps, ps->neg.hits[b], err));
+            ps->neg.hits[b] = NULL;
+            ps->neg.nhits--;
+        } else if (ps->neg.joined[ps->rank] &&
+                   (c = kolo__cache_at(&ps->neg.cache, b)) != NULL) {
             kolo__entry_t *s = standin(c->name, &c->params);
             if (s == NULL)
                 return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
@@ -1003,13 +1003,13 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
     }
     /* While a rank is joined, only allreduces can complete: the other
      * cached collectives go to the coordinator, which says why not. */
-    for (size_t b = 0; ps->njoined > 0 && b < cap; b++)
-        if (ps->hits[b] != NULL && ps->hits[b]->params.coll != KOLO__COLL_ALLREDUCE)
+    for (size_t b = 0; ps->neg.njoined > 0 && b < cap; b++)
+        if (ps->neg.hits[b] != NULL && ps->neg.hits[b]->params.coll != KOLO__COLL_ALLREDUCE)
             unhit(ps, b);
     for (size_t b = 0; b < cap; b++) {
-        if (!BIT_GET(v + ps->inv_word, b)) {
+        if (!BIT_GET(v + ps->neg.inv_word, b)) {
             unhit(ps, b);
-            kolo__cache_erase(&ps->cache, b);
+            kolo__cache_erase(&ps->neg.cache, b);
         }
     }
 

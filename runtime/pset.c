@@ -17,6 +17,7 @@
 #include "background.h"
 #include "complete.h"
 #include "gpu.h"
+#include "hosts.h"
 #include "negotiate.h"
 #include "pset.h"
 
@@ -33,7 +34,7 @@ static void pset_free(kolo__pset_t *ps)
     free(ps->tune);
     kolo__negotiate_free(ps);
     kolo__queue_destroy(&ps->queue);
-    free(ps->fusion);
+    free(ps->exec.fusion);
     free(ps->ranks);
     free(ps);
 }
@@ -234,19 +235,16 @@ static int exchange_hosts(kolo__runtime_t *rt, kolo__pset_t *ps,
 static int use_hierarchical(const kolo__runtime_t *rt, const kolo__pset_t *ps,
                             const int *hosts)
 {
-    int first = -1, same = 1;
+    kolo__hosts_t g;
+    int yes;
 
     if (rt->cfg.hierarchical == 0 || kolo__ops_hierarchical() == NULL)
         return 0;
-    for (int i = 0; i < ps->size; i++) {
-        int here = 0;
-        for (int j = 0; j < ps->size; j++)
-            here += hosts[j] == hosts[i];
-        if (first < 0)
-            first = here;
-        same &= here == first;
-    }
-    if (same && first > 1)
+    if (kolo__hosts_group(hosts, ps->size, ps->rank, &g) != 0)
+        return 0; /* out of memory: flat, which needs none of this */
+    yes = g.same && g.nlocal > 1;
+    kolo__hosts_free(&g);
+    if (yes)
         return 1;
     if (rt->cfg.hierarchical == 1 && ps->rank == 0)
         kolo__log(KOLO__LOG_WARNING, "KOLO_HIERARCHICAL_ALLREDUCE=1, but process "

@@ -15,8 +15,10 @@
  *
  * Ownership: kolo__runtime_t is set up by kolo_init and read-only until
  * kolo_shutdown, except the set table (sets_mu). In a kolo__pset_t, the
- * fields above "background thread only" are set before its thread starts;
- * those below are touched by that thread alone, so they need no lock.
+ * fields above "background thread only" are set by pset.c before its
+ * thread starts (the queue has its own lock, the watchdog's fields are
+ * atomic); those below are touched by that thread alone, so they need no
+ * lock, and each part names the module that owns it.
  */
 #ifndef KOLO_RUNTIME_H
 #define KOLO_RUNTIME_H
@@ -59,9 +61,9 @@ typedef struct kolo__pset {
     void *ctl_ctx, *data_ctx;
     const char *const *phase; /* timeline names by collective, static */
     kolo__tune_params_t tune_fixed; /* the configuration's settings */
-    kolo__autotune_t *tune;         /* KOLO_AUTOTUNE: the search, or NULL */
+    kolo__autotune_t *tune;         /* KOLO_AUTOTUNE: the search, or NULL
+                                       (its state: the loop's) */
     FILE *tune_log;                 /* KOLO_AUTOTUNE_LOG (global set, rank 0) */
-    int64_t bytes_done;             /* bytes of completed entries */
     int gpu_device;  /* the CUDA device of this rank's CUDA tensors in the
                         set: -1 until the first is enqueued (API lock) */
     kolo__outcome_t *watch; /* while it connects: the job's agreement on
@@ -75,33 +77,44 @@ typedef struct kolo__pset {
     const char *_Atomic wait_what;
     int64_t wait_warned_since, wait_warned_us;
 
-    /* ---- background thread only ---- */
-    kolo__cache_t cache;
-    kolo__entry_t **hits;  /* [cache capacity]: entry waiting on that bit */
-    size_t nhits;
-    kolo__entry_t *uncached_head, *uncached_tail; /* not yet sent */
-    kolo__map_t sent;      /* name -> entry sent to the coordinator */
-    kolo__map_t table;     /* coordinator: name -> kolo__pending_name_t */
-    uint64_t *bits;        /* the round's AND vector */
-    size_t nwords, shut_word, join_word, hit_word, inv_word, hit_words;
-    kolo__entry_t **ready; /* the round's plan, filled by kolo__negotiate */
+    /* ---- background thread only, each part with its owner ---- */
+    /* negotiate.c's: the protocol's state between rounds. */
+    struct {
+        kolo__cache_t cache;
+        kolo__entry_t **hits;  /* [cache capacity]: entry waiting on that bit */
+        size_t nhits;
+        kolo__entry_t *uncached_head, *uncached_tail; /* not yet sent */
+        kolo__map_t sent;      /* name -> entry sent to the coordinator */
+        kolo__map_t table;     /* coordinator: name -> kolo__pending_name_t */
+        uint64_t *bits;        /* the round's AND vector */
+        size_t nwords, shut_word, join_word, hit_word, inv_word, hit_words;
+        kolo__bytes_t send_buf, recv_buf, resp_buf;
+        int any_pending;       /* some rank had tensors waiting at the last
+                                  round (the loop reads it) */
+        /* stall inspector (the coordinator) */
+        int64_t stall_warned_us;  /* last warning */
+        kolo__err_t stall_fatal;  /* set: the next round stops the job */
+        /* join (global set only) */
+        kolo__entry_t *join_entry; /* this rank's pending join */
+        uint8_t *joined;       /* [size]: ranks joined at the last round */
+        int njoined;
+    } neg;
+    /* The round's plan: negotiate.c fills it, execute.c runs it and
+     * empties it (the loop fails what is left when the set stops). */
+    kolo__entry_t **ready;
     size_t nready, ready_cap;
-    struct kolo__gpu *gpu; /* GPU state (gpu.c), created by the first GPU
-                              batch */
-    uint8_t *fusion;       /* persistent fusion buffer */
-    size_t fusion_cap;
-    kolo__bytes_t send_buf, recv_buf, resp_buf;
+    /* execute.c's (and the GPU path's, gpu.c). */
+    struct {
+        uint8_t *fusion;       /* persistent fusion buffer */
+        size_t fusion_cap;
+        struct kolo__gpu *gpu; /* GPU state, created by the first GPU batch */
+    } exec;
+    /* background.c's: the loop's counters (complete.c counts what
+     * completes; negotiate.c reads the round number). */
     int64_t cycles;
     uint64_t completed;    /* entries completed, for progress detection */
-    int any_pending;       /* some rank had tensors waiting at the last round */
+    int64_t bytes_done;    /* bytes of completed entries (autotune) */
     int others_waiting;    /* ranks may sleep waiting for this rank's work */
-    /* stall inspector (the coordinator) */
-    int64_t stall_warned_us;  /* last warning */
-    kolo__err_t stall_fatal;  /* set: the next round stops the job */
-    /* join (global set only) */
-    kolo__entry_t *join_entry; /* this rank's pending join */
-    uint8_t *joined;       /* [size]: ranks joined at the last round */
-    int njoined;
 } kolo__pset_t;
 
 struct kolo__runtime {

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hosts.h"
 #include "ops.h"
 
 typedef struct hier_ctx {
@@ -59,10 +60,11 @@ static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
                      size_t errlen)
 {
     hier_ctx_t *h = calloc(1, sizeof(*h));
-    int *lmem = NULL, *lhost = NULL, *xmem = NULL, *xhost = NULL, *hostlist = NULL;
-    int me_local = -1, me_host = -1, rc = KOLO_ERR_NO_MEMORY;
+    int *lmem = NULL, *lhost = NULL, *xmem = NULL, *xhost = NULL;
+    int rc = KOLO_ERR_NO_MEMORY;
     char prefix[256];
     kolo__ops_config_t sub;
+    kolo__hosts_t g = {0};
 
     *out = NULL;
     if (h == NULL)
@@ -76,54 +78,36 @@ static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
         hier_finalize(h);
         return KOLO_ERR_UNSUPPORTED;
     }
-    lmem = malloc((size_t)cfg->size * sizeof(int));
-    lhost = malloc((size_t)cfg->size * sizeof(int));
-    xmem = malloc((size_t)cfg->size * sizeof(int));
-    xhost = malloc((size_t)cfg->size * sizeof(int));
-    hostlist = malloc((size_t)cfg->size * sizeof(int));
-    if (!lmem || !lhost || !xmem || !xhost || !hostlist)
+    if (kolo__hosts_group(cfg->hosts, cfg->size, cfg->rank, &g) != 0)
         goto oom;
-
-    /* Hosts in order of first appearance; this rank's local group. */
-    for (int i = 0; i < cfg->size; i++) {
-        int k;
-        for (k = 0; k < h->nhosts && hostlist[k] != cfg->hosts[i]; k++)
-            ;
-        if (k == h->nhosts)
-            hostlist[h->nhosts++] = cfg->hosts[i];
-        if (cfg->hosts[i] == cfg->hosts[cfg->rank]) {
-            if (i == cfg->rank)
-                me_local = h->nlocal;
-            lmem[h->nlocal] = cfg->members[i];
-            lhost[h->nlocal++] = cfg->hosts[i];
-        }
-        if (i == cfg->rank)
-            me_host = k;
-    }
-    if (h->nlocal * h->nhosts != cfg->size) {
+    h->nlocal = g.nlocal;
+    h->nhosts = g.nhosts;
+    if (!g.same) {
         snprintf(err, errlen, "hierarchical allreduce needs the same number "
                  "of ranks on every host: %d ranks on %d hosts, %d on this one",
                  cfg->size, h->nhosts, h->nlocal);
         rc = KOLO_ERR_UNSUPPORTED;
         goto fail;
     }
-    /* The cross group: the member of each host with this local index. */
-    for (int k = 0; k < h->nhosts; k++) {
-        int seen = 0;
-        for (int i = 0; i < cfg->size; i++) {
-            if (cfg->hosts[i] != hostlist[k])
-                continue;
-            if (seen++ == me_local) {
-                xmem[k] = cfg->members[i];
-                xhost[k] = cfg->hosts[i];
-                break;
-            }
-        }
+    lmem = malloc((size_t)g.nlocal * sizeof(int));
+    lhost = malloc((size_t)g.nlocal * sizeof(int));
+    xmem = malloc((size_t)g.nhosts * sizeof(int));
+    xhost = malloc((size_t)g.nhosts * sizeof(int));
+    if (!lmem || !lhost || !xmem || !xhost)
+        goto oom;
+    /* This rank's host; the member of each host with this local index. */
+    for (int j = 0; j < g.nlocal; j++) {
+        lmem[j] = cfg->members[g.local[j]];
+        lhost[j] = cfg->hosts[g.local[j]];
+    }
+    for (int k = 0; k < g.nhosts; k++) {
+        xmem[k] = cfg->members[g.cross[k]];
+        xhost[k] = cfg->hosts[g.cross[k]];
     }
 
     sub = *cfg;
     snprintf(prefix, sizeof(prefix), "%s/host%d", cfg->prefix, cfg->hosts[cfg->rank]);
-    sub.rank = me_local;
+    sub.rank = g.me_local;
     sub.size = h->nlocal;
     sub.members = lmem;
     sub.hosts = lhost;
@@ -133,8 +117,8 @@ static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
         goto fail;
 
     sub = *cfg;
-    snprintf(prefix, sizeof(prefix), "%s/cross%d", cfg->prefix, me_local);
-    sub.rank = me_host;
+    snprintf(prefix, sizeof(prefix), "%s/cross%d", cfg->prefix, g.me_local);
+    sub.rank = g.me_host;
     sub.size = h->nhosts;
     sub.members = xmem;
     sub.hosts = xhost;
@@ -150,19 +134,21 @@ static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
     if (rc != KOLO_OK)
         goto fail;
 
-    h->me_local = me_local;
+    h->me_local = g.me_local;
     h->counts = calloc((size_t)h->nlocal, sizeof(size_t));
     h->bytes = calloc((size_t)h->nlocal, sizeof(size_t));
     if (h->counts == NULL || h->bytes == NULL)
         goto oom;
-    free(lmem), free(lhost), free(xmem), free(xhost), free(hostlist);
+    free(lmem), free(lhost), free(xmem), free(xhost);
+    kolo__hosts_free(&g);
     *out = h;
     return KOLO_OK;
 oom:
     snprintf(err, errlen, "out of memory starting hierarchical allreduce");
     rc = KOLO_ERR_NO_MEMORY;
 fail:
-    free(lmem), free(lhost), free(xmem), free(xhost), free(hostlist);
+    free(lmem), free(lhost), free(xmem), free(xhost);
+    kolo__hosts_free(&g);
     hier_finalize(h);
     return rc;
 }
