@@ -6,7 +6,7 @@ API called from the same process.
                                        [--small-count N] [--resnet-scale S]
                                        [--json FILE] [--quick]
 
-Run it beside kolo-bench (tools/kolo-bench.c), in the same job script: kolo-
+Run it beside kolo-bench (tools/kolo-bench/), in the same job script: kolo-
 bench compares the runtime with a backend called directly; this compares
 kolo.torch with the runtime's C API, so that the two ratios together say
 where a training loop's time goes. As in kolo-bench, the figure that counts
@@ -56,7 +56,8 @@ import sys
 import time
 
 # torchvision.models.resnet50(): the shapes of its 161 parameters in
-# backward order (the reverse of named_parameters()), as in kolo-bench.c.
+# backward order (the reverse of named_parameters()), as in kolo-bench
+# (tools/kolo-bench/resnet50_table.c).
 
 
 def _resnet50_shapes():
