@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "bench.h"
+#include "ops.h"
 
 static FILE *g_json;
 static int g_json_first = 1;
@@ -210,23 +211,28 @@ void bench_emit_sides(bench_row_t *row, const bench_result_t *r, double scale,
  * else shared memory when every rank is on one host, else the network
  * backend the job was started with. `data` also names hierarchical
  * allreduce. Only for the header and the JSON. */
+/* The backend the runtime uses for a role, as the registry chooses it
+ * (ops/registry.c, the runtime's own chooser): data across hosts with
+ * shared memory up is the hierarchical backend over the network one. */
 static const char *runtime_backend(const char *var, int data)
 {
-    const char *v = getenv(var);
+    static char hier[64];
     const char *cross = getenv("KOLO_CROSS_SIZE");
     const char *local = getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); /* mpirun */
     int hosts = cross ? atoi(cross) > 1 : local && atoi(local) < bench_size;
-    int mpi = kolo_enabled("mpi");
+    kolo__ops_need_t need = {bench_size, !hosts, kolo_enabled("mpi"),
+                             bench_rank, var, getenv(var)};
+    const kolo__ops_t *ops;
+    char err[256];
 
-    if (bench_size == 1)
-        return "local";
-    if (v && v[0] && strcmp(v, "auto") != 0)
-        return v;
-    if (!hosts)
-        return "shm";
-    if (data && kolo_enabled("shm"))
-        return mpi ? "hier (shm + mpi)" : "hier (shm + gloo)";
-    return mpi ? "mpi" : "gloo";
+    if (kolo__ops_choose(&need, &ops, err, sizeof(err)) != KOLO_OK)
+        return need.want; /* kolo_init took it: cannot happen */
+    if (data && hosts && kolo_enabled("shm") && kolo__ops_hierarchical()) {
+        snprintf(hier, sizeof(hier), "%s (shm + %s)",
+                 kolo__ops_hierarchical()->name, ops->name);
+        return hier;
+    }
+    return ops->name;
 }
 
 static const char *g_env_names[] = {
