@@ -187,6 +187,9 @@ extern const kolo__ops_t kolo__ops_hier;
 #ifdef KOLO_HAVE_MPI
 extern const kolo__ops_t kolo__ops_mpi;
 #endif
+#ifdef KOLO_HAVE_MEM /* the unit tests' library only (ops/mem) */
+extern const kolo__ops_t kolo__ops_mem;
+#endif
 
 /* The backend called `name` ("gloo", "mpi", "shm", ...) when this build has
  * it, else NULL (ops/registry.c). */
