@@ -414,6 +414,30 @@ static void body_cache(prank_t *p)
     g4 = full_rounds(p);
     EXPECT(p, g4 == g3, "the new shape was not cached: %llu full rounds",
            (unsigned long long)(g4 - g3));
+    {
+        /* Only rank 2 changes the shape of cached cache.2: its request
+         * invalidates the bit on which ranks 0 and 1 wait, they resend
+         * through the coordinator, which reports the disagreement. */
+        float in[110] = {0}, out[110];
+        char msg[KOLO__ERR_LEN + 64];
+        int64_t c = p->rank == 2 ? 101 : 102, t0 = kolo__now_us();
+        int rc = wait_h(p, allreduce(p, p->world, "cache.2", in, out, c), msg,
+                        sizeof(msg));
+        /* At once, not after the stall inspector's half check time (the
+         * other way a waiting tensor reaches the coordinator). */
+        EXPECT(p, kolo__now_us() - t0 < 5000000 &&
+                      p->rt.cfg.stall_check_s >= 20,
+               "the changed cached tensor was reported after %.1f s "
+               "(stall check time %g s)", (kolo__now_us() - t0) / 1e6,
+               p->rt.cfg.stall_check_s);
+        EXPECT(p, rc == KOLO_ERR_MISMATCH &&
+                      strstr(msg, "allreduce of tensor 'cache.2': ranks "
+                                  "disagree on the number of elements: rank 0 "
+                                  "has 102, rank 2 has 101") != NULL,
+               "a cached tensor changed on one rank: %d %s", rc, msg);
+        pthread_barrier_wait(&p->job->bar);
+    }
+    step(p, 4, 250);
 }
 
 START_TEST(response_cache_hits_and_invalidates)
