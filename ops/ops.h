@@ -113,8 +113,11 @@ enum {
     KOLO__OPS_ONE_HOST = 1 << 1, /* only between the ranks of one host */
     KOLO__OPS_NETWORK = 1 << 2,  /* between hosts */
     KOLO__OPS_MPIRUN = 1 << 3,   /* only in a job that mpirun started */
-    KOLO__OPS_HOSTS = 1 << 4     /* composes one-host and network backends
+    KOLO__OPS_HOSTS = 1 << 4,    /* composes one-host and network backends
                                     (hierarchical allreduce) */
+    KOLO__OPS_TESTS = 1 << 5     /* the unit tests' in-memory backend
+                                    (ops/mem): named by them only, never
+                                    listed, never a default */
 };
 
 typedef struct kolo__ops {
@@ -198,6 +201,9 @@ extern const kolo__ops_t kolo__ops_hier;
 #endif
 #ifdef KOLO_HAVE_MPI
 extern const kolo__ops_t kolo__ops_mpi;
+#endif
+#ifdef KOLO_HAVE_MEM /* the unit tests' library only (ops/mem) */
+extern const kolo__ops_t kolo__ops_mem;
 #endif
 
 /* The backend called `name` ("gloo", "mpi", "shm", ...) when this build has

@@ -23,6 +23,12 @@ static const kolo__ops_t *const all_ops[] = {
 #ifdef KOLO_HAVE_MPI
     &kolo__ops_mpi,
 #endif
+#ifdef KOLO_HAVE_MEM
+    /* Ranks as threads of one process: only the unit tests' library
+     * (ops/mem/Makefile.include) defines KOLO_HAVE_MEM, so libkolo never
+     * has it and no user can pick it. */
+    &kolo__ops_mem,
+#endif
     &kolo__ops_local,
 };
 #define NOPS (sizeof(all_ops) / sizeof(all_ops[0]))
@@ -121,7 +127,8 @@ void kolo__ops_names(char *out, size_t len)
         return;
     out[0] = '\0';
     for (size_t i = 0; i < NOPS; i++) {
-        if (!user_named(all_ops[i]))
+        /* The tests' backend is not listed: messages read as in libkolo. */
+        if (!user_named(all_ops[i]) || (all_ops[i]->caps & KOLO__OPS_TESTS))
             continue;
         int n = snprintf(out + used, len - used, "%s%s", used ? ", " : "",
                          all_ops[i]->name);
