@@ -190,6 +190,136 @@ typedef struct kolo__ops {
     int64_t chunk_bytes;
 } kolo__ops_t;
 
+/* ---- the device table: tensors in device memory ---------------------------
+ *
+ * A device backend (ops/nccl: CUDA tensors on NCCL) does not fit the host
+ * table, because its collectives are queued on a stream of its own and
+ * finish later. The runtime keeps all the bookkeeping (which tensors, in
+ * which order, the rows, splits and shards of every rank, the results'
+ * shapes) in one execution module for both tables (runtime/execute.c):
+ * what it asks of a device backend is to move bytes on the device, then
+ * `sync`, which sleeps until the device is done with everything queued.
+ *
+ * Contract: the same as the host table's (errors into err, the same order
+ * on every rank, never spinning, never throwing), and:
+ *  - the context slots are called by one set's background thread only,
+ *    and `begin` first at every batch (it makes the context's device the
+ *    thread's current one, and fails once the context is broken);
+ *  - a failure while waiting (an asynchronous error, a lost peer, the
+ *    timeout) aborts the communicators, and lets the queued work drain for
+ *    a few seconds, so nothing writes a user's buffer after its handle
+ *    failed; the context stays broken after that.
+ */
+
+/* One tensor of a fused allreduce: `in` NULL is a joined rank's stand-in,
+ * zeros going in, nothing coming out. */
+typedef struct kolo__dev_tensor {
+    const void *in;
+    void *out;
+    size_t count;
+} kolo__dev_tensor_t;
+
+/* What a tensor needs checked at enqueue (the API thread). */
+typedef struct kolo__dev_check {
+    const char *coll, *name; /* for messages: "allreduce", the tensor */
+    int dtype;
+    int reduces;             /* allreduce or reducescatter */
+    int device;              /* where the options say it lives */
+    const void *input, *output;
+    void *stream;            /* the program's, to record the ready event on */
+    int rank;                /* this rank in the job */
+    int set_id, set_device;  /* the set's device so far (-1: none yet) */
+} kolo__dev_check_t;
+
+typedef struct kolo__dev_config {
+    int rank, size;         /* this rank's place in the set */
+    const int *members;     /* [size]: global ranks */
+    const int *hosts;       /* [size]: host indices (NULL: not known) */
+    int set_id;
+    int device;             /* the device of the set's tensors on this rank */
+    int hierarchical;       /* KOLO_HIERARCHICAL_ALLREDUCE=1 */
+    double timeout_s;       /* KOLO_TIMEOUT_SECONDS */
+    /* The set's controller: every member contributes `bytes`; out gets
+     * them all, rank-major (communicator ids go through it). */
+    int (*allgather)(void *arg, const void *in, void *out, size_t bytes,
+                     char *err, size_t errlen);
+    /* A host network context among `size` members (global ranks members[],
+     * hosts hosts[]), this rank being `rank`, under `role`: the runtime's
+     * choice of backend (*ops) and its connection (*ctx). */
+    int (*connect)(void *arg, const char *role, int rank, int size,
+                   const int *members, const int *hosts,
+                   const kolo__ops_t **ops, void **ctx, char *err,
+                   size_t errlen);
+    /* Non-zero when a member's process is gone, naming it in who. */
+    int (*lost)(void *arg, char *who, size_t len);
+    kolo__ops_warn_fn warn;
+    void *arg;
+} kolo__dev_config_t;
+
+typedef struct kolo__dev_ops {
+    const char *name;
+
+    /* Any thread: the devices this process sees (0: none, or no driver);
+     * the version of the library (NCCL_VERSION_CODE). */
+    int (*device_count)(void);
+    int (*version)(void);
+    /* API thread: checks that a tensor can run (the device exists and is
+     * the set's, the dtype can be reduced, the buffers are memory of that
+     * device) and records its ready event on the program's stream. */
+    int (*prepare)(const kolo__dev_check_t *t, void **event, char *err,
+                   size_t errlen);
+    void (*event_free)(void *event);
+    /* Any thread: a result's bytes to host or device memory (dst), and
+     * freeing a result's data. */
+    int (*result_copy)(int device, const void *src, void *dst, size_t bytes,
+                       char *err, size_t errlen);
+    void (*mem_free)(void *data);
+
+    /* A set's context, created at its first device batch. */
+    int (*init)(const kolo__dev_config_t *cfg, void **ctx, char *err,
+                size_t errlen);
+    void (*finalize)(void *ctx);
+    int (*begin)(void *ctx, char *err, size_t errlen);
+    /* The device's work waits for the program's (the ready events). */
+    int (*wait_events)(void *ctx, void *const *events, size_t n, char *err,
+                       size_t errlen);
+    /* Device memory for a result, freed by mem_free. */
+    int (*alloc)(void *ctx, size_t bytes, void **out, char *err,
+                 size_t errlen);
+    /* Allreduce of n tensors of `dtype` as one, sent as `wire`, each
+     * element scaled by prescale before and by post after (AVERAGE's
+     * division included); `reduce` is the host reduction of (wire, op),
+     * for the steps of a hierarchical allreduce that run on the host. */
+    int (*allreduce)(void *ctx, const kolo__dev_tensor_t *t, size_t n,
+                     int dtype, int wire, int op, double prescale,
+                     double post, kolo__ops_reduce_fn reduce, char *err,
+                     size_t errlen);
+    int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, char *err,
+                     size_t errlen);
+    /* As in the host table. */
+    int (*allgatherv)(void *ctx, const void *in, void *out,
+                      const size_t *bytes, char *err, size_t errlen);
+    int (*alltoallv)(void *ctx, const void *in, const size_t *send_bytes,
+                     void *out, const size_t *recv_bytes, char *err,
+                     size_t errlen);
+    /* Rank r's block of counts[r] elements of `in` (blocks in rank order),
+     * reduced over the ranks, scaled by prescale before and post after,
+     * into this rank's out. */
+    int (*reduce_scatter)(void *ctx, const void *in, void *out,
+                          const size_t *counts, int dtype, int op,
+                          double prescale, double post, char *err,
+                          size_t errlen);
+    /* Sleeps until the device has done everything queued so far; `what`
+     * names it in messages ("the allgather"). */
+    int (*sync)(void *ctx, const char *what, char *err, size_t errlen);
+} kolo__dev_ops_t;
+
+/* The device backend this build has, or NULL (ops/registry.c). */
+const kolo__dev_ops_t *kolo__ops_device(void);
+#ifdef KOLO_HAVE_GPU
+extern const kolo__dev_ops_t kolo__dev_ops_nccl;
+#endif
+
 /* The backends this build has. kolo__ops_local serves jobs of one rank. */
 extern const kolo__ops_t kolo__ops_local;
 #ifdef KOLO_HAVE_GLOO

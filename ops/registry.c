@@ -108,6 +108,17 @@ int kolo__ops_choose(const kolo__ops_need_t *need, const kolo__ops_t **out,
     return KOLO_OK;
 }
 
+/* KOLO_OPS_HOST_ONLY: kolo-bench's private copy of the host backends
+ * (libkolo_raw), which has no device backend. */
+const kolo__dev_ops_t *kolo__ops_device(void)
+{
+#if defined(KOLO_HAVE_GPU) && !defined(KOLO_OPS_HOST_ONLY)
+    return &kolo__dev_ops_nccl;
+#else
+    return NULL;
+#endif
+}
+
 const kolo__ops_t *kolo__ops_hierarchical(void)
 {
     return first_with(KOLO__OPS_HOSTS);

@@ -22,7 +22,6 @@
 
 #include "agree.h"
 #include "api.h"
-#include "gpu.h"
 #include "launchenv.h"
 #include "mpienv.h"
 #include "peers.h"
@@ -577,11 +576,9 @@ int kolo_built(const char *what)
     if (strcmp(what, "cuda") == 0)
         return 1;
 #endif
-#ifdef KOLO_HAVE_GPU
     /* Horovod's nccl_built() is the version: scripts compare it. */
-    if (strcmp(what, "nccl") == 0)
-        return kolo__gpu_nccl_version();
-#endif
+    if (strcmp(what, "nccl") == 0 && kolo__ops_device() != NULL)
+        return kolo__ops_device()->version();
     return 0;
 }
 
@@ -602,10 +599,9 @@ int kolo_enabled(const char *what)
              strcmp(w->data_ops->name, what) == 0 ||
              (strcmp(what, "shm") == 0 && strcmp(w->data_ops->name, "hier") == 0) ||
              (strcmp(what, "mpi") == 0 && rt->cfg.mpi_launched);
-#ifdef KOLO_HAVE_GPU
         /* NCCL carries CUDA tensors whenever this process sees a GPU. */
-        on |= strcmp(what, "nccl") == 0 && kolo__gpu_device_count() > 0;
-#endif
+        on |= strcmp(what, "nccl") == 0 && kolo__ops_device() != NULL &&
+              kolo__ops_device()->device_count() > 0;
     }
     kolo__api_leave();
     return on;
@@ -948,17 +944,17 @@ int kolo_result_copy(const kolo_result_t *result, void *dst)
                                "kolo_result_copy: the result, its data or the "
                                "destination is NULL");
     if (result->device_type == KOLO_DEVICE_CUDA) {
-#ifdef KOLO_HAVE_GPU
-        kolo__err_t err;
-        kolo__err_clear(&err);
-        return kolo__gpu_result_copy(result, dst, &err) == KOLO_OK
-                   ? KOLO_OK
-                   : kolo__api_fail(&err);
-#else
-        return kolo__api_failf(KOLO_ERR_UNSUPPORTED,
-                               "kolo_result_copy: a CUDA result in a build "
-                               "without GPU support");
-#endif
+        const kolo__dev_ops_t *dev = kolo__ops_device();
+        char detail[KOLO__ERR_LEN];
+        int rc;
+
+        if (dev == NULL)
+            return kolo__api_failf(KOLO_ERR_UNSUPPORTED,
+                                   "kolo_result_copy: a CUDA result in a "
+                                   "build without GPU support");
+        rc = dev->result_copy(result->device, result->data, dst,
+                              result->bytes, detail, sizeof(detail));
+        return rc == KOLO_OK ? KOLO_OK : kolo__api_failf(rc, "%s", detail);
     }
     if (result->bytes > 0)
         memcpy(dst, result->data, result->bytes);
@@ -968,11 +964,9 @@ int kolo_result_copy(const kolo_result_t *result, void *dst)
 void kolo_result_free(kolo_result_t *result)
 {
     if (result != NULL) {
-#ifdef KOLO_HAVE_GPU
-        if (result->device_type == KOLO_DEVICE_CUDA)
-            kolo__gpu_mem_free(result->data);
+        if (result->device_type == KOLO_DEVICE_CUDA && kolo__ops_device())
+            kolo__ops_device()->mem_free(result->data);
         else
-#endif
             free(result->data);
         free(result->splits);
         memset(result, 0, sizeof(*result));

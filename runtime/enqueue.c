@@ -14,7 +14,6 @@
 #include <string.h>
 
 #include "api.h"
-#include "gpu.h"
 #include "reduce.h"
 #include "runtime.h"
 
@@ -155,11 +154,17 @@ static void params_from_opts(kolo__params_t *p, const kolo_opts_t *o)
 }
 
 /* Where the tensor lives (opts->device_type): a CUDA tensor is checked and
- * given its ready event by the GPU path. Under the API lock. */
+ * given its ready event by the device backend (ops.h). Under the API
+ * lock. */
 static int place_entry(kolo__pset_t *ps, kolo__entry_t *e, const kolo_opts_t *o,
                        kolo__err_t *err)
 {
     const char *coll = kolo__coll_name(e->params.coll);
+    const kolo__dev_ops_t *dev;
+    kolo__dev_check_t t;
+    char detail[KOLO__ERR_LEN];
+    void *event = NULL;
+    int rc;
 
     if (o->device_type == KOLO_DEVICE_HOST)
         return KOLO_OK;
@@ -168,15 +173,28 @@ static int place_entry(kolo__pset_t *ps, kolo__entry_t *e, const kolo_opts_t *o,
                              "%s of tensor '%s': device_type %d is neither "
                              "KOLO_DEVICE_HOST (0) nor KOLO_DEVICE_CUDA (1)",
                              coll, e->name, o->device_type);
-#ifdef KOLO_HAVE_GPU
-    return kolo__gpu_prepare(ps, e, o->device, o->stream, err);
-#else
-    (void)ps;
-    return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
-                         "%s of tensor '%s' on CUDA device %d: this kolo was "
-                         "built without GPU support (configure needs CUDA, "
-                         "nvcc and NCCL)", coll, e->name, o->device);
-#endif
+    dev = kolo__ops_device();
+    if (dev == NULL)
+        return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+                             "%s of tensor '%s' on CUDA device %d: this kolo "
+                             "was built without GPU support (configure needs "
+                             "CUDA, nvcc and NCCL)", coll, e->name, o->device);
+    t = (kolo__dev_check_t){
+        .coll = coll, .name = e->name, .dtype = e->params.dtype,
+        .reduces = e->params.coll == KOLO__COLL_ALLREDUCE ||
+                   e->params.coll == KOLO__COLL_REDUCESCATTER,
+        .device = o->device, .input = e->input, .output = e->output,
+        .stream = o->stream, .rank = ps->rt->rank, .set_id = ps->id,
+        .set_device = ps->gpu_device};
+    rc = dev->prepare(&t, &event, detail, sizeof(detail));
+    if (rc != KOLO_OK)
+        return kolo__err_set(err, rc, "%s", detail);
+    e->params.device_type = KOLO_DEVICE_CUDA;
+    e->device = o->device;
+    e->ready_event = event;
+    e->ready_free = dev->event_free;
+    ps->gpu_device = o->device;
+    return KOLO_OK;
 }
 
 /* ---- pushing entries ------------------------------------------------------ */

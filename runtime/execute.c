@@ -15,7 +15,8 @@
 #include "complete.h"
 #include "execute.h"
 #include "fusion.h"
-#include "gpu.h"
+#include "peers.h"
+#include "pset.h"
 #include "half.h"
 #include "reduce.h"
 
@@ -41,20 +42,30 @@ static int fusion_reserve(kolo__pset_t *ps, size_t bytes)
 }
 
 
+/* A failed collective's message, naming the tensor (and, for a CUDA
+ * tensor, its device), after looking for a lost peer to blame. */
 static int backend_error(kolo__pset_t *ps, int rc, const kolo__entry_t *e,
                          size_t nfused, char *detail, kolo__err_t *err)
 {
+    int cuda = e->params.device_type == KOLO_DEVICE_CUDA;
+    char dev[32] = "";
+
     rc = kolo__explain_failure(ps, rc, detail, KOLO__ERR_LEN);
     if (nfused > 1)
         return kolo__err_set(err, rc,
-                             "rank %d: %s of tensor '%s' fused with %zu others "
-                             "failed: %s",
-                             ps->rank, kolo__coll_name(e->params.coll), e->name,
-                             nfused - 1, detail);
-    return kolo__err_set(err, rc, "rank %d: %s of tensor '%s' (%lld %s) failed: %s",
-                         ps->rank, kolo__coll_name(e->params.coll), e->name,
+                             "rank %d: %s of %stensor '%s' fused with %zu "
+                             "others failed: %s",
+                             ps->rank, kolo__coll_name(e->params.coll),
+                             cuda ? "CUDA " : "", e->name, nfused - 1, detail);
+    if (cuda)
+        snprintf(dev, sizeof(dev), ", device %d", e->device);
+    return kolo__err_set(err, rc, "rank %d: %s of %stensor '%s' (%lld %s%s) "
+                         "failed: %s",
+                         ps->rank, kolo__coll_name(e->params.coll),
+                         cuda ? "CUDA " : "", e->name,
                          (long long)e->params.count,
-                         kolo_dtype_name((kolo_dtype_t)e->params.dtype), detail);
+                         kolo_dtype_name((kolo_dtype_t)e->params.dtype), dev,
+                         detail);
 }
 
 static int no_memory(kolo__pset_t *ps, const kolo__entry_t *e, size_t bytes,
@@ -319,7 +330,25 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
     return KOLO_OK;
 }
 
-static int run_broadcast(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
+/* ---- the collectives, on host or device memory ----------------------------
+ *
+ * The bookkeeping of each collective (what every rank contributes, the
+ * result's rows, splits and shape) is written once here; the bytes move
+ * through the set's data backend (host tensors) or through the device
+ * backend (CUDA tensors, `dev` not NULL), whose queued work sync waits
+ * for. */
+
+/* After a device collective was queued (rc), waits for the device. */
+static int dev_done(kolo__pset_t *ps, const kolo__dev_ops_t *dev, int rc,
+                    const char *what, char *detail)
+{
+    if (rc != KOLO_OK || dev == NULL)
+        return rc;
+    return dev->sync(ps->exec.dev_ctx, what, detail, KOLO__ERR_LEN);
+}
+
+static int run_broadcast(kolo__pset_t *ps, kolo__entry_t *e,
+                         const kolo__dev_ops_t *dev, kolo__err_t *err)
 {
     size_t bytes = (size_t)e->params.count *
                    kolo_dtype_size((kolo_dtype_t)e->params.dtype);
@@ -328,36 +357,72 @@ static int run_broadcast(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
 
     if (bytes == 0)
         return KOLO_OK;
-    rc = ps->data_ops->broadcast(ps->data_ctx, e->output, bytes, e->params.root,
-                                 detail, sizeof(detail));
+    if (dev != NULL)
+        rc = dev_done(ps, dev,
+                      dev->broadcast(ps->exec.dev_ctx, e->output, bytes,
+                                     e->params.root, detail, sizeof(detail)),
+                      "the broadcast", detail);
+    else
+        rc = ps->data_ops->broadcast(ps->data_ctx, e->output, bytes,
+                                     e->params.root, detail, sizeof(detail));
     return rc == KOLO_OK ? KOLO_OK : backend_error(ps, rc, e, 1, detail, err);
 }
 
-/* A new result of `rows` rows shaped like the entry's tensor. */
-static kolo__result_t *new_result(const kolo__entry_t *e, int64_t rows,
-                                  int nsplits)
+/* A new result of `rows` rows shaped like the entry's tensor, of `bytes`
+ * bytes in host memory or (dev) the device's, with a split per rank. */
+static int new_result(kolo__pset_t *ps, const kolo__entry_t *e, int64_t rows,
+                      size_t bytes, const kolo__dev_ops_t *dev,
+                      kolo__result_t **out, kolo__err_t *err)
 {
-    size_t row_bytes = (size_t)e->params.count *
-                       kolo_dtype_size((kolo_dtype_t)e->params.dtype);
     kolo__result_t *r = calloc(1, sizeof(*r));
+    char detail[KOLO__ERR_LEN];
+    int rc;
 
-    if (r == NULL)
-        return NULL;
-    r->bytes = (size_t)rows * row_bytes;
-    r->data = malloc(r->bytes ? r->bytes : 1);
-    r->splits = calloc((size_t)nsplits, sizeof(int64_t));
-    if (r->data == NULL || r->splits == NULL) {
-        kolo__result_free(r);
-        return NULL;
+    *out = NULL;
+    if (r == NULL || (r->splits = calloc((size_t)ps->size,
+                                         sizeof(int64_t))) == NULL) {
+        free(r);
+        return no_memory(ps, e, bytes, err);
     }
-    r->nsplits = nsplits;
+    r->nsplits = ps->size;
+    r->bytes = bytes;
     r->ndim = e->params.ndim;
     memcpy(r->shape, e->params.shape, sizeof(r->shape));
     r->shape[0] = rows;
-    return r;
+    if (dev != NULL) {
+        rc = dev->alloc(ps->exec.dev_ctx, bytes, &r->data, detail,
+                        sizeof(detail));
+        if (rc != KOLO_OK) {
+            kolo__result_free(r);
+            return backend_error(ps, rc, e, 1, detail, err);
+        }
+        r->data_free = dev->mem_free;
+        r->device_type = KOLO_DEVICE_CUDA;
+        r->device = e->device;
+    } else if ((r->data = malloc(bytes ? bytes : 1)) == NULL) {
+        kolo__result_free(r);
+        return no_memory(ps, e, bytes, err);
+    }
+    *out = r;
+    return KOLO_OK;
 }
 
-static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
+/* Every rank learns `bytes` bytes of every rank's `mine` (a host value:
+ * rows, splits): over the data backend for host tensors, over the
+ * controller for CUDA tensors (the device backend moves device memory
+ * only). */
+static int exchange(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
+                    const void *mine, void *all, size_t bytes, char *detail)
+{
+    if (dev != NULL)
+        return ps->ctl_ops->allgather(ps->ctl_ctx, mine, all, bytes, detail,
+                                      KOLO__ERR_LEN);
+    return ps->data_ops->allgather(ps->data_ctx, mine, all, bytes, detail,
+                                   KOLO__ERR_LEN);
+}
+
+static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e,
+                         const kolo__dev_ops_t *dev, kolo__err_t *err)
 {
     size_t row_bytes = (size_t)e->params.count *
                        kolo_dtype_size((kolo_dtype_t)e->params.dtype);
@@ -372,8 +437,7 @@ static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
         goto out;
     }
     /* The first dimension may differ: exchange it first. */
-    rc = ps->data_ops->allgather(ps->data_ctx, &e->rows, rows, sizeof(int64_t),
-                                 detail, sizeof(detail));
+    rc = exchange(ps, dev, &e->rows, rows, sizeof(int64_t), detail);
     if (rc != KOLO_OK) {
         rc = backend_error(ps, rc, e, 1, detail, err);
         goto out;
@@ -382,19 +446,21 @@ static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
         bytes[r] = (size_t)rows[r] * row_bytes;
         total += rows[r];
     }
-    res = new_result(e, total, ps->size);
-    if (res == NULL) {
-        rc = no_memory(ps, e, (size_t)total * row_bytes, err);
+    rc = new_result(ps, e, total, (size_t)total * row_bytes, dev, &res, err);
+    if (rc != KOLO_OK)
         goto out;
-    }
     memcpy(res->splits, rows, (size_t)ps->size * sizeof(int64_t));
-    if (res->bytes > 0) {
+    if (dev != NULL)
+        rc = dev_done(ps, dev,
+                      dev->allgatherv(ps->exec.dev_ctx, e->input, res->data,
+                                      bytes, detail, sizeof(detail)),
+                      "the allgather", detail);
+    else if (res->bytes > 0)
         rc = ps->data_ops->allgatherv(ps->data_ctx, e->input, res->data,
                                       bytes, detail, sizeof(detail));
-        if (rc != KOLO_OK) {
-            rc = backend_error(ps, rc, e, 1, detail, err);
-            goto out;
-        }
+    if (rc != KOLO_OK) {
+        rc = backend_error(ps, rc, e, 1, detail, err);
+        goto out;
     }
     e->result = res;
     res = NULL;
@@ -405,7 +471,8 @@ out:
     return rc;
 }
 
-static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
+static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e,
+                        const kolo__dev_ops_t *dev, kolo__err_t *err)
 {
     size_t n = (size_t)ps->size;
     size_t row_bytes = (size_t)e->params.count *
@@ -422,8 +489,7 @@ static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
     }
     /* Every rank learns every rank's splits: what it receives from rank j
      * is rank j's split for it. */
-    rc = ps->data_ops->allgather(ps->data_ctx, e->splits, all,
-                                 n * sizeof(int64_t), detail, sizeof(detail));
+    rc = exchange(ps, dev, e->splits, all, n * sizeof(int64_t), detail);
     if (rc != KOLO_OK) {
         rc = backend_error(ps, rc, e, 1, detail, err);
         goto out;
@@ -433,15 +499,19 @@ static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
         rb[j] = (size_t)all[j * n + (size_t)ps->rank] * row_bytes;
         total += all[j * n + (size_t)ps->rank];
     }
-    res = new_result(e, total, ps->size);
-    if (res == NULL) {
-        rc = no_memory(ps, e, (size_t)total * row_bytes, err);
+    rc = new_result(ps, e, total, (size_t)total * row_bytes, dev, &res, err);
+    if (rc != KOLO_OK)
         goto out;
-    }
     for (size_t j = 0; j < n; j++)
         res->splits[j] = all[j * n + (size_t)ps->rank];
-    rc = ps->data_ops->alltoallv(ps->data_ctx, e->input, sb, res->data, rb,
-                                 detail, sizeof(detail));
+    if (dev != NULL)
+        rc = dev_done(ps, dev,
+                      dev->alltoallv(ps->exec.dev_ctx, e->input, sb,
+                                     res->data, rb, detail, sizeof(detail)),
+                      "the alltoall", detail);
+    else
+        rc = ps->data_ops->alltoallv(ps->data_ctx, e->input, sb, res->data,
+                                     rb, detail, sizeof(detail));
     if (rc != KOLO_OK) {
         rc = backend_error(ps, rc, e, 1, detail, err);
         goto out;
@@ -457,54 +527,57 @@ out:
 }
 
 static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
-                             kolo__err_t *err)
+                             const kolo__dev_ops_t *dev, kolo__err_t *err)
 {
     const kolo__params_t *p = &e->params;
     kolo_dtype_t dtype = (kolo_dtype_t)p->dtype;
     size_t esize = kolo_dtype_size(dtype);
     int64_t d0 = p->shape[0], row = d0 > 0 ? p->count / d0 : 0;
     size_t *counts = calloc((size_t)ps->size, sizeof(size_t));
+    double post = kolo__postscale_factor(p->op, p->postscale, ps->size);
     char detail[KOLO__ERR_LEN];
     kolo__result_t *res = NULL;
     int64_t mine = 0;
     int rc = KOLO_OK;
 
-    if (counts == NULL || fusion_reserve(ps, (size_t)p->count * esize) != 0) {
+    if (counts == NULL || (dev == NULL &&
+                           fusion_reserve(ps, (size_t)p->count * esize) != 0)) {
         rc = no_memory(ps, e, (size_t)p->count * esize, err);
         goto out;
     }
+    /* The first dimension is shared out: the first d0 % size ranks get one
+     * row more. */
     for (int r = 0; r < ps->size; r++) {
         int64_t rows = d0 / ps->size + (r < d0 % ps->size ? 1 : 0);
         counts[r] = (size_t)(rows * row);
         if (r == ps->rank)
             mine = rows;
     }
-    res = calloc(1, sizeof(*res));
-    if (res == NULL || (res->splits = calloc((size_t)ps->size, 8)) == NULL ||
-        (res->data = malloc(counts[ps->rank] * esize + 1)) == NULL) {
-        rc = no_memory(ps, e, counts[ps->rank] * esize, err);
+    rc = new_result(ps, e, mine, counts[ps->rank] * esize, dev, &res, err);
+    if (rc != KOLO_OK)
         goto out;
-    }
-    res->bytes = counts[ps->rank] * esize;
-    res->ndim = p->ndim;
-    memcpy(res->shape, p->shape, sizeof(res->shape));
-    res->shape[0] = mine;
-    res->nsplits = ps->size;
     for (int r = 0; r < ps->size; r++)
         res->splits[r] = row > 0 ? (int64_t)counts[r] / row : 0;
-    if (p->count > 0) {
+    if (dev != NULL) {
+        rc = dev_done(ps, dev,
+                      dev->reduce_scatter(ps->exec.dev_ctx, e->input,
+                                          res->data, counts, p->dtype, p->op,
+                                          p->prescale, post, detail,
+                                          sizeof(detail)),
+                      "the reducescatter", detail);
+    } else if (p->count > 0) {
         memcpy(ps->exec.fusion, e->input, (size_t)p->count * esize);
         if (p->prescale != 1.0)
             kolo__scale(ps->exec.fusion, (size_t)p->count, dtype, p->prescale);
         rc = ps->data_ops->reduce_scatter(
             ps->data_ctx, ps->exec.fusion, res->data, counts, esize,
             kolo__reduce_get(dtype, (kolo_op_t)p->op), detail, sizeof(detail));
-        if (rc != KOLO_OK) {
-            rc = backend_error(ps, rc, e, 1, detail, err);
-            goto out;
-        }
-        kolo__scale(res->data, counts[ps->rank], dtype,
-                    kolo__postscale_factor(p->op, p->postscale, ps->size));
+        if (rc == KOLO_OK)
+            kolo__scale(res->data, counts[ps->rank], dtype, post);
+    }
+    if (rc != KOLO_OK) {
+        rc = backend_error(ps, rc, e, 1, detail, err);
+        goto out;
     }
     e->result = res;
     res = NULL;
@@ -512,6 +585,187 @@ out:
     kolo__result_free(res);
     free(counts);
     return rc;
+}
+
+/* ---- CUDA tensors ----------------------------------------------------------
+ *
+ * The device backend's context is the set's, created by its first device
+ * batch (the same batch on every rank); these are what it asks of the
+ * runtime. */
+
+static int dev_allgather(void *arg, const void *in, void *out, size_t bytes,
+                         char *err, size_t errlen)
+{
+    kolo__pset_t *ps = arg;
+    return ps->ctl_ops->allgather(ps->ctl_ctx, in, out, bytes, err, errlen);
+}
+
+/* A host network context across hosts for the device backend: the set's
+ * data backend when it is a network one, else the registry's default
+ * between hosts. */
+static int dev_connect(void *arg, const char *role, int rank, int size,
+                       const int *members, const int *hosts,
+                       const kolo__ops_t **ops, void **ctx, char *err,
+                       size_t errlen)
+{
+    kolo__pset_t *ps = arg;
+    kolo__ops_need_t need = {ps->size, 0, (int)ps->rt->cfg.mpi_launched,
+                             ps->rt->rank, "", NULL};
+    kolo__err_t cerr;
+    int rc;
+
+    *ops = ps->data_ops;
+    if (*ops == NULL || !((*ops)->caps & KOLO__OPS_NETWORK)) {
+        if (kolo__ops_choose(&need, ops, err, errlen) != KOLO_OK ||
+            !((*ops)->caps & KOLO__OPS_NETWORK)) {
+            snprintf(err, errlen, "hierarchical allreduce needs Gloo or MPI "
+                     "between hosts, and this build has neither");
+            return KOLO_ERR_UNSUPPORTED;
+        }
+    }
+    rc = kolo__pset_connect(ps, *ops, role, rank, size, members, hosts, NULL,
+                            ctx, &cerr);
+    if (rc != KOLO_OK)
+        snprintf(err, errlen, "%s", cerr.msg);
+    return rc;
+}
+
+static int dev_lost(void *arg, char *who, size_t len)
+{
+    kolo__pset_t *ps = arg;
+    char prefix[32];
+
+    snprintf(prefix, sizeof(prefix), "kolo%u", ps->rt->generation);
+    return kolo__peers_lost(&ps->rt->cfg, prefix, ps->ranks, ps->size, who,
+                            len);
+}
+
+static void dev_warn(const char *msg)
+{
+    kolo__log(KOLO__LOG_WARNING, "%s", msg);
+}
+
+/* The set's device context, at its first device batch: on the device of
+ * its tensors (a joined rank's stand-ins only: the device its local rank
+ * would use). */
+static int dev_start(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
+                     const size_t *idx, size_t n, char *detail)
+{
+    kolo__runtime_t *rt = ps->rt;
+    kolo__dev_config_t cfg;
+    int device = -1, count, rc, *hosts = NULL;
+
+    for (size_t i = 0; i < n && device < 0; i++)
+        device = ps->ready[idx[i]]->device;
+    if (device < 0) {
+        count = dev->device_count();
+        if (count == 0) {
+            snprintf(detail, KOLO__ERR_LEN, "rank %d has joined and must take "
+                     "part in a CUDA allreduce, but sees no CUDA device",
+                     rt->rank);
+            return KOLO_ERR_UNSUPPORTED;
+        }
+        device = (int)(rt->cfg.local_rank % count);
+    }
+    if (rt->host_of != NULL) {
+        hosts = malloc((size_t)ps->size * sizeof(int));
+        if (hosts == NULL) {
+            snprintf(detail, KOLO__ERR_LEN, "out of memory for GPU state");
+            return KOLO_ERR_NO_MEMORY;
+        }
+        for (int i = 0; i < ps->size; i++)
+            hosts[i] = rt->host_of[ps->ranks[i]];
+    }
+    cfg = (kolo__dev_config_t){
+        .rank = ps->rank, .size = ps->size, .members = ps->ranks,
+        .hosts = hosts, .set_id = ps->id, .device = device,
+        .hierarchical = rt->cfg.hierarchical == 1,
+        .timeout_s = rt->cfg.timeout_s, .allgather = dev_allgather,
+        .connect = dev_connect, .lost = dev_lost, .warn = dev_warn,
+        .arg = ps};
+    rc = dev->init(&cfg, &ps->exec.dev_ctx, detail, KOLO__ERR_LEN);
+    free(hosts);
+    return rc;
+}
+
+static int run_allreduce_device(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
+                                const size_t *idx, size_t n,
+                                kolo__err_t *err)
+{
+    kolo__entry_t *e0 = ps->ready[idx[0]];
+    const kolo__params_t *p = &e0->params;
+    kolo__dev_tensor_t *ts;
+    size_t count = 0;
+    char detail[KOLO__ERR_LEN];
+    int rc;
+
+    for (size_t i = 0; i < n; i++)
+        count += (size_t)ps->ready[idx[i]]->params.count;
+    if (count == 0)
+        return KOLO_OK;
+    ts = malloc(n * sizeof(*ts));
+    if (ts == NULL)
+        return no_memory(ps, e0, n * sizeof(*ts), err);
+    for (size_t i = 0; i < n; i++) {
+        kolo__entry_t *e = ps->ready[idx[i]];
+        /* A joined rank's stand-in has no device: zeros. */
+        ts[i] = (kolo__dev_tensor_t){e->device < 0 ? NULL : e->input,
+                                     e->output, (size_t)e->params.count};
+    }
+    rc = dev->allreduce(
+        ps->exec.dev_ctx, ts, n, p->dtype, p->wire, p->op, p->prescale,
+        /* AVERAGE is SUM and one scaling by postscale / size (Horovod's). */
+        kolo__postscale_factor(p->op, p->postscale, ps->size),
+        kolo__reduce_get((kolo_dtype_t)p->wire,
+                         p->op == KOLO_OP_AVERAGE ? KOLO_OP_SUM
+                                                  : (kolo_op_t)p->op),
+        detail, sizeof(detail));
+    free(ts);
+    rc = dev_done(ps, dev, rc, "the allreduce", detail);
+    return rc == KOLO_OK ? KOLO_OK : backend_error(ps, rc, e0, n, detail, err);
+}
+
+/* A batch of CUDA tensors: the device context (made at the first), the
+ * program's work on the inputs first, then the collective. */
+static int run_device(kolo__pset_t *ps, const size_t *idx, size_t n,
+                      kolo__err_t *err)
+{
+    const kolo__dev_ops_t *dev = kolo__ops_device();
+    kolo__entry_t *e0 = ps->ready[idx[0]];
+    char detail[KOLO__ERR_LEN];
+    void **events;
+    int rc;
+
+    if (dev == NULL)
+        return kolo__err_set(err, KOLO_ERR_INTERNAL, "tensor '%s' is on a "
+                             "CUDA device in a build without GPU support",
+                             e0->name);
+    rc = ps->exec.dev_ctx == NULL ? dev_start(ps, dev, idx, n, detail)
+                                  : KOLO_OK;
+    if (rc == KOLO_OK)
+        rc = dev->begin(ps->exec.dev_ctx, detail, sizeof(detail));
+    if (rc == KOLO_OK) {
+        events = malloc(n * sizeof(*events));
+        if (events == NULL)
+            return no_memory(ps, e0, n * sizeof(*events), err);
+        for (size_t i = 0; i < n; i++)
+            events[i] = ps->ready[idx[i]]->ready_event;
+        rc = dev->wait_events(ps->exec.dev_ctx, events, n, detail,
+                              sizeof(detail));
+        free(events);
+    }
+    if (rc != KOLO_OK)
+        return backend_error(ps, rc, e0, n, detail, err);
+    switch (e0->params.coll) {
+    case KOLO__COLL_ALLREDUCE: return run_allreduce_device(ps, dev, idx, n, err);
+    case KOLO__COLL_BROADCAST: return run_broadcast(ps, e0, dev, err);
+    case KOLO__COLL_ALLGATHER: return run_allgather(ps, e0, dev, err);
+    case KOLO__COLL_ALLTOALL: return run_alltoall(ps, e0, dev, err);
+    case KOLO__COLL_REDUCESCATTER: return run_reducescatter(ps, e0, dev, err);
+    default:
+        return kolo__err_set(err, KOLO_ERR_INTERNAL, "%s has no GPU path",
+                             kolo__coll_name(e0->params.coll));
+    }
 }
 
 /* The fusion key: allreduces fuse only with the same place (host or
@@ -584,28 +838,22 @@ int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
                      gpu ? kolo__phase_names("nccl")[e0->params.coll]
                          : kolo__backend_phase(ps, e0->params.coll));
         if (gpu) {
-#ifdef KOLO_HAVE_GPU
-            rc = kolo__gpu_run(ps, idx, batches[b].n, err);
-#else
-            rc = kolo__err_set(err, KOLO_ERR_INTERNAL, "tensor '%s' is on a "
-                               "CUDA device in a build without GPU support",
-                               e0->name);
-#endif
+            rc = run_device(ps, idx, batches[b].n, err);
         } else switch (e0->params.coll) {
         case KOLO__COLL_ALLREDUCE:
             rc = run_allreduce(ps, idx, batches[b].n, err);
             break;
         case KOLO__COLL_BROADCAST:
-            rc = run_broadcast(ps, e0, err);
+            rc = run_broadcast(ps, e0, NULL, err);
             break;
         case KOLO__COLL_ALLGATHER:
-            rc = run_allgather(ps, e0, err);
+            rc = run_allgather(ps, e0, NULL, err);
             break;
         case KOLO__COLL_ALLTOALL:
-            rc = run_alltoall(ps, e0, err);
+            rc = run_alltoall(ps, e0, NULL, err);
             break;
         case KOLO__COLL_REDUCESCATTER:
-            rc = run_reducescatter(ps, e0, err);
+            rc = run_reducescatter(ps, e0, NULL, err);
             break;
         default:
             /* A barrier is done once negotiated: every rank has entered

@@ -16,7 +16,6 @@
 
 #include "background.h"
 #include "complete.h"
-#include "gpu.h"
 #include "hosts.h"
 #include "negotiate.h"
 #include "pset.h"
@@ -44,9 +43,8 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
 
 static void release_ops(kolo__pset_t *ps)
 {
-#ifdef KOLO_HAVE_GPU
-    kolo__gpu_free(ps);
-#endif
+    if (ps->exec.dev_ctx != NULL)
+        kolo__ops_device()->finalize(ps->exec.dev_ctx);
     if (ps->data_ops != NULL && ps->data_ctx != ps->ctl_ctx)
         ps->data_ops->finalize(ps->data_ctx);
     if (ps->ctl_ops != NULL)

@@ -103,11 +103,12 @@ typedef struct kolo__pset {
      * empties it (the loop fails what is left when the set stops). */
     kolo__entry_t **ready;
     size_t nready, ready_cap;
-    /* execute.c's (and the GPU path's, gpu.c). */
+    /* execute.c's. */
     struct {
         uint8_t *fusion;       /* persistent fusion buffer */
         size_t fusion_cap;
-        struct kolo__gpu *gpu; /* GPU state, created by the first GPU batch */
+        void *dev_ctx;         /* the device backend's context (ops.h),
+                                  created by the first CUDA batch */
     } exec;
     /* background.c's: the loop's counters (complete.c counts what
      * completes; negotiate.c reads the round number). */
