@@ -1,0 +1,218 @@
+/*
+ * main.c — kolorun's main: the job from start to end (options, buffers,
+ * signals, rendezvous, the holder, the ranks, the loop, the cleanup) and
+ * the exit status it ends with (see "Ending" in kolorun.h).
+ */
+#define _GNU_SOURCE
+
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kolorun.h"
+
+/* Makes sure fds 0, 1 and 2 are open, so that no pipe of kolorun's takes
+ * one of their numbers and gets written to by accident. */
+static void kolorun_std_fds(void)
+{
+    for (int fd = 0; fd < 3; fd++) {
+        if (fcntl(fd, F_GETFD) < 0 && errno == EBADF) {
+            int nfd = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+            if (nfd >= 0 && nfd != fd) {
+                dup2(nfd, fd);
+                close(nfd);
+            }
+        }
+    }
+}
+
+/* Pipes (and --output-filename's files) per rank: ask for the file
+ * descriptors a big job needs. */
+static void kolorun_raise_fd_limit(int np, int files)
+{
+    struct rlimit rl;
+    /* + a stdin pipe per ssh rank */
+    rlim_t need = (rlim_t)np * (files ? 5 : 3) + 32;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < need) {
+        rl.rlim_cur = need < rl.rlim_max ? need : rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+}
+
+/* Allocates the ranks' and sinks' buffers; -1 when memory is short. */
+static int kolorun_alloc(kolorun_t *k)
+{
+    k->ranks = calloc((size_t)k->opts.np, sizeof *k->ranks);
+    if (!k->ranks)
+        return -1;
+    for (int r = 0; r < k->opts.np; r++) {
+        k->ranks[r].hold_fd = -1;
+        k->ranks[r].files[0] = k->ranks[r].files[1] = -1;
+        for (int s = 0; s < 2; s++) {
+            k->ranks[r].streams[s].fd = -1;
+            k->ranks[r].streams[s].buf = malloc(KOLORUN_LINE_MAX);
+            if (!k->ranks[r].streams[s].buf)
+                return -1;
+        }
+    }
+    k->sinks[KOLORUN_OUT].fd = STDOUT_FILENO;
+    k->sinks[KOLORUN_ERR].fd = STDERR_FILENO;
+    for (int s = 0; s < 2; s++) {
+        k->sinks[s].buf = malloc(KOLORUN_SINK_CAP);
+        if (!k->sinks[s].buf)
+            return -1;
+    }
+    return 0;
+}
+
+static void kolorun_free(kolorun_t *k)
+{
+    for (int r = 0; k->ranks && r < k->opts.np; r++) {
+        if (k->ranks[r].hold_fd >= 0)
+            close(k->ranks[r].hold_fd);
+        for (int s = 0; s < 2; s++) {
+            if (k->ranks[r].files[s] >= 0)
+                close(k->ranks[r].files[s]);
+            kolorun_stream_close(&k->ranks[r].streams[s]);
+            free(k->ranks[r].streams[s].buf);
+        }
+    }
+    free(k->ranks);
+    for (int s = 0; s < 2; s++)
+        free(k->sinks[s].buf);
+    free(k->rank_host);
+    for (int h = 0; h < k->opts.nhosts; h++)
+        free(k->opts.hosts[h].name);
+    free(k->opts.hosts);
+    free(k->opts.xenv);
+    free(k->opts.nics);
+    free(k->opts.network_interface);
+    for (int i = 0; i < k->opts.nsettings; i++)
+        free(k->opts.settings[i].value);
+}
+
+/* The exit status, from how the job ended (see "Ending" in kolorun.h). */
+static int kolorun_exit_status(const kolorun_t *k)
+{
+    if (k->launch_error)
+        return k->launch_error;
+    if (k->stop_signal)
+        return 128 + k->stop_signal;
+    if (k->failed_rank < 0)
+        return 0;
+    if (WIFEXITED(k->failed_status))
+        return WEXITSTATUS(k->failed_status);
+    if (WIFSIGNALED(k->failed_status))
+        return 128 + WTERMSIG(k->failed_status);
+    return 1;
+}
+
+/* Ends kolorun by sig with its default action, so that the shell that
+ * started it sees "killed by SIGINT" and stops its script too. */
+static void kolorun_raise_default(int sig)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, sig);
+    sigprocmask(SIG_UNBLOCK, &s, NULL);
+    raise(sig);
+}
+
+int main(int argc, char **argv)
+{
+    kolorun_t k;
+    memset(&k, 0, sizeof k);
+    k.failed_rank = -1;
+    {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        k.job_start_us = (int64_t)now.tv_sec * 1000000 + now.tv_nsec / 1000;
+    }
+    kolorun_std_fds();
+    kolorun_parse(argc, argv, &k.opts);
+    kolorun_settings_apply(&k.opts);
+    if (k.opts.mpi) {
+        return kolorun_exec_mpirun(&k.opts, k.job_start_us);
+    }
+    kolorun_raise_fd_limit(k.opts.np, k.opts.output_dir != NULL);
+
+    int rc = 1;
+    int wake_rd = -1;
+    if (kolorun_alloc(&k) != 0) {
+        kolorun_say("out of memory");
+        goto free_memory;
+    }
+    if (k.opts.output_dir && kolorun_outputs_open(&k) != 0)
+        goto free_memory;
+    wake_rd = kolorun_signals_setup(&k);
+    if (wake_rd < 0)
+        goto free_memory;
+    if (kolorun_hosts_setup(&k) != 0)
+        goto stop_redis;
+    if (!k.redis_addr[0] && kolorun_rdv_create(&k) != 0)
+        goto stop_redis;
+    if (k.opts.verbose && k.rdv_dir)
+        kolorun_say("rendezvous directory %s", k.rdv_dir);
+    else if (k.opts.verbose)
+        kolorun_say("rendezvous redis:%s/%s", k.redis_addr, k.job_id);
+    if (kolorun_spawn_holder(&k, wake_rd) != 0)
+        goto remove_rdv;
+
+    /* A signal that comes while ranks start is handled once all are
+     * started (or the start failed), in the loop. */
+    for (int r = 0; r < k.opts.np; r++) {
+        int failed = kolorun_spawn(&k, r);
+        if (failed) {
+            k.launch_error = failed;
+            kolorun_stop(&k, SIGTERM);
+            break;
+        }
+    }
+    if (kolorun_loop(&k, wake_rd) != 0) {
+        /* Cannot watch the ranks any more: do not leave them behind. */
+        k.launch_error = 1;
+        kolorun_signal_ranks(&k, SIGKILL);
+        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
+            ;
+        k.holder_reaped = 1;
+    }
+    /* A stopped job leaves nothing behind: whatever the ranks started and
+     * is still in their group (it ignored the signal, or closed its output
+     * so kolorun did not wait for it) goes now. */
+    if (k.stopping)
+        kolorun_kill_now(&k);
+    kolorun_end_holder(&k);
+    for (int s = 0; s < 2; s++)
+        kolorun_sink_flush(&k.sinks[s]);
+    rc = kolorun_exit_status(&k);
+
+remove_rdv:
+    kolorun_rdv_remove(&k);
+    if (k.redis_addr[0] && k.nstarted > 0 && !k.redis_reaped &&
+        (k.failed_rank >= 0 || k.launch_error))
+        kolorun_redis_missing(&k);
+    if (k.opts.redis && k.nstarted > 0)
+        kolorun_redis_clean(&k);
+stop_redis:
+    kolorun_redis_stop(&k);
+
+free_memory:
+    kolorun_free(&k);
+    if (k.stop_signal)
+        kolorun_raise_default(k.stop_signal);
+    return rc;
+}

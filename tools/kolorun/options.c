@@ -1,0 +1,561 @@
+/*
+ * options.c — kolorun's command line: the --help text, and kolorun_parse,
+ * which fills the job's options (kolorun_opts_t) from argv, checks that they
+ * go together, and exits 0 after --help or --version, 2 on a wrong command
+ * line. horovodrun's tuning flags are matched through the table in flags.c,
+ * -H and --hostfile are read by hosts.c, --config-file by config_file.c.
+ */
+#define _GNU_SOURCE
+
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kolorun.h"
+
+static void kolorun_usage(FILE *f)
+{
+    fputs(
+        "usage: kolorun -np N [options] [--] command [args...]\n"
+        "       kolorun --check-build | --version | --help\n"
+        "\n"
+        "Starts N ranks of command on this machine (or on the hosts of -H or\n"
+        "--hostfile), carries their output and waits for them. If one rank\n"
+        "fails, the others are stopped. kolorun takes horovodrun's flags, with\n"
+        "the same meaning; each tuning flag sets the KOLO_* variable named for\n"
+        "every rank (and replaces the HOROVOD_* variable of the same setting).\n"
+        "\n"
+        "  -np N, --num-proc N, -n N  number of ranks (required without -H or\n"
+        "                           --hostfile)\n"
+        "  -cb, --check-build       show what this kolo has (frameworks,\n"
+        "                           controllers, tensor operations, NCCL's\n"
+        "                           version) and whether a GPU is visible now\n"
+        "  -v, --version            show kolo's version\n"
+        "  --tag-output             prefix every output line with its rank\n"
+        "                           and stream, like horovodrun and mpirun:\n"
+        "                             [1]<stdout>:text\n"
+        "                             [1]<stderr>:text\n"
+        "  --prefix-output-with-timestamp, -prefix-timestamp\n"
+        "                           prefix every output line with the local\n"
+        "                           time, as horovodrun: Mon Jun  5 10:00:00 2023\n"
+        "  --output-filename DIR    also write each rank's stdout and stderr to\n"
+        "                           DIR/rank.R/stdout and DIR/rank.R/stderr (R\n"
+        "                           padded with zeros: rank.03 of 12), as they\n"
+        "                           are shown; under --mpi, mpirun's own layout\n"
+        "  --config-file FILE       horovodrun's YAML configuration (controller,\n"
+        "                           params, autotune, timeline, stall_check,\n"
+        "                           library_options, logging); flags on the\n"
+        "                           command line win over it\n"
+        "  --start-timeout SECONDS  give every rank KOLO_START_TIMEOUT=SECONDS:\n"
+        "                           how long ranks wait for each other at start\n"
+        "  --failure-grace SECONDS  after a rank fails, let the others report it\n"
+        "                           and exit by themselves for this long before\n"
+        "                           stopping them (default 5; 0: stop at once)\n"
+        "  --disable-cache          accepted: kolorun keeps no cache of its\n"
+        "                           checks between runs (horovodrun's of ssh)\n"
+        "  --verbose                say what kolorun does: rendezvous directory,\n"
+        "                           each rank's pid and environment and end\n"
+        "  -h, --help               show this help\n"
+        "\n"
+        "Controller arguments:\n"
+        "  --gloo                   kolorun starts the ranks (the default; on one\n"
+        "                           host they use shared memory, see README.md)\n"
+        "  --mpi                    run the job through mpirun (Open MPI): the\n"
+        "                           ranks take their places from MPI and use the\n"
+        "                           mpi backend (KOLO_CONTROLLER and\n"
+        "                           KOLO_CPU_OPERATIONS still choose); every\n"
+        "                           KOLO_* and HOROVOD_* variable is passed on\n"
+        "                           with -x; KOLO_MPIRUN names another mpirun\n"
+        "\n"
+        "Tuneable parameter arguments:\n"
+        "  --fusion-threshold-mb MB KOLO_FUSION_THRESHOLD=MB*1048576 (default 128;\n"
+        "                           0: no fusion)\n"
+        "  --cycle-time-ms MS       KOLO_CYCLE_TIME=MS (default 5)\n"
+        "  --cache-capacity N       KOLO_CACHE_CAPACITY=N (default 1024; 0: off)\n"
+        "  --hierarchical-allreduce, --no-hierarchical-allreduce\n"
+        "                           KOLO_HIERARCHICAL_ALLREDUCE=1 or 0 (default:\n"
+        "                           on across hosts with several ranks each)\n"
+        "\n"
+        "Autotune arguments:\n"
+        "  --autotune               KOLO_AUTOTUNE=1\n"
+        "  --autotune-log-file F    KOLO_AUTOTUNE_LOG=F\n"
+        "  --autotune-steps-per-sample N\n"
+        "                           KOLO_AUTOTUNE_WINDOW=N: rounds per window\n"
+        "\n"
+        "Timeline arguments:\n"
+        "  --timeline-filename F    KOLO_TIMELINE=F\n"
+        "  --timeline-mark-cycles   KOLO_TIMELINE_MARK_CYCLES=1\n"
+        "\n"
+        "Stall check arguments:\n"
+        "  --no-stall-check         KOLO_STALL_CHECK_DISABLE=1\n"
+        "  --stall-check-warning-time-seconds S\n"
+        "                           KOLO_STALL_CHECK_TIME_SECONDS=S (default 60)\n"
+        "  --stall-check-shutdown-time-seconds S\n"
+        "                           KOLO_STALL_SHUTDOWN_TIME_SECONDS=S (default\n"
+        "                           0: never)\n"
+        "\n"
+        "Library arguments:\n"
+        "  --gloo-timeout-seconds S KOLO_TIMEOUT_SECONDS=S (default 60)\n"
+        "  --tcp                    NCCL_IB_DISABLE=1; under --mpi, Open MPI on\n"
+        "                           TCP (--mca pml ob1 --mca btl ^openib)\n"
+        "  --mpi-args ARGS          with --mpi: more words for mpirun\n"
+        "  --binding-args ARGS      with --mpi: mpirun's binding, in place of\n"
+        "                           --bind-to none\n"
+        "  --num-nccl-streams 1     accepted (kolo uses one stream)\n"
+        "\n"
+        "Logging arguments:\n"
+        "  --log-level LEVEL        KOLO_LOG_LEVEL (TRACE, DEBUG, INFO, WARNING,\n"
+        "                           ERROR, FATAL; any case)\n"
+        "  --log-without-timestamp  accepted (kolo's log lines carry no time)\n"
+        "\n"
+        "Refused, with the reason (kolo cannot honour them): --hierarchical-\n"
+        "allgather, --autotune-warmup-samples, --autotune-bayes-opt-max-samples,\n"
+        "--autotune-gaussian-process-noise, --mpi-threads-disable, --num-nccl-\n"
+        "streams other than 1, --thread-affinity, --log-with-timestamp, --jsrun,\n"
+        "and the elastic arguments (--min-np, --max-np, --slots-per-host,\n"
+        "--elastic-timeout, --reset-limit, --blacklist-cooldown-range,\n"
+        "--host-discovery-script).\n"
+        "\n"
+        "Host arguments (see README.md, \"Several hosts\"):\n"
+        "  -H, --hosts H:N,...      hosts and their slots (H alone: 1 slot); ranks\n"
+        "                           fill the hosts in order, host by host; -np\n"
+        "                           defaults to the sum of the slots\n"
+        "  --hostfile FILE          the same from a file: lines 'host slots=N'\n"
+        "                           (or 'host': 1 slot); '#' starts a comment\n"
+        "  --launch-command TMPL    how a rank starts on another host (default:\n"
+        "                           ssh -o BatchMode=yes {host} {command}); TMPL is\n"
+        "                           split at blanks, then {host} (the host as given),\n"
+        "                           {rank}, {local_rank} and {command} (the rank's\n"
+        "                           command, environment included, as one shell-\n"
+        "                           quoted word) are replaced. Without {command}\n"
+        "                           the words env VAR=VALUE... command args... are\n"
+        "                           appended, e.g. 'ip netns exec {host}'\n"
+        "  -p, --ssh-port PORT      ssh -p PORT\n"
+        "  -i, --ssh-identity-file F  ssh -i F\n"
+        "  -x NAME[=VALUE]          also pass NAME (from here, or VALUE) to the\n"
+        "                           ranks on other hosts; KOLO_* and HOROVOD_*\n"
+        "                           always go\n"
+        "  --redis HOST:PORT        ranks meet through this Redis server (keys\n"
+        "                           under a name of this job, deleted at the end)\n"
+        "  --start-redis            start redis-server here for the job, on a free\n"
+        "                           port, and stop it at the end\n"
+        "  --redis-bind ADDR        the address --start-redis listens on (default:\n"
+        "                           this host's address on --network-interface, or\n"
+        "                           its first non-loopback IPv4 address)\n"
+        "  --rendezvous-dir DIR     ranks meet in a fresh directory under DIR, a\n"
+        "                           file system every host shares\n"
+        "  --network-interfaces IF,...  (or --network-interface IF, repeatable)\n"
+        "                           ranks bind the address of the first IF of\n"
+        "                           the last such flag on their host for Gloo;\n"
+        "                           NCCL_SOCKET_IFNAME gets them all\n"
+        "\n"
+        "Each rank gets KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,\n"
+        "KOLO_CROSS_RANK (its host's index), KOLO_CROSS_SIZE (hosts),\n"
+        "KOLO_RENDEZVOUS=file:DIR (a private directory, removed at the end) or\n"
+        "redis:HOST:PORT/JOB, and KOLO_HOSTNAME (127.0.0.1 on one host; unless\n"
+        "already set). Its standard input is /dev/null. Its output goes\n"
+        "to kolorun's stdout and stderr in whole lines (lines over 64 KiB in\n"
+        "pieces); without --tag-output the bytes are unchanged.\n"
+        "\n"
+        "SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the ranks; ranks\n"
+        "still alive 3 s later are killed (a second Ctrl-C kills them at once),\n"
+        "and kolorun then ends by the same signal.\n"
+        "\n"
+        "Exit status:\n"
+        "  0       every rank exited with status 0\n"
+        "  S       the rank named as the cause exited with status S\n"
+        "  128+N   the rank named as the cause was killed by signal N (a\n"
+        "          rank killed goes before ranks that exited with an error\n"
+        "          at about the same time, likely because of it)\n"
+        "  127     a rank could not start: command not found (126: not\n"
+        "          executable)\n"
+        "  1       kolorun itself failed\n"
+        "  2       wrong command line\n",
+        f);
+}
+
+/* Takes the value of an option given as "--opt V" or "--opt=V". Returns the
+ * value (advancing *i past it) or NULL if absent. */
+const char *kolorun_opt_value(int argc, char **argv, int *i,
+                              const char *arg, const char *name)
+{
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0)
+        return NULL;
+    if (arg[n] == '=')
+        return arg + n + 1;
+    if (arg[n] != '\0')
+        return NULL;
+    if (*i + 1 >= argc) {
+        kolorun_say("option %s needs a value (see kolorun --help)", name);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+/* A whole decimal number in [lo, hi], or -1. */
+long kolorun_parse_long(const char *s, long lo, long hi)
+{
+    if (!s || *s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (errno || *end != '\0' || v < lo || v > hi)
+        return -1;
+    return v;
+}
+
+/* --network-interface(s): a comma list, repeatable. All of them go to NCCL
+ * (NCCL_SOCKET_IFNAME), as horovodrun does; Gloo binds one
+ * (KOLO_NETWORK_INTERFACE, horovodrun's HOROVOD_GLOO_IFACE, which it takes
+ * from a set in no order): the first of the last flag, so that a later
+ * flag overrides an earlier one as everywhere on kolorun's line. */
+static void kolorun_add_nics(kolorun_opts_t *o, const char *list,
+                             const char *flag)
+{
+    const char *p = list;
+    if (*list == '\0') {
+        kolorun_say("%s wants interface names, for example eth0", flag);
+        exit(2);
+    }
+    for (;;) {
+        size_t n = strcspn(p, ",");
+        char name[64];
+        if (n == 0 || n >= 16 || memchr(p, '/', n) || memchr(p, ' ', n)) {
+            kolorun_say("%s wants interface names (at most 15 characters, "
+                        "e.g. eth0), not '%.*s'", flag, (int)n, p);
+            exit(2);
+        }
+        snprintf(name, sizeof name, "%.*s", (int)n, p);
+        if (!o->nics || !strstr(o->nics, name)) {
+            char *all = o->nics ? kolorun_strdupf("%s,%s", o->nics, name)
+                                : kolorun_strdupf("%s", name);
+            if (!all) {
+                kolorun_say("out of memory");
+                exit(1);
+            }
+            free(o->nics);
+            o->nics = all;
+        }
+        if (p == list) {
+            free(o->network_interface);
+            o->network_interface = strndup(p, n);
+        }
+        if (p[n] == '\0')
+            break;
+        p += n + 1;
+    }
+}
+
+/* Parses the options; exits 0 after --help, 2 on a wrong command line. */
+void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
+{
+    const char *hosts = NULL, *hostfile = NULL, *config_file = NULL;
+    int given[KOLORUN_NKNOBS] = {0}, check_build = 0;
+    memset(o, 0, sizeof *o);
+    o->failure_grace_ms = 5000;
+    int i;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v;
+        int knob = -1, on = 0;
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (a[0] != '-' || a[1] == '\0')
+            break; /* the command starts here */
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            kolorun_usage(stdout);
+            exit(0);
+        }
+        if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) {
+            printf("%s\n", PACKAGE_VERSION); /* as horovodrun: the version */
+            exit(0);
+        }
+        if (strcmp(a, "-cb") == 0 || strcmp(a, "--check-build") == 0) {
+            check_build = 1;
+            continue;
+        }
+        if (strcmp(a, "--tag-output") == 0) {
+            o->tag_output = 1;
+            continue;
+        }
+        if (strcmp(a, "--prefix-output-with-timestamp") == 0 ||
+            strcmp(a, "-prefix-timestamp") == 0) {
+            o->timestamp = 1;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--output-filename"))) {
+            if (*v == '\0') {
+                kolorun_say("--output-filename wants a directory");
+                exit(2);
+            }
+            o->output_dir = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--config-file"))) {
+            config_file = v;
+            continue;
+        }
+        if (strcmp(a, "--tcp") == 0) {
+            o->tcp = 1;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--mpi-args"))) {
+            o->mpi_args = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--binding-args"))) {
+            o->binding_args = v;
+            continue;
+        }
+        for (int j = 0; j < KOLORUN_NKNOBS && knob < 0; j++)
+            if ((on = kolorun_knob_match(argc, argv, &i, a, &kolorun_knobs[j],
+                                         &v)) != 0)
+                knob = j;
+        if (knob >= 0) {
+            /* Messages name the spelling given, without its =VALUE. */
+            char what[64];
+            snprintf(what, sizeof what, "%.*s", (int)strcspn(a, "="), a);
+            kolorun_knob_apply(o, &kolorun_knobs[knob], on == 2 ? "0" : v,
+                               what);
+            given[knob] = 1;
+            continue;
+        }
+        if (strcmp(a, "--verbose") == 0) {
+            o->verbose = 1;
+            continue;
+        }
+        if (strcmp(a, "--gloo") == 0) {
+            o->gloo = 1; /* the only controller kolorun has on one machine */
+            continue;
+        }
+        if (strcmp(a, "--mpi") == 0) {
+            o->mpi = 1;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "-np")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "--num-proc")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "--np")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "-n"))) {
+            long np = kolorun_parse_long(v, 1, KOLORUN_MAX_RANKS);
+            if (np < 0) {
+                kolorun_say("-np wants a number of ranks from 1 to %d, not "
+                            "'%s'",
+                            KOLORUN_MAX_RANKS, v);
+                exit(2);
+            }
+            o->np = (int)np;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--failure-grace"))) {
+            long s = kolorun_parse_long(v, 0, 3600);
+            if (s < 0) {
+                kolorun_say("--failure-grace wants a whole number of seconds "
+                            "from 0 to 3600, not '%s'",
+                            v);
+                exit(2);
+            }
+            o->failure_grace_ms = s * 1000;
+            o->grace_given = 1;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--start-timeout"))) {
+            if (kolorun_parse_long(v, 1, 1000000000L) < 0) {
+                kolorun_say("--start-timeout wants a whole number of seconds "
+                            "(at least 1), not '%s'",
+                            v);
+                exit(2);
+            }
+            o->start_timeout = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "-H")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "--host")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "--hosts"))) {
+            hosts = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--hostfile")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "-hostfile"))) {
+            hostfile = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--launch-command"))) {
+            kolorun_check_template(v);
+            o->launch_command = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--ssh-port")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "-p"))) {
+            if (kolorun_parse_long(v, 1, 65535) < 0) {
+                kolorun_say("--ssh-port wants a port from 1 to 65535, not "
+                            "'%s'",
+                            v);
+                exit(2);
+            }
+            o->ssh_port = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a,
+                                   "--ssh-identity-file")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "-i"))) {
+            if (access(v, R_OK) != 0) {
+                kolorun_say("--ssh-identity-file %s: %s", v, strerror(errno));
+                exit(2);
+            }
+            o->ssh_identity = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "-x"))) {
+            const char **x = realloc(o->xenv, (size_t)(o->nxenv + 1) *
+                                                  sizeof *x);
+            if (!x) {
+                kolorun_say("out of memory");
+                exit(1);
+            }
+            size_t nl = strcspn(v, "=");
+            if (nl == 0 || strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "abcdefghijklmnopqrstuvwxyz"
+                                     "0123456789_") != nl) {
+                kolorun_say("-x wants NAME or NAME=VALUE, not '%s'", v);
+                exit(2);
+            }
+            o->xenv = x;
+            o->xenv[o->nxenv++] = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis"))) {
+            const char *c = strrchr(v, ':');
+            if (!c || c == v || kolorun_parse_long(c + 1, 1, 65535) < 0) {
+                kolorun_say("--redis wants HOST:PORT (port from 1 to 65535), "
+                            "not '%s'",
+                            v);
+                exit(2);
+            }
+            o->redis = v;
+            continue;
+        }
+        if (strcmp(a, "--start-redis") == 0) {
+            o->start_redis = 1;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis-bind"))) {
+            struct in_addr ia;
+            if (inet_pton(AF_INET, v, &ia) != 1) {
+                kolorun_say("--redis-bind wants an IPv4 address, not '%s'", v);
+                exit(2);
+            }
+            o->redis_bind = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--rendezvous-dir"))) {
+            struct stat st;
+            int bad = stat(v, &st) != 0      ? errno
+                      : !S_ISDIR(st.st_mode) ? ENOTDIR
+                                             : 0;
+            if (bad) {
+                kolorun_say("--rendezvous-dir %s: %s", v, strerror(bad));
+                exit(2);
+            }
+            o->rdv_base = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a,
+                                   "--network-interfaces"))) {
+            kolorun_add_nics(o, v, "--network-interfaces");
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a,
+                                   "--network-interface"))) {
+            kolorun_add_nics(o, v, "--network-interface");
+            continue;
+        }
+        kolorun_say("unknown option '%s' (see kolorun --help)", a);
+        exit(2);
+    }
+    if (config_file)
+        kolorun_config_file(o, config_file, given, o->gloo || o->mpi);
+    if (check_build)
+        kolorun_check_build();
+    if (hosts && hostfile) {
+        kolorun_say("give the hosts with -H or with --hostfile, not both");
+        exit(2);
+    }
+    if (hosts)
+        kolorun_parse_hosts(o, hosts);
+    else if (hostfile)
+        kolorun_parse_hostfile(o, hostfile);
+    if (o->nhosts > 0)
+        kolorun_place(o);
+    if (o->np == 0) {
+        kolorun_say("say how many ranks to start with -np N "
+                    "(see kolorun --help)");
+        exit(2);
+    }
+    if (o->redis && o->start_redis) {
+        kolorun_say("give --redis HOST:PORT or --start-redis, not both");
+        exit(2);
+    }
+    if (o->redis_bind && !o->start_redis) {
+        kolorun_say("--redis-bind only goes with --start-redis");
+        exit(2);
+    }
+    if ((o->redis || o->start_redis) && o->rdv_base) {
+        kolorun_say("give --rendezvous-dir or Redis (--redis, --start-redis), "
+                    "not both");
+        exit(2);
+    }
+    if (o->any_remote && !o->redis && !o->start_redis && !o->rdv_base) {
+        kolorun_say("ranks on other hosts cannot reach this host's private "
+                    "rendezvous directory: add --redis HOST:PORT, "
+                    "--start-redis, or --rendezvous-dir DIR on a file system "
+                    "every host shares");
+        exit(2);
+    }
+    if (i >= argc) {
+        kolorun_say("no command to run (see kolorun --help)");
+        exit(2);
+    }
+    o->argv = argv + i;
+    if (o->mpi && o->nhosts > 0) {
+        kolorun_say("--mpi with -H/--hostfile: start the job with mpirun "
+                    "itself (mpirun -H ... prog), or drop --mpi and let "
+                    "kolorun start the hosts");
+        exit(2);
+    }
+    if (o->mpi && o->gloo) {
+        kolorun_say("--gloo and --mpi choose different launchers: give one "
+                    "(under --mpi, KOLO_CONTROLLER=gloo negotiates over Gloo)");
+        exit(2);
+    }
+    if (o->mpi && o->grace_given) {
+        kolorun_say("--failure-grace has no effect with --mpi: mpirun stops "
+                    "the whole job when a rank fails");
+        exit(2);
+    }
+    if (o->mpi_args && !o->mpi)
+        kolorun_refuse("--mpi-args", "kolorun starts the ranks itself "
+                       "unless --mpi runs them through mpirun: add --mpi, "
+                       "or drop --mpi-args");
+    if (o->binding_args && !o->mpi)
+        kolorun_refuse("--binding-args", "kolorun does not bind ranks to "
+                       "cores; --mpi hands the binding to mpirun");
+    /* horovodrun --tcp: NCCL stays off InfiniBand (and, under --mpi, Open
+     * MPI on TCP, see kolorun_exec_mpirun); Gloo is TCP already. */
+    if (o->tcp)
+        kolorun_setting_put(o, "NCCL_IB_DISABLE", NULL, kolorun_strdupf("1"));
+    if (o->nics)
+        kolorun_setting_put(o, "NCCL_SOCKET_IFNAME", NULL,
+                            kolorun_strdupf("%s", o->nics));
+}

@@ -1,0 +1,287 @@
+/*
+ * output.c — the ranks' output (see "Pipes" in kolorun.h): reading their
+ * pipes into line buffers, the prefixes of --tag-output and
+ * --prefix-output-with-timestamp, kolorun's batched writes to its own
+ * stdout and stderr, and the files of --output-filename.
+ */
+#define _GNU_SOURCE
+
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kolorun.h"
+
+void kolorun_sink_flush(kolorun_sink_t *s)
+{
+    if (s->len > 0 && !s->broken &&
+        kolorun_write_all(s->fd, s->buf, s->len) != 0)
+        s->broken = errno ? errno : EIO;
+    s->len = 0;
+}
+
+/* Adds one record (prefix, data, optional newline) to a sink; a record never
+ * straddles two writes. */
+static void kolorun_sink_put(kolorun_sink_t *s, const char *prefix,
+                             size_t plen, const char *data, size_t n,
+                             int newline)
+{
+    if (s->broken)
+        return;
+    size_t need = plen + n + (newline ? 1 : 0);
+    if (s->len + need > KOLORUN_SINK_CAP)
+        kolorun_sink_flush(s);
+    /* need <= KOLORUN_LINE_MAX + prefix + 1 < KOLORUN_SINK_CAP */
+    memcpy(s->buf + s->len, prefix, plen);
+    memcpy(s->buf + s->len + plen, data, n);
+    s->len += plen + n;
+    if (newline)
+        s->buf[s->len++] = '\n';
+}
+
+/* The survivors of a lost rank say so in the runtime's words, "lost rank 1
+ * (pid 42) has exited or was killed": note each rank of this job so named,
+ * for kolorun_blame. A pid that is not the rank's is someone else's text. */
+static void kolorun_note_lost(kolorun_t *k, const char *p, size_t n)
+{
+    static const char key[] = "lost rank ";
+    const char *end = p + n;
+    while ((p = memmem(p, (size_t)(end - p), key, sizeof key - 1)) != NULL) {
+        p += sizeof key - 1;
+        char text[64];
+        size_t len = (size_t)(end - p) < sizeof text - 1 ? (size_t)(end - p)
+                                                          : sizeof text - 1;
+        memcpy(text, p, len);
+        text[len] = '\0';
+        int r;
+        long pid;
+        if (sscanf(text, "%d (pid %ld)", &r, &pid) == 2 && r >= 0 &&
+            r < k->nstarted && (long)k->ranks[r].pid == pid)
+            k->ranks[r].named_lost = 1;
+    }
+}
+
+/* --output-filename: the same record into the rank's file. A file that
+ * cannot be written (a full disk) is said once and closed; the job and the
+ * terminal's copy go on. */
+static void kolorun_file_put(kolorun_t *k, int r, int which, const char *prefix,
+                             size_t plen, const char *data, size_t n,
+                             int newline)
+{
+    int *fd = &k->ranks[r].files[which];
+    if (*fd < 0)
+        return;
+    if ((plen > 0 && kolorun_write_all(*fd, prefix, plen) != 0) ||
+        kolorun_write_all(*fd, data, n) != 0 ||
+        (newline && kolorun_write_all(*fd, "\n", 1) != 0)) {
+        kolorun_say("warning: cannot write rank %d's %s to %s/rank.*/%s: %s; "
+                    "the rest goes to the terminal only",
+                    r, which == KOLORUN_OUT ? "stdout" : "stderr",
+                    k->opts.output_dir, which == KOLORUN_OUT ? "stdout" : "stderr",
+                    strerror(errno));
+        close(*fd);
+        *fd = -1;
+    }
+}
+
+/* What goes before each line of rank r's stream: with
+ * --prefix-output-with-timestamp the local time as horovodrun writes it
+ * (Python's time.asctime: "Mon Jun  5 10:00:00 2023"), then with
+ * --tag-output "[r]<stdout>:"; a blank between the time and an untagged
+ * line. Empty: the bytes pass unchanged. */
+static size_t kolorun_line_prefix(const kolorun_t *k, int r, int which,
+                                  char *out, size_t n)
+{
+    size_t len = 0;
+    out[0] = '\0';
+    if (k->opts.timestamp) {
+        time_t now = time(NULL);
+        struct tm tm;
+        localtime_r(&now, &tm);
+        len = strftime(out, n, "%a %b %e %H:%M:%S %Y", &tm);
+    }
+    if (k->opts.tag_output)
+        len += (size_t)snprintf(out + len, n - len, "[%d]<%s>:", r,
+                                which == KOLORUN_OUT ? "stdout" : "stderr");
+    else if (len > 0)
+        len += (size_t)snprintf(out + len, n - len, " ");
+    return len;
+}
+
+/* Moves the whole lines of one stream to its sink (and its file); at end
+ * of file, also the last unterminated line; when the buffer is full of one
+ * line, a piece. */
+static void kolorun_stream_emit(kolorun_t *k, int r, int which, int at_eof)
+{
+    kolorun_stream_t *st = &k->ranks[r].streams[which];
+    kolorun_sink_t *sink = &k->sinks[which];
+    size_t done = 0;
+    char prefix[96];
+    size_t plen = kolorun_line_prefix(k, r, which, prefix, sizeof prefix);
+
+    if (plen == 0) {
+        /* Unchanged bytes: everything up to the last newline, in one go. */
+        size_t end = st->len;
+        while (end > 0 && st->buf[end - 1] != '\n')
+            end--;
+        if (at_eof || (end == 0 && st->len == KOLORUN_LINE_MAX))
+            end = st->len;
+        if (end > 0) {
+            kolorun_sink_put(sink, "", 0, st->buf, end, 0);
+            kolorun_file_put(k, r, which, "", 0, st->buf, end, 0);
+        }
+        done = end;
+    } else {
+        for (;;) {
+            char *nl = memchr(st->buf + done, '\n', st->len - done);
+            if (!nl)
+                break;
+            size_t n = (size_t)(nl - (st->buf + done)) + 1;
+            kolorun_sink_put(sink, prefix, plen, st->buf + done, n, 0);
+            kolorun_file_put(k, r, which, prefix, plen, st->buf + done, n, 0);
+            done += n;
+        }
+        /* Prefixed output is made of lines: a piece or a last line without
+         * a newline gets one, so that the next prefix starts a line. */
+        size_t rest = st->len - done;
+        if (rest > 0 && (at_eof || rest == KOLORUN_LINE_MAX)) {
+            kolorun_sink_put(sink, prefix, plen, st->buf + done, rest, 1);
+            kolorun_file_put(k, r, which, prefix, plen, st->buf + done, rest, 1);
+            done = st->len;
+        }
+    }
+    if (k->failed_rank < 0)
+        kolorun_note_lost(k, st->buf, done);
+    memmove(st->buf, st->buf + done, st->len - done);
+    st->len -= done;
+}
+
+void kolorun_stream_close(kolorun_stream_t *st)
+{
+    if (st->fd >= 0)
+        close(st->fd);
+    st->fd = -1;
+    st->len = 0;
+}
+
+/* After kolorun's stdout (or stderr) turned out to be a closed pipe: close
+ * the ranks' pipes to it, so they see the broken pipe themselves. */
+static void kolorun_sink_check(kolorun_t *k, int which)
+{
+    kolorun_sink_t *sink = &k->sinks[which];
+    if (!sink->broken || sink->sources_closed)
+        return;
+    sink->sources_closed = 1;
+    if (sink->broken != EPIPE)
+        return; /* other errors: keep reading, discard */
+    if (k->opts.verbose)
+        kolorun_say("%s is a closed pipe: closing the ranks' %s too",
+                    which == KOLORUN_OUT ? "stdout" : "stderr",
+                    which == KOLORUN_OUT ? "stdout" : "stderr");
+    for (int r = 0; r < k->nstarted; r++)
+        kolorun_stream_close(&k->ranks[r].streams[which]);
+}
+
+/* Reads a rank's pipe: once (fair to the other ranks) or, when the rank is
+ * gone, until nothing is left, so that its last words come before the line
+ * that says how it ended. */
+void kolorun_stream_read(kolorun_t *k, int r, int which, int until_empty)
+{
+    kolorun_stream_t *st = &k->ranks[r].streams[which];
+    /* Bounded: something the rank left behind may still be writing. */
+    for (int reads = 0; st->fd >= 0 && reads < 64; reads++) {
+        ssize_t n = read(st->fd, st->buf + st->len, KOLORUN_LINE_MAX - st->len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            break;
+        if (n <= 0) { /* end of file, or an error that ends it the same */
+            kolorun_stream_emit(k, r, which, 1);
+            kolorun_stream_close(st);
+            break;
+        }
+        st->len += (size_t)n;
+        kolorun_stream_emit(k, r, which, 0);
+        if (!until_empty)
+            break;
+    }
+    kolorun_sink_flush(&k->sinks[which]);
+    kolorun_sink_check(k, which);
+}
+
+/* Makes directory path and its parents (mkdir -p); 0 or -1 (errno). */
+static int kolorun_mkdirs(const char *path)
+{
+    char *p = strdup(path);
+    struct stat st;
+    if (!p)
+        return -1;
+    for (char *q = p + 1; *q; q++) {
+        if (*q != '/')
+            continue;
+        *q = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
+            free(p);
+            return -1;
+        }
+        *q = '/';
+    }
+    int rc = mkdir(p, 0777) != 0 && errno != EEXIST ? -1 : 0;
+    free(p);
+    if (rc == 0 && (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return rc;
+}
+
+/* --output-filename DIR: each rank's stdout and stderr also go to
+ * DIR/rank.R/stdout and DIR/rank.R/stderr, R padded with zeros to the
+ * width of the last rank (rank.03 of 12), the layout of horovodrun's
+ * gloo_run.py; the files are created anew. 0, or -1 said why. */
+int kolorun_outputs_open(kolorun_t *k)
+{
+    const char *dir = k->opts.output_dir;
+    int width = 1;
+    for (int v = k->opts.np - 1; v >= 10; v /= 10)
+        width++;
+    if (kolorun_mkdirs(dir) != 0) {
+        kolorun_say("--output-filename: cannot create the directory %s: %s",
+                    dir, strerror(errno));
+        return -1;
+    }
+    for (int r = 0; r < k->opts.np; r++) {
+        char *sub = kolorun_strdupf("%s/rank.%0*d", dir, width, r);
+        if (!sub || (mkdir(sub, 0777) != 0 && errno != EEXIST)) {
+            kolorun_say("--output-filename: cannot create %s: %s",
+                        sub ? sub : dir, strerror(errno));
+            free(sub);
+            return -1;
+        }
+        for (int s = 0; s < 2; s++) {
+            char *f = kolorun_strdupf("%s/%s", sub, s == KOLORUN_OUT ? "stdout"
+                                                                     : "stderr");
+            k->ranks[r].files[s] = f ? open(f, O_WRONLY | O_CREAT | O_TRUNC |
+                                                   O_CLOEXEC, 0666)
+                                     : -1;
+            if (k->ranks[r].files[s] < 0) {
+                kolorun_say("--output-filename: cannot create %s: %s",
+                            f ? f : sub, strerror(errno));
+                free(f);
+                free(sub);
+                return -1;
+            }
+            free(f);
+        }
+        free(sub);
+    }
+    return 0;
+}

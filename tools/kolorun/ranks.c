@@ -1,0 +1,150 @@
+/*
+ * ranks.c — how ranks end: reaping them, saying how one ended, and choosing
+ * which of the failed ranks caused the failure (see "Ending" in kolorun.h).
+ */
+#define _GNU_SOURCE
+
+#include "config.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+
+#include "kolorun.h"
+
+static void kolorun_describe(int status, char *buf, size_t n)
+{
+    if (WIFEXITED(status))
+        snprintf(buf, n, "exited with status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, n, "was killed by signal %d (%s)", WTERMSIG(status),
+                 strsignal(WTERMSIG(status)));
+    else
+        snprintf(buf, n, "ended with wait status 0x%x", (unsigned)status);
+}
+
+/* Says how rank r ended: "rank 1 (pid 42) exited with status 3", with its
+ * host on a job of several hosts (for a rank on another host the pid is the
+ * launch command's, which stands for it), then hint. */
+static void kolorun_rank_say(const kolorun_t *k, int r, const char *hint)
+{
+    const kolorun_rank_t *rk = &k->ranks[r];
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    char how[128], where[400] = "";
+    kolorun_describe(rk->status, how, sizeof how);
+    if (h)
+        snprintf(where, sizeof where, " on host %s", h->name);
+    kolorun_say("rank %d%s (pid %ld) %s%s", r, where, (long)rk->pid, how,
+                hint);
+}
+
+/* How likely rank r, one of the failed, is the cause: killed by a signal
+ * beats named lost by a survivor beats exited with an error of its own. */
+static int kolorun_blame_weight(const kolorun_rank_t *rk)
+{
+    if (WIFSIGNALED(rk->status))
+        return 2;
+    return rk->named_lost ? 1 : 0;
+}
+
+/* Chooses the cause among the ranks that have failed so far (see "Ending"
+ * in kolorun.h) and prints the one line everyone reads. The other ranks
+ * are stopped after the failure grace, by the loop: the runtime tells each
+ * of them which rank it lost, and a program that reports that and exits
+ * should be heard, not killed mid-sentence. */
+void kolorun_blame(kolorun_t *k)
+{
+    int cause = -1, best = -1, first = 0;
+    for (int r = 0; r < k->nstarted; r++) {
+        const kolorun_rank_t *rk = &k->ranks[r];
+        if (!rk->failed_seq)
+            continue;
+        int w = kolorun_blame_weight(rk);
+        if (w > best || (w == best && rk->failed_seq < first)) {
+            cause = r;
+            best = w;
+            first = rk->failed_seq;
+        }
+    }
+    if (cause < 0)
+        return;
+    const kolorun_host_t *h = kolorun_host_of(k, cause);
+    int status = k->ranks[cause].status;
+    const char *hint = "";
+    if (h && !h->local && WIFEXITED(status)) {
+        if (WEXITSTATUS(status) == 255 && !k->opts.launch_command)
+            hint = ": ssh could not reach the host, log in without a "
+                   "password (BatchMode), or lost the connection";
+        else if (WEXITSTATUS(status) == 127)
+            hint = ": the command (or the launch command) was not found "
+                   "there";
+        else if (WEXITSTATUS(status) == 126)
+            hint = ": the command cannot be executed there";
+    }
+    kolorun_rank_say(k, cause, hint);
+    k->failed_rank = cause;
+    k->failed_status = status;
+    if (k->opts.verbose)
+        for (int r = 0; r < k->nstarted; r++)
+            if (r != cause && k->ranks[r].failed_seq)
+                kolorun_rank_say(k, r, " (not the cause)");
+}
+
+static void kolorun_rank_ended(kolorun_t *k, int r, int status)
+{
+    kolorun_rank_t *rk = &k->ranks[r];
+    rk->reaped = 1;
+    rk->status = status;
+    k->nalive--;
+    kolorun_release_remote(k, r);
+
+    kolorun_stream_read(k, r, KOLORUN_OUT, 1);
+    kolorun_stream_read(k, r, KOLORUN_ERR, 1);
+
+    int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    if (!ok && !k->stopping && k->failed_rank < 0) {
+        /* A failure: the cause is chosen by kolorun_blame, now if nothing
+         * can outrank this one, else once the others had their moment. */
+        rk->failed_seq = ++k->nsuspects;
+        if (rk->failed_seq == 1)
+            k->failed_ms = kolorun_now_ms();
+        if (WIFSIGNALED(status))
+            kolorun_blame(k);
+    } else if (k->opts.verbose) {
+        kolorun_rank_say(k, r, k->stopping && !ok ? " (stopped by kolorun)"
+                                                  : "");
+    }
+}
+
+void kolorun_reap(kolorun_t *k)
+{
+    for (;;) {
+        int status;
+        pid_t pid = waitpid(-1, &status, WNOHANG);
+        if (pid < 0 && errno == EINTR)
+            continue;
+        if (pid <= 0)
+            return;
+        if (pid == k->pgid) {
+            k->holder_reaped = 1;
+            continue;
+        }
+        if (pid == k->redis_pid) {
+            k->redis_reaped = 1;
+            if (!k->stopping)
+                kolorun_say("warning: the redis-server kolorun started "
+                            "(pid %ld) has %s during the job",
+                            (long)pid, WIFSIGNALED(status) ? "been killed"
+                                                           : "exited");
+            continue;
+        }
+        for (int r = 0; r < k->nstarted; r++) {
+            if (k->ranks[r].pid == pid && !k->ranks[r].reaped) {
+                kolorun_rank_ended(k, r, status);
+                break;
+            }
+        }
+    }
+}

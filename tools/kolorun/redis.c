@@ -1,0 +1,408 @@
+/*
+ * redis.c — Redis rendezvous
+ *
+ * With --redis HOST:PORT or --start-redis the ranks meet through a Redis
+ * server (Gloo's RedisStore) instead of the private directory. Each job
+ * keeps its keys under its own name (KOLO_RENDEZVOUS=redis:HOST:PORT/JOB,
+ * JOB = kolo-<this host>-<pid>-<start time>), so jobs sharing a server do
+ * not meet each other's keys. --start-redis runs redis-server here, in a
+ * process group of its own (a Ctrl-C for the ranks is not for it) that
+ * dies with kolorun, on a free port of an address the other hosts reach,
+ * and stops it once the ranks are gone. kolorun_hosts_setup, which sets up
+ * a job over several hosts, starts it.
+ */
+#define _GNU_SOURCE
+
+#include "config.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kolorun.h"
+
+/* The IPv4 address of interface iface, or (iface NULL) the first up,
+ * non-loopback one. 0, or -1 when there is none. */
+static int kolorun_ipv4(const char *iface, char *out, size_t n)
+{
+    struct ifaddrs *all, *ifa;
+    int rc = -1;
+    if (getifaddrs(&all) != 0)
+        return -1;
+    for (ifa = all; ifa && rc != 0; ifa = ifa->ifa_next) {
+        if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != AF_INET)
+            continue;
+        if (iface ? strcmp(ifa->ifa_name, iface) != 0
+                  : (ifa->ifa_flags & IFF_LOOPBACK) || !(ifa->ifa_flags & IFF_UP))
+            continue;
+        const struct sockaddr_in *sin = (const void *)ifa->ifa_addr;
+        if (inet_ntop(AF_INET, &sin->sin_addr, out, (socklen_t)n))
+            rc = 0;
+    }
+    freeifaddrs(all);
+    return rc;
+}
+
+static void kolorun_sleep_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Whether something accepts TCP connections at addr:port. */
+static int kolorun_tcp_open(const struct sockaddr_in *sa)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return 0;
+    int ok = connect(fd, (const struct sockaddr *)sa, sizeof *sa) == 0;
+    close(fd);
+    return ok;
+}
+
+static int kolorun_redis_start(kolorun_t *k)
+{
+    char addr[INET_ADDRSTRLEN] = "";
+    const kolorun_opts_t *o = &k->opts;
+
+    if (o->redis_bind)
+        snprintf(addr, sizeof addr, "%s", o->redis_bind);
+    else if (o->network_interface &&
+             kolorun_ipv4(o->network_interface, addr, sizeof addr) == 0)
+        ;
+    else if (!o->any_remote)
+        snprintf(addr, sizeof addr, "127.0.0.1");
+    else if (kolorun_ipv4(NULL, addr, sizeof addr) != 0) {
+        kolorun_say("--start-redis: this host has no non-loopback IPv4 "
+                    "address that the other hosts could reach; give "
+                    "--redis-bind ADDR");
+        return -1;
+    }
+
+    /* A free port: the kernel picks one for a socket bound to port 0. */
+    struct sockaddr_in sa;
+    socklen_t salen = sizeof sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sin_family = AF_INET;
+    inet_pton(AF_INET, addr, &sa.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        getsockname(fd, (struct sockaddr *)&sa, &salen) != 0) {
+        kolorun_say("--start-redis: cannot bind %s on this host: %s", addr,
+                    strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return -1;
+    }
+    close(fd);
+    char port[16];
+    snprintf(port, sizeof port, "%d", ntohs(sa.sin_port));
+
+    /* The server's output goes to an unlinked file, shown if it fails. */
+    const char *tmp = getenv("TMPDIR");
+    char *logpath = kolorun_strdupf("%s/kolorun-redis-XXXXXX",
+                                    tmp && *tmp ? tmp : "/tmp");
+    int log = logpath ? mkostemp(logpath, O_CLOEXEC) : -1;
+    if (log < 0) {
+        kolorun_say("--start-redis: cannot create a log file: %s",
+                    strerror(errno));
+        free(logpath);
+        return -1;
+    }
+    unlink(logpath);
+    free(logpath);
+
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t launcher = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        kolorun_child_signals(k);
+        setpgid(0, 0);
+        int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (in < 0 || dup2(in, 0) < 0 || dup2(log, 1) < 0 || dup2(log, 2) < 0)
+            _exit(127);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher)
+            _exit(127);
+        sigprocmask(SIG_SETMASK, &k->mask_orig, NULL);
+        execlp("redis-server", "redis-server", "--bind", addr, "--port", port,
+               "--save", "", "--appendonly", "no", "--protected-mode", "no",
+               "--daemonize", "no", (char *)NULL);
+        dprintf(2, "cannot run redis-server: %s (install it: apt-get install "
+                "redis-server)\n", strerror(errno));
+        _exit(127);
+    }
+    int fork_errno = errno;
+    if (pid > 0)
+        k->redis_pid = pid;
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (pid < 0) {
+        kolorun_say("--start-redis: fork: %s", strerror(fork_errno));
+        close(log);
+        return -1;
+    }
+
+    /* Ready when it accepts a connection; a short sleep between tries
+     * (redis-server starts in milliseconds), bounded by the start timeout. */
+    long limit_ms = (o->start_timeout ? atol(o->start_timeout) : 60) * 1000L;
+    int64_t t0 = kolorun_now_ms();
+    int rc = -1;
+    for (;;) {
+        int status;
+        if (waitpid(pid, &status, WNOHANG) == pid) {
+            char buf[2048];
+            ssize_t n = pread(log, buf, sizeof buf - 1, 0);
+            buf[n > 0 ? n : 0] = '\0';
+            for (char *c = buf; *c; c++)
+                if (*c == '\n' && c[1])
+                    *c = ' ';
+            buf[strcspn(buf, "\n")] = '\0';
+            kolorun_say("--start-redis: redis-server on %s:%s ended at start: "
+                        "%s",
+                        addr, port, buf[0] ? buf : "(no output)");
+            k->redis_reaped = 1;
+            break;
+        }
+        if (kolorun_tcp_open(&sa)) {
+            snprintf(k->redis_addr, sizeof k->redis_addr, "%s:%s", addr, port);
+            rc = 0;
+            break;
+        }
+        int stop = 0;
+        for (int i = 0; i < KOLORUN_N_STOP_SIGNALS; i++)
+            stop |= kolorun_pending[kolorun_stop_signals[i]];
+        if (stop) /* the loop handles the signal; no job to start */
+            break;
+        if (kolorun_now_ms() - t0 > limit_ms) {
+            kolorun_say("--start-redis: redis-server on %s:%s did not accept "
+                        "connections within %ld s",
+                        addr, port, limit_ms / 1000);
+            break;
+        }
+        kolorun_sleep_ms(20);
+    }
+    close(log);
+    if (rc == 0 && o->verbose)
+        kolorun_say("started redis-server (pid %ld) on %s", (long)pid,
+                    k->redis_addr);
+    return rc;
+}
+
+/* Stops the server of --start-redis: SIGTERM, SIGKILL after 3 s. */
+void kolorun_redis_stop(kolorun_t *k)
+{
+    if (k->redis_pid <= 0 || k->redis_reaped)
+        return;
+    kill(k->redis_pid, SIGTERM);
+    for (int i = 0;; i++) {
+        pid_t w = waitpid(k->redis_pid, NULL, WNOHANG);
+        if (w == k->redis_pid || (w < 0 && errno != EINTR))
+            break;
+        if (i == KOLORUN_GRACE_MS / 20) {
+            kill(k->redis_pid, SIGKILL);
+            while (waitpid(k->redis_pid, NULL, 0) < 0 && errno == EINTR)
+                ;
+            break;
+        }
+        kolorun_sleep_ms(20);
+    }
+    k->redis_reaped = 1;
+    if (k->opts.verbose)
+        kolorun_say("stopped redis-server (pid %ld)", (long)k->redis_pid);
+}
+
+/* Runs a Lua script on the job's Redis server (EVAL script 0 arg1 arg2),
+ * in Redis's own protocol (RESP) over a plain socket, each step bounded
+ * by 2 s. The reply: an integer (":N") or a bulk string ("$LEN" and the
+ * bytes) into out. Returns NULL, or why it failed. */
+static const char *kolorun_redis_eval(const kolorun_t *k, const char *script,
+                                      const char *arg1, const char *arg2,
+                                      char *out, size_t outlen)
+{
+    char host[256], port[16];
+    const char *colon = strrchr(k->redis_addr, ':');
+    snprintf(host, sizeof host, "%.*s", (int)(colon - k->redis_addr),
+             k->redis_addr);
+    snprintf(port, sizeof port, "%s", colon + 1);
+    if (host[0] == '[') { /* [IPv6] */
+        memmove(host, host + 1, strlen(host));
+        host[strcspn(host, "]")] = '\0';
+    }
+
+    struct addrinfo hints, *ai = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_socktype = SOCK_STREAM;
+    int fd = -1, e = getaddrinfo(host, port, &hints, &ai);
+    if (e)
+        return gai_strerror(e);
+    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+    struct timeval tv = {2, 0};
+    if (fd >= 0) {
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
+    const char *why = NULL;
+    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+        why = strerror(errno);
+    freeaddrinfo(ai);
+    char *req = why ? NULL
+                    : kolorun_strdupf("*5\r\n$4\r\nEVAL\r\n$%zu\r\n%s\r\n"
+                                      "$1\r\n0\r\n$%zu\r\n%s\r\n$%zu\r\n%s\r\n",
+                                      strlen(script), script, strlen(arg1),
+                                      arg1, strlen(arg2), arg2);
+    if (!why && (!req || kolorun_write_all(fd, req, strlen(req)) != 0))
+        why = req ? strerror(errno) : "out of memory";
+    free(req);
+    size_t got = 0;
+    out[0] = '\0';
+    /* Until the first line, and for a bulk string its bytes, are in. */
+    while (!why) {
+        ssize_t n = read(fd, out + got, outlen - 1 - got);
+        if (n <= 0) {
+            why = n < 0 ? strerror(errno) : "no reply";
+            break;
+        }
+        got += (size_t)n;
+        out[got] = '\0';
+        char *eol = strstr(out, "\r\n");
+        if (!eol && got < outlen - 1)
+            continue;
+        if (!eol || (out[0] != ':' && out[0] != '$')) {
+            out[strcspn(out, "\r\n")] = '\0';
+            why = "unexpected reply";
+            break;
+        }
+        if (out[0] == ':') {
+            *eol = '\0';
+            break;
+        }
+        long len = atol(out + 1);
+        size_t head = (size_t)(eol + 2 - out);
+        if (len < 0 || head + (size_t)len + 2 > outlen - 1) {
+            why = "reply too long";
+            break;
+        }
+        if (got >= head + (size_t)len) {
+            memmove(out, out + head, (size_t)len);
+            out[len] = '\0';
+            break;
+        }
+    }
+    if (fd >= 0)
+        close(fd);
+    return why;
+}
+
+/* A job that failed with Redis rendezvous: names the ranks, and their
+ * hosts, that never reached it (a host that could not start its ranks,
+ * or started them late), when others did. Each rank's first rendezvous
+ * key is JOB/kolo0/agree/settings/RANK: the runtime's first kolo_init
+ * publishes its settings there before anything else (agree.c). */
+void kolorun_redis_missing(const kolorun_t *k)
+{
+    static const char script[] =
+        "local m = {} local seen = 0 "
+        "for r = 0, tonumber(ARGV[2]) - 1 do "
+        "if redis.call('EXISTS', ARGV[1] .. r) == 1 then seen = seen + 1 "
+        "else m[#m + 1] = r end end "
+        "return seen .. ':' .. table.concat(m, ',')";
+    char prefix[300], np[16], *reply = malloc(65536);
+    if (!reply)
+        return;
+    snprintf(prefix, sizeof prefix, "%s/kolo0/agree/settings/", k->job_id);
+    snprintf(np, sizeof np, "%d", k->opts.np);
+    const char *why = kolorun_redis_eval(k, script, prefix, np, reply, 65536);
+    char *list = reply[0] != ':' ? strchr(reply, ':') : NULL;
+    /* Nobody arrived: the program failed before kolo_init, or is not a
+     * kolo program; nothing to say then. */
+    if (why || !list || atoi(reply) == 0 || list[1] == '\0') {
+        free(reply);
+        return;
+    }
+    char line[4096];
+    size_t n = 0;
+    int prev_host = -2;
+    line[0] = '\0';
+    for (char *t = strtok(list + 1, ","); t && n < sizeof line - 64;
+         t = strtok(NULL, ",")) {
+        int r = atoi(t), h = k->rank_host ? k->rank_host[r] : -1;
+        if (h != prev_host && prev_host != -2)
+            n += (size_t)snprintf(line + n, sizeof line - n, " on host %s;",
+                                  prev_host >= 0 ? k->opts.hosts[prev_host].name
+                                                 : "here");
+        n += (size_t)snprintf(line + n, sizeof line - n, "%s%d",
+                              h == prev_host ? ", " : " rank ", r);
+        prev_host = h;
+    }
+    if (prev_host != -2 && n < sizeof line - 64)
+        snprintf(line + n, sizeof line - n, " on host %s",
+                 prev_host >= 0 ? k->opts.hosts[prev_host].name : "here");
+    kolorun_say("never reached the rendezvous at Redis %s:%s", k->redis_addr,
+                line);
+    free(reply);
+}
+
+/* --redis: removes the job's keys once its ranks are gone, so that a
+ * long-lived server does not collect them: a script that deletes what
+ * KEYS JOB/\* finds. A failure only warns. */
+void kolorun_redis_clean(const kolorun_t *k)
+{
+    static const char script[] =
+        "local n = 0 for _, key in ipairs(redis.call('KEYS', ARGV[1] .. '*')) "
+        "do redis.call('DEL', key) n = n + 1 end return n";
+    char prefix[256], reply[256];
+    snprintf(prefix, sizeof prefix, "%s/", k->job_id);
+    const char *why = kolorun_redis_eval(k, script, prefix, "", reply,
+                                         sizeof reply);
+    if (why)
+        kolorun_say("warning: cannot remove this job's keys (%s*) from "
+                    "Redis at %s: %s",
+                    prefix, k->redis_addr, why);
+    else if (k->opts.verbose)
+        kolorun_say("removed %s keys of this job from Redis at %s", reply + 1,
+                    k->redis_addr);
+}
+
+/* Sets up the job over several hosts: which host each rank is on, the
+ * job's name, the Redis server. */
+int kolorun_hosts_setup(kolorun_t *k)
+{
+    const kolorun_opts_t *o = &k->opts;
+    char me[200] = "";
+    gethostname(me, sizeof me - 1);
+    me[strcspn(me, ".")] = '\0';
+    snprintf(k->job_id, sizeof k->job_id, "kolo-%s-%ld-%lld",
+             me[0] ? me : "host", (long)getpid(), (long long)k->job_start_us);
+    if (o->nhosts > 0) {
+        k->rank_host = calloc((size_t)o->np, sizeof *k->rank_host);
+        if (!k->rank_host) {
+            kolorun_say("out of memory");
+            return -1;
+        }
+        for (int h = 0; h < o->nhosts; h++)
+            for (int i = 0; i < o->hosts[h].nranks; i++)
+                k->rank_host[o->hosts[h].first_rank + i] = h;
+    }
+    if (o->redis)
+        snprintf(k->redis_addr, sizeof k->redis_addr, "%s", o->redis);
+    if (o->start_redis)
+        return kolorun_redis_start(k);
+    return 0;
+}

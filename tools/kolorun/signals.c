@@ -1,0 +1,214 @@
+/*
+ * signals.c — signals: the handler that wakes the loop (see "Signals" in
+ * kolorun.h), and what the loop does with them: forward a signal to the
+ * ranks' group, stop the job (the signal, then SIGKILL after the grace
+ * period), pass Ctrl-Z on.
+ */
+#define _GNU_SOURCE
+
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "kolorun.h"
+
+/* A second SIGINT closer than this to the first is the same keypress seen
+ * twice (by the terminal's group and by a wrapper), not a second Ctrl-C. */
+#define KOLORUN_DOUBLE_INT_MS 500
+
+/* The signals that stop the job; each is forwarded to the ranks. */
+const int kolorun_stop_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+_Static_assert(sizeof kolorun_stop_signals / sizeof kolorun_stop_signals[0] ==
+                   KOLORUN_N_STOP_SIGNALS,
+               "KOLORUN_N_STOP_SIGNALS counts kolorun_stop_signals");
+
+/* The only globals: what the signal handler needs. The handler records that
+ * a signal came and wakes the poll loop; everything else happens there. */
+volatile sig_atomic_t kolorun_pending[NSIG];
+int kolorun_wake_fd = -1;
+
+static void kolorun_on_signal(int sig)
+{
+    int saved = errno;
+    kolorun_pending[sig] = 1;
+    /* If the pipe is full the loop is already due to wake: drop the byte. */
+    char b = 0;
+    ssize_t w = write(kolorun_wake_fd, &b, 1);
+    (void)w;
+    errno = saved;
+}
+
+static int kolorun_install(kolorun_t *k, int sig, int respect_ignore)
+{
+    struct sigaction old, sa;
+    if (sigaction(sig, NULL, &old) != 0)
+        return -1;
+    if (respect_ignore && old.sa_handler == SIG_IGN)
+        return 0; /* ignored by whoever started us: stay so */
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = kolorun_on_signal;
+    sigemptyset(&sa.sa_mask);
+    /* SA_RESTART: a write to a slow terminal resumes instead of failing;
+     * poll() returns EINTR regardless, and the self-pipe wakes it anyway. */
+    sa.sa_flags = SA_RESTART | (sig == SIGCHLD ? SA_NOCLDSTOP : 0);
+    if (sigaction(sig, &sa, NULL) != 0)
+        return -1;
+    k->handled[sig] = 1;
+    return 0;
+}
+
+int kolorun_signals_setup(kolorun_t *k)
+{
+    int p[2];
+    if (pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) {
+        kolorun_say("cannot create a pipe: %s", strerror(errno));
+        return -1;
+    }
+    kolorun_wake_fd = p[1];
+    if (kolorun_install(k, SIGCHLD, 0) != 0 ||
+        kolorun_install(k, SIGTSTP, 1) != 0) {
+        kolorun_say("cannot install signal handlers: %s", strerror(errno));
+        return -1;
+    }
+    for (int i = 0; i < KOLORUN_N_STOP_SIGNALS; i++) {
+        if (kolorun_install(k, kolorun_stop_signals[i], 1) != 0) {
+            kolorun_say("cannot install signal handlers: %s", strerror(errno));
+            return -1;
+        }
+    }
+    /* A closed output must come back as EPIPE, which kolorun handles, not
+     * kill kolorun. The ranks get the original disposition back. */
+    struct sigaction ign;
+    memset(&ign, 0, sizeof ign);
+    ign.sa_handler = SIG_IGN;
+    sigemptyset(&ign.sa_mask);
+    sigaction(SIGPIPE, &ign, &k->sigpipe_orig);
+    /* The signals kolorun handles must reach it even if its parent blocked
+     * them; the ranks get the original mask back. */
+    sigset_t s;
+    sigemptyset(&s);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (k->handled[sig])
+            sigaddset(&s, sig);
+    sigprocmask(SIG_UNBLOCK, &s, &k->mask_orig);
+    return p[0];
+}
+
+/* Sends sig to the ranks' process group — the ranks and whatever they
+ * started — and, by pid, to each running rank that left the group (setsid).
+ * The group is signalled only while its id is certainly still ours: the
+ * holder or a rank in the group is unreaped. */
+void kolorun_signal_ranks(kolorun_t *k, int sig)
+{
+    if (k->pgid <= 0)
+        return;
+    int group_ours = !k->holder_reaped;
+    for (int r = 0; r < k->nstarted; r++)
+        if (!k->ranks[r].reaped && getpgid(k->ranks[r].pid) == k->pgid)
+            group_ours = 1;
+    if (group_ours)
+        kill(-k->pgid, sig);
+    for (int r = 0; r < k->nstarted; r++)
+        if (!k->ranks[r].reaped && getpgid(k->ranks[r].pid) != k->pgid)
+            kill(k->ranks[r].pid, sig);
+}
+
+/* The names people know signals by, for kolorun's own messages. */
+static const char *kolorun_signame(int sig)
+{
+    switch (sig) {
+    case SIGINT: return "SIGINT";
+    case SIGTERM: return "SIGTERM";
+    case SIGHUP: return "SIGHUP";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGKILL: return "SIGKILL";
+    default: return strsignal(sig);
+    }
+}
+
+/* Closes the stdin pipes of the ranks started by ssh: on the other host
+ * each one's wrapper sees end of file and sends its rank SIGTERM. (The
+ * signal to ssh ends ssh, and with it the connection, to the same effect;
+ * closing the pipe also covers a launch process that outlives the signal.) */
+void kolorun_release_remote(kolorun_t *k, int r)
+{
+    for (int i = r < 0 ? 0 : r; i < (r < 0 ? k->nstarted : r + 1); i++) {
+        if (k->ranks[i].hold_fd >= 0)
+            close(k->ranks[i].hold_fd);
+        k->ranks[i].hold_fd = -1;
+    }
+}
+
+/* Starts stopping the job: sig now, SIGKILL after the grace period. */
+void kolorun_stop(kolorun_t *k, int sig)
+{
+    if (k->stopping)
+        return;
+    /* Ranks that end from now on are not causes: choose among the failed. */
+    if (k->failed_rank < 0)
+        kolorun_blame(k);
+    kolorun_release_remote(k, -1);
+    k->stopping = 1;
+    k->stop_ms = kolorun_now_ms();
+    if (k->opts.verbose && k->nalive > 0)
+        kolorun_say("sending %s to %d running rank%s", kolorun_signame(sig),
+                    k->nalive, k->nalive == 1 ? "" : "s");
+    kolorun_signal_ranks(k, sig);
+}
+
+/* SIGKILL to the group: the ranks still running and anything they left.
+ * This ends the holder too. */
+void kolorun_kill_now(kolorun_t *k)
+{
+    if (k->killed)
+        return;
+    k->killed = 1;
+    k->killed_ms = kolorun_now_ms();
+    if (k->opts.verbose)
+        kolorun_say("sending SIGKILL to what is left of the job (%d "
+                    "rank%s running)",
+                    k->nalive, k->nalive == 1 ? "" : "s");
+    kolorun_signal_ranks(k, SIGKILL);
+}
+
+/* Ctrl-Z: stop the ranks, stop kolorun; on SIGCONT continue both. Without
+ * this only kolorun would stop, the ranks being in their own group. */
+void kolorun_suspend(kolorun_t *k)
+{
+    kolorun_signal_ranks(k, SIGTSTP);
+    struct sigaction dfl, mine;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(SIGTSTP, &dfl, &mine);
+    raise(SIGTSTP); /* returns once someone sends SIGCONT */
+    sigaction(SIGTSTP, &mine, NULL);
+    kolorun_signal_ranks(k, SIGCONT);
+}
+
+void kolorun_on_stop_signal(kolorun_t *k, int sig)
+{
+    if (!k->stopping) {
+        if (k->nalive > 0)
+            kolorun_say("got %s: stopping %d rank%s", kolorun_signame(sig),
+                        k->nalive, k->nalive == 1 ? "" : "s");
+        k->stop_signal = sig;
+        kolorun_stop(k, sig);
+        return;
+    }
+    /* Already stopping. Only a person presses Ctrl-C again to mean "now";
+     * repeated SIGTERMs (a supervisor signalling the process and then its
+     * group) keep the grace period. */
+    if (sig == SIGINT && !k->killed &&
+        kolorun_now_ms() - k->stop_ms >= KOLORUN_DOUBLE_INT_MS) {
+        if (k->nalive > 0)
+            kolorun_say("got %s again: killing the ranks",
+                        kolorun_signame(sig));
+        kolorun_kill_now(k);
+    }
+}

@@ -1,0 +1,604 @@
+/*
+ * spawn.c — how ranks start (see "Processes" in kolorun.h): each rank's
+ * environment, the fork and exec of a rank on this host or of the launch
+ * command (ssh by default) that starts it on another, the pipe on which a
+ * child says what failed before its exec, and the holder that leads the
+ * ranks' process group.
+ */
+#define _GNU_SOURCE
+
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "kolorun.h"
+
+/* Room for the variables kolorun sets for one rank (kolorun_rank_env). */
+#define KOLORUN_MAX_ENV 24
+
+/* The host of rank r; NULL on a job of one machine without -H. */
+const struct kolorun_host *kolorun_host_of(const kolorun_t *k, int r)
+{
+    return k->rank_host ? &k->opts.hosts[k->rank_host[r]] : NULL;
+}
+
+/* The address rank r's transport binds, when nothing else says. */
+static const char *kolorun_bind_host(const kolorun_t *k, int r, char *buf,
+                                     size_t n)
+{
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    if (!h || !k->opts.any_remote)
+        return "127.0.0.1"; /* every rank here: loopback reaches them all */
+    if (!h->local)
+        return h->name;
+    /* "localhost" cannot be reached from the other hosts: this host's
+     * name can, where it resolves to a routable address (otherwise
+     * --network-interface is the way). */
+    if (gethostname(buf, n - 1) != 0 || buf[0] == '\0')
+        return h->name;
+    buf[n - 1] = '\0';
+    return buf;
+}
+
+/* The environment of rank r, as "NAME=value" strings. */
+static int kolorun_rank_env(const kolorun_t *k, int r,
+                            char *env[KOLORUN_MAX_ENV])
+{
+    int n = 0;
+    int np = k->opts.np;
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    char me[256];
+    env[n++] = kolorun_strdupf("KOLO_RANK=%d", r);
+    env[n++] = kolorun_strdupf("KOLO_SIZE=%d", np);
+    if (!h) {
+        /* One machine: local and global numbering are the same. */
+        env[n++] = kolorun_strdupf("KOLO_LOCAL_RANK=%d", r);
+        env[n++] = kolorun_strdupf("KOLO_LOCAL_SIZE=%d", np);
+        env[n++] = kolorun_strdupf("KOLO_CROSS_RANK=0");
+        env[n++] = kolorun_strdupf("KOLO_CROSS_SIZE=1");
+    } else {
+        /* Hosts that got ranks are numbered in order: hosts without ranks
+         * come after them, so the used ones are 0 .. nused - 1. */
+        env[n++] = kolorun_strdupf("KOLO_LOCAL_RANK=%d", r - h->first_rank);
+        env[n++] = kolorun_strdupf("KOLO_LOCAL_SIZE=%d", h->nranks);
+        env[n++] = kolorun_strdupf("KOLO_CROSS_RANK=%d", k->rank_host[r]);
+        env[n++] = kolorun_strdupf("KOLO_CROSS_SIZE=%d", k->opts.nused);
+    }
+    {
+        char *rdv = kolorun_rendezvous(k);
+        env[n++] = rdv ? kolorun_strdupf("KOLO_RENDEZVOUS=%s", rdv) : NULL;
+        free(rdv);
+    }
+    if (k->opts.network_interface)
+        env[n++] = kolorun_strdupf("KOLO_NETWORK_INTERFACE=%s",
+                                   k->opts.network_interface);
+    else if (!getenv("KOLO_HOSTNAME"))
+        env[n++] = kolorun_strdupf("KOLO_HOSTNAME=%s",
+                                   kolorun_bind_host(k, r, me, sizeof me));
+    /* Every rank's timeline counts time from the same moment. */
+    env[n++] = kolorun_strdupf("KOLO_JOB_START_US=%lld",
+                               (long long)k->job_start_us);
+    if (k->opts.start_timeout)
+        env[n++] = kolorun_strdupf("KOLO_START_TIMEOUT=%s",
+                                   k->opts.start_timeout);
+    /* -x NAME=VALUE holds for every rank; -x NAME only carries NAME to
+     * other hosts (ranks here have it already). */
+    for (int i = 0; i < k->opts.nxenv && n < KOLORUN_MAX_ENV - 1; i++)
+        if (strchr(k->opts.xenv[i], '='))
+            env[n++] = kolorun_strdupf("%s", k->opts.xenv[i]);
+    for (int i = 0; i < n; i++)
+        if (!env[i])
+            return -1;
+    return n;
+}
+
+/* s in single quotes for a POSIX shell: ' becomes '\''. */
+static char *kolorun_shell_quote(const char *s)
+{
+    size_t n = 3;
+    for (const char *p = s; *p; p++)
+        n += *p == '\'' ? 4 : 1;
+    char *q = malloc(n), *o = q;
+    if (!q)
+        return NULL;
+    *o++ = '\'';
+    for (const char *p = s; *p; p++) {
+        if (*p == '\'') {
+            memcpy(o, "'\\''", 4);
+            o += 4;
+        } else {
+            *o++ = *p;
+        }
+    }
+    *o++ = '\'';
+    *o = '\0';
+    return q;
+}
+
+/* Whether env (n strings NAME=value) sets the variable of "NAME=...". */
+static int kolorun_env_has(char **env, int n, const char *var)
+{
+    size_t len = strcspn(var, "=");
+    for (int i = 0; i < n; i++)
+        if (strncmp(env[i], var, len) == 0 && env[i][len] == '=')
+            return 1;
+    return 0;
+}
+
+/* What runs on the other host: env VAR=value... command args..., as words.
+ * The environment the rank needs goes on this command line because
+ * nothing says the launch command carries any (ssh does not): kolorun's
+ * KOLO_* variables for the rank, every other KOLO_* set here (the user's
+ * KOLO_LOG_LEVEL, KOLO_TIMEOUT_SECONDS, ...) and what -x names. */
+static void kolorun_remote_command(const kolorun_t *k, char **env, int nenv,
+                                   kolorun_words_t *out)
+{
+    extern char **environ;
+    kolorun_words_add(out, strdup("env"));
+    for (int i = 0; i < nenv; i++)
+        kolorun_words_add(out, strdup(env[i]));
+    for (char **e = environ; *e; e++)
+        if (kolorun_passed_on(&k->opts, *e) && !kolorun_env_has(env, nenv, *e))
+            kolorun_words_add(out, strdup(*e));
+    for (int i = 0; i < k->opts.nxenv; i++) {
+        const char *x = k->opts.xenv[i], *val;
+        if (strchr(x, '=') || kolorun_env_has(env, nenv, x))
+            continue; /* NAME=VALUE is in env already */
+        if ((val = getenv(x)) != NULL)
+            kolorun_words_add(out, kolorun_strdupf("%s=%s", x, val));
+    }
+    for (char **a = k->opts.argv; *a; a++)
+        kolorun_words_add(out, strdup(*a));
+}
+
+/* Replaces the placeholders of one template word. */
+static char *kolorun_expand(const char *word, const kolorun_host_t *h, int r,
+                            const char *command)
+{
+    char rank[16], local[16];
+    snprintf(rank, sizeof rank, "%d", r);
+    snprintf(local, sizeof local, "%d", r - h->first_rank);
+    const char *val[4] = {h->name, rank, local, command};
+    size_t cap = strlen(word) + 1;
+    for (size_t i = 0; i < 4; i++)
+        cap += strlen(val[i]) * 4; /* each placeholder a few times at most */
+    char *out = malloc(cap), *o = out;
+    if (!out)
+        return NULL;
+    for (const char *p = word; *p;) {
+        size_t i;
+        for (i = 0; i < 4; i++) {
+            size_t pl = strlen(kolorun_placeholders[i]);
+            if (strncmp(p, kolorun_placeholders[i], pl) == 0 &&
+                (size_t)(o - out) + strlen(val[i]) < cap) {
+                memcpy(o, val[i], strlen(val[i]));
+                o += strlen(val[i]);
+                p += pl;
+                break;
+            }
+        }
+        if (i == 4 && (size_t)(o - out) + 1 < cap)
+            *o++ = *p++;
+        else if (i == 4)
+            p++;
+    }
+    *o = '\0';
+    return out;
+}
+
+/* Whether a shell on the other host runs the rank's command: ssh, or a
+ * template with {command}. Such ranks get the stdin wrapper below. */
+static int kolorun_remote_shell(const kolorun_t *k)
+{
+    return !k->opts.launch_command ||
+           strstr(k->opts.launch_command, "{command}") != NULL;
+}
+
+/* In a child before exec: kolorun's signal handlers back to the default,
+ * SIGPIPE back to what kolorun inherited. */
+void kolorun_child_signals(const kolorun_t *k)
+{
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (int sig = 1; sig < NSIG; sig++)
+        if (k->handled[sig])
+            sigaction(sig, &dfl, NULL);
+    sigaction(SIGPIPE, &k->sigpipe_orig, NULL);
+}
+
+/* The argv that starts rank r on its (other) host: the launch command
+ * with its placeholders replaced. ssh by default:
+ *   ssh -o BatchMode=yes -o ConnectTimeout=T [-p P] [-i F] HOST
+ *       "cd 'CWD' 2>/dev/null; exec env 'KOLO_RANK=3' ... 'prog' 'arg'"
+ * BatchMode: a password prompt would hang the start; ConnectTimeout: an
+ * unreachable host fails within the start timeout. */
+static int kolorun_launch_argv(const kolorun_t *k, int r, char **env,
+                               int nenv, kolorun_words_t *argv)
+{
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    kolorun_words_t cmd = {0}, tmpl = {0};
+    char *command = NULL;
+    int rc = -1;
+
+    kolorun_remote_command(k, env, nenv, &cmd);
+    if (cmd.oom)
+        goto free_words;
+    /* The same command as one shell word, for {command} and ssh. */
+    size_t len = 64;
+    char cwd[4096];
+    int have_cwd = getcwd(cwd, sizeof cwd) != NULL;
+    char *qcwd = have_cwd ? kolorun_shell_quote(cwd) : NULL;
+    len += qcwd ? strlen(qcwd) : 0;
+    for (int i = 0; i < cmd.n; i++)
+        len += strlen(cmd.w[i]) * 4 + 3;
+    command = malloc(len);
+    if (!command || (have_cwd && !qcwd)) {
+        free(qcwd);
+        goto free_words;
+    }
+    size_t used = (size_t)snprintf(command, len, "%s%s%sexec", qcwd ? "cd " : "",
+                                   qcwd ? qcwd : "",
+                                   qcwd ? " 2>/dev/null; " : "");
+    free(qcwd);
+    for (int i = 0; i < cmd.n; i++) {
+        char *q = kolorun_shell_quote(cmd.w[i]);
+        if (!q)
+            goto free_words;
+        used += (size_t)snprintf(command + used, len - used, " %s", q);
+        free(q);
+    }
+
+    /* ssh: no signal kolorun sends reaches the remote rank, and killing
+     * ssh does not end it either (without a terminal, sshd sends no
+     * SIGHUP). So the rank runs under a small sh wrapper that watches its
+     * stdin, a pipe from kolorun through ssh: at end of file (kolorun
+     * closed it, or ssh or its connection is gone) the wrapper sends the
+     * rank SIGTERM. Otherwise it waits for the rank and exits with its
+     * status. In sh -c, whatever the login shell on that host is. The
+     * same goes for every template with {command}; a template without it
+     * (ip netns exec {host}) execs the rank itself, which gets signals. */
+    if (kolorun_remote_shell(k)) {
+        char *script = kolorun_strdupf(
+            "%s </dev/null & p=$!; exec 3<&0; "
+            "(read _ <&3; kill -TERM $p 2>/dev/null) & w=$!; exec 3<&-; "
+            "wait $p; s=$?; kill $w 2>/dev/null; exit $s",
+            command);
+        char *q = script ? kolorun_shell_quote(script) : NULL;
+        free(script);
+        free(command);
+        command = q ? kolorun_strdupf("sh -c %s", q) : NULL;
+        free(q);
+        if (!command)
+            goto free_words;
+    }
+
+    int has_command = 0;
+    if (k->opts.launch_command) {
+        char *t = strdup(k->opts.launch_command), *save = NULL, *w;
+        if (!t)
+            goto free_words;
+        for (w = strtok_r(t, " \t", &save); w; w = strtok_r(NULL, " \t", &save))
+            kolorun_words_add(&tmpl, strdup(w));
+        free(t);
+    } else {
+        kolorun_words_add(&tmpl, strdup("ssh"));
+        kolorun_words_add(&tmpl, strdup("-o"));
+        kolorun_words_add(&tmpl, strdup("BatchMode=yes"));
+        kolorun_words_add(&tmpl, strdup("-o"));
+        kolorun_words_add(&tmpl, kolorun_strdupf(
+            "ConnectTimeout=%s",
+            k->opts.start_timeout ? k->opts.start_timeout : "60"));
+        if (k->opts.ssh_port) {
+            kolorun_words_add(&tmpl, strdup("-p"));
+            kolorun_words_add(&tmpl, strdup(k->opts.ssh_port));
+        }
+        if (k->opts.ssh_identity) {
+            kolorun_words_add(&tmpl, strdup("-i"));
+            kolorun_words_add(&tmpl, strdup(k->opts.ssh_identity));
+        }
+        kolorun_words_add(&tmpl, strdup("{host}"));
+        kolorun_words_add(&tmpl, strdup("{command}"));
+    }
+    if (tmpl.oom)
+        goto free_words;
+    for (int i = 0; i < tmpl.n; i++) {
+        has_command |= strstr(tmpl.w[i], "{command}") != NULL;
+        kolorun_words_add(argv, kolorun_expand(tmpl.w[i], h, r, command));
+    }
+    if (!has_command)
+        for (int i = 0; i < cmd.n; i++)
+            kolorun_words_add(argv, strdup(cmd.w[i]));
+    rc = argv->oom ? -1 : 0;
+
+free_words:
+    free(command);
+    kolorun_words_free(&tmpl);
+    kolorun_words_free(&cmd);
+    return rc;
+}
+
+/* What a child that could not become its rank tells kolorun, on a pipe
+ * that exec closes (close-on-exec): end of file with nothing read means the
+ * rank runs. Without it a child could only exit 127, and kolorun would
+ * report a rank that never ran as "exited with status 127". */
+typedef struct kolorun_child_error {
+    int step; /* what failed: kolorun_child_step */
+    int err;  /* its errno */
+} kolorun_child_error_t;
+
+enum kolorun_child_step {
+    KOLORUN_STEP_STDIN = 1, /* open /dev/null for the rank's stdin */
+    KOLORUN_STEP_DUP2,      /* stdin, stdout and stderr onto fds 0, 1, 2 */
+    KOLORUN_STEP_PDEATHSIG, /* prctl(PR_SET_PDEATHSIG) */
+    KOLORUN_STEP_EXEC,      /* execvp of the command (or launch command) */
+};
+
+/* In the child: tells kolorun what failed and exits. */
+__attribute__((noreturn)) static void kolorun_child_fail(int status_w,
+                                                         int step, int err)
+{
+    kolorun_child_error_t ce = {step, err};
+    /* 8 bytes into an empty pipe: written whole, or kolorun is gone. */
+    ssize_t w = write(status_w, &ce, sizeof ce);
+    (void)w;
+    _exit(127);
+}
+
+/* In the child, between fork and exec. kolorun is single-threaded, so the
+ * child may call what it likes; it must not return. */
+__attribute__((noreturn)) static void
+kolorun_child(const kolorun_t *k, pid_t launcher, int status_w, int in_fd,
+              int out_w, int err_w, char **env, int nenv, char **exec_argv)
+{
+    /* Handlers of kolorun make no sense here; exec would reset them anyway,
+     * but a signal may come before it. SIGPIPE goes back to what kolorun
+     * inherited. */
+    kolorun_child_signals(k);
+
+    /* Join the ranks' group. The parent does the same, whichever of the
+     * two runs first. */
+    setpgid(0, k->pgid);
+
+    int in = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (in < 0)
+        kolorun_child_fail(status_w, KOLORUN_STEP_STDIN, errno);
+    if (dup2(in, STDIN_FILENO) < 0 || dup2(out_w, STDOUT_FILENO) < 0 ||
+        dup2(err_w, STDERR_FILENO) < 0)
+        kolorun_child_fail(status_w, KOLORUN_STEP_DUP2, errno);
+
+    /* Die with the launcher. If it died already, before the request took
+     * effect, our parent is someone else now: stop here, telling no one. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0)
+        kolorun_child_fail(status_w, KOLORUN_STEP_PDEATHSIG, errno);
+    if (getppid() != launcher)
+        _exit(127);
+
+    for (int i = 0; i < nenv; i++)
+        putenv(env[i]);
+
+    sigprocmask(SIG_SETMASK, &k->mask_orig, NULL);
+    execvp(exec_argv[0], exec_argv);
+    kolorun_child_fail(status_w, KOLORUN_STEP_EXEC, errno);
+}
+
+/* After fork: waits until the child has exec'd the rank (0) or failed. A
+ * failed child is reaped here, and kolorun says why it could not start the
+ * rank; returns kolorun's exit status then: the shell's 127 (not found) or
+ * 126 (found, not runnable) for a command that cannot be run, else 1. */
+static int kolorun_child_wait(int r, pid_t pid, int status_r,
+                              const char *prog, const char *host)
+{
+    kolorun_child_error_t ce;
+    ssize_t n;
+    do
+        n = read(status_r, &ce, sizeof ce);
+    while (n < 0 && errno == EINTR);
+    if (n != (ssize_t)sizeof ce)
+        return 0; /* end of file: exec closed the pipe, the rank runs */
+    while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    const char *e = strerror(ce.err);
+    switch (ce.step) {
+    case KOLORUN_STEP_STDIN:
+        kolorun_say("cannot start rank %d: open /dev/null: %s", r, e);
+        return 1;
+    case KOLORUN_STEP_DUP2:
+        kolorun_say("cannot start rank %d: dup2: %s", r, e);
+        return 1;
+    case KOLORUN_STEP_PDEATHSIG:
+        kolorun_say("cannot start rank %d: prctl(PR_SET_PDEATHSIG): %s", r, e);
+        return 1;
+    default:
+        if (host)
+            kolorun_say("cannot start rank %d: cannot run the launch command "
+                        "'%s' for host %s: %s", r, prog, host, e);
+        else
+            kolorun_say("cannot start rank %d: cannot run '%s': %s", r, prog,
+                        e);
+        return ce.err == ENOENT || ce.err == ENOTDIR ? 127 : 126;
+    }
+}
+
+/* Starts rank r. 0, or kolorun's exit status when it cannot (said why). */
+int kolorun_spawn(kolorun_t *k, int r)
+{
+    kolorun_rank_t *rk = &k->ranks[r];
+    char *env[KOLORUN_MAX_ENV] = {0};
+    int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
+    int rc = 1;
+
+    kolorun_words_t launch = {0};
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    int remote = h && !h->local;
+    int hold[2] = {-1, -1};
+    int nenv = kolorun_rank_env(k, r, env);
+    if (nenv < 0 || (remote && kolorun_launch_argv(k, r, env, nenv,
+                                                   &launch) != 0)) {
+        kolorun_say("out of memory");
+        goto free_env;
+    }
+    /* ssh: the rank's stdin is a pipe that kolorun keeps open; the remote
+     * side ends the rank when it closes (see kolorun_launch_argv). */
+    if (remote && kolorun_remote_shell(k) && pipe2(hold, O_CLOEXEC) != 0) {
+        kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
+        goto close_pipes;
+    }
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
+        pipe2(status, O_CLOEXEC) != 0) {
+        kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
+        goto close_pipes;
+    }
+
+    /* All signals blocked across fork: the child must not run kolorun's
+     * handlers (they write to kolorun's self-pipe) before it resets them. */
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t launcher = getpid();
+    char **exec_argv = remote ? launch.w : k->opts.argv;
+    pid_t pid = fork();
+    if (pid == 0)
+        /* A remote rank gets its environment on the launch command's
+         * command line, not from kolorun's environment. */
+        kolorun_child(k, launcher, status[1], hold[0], out[1], err[1], env,
+                      remote ? 0 : nenv, exec_argv);
+    int fork_errno = errno;
+    if (pid > 0)
+        /* Set the group here too: whichever of parent and child runs first
+         * wins, and kolorun may signal the group as soon as fork returns.
+         * EACCES: the child has exec'd, after setting it itself. */
+        setpgid(pid, k->pgid);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (pid < 0) {
+        kolorun_say("cannot start rank %d: fork: %s", r, strerror(fork_errno));
+        goto close_pipes;
+    }
+    /* Only the child may hold the write end: exec closes it. */
+    close(status[1]);
+    status[1] = -1;
+    rc = kolorun_child_wait(r, pid, status[0], exec_argv[0],
+                            remote ? h->name : NULL);
+    if (rc != 0)
+        goto close_pipes;
+    rk->pid = pid;
+    k->nstarted++;
+    k->nalive++;
+
+    if (k->opts.verbose) {
+        char line[4096];
+        size_t n = 0;
+        line[0] = '\0';
+        for (int i = 0; i < nenv && n < sizeof line; i++)
+            n += (size_t)snprintf(line + n, sizeof line - n, " %s", env[i]);
+        kolorun_say("rank %d: pid %ld, environment:%s", r, (long)pid, line);
+        n = 0;
+        line[0] = '\0';
+        for (int i = 0; i < launch.n && n < sizeof line; i++)
+            n += (size_t)snprintf(line + n, sizeof line - n, " %s",
+                                  launch.w[i]);
+        if (remote)
+            kolorun_say("rank %d: on host %s, started by:%s", r, h->name,
+                        line);
+    }
+
+    /* Keep the read ends, non-blocking so that draining a finished rank
+     * never blocks on a pipe that something else still holds open. */
+    rk->streams[KOLORUN_OUT].fd = out[0];
+    rk->streams[KOLORUN_ERR].fd = err[0];
+    fcntl(out[0], F_SETFL, O_NONBLOCK);
+    fcntl(err[0], F_SETFL, O_NONBLOCK);
+    out[0] = err[0] = -1;
+    rk->hold_fd = hold[1];
+    hold[1] = -1;
+    rc = 0;
+
+close_pipes:
+    for (int i = 0; i < 2; i++) {
+        if (status[i] >= 0)
+            close(status[i]);
+        if (hold[i] >= 0)
+            close(hold[i]);
+        if (out[i] >= 0)
+            close(out[i]);
+        if (err[i] >= 0)
+            close(err[i]);
+    }
+free_env:
+    for (int i = 0; i < KOLORUN_MAX_ENV; i++)
+        free(env[i]);
+    kolorun_words_free(&launch);
+    return rc;
+}
+
+/* Starts the holder, the leader of the ranks' process group (see
+ * "Processes" in kolorun.h). It keeps no file open, so it holds no pipe and
+ * no terminal, and dies with kolorun. */
+int kolorun_spawn_holder(kolorun_t *k, int wake_rd)
+{
+    sigset_t all, old;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, &old);
+    pid_t launcher = getpid();
+    pid_t pid = fork();
+    if (pid == 0) {
+        setpgid(0, 0);
+        struct sigaction ign;
+        memset(&ign, 0, sizeof ign);
+        ign.sa_handler = SIG_IGN;
+        sigemptyset(&ign.sa_mask);
+        for (int sig = 1; sig < NSIG; sig++)
+            sigaction(sig, &ign, NULL); /* fails for KILL and STOP: fine */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher)
+            _exit(0);
+        /* In ps and top, a name that says what it is. */
+        prctl(PR_SET_NAME, "kolorun-group");
+        close(wake_rd);
+        close(kolorun_wake_fd);
+        for (int fd = 0; fd < 3; fd++)
+            close(fd);
+        if (chdir("/") != 0) /* pin no mount point */
+            _exit(0);
+        sigset_t none;
+        sigemptyset(&none);
+        sigprocmask(SIG_SETMASK, &none, NULL);
+        for (;;)
+            pause();
+    }
+    int fork_errno = errno;
+    if (pid > 0) {
+        setpgid(pid, pid); /* also here: ranks join right after */
+        k->pgid = pid;
+    }
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (pid < 0) {
+        kolorun_say("cannot start: fork: %s", strerror(fork_errno));
+        return -1;
+    }
+    if (k->opts.verbose)
+        kolorun_say("ranks' process group %ld, held open by the "
+                    "kolorun-group process of the same pid",
+                    (long)pid);
+    return 0;
+}
+
+/* Ends the holder once the job is over. */
+void kolorun_end_holder(kolorun_t *k)
+{
+    if (k->pgid <= 0 || k->holder_reaped)
+        return;
+    kill(k->pgid, SIGKILL);
+    while (waitpid(k->pgid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    k->holder_reaped = 1;
+}
