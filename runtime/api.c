@@ -28,6 +28,7 @@
 #include "rdvserver.h"
 #include "timeline.h"
 #include "reduce.h"
+#include "passes.h"
 #include "pset.h"
 #include "runtime.h"
 #include "watchdog.h"
@@ -534,7 +535,7 @@ int kolo_shutdown(void)
     for (int i = 1; i < rt->nsets; i++)
         if (rt->sets[i] != NULL)
             kolo__pset_stop(rt->sets[i], &why);
-    kolo__api_accumulators_free();
+    kolo__passes_free();
     {
         char prefix[32];
         snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);

@@ -1,7 +1,8 @@
 /*
  * api.h — what the two halves of the public API (api.c and enqueue.c)
  * share: entering the API under its lock, reporting a failure to the
- * calling thread, finding a process set.
+ * calling thread, finding a process set. api.c defines them; enqueue.c
+ * only calls them (nothing in api.c calls back into enqueue.c).
  */
 #ifndef KOLO_API_H
 #define KOLO_API_H
@@ -24,8 +25,5 @@ int kolo__api_failf(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
 kolo__handles_t *kolo__api_handles(void);
-
-/* enqueue.c: drops every accumulator (at shutdown, under the API lock). */
-void kolo__api_accumulators_free(void);
 
 #endif /* KOLO_API_H */

@@ -14,30 +14,9 @@
 #include <string.h>
 
 #include "api.h"
+#include "passes.h"
 #include "reduce.h"
 #include "runtime.h"
-
-static kolo__map_t g_accumulators; /* name -> accumulator_t, under the API lock */
-
-/* One named accumulator (backward_passes > 1). */
-typedef struct accumulator {
-    void *sum;
-    int64_t count;
-    kolo_dtype_t dtype;
-    int passes, done;
-} accumulator_t;
-
-void kolo__api_accumulators_free(void)
-{
-    size_t it = 0;
-    void *v;
-    while (kolo__map_next(&g_accumulators, &it, NULL, &v)) {
-        accumulator_t *acc = v;
-        free(acc->sum);
-        free(acc);
-    }
-    kolo__map_free(&g_accumulators);
-}
 
 void kolo_opts_init(kolo_opts_t *opts)
 {
@@ -298,73 +277,23 @@ static int allreduce_params(const char *name, int64_t count, kolo_dtype_t dtype,
     return KOLO_OK;
 }
 
-/* backward_passes > 1: accumulate locally; the last pass of a group
- * returns 1 with the accumulated sum in `output`, earlier passes complete
- * a handle at once and return 0. Under the API lock. */
+/* backward_passes > 1: accumulate locally (passes.c); the last pass of a
+ * group returns 1 with the accumulated sum in `output`, earlier passes
+ * complete a handle at once and return 0. Under the API lock. */
 static int accumulate(kolo__pset_t *ps, const char *name, const void *input,
                       void *output, int64_t count, kolo_dtype_t dtype,
                       const kolo_opts_t *opts, kolo_handle_t *handle,
                       kolo__err_t *err)
 {
-    accumulator_t *acc = kolo__map_gets(&g_accumulators, name);
-    int rc;
+    int rc = kolo__passes_add(name, input, output, count, dtype,
+                              opts->backward_passes, opts->average_passes, err);
 
-    if (acc != NULL && acc->done == 0 &&
-        (acc->count != count || acc->dtype != dtype ||
-         acc->passes != opts->backward_passes)) {
-        /* No group in progress: a new one may have another shape or N. */
-        kolo__map_dels(&g_accumulators, name);
-        free(acc->sum);
-        free(acc);
-        acc = NULL;
-    }
-    if (acc != NULL && (acc->count != count || acc->dtype != dtype ||
-                        acc->passes != opts->backward_passes)) {
-        rc = kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                           "allreduce of tensor '%s': pass %d of %d was "
-                           "accumulated with %lld %s and %d passes, this call "
-                           "has %lld %s and %d passes; the partial sum is "
-                           "discarded",
-                           name, acc->done + 1, acc->passes,
-                           (long long)acc->count, kolo_dtype_name(acc->dtype),
-                           acc->passes, (long long)count,
-                           kolo_dtype_name(dtype), opts->backward_passes);
-        kolo__map_dels(&g_accumulators, name);
-        free(acc->sum);
-        free(acc);
-        return rc;
-    }
-    if (acc == NULL) {
-        acc = calloc(1, sizeof(*acc));
-        if (acc != NULL)
-            acc->sum = calloc(count ? (size_t)count : 1,
-                              kolo__accumulator_elem_size(dtype));
-        if (acc == NULL || acc->sum == NULL ||
-            kolo__map_puts(&g_accumulators, name, acc) != 0) {
-            if (acc != NULL)
-                free(acc->sum);
-            free(acc);
-            return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                                 "out of memory for the accumulator of tensor "
-                                 "'%s' (%lld %s)",
-                                 name, (long long)count, kolo_dtype_name(dtype));
-        }
-        acc->count = count;
-        acc->dtype = dtype;
-        acc->passes = opts->backward_passes;
-    }
-    kolo__accumulate(acc->sum, input, (size_t)count, dtype);
-    if (++acc->done < acc->passes) {
+    if (rc == 0) {
         /* An intermediate pass: done at once, nothing communicated. */
         KOLO__CHECK(kolo__handles_new(ps->rt->handles, handle, err));
         kolo__handles_complete(ps->rt->handles, *handle, KOLO_OK, NULL);
-        return 0;
     }
-    kolo__accumulate_finish(output, acc->sum, (size_t)count, dtype,
-                            opts->average_passes ? acc->passes : 1);
-    memset(acc->sum, 0, (size_t)count * kolo__accumulator_elem_size(dtype));
-    acc->done = 0;
-    return 1;
+    return rc;
 }
 
 int kolo_allreduce_async_opts(const char *name, const void *input,
