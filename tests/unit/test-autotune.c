@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "autotune.h"
+#include "unit.h"
 
 #define MIB (1024 * 1024)
 
@@ -156,9 +157,5 @@ static Suite *autotune_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(autotune_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(autotune_suite());
 }

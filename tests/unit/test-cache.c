@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "cache.h"
+#include "unit.h"
 
 /* ck_assert_* reports every passing check to the parent process (one
  * write per check); the long random test uses this instead in its loop:
@@ -519,9 +520,5 @@ static Suite *cache_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(cache_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(cache_suite());
 }

@@ -16,6 +16,7 @@
 
 #include "env.h"
 #include "launchenv.h"
+#include "unit.h"
 
 /* ---- a fake environment ------------------------------------------------ */
 
@@ -863,9 +864,5 @@ static Suite *env_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(env_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(env_suite());
 }

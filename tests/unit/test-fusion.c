@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "fusion.h"
+#include "unit.h"
 
 /* ck_assert_* reports every passing check to the parent process (one
  * write per check); the property test makes millions of checks, so its
@@ -385,9 +386,5 @@ static Suite *fusion_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(fusion_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(fusion_suite());
 }

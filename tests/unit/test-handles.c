@@ -20,6 +20,7 @@
 #include <time.h>
 
 #include "handles.h"
+#include "unit.h"
 
 static void sleep_ms(int ms)
 {
@@ -442,9 +443,5 @@ static Suite *handles_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(handles_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(handles_suite());
 }

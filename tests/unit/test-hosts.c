@@ -14,6 +14,7 @@
 #include <stdlib.h>
 
 #include "hosts.h"
+#include "unit.h"
 
 /* The reference: plain counting, the way hosts.h describes the fields. */
 static void check_all_members(const int *hosts, int size)
@@ -141,9 +142,5 @@ static Suite *hosts_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(hosts_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(hosts_suite());
 }

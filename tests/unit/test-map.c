@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "map.h"
+#include "unit.h"
 
 /* Distinct non-NULL values to store: addresses inside one array. */
 static char values[100000];
@@ -405,9 +406,5 @@ static Suite *map_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(map_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(map_suite());
 }

@@ -27,6 +27,7 @@
 
 #include "common.h"
 #include "mem/mem_ops.h"
+#include "unit.h"
 
 #define MAXR 4
 
@@ -595,9 +596,5 @@ static Suite *mem_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(mem_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(mem_suite());
 }

@@ -37,6 +37,7 @@
 #include <string.h>
 
 #include "message.h"
+#include "unit.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -1575,9 +1576,5 @@ static Suite *message_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(message_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(message_suite());
 }

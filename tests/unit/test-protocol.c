@@ -36,6 +36,7 @@
 #include "pset.h"
 #include "runtime.h"
 #include "timeline.h"
+#include "unit.h"
 
 #define MAXR 4
 
@@ -745,9 +746,5 @@ static Suite *protocol_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(protocol_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(protocol_suite());
 }

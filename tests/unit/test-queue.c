@@ -22,6 +22,7 @@
 
 #include "common.h"
 #include "queue.h"
+#include "unit.h"
 
 static kolo__entry_t *entry(const char *name, kolo_handle_t handle)
 {
@@ -453,9 +454,5 @@ static Suite *queue_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(queue_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(queue_suite());
 }
