@@ -501,21 +501,15 @@ END_TEST
 
 static Suite *cache_suite(void)
 {
-    Suite *s = suite_create("cache");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, miss_hit_mismatch);
-    tcase_add_test(tc, new_params_fields_mismatch);
-    tcase_add_test(tc, put_returns_lowest_free_bit);
-    tcase_add_test(tc, put_existing_name_replaces_params_keeps_bit);
-    tcase_add_test(tc, full_cache_evicts_lru);
-    tcase_add_test(tc, touch_changes_lru);
-    tcase_add_test(tc, erase_frees_bit_and_name);
-    tcase_add_test(tc, capacity_zero);
-    tcase_add_test(tc, capacity_one);
-    tcase_add_test(tc, same_calls_give_identical_caches);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {
+        miss_hit_mismatch, new_params_fields_mismatch,
+        put_returns_lowest_free_bit,
+        put_existing_name_replaces_params_keeps_bit, full_cache_evicts_lru,
+        touch_changes_lru, erase_frees_bit_and_name, capacity_zero,
+        capacity_one, same_calls_give_identical_caches
+    };
+    return kolo_unit_suite("cache", 30, tests,
+                           sizeof(tests) / sizeof(tests[0]));
 }
 
 int main(void)

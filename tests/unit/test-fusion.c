@@ -368,20 +368,14 @@ END_TEST
 
 static Suite *fusion_suite(void)
 {
-    Suite *s = suite_create("fusion");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, empty_input);
-    tcase_add_test(tc, one_item);
-    tcase_add_test(tc, one_key_all_fit);
-    tcase_add_test(tc, threshold_exactly_reached);
-    tcase_add_test(tc, item_larger_than_threshold_alone);
-    tcase_add_test(tc, threshold_zero_every_item_alone);
-    tcase_add_test(tc, interleaved_keys_batch_per_key);
-    tcase_add_test(tc, zero_byte_items);
-    tcase_add_test(tc, random_plans_keep_invariants);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {
+        empty_input, one_item, one_key_all_fit, threshold_exactly_reached,
+        item_larger_than_threshold_alone, threshold_zero_every_item_alone,
+        interleaved_keys_batch_per_key, zero_byte_items,
+        random_plans_keep_invariants
+    };
+    return kolo_unit_suite("fusion", 30, tests,
+                           sizeof(tests) / sizeof(tests[0]));
 }
 
 int main(void)

@@ -422,23 +422,18 @@ END_TEST
 
 static Suite *handles_suite(void)
 {
-    Suite *s = suite_create("handles");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, ids_start_at_one_and_grow);
-    tcase_add_test(tc, poll_in_progress);
-    tcase_add_test(tc, complete_ok_then_poll_and_wait);
-    tcase_add_test(tc, complete_error_message_reaches_poll_error_and_wait);
-    tcase_add_test(tc, complete_error_without_message_uses_strerror);
-    tcase_add_test(tc, second_wait_says_already_released);
-    tcase_add_test(tc, never_issued_ids);
-    tcase_add_test(tc, complete_twice_keeps_first);
-    tcase_add_test(tc, handles_are_independent);
-    tcase_add_test(tc, wait_in_other_thread_woken_by_complete);
-    tcase_add_test(tc, two_waiters_on_one_handle);
-    tcase_add_test(tc, concurrent_new_gives_unique_ids);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {
+        ids_start_at_one_and_grow, poll_in_progress,
+        complete_ok_then_poll_and_wait,
+        complete_error_message_reaches_poll_error_and_wait,
+        complete_error_without_message_uses_strerror,
+        second_wait_says_already_released, never_issued_ids,
+        complete_twice_keeps_first, handles_are_independent,
+        wait_in_other_thread_woken_by_complete, two_waiters_on_one_handle,
+        concurrent_new_gives_unique_ids
+    };
+    return kolo_unit_suite("handles", 30, tests,
+                           sizeof(tests) / sizeof(tests[0]));
 }
 
 int main(void)

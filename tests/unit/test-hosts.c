@@ -129,15 +129,11 @@ END_TEST
 
 static Suite *hosts_suite(void)
 {
-    Suite *s = suite_create("hosts");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, one_host);
-    tcase_add_test(tc, two_by_two_interleaved);
-    tcase_add_test(tc, uneven_hosts);
-    tcase_add_test(tc, random_placements);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {
+        one_host, two_by_two_interleaved, uneven_hosts, random_placements
+    };
+    return kolo_unit_suite("hosts", 30, tests,
+                           sizeof(tests) / sizeof(tests[0]));
 }
 
 int main(void)

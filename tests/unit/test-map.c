@@ -386,22 +386,14 @@ END_TEST
 
 static Suite *map_suite(void)
 {
-    Suite *s = suite_create("map");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, empty_map);
-    tcase_add_test(tc, put_get_del);
-    tcase_add_test(tc, keys_are_copied);
-    tcase_add_test(tc, replace_keeps_one_key);
-    tcase_add_test(tc, many_keys_force_growth);
-    tcase_add_test(tc, delete_and_reinsert_through_tombstones);
-    tcase_add_test(tc, churn_against_model);
-    tcase_add_test(tc, iteration_visits_every_live_key_once);
-    tcase_add_test(tc, binary_keys_with_nul_bytes);
-    tcase_add_test(tc, empty_key);
-    tcase_add_test(tc, full_table_probe_chains);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {
+        empty_map, put_get_del, keys_are_copied, replace_keeps_one_key,
+        many_keys_force_growth, delete_and_reinsert_through_tombstones,
+        churn_against_model, iteration_visits_every_live_key_once,
+        binary_keys_with_nul_bytes, empty_key, full_table_probe_chains
+    };
+    return kolo_unit_suite("map", 30, tests,
+                           sizeof(tests) / sizeof(tests[0]));
 }
 
 int main(void)

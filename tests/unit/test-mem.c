@@ -579,19 +579,14 @@ END_TEST
 
 static Suite *mem_suite(void)
 {
-    Suite *s = suite_create("mem");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, collectives_match_references);
-    tcase_add_test(tc, wake_tokens_arrive_from_another_thread);
-    tcase_add_test(tc, timeout_names_the_missing_rank);
-    tcase_add_test(tc, init_times_out_without_every_rank);
-    tcase_add_test(tc, killed_rank_is_named_by_its_peers);
-    tcase_add_test(tc, finalized_rank_is_lost);
-    tcase_add_test(tc, different_collectives_are_refused);
-    tcase_add_test(tc, waiting_for_names_the_late_rank);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {
+        collectives_match_references, wake_tokens_arrive_from_another_thread,
+        timeout_names_the_missing_rank, init_times_out_without_every_rank,
+        killed_rank_is_named_by_its_peers, finalized_rank_is_lost,
+        different_collectives_are_refused, waiting_for_names_the_late_rank
+    };
+    return kolo_unit_suite("mem", 30, tests,
+                           sizeof(tests) / sizeof(tests[0]));
 }
 
 int main(void)

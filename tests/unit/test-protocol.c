@@ -731,17 +731,13 @@ END_TEST
 
 static Suite *protocol_suite(void)
 {
-    Suite *s = suite_create("protocol");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, ranks_agree_whatever_the_order);
-    tcase_add_test(tc, response_cache_hits_and_invalidates);
-    tcase_add_test(tc, every_mismatch_is_reported_on_every_rank);
-    tcase_add_test(tc, joined_rank_reduces_zeros);
-    tcase_add_test(tc, process_set_beside_the_global_set);
-    tcase_add_test(tc, stopped_rank_fails_its_peers_work);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {
+        ranks_agree_whatever_the_order, response_cache_hits_and_invalidates,
+        every_mismatch_is_reported_on_every_rank, joined_rank_reduces_zeros,
+        process_set_beside_the_global_set, stopped_rank_fails_its_peers_work
+    };
+    return kolo_unit_suite("protocol", 60, tests,
+                           sizeof(tests) / sizeof(tests[0]));
 }
 
 int main(void)

@@ -434,22 +434,17 @@ END_TEST
 
 static Suite *queue_suite(void)
 {
-    Suite *s = suite_create("queue");
-    TCase *tc = tcase_create("core");
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, take_returns_pushes_in_order);
-    tcase_add_test(tc, duplicate_name_refused);
-    tcase_add_test(tc, release_allows_repush);
-    tcase_add_test(tc, take_timeout_zero_returns_at_once);
-    tcase_add_test(tc, take_with_timeout_waits_when_empty);
-    tcase_add_test(tc, take_with_timeout_returns_queued_work_at_once);
-    tcase_add_test(tc, push_from_other_thread_wakes_blocked_take);
-    tcase_add_test(tc, request_shutdown_wakes_take);
-    tcase_add_test(tc, shutdown_take_still_returns_queued_work);
-    tcase_add_test(tc, close_makes_push_fail_with_close_error);
-    tcase_add_test(tc, concurrent_producers);
-    suite_add_tcase(s, tc);
-    return s;
+    const TTest *const tests[] = {
+        take_returns_pushes_in_order, duplicate_name_refused,
+        release_allows_repush, take_timeout_zero_returns_at_once,
+        take_with_timeout_waits_when_empty,
+        take_with_timeout_returns_queued_work_at_once,
+        push_from_other_thread_wakes_blocked_take, request_shutdown_wakes_take,
+        shutdown_take_still_returns_queued_work,
+        close_makes_push_fail_with_close_error, concurrent_producers
+    };
+    return kolo_unit_suite("queue", 30, tests,
+                           sizeof(tests) / sizeof(tests[0]));
 }
 
 int main(void)

@@ -1,12 +1,29 @@
 /*
- * unit.h — what every Check unit test shares: running its suite and
- * turning the result into the exit status automake's harness reads.
+ * unit.h — what every Check unit test shares: making its suite, running
+ * it and turning the result into the exit status automake's harness
+ * reads.
  */
 #ifndef KOLO_TESTS_UNIT_H
 #define KOLO_TESTS_UNIT_H
 
 #include <check.h>
+#include <stddef.h>
 #include <stdlib.h>
+
+/* A suite of one test case, "core", of the given tests, each allowed
+ * `timeout` seconds. */
+static inline Suite *kolo_unit_suite(const char *name, double timeout,
+                                     const TTest *const *tests, size_t n)
+{
+    Suite *s = suite_create(name);
+    TCase *tc = tcase_create("core");
+
+    tcase_set_timeout(tc, timeout);
+    for (size_t i = 0; i < n; i++)
+        tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    return s;
+}
 
 /* Runs the suite (Check prints its summary line) and frees it; 0 when
  * every test passed. */
