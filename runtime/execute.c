@@ -407,6 +407,18 @@ static int new_result(kolo__pset_t *ps, const kolo__entry_t *e, int64_t rows,
     return KOLO_OK;
 }
 
+/* The end of a collective that has a result: the entry gets it, or fails
+ * naming the tensor (the caller frees what is left in *res). */
+static int attach(kolo__pset_t *ps, kolo__entry_t *e, int rc,
+                  kolo__result_t **res, char *detail, kolo__err_t *err)
+{
+    if (rc != KOLO_OK)
+        return backend_error(ps, rc, e, 1, detail, err);
+    e->result = *res;
+    *res = NULL;
+    return KOLO_OK;
+}
+
 /* Every rank learns `bytes` bytes of every rank's `mine` (a host value:
  * rows, splits): over the data backend for host tensors, over the
  * controller for CUDA tensors (the device backend moves device memory
@@ -458,12 +470,7 @@ static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e,
     else if (res->bytes > 0)
         rc = ps->data_ops->allgatherv(ps->data_ctx, e->input, res->data,
                                       bytes, detail, sizeof(detail));
-    if (rc != KOLO_OK) {
-        rc = backend_error(ps, rc, e, 1, detail, err);
-        goto out;
-    }
-    e->result = res;
-    res = NULL;
+    rc = attach(ps, e, rc, &res, detail, err);
 out:
     kolo__result_free(res);
     free(rows);
@@ -512,12 +519,7 @@ static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e,
     else
         rc = ps->data_ops->alltoallv(ps->data_ctx, e->input, sb, res->data,
                                      rb, detail, sizeof(detail));
-    if (rc != KOLO_OK) {
-        rc = backend_error(ps, rc, e, 1, detail, err);
-        goto out;
-    }
-    e->result = res;
-    res = NULL;
+    rc = attach(ps, e, rc, &res, detail, err);
 out:
     kolo__result_free(res);
     free(all);
@@ -575,12 +577,7 @@ static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
         if (rc == KOLO_OK)
             kolo__scale(res->data, counts[ps->rank], dtype, post);
     }
-    if (rc != KOLO_OK) {
-        rc = backend_error(ps, rc, e, 1, detail, err);
-        goto out;
-    }
-    e->result = res;
-    res = NULL;
+    rc = attach(ps, e, rc, &res, detail, err);
 out:
     kolo__result_free(res);
     free(counts);

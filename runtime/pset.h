@@ -1,6 +1,7 @@
 /*
  * pset.h — the life cycle of a process set on one rank (pset.c): the API
- * starts and stops sets; the GPU path connects its extra contexts here.
+ * starts and stops sets; execution connects the extra network contexts of
+ * the device backend's hierarchical allreduce here.
  */
 #ifndef KOLO_PSET_H
 #define KOLO_PSET_H

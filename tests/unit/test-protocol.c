@@ -1,7 +1,7 @@
 /*
  * test-protocol.c — the engine's protocol with several ranks as threads of
  * one process: negotiation (negotiate.c), the background loop, fusion and
- * execution (background.c), process sets, over the in-memory backend
+ * execution (execute.c), process sets, over the in-memory backend
  * (ops/mem).
  *
  * Why these tests: the multi-rank suites (tests/multi) run real processes
