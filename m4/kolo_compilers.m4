@@ -9,7 +9,7 @@
 # KOLO_PROG_CXX_CXX17
 #   $CXX must compile C++17 (the Gloo shim). When it does not do so by
 #   default, -std=gnu++17 is added to CXX. Sets kolo_cxx17 to yes or no;
-#   "no" only rules Gloo out (see kolo_gloo.m4).
+#   "no" only rules Gloo out (see ops/gloo/configure.m4).
 #
 # Both run before LT_INIT, so that libtool records the final CC and CXX.
 # Substitutes nothing new (CC and CXX are substituted by AC_PROG_CC/CXX).

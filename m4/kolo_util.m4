@@ -1,4 +1,5 @@
-# kolo_util.m4 -- small helpers used by the other kolo_*.m4 files.
+# kolo_util.m4 -- small helpers used by the other kolo_*.m4 files and by the
+# backends' ops/*/configure.m4.
 #
 # Finds nothing and substitutes nothing by itself. It provides:
 #

@@ -224,7 +224,7 @@ static int mpi_configure(int *mpi_launched, kolo__err_t *err)
     if (kolo__config_get("KOLO_RANK", plain_getenv) != NULL ||
         kolo__config_get("KOLO_SIZE", plain_getenv) != NULL)
         return KOLO_OK;
-    if (!kolo__mpienv_launched(&launched_size))
+    if (!kolo__launchenv_mpi(plain_getenv, &launched_size))
         return launcher_configure(err);
 #ifdef KOLO_HAVE_MPI
     {

@@ -38,6 +38,12 @@
  *
  * A KOLO_RENDEZVOUS the user sets (file: on a shared file system, or a
  * Redis server) is used instead, and then no rank serves anything.
+ *
+ * An MPI launcher (mpirun, or srun with an MPI plugin) is only recognised
+ * here (kolo__launchenv_mpi): such a job learns where it stands from MPI
+ * itself (ops/mpi/mpienv.c). A kolo built without MPI takes srun's own
+ * variables instead when they are there, and otherwise refuses a job of
+ * more than one rank (api.c).
  */
 #include "launchenv.h"
 
@@ -305,4 +311,24 @@ int kolo__launchenv_detect(const char *(*getenv_fn)(const char *),
                              out->local_rank, out->local_size,
                              out->cross_rank, out->cross_size);
     return 1;
+}
+
+int kolo__launchenv_mpi(const char *(*getenv_fn)(const char *), int *size)
+{
+    static const char *const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                            "PMIX_SIZE", "MPI_LOCALNRANKS"};
+    static const char *const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                            "PMIX_RANK", "MV2_COMM_WORLD_RANK"};
+    int launched = 0;
+
+    *size = 0;
+    for (size_t i = 0; i < sizeof(size_vars) / sizeof(size_vars[0]); i++) {
+        const char *v = getenv_fn(size_vars[i]);
+        if (v != NULL && *size == 0 && i != 3)
+            *size = atoi(v);
+        launched |= v != NULL;
+    }
+    for (size_t i = 0; i < sizeof(rank_vars) / sizeof(rank_vars[0]); i++)
+        launched |= getenv_fn(rank_vars[i]) != NULL;
+    return launched;
 }

@@ -1,7 +1,8 @@
 /*
  * launchenv.h — a job started by torchrun or by Slurm's srun, without
  * kolorun and without MPI: where this process stands in it, and where its
- * ranks meet (design in launchenv.c).
+ * ranks meet (design in launchenv.c); and whether an MPI launcher started
+ * this process.
  */
 #ifndef KOLO_LAUNCHENV_H
 #define KOLO_LAUNCHENV_H
@@ -30,5 +31,12 @@ typedef struct kolo__launchenv {
  * wrong. */
 int kolo__launchenv_detect(const char *(*getenv_fn)(const char *),
                            kolo__launchenv_t *out, kolo__err_t *err);
+
+/* Whether an MPI launcher (mpirun, or srun with an MPI plugin) started this
+ * process: one of its variables (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK,
+ * ...) is set through getenv_fn. *size gets the job's size when the
+ * launcher says it, else 0. Needs no MPI: a kolo built without MPI uses it
+ * to refuse such a job (mpienv.h describes it from MPI). */
+int kolo__launchenv_mpi(const char *(*getenv_fn)(const char *), int *size);
 
 #endif /* KOLO_LAUNCHENV_H */

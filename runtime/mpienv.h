@@ -1,6 +1,10 @@
 /*
  * mpienv.h — a job started by mpirun (or srun) without kolorun: the runtime
- * takes the ranks from MPI itself (mpienv.c, built when kolo has MPI).
+ * takes the ranks from MPI itself. The MPI backend implements this
+ * (ops/mpi/mpienv.c, built when kolo has MPI); the header stays with the
+ * runtime, which calls it, and names no MPI type, so the runtime never
+ * includes mpi.h. Whether an MPI launcher started the process at all is
+ * kolo__launchenv_mpi (launchenv.h), which needs no MPI.
  */
 #ifndef KOLO_MPIENV_H
 #define KOLO_MPIENV_H
@@ -11,11 +15,6 @@ typedef struct kolo__mpienv {
     int rank, size, local_rank, local_size, cross_rank, cross_size;
     char rendezvous[4096]; /* "mpi:TOKEN", or "file:DIR" when asked for */
 } kolo__mpienv_t;
-
-/* Whether an MPI launcher started this process (OMPI_COMM_WORLD_SIZE,
- * PMI_SIZE, PMIX_RANK, ...); *size gets the job's size when the launcher
- * says it, else 0. Needs no MPI. */
-int kolo__mpienv_launched(int *size);
 
 #ifdef KOLO_HAVE_MPI
 /* Initialises MPI at MPI_THREAD_MULTIPLE unless the program already did

@@ -4,7 +4,7 @@
  * DESIGN
  *
  * Communicators. MPI_COMM_WORLD's ranks are the job's global ranks (the
- * runtime takes them from MPI when mpirun started the job, runtime/mpienv.c).
+ * runtime takes them from MPI when mpirun started the job, ops/mpi/mpienv.c).
  * Each context (one per process set and role, ctl or data) owns a
  * communicator of cfg->members made with MPI_Comm_create_group, which only
  * the members call: a process set is created by its members alone. The tag

@@ -1,5 +1,5 @@
 /*
- * test-gpu-kernels.c — the CUDA kernels of runtime/gpu_kernels.cu against
+ * test-gpu-kernels.c — the CUDA kernels of ops/nccl/gpu_kernels.cu against
  * the host's reference: kolo__scale and kolo__average (reduce.c) and the
  * float16/bfloat16 conversions (half.c).
  *

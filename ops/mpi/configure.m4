@@ -1,4 +1,5 @@
-# kolo_mpi.m4 -- find MPI, kolo's second host (CPU) backend.
+# ops/mpi/configure.m4 -- find MPI, kolo's second host (CPU) backend.
+# Included by configure.ac (m4_include), which calls KOLO_CHECK_MPI.
 #
 # KOLO_CHECK_MPI
 #   --with-mpi            require MPI

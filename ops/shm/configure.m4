@@ -1,4 +1,6 @@
-# kolo_shm.m4 -- the shared-memory backend (ranks of one host).
+# ops/shm/configure.m4 -- the shared-memory backend (ranks of one host),
+# and with it the hierarchical one (ops/hier, shm inside a host). Included
+# by configure.ac (m4_include), which calls KOLO_CHECK_SHM.
 #
 # KOLO_CHECK_SHM
 #   --enable-shm (default: auto) builds ops/shm when the system has POSIX

@@ -1,8 +1,11 @@
 /*
  * mpienv.c — what a job started by `mpirun -np N prog` learns from MPI.
+ * Part of the MPI backend (built when kolo has MPI); the runtime calls it
+ * through runtime/mpienv.h, which names no MPI type.
  *
  * Without kolorun there are no KOLO_RANK and KOLO_SIZE; the launcher's own
- * variables say that MPI started the process. kolo_init (api.c) then calls
+ * variables say that MPI started the process (kolo__launchenv_mpi,
+ * runtime/launchenv.c, which needs no MPI). kolo_init (api.c) then calls
  * kolo__mpienv_start, which initialises MPI (or adopts the program's MPI)
  * and reads the job's shape from it: rank and size from MPI_COMM_WORLD, the
  * local rank and size from the shared-memory split (one communicator per
@@ -23,33 +26,10 @@
 
 #include "mpienv.h"
 
+#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-int kolo__mpienv_launched(int *size)
-{
-    static const char *const size_vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                                            "PMIX_SIZE", "MPI_LOCALNRANKS"};
-    static const char *const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK",
-                                            "PMIX_RANK", "MV2_COMM_WORLD_RANK"};
-    int launched = 0;
-
-    *size = 0;
-    for (size_t i = 0; i < sizeof(size_vars) / sizeof(size_vars[0]); i++) {
-        const char *v = getenv(size_vars[i]);
-        if (v != NULL && *size == 0 && i != 3)
-            *size = atoi(v);
-        launched |= v != NULL;
-    }
-    for (size_t i = 0; i < sizeof(rank_vars) / sizeof(rank_vars[0]); i++)
-        launched |= getenv(rank_vars[i]) != NULL;
-    return launched;
-}
-
-#ifdef KOLO_HAVE_MPI
-
-#include <ftw.h>
 #include <sys/time.h>
 #include <unistd.h>
 
@@ -254,5 +234,3 @@ int kolo__mpienv_allgather(const char *mine, size_t each, char *all,
                                            (int)each, MPI_CHAR, g_comm));
     return KOLO_OK;
 }
-
-#endif /* KOLO_HAVE_MPI */

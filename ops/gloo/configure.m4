@@ -1,4 +1,5 @@
-# kolo_gloo.m4 -- find Gloo, kolo's default host (CPU) backend.
+# ops/gloo/configure.m4 -- find Gloo, kolo's default host (CPU) backend.
+# Included by configure.ac (m4_include), which calls KOLO_CHECK_GLOO.
 #
 # KOLO_CHECK_GLOO
 #   --with-gloo           require Gloo from the system paths
