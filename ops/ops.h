@@ -1,10 +1,15 @@
 /*
- * ops.h — the one small table where the runtime meets a backend.
+ * ops.h — the small tables where the runtime meets a backend.
  *
  * The runtime never includes a backend's header and a backend never reaches
  * into the runtime's tables: everything between them passes through
- * kolo__ops_t. A backend is a file under ops/<name>/ that defines one
- * const kolo__ops_t filled with designated initializers, every slot set.
+ * kolo__ops_t (tensors in host memory) or kolo__dev_ops_t (tensors in
+ * device memory, further down). A backend is a folder ops/<name>/ with its
+ * source, its configure checks (configure.m4) and its build lines
+ * (Makefile.include); its source defines one const table filled with
+ * designated initializers, every slot set, and its capabilities (caps),
+ * from which the one chooser (ops/registry.c) picks a backend for each
+ * role of each process set.
  *
  * Contract for every slot:
  *  - Called from the runtime's background thread only, one call at a time,
