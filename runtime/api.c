@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "agree.h"
+#include "elastic.h"
 #include "api.h"
 #include "launchenv.h"
 #include "mpienv.h"
@@ -118,6 +119,9 @@ static struct {
     char value[4200];
 } g_env_override[12];
 static int g_env_noverride;
+/* An elastic job: the generation this process joined last (0: none yet),
+ * and its place in it. */
+static kolo__elastic_place_t g_elastic;
 
 /* torchrun or srun: rank 0 serves the rendezvous at this port, the others
  * wait for it there (after the configuration is read: KOLO_START_TIMEOUT
@@ -208,6 +212,38 @@ static int serve_rendezvous(const kolo__config_t *cfg, kolo__err_t *err)
         return kolo__rdvserver_start(g_serve.port, g_serve.why, err);
     return kolo__rdvserver_wait(g_serve.host, g_serve.port,
                                 cfg->start_timeout_s, g_serve.why, err);
+}
+
+/* An elastic job (KOLO_ELASTIC=1): the place comes from the newest
+ * generation kolorun published that includes this worker (elastic.c). */
+static int elastic_configure(int *elastic, kolo__err_t *err)
+{
+    const char *on = kolo__config_get("KOLO_ELASTIC", plain_getenv);
+    const char *id = kolo__config_get("KOLO_ELASTIC_ID", plain_getenv);
+    const char *t = kolo__config_get("KOLO_ELASTIC_TIMEOUT", plain_getenv);
+    const char *rdv = getenv("KOLO_RENDEZVOUS");
+    double timeout_s = t != NULL && atof(t) > 0 ? atof(t) : 600;
+    kolo__elastic_place_t p;
+
+    *elastic = on != NULL && strcmp(on, "1") == 0;
+    if (!*elastic)
+        return KOLO_OK;
+    if (rdv == NULL || rdv[0] == '\0')
+        return kolo__err_set(err, KOLO_ERR_CONFIG, "KOLO_ELASTIC=1 without "
+                             "KOLO_RENDEZVOUS: elastic jobs are started by "
+                             "kolorun --min-np or --host-discovery-script");
+    KOLO__CHECK(kolo__elastic_join(rdv, id != NULL ? id : "",
+                                   g_elastic.generation, timeout_s, &p, err));
+    g_elastic = p;
+    env_override("KOLO_RANK", "%d", p.rank);
+    env_override("KOLO_SIZE", "%d", p.size);
+    env_override("KOLO_LOCAL_RANK", "%d", p.local_rank);
+    env_override("KOLO_LOCAL_SIZE", "%d", p.local_size);
+    env_override("KOLO_CROSS_RANK", "%d", p.cross_rank);
+    env_override("KOLO_CROSS_SIZE", "%d", p.cross_size);
+    kolo__debug("elastic worker %s: rank %d of %d in generation %u (%s)",
+                id, p.rank, p.size, p.generation, p.update);
+    return KOLO_OK;
 }
 
 /* Where this process stands when kolorun did not start it (no KOLO_RANK,
@@ -379,7 +415,7 @@ int kolo_init(void)
     kolo__pset_t *world = NULL;
     int *all = NULL;
     char prefix[32];
-    int rc, mpi_launched = 0;
+    int rc, mpi_launched = 0, elastic = 0;
 
     kolo__err_clear(&err);
     if (kolo__api_handles() == NULL)
@@ -398,6 +434,12 @@ int kolo_init(void)
     }
     pthread_mutex_init(&rt->sets_mu, NULL);
     KOLO__CHECK_GOTO(mpi_configure(&mpi_launched, &err), rc, free_rt);
+    KOLO__CHECK_GOTO(elastic_configure(&elastic, &err), rc, free_rt);
+    if (elastic && mpi_launched) {
+        rc = kolo__err_set(&err, KOLO_ERR_UNSUPPORTED, "an MPI job cannot "
+                           "change size: KOLO_ELASTIC=1 under mpirun");
+        goto free_rt;
+    }
     KOLO__CHECK_GOTO(kolo__config_load(&rt->cfg, env_get, &err), rc, free_rt);
     rt->cfg.mpi_launched = mpi_launched;
     if (!mpi_launched && strncmp(rt->cfg.rendezvous, "mpi:", 4) == 0) {
@@ -412,7 +454,9 @@ int kolo_init(void)
     rt->rank = (int)rt->cfg.rank;
     rt->size = (int)rt->cfg.size;
     rt->handles = &g_handles;
-    rt->generation = g_generation++;
+    /* Rendezvous keys are unique per kolo_init; in an elastic job per
+     * generation, which every member shares (new workers included). */
+    rt->generation = elastic ? g_elastic.generation : g_generation++;
     kolo__log_set_rank(rt->rank);
     warn_unknown_variables(rt->rank);
     KOLO__CHECK_GOTO(serve_rendezvous(&rt->cfg, &err), rc, free_rt);
@@ -448,6 +492,15 @@ int kolo_init(void)
                                rt->cfg.timeline, why);
             goto free_rt;
         }
+    }
+    if (elastic && kolo__timeline_active(rt->timeline)) {
+        /* Each membership change marks the timeline (kolo-timeline
+         * summary lists them). */
+        char mark[128];
+        snprintf(mark, sizeof(mark), "MEMBERSHIP generation %u: %d ranks (%s)",
+                 g_elastic.generation, rt->size,
+                 g_elastic.update[0] ? g_elastic.update : "start");
+        kolo__tl_instant(rt->timeline, "elastic", mark, 0);
     }
     all = malloc((size_t)rt->size * sizeof(int));
     if (all == NULL) {
@@ -550,6 +603,27 @@ int kolo_shutdown(void)
 }
 
 int kolo_is_initialized(void) { return atomic_load(&g_size) > 0; }
+
+int kolo_elastic(void)
+{
+    const char *on = kolo__config_get("KOLO_ELASTIC", plain_getenv);
+    return on != NULL && strcmp(on, "1") == 0;
+}
+
+int kolo_elastic_generation(void)
+{
+    return kolo_elastic() && kolo_is_initialized() ? (int)g_elastic.generation
+                                                   : 0;
+}
+
+int kolo_hosts_updated(void)
+{
+    const char *rdv = getenv("KOLO_RENDEZVOUS");
+
+    if (!kolo_elastic() || !kolo_is_initialized() || rdv == NULL)
+        return 0;
+    return kolo__elastic_updates(rdv, g_elastic.generation);
+}
 int kolo_rank(void) { return g_rank; }
 int kolo_size(void) { return g_size; }
 int kolo_local_rank(void) { return g_local_rank; }

@@ -63,10 +63,14 @@
 
 /* Ends this rank's part in the set: no more enqueues, everything pending
  * fails with `why`. */
-static void stop_all(kolo__pset_t *ps, const kolo__err_t *why)
+static void stop_all(kolo__pset_t *ps, const kolo__err_t *cause)
 {
+    kolo__err_t mapped = *cause, *why = &mapped;
     int shutdown;
     kolo__entry_t *e;
+
+    /* An elastic job re-forms after a loss: what fails says so. */
+    mapped.code = kolo__elastic_status(ps->rt, cause->code);
 
     kolo__queue_close(&ps->queue, why);
     e = kolo__queue_take(&ps->queue, 0, &shutdown);
@@ -107,7 +111,9 @@ static void stop_reason(kolo__pset_t *ps, int stop_rank, kolo__err_t *err)
         kolo__err_set(err, KOLO_ERR_SHUTDOWN,
                       "kolo was shut down on this rank (rank %d)", gstop);
     else if (ps->id == KOLO_GLOBAL_PROCESS_SET)
-        kolo__err_set(err, KOLO_ERR_SHUTDOWN,
+        /* In an elastic job a rank that leaves changes the membership. */
+        kolo__err_set(err, ps->rt->cfg.elastic ? KOLO_ERR_MEMBERSHIP
+                                               : KOLO_ERR_SHUTDOWN,
                       "rank %d has shut down, which stops the job", gstop);
     else
         kolo__err_set(err, KOLO_ERR_SHUTDOWN,

@@ -80,9 +80,19 @@ void kolo__tl_batch(kolo__pset_t *ps, const size_t *idx, size_t n,
     }
 }
 
+int kolo__elastic_status(const kolo__runtime_t *rt, int code)
+{
+    if (rt->cfg.elastic && (code == KOLO_ERR_RANK_LOST ||
+                            code == KOLO_ERR_TIMEOUT ||
+                            code == KOLO_ERR_BACKEND))
+        return KOLO_ERR_MEMBERSHIP;
+    return code;
+}
+
 void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
                     const char *msg)
 {
+    status = kolo__elastic_status(ps->rt, status);
     while (e->tl_depth > 0)
         kolo__tl_entry_end(ps, e);
     if (e->handle > 0) {

@@ -11,6 +11,12 @@
  * the entry's result, if any). Frees the entry. */
 void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
                     const char *msg);
+/* In an elastic job (KOLO_ELASTIC=1), the status a loss turns into: a rank
+ * lost, a timeout or a backend failure is KOLO_ERR_MEMBERSHIP, which the
+ * program recovers from by re-forming the job (elastic.c). Elsewhere, and
+ * for any other status, `code` itself. */
+int kolo__elastic_status(const kolo__runtime_t *rt, int code);
+
 /* Completes an entry that will never run, with a sentence naming it. */
 void kolo__fail_entry(kolo__pset_t *ps, kolo__entry_t *e,
                       const kolo__err_t *why);

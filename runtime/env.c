@@ -171,6 +171,16 @@ static int parse_string(const char *text, void *field, const char **expected)
     return 0;
 }
 
+static int parse_elastic_id(const char *text, void *field,
+                            const char **expected)
+{
+    *expected = "host:slot, at most 299 characters";
+    if (strlen(text) >= 300)
+        return -1;
+    strcpy(field, text);
+    return 0;
+}
+
 static int parse_host(const char *text, void *field, const char **expected)
 {
     *expected = "a host name or address of at most 255 characters";
@@ -326,6 +336,16 @@ static const config_row_t rows[] = {
     {"KOLO_AUTOTUNE_WINDOW", "20", "autotune: rounds with work per measured "
      "window", parse_positive, F(autotune_window), AGREE,
      "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"},
+    {"KOLO_ELASTIC", "0", "1: an elastic job (kolorun --min-np or "
+     "--host-discovery-script sets it): kolo_init takes this rank's place "
+     "from the membership kolorun publishes", parse_nonneg, F(elastic), AGREE,
+     "HOROVOD_ELASTIC"},
+    {"KOLO_ELASTIC_ID", "", "this worker's host:slot in an elastic job "
+     "(kolorun sets it)", parse_elastic_id, F(elastic_id), PER_RANK, NULL},
+    {"KOLO_ELASTIC_TIMEOUT", "600", "seconds an elastic kolo_init waits for "
+     "a membership that includes this worker (kolorun --elastic-timeout)",
+     parse_positive_seconds, F(elastic_timeout_s), PER_RANK,
+     "HOROVOD_ELASTIC_TIMEOUT"},
 };
 
 #undef F
@@ -684,8 +704,6 @@ static const struct horovod_note {
     {"HOROVOD_ADASUM_*", NOTE_ALWAYS, "kolo has no Adasum"},
     {"HOROVOD_LOG_HIDE_TIME", NOTE_IF_OFF, "kolo's log lines carry no time "
      "(kolorun --prefix-output-with-timestamp stamps every line)"},
-    {"HOROVOD_ELASTIC", NOTE_IF_ON, "kolo_init does not start an elastic "
-     "job"},
     {"HOROVOD_GLOO_RENDEZVOUS_ADDR", NOTE_ALWAYS, "it is horovodrun's, whose "
      "rendezvous kolo cannot use: start the job with kolorun, which takes "
      "horovodrun's flags"},

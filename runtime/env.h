@@ -43,6 +43,9 @@ typedef struct kolo__config {
     int64_t autotune;        /* KOLO_AUTOTUNE */
     char autotune_log[4096]; /* KOLO_AUTOTUNE_LOG */
     int64_t autotune_window; /* KOLO_AUTOTUNE_WINDOW: rounds per window */
+    int64_t elastic;         /* KOLO_ELASTIC: kolorun's elastic mode */
+    char elastic_id[300];    /* KOLO_ELASTIC_ID: this worker's host:slot */
+    double elastic_timeout_s; /* KOLO_ELASTIC_TIMEOUT */
 } kolo__config_t;
 
 /* Reads every variable through `getenv_fn` (getenv in the runtime; a fake

@@ -93,7 +93,9 @@ extern "C" {
     X(ERR_UNSUPPORTED, -11, "operation not supported")                        \
     X(ERR_RANK_LOST, -12, "a rank was lost")                                  \
     X(ERR_TIMEOUT, -13, "timed out")                                          \
-    X(ERR_INTERNAL, -14, "internal error")
+    X(ERR_INTERNAL, -14, "internal error")                                    \
+    X(ERR_MEMBERSHIP, -15, "the elastic job's membership changed")           \
+    X(ERR_REMOVED, -16, "this worker was removed from the elastic job")
 
 #define KOLO_STATUS_ENUM_(name, value, msg) KOLO_##name = value,
 typedef enum kolo_status {
@@ -206,6 +208,60 @@ KOLO_EXPORT int kolo_shutdown(void);
 
 /* 1 between a successful kolo_init and kolo_shutdown, else 0. */
 KOLO_EXPORT int kolo_is_initialized(void);
+
+/* ---- Elastic jobs ------------------------------------------------------
+ *
+ * A job started by kolorun with --min-np or --host-discovery-script
+ * (KOLO_ELASTIC=1) goes on when ranks are lost or hosts come and go.
+ * kolorun decides each new membership, a "generation", and publishes it in
+ * the job's rendezvous (design in runtime/elastic.c). A worker is a
+ * host:slot pair (KOLO_ELASTIC_ID); in a new generation the surviving
+ * workers keep their relative order, rank 0 stays on the oldest surviving
+ * host, and new workers come after.
+ *
+ * The life cycle of an elastic program (kolo.torch.elastic.run does this
+ * for Python; examples/elastic_mlp.c does it in C):
+ *
+ *   kolo_init();            joins the newest generation that includes
+ *                           this worker (waiting for it up to
+ *                           KOLO_ELASTIC_TIMEOUT); KOLO_ERR_REMOVED: this
+ *                           worker is not in it, the process should exit
+ *   loop:
+ *     train a step;         a collective that fails with
+ *                           KOLO_ERR_MEMBERSHIP means a rank was lost:
+ *                           restore the last committed state, then
+ *                           kolo_shutdown(), kolo_init() (again while it
+ *                           returns KOLO_ERR_MEMBERSHIP), re-create the
+ *                           process sets, broadcast the state from rank 0,
+ *                           and go on
+ *     commit the state;     then kolo_hosts_updated(): non-zero means
+ *                           hosts were added or removed: kolo_shutdown(),
+ *                           kolo_init(), broadcast the state, go on (no
+ *                           restore: nothing failed)
+ *
+ * In an elastic job every operation of a process set that stopped because
+ * a rank was lost, timed out, failed in the backend or shut down fails
+ * with KOLO_ERR_MEMBERSHIP (its message still says what happened), and so
+ * do later enqueues until kolo_shutdown. The response cache starts empty
+ * in every generation. */
+
+/* 1 when this process runs in an elastic job (KOLO_ELASTIC=1, or
+ * HOROVOD_ELASTIC=1), else 0. Callable before kolo_init. */
+KOLO_EXPORT int kolo_elastic(void);
+
+/* The generation this process joined at its last kolo_init; 0 when not
+ * initialized or not elastic. */
+KOLO_EXPORT int kolo_elastic_generation(void);
+
+/* Whether kolorun published a newer generation than the joined one: 0
+ * none; else bits: 1 ranks were removed (hosts gone; nothing failed), 2
+ * ranks were added; both for a failure or a mixed change. Reads the
+ * rendezvous (a small file, or one Redis GET); no collective, so ranks may
+ * see a new generation at different times: decide on rank 0's answer
+ * (kolo.torch.elastic's State.check_host_updates broadcasts it). Negative
+ * (a KOLO_ERR_* code) when the rendezvous cannot be read; 0 when not
+ * elastic or not initialized. */
+KOLO_EXPORT int kolo_hosts_updated(void);
 
 /* This rank's place in the job; -1 when not initialized. Local: among the
  * ranks of this host; cross: among the hosts (the rank of this host's rank
