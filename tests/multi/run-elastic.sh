@@ -13,7 +13,9 @@
 #   added     2 workers on host localhost; after step 3 generation 2 adds
 #             a worker on host 127.0.0.1 (a second host): the old ones see
 #             kolo_hosts_updated() == 2 at a commit, re-form at 3 ranks
-#             (the new one last, across two hosts), all finish equal
+#             (the new one last, across two hosts), all finish equal; the
+#             timeline of generation 2 is marked, and kolo-timeline
+#             summary lists the mark
 #   removed   3 workers; after step 3 generation 2 leaves the middle one
 #             out: it gets KOLO_ERR_REMOVED, the others re-form at 2 ranks
 #             keeping their order
@@ -23,8 +25,11 @@
 # Every run is bounded by `timeout`. Prints one line per case and
 # "N passed, N failed".
 set -u
+here=$(cd "$(dirname "$0")" && pwd)
 top=${KOLO_TOP_BUILDDIR:-.}
+src=${KOLO_TOP_SRCDIR:-$here/../..}
 prog=$top/tests/multi/test-elastic
+python3=${KOLO_PYTHON:-/usr/bin/python3}
 limit=${KOLO_TEST_TIMEOUT:-60}
 steps=30
 
@@ -48,10 +53,11 @@ publish() {
     printf '%s\n' "$gen" > "$dir/rdv/.tmp" && mv "$dir/rdv/.tmp" "$dir/rdv/elastic.generation"
 }
 
-# start DIR ID — one worker, its output in DIR/out.ID.
+# start DIR ID [TIMELINE] — one worker, its output in DIR/out.ID.
 start() {
-    local dir=$1 id=$2
+    local dir=$1 id=$2 timeline=${3:-}
     (
+        [ -n "$timeline" ] && export KOLO_TIMELINE=$timeline
         export KOLO_ELASTIC=1 KOLO_ELASTIC_ID=$id KOLO_HOSTNAME=${id%:*}
         export KOLO_RENDEZVOUS=file:$dir/rdv TEST_DIR=$dir
         export KOLO_ELASTIC_TIMEOUT=$limit KOLO_TIMEOUT_SECONDS=10
@@ -138,12 +144,17 @@ case_added() {
     local d=$work/added ok=1
     mkdir -p "$d/rdv"
     publish "$d" 1 start localhost:0 localhost:1
-    for id in localhost:0 localhost:1; do start "$d" "$id"; done
+    start "$d" localhost:0 "$d/timeline.json"
+    start "$d" localhost:1
     wait_progress "$d" 3 localhost:0 localhost:1 || ok=0
     publish "$d" 2 added localhost:0 localhost:1 127.0.0.1:0
     start "$d" 127.0.0.1:0
     finish "$d" localhost:0 localhost:1 127.0.0.1:0 || ok=0
     grep -q "^UPDATED localhost:0 2" "$d/out.localhost:0" || ok=0
+    # The timeline of the last generation is marked with it.
+    "$python3" "$src/tools/kolo-timeline" summary "$d/timeline.json" \
+        > "$d/summary" 2>&1 || ok=0
+    grep -q "rank 0: generation 2: 3 ranks (added)" "$d/summary" || ok=0
     grep -q "^JOIN 127.0.0.1:0 2 2 3" "$d/out.127.0.0.1:0" || ok=0
     [ "$(agree_done "$d" localhost:0 localhost:1 127.0.0.1:0)" = "2 3" ] || ok=0
     report "added: a second host joins at a commit" $ok "$d"
