@@ -315,5 +315,39 @@ for f in --min-np --max-np --host-discovery-script --slots-per-host --elastic-ti
 done
 end
 
+begin "Redis rendezvous (--start-redis): the records are SET under the job's name"
+if command -v redis-server >/dev/null && command -v redis-cli >/dev/null; then
+    cat >"$WORK/redis-worker.sh" <<'RW'
+#!/bin/bash
+r=${KOLO_RENDEZVOUS#redis:}
+hp=${r%%/*} job=${r#*/}
+for _ in $(seq 100); do
+    g=$(redis-cli -h "${hp%:*}" -p "${hp##*:}" GET "$job/elastic/generation")
+    if [ -n "$g" ]; then
+        echo "$KOLO_ELASTIC_ID gen $g $(redis-cli -h "${hp%:*}" -p "${hp##*:}" GET "$job/elastic/$g/members" | tr '\n' ' ')$(redis-cli -h "${hp%:*}" -p "${hp##*:}" GET "$job/elastic/$g/update")" >>"$D/log"
+        exit 0
+    fi
+    sleep 0.1
+done
+exit 5
+RW
+    chmod +x "$WORK/redis-worker.sh"
+    kr --start-redis -H localhost:1,127.0.0.1:1 --min-np 1 "$WORK/redis-worker.sh"
+    expect "exit status 0 (got $rc)" eq "$rc" 0
+    expect "both read generation 1 from Redis" eq "$(grep -c "^[a-z0-9.]*:0 gen 1 localhost:0 127.0.0.1:0  *start$" "$D/log")" 2
+else
+    echo "    (no redis-server or redis-cli here: skipped)"
+fi
+end
+
+begin "SIGTERM to kolorun: the workers stop, no new generation, kolorun ends by SIGTERM"
+start -H localhost:1,127.0.0.1:1 --min-np 1 "$W"
+expect "generation 1" waitfor " gen 1 " 2
+kill -TERM "$pid"
+finish
+expect "status 143 (got $rc)" eq "$rc" 143
+expect "no generation 2" hasnt "$ERR" "generation 2"
+end
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
