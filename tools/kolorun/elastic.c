@@ -81,6 +81,8 @@ struct kolorun_elastic {
     int64_t end_ms;
     int status;           /* the exit status it chose */
     int end_written;
+    int dirty;            /* something changed: decide again */
+    int64_t recheck_at;   /* a timed event: decide again then (0: none) */
     /* The discovery script. */
     pid_t dpid;
     int dfd, dreaped, dstatus, dkilled, druns, dgood;
@@ -527,6 +529,7 @@ static void el_decide(kolorun_t *k, int64_t now)
     const kolorun_opts_t *o = &k->opts;
     if (e->ended || k->stopping || now < e->settle_until)
         return;
+    e->dirty = 0;
     if (e->finishing) {
         /* No more generations: the workers are ending the job. */
         for (int i = 0; i < e->nmembers; i++)
@@ -820,6 +823,7 @@ static void el_discovery_done(kolorun_t *k)
     }
     free(l);
     e->dgood = 1;
+    e->dirty = 1;
     e->dwarn[0] = '\0'; /* a later problem is said again */
 }
 
@@ -869,6 +873,7 @@ int kolorun_elastic_start(kolorun_t *k)
     k->elastic = e;
     e->dfd = -1;
     e->status = -1;
+    e->dirty = 1;
     e->start_ms = kolorun_now_ms();
     srand((unsigned)(getpid() ^ (unsigned)k->job_start_us));
     if (el_grow_hosts(k, k->opts.nhosts + 1) != 0) {
@@ -923,8 +928,10 @@ int64_t kolorun_elastic_tick(kolorun_t *k)
             EL_AT(e->dnext);
     }
 
-    /* Decide only once the first list is in (or could not come). */
-    if (!k->opts.discovery || e->druns > 0)
+    /* Decide when something changed or a timed event is due, and only
+     * once the first host list is in (or could not come). */
+    if ((!k->opts.discovery || e->druns > 0) &&
+        (e->dirty || (e->recheck_at && now >= e->recheck_at)))
         el_decide(k, now);
 
     /* A signal stopped the job: workers waiting in kolo_init learn it. */
@@ -966,16 +973,31 @@ int64_t kolorun_elastic_tick(kolorun_t *k)
         else
             EL_AT(due);
     }
+    /* The timed events of el_decide: the end of a failure's settling,
+     * the elastic timeout (at the start, or while too few), a cooldown. */
+    e->recheck_at = 0;
     if (!e->ended && !k->stopping) {
+        int64_t at = -1;
+#define EL_RECHECK(t)                             \
+    do {                                          \
+        if (at < 0 || (t) < at)                   \
+            at = (t);                             \
+    } while (0)
         if (now < e->settle_until)
-            EL_AT(e->settle_until);
+            EL_RECHECK(e->settle_until);
         if (e->gen == 0)
-            EL_AT(e->start_ms + (int64_t)k->opts.elastic_timeout_s * 1000);
+            EL_RECHECK(e->start_ms + (int64_t)k->opts.elastic_timeout_s * 1000);
         if (e->wait_since)
-            EL_AT(e->wait_since + (int64_t)k->opts.elastic_timeout_s * 1000);
+            EL_RECHECK(e->wait_since +
+                       (int64_t)k->opts.elastic_timeout_s * 1000);
         for (int h = 0; h < k->opts.nhosts; h++)
             if (e->h[h].bl_until > now && e->h[h].bl_until != EL_FOREVER)
-                EL_AT(e->h[h].bl_until);
+                EL_RECHECK(e->h[h].bl_until);
+#undef EL_RECHECK
+        if (at >= 0) {
+            e->recheck_at = at;
+            EL_AT(at);
+        }
     }
 #undef EL_AT
     return next;
@@ -1010,6 +1032,7 @@ void kolorun_elastic_ended(kolorun_t *k, int w, int status)
     el_worker_t *ew = &e->w[w];
     ew->gone = 1;
     ew->status = status;
+    e->dirty = 1;
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     int rank = el_rank_of(e, w);
     char how[128];
