@@ -840,9 +840,7 @@ begin "flags kolo cannot honour are refused with one line saying why"
 for flag in --hierarchical-allgather "--autotune-warmup-samples 3" \
     "--autotune-bayes-opt-max-samples 5" "--autotune-gaussian-process-noise 0.5" \
     --mpi-threads-disable "--num-nccl-streams 2" "--thread-affinity 1" \
-    --log-with-timestamp --no-log-hide-timestamp --jsrun "--min-np 1" "--max-num-proc 4" \
-    "--slots-per-host 2" "--elastic-timeout 5" "--reset-limit 1" \
-    "--blacklist-cooldown-range 1 2" "--host-discovery-script x" \
+    --log-with-timestamp --no-log-hide-timestamp --jsrun \
     "--mpi-args --foo" "--binding-args x"; do
     # shellcheck disable=SC2086
     kr -np 2 $flag sh -c 'echo started'

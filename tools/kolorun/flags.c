@@ -26,9 +26,6 @@
 
 #include "kolorun.h"
 
-#define KR_ELASTIC                                                        \
-    "kolorun does not start elastic jobs; give a fixed -np (with -H or "  \
-    "--hostfile for several hosts)"
 #define KR_BAYES                                                          \
     "kolo's autotune is a coordinate search, not Bayesian optimisation, " \
     "and has no such knob; --autotune-steps-per-sample sets the rounds "  \
@@ -100,20 +97,6 @@ const kolorun_knob_t kolorun_knobs[] = {
     {"--disable-cache", NULL, NULL, NULL, NULL, 0, KR_NOOP, NULL, NULL, NULL},
     {"--jsrun", NULL, NULL, NULL, NULL, 0, KR_REFUSED_ON, NULL, NULL,
      "kolorun has no jsrun launcher; under LSF use --mpi (mpirun), or -H"},
-    {"--min-np", "--min-num-proc", NULL, NULL, NULL, 0, KR_REFUSED, NULL, NULL,
-     KR_ELASTIC},
-    {"--max-np", "--max-num-proc", NULL, NULL, NULL, 0, KR_REFUSED, NULL, NULL,
-     KR_ELASTIC},
-    {"--slots-per-host", NULL, NULL, NULL, NULL, 0, KR_REFUSED, NULL, NULL,
-     KR_ELASTIC},
-    {"--elastic-timeout", NULL, NULL, NULL, NULL, 0, KR_REFUSED, NULL, NULL,
-     KR_ELASTIC},
-    {"--reset-limit", NULL, NULL, NULL, NULL, 0, KR_REFUSED, NULL, NULL,
-     KR_ELASTIC},
-    {"--blacklist-cooldown-range", NULL, NULL, NULL, NULL, 0, KR_REFUSED, NULL,
-     NULL, KR_ELASTIC},
-    {"--host-discovery-script", NULL, NULL, NULL, NULL, 0, KR_REFUSED, NULL,
-     NULL, KR_ELASTIC},
 };
 _Static_assert(sizeof kolorun_knobs / sizeof kolorun_knobs[0] == KOLORUN_NKNOBS,
                "KOLORUN_NKNOBS in kolorun.h counts kolorun_knobs");

@@ -23,7 +23,7 @@
 #include "kolorun.h"
 
 /* The launching host: its ranks start directly, without ssh. */
-static int kolorun_host_is_local(const char *name)
+int kolorun_host_is_local(const char *name)
 {
     char me[256] = "";
     if (strcmp(name, "localhost") == 0 || strcmp(name, "127.0.0.1") == 0 ||
@@ -41,7 +41,7 @@ static int kolorun_host_is_local(const char *name)
 
 /* A host name kolorun can pass through a launch command and a shell: no
  * blanks, quotes or shell syntax, and not an option. */
-static int kolorun_host_name_ok(const char *name)
+int kolorun_host_name_ok(const char *name)
 {
     if (name[0] == '\0' || name[0] == '-' || strlen(name) > 255)
         return 0;

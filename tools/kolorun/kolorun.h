@@ -67,7 +67,8 @@
  * for the ranks, as the shell meant. Signals are blocked around fork() so
  * that a child never runs kolorun's handlers between fork and exec.
  *
- * Ending. When a rank exits non-zero or is killed, and kolorun was not
+ * Ending. (An elastic job ends otherwise: see "Elastic jobs" below.)
+ * When a rank exits non-zero or is killed, and kolorun was not
  * already stopping the job, the job has failed: kolorun prints the rank's
  * remaining output, then one line naming the cause ("kolorun: rank 1
  * (pid 42) exited with status 3"), lets the others report the loss for the
@@ -104,6 +105,57 @@
  * action, raised on itself), so that a shell script running kolorun stops on
  * Ctrl-C as it would for any other command.
  *
+ * Elastic jobs. --min-np or --host-discovery-script makes the job elastic
+ * (horovodrun's rule; the contract between kolorun, the runtime and Python
+ * is ELASTIC-CONTRACT.md of issue 21). A worker is one (host, slot); its id
+ * is "host:slot", and "localhost" and "127.0.0.1" are two hosts, so one
+ * machine can play two. Hosts come from the discovery script, which
+ * kolorun runs with sh -c about once a second, one run at a time, each
+ * killed after 10 s, its stdout read by the poll loop ("host:slots" lines,
+ * or "host" with --slots-per-host); a run that fails or prints a line
+ * kolorun does not understand changes nothing and is said once (a wrong
+ * line spoils the whole list: half a list would read as hosts removed).
+ * Without a script, -H/--hostfile are fixed hosts: fault tolerance
+ * without scaling. Once -np slots are there (within --elastic-timeout),
+ * kolorun publishes generation 1 with every slot up to --max-np and starts
+ * its workers. A generation is written through the job's rendezvous, as
+ * runtime/store.c reads it (a file per key, renamed into place, in the
+ * rendezvous directory; SET in Redis): elastic/G/members (one "host:slot"
+ * per line, in rank order), elastic/G/update (start, failure, added,
+ * removed, mixed), then elastic/generation = G. Rank order: the hosts of
+ * the last generation that remain, in their order, then new hosts in the
+ * order listed; slots 0, 1, ... of each; the newest cut first at
+ * --max-np. Each worker is started with KOLO_ELASTIC=1 (HOROVOD_ELASTIC=1),
+ * KOLO_ELASTIC_ID, KOLO_HOSTNAME=host, KOLO_ELASTIC_TIMEOUT and its place
+ * in the generation it starts for; the runtime reads the store at every
+ * kolo_init and finds its rank there.
+ * When a member exits non-zero or is killed, kolorun says so, blacklists
+ * its whole host (for the --blacklist-cooldown-range cooldown, else for
+ * good) and stops that host's other workers (SIGTERM, SIGKILL 3 s later;
+ * their exits do not count). It waits 500 ms for the failures that come
+ * with the first, so that one event makes one generation, then publishes
+ * the survivors plus any new slots. Hosts that appear (or come back from
+ * their cooldown) are added the same way; hosts that disappear are left
+ * out of the next generation: their workers learn at kolo_init that they
+ * were removed and exit, and kolorun ignores their exits; one still
+ * running --elastic-timeout after its removal (or when the job ends) gets
+ * SIGTERM. Every generation after the first is a reset; --reset-limit R
+ * ends the job rather than publish reset R + 1. With fewer than --min-np
+ * slots (or only new hosts, which hold no state) kolorun waits for
+ * discovery up to --elastic-timeout. The job ends:
+ *   0        once a member of the latest generation has exited 0 and the
+ *            others have exited too (no generation is published then; a
+ *            member failing at that point ends the job with its status);
+ *   S, 128+N every rank failed ("kolorun: every rank failed: rank 0
+ *            (localhost:0, pid 42) exited with status 3; ..."): the first
+ *            failed member's status;
+ *   1        the reset limit, too few ranks for --elastic-timeout, too
+ *            few slots at the start: one line saying why.
+ * Ending while workers may wait in kolo_init, kolorun first writes that
+ * line to elastic/end, and gives them the failure grace to read it before
+ * SIGTERM. kolorun stays single-threaded: the driver (elastic.c) runs at
+ * every turn of the loop and names the next moment it must run again.
+ *
  * FILES
  *
  * This header holds what the files of tools/kolorun/ share: the job
@@ -123,6 +175,7 @@
  *   signals.c      the signal handler; forwarding, stopping, Ctrl-Z
  *   output.c       the ranks' output: pipes, prefixes, --output-filename
  *   loop.c         the poll() loop
+ *   elastic.c      elastic jobs: discovery, generations, blacklisting
  *   util.c         messages, the clock, strings, word lists
  */
 #ifndef KOLORUN_H
@@ -204,6 +257,14 @@ typedef struct kolorun_opts {
     long failure_grace_ms;     /* --failure-grace */
     int mpi;                   /* --mpi: run the job through mpirun */
     int gloo, grace_given;     /* --gloo, --failure-grace given */
+    /* Elastic jobs (elastic.c): --min-np or --host-discovery-script. */
+    int elastic;
+    int min_np, max_np;        /* max_np: KOLORUN_MAX_RANKS when not given */
+    const char *discovery;     /* --host-discovery-script, run by sh -c */
+    int slots_per_host;        /* for its lines without :slots (default 1) */
+    int elastic_timeout_s;     /* --elastic-timeout (default 600) */
+    int reset_limit;           /* --reset-limit; -1: none */
+    int cooldown_lo, cooldown_hi; /* --blacklist-cooldown-range; 0: none */
     char **argv;               /* the command, NULL-terminated */
 } kolorun_opts_t;
 
@@ -236,10 +297,13 @@ typedef struct kolorun_sink {
 
 /* The job, main's one: its options, ranks and outputs, the signals kolorun
  * handles, and how the job ends. */
+typedef struct kolorun_elastic kolorun_elastic_t; /* elastic.c's */
+
 typedef struct kolorun {
     kolorun_opts_t opts;
     char *rdv_dir; /* absolute path, NULL until created */
     kolorun_rank_t *ranks;
+    int nranks; /* entries of ranks (an elastic job grows it) */
     int nstarted;
     int nalive; /* started and not reaped */
     pid_t pgid;        /* the ranks' process group: the holder's pid */
@@ -271,6 +335,10 @@ typedef struct kolorun {
     char job_id[200];      /* namespace of this job's keys in Redis */
     pid_t redis_pid;       /* --start-redis: the server; 0 when none */
     int redis_reaped;
+
+    /* An elastic job's driver; NULL otherwise. Its workers are ranks[]
+     * (index: the order they started in), their hosts rank_host[]. */
+    kolorun_elastic_t *elastic;
 } kolorun_t;
 
 /* A string list that grows; NULL-terminated; strings owned. */
@@ -308,7 +376,7 @@ typedef struct kolorun_knob {
 } kolorun_knob_t;
 
 /* horovodrun's flags, KOLORUN_NKNOBS of them (flags.c checks the count). */
-#define KOLORUN_NKNOBS 32
+#define KOLORUN_NKNOBS 25
 extern const kolorun_knob_t kolorun_knobs[];
 
 /* The placeholders of a --launch-command template, four of them (hosts.c
@@ -327,6 +395,9 @@ char *kolorun_strdupf(const char *fmt, ...)
 void kolorun_words_add(kolorun_words_t *ws, char *owned);
 void kolorun_words_free(kolorun_words_t *ws);
 
+/* ---- main.c */
+int kolorun_ranks_grow(kolorun_t *k, int n);
+
 /* ---- options.c */
 const char *kolorun_opt_value(int argc, char **argv, int *i,
                               const char *arg, const char *name);
@@ -338,6 +409,8 @@ void kolorun_parse_hosts(kolorun_opts_t *o, const char *list);
 void kolorun_parse_hostfile(kolorun_opts_t *o, const char *path);
 void kolorun_place(kolorun_opts_t *o);
 void kolorun_check_template(const char *t);
+int kolorun_host_is_local(const char *name);
+int kolorun_host_name_ok(const char *name);
 
 /* ---- flags.c */
 __attribute__((noreturn)) void kolorun_refuse(const char *what,
@@ -371,6 +444,8 @@ int kolorun_hosts_setup(kolorun_t *k);
 void kolorun_redis_stop(kolorun_t *k);
 void kolorun_redis_missing(const kolorun_t *k);
 void kolorun_redis_clean(const kolorun_t *k);
+const char *kolorun_redis_set(const kolorun_t *k, const char *key,
+                              const char *value);
 
 /* ---- spawn.c */
 const struct kolorun_host *kolorun_host_of(const kolorun_t *k, int r);
@@ -400,5 +475,18 @@ int kolorun_outputs_open(kolorun_t *k);
 
 /* ---- loop.c */
 int kolorun_loop(kolorun_t *k, int wake_rd);
+
+/* ---- elastic.c */
+int kolorun_elastic_start(kolorun_t *k);
+int64_t kolorun_elastic_tick(kolorun_t *k);
+int kolorun_elastic_fd(const kolorun_t *k);
+void kolorun_elastic_read(kolorun_t *k);
+int kolorun_elastic_reaped(kolorun_t *k, pid_t pid, int status);
+void kolorun_elastic_ended(kolorun_t *k, int w, int status);
+int kolorun_elastic_done(const kolorun_t *k);
+int kolorun_elastic_status(const kolorun_t *k);
+int kolorun_elastic_env(const kolorun_t *k, int w, char **env);
+void kolorun_elastic_place(const kolorun_t *k, int w, int *rank, int *local);
+void kolorun_elastic_free(kolorun_t *k);
 
 #endif /* KOLORUN_H */

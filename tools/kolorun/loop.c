@@ -70,21 +70,18 @@ static int64_t kolorun_drain_deadline(const kolorun_t *k)
 
 int kolorun_loop(kolorun_t *k, int wake_rd)
 {
-    int cap = 1 + 2 * k->nstarted;
-    struct pollfd *pfd = calloc((size_t)cap, sizeof *pfd);
-    int *who = calloc((size_t)cap, sizeof *who); /* r * 2 + stream */
-    if (!pfd || !who) {
-        kolorun_say("out of memory");
-        free(pfd);
-        free(who);
-        return -1;
-    }
+    int cap = 0;
+    struct pollfd *pfd = NULL;
+    int *who = NULL; /* r * 2 + stream; -1 the self-pipe, -2 discovery */
 
     for (;;) {
         /* Reaping here as well as on SIGCHLD costs one system call and
          * makes a lost wake-up harmless. */
         kolorun_handle_signals(k);
         kolorun_reap(k);
+        /* An elastic job's driver: its decisions, and when it next needs
+         * to run. */
+        int64_t elastic_at = k->elastic ? kolorun_elastic_tick(k) : -1;
 
         int64_t now = kolorun_now_ms();
         /* A rank failed a moment ago, or every rank has ended: nothing
@@ -102,7 +99,9 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
 
         int open = kolorun_streams_open(k);
         int64_t drain_until = -1;
-        if (k->nalive == 0) {
+        /* An elastic job may have no worker running for a while (waiting
+         * for hosts, between generations): it ends when its driver says. */
+        if (k->nalive == 0 && (!k->elastic || kolorun_elastic_done(k))) {
             if (open == 0)
                 break;
             if (k->all_reaped_ms == 0)
@@ -117,6 +116,23 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
             }
         }
 
+        /* Ranks started since the last turn need room. */
+        if (cap < 2 + 2 * k->nstarted) {
+            int ncap = 2 + 2 * k->nstarted + 32;
+            struct pollfd *p = realloc(pfd, (size_t)ncap * sizeof *pfd);
+            if (p)
+                pfd = p;
+            int *w = realloc(who, (size_t)ncap * sizeof *who);
+            if (w)
+                who = w;
+            if (!p || !w) {
+                kolorun_say("out of memory");
+                free(pfd);
+                free(who);
+                return -1;
+            }
+            cap = ncap;
+        }
         int n = 0;
         pfd[n].fd = wake_rd;
         pfd[n].events = POLLIN;
@@ -130,6 +146,11 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
                 who[n++] = r * 2 + s;
             }
         }
+        if (kolorun_elastic_fd(k) >= 0) {
+            pfd[n].fd = kolorun_elastic_fd(k);
+            pfd[n].events = POLLIN;
+            who[n++] = -2;
+        }
 
         /* Sleep until output, a signal, or the next deadline. */
         int64_t deadline = -1;
@@ -141,6 +162,8 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
             deadline = k->failed_ms + KOLORUN_BLAME_MS;
         if (drain_until >= 0 && (deadline < 0 || drain_until < deadline))
             deadline = drain_until;
+        if (elastic_at >= 0 && (deadline < 0 || elastic_at < deadline))
+            deadline = elastic_at;
         int timeout = -1;
         if (deadline >= 0)
             timeout = deadline > now ? (int)(deadline - now) : 0;
@@ -157,7 +180,10 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
         for (int i = 1; i < n && ready > 0; i++) {
             if (!pfd[i].revents)
                 continue;
-            kolorun_stream_read(k, who[i] / 2, who[i] % 2, 0);
+            if (who[i] == -2)
+                kolorun_elastic_read(k);
+            else
+                kolorun_stream_read(k, who[i] / 2, who[i] % 2, 0);
         }
         if (pfd[0].revents) {
             char junk[256];

@@ -48,22 +48,40 @@ static void kolorun_raise_fd_limit(int np, int files)
     }
 }
 
-/* Allocates the ranks' and sinks' buffers; -1 when memory is short. */
-static int kolorun_alloc(kolorun_t *k)
+/* Makes room for n ranks (an elastic job's workers, as they come): the
+ * new entries closed, with their line buffers. 0, or -1 when memory is
+ * short. */
+int kolorun_ranks_grow(kolorun_t *k, int n)
 {
-    k->ranks = calloc((size_t)k->opts.np, sizeof *k->ranks);
-    if (!k->ranks)
+    if (n <= k->nranks)
+        return 0;
+    kolorun_rank_t *r = realloc(k->ranks, (size_t)n * sizeof *r);
+    if (!r)
         return -1;
-    for (int r = 0; r < k->opts.np; r++) {
-        k->ranks[r].hold_fd = -1;
-        k->ranks[r].files[0] = k->ranks[r].files[1] = -1;
+    k->ranks = r;
+    for (; k->nranks < n; k->nranks++) {
+        kolorun_rank_t *rk = &k->ranks[k->nranks];
+        memset(rk, 0, sizeof *rk);
+        rk->hold_fd = -1;
+        rk->files[0] = rk->files[1] = -1;
+        rk->streams[0].fd = rk->streams[1].fd = -1;
         for (int s = 0; s < 2; s++) {
-            k->ranks[r].streams[s].fd = -1;
-            k->ranks[r].streams[s].buf = malloc(KOLORUN_LINE_MAX);
-            if (!k->ranks[r].streams[s].buf)
+            rk->streams[s].buf = malloc(KOLORUN_LINE_MAX);
+            if (!rk->streams[s].buf) {
+                k->nranks++; /* freed with the others */
                 return -1;
+            }
         }
     }
+    return 0;
+}
+
+/* Allocates the ranks' and sinks' buffers; -1 when memory is short. An
+ * elastic job's workers are added as they start. */
+static int kolorun_alloc(kolorun_t *k)
+{
+    if (!k->opts.elastic && kolorun_ranks_grow(k, k->opts.np) != 0)
+        return -1;
     k->sinks[KOLORUN_OUT].fd = STDOUT_FILENO;
     k->sinks[KOLORUN_ERR].fd = STDERR_FILENO;
     for (int s = 0; s < 2; s++) {
@@ -76,7 +94,8 @@ static int kolorun_alloc(kolorun_t *k)
 
 static void kolorun_free(kolorun_t *k)
 {
-    for (int r = 0; k->ranks && r < k->opts.np; r++) {
+    kolorun_elastic_free(k);
+    for (int r = 0; k->ranks && r < k->nranks; r++) {
         if (k->ranks[r].hold_fd >= 0)
             close(k->ranks[r].hold_fd);
         for (int s = 0; s < 2; s++) {
@@ -107,6 +126,8 @@ static int kolorun_exit_status(const kolorun_t *k)
         return k->launch_error;
     if (k->stop_signal)
         return 128 + k->stop_signal;
+    if (kolorun_elastic_status(k) >= 0)
+        return kolorun_elastic_status(k);
     if (k->failed_rank < 0)
         return 0;
     if (WIFEXITED(k->failed_status))
@@ -148,7 +169,10 @@ int main(int argc, char **argv)
     if (k.opts.mpi) {
         return kolorun_exec_mpirun(&k.opts, k.job_start_us);
     }
-    kolorun_raise_fd_limit(k.opts.np, k.opts.output_dir != NULL);
+    kolorun_raise_fd_limit(k.opts.elastic ? (k.opts.max_np < 1024
+                                                 ? k.opts.max_np : 1024)
+                                          : k.opts.np,
+                           k.opts.output_dir != NULL);
 
     int rc = 1;
     int wake_rd = -1;
@@ -173,8 +197,13 @@ int main(int argc, char **argv)
         goto remove_rdv;
 
     /* A signal that comes while ranks start is handled once all are
-     * started (or the start failed), in the loop. */
-    for (int r = 0; r < k.opts.np; r++) {
+     * started (or the start failed), in the loop. An elastic job's
+     * workers start from the loop, once its hosts are known. */
+    if (k.opts.elastic && kolorun_elastic_start(&k) != 0) {
+        k.launch_error = 1;
+        kolorun_stop(&k, SIGTERM);
+    }
+    for (int r = 0; !k.opts.elastic && r < k.opts.np; r++) {
         int failed = kolorun_spawn(&k, r);
         if (failed) {
             k.launch_error = failed;
@@ -203,6 +232,7 @@ int main(int argc, char **argv)
 remove_rdv:
     kolorun_rdv_remove(&k);
     if (k.redis_addr[0] && k.nstarted > 0 && !k.redis_reaped &&
+        !k.opts.elastic &&
         (k.failed_rank >= 0 || k.launch_error))
         kolorun_redis_missing(&k);
     if (k.opts.redis && k.nstarted > 0)

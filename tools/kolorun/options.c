@@ -119,10 +119,38 @@ static void kolorun_usage(FILE *f)
         "Refused, with the reason (kolo cannot honour them): --hierarchical-\n"
         "allgather, --autotune-warmup-samples, --autotune-bayes-opt-max-samples,\n"
         "--autotune-gaussian-process-noise, --mpi-threads-disable, --num-nccl-\n"
-        "streams other than 1, --thread-affinity, --log-with-timestamp, --jsrun,\n"
-        "and the elastic arguments (--min-np, --max-np, --slots-per-host,\n"
-        "--elastic-timeout, --reset-limit, --blacklist-cooldown-range,\n"
-        "--host-discovery-script).\n"
+        "streams other than 1, --thread-affinity, --log-with-timestamp, --jsrun.\n"
+        "\n"
+        "Elastic arguments (an elastic job: --min-np or --host-discovery-script;\n"
+        "see \"Elastic jobs\" in tools/kolorun/kolorun.h):\n"
+        "  --min-np N, --min-num-proc N\n"
+        "                           the job goes on while at least N ranks are\n"
+        "                           available (default -np); -np N ranks start it\n"
+        "  --max-np N, --max-num-proc N\n"
+        "                           at most N ranks (default: every slot)\n"
+        "  --host-discovery-script S\n"
+        "                           run S (sh -c) about once a second; its lines\n"
+        "                           'host:slots' or 'host' are the hosts now; a\n"
+        "                           failing run or a wrong line keeps the last\n"
+        "                           list (one warning). Without it, -H/--hostfile\n"
+        "                           are fixed hosts: fault tolerance, no scaling\n"
+        "  --slots-per-host N       slots of a script line without :slots (1)\n"
+        "  --elastic-timeout S      how long to wait for enough slots, at the start\n"
+        "                           and after a loss, before ending the job (default\n"
+        "                           HOROVOD_ELASTIC_TIMEOUT, else 600)\n"
+        "  --reset-limit N          end the job rather than publish more than N new\n"
+        "                           generations (default: no limit)\n"
+        "  --blacklist-cooldown-range A B\n"
+        "                           a failed host comes back after A*2^n + U(0,A)\n"
+        "                           seconds, within [A, B] (default: never)\n"
+        "A worker runs per (host, slot); when one fails, its host is blacklisted\n"
+        "and its other workers stopped, and the survivors (with any new slots)\n"
+        "form the next generation; kolorun ends non-zero, with one line saying\n"
+        "why, when every rank failed, the reset limit is reached, or too few\n"
+        "ranks remain for --elastic-timeout; 0 when the latest generation's\n"
+        "ranks all exit 0. --tag-output numbers workers in the order they\n"
+        "started. Each worker also gets KOLO_ELASTIC=1, HOROVOD_ELASTIC=1,\n"
+        "KOLO_ELASTIC_ID=host:slot, KOLO_HOSTNAME=host, KOLO_ELASTIC_TIMEOUT.\n"
         "\n"
         "Host arguments (see README.md, \"Several hosts\"):\n"
         "  -H, --hosts H:N,...      hosts and their slots (H alone: 1 slot); ranks\n"
@@ -256,13 +284,103 @@ static void kolorun_add_nics(kolorun_opts_t *o, const char *list,
     }
 }
 
+/* A whole number in [lo, hi] for an elastic flag; exits 2 otherwise. */
+static int kolorun_elastic_number(const char *v, const char *flag, long lo,
+                                  long hi)
+{
+    long n = kolorun_parse_long(v, lo, hi);
+    if (n < 0) {
+        kolorun_say("%s wants a whole number from %ld to %ld, not '%s'", flag,
+                    lo, hi, v);
+        exit(2);
+    }
+    return (int)n;
+}
+
+/* An elastic job's options, checked and completed: hosts from the script
+ * or from -H/--hostfile (fixed hosts: fault tolerance without scaling),
+ * -np and --min-np defaulting to each other, --max-np unbounded (as in
+ * horovodrun's code), the timeout from HOROVOD_ELASTIC_TIMEOUT or 600 s. */
+static void kolorun_elastic_options(kolorun_opts_t *o)
+{
+    if (o->mpi) {
+        kolorun_say("--mpi cannot run an elastic job (--min-np, "
+                    "--host-discovery-script): mpirun's jobs have a fixed "
+                    "size; drop --mpi");
+        exit(2);
+    }
+    if (o->discovery && o->nhosts > 0) {
+        kolorun_say("give --host-discovery-script or -H/--hostfile, not "
+                    "both");
+        exit(2);
+    }
+    if (!o->discovery && o->nhosts == 0) {
+        kolorun_say("an elastic job needs its hosts: --host-discovery-script "
+                    "SCRIPT, or -H/--hostfile for fixed hosts");
+        exit(2);
+    }
+    if (o->slots_per_host && !o->discovery) {
+        kolorun_say("--slots-per-host goes with --host-discovery-script (-H "
+                    "gives each host's slots)");
+        exit(2);
+    }
+    if (o->output_dir) {
+        kolorun_say("--output-filename is not supported in an elastic job "
+                    "yet: its workers come and go; drop it");
+        exit(2);
+    }
+    long total = 0;
+    for (int h = 0; h < o->nhosts; h++) {
+        total += o->hosts[h].slots;
+        o->any_remote |= !o->hosts[h].local;
+    }
+    if (o->np == 0)
+        o->np = o->nhosts > 0 ? (int)(total < KOLORUN_MAX_RANKS
+                                      ? total : KOLORUN_MAX_RANKS)
+                              : o->min_np;
+    if (o->np == 0) {
+        kolorun_say("say how many ranks the job starts with, -np N (or "
+                    "--min-np N)");
+        exit(2);
+    }
+    if (o->min_np == 0)
+        o->min_np = o->np;
+    if (o->min_np > o->np) {
+        kolorun_say("--min-np %d is more than -np %d", o->min_np, o->np);
+        exit(2);
+    }
+    if (o->max_np == 0)
+        o->max_np = KOLORUN_MAX_RANKS;
+    if (o->max_np < o->np) {
+        kolorun_say("--max-np %d is less than -np %d", o->max_np, o->np);
+        exit(2);
+    }
+    if (o->nhosts > 0 && o->np > total) {
+        kolorun_say("-np %d is more than the %ld slot%s of the hosts", o->np,
+                    total, total == 1 ? "" : "s");
+        exit(2);
+    }
+    if (!o->slots_per_host)
+        o->slots_per_host = 1;
+    if (!o->elastic_timeout_s) {
+        const char *env = getenv("HOROVOD_ELASTIC_TIMEOUT");
+        long t = env ? kolorun_parse_long(env, 1, 1000000) : -1;
+        if (env && t < 0)
+            kolorun_say("warning: HOROVOD_ELASTIC_TIMEOUT='%s' is not a whole "
+                        "number of seconds; using 600", env);
+        o->elastic_timeout_s = t > 0 ? (int)t : 600;
+    }
+}
+
 /* Parses the options; exits 0 after --help, 2 on a wrong command line. */
 void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
 {
     const char *hosts = NULL, *hostfile = NULL, *config_file = NULL;
     int given[KOLORUN_NKNOBS] = {0}, check_build = 0;
+    const char *elastic_flag = NULL; /* one that needs elastic mode */
     memset(o, 0, sizeof *o);
     o->failure_grace_ms = 5000;
+    o->reset_limit = -1;
     int i;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -368,6 +486,66 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             }
             o->failure_grace_ms = s * 1000;
             o->grace_given = 1;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--min-np")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "--min-num-proc"))) {
+            o->min_np = kolorun_elastic_number(v, "--min-np", 1,
+                                               KOLORUN_MAX_RANKS);
+            o->elastic = 1;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--max-np")) ||
+            (v = kolorun_opt_value(argc, argv, &i, a, "--max-num-proc"))) {
+            o->max_np = kolorun_elastic_number(v, "--max-np", 1,
+                                               KOLORUN_MAX_RANKS);
+            elastic_flag = "--max-np";
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a,
+                                   "--host-discovery-script"))) {
+            if (*v == '\0') {
+                kolorun_say("--host-discovery-script wants a script");
+                exit(2);
+            }
+            o->discovery = v;
+            o->elastic = 1;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--slots-per-host"))) {
+            o->slots_per_host = kolorun_elastic_number(v, "--slots-per-host", 1,
+                                                       KOLORUN_MAX_RANKS);
+            elastic_flag = "--slots-per-host";
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--elastic-timeout"))) {
+            o->elastic_timeout_s = kolorun_elastic_number(
+                v, "--elastic-timeout", 1, 1000000);
+            elastic_flag = "--elastic-timeout";
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--reset-limit"))) {
+            o->reset_limit = kolorun_elastic_number(v, "--reset-limit", 0,
+                                                    1000000);
+            elastic_flag = "--reset-limit";
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a,
+                                   "--blacklist-cooldown-range"))) {
+            /* two values: A B (horovodrun's nargs=2), A >= 1, B <= 3600 */
+            const char *b = i + 1 < argc ? argv[i + 1] : NULL;
+            long lo = kolorun_parse_long(v, 1, 3600);
+            long hi = b ? kolorun_parse_long(b, 1, 3600) : -1;
+            if (lo < 0 || hi < lo) {
+                kolorun_say("--blacklist-cooldown-range wants two whole "
+                            "numbers of seconds A B, 1 <= A <= B <= 3600, "
+                            "not '%s %s'", v, b ? b : "");
+                exit(2);
+            }
+            i++;
+            o->cooldown_lo = (int)lo;
+            o->cooldown_hi = (int)hi;
+            elastic_flag = "--blacklist-cooldown-range";
             continue;
         }
         if ((v = kolorun_opt_value(argc, argv, &i, a, "--start-timeout"))) {
@@ -496,7 +674,14 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
         kolorun_parse_hosts(o, hosts);
     else if (hostfile)
         kolorun_parse_hostfile(o, hostfile);
-    if (o->nhosts > 0)
+    if (o->elastic)
+        kolorun_elastic_options(o);
+    else if (elastic_flag) {
+        kolorun_say("%s only goes with an elastic job (--min-np or "
+                    "--host-discovery-script)", elastic_flag);
+        exit(2);
+    }
+    if (o->nhosts > 0 && !o->elastic)
         kolorun_place(o);
     if (o->np == 0) {
         kolorun_say("say how many ranks to start with -np N "

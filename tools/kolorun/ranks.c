@@ -103,6 +103,10 @@ static void kolorun_rank_ended(kolorun_t *k, int r, int status)
     kolorun_stream_read(k, r, KOLORUN_OUT, 1);
     kolorun_stream_read(k, r, KOLORUN_ERR, 1);
 
+    if (k->elastic) { /* a failure changes the job, not ends it */
+        kolorun_elastic_ended(k, r, status);
+        return;
+    }
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     if (!ok && !k->stopping && k->failed_rank < 0) {
         /* A failure: the cause is chosen by kolorun_blame, now if nothing
@@ -131,6 +135,8 @@ void kolorun_reap(kolorun_t *k)
             k->holder_reaped = 1;
             continue;
         }
+        if (k->elastic && kolorun_elastic_reaped(k, pid, status))
+            continue;
         if (pid == k->redis_pid) {
             k->redis_reaped = 1;
             if (!k->stopping)

@@ -380,6 +380,18 @@ void kolorun_redis_clean(const kolorun_t *k)
                     k->redis_addr);
 }
 
+/* SET JOB/key value on the job's server (elastic.c's records). NULL, or
+ * why it failed. */
+const char *kolorun_redis_set(const kolorun_t *k, const char *key,
+                              const char *value)
+{
+    static const char script[] =
+        "redis.call('SET', ARGV[1], ARGV[2]) return 1";
+    char full[512], reply[64];
+    snprintf(full, sizeof full, "%s/%s", k->job_id, key);
+    return kolorun_redis_eval(k, script, full, value, reply, sizeof reply);
+}
+
 /* Sets up the job over several hosts: which host each rank is on, the
  * job's name, the Redis server. */
 int kolorun_hosts_setup(kolorun_t *k)
@@ -390,7 +402,7 @@ int kolorun_hosts_setup(kolorun_t *k)
     me[strcspn(me, ".")] = '\0';
     snprintf(k->job_id, sizeof k->job_id, "kolo-%s-%ld-%lld",
              me[0] ? me : "host", (long)getpid(), (long long)k->job_start_us);
-    if (o->nhosts > 0) {
+    if (o->nhosts > 0 && !o->elastic) {
         k->rank_host = calloc((size_t)o->np, sizeof *k->rank_host);
         if (!k->rank_host) {
             kolorun_say("out of memory");

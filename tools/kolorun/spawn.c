@@ -23,7 +23,7 @@
 #include "kolorun.h"
 
 /* Room for the variables kolorun sets for one rank (kolorun_rank_env). */
-#define KOLORUN_MAX_ENV 24
+#define KOLORUN_MAX_ENV 32
 
 /* The host of rank r; NULL on a job of one machine without -H. */
 const struct kolorun_host *kolorun_host_of(const kolorun_t *k, int r)
@@ -57,15 +57,21 @@ static int kolorun_rank_env(const kolorun_t *k, int r,
     int np = k->opts.np;
     const kolorun_host_t *h = kolorun_host_of(k, r);
     char me[256];
-    env[n++] = kolorun_strdupf("KOLO_RANK=%d", r);
-    env[n++] = kolorun_strdupf("KOLO_SIZE=%d", np);
-    if (!h) {
+    if (k->elastic) {
+        /* Its place in the generation it starts for, its id, and its
+         * host as given (the contract: KOLO_HOSTNAME is the host). */
+        n = kolorun_elastic_env(k, r, env);
+    } else if (!h) {
+        env[n++] = kolorun_strdupf("KOLO_RANK=%d", r);
+        env[n++] = kolorun_strdupf("KOLO_SIZE=%d", np);
         /* One machine: local and global numbering are the same. */
         env[n++] = kolorun_strdupf("KOLO_LOCAL_RANK=%d", r);
         env[n++] = kolorun_strdupf("KOLO_LOCAL_SIZE=%d", np);
         env[n++] = kolorun_strdupf("KOLO_CROSS_RANK=0");
         env[n++] = kolorun_strdupf("KOLO_CROSS_SIZE=1");
     } else {
+        env[n++] = kolorun_strdupf("KOLO_RANK=%d", r);
+        env[n++] = kolorun_strdupf("KOLO_SIZE=%d", np);
         /* Hosts that got ranks are numbered in order: hosts without ranks
          * come after them, so the used ones are 0 .. nused - 1. */
         env[n++] = kolorun_strdupf("KOLO_LOCAL_RANK=%d", r - h->first_rank);
@@ -81,7 +87,7 @@ static int kolorun_rank_env(const kolorun_t *k, int r,
     if (k->opts.network_interface)
         env[n++] = kolorun_strdupf("KOLO_NETWORK_INTERFACE=%s",
                                    k->opts.network_interface);
-    else if (!getenv("KOLO_HOSTNAME"))
+    else if (!k->elastic && !getenv("KOLO_HOSTNAME"))
         env[n++] = kolorun_strdupf("KOLO_HOSTNAME=%s",
                                    kolorun_bind_host(k, r, me, sizeof me));
     /* Every rank's timeline counts time from the same moment. */
@@ -161,12 +167,12 @@ static void kolorun_remote_command(const kolorun_t *k, char **env, int nenv,
 }
 
 /* Replaces the placeholders of one template word. */
-static char *kolorun_expand(const char *word, const kolorun_host_t *h, int r,
-                            const char *command)
+static char *kolorun_expand(const char *word, const kolorun_host_t *h,
+                            int r, int lr, const char *command)
 {
     char rank[16], local[16];
     snprintf(rank, sizeof rank, "%d", r);
-    snprintf(local, sizeof local, "%d", r - h->first_rank);
+    snprintf(local, sizeof local, "%d", lr);
     const char *val[4] = {h->name, rank, local, command};
     size_t cap = strlen(word) + 1;
     for (size_t i = 0; i < 4; i++)
@@ -312,9 +318,15 @@ static int kolorun_launch_argv(const kolorun_t *k, int r, char **env,
     }
     if (tmpl.oom)
         goto free_words;
+    /* {rank}, {local_rank}: an elastic worker's rank in the generation it
+     * starts for, and its slot on the host. */
+    int rank = r, local = r - h->first_rank;
+    if (k->elastic)
+        kolorun_elastic_place(k, r, &rank, &local);
     for (int i = 0; i < tmpl.n; i++) {
         has_command |= strstr(tmpl.w[i], "{command}") != NULL;
-        kolorun_words_add(argv, kolorun_expand(tmpl.w[i], h, r, command));
+        kolorun_words_add(argv, kolorun_expand(tmpl.w[i], h, rank, local,
+                                               command));
     }
     if (!has_command)
         for (int i = 0; i < cmd.n; i++)
