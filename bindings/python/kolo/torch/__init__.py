@@ -9,7 +9,8 @@ with NCCL: nccl_built()); outputs are on the input's device.
 start_timeline/stop_timeline control the timeline at run time, like
 KOLO_TIMELINE before the job (rank 0 writes it, as Horovod's coordinator).
 Horovod's submodules import by the same names: kolo.torch.mpi_ops,
-.compression, .optimizer, .functions, .sync_batch_norm.
+.compression, .optimizer, .functions, .sync_batch_norm, and .elastic
+(hvd.elastic.run, TorchState, ElasticSampler: elastic training).
 """
 
 from .._core import (  # noqa: F401
@@ -48,6 +49,8 @@ from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 # kolo's own spelling of it.
 HorovodInternalError = KoloError
 KoloInternalError = KoloError
+
+from . import elastic  # noqa: E402,F401  (hvd.elastic, as in Horovod)
 
 __all__ = [
     "Sum", "Average", "Min", "Max", "Product", "Adasum", "KoloError",
