@@ -38,7 +38,7 @@ def _order(n, seed, epoch, shuffle=True):
     return order
 
 
-# ---- API ---------------------------------------------------------------------
+# ---- API --------------------------------------------------------------------
 
 
 def test_api():
@@ -59,7 +59,7 @@ def test_api():
     assert _core.elastic_generation() == 0
 
 
-# ---- ElasticSampler ------------------------------------------------------------
+# ---- ElasticSampler ---------------------------------------------------------
 
 
 class _Ranks:
@@ -211,7 +211,7 @@ def test_sampler_get_and_record_indices(rank, size):
     assert t.state_dict() == s.state_dict()
 
 
-# ---- ObjectState ---------------------------------------------------------------
+# ---- ObjectState ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("flavour", ["numpy", "torch"])
@@ -249,7 +249,7 @@ def test_object_state_explicit_broadcast():
     assert calls == [{"a": 1}]
 
 
-# ---- TorchState ----------------------------------------------------------------
+# ---- TorchState -------------------------------------------------------------
 
 
 def _model(seed):
@@ -401,7 +401,7 @@ def test_torch_state_sync_new_worker_without_optimizer_state(rank, size):
     assert all(g == got[0] for g in got)
 
 
-# ---- DistributedOptimizer.load_state_dict --------------------------------------
+# ---- DistributedOptimizer.load_state_dict -----------------------------------
 
 
 def test_optimizer_load_state_dict_forgets_the_step(rank, size):
@@ -427,10 +427,36 @@ def test_optimizer_load_state_dict_forgets_the_step(rank, size):
     assert opt._kolo_handles
     opt.load_state_dict(saved)
     assert not opt._kolo_handles and not opt._synchronized
+    assert _core.pending_count() == 0  # waited on: the names are free again
     opt.zero_grad()
+    before = [p.detach().clone() for p in model.parameters()]
+    model(x).sum().backward()
+    opt.step()  # the same names enqueued again
+    assert all(not torch.equal(a, p) for a, p in zip(before,
+                                                     model.parameters()))
 
 
-# ---- check_host_updates --------------------------------------------------------
+def test_adasum_optimizer_load_state_dict_forgets_the_step(rank, size):
+    if size < 2:
+        pytest.skip("Adasum's own optimizer needs 2 ranks")
+    model = _model(1)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        named_parameters=model.named_parameters(), op=hvd.Adasum)
+    saved = opt.state_dict()
+    x = torch.ones(3, 4)
+    model(x).sum().backward()
+    assert opt._kolo_handles
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()
+    opt.load_state_dict(saved)
+    assert not opt._kolo_handles
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+
+
+# ---- check_host_updates -----------------------------------------------------
 
 
 @pytest.mark.parametrize("update,raised,skip", [
@@ -464,7 +490,7 @@ def test_check_host_updates_error(rank, monkeypatch):
     assert e.value.code == _lib.ERR_BACKEND
 
 
-# ---- run() ---------------------------------------------------------------------
+# ---- run() ------------------------------------------------------------------
 
 
 class _Recorder(kolo.elastic.ObjectState):

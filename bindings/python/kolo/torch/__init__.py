@@ -73,5 +73,5 @@ __all__ = [
     "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "allreduce_gradients", "clip_by_global_norm", "GradScaler",
     "DynamicLossScaler", "HorovodInternalError", "KoloInternalError",
-    "HostsUpdatedInterrupt", "SyncBatchNorm"
+    "HostsUpdatedInterrupt", "SyncBatchNorm", "elastic"
 ]

@@ -577,17 +577,18 @@ class _Distributed:
 
 
 def _forget_pending(handles):
-    """The handles of an abandoned step: those already done are
-    synchronized, their error ignored, so that their memory is released
-    now; the others stay in the binding's table until they are waited on or
-    kolo shuts down (waiting here could block: the other ranks may never
-    send their part)."""
+    """Waits for the handles of an abandoned step, ignoring their results
+    and errors: the runtime holds a name in flight until its handle is
+    waited on, so the next step could not enqueue the same gradients again
+    (Horovod's runtime forgets a name once its operation is done, so there
+    dropping the handles is enough). The wait is short: after a failure the
+    runtime fails every pending operation; otherwise every rank enqueued
+    the same gradients in the same backward pass."""
     for h in handles:
         if h is None:
             continue
         try:
-            if mpi_ops.poll(h):
-                mpi_ops.synchronize(h)
+            mpi_ops.synchronize(h)
         except Exception:  # the step is abandoned: its errors with it
             pass
 
