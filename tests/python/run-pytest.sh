@@ -63,7 +63,8 @@ else
     files=(test_numpy.py test_torch_ops.py test_torch_optimizer.py
            test_torch_mixed_precision.py test_torch_scaling.py
            test_torch_cuda.py test_lifecycle.py test_torch_horovod_api.py
-           test_torch_adasum.py test_torch_sync_batch_norm.py)
+           test_torch_adasum.py test_torch_sync_batch_norm.py
+           test_elastic.py)
 fi
 
 # A sanitizer build of libkolo: preload its runtime (ThreadSanitizer: skip).

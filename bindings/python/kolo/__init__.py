@@ -2,7 +2,8 @@
 
 This package is the NumPy API; kolo.torch mirrors horovod.torch, and
 kolo.run(func, np=N) runs a function on the ranks of a new job, as
-horovod.run does.
+horovod.run does; kolo.elastic (run, State, ObjectState) is elastic
+training.
 
     import numpy as np, kolo
     kolo.init()                               # every rank (run under kolorun)
@@ -22,7 +23,7 @@ already in flight) raises kolo.KoloValueError (a ValueError).
 from ._lib import path as library_path  # noqa: F401
 from ._core import (  # noqa: F401
     Sum, Average, Min, Max, Product, Adasum,
-    KoloError, KoloValueError,
+    KoloError, KoloValueError, HostsUpdatedInterrupt,
     ProcessSet, global_process_set, add_process_set, remove_process_set,
     add_process_sets_from_groups,
     init, shutdown, is_initialized, rank, size, local_rank, local_size,
@@ -34,19 +35,20 @@ from ._core import (  # noqa: F401
 )
 
 from .run import run, RunError  # noqa: F401  (horovod.run)
+from . import elastic  # noqa: F401  (kolo.elastic.run, State, ObjectState)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "library_path", "Sum", "Average", "Min", "Max", "Product", "Adasum",
-    "KoloError", "KoloValueError", "ProcessSet", "global_process_set",
+    "KoloError", "KoloValueError", "HostsUpdatedInterrupt", "ProcessSet", "global_process_set",
     "add_process_set", "remove_process_set", "add_process_sets_from_groups",
     "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
     "local_size", "cross_rank", "cross_size", "is_homogeneous",
     "gloo_built", "mpi_built", "nccl_built", "cuda_built", "rocm_built",
     "ddl_built", "ccl_built", "gloo_enabled", "mpi_enabled", "nccl_enabled",
     "mpi_threads_supported", "start_timeline", "stop_timeline", "barrier",
-    "join", "poll", "synchronize", "run", "RunError"
+    "join", "poll", "synchronize", "run", "RunError", "elastic"
 ]
 
 try:

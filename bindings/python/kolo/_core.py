@@ -90,9 +90,12 @@ class KoloValueError(ValueError):
 
 class HostsUpdatedInterrupt(RuntimeError):
     """Horovod's exception of an elastic job whose hosts were added or
-    removed: the training loop's state is committed and the job re-forms.
-    skip_sync: whether the state may skip its synchronization (nothing
-    failed, so every rank holds the same state)."""
+    removed: State.commit() or State.check_host_updates() raises it on every
+    rank at once, the state committed, and elastic.run re-forms the job
+    without restoring the state. skip_sync: whether the state may skip its
+    synchronization after the job re-formed (True when workers were only
+    removed: nothing failed and nobody joined, so every rank holds the same
+    state)."""
 
     def __init__(self, skip_sync=False):
         super().__init__("the job's hosts were updated")
@@ -234,6 +237,37 @@ def cross_size():
 def is_homogeneous():
     """True when every host runs the same number of ranks."""
     return local_size() * cross_size() == size()
+
+
+# ---- elastic training ------------------------------------------------------
+# kolo_elastic, kolo_elastic_generation and kolo_hosts_updated (kolo.h);
+# a libkolo without elastic training lacks them: 0 then, as in a job that is
+# not elastic.
+
+
+def elastic():
+    """True in an elastic job (kolorun --min-np or
+    --host-discovery-script: KOLO_ELASTIC=1). Callable before init()."""
+    return bool(_lib.has("kolo_elastic") and lib.kolo_elastic())
+
+
+def elastic_generation():
+    """The generation of the elastic job this process joined (1, 2, ...);
+    0 when kolo is not initialized or the job is not elastic."""
+    if not _lib.has("kolo_elastic_generation"):
+        return 0
+    return int(lib.kolo_elastic_generation())
+
+
+def hosts_updated():
+    """This rank's own look at the job's membership (no collective): 0 when
+    no newer generation was published than the one joined; else the OR of
+    the updates since: 1 = workers removed only, 2 = added, 3 = both (or a
+    failure). Negative (a KOLO_ERR_* status) when the store could not be
+    read. 0 in a job that is not elastic."""
+    if not _lib.has("kolo_hosts_updated"):
+        return 0
+    return int(lib.kolo_hosts_updated())
 
 
 def _built(what):

@@ -195,11 +195,17 @@ _PROTOTYPES = {
     "kolo_dtype_size": (ctypes.c_size_t, [_I]),
     "kolo_dtype_name": (_S, [_I]),
     "kolo_op_name": (_S, [_I]),
+    "kolo_elastic": (_I, []),
+    "kolo_elastic_generation": (_I, []),
+    "kolo_hosts_updated": (_I, []),
 }
 
 # Functions that a library older than the bindings may lack: declared when
 # present; the bindings check `has(name)` before they use them.
-_OPTIONAL = {"kolo_built", "kolo_enabled"}
+# kolo_elastic, kolo_elastic_generation and kolo_hosts_updated came with
+# elastic training (issue 21): kolo/_core.py answers 0 for them without it.
+_OPTIONAL = {"kolo_built", "kolo_enabled", "kolo_elastic",
+             "kolo_elastic_generation", "kolo_hosts_updated"}
 
 
 def _declare():
@@ -235,6 +241,30 @@ def last_error():
 def strerror(status):
     msg = lib.kolo_strerror(status)
     return msg.decode("utf-8", "replace") if msg else "unknown status"
+
+
+def _status_named(text):
+    """The KOLO_ERR_* status whose kolo_strerror() text contains `text`, or
+    None when the loaded libkolo has no such status."""
+    for status in range(-1, -129, -1):
+        msg = lib.kolo_strerror(status)
+        if msg and text in msg.decode("utf-8", "replace").lower():
+            return status
+    return None
+
+
+# The statuses of elastic training (bindings/c/kolo.h, KOLO_STATUS_MAP:
+# KOLO_ERR_MEMBERSHIP "the job's membership changed", KOLO_ERR_REMOVED
+# "this worker was removed from the elastic job"). Their numbers are the
+# library's: found by their text, so the bindings follow kolo.h; None with a
+# libkolo that predates them (no operation can then fail with them).
+ERR_MEMBERSHIP = _status_named("membership changed")
+ERR_REMOVED = _status_named("removed from the elastic job")
+for _code, _name in ((ERR_MEMBERSHIP, "KOLO_ERR_MEMBERSHIP"),
+                     (ERR_REMOVED, "KOLO_ERR_REMOVED")):
+    if _code is not None:
+        STATUS_NAMES[_code] = _name
+del _code, _name
 
 
 def new_opts():

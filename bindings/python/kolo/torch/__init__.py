@@ -9,7 +9,8 @@ with NCCL: nccl_built()); outputs are on the input's device.
 start_timeline/stop_timeline control the timeline at run time, like
 KOLO_TIMELINE before the job (rank 0 writes it, as Horovod's coordinator).
 Horovod's submodules import by the same names: kolo.torch.mpi_ops,
-.compression, .optimizer, .functions, .sync_batch_norm.
+.compression, .optimizer, .functions, .sync_batch_norm, and .elastic
+(hvd.elastic.run, TorchState, ElasticSampler: elastic training).
 """
 
 from .._core import (  # noqa: F401
@@ -49,6 +50,8 @@ from .sync_batch_norm import SyncBatchNorm  # noqa: F401
 HorovodInternalError = KoloError
 KoloInternalError = KoloError
 
+from . import elastic  # noqa: E402,F401  (hvd.elastic, as in Horovod)
+
 __all__ = [
     "Sum", "Average", "Min", "Max", "Product", "Adasum", "KoloError",
     "KoloValueError", "ProcessSet", "global_process_set", "add_process_set",
@@ -70,5 +73,5 @@ __all__ = [
     "broadcast_optimizer_state", "broadcast_object", "allgather_object",
     "allreduce_gradients", "clip_by_global_norm", "GradScaler",
     "DynamicLossScaler", "HorovodInternalError", "KoloInternalError",
-    "HostsUpdatedInterrupt", "SyncBatchNorm"
+    "HostsUpdatedInterrupt", "SyncBatchNorm", "elastic"
 ]

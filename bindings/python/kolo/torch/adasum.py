@@ -278,6 +278,17 @@ class _DistributedAdasum:
             raise AssertionError(_ZERO_GRAD_PENDING)
         return super(_DistributedAdasum, self).zero_grad(*args, **kwargs)
 
+    def load_state_dict(self, *args, **kwargs):
+        """The wrapped optimizer's, after forgetting the changes in flight
+        and the backward passes counted (as DistributedOptimizer's)."""
+        from .optimizer import _forget_pending
+        _forget_pending([e[0] for e in self._kolo_handles.values()])
+        self._kolo_handles.clear()
+        for pid in self._kolo_delay:
+            self._kolo_delay[pid] = self.backward_passes_per_step
+        return super(_DistributedAdasum, self).load_state_dict(*args,
+                                                               **kwargs)
+
     def set_backward_passes_per_step(self, passes):
         from .optimizer import _Distributed
         self.backward_passes_per_step = _Distributed._kolo_check_passes(passes)

@@ -532,6 +532,21 @@ class _Distributed:
             raise AssertionError(_ZERO_GRAD_PENDING)
         return super().zero_grad(*args, **kwargs)
 
+    def load_state_dict(self, *args, **kwargs):
+        """The wrapped optimizer's, after forgetting, as Horovod's does, the
+        gradients of this step: allreduces in flight and the backward
+        passes counted (so that an elastic restore after a failure in the
+        middle of a step starts the next step afresh). The runtime's own
+        accumulation of passes before the last one is dropped by the
+        shutdown that follows a restore in elastic.run."""
+        _forget_pending([e[1] for e in self._kolo_handles.values()])
+        self._kolo_handles.clear()
+        self._kolo_passes.clear()
+        self._kolo_fired = False
+        self._synchronized = False
+        self._should_synchronize = True
+        return super().load_state_dict(*args, **kwargs)
+
     def set_backward_passes_per_step(self, passes):
         """Changes backward_passes_per_step between steps."""
         passes = self._kolo_check_passes(passes)
@@ -559,6 +574,23 @@ class _Distributed:
         allreduced and written to .grad, before the optimizer's update."""
         self._kolo_post_hooks.append(hook)
         return hook
+
+
+def _forget_pending(handles):
+    """Waits for the handles of an abandoned step, ignoring their results
+    and errors: the runtime holds a name in flight until its handle is
+    waited on, so the next step could not enqueue the same gradients again
+    (Horovod's runtime forgets a name once its operation is done, so there
+    dropping the handles is enough). The wait is short: after a failure the
+    runtime fails every pending operation; otherwise every rank enqueued
+    the same gradients in the same backward pass."""
+    for h in handles:
+        if h is None:
+            continue
+        try:
+            mpi_ops.synchronize(h)
+        except Exception:  # the step is abandoned: its errors with it
+            pass
 
 
 def DistributedOptimizer(optimizer, named_parameters=None,
