@@ -1,0 +1,258 @@
+#!/usr/bin/env bash
+# run-elastic.sh — elastic training end to end: kolorun's elastic mode, the
+# runtime and kolo.torch.elastic, with tests/python/elastic_torch_main.py
+# (Horovod's elastic test scenarios, written for kolo). Hosts localhost and
+# 127.0.0.1 are two hosts to kolorun, so a job spans "two hosts" on one
+# machine.
+#
+#   fixed-exception, fixed-kill   -H localhost:2,127.0.0.1:2 --min-np 2: the
+#          worker started as rank 0 fails at epoch 1 (an exception / SIGKILL):
+#          its host is left out whole, the two workers of 127.0.0.1 go on as
+#          ranks 0 and 1 and redo epoch 1 from its last commit
+#   discovery-exception, discovery-kill   the same with a discovery script
+#   added-removed   discovery: localhost:2 at first, 127.0.0.1:2 added after
+#          epoch 0, localhost removed after epoch 1: sizes 2, 4, 2 and rank
+#          0 moving to the 127.0.0.1 host
+#   all-failed   every worker fails at epoch 1: kolorun ends non-zero naming
+#          them, in bounded time
+#   reset-limit   added-removed with --reset-limit 1: ends non-zero saying so
+#   discovery-garbage   the script fails now and then and prints garbage:
+#          kolorun warns and the job completes with the hosts it has
+#
+# Checked for each job that completes: kolorun's status 0, the epochs' log
+# lines (sizes, hosts, start ranks, rendezvous count, the learning rate the
+# reset callback sets), 33 commits (no committed step lost or applied
+# twice), every rank's final weights equal, and equal to a replay of the
+# committed steps with the learning rate in force at each. The time from a
+# failure to the survivors' next completed step is printed (no threshold).
+# Every run is bounded by `timeout`. Prints "N passed, N failed".
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+top=${KOLO_TOP_BUILDDIR:-.}
+src=${KOLO_TOP_SRCDIR:-$(cd "$here/../.." && pwd)}
+python=${KOLO_PYTHON-/usr/bin/python3}
+kolorun=$top/kolorun
+lib=${KOLO_LIBRARY:-$top/.libs/libkolo.so}
+limit=${KOLO_TEST_TIMEOUT:-240}
+main=$src/tests/python/elastic_torch_main.py
+
+skip() {
+    echo "SKIP: $*"
+    exit 77
+}
+case $python in
+"" | :) skip "configure found no Python interpreter" ;;
+esac
+"$python" -c 'import torch' 2>/dev/null ||
+    skip "$python cannot import torch (python3-torch): no elastic training tests"
+export PYTHONPATH=$src/bindings/python${PYTHONPATH:+:$PYTHONPATH}
+export KOLO_LIBRARY=$lib
+export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
+# A lost rank is found by its closed connections at once; a hung one
+# within this.
+export KOLO_TIMEOUT_SECONDS=20
+
+pass=0
+fail=0
+work=$(mktemp -d "${TMPDIR:-/tmp}/kolo-elastic-py.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# check_log LOG "size host start_rank rendezvous"... — the epochs' lines.
+check_log() {
+    "$python" - "$@" <<'EOF'
+import json, sys
+log, want = sys.argv[1], sys.argv[2:]
+lines = [json.loads(l) for l in open(log)]
+if len(lines) != len(want):
+    sys.exit("%d epoch lines, expected %d: %s" % (len(lines), len(want), lines))
+for e, (line, w) in enumerate(zip(lines, want)):
+    size, host, start, rdv = w.split()
+    got = (line["epoch"], line["batch"], line["size"], line["hostname"],
+           line["start_rank"], line["rendezvous"], line["rank"])
+    exp = (e, 10, int(size), host, int(start), int(rdv), 0)
+    if got != exp:
+        sys.exit("epoch %d: %s, expected %s" % (e, got, exp))
+    if abs(line["lr"] - 0.01 * int(size)) > 1e-12:
+        sys.exit("epoch %d: lr %s at %s ranks (the reset callback sets "
+                 "0.01 * size)" % (e, line["lr"], size))
+EOF
+}
+
+# check_weights LOG NRANKS SIZE... — every rank's final weights equal, 33
+# commits, and equal to the replay at the given size per epoch.
+check_weights() {
+    "$python" - "$@" <<'EOF'
+import json, sys
+import torch
+log, nranks, sizes = sys.argv[1], int(sys.argv[2]), [int(s) for s in sys.argv[3:]]
+rows = [json.loads(l) for l in open(log + ".weights")]
+if len(rows) != nranks:
+    sys.exit("%d ranks wrote weights, expected %d" % (len(rows), nranks))
+for r in rows:
+    if r["commits"] != 33:
+        sys.exit("rank %d: %d commits, expected 33" % (r["rank"], r["commits"]))
+    if r["weights"] != rows[0]["weights"]:
+        sys.exit("rank %d's weights differ from rank %d's" % (r["rank"], rows[0]["rank"]))
+torch.manual_seed(7)
+model = torch.nn.Linear(2, 2).double()
+for epoch, size in enumerate(sizes):
+    for batch in range(10):
+        g = torch.Generator().manual_seed(1000 * epoch + batch)
+        x = torch.rand(4, 2, generator=g, dtype=torch.float64)
+        model.zero_grad()
+        model(x).pow(2).sum().backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.01 * size * p.grad
+want = [v.tolist() for v in model.state_dict().values()]
+def flatten(w):
+    out = []
+    for t in w:
+        if isinstance(t, list):
+            out.extend(flatten(t))
+        else:
+            out.append(t)
+    return out
+got, exp = flatten(rows[0]["weights"]), flatten(want)
+if any(abs(a - b) > 1e-12 * max(1, abs(b)) for a, b in zip(got, exp)):
+    sys.exit("final weights %s, a replay of the committed steps gives %s"
+             % (got, exp))
+EOF
+}
+
+# recovery LOG — seconds from the failure to the next completed step.
+recovery() {
+    "$python" - "$1" <<'EOF'
+import sys
+try:
+    failed = min(float(l) for l in open(sys.argv[1] + ".failed_at"))
+    back = min(float(l) for l in open(sys.argv[1] + ".recovered"))
+    print("%.2f s" % (back - failed))
+except (OSError, ValueError):
+    print("?")
+EOF
+}
+
+report() {
+    local name=$1 ok=$2 d=$3 note=${4:-}
+    if [ "$ok" = 1 ]; then
+        pass=$((pass + 1))
+        printf 'PASS %-22s %s\n' "$name" "$note"
+    else
+        fail=$((fail + 1))
+        printf 'FAIL %-22s %s\n' "$name" "$note"
+        tail -30 "$d/out"
+        cat "$d/why" 2>/dev/null
+    fi
+}
+
+# run NAME ARGS... — kolorun ARGS python main --logfile LOG (+ main's
+# options after --); its output in DIR/out, status in DIR/status.
+run() {
+    local d=$work/$1
+    shift
+    mkdir -p "$d"
+    timeout -k 10 "$limit" "$kolorun" "$@" >"$d/out" 2>&1
+    echo $? >"$d/status"
+}
+
+# A discovery script that prints, by how many epoch lines LOG has, the
+# hosts of that line of SCHEDULE (one line per epoch count; the last
+# repeats).
+discovery() {
+    local d=$1 log=$2
+    shift 2
+    {
+        echo '#!/usr/bin/env bash'
+        echo "n=\$({ wc -l < '$log'; } 2>/dev/null || echo 0)"
+        local i=0
+        for hosts in "$@"; do
+            echo "[ \"\$n\" -le $i ] && { printf '%s\\n' $hosts; exit 0; }"
+            i=$((i + 1))
+        done
+        echo "printf '%s\\n' $hosts"
+    } >"$d/discover.sh"
+    chmod +x "$d/discover.sh"
+}
+
+failure_case() { # NAME MODE HOSTS-ARGS...
+    local name=$1 mode=$2
+    shift 2
+    local d=$work/$name ok=1
+    mkdir -p "$d"
+    run "$name" "$@" "$python" "$main" --logfile "$d/log" \
+        --exit-schedule '{"1,0": [0]}' --exit-mode "$mode"
+    [ "$(cat "$d/status")" = 0 ] || { ok=0; echo "kolorun: status $(cat "$d/status")" >"$d/why"; }
+    [ $ok = 1 ] && { check_log "$d/log" "4 localhost 0 1" "2 127.0.0.1 2 2" \
+        "2 127.0.0.1 2 2" >"$d/why" 2>&1 || ok=0; }
+    [ $ok = 1 ] && { check_weights "$d/log" 2 4 2 2 >"$d/why" 2>&1 || ok=0; }
+    report "$name" $ok "$d" "recovery $(recovery "$d/log")"
+}
+
+failure_case fixed-exception exception -np 4 --min-np 2 -H localhost:2,127.0.0.1:2
+failure_case fixed-kill kill -np 4 --min-np 2 -H localhost:2,127.0.0.1:2
+mkdir -p "$work/disc"
+discovery "$work/disc" /dev/null "localhost:2 127.0.0.1:2"
+failure_case discovery-exception exception -np 4 --min-np 2 --max-np 4 \
+    --host-discovery-script "$work/disc/discover.sh"
+failure_case discovery-kill kill -np 4 --min-np 2 --max-np 4 \
+    --host-discovery-script "$work/disc/discover.sh"
+
+# Hosts added after epoch 0, the first host removed after epoch 1.
+scale_case() { # NAME EXPECT-OK EXTRA-ARGS...
+    local name=$1 expect=$2
+    shift 2
+    local d=$work/$name ok=1
+    mkdir -p "$d"
+    discovery "$d" "$d/log" "localhost:2" "localhost:2 127.0.0.1:2" "127.0.0.1:2"
+    run "$name" -np 2 --min-np 2 --max-np 4 "$@" \
+        --host-discovery-script "$d/discover.sh" \
+        "$python" "$main" --logfile "$d/log" --wait-update 0,1
+    if [ "$expect" = ok ]; then
+        [ "$(cat "$d/status")" = 0 ] || { ok=0; echo "kolorun: status $(cat "$d/status")" >"$d/why"; }
+        [ $ok = 1 ] && { check_log "$d/log" "2 localhost 0 1" "4 localhost 0 2" \
+            "2 127.0.0.1 2 3" >"$d/why" 2>&1 || ok=0; }
+        [ $ok = 1 ] && { check_weights "$d/log" 2 2 4 2 >"$d/why" 2>&1 || ok=0; }
+    else
+        [ "$(cat "$d/status")" != 0 ] || ok=0
+        grep -q -- "--reset-limit 1 allows no more" "$d/out" || ok=0
+    fi
+    report "$name" $ok "$d"
+}
+scale_case added-removed ok
+scale_case reset-limit fail --reset-limit 1
+
+# Every worker fails.
+d=$work/all-failed
+mkdir -p "$d"
+run all-failed -np 4 --min-np 2 -H localhost:2,127.0.0.1:2 "$python" "$main" \
+    --logfile "$d/log" --exit-schedule '{"1,0": [0, 1, 2, 3]}'
+ok=1
+[ "$(cat "$d/status")" != 0 ] && [ "$(cat "$d/status")" != 124 ] || ok=0
+grep -q "every rank failed" "$d/out" || ok=0
+report all-failed $ok "$d"
+
+# A discovery script that fails and prints garbage on some calls.
+d=$work/discovery-garbage
+mkdir -p "$d"
+cat >"$d/discover.sh" <<EOF
+#!/usr/bin/env bash
+n=\$(cat '$d/calls' 2>/dev/null || echo 0); echo \$((n + 1)) > '$d/calls'
+case \$n in
+1) echo "this is not a host line:::"; echo "localhost:two" ;;
+2) echo "oops" >&2; exit 3 ;;
+esac
+printf '%s\n' localhost:2
+EOF
+chmod +x "$d/discover.sh"
+run discovery-garbage -np 2 --min-np 2 --max-np 2 \
+    --host-discovery-script "$d/discover.sh" "$python" "$main" --logfile "$d/log" \
+    --step-sleep 0.15
+ok=1
+[ "$(cat "$d/status")" = 0 ] || ok=0
+grep -qi "discovery" "$d/out" || ok=0
+[ $ok = 1 ] && { check_weights "$d/log" 2 2 2 2 >"$d/why" 2>&1 || ok=0; }
+report discovery-garbage $ok "$d"
+
+echo "$pass passed, $fail failed"
+[ "$fail" = 0 ]
