@@ -18,6 +18,9 @@
 #   reset-limit   added-removed with --reset-limit 1: ends non-zero saying so
 #   discovery-garbage   the script fails now and then and prints garbage:
 #          kolorun warns and the job completes with the hosts it has
+#   netns-kill   three network-namespace hosts joined by veth links, Redis
+#          as the rendezvous: the worker of the second is SIGKILLed
+#          (as root, with iproute2 and redis-server; else skipped)
 #
 # Checked for each job that completes: kolorun's status 0, the epochs' log
 # lines (sizes, hosts, start ranks, rendezvous count, the learning rate the
@@ -45,6 +48,10 @@ case $python in
 esac
 "$python" -c 'import torch' 2>/dev/null ||
     skip "$python cannot import torch (python3-torch): no elastic training tests"
+# A sanitizer build of libkolo: preload its runtime (ThreadSanitizer: skip).
+# shellcheck source=tests/python/sanitizer-preload.sh
+. "$here/sanitizer-preload.sh"
+kolo_python_preload "$lib" || skip "$kolo_preload_why"
 export PYTHONPATH=$src/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 export KOLO_LIBRARY=$lib
 export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
@@ -253,6 +260,58 @@ ok=1
 grep -qi "discovery" "$d/out" || ok=0
 [ $ok = 1 ] && { check_weights "$d/log" 2 2 2 2 >"$d/why" 2>&1 || ok=0; }
 report discovery-garbage $ok "$d"
+
+# Three network-namespace hosts (veth pairs into a bridge, Redis on it):
+# the worker of h1 is SIGKILLed at epoch 1; h0 and h2 go on. Needs root,
+# iproute2 and redis-server (as tests/hosts/run-netns.sh); else said and
+# not counted.
+netns_case() {
+    local d=$work/netns-kill ok=1 tag=$$ br net h i
+    br=keb$((tag % 100000))
+    net=10.$((150 + tag % 100)).$((tag / 100 % 250))
+    if [ "$(id -u)" != 0 ] || ! command -v ip >/dev/null 2>&1 ||
+        ! command -v redis-server >/dev/null 2>&1; then
+        echo "SKIP netns-kill: needs root, ip (iproute2) and redis-server"
+        return
+    fi
+    mkdir -p "$d"
+    netns_cleanup() {
+        for h in h0 h1 h2; do
+            ip netns pids "kel$tag-$h" 2>/dev/null | xargs -r kill -9 2>/dev/null
+            ip netns del "kel$tag-$h" 2>/dev/null
+            ip link del "kev$tag$h" 2>/dev/null
+        done
+        ip link del "$br" 2>/dev/null
+    }
+    trap 'netns_cleanup; rm -rf "$work"' EXIT
+    ip link add "$br" type bridge && ip addr add "$net.1/24" dev "$br" &&
+        ip link set "$br" up || ok=0
+    i=0
+    for h in h0 h1 h2; do
+        ip netns add "kel$tag-$h" &&
+            ip link add "kev$tag$h" type veth peer name kolo0 netns "kel$tag-$h" &&
+            ip link set "kev$tag$h" master "$br" up &&
+            ip -n "kel$tag-$h" addr add "$net.$((10 + i))/24" dev kolo0 &&
+            ip -n "kel$tag-$h" link set kolo0 up &&
+            ip -n "kel$tag-$h" link set lo up || ok=0
+        i=$((i + 1))
+    done
+    if [ $ok = 1 ]; then
+        run netns-kill -np 3 --min-np 2 -H "kel$tag-h0:1,kel$tag-h1:1,kel$tag-h2:1" \
+            --launch-command 'ip netns exec {host}' --network-interface kolo0 \
+            --start-redis --redis-bind "$net.1" \
+            "$python" "$main" --logfile "$d/log" \
+            --exit-schedule '{"1,0": [1]}' --exit-mode kill
+        [ "$(cat "$d/status")" = 0 ] || { ok=0; echo "kolorun: status $(cat "$d/status")" >"$d/why"; }
+        [ $ok = 1 ] && { check_log "$d/log" "3 kel$tag-h0 0 1" "2 kel$tag-h0 0 2" \
+            "2 kel$tag-h0 0 2" >"$d/why" 2>&1 || ok=0; }
+        [ $ok = 1 ] && { check_weights "$d/log" 2 3 2 2 >"$d/why" 2>&1 || ok=0; }
+    fi
+    netns_cleanup
+    trap 'rm -rf "$work"' EXIT
+    report netns-kill $ok "$d" "recovery $(recovery "$d/log")"
+}
+netns_case
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
