@@ -18,6 +18,9 @@
 #   reset-limit   added-removed with --reset-limit 1: ends non-zero saying so
 #   discovery-garbage   the script fails now and then and prints garbage:
 #          kolorun warns and the job completes with the hosts it has
+#   synthetic-kill   bindings/python/examples/pytorch_synthetic_benchmark_
+#          elastic.py (Horovod's elastic example, kolo's import) survives a
+#          SIGKILLed worker (with torchvision; else skipped)
 #   netns-kill   three network-namespace hosts joined by veth links, Redis
 #          as the rendezvous: the worker of the second is SIGKILLed
 #          (as root, with iproute2 and redis-server; else skipped)
@@ -312,6 +315,40 @@ netns_case() {
     report netns-kill $ok "$d" "recovery $(recovery "$d/log")"
 }
 netns_case
+
+# The synthetic benchmark in the shape of Horovod's elastic example
+# (bindings/python/examples): a worker is SIGKILLed once rank 0 has
+# printed its second iteration; the job ends 0 at the new size.
+synthetic_case() {
+    local d=$work/synthetic-kill ok=1 t=0 victim
+    local ex=$src/bindings/python/examples/pytorch_synthetic_benchmark_elastic.py
+    if ! "$python" -c 'import torchvision' 2>/dev/null; then
+        echo "SKIP synthetic-kill: $python cannot import torchvision (python3-torchvision)"
+        return
+    fi
+    mkdir -p "$d"
+    # Run from a copy in $d, so that its workers are found by their path.
+    cp "$ex" "$d/synthetic.py"
+    timeout -k 10 "$limit" "$kolorun" -np 4 --min-np 2 -H localhost:2,127.0.0.1:2 \
+        "$python" "$d/synthetic.py" --model resnet18 --batch-size 2 \
+        --num-warmup-batches 1 --num-batches-per-iter 2 --num-iters 6 \
+        >"$d/out" 2>&1 &
+    local job=$!
+    while ! grep -q "^Iter #1" "$d/out" 2>/dev/null; do
+        sleep 0.2
+        t=$((t + 1))
+        [ $t -gt $((limit * 5)) ] && break
+    done
+    # The second worker started (localhost:1): the newest but one.
+    victim=$(pgrep -f -- "^$python $d/synthetic.py" | sort -n | sed -n 2p)
+    [ -n "$victim" ] && kill -9 "$victim"
+    wait $job
+    [ $? = 0 ] || ok=0
+    grep -q "generation 2 (failure): 2 ranks" "$d/out" || ok=0
+    grep -q "^Total img/sec on 2 CPU" "$d/out" || ok=0
+    report synthetic-kill $ok "$d"
+}
+synthetic_case
 
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
