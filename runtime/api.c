@@ -222,7 +222,10 @@ static int elastic_configure(int *elastic, kolo__err_t *err)
     const char *id = kolo__config_get("KOLO_ELASTIC_ID", plain_getenv);
     const char *t = kolo__config_get("KOLO_ELASTIC_TIMEOUT", plain_getenv);
     const char *rdv = getenv("KOLO_RENDEZVOUS");
-    double timeout_s = t != NULL && atof(t) > 0 ? atof(t) : 600;
+    /* kolorun ends the job at --elastic-timeout and writes why in the
+     * store; the worker's own bound comes a little later, so that it reads
+     * that reason instead of giving up at the same moment. */
+    double timeout_s = (t != NULL && atof(t) > 0 ? atof(t) : 600) + 5;
     kolo__elastic_place_t p;
 
     *elastic = on != NULL && strcmp(on, "1") == 0;

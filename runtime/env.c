@@ -342,8 +342,9 @@ static const config_row_t rows[] = {
      "HOROVOD_ELASTIC"},
     {"KOLO_ELASTIC_ID", "", "this worker's host:slot in an elastic job "
      "(kolorun sets it)", parse_elastic_id, F(elastic_id), PER_RANK, NULL},
-    {"KOLO_ELASTIC_TIMEOUT", "600", "seconds an elastic kolo_init waits for "
-     "a membership that includes this worker (kolorun --elastic-timeout)",
+    {"KOLO_ELASTIC_TIMEOUT", "600", "kolorun --elastic-timeout: an elastic "
+     "kolo_init waits this long, and 5 s more, for a membership that "
+     "includes this worker",
      parse_positive_seconds, F(elastic_timeout_s), PER_RANK,
      "HOROVOD_ELASTIC_TIMEOUT"},
 };

@@ -224,7 +224,9 @@ KOLO_EXPORT int kolo_is_initialized(void);
  *
  *   kolo_init();            joins the newest generation that includes
  *                           this worker (waiting for it up to
- *                           KOLO_ELASTIC_TIMEOUT); KOLO_ERR_REMOVED: this
+ *                           KOLO_ELASTIC_TIMEOUT + 5 s; KOLO_ERR_SHUTDOWN
+ *                           with kolorun's reason when it ended the job
+ *                           meanwhile); KOLO_ERR_REMOVED: this
  *                           worker is not in it, the process should exit
  *   loop:
  *     train a step;         a collective that fails with

@@ -16,6 +16,9 @@
 #   all-failed   every worker fails at epoch 1: kolorun ends non-zero naming
 #          them, in bounded time
 #   reset-limit   added-removed with --reset-limit 1: ends non-zero saying so
+#   all-hosts-blacklisted, min-np-timeout   Horovod's two skipped scenarios:
+#          one worker per host fails (no host left); a failure leaves fewer
+#          than --min-np for --elastic-timeout: non-zero, saying why
 #   discovery-garbage   the script fails now and then and prints garbage:
 #          kolorun warns and the job completes with the hosts it has
 #   synthetic-kill   bindings/python/examples/pytorch_synthetic_benchmark_
@@ -241,6 +244,35 @@ ok=1
 [ "$(cat "$d/status")" != 0 ] && [ "$(cat "$d/status")" != 124 ] || ok=0
 grep -q "every rank failed" "$d/out" || ok=0
 report all-failed $ok "$d"
+
+# Horovod skips these two (its issue 2030); here they end cleanly, naming
+# the reason. One worker per host fails: no host is left.
+d=$work/all-hosts-blacklisted
+mkdir -p "$d"
+run all-hosts-blacklisted -np 4 --min-np 2 -H localhost:2,127.0.0.1:2 \
+    --elastic-timeout 5 "$python" "$main" --logfile "$d/log" \
+    --exit-schedule '{"1,0": [0, 2]}'
+ok=1
+st=$(cat "$d/status")
+[ "$st" != 0 ] && [ "$st" != 124 ] && [ "$st" != 137 ] || ok=0
+grep -q "blacklisting host localhost" "$d/out" || ok=0
+grep -q "blacklisting host 127.0.0.1" "$d/out" || ok=0
+grep -Eq "every rank failed|fewer than --min-np" "$d/out" || ok=0
+report all-hosts-blacklisted $ok "$d" "status $st"
+
+# -np 4 --min-np 4: a failure leaves 2 slots, fewer than 4, for
+# --elastic-timeout 3 s; the survivors waiting in kolo_init are told.
+d=$work/min-np-timeout
+mkdir -p "$d"
+run min-np-timeout -np 4 --min-np 4 -H localhost:2,127.0.0.1:2 \
+    --elastic-timeout 3 "$python" "$main" --logfile "$d/log" \
+    --exit-schedule '{"1,0": [0]}'
+ok=1
+st=$(cat "$d/status")
+[ "$st" != 0 ] && [ "$st" != 124 ] && [ "$st" != 137 ] || ok=0
+grep -q "fewer than --min-np 4 ranks for 3 s" "$d/out" || ok=0
+grep -q "kolorun ended the elastic job: fewer than --min-np 4" "$d/out" || ok=0
+report min-np-timeout $ok "$d" "status $st"
 
 # A discovery script that fails and prints garbage on some calls.
 d=$work/discovery-garbage
