@@ -165,6 +165,19 @@ static int wants_gloo(const char *var)
 
 static const char *plain_getenv(const char *name) { return getenv(name); }
 
+/* A launcher's (or the elastic membership's) placement of this rank, in
+ * place of the KOLO_* placement variables. */
+static void override_place(int rank, int size, int local_rank, int local_size,
+                           int cross_rank, int cross_size)
+{
+    env_override("KOLO_RANK", "%d", rank);
+    env_override("KOLO_SIZE", "%d", size);
+    env_override("KOLO_LOCAL_RANK", "%d", local_rank);
+    env_override("KOLO_LOCAL_SIZE", "%d", local_size);
+    env_override("KOLO_CROSS_RANK", "%d", cross_rank);
+    env_override("KOLO_CROSS_SIZE", "%d", cross_size);
+}
+
 /* A job started by torchrun or by srun without MPI (launchenv.c): the
  * ranks take their places from the launcher's variables, and meet at the
  * rendezvous rank 0 serves unless KOLO_RENDEZVOUS names one. */
@@ -176,12 +189,8 @@ static int launcher_configure(kolo__err_t *err)
 
     if (rc <= 0)
         return rc;
-    env_override("KOLO_RANK", "%d", le.rank);
-    env_override("KOLO_SIZE", "%d", le.size);
-    env_override("KOLO_LOCAL_RANK", "%d", le.local_rank);
-    env_override("KOLO_LOCAL_SIZE", "%d", le.local_size);
-    env_override("KOLO_CROSS_RANK", "%d", le.cross_rank);
-    env_override("KOLO_CROSS_SIZE", "%d", le.cross_size);
+    override_place(le.rank, le.size, le.local_rank, le.local_size,
+                   le.cross_rank, le.cross_size);
     if ((rdv == NULL || rdv[0] == '\0') && le.size > 1) {
         env_override("KOLO_RENDEZVOUS", "%s", le.rendezvous);
         g_serve.port = le.port;
@@ -238,12 +247,8 @@ static int elastic_configure(int *elastic, kolo__err_t *err)
     KOLO__CHECK(kolo__elastic_join(rdv, id != NULL ? id : "",
                                    g_elastic.generation, timeout_s, &p, err));
     g_elastic = p;
-    env_override("KOLO_RANK", "%d", p.rank);
-    env_override("KOLO_SIZE", "%d", p.size);
-    env_override("KOLO_LOCAL_RANK", "%d", p.local_rank);
-    env_override("KOLO_LOCAL_SIZE", "%d", p.local_size);
-    env_override("KOLO_CROSS_RANK", "%d", p.cross_rank);
-    env_override("KOLO_CROSS_SIZE", "%d", p.cross_size);
+    override_place(p.rank, p.size, p.local_rank, p.local_size,
+                   p.cross_rank, p.cross_size);
     kolo__debug("elastic worker %s: rank %d of %d in generation %u (%s)",
                 id, p.rank, p.size, p.generation, p.update);
     return KOLO_OK;
@@ -274,12 +279,8 @@ static int mpi_configure(int *mpi_launched, kolo__err_t *err)
             !user_rdv && (wants_gloo("KOLO_CONTROLLER") ||
                           wants_gloo("KOLO_CPU_OPERATIONS")),
             &m, err));
-        env_override("KOLO_RANK", "%d", m.rank);
-        env_override("KOLO_SIZE", "%d", m.size);
-        env_override("KOLO_LOCAL_RANK", "%d", m.local_rank);
-        env_override("KOLO_LOCAL_SIZE", "%d", m.local_size);
-        env_override("KOLO_CROSS_RANK", "%d", m.cross_rank);
-        env_override("KOLO_CROSS_SIZE", "%d", m.cross_size);
+        override_place(m.rank, m.size, m.local_rank, m.local_size,
+                       m.cross_rank, m.cross_size);
         if (!user_rdv)
             env_override("KOLO_RENDEZVOUS", "%s", m.rendezvous);
         /* Wake-up sockets across hosts need an address peers can reach. */
