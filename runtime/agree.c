@@ -170,6 +170,52 @@ static int missing_ranks(kolo__store_t *st, unsigned gen, const char *topic,
     return m;
 }
 
+/* In an elastic job: whether kolorun published a newer membership than
+ * `gen` (elastic.c), which the ranks being waited for have gone to. */
+static int overtaken(const kolo__config_t *cfg, kolo__store_t *st,
+                     unsigned gen, kolo__err_t *err)
+{
+    char *text = NULL;
+    kolo__err_t e;
+    unsigned newest;
+
+    if (!cfg->elastic ||
+        kolo__store_get(st, "elastic/generation", 0, &text, &e) != KOLO_OK)
+        return 0;
+    newest = (unsigned)strtoul(text, NULL, 10);
+    free(text);
+    if (newest <= gen)
+        return 0;
+    kolo__err_set(err, KOLO_ERR_MEMBERSHIP, "rank %lld of %lld: generation "
+                  "%u of the elastic job was published while generation %u "
+                  "formed; join the new one (kolo_init again)",
+                  (long long)cfg->rank, (long long)cfg->size, newest, gen);
+    return 1;
+}
+
+/* kolo__store_get; in an elastic job, given up (KOLO_ERR_MEMBERSHIP) as
+ * soon as a newer membership is published. */
+static int wait_key(const kolo__config_t *cfg, kolo__store_t *st,
+                    unsigned gen, const char *key, double wait_s,
+                    char **value, kolo__err_t *err)
+{
+    int64_t deadline = kolo__now_us() + (int64_t)(wait_s * 1e6);
+
+    if (!cfg->elastic)
+        return kolo__store_get(st, key, wait_s, value, err);
+    for (;;) {
+        double left = (double)(deadline - kolo__now_us()) / 1e6;
+        int rc = kolo__store_get(st, key, left < 0.2 ? (left > 0 ? left : 0)
+                                                      : 0.2, value, err);
+        if (rc != KOLO_ERR_TIMEOUT)
+            return rc;
+        if (overtaken(cfg, st, gen, err))
+            return KOLO_ERR_MEMBERSHIP;
+        if (left <= 0.2)
+            return KOLO_ERR_TIMEOUT;
+    }
+}
+
 static int never_arrived(const kolo__config_t *cfg, const char *list, int m,
                          kolo__err_t *err)
 {
@@ -203,8 +249,8 @@ static int judge_all(const kolo__config_t *cfg, kolo__store_t *st, unsigned gen,
         key_of(key, sizeof(key), gen, topic, who);
         /* The start timeout is one budget for all ranks, not one each. */
         int64_t left = deadline - kolo__now_us();
-        rc = kolo__store_get(st, key, left > 0 ? (double)left / 1e6 : 0,
-                             &texts[r], err);
+        rc = wait_key(cfg, st, gen, key, left > 0 ? (double)left / 1e6 : 0,
+                      &texts[r], err);
         if (rc == KOLO_ERR_TIMEOUT) {
             miss[m++] = r;
             rc = KOLO_OK;
@@ -248,13 +294,13 @@ static int await_verdict(const kolo__config_t *cfg, kolo__store_t *st,
     int rc, m;
 
     key_of(key, sizeof(key), gen, topic, "verdict");
-    rc = kolo__store_get(st, key, cfg->start_timeout_s, &verdict, err);
+    rc = wait_key(cfg, st, gen, key, cfg->start_timeout_s, &verdict, err);
     if (rc == KOLO_ERR_TIMEOUT) {
         m = missing_ranks(st, gen, topic, (int)cfg->size, list, sizeof(list));
         if (m > 0)
             return never_arrived(cfg, list, m, err);
         /* Everyone is there: rank 0 is slow, not gone. */
-        rc = kolo__store_get(st, key, cfg->timeout_s, &verdict, err);
+        rc = wait_key(cfg, st, gen, key, cfg->timeout_s, &verdict, err);
         if (rc == KOLO_ERR_TIMEOUT)
             return kolo__err_set(err, KOLO_ERR_TIMEOUT,
                                  "rank %lld of %lld: every rank arrived, but "
@@ -362,6 +408,10 @@ int kolo__outcome_abandoned(void *arg, char *why, size_t len)
         kolo__store_open(o->cfg->rendezvous, o->cfg->timeout_s, &o->store,
                          &e) != KOLO_OK)
         return 0;
+    if (overtaken(o->cfg, o->store, o->gen, &e)) {
+        snprintf(why, len, "%s", e.msg);
+        return 1;
+    }
     for (int i = 0; i < o->n; i++) {
         char *text = NULL, *msg;
         int rc;

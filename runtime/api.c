@@ -420,6 +420,7 @@ int kolo_init(void)
     int *all = NULL;
     char prefix[32];
     int rc, mpi_launched = 0, elastic = 0;
+    unsigned joined_before = g_elastic.generation;
 
     kolo__err_clear(&err);
     if (kolo__api_handles() == NULL)
@@ -566,6 +567,17 @@ free_rt:
     runtime_free(rt);
 unlock:
     pthread_mutex_unlock(&g_mu);
+    /* An elastic job whose membership moved on while this one formed: the
+     * peers went to the newer generation; kolo_init again joins it. */
+    if (elastic && g_elastic.generation > joined_before &&
+        err.code != KOLO_ERR_MEMBERSHIP &&
+        kolo__elastic_updates(getenv("KOLO_RENDEZVOUS"),
+                              g_elastic.generation) > 0)
+        err.code = KOLO_ERR_MEMBERSHIP;
+    if (elastic && err.code == KOLO_ERR_MEMBERSHIP) {
+        kolo__log(KOLO__LOG_WARNING, "kolo_init: %s", err.msg);
+        return kolo__api_fail(&err);
+    }
     kolo__log(KOLO__LOG_ERROR, "kolo_init failed: %s", err.msg);
     return kolo__api_fail(&err);
 }

@@ -19,6 +19,9 @@
 #   removed   3 workers; after step 3 generation 2 leaves the middle one
 #             out: it gets KOLO_ERR_REMOVED, the others re-form at 2 ranks
 #             keeping their order
+#   overtaken a worker forms generation 1 while its peer never comes;
+#             generation 2 leaves the peer out: kolo_init gives up on 1 at
+#             once (KOLO_ERR_MEMBERSHIP, not the start timeout) and joins 2
 #   ended     a worker waits for a generation that never comes; the store
 #             says the job ended: kolo_init fails at once with the reason
 #
@@ -186,7 +189,23 @@ case_ended() {
     report "ended: a waiting worker learns why the job ended" $ok "$d"
 }
 
+case_overtaken() {
+    local d=$work/overtaken ok=1
+    mkdir -p "$d/rdv"
+    publish "$d" 1 start localhost:0 localhost:1
+    start "$d" localhost:0 # localhost:1 never comes
+    sleep 1
+    publish "$d" 2 removed localhost:0
+    finish "$d" localhost:0 || ok=0
+    grep -q "^JOIN localhost:0 2 0 1" "$d/out.localhost:0" || ok=0
+    grep -q "generation 2 of the elastic job was published while generation 1 formed" \
+        "$d/out.localhost:0" || ok=0
+    [ "$(agree_done "$d" localhost:0)" = "2 1" ] || ok=0
+    report "overtaken: a generation published while one forms is joined instead" $ok "$d"
+}
+
 case_failure
+case_overtaken
 case_added
 case_removed
 case_ended
