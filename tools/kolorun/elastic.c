@@ -575,7 +575,7 @@ static void el_decide(kolorun_t *k, int64_t now)
     }
     int same = n == e->nmembers, survivors = 0;
     for (int i = 0; i < n; i++) {
-        same &= s[i].worker == e->members[i];
+        same = same && s[i].worker == e->members[i];
         survivors += s[i].worker >= 0;
     }
     if (same) {
