@@ -58,6 +58,10 @@ esac
 # shellcheck source=tests/python/sanitizer-preload.sh
 . "$here/sanitizer-preload.sh"
 kolo_python_preload "$lib" || skip "$kolo_preload_why"
+# Only the job gets the preload: the tools this script runs (pgrep hangs
+# with a sanitizer runtime preloaded) must not.
+job_preload=${LD_PRELOAD:-}
+unset LD_PRELOAD
 export PYTHONPATH=$src/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 export KOLO_LIBRARY=$lib
 export PYTHONDONTWRITEBYTECODE=1 OMP_NUM_THREADS=1
@@ -165,7 +169,8 @@ run() {
     local d=$work/$1
     shift
     mkdir -p "$d"
-    timeout -k 10 "$limit" "$kolorun" "$@" >"$d/out" 2>&1
+    env ${job_preload:+LD_PRELOAD="$job_preload"} \
+        timeout -k 10 "$limit" "$kolorun" "$@" >"$d/out" 2>&1
     echo $? >"$d/status"
 }
 
@@ -361,7 +366,8 @@ synthetic_case() {
     mkdir -p "$d"
     # Run from a copy in $d, so that its workers are found by their path.
     cp "$ex" "$d/synthetic.py"
-    timeout -k 10 "$limit" "$kolorun" -np 4 --min-np 2 -H localhost:2,127.0.0.1:2 \
+    env ${job_preload:+LD_PRELOAD="$job_preload"} \
+        timeout -k 10 "$limit" "$kolorun" -np 4 --min-np 2 -H localhost:2,127.0.0.1:2 \
         "$python" "$d/synthetic.py" --model resnet18 --batch-size 2 \
         --num-warmup-batches 1 --num-batches-per-iter 2 --num-iters 6 \
         >"$d/out" 2>&1 &
@@ -372,7 +378,7 @@ synthetic_case() {
         [ $t -gt $((limit * 5)) ] && break
     done
     # The second worker started (localhost:1): the newest but one.
-    victim=$(pgrep -f -- "^$python $d/synthetic.py" | sort -n | sed -n 2p)
+    victim=$(timeout 10 pgrep -f -- "^$python $d/synthetic.py" | sort -n | sed -n 2p)
     [ -n "$victim" ] && kill -9 "$victim"
     wait $job
     [ $? = 0 ] || ok=0
