@@ -389,6 +389,15 @@ class GuardedPair : public tcp::Pair {
 
     void connect(const std::vector<char> &bytes) override
     {
+        /* Screen what waits in the backlog first: on the connecting side
+         * (the larger address) Gloo closes the listening socket, and a
+         * connection the loop thread had not accepted yet would go with
+         * it, unreported. */
+        {
+            std::lock_guard<std::mutex> lock(m_);
+            if (state_ == LISTENING && !closing_)
+                accept_strangers();
+        }
         tcp::Pair::connect(bytes);
         std::lock_guard<std::mutex> lock(m_);
         for (auto &s : strangers_)
