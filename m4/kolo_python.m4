@@ -8,6 +8,14 @@
 # Substitutes PYTHON (empty when no interpreter was found);
 # AM_CONDITIONALs HAVE_PYTHON, HAVE_NUMPY, HAVE_TORCH. Sets
 # kolo_have_python, kolo_have_numpy, kolo_have_torch, kolo_python_summary.
+#
+# KOLO_PYTHON_HEADERS
+#   After KOLO_CHECK_PYTHON: whether the interpreter's C headers are there
+#   (Debian: python3-dev), to build the optional extension module
+#   kolo/_fastpath (bindings/python/kolo/_fastpath.c). Not fatal: without
+#   it the bindings make the same calls through ctypes. Substitutes
+#   PYTHON_CPPFLAGS; AM_CONDITIONAL HAVE_PYTHON_HEADERS; sets
+#   kolo_python_ext_summary.
 
 # _KOLO_PYTHON_MODULE(MODULE, VARIABLE): VARIABLE=yes when $PYTHON can
 # import MODULE; the module's version goes to kolo_VARIABLE_version.
@@ -64,3 +72,25 @@ print(dirs[[0]][[len(lib):]] if dirs else "")' "$kolo_py_prefix" 2>&AS_MESSAGE_L
      [pythondir="\${prefix}/lib/$kolo_py_sitedir"])
    AC_MSG_CHECKING([where make install puts the Python package])
    AC_MSG_RESULT([$pythondir])])])
+
+AC_DEFUN([KOLO_PYTHON_HEADERS],
+[kolo_have_python_headers=no
+PYTHON_CPPFLAGS=
+kolo_python_ext_summary="no (not built without Python)"
+AS_IF([test "x$kolo_have_python" = xyes],
+  [kolo_py_include=`$PYTHON -c 'import sysconfig; print(sysconfig.get_paths()[["include"]])' 2>&AS_MESSAGE_LOG_FD`
+   AC_MSG_CHECKING([for Python.h of $PYTHON])
+   AS_IF([test -n "$kolo_py_include" && test -f "$kolo_py_include/Python.h"],
+     [kolo_save_CPPFLAGS=$CPPFLAGS
+      CPPFLAGS="$CPPFLAGS -I$kolo_py_include"
+      AC_COMPILE_IFELSE([AC_LANG_PROGRAM([[#define PY_SSIZE_T_CLEAN
+#include <Python.h>]], [[return PyLong_AsLongLong(NULL) == 0;]])],
+        [kolo_have_python_headers=yes
+         PYTHON_CPPFLAGS="-I$kolo_py_include"])
+      CPPFLAGS=$kolo_save_CPPFLAGS])
+   AC_MSG_RESULT([$kolo_have_python_headers${PYTHON_CPPFLAGS:+ ($kolo_py_include)}])
+   AS_IF([test "x$kolo_have_python_headers" = xyes],
+     [kolo_python_ext_summary="yes (kolo/_fastpath: kolo.torch's hot path without ctypes)"],
+     [kolo_python_ext_summary="no (no Python.h: apt-get install python3-dev; kolo.torch calls through ctypes)"])])
+AC_SUBST([PYTHON_CPPFLAGS])
+AM_CONDITIONAL([HAVE_PYTHON_HEADERS], [test "x$kolo_have_python_headers" = xyes])])

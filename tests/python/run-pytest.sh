@@ -166,6 +166,39 @@ for np in $(printf '%s\n' $ranks $cuda_ranks | sort -n -u); do
     done
 done
 
+# The extension module kolo/_fastpath (bindings/python/kolo/_fastpath.c),
+# where the build has it: the bindings must find it beside the library
+# (everything above then ran through it), and without it they must fall
+# back to ctypes with the same results: test_torch_ops.py again at 2 ranks
+# against a libkolo with no _fastpath.so beside it.
+if [ $# -eq 0 ] && [ -f "$(dirname "$lib")/_fastpath.so" ]; then
+    start=$(date +%s.%N)
+    want=$(cd "$(dirname "$lib")" && pwd)/_fastpath.so
+    got=$("$python" -c 'import kolo._lib as l; print(l.fast_path)' 2>&1)
+    if [ "$got" = "$want" ]; then
+        pass=$((pass + 1))
+        printf 'PASS %-39s the bindings call through %s  %ss\n' \
+            "fast path found" "$got" "$(elapsed "$start")"
+    else
+        fail=$((fail + 1))
+        printf 'FAIL fast path found: kolo._lib.fast_path is "%s", not %s\n' \
+            "$got" "$want"
+    fi
+    mkdir -p "$work/ctypes"
+    ln -s "$(cd "$(dirname "$lib")" && pwd)/$(basename "$lib")" "$work/ctypes/libkolo.so"
+    got=$(KOLO_LIBRARY=$work/ctypes/libkolo.so "$python" -c \
+        'import kolo._lib as l; print(l.fast_path)' 2>&1)
+    if [ "$got" = None ]; then
+        pass=$((pass + 1))
+        printf 'PASS %-39s none beside %s: ctypes\n' "fast path absent" \
+            "$work/ctypes/libkolo.so"
+        KOLO_LIBRARY=$work/ctypes/libkolo.so run 2 test_torch_ops.py
+    else
+        fail=$((fail + 1))
+        printf 'FAIL fast path absent: kolo._lib.fast_path is "%s", not None\n' "$got"
+    fi
+fi
+
 # The harness itself: a rank that fails in the middle of a test, while the
 # others wait for it in a collective, must end the job (with a failure)
 # instead of hanging it.

@@ -630,6 +630,14 @@ def register(handles, keep, finish, results=False, what="", release=None):
     return h
 
 
+def register_entry(entry):
+    """register() for an object that is its own pending entry (it has
+    _Pending's attributes): one table insertion, for the fast path."""
+    h = next(_next_handle)
+    _pending[h] = entry
+    return h
+
+
 def _drop_pending():
     """Forgets every pending handle (the runtime has stopped: none of them
     uses memory any more)."""
@@ -672,7 +680,8 @@ def poll(handle):
     return True
 
 
-_wait = lib.kolo_wait
+# kolo_wait, through kolo._fastpath where it was built (see _lib)
+_wait = _lib.fast.wait if _lib.fast is not None else lib.kolo_wait
 _OK = _lib.OK
 
 

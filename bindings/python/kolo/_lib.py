@@ -9,6 +9,11 @@ The library is found, in this order:
 
 ctypes.CDLL releases the GIL around every foreign call, so a Python thread
 blocked in kolo_wait() lets the other Python threads run.
+
+The hottest two calls (kolo.torch's in-place allreduce of a host tensor,
+and kolo_wait) go through the optional extension module kolo._fastpath
+when it was built (`fast` below; its essay says why), and through ctypes
+otherwise.
 """
 
 import ctypes
@@ -225,6 +230,47 @@ def _declare():
 
 
 _declare()
+
+
+def _load_fastpath():
+    """The optional extension module kolo._fastpath (bindings/python/kolo/
+    _fastpath.c), set up to call the library loaded above: (module, path),
+    or (None, None) where it was not built. It is looked for beside that
+    library (a build tree's .libs), then in this package (where `make
+    install` puts it). One that is there but does not load is reported
+    with a warning, and the bindings go on through ctypes."""
+    import importlib.machinery
+    import importlib.util
+    places = []
+    if os.path.sep in path:
+        places.append(os.path.dirname(os.path.abspath(path)))
+    places.append(os.path.dirname(os.path.abspath(__file__)))
+    for where in places:
+        candidate = os.path.join(where, "_fastpath.so")
+        if not os.path.exists(candidate):
+            continue
+        try:
+            loader = importlib.machinery.ExtensionFileLoader(
+                "kolo._fastpath", candidate)
+            spec = importlib.util.spec_from_file_location(
+                "kolo._fastpath", candidate, loader=loader)
+            module = importlib.util.module_from_spec(spec)
+            loader.exec_module(module)
+            module.setup(
+                ctypes.cast(lib.kolo_allreduce_async_opts, ctypes.c_void_p).value,
+                ctypes.cast(lib.kolo_wait, ctypes.c_void_p).value)
+            return module, candidate
+        except Exception as e:  # a broken build: say so, use ctypes
+            import warnings
+            warnings.warn("kolo: %s does not load (%s): kolo.torch calls "
+                          "libkolo through ctypes, more slowly" % (candidate, e),
+                          RuntimeWarning)
+            return None, None
+    return None, None
+
+
+# kolo.torch's in-place allreduce and every wait go through it when present
+fast, fast_path = _load_fastpath()
 
 
 def has(name):

@@ -302,6 +302,25 @@ def _storage_nbytes(t):
     return t.storage().nbytes()
 
 
+def _in_flight_user(storage):
+    """The name of an operation in flight that uses the storage at address
+    `storage`, or None. The general path counts its storages in _in_flight;
+    the fast path's operations (_InPlace) are found among the pending
+    handles, so that enqueuing one costs no table update (this runs only
+    when a storage is about to grow)."""
+    with _in_flight_lock:
+        entry = _in_flight.get(storage)
+    if entry is not None:
+        return entry[1]
+    for p in list(_core._pending.values()):
+        if type(p) is _InPlace:
+            a = p.alias
+            if a is not None and a.data_ptr() and \
+                    _storage_address(a) == storage:
+                return p.key
+    return None
+
+
 def _guard_resize(method, numel_of):
     """Wraps torch.Tensor.<method> to refuse growing a storage in flight."""
     orig = getattr(torch.Tensor, method)
@@ -310,16 +329,17 @@ def _guard_resize(method, numel_of):
 
     @functools.wraps(orig)
     def guarded(self, *args, **kwargs):
-        if _in_flight:
-            entry = _in_flight.get(_storage_address(self))
-            n = numel_of(args, kwargs) if entry is not None else None
+        if _in_flight or _core._pending:
+            n = numel_of(args, kwargs)
             if n is not None and (self.storage_offset() + n) * \
                     self.element_size() > _storage_nbytes(self):
-                raise RuntimeError(
-                    "%s(): the tensor's memory is in use by kolo's %s, in "
-                    "flight, and growing it to %d elements would free that "
-                    "memory under the operation: synchronize the handle "
-                    "first" % (method, entry[1], n))
+                user = _in_flight_user(_storage_address(self))
+                if user is not None:
+                    raise RuntimeError(
+                        "%s(): the tensor's memory is in use by kolo's %s, "
+                        "in flight, and growing it to %d elements would "
+                        "free that memory under the operation: synchronize "
+                        "the handle first" % (method, user, n))
         return orig(self, *args, **kwargs)
     guarded._kolo_guarded = True
     setattr(torch.Tensor, method, guarded)
@@ -421,8 +441,14 @@ def _allreduce_async(tensor, output, name, op, prescale_factor,
 # aliases and three closures per call; this one does the same checks with
 # the least Python work: the kolo_opts_t (the runtime copies it, shape
 # included, at enqueue) is made once per combination of options and shape
-# and reused, one alias holds the memory, and one small object both
-# finishes and releases the operation. Same names, same checks, same
+# and reused, so is the encoded name, one alias holds the memory, and one
+# small object (_InPlace) finishes and releases the operation and is its
+# own entry in the pending table. It updates no table of storages in
+# flight: the resize guard finds it among the pending handles
+# (_in_flight_user). The enqueue and the wait go through the extension
+# module kolo._fastpath where it was built (bindings/python/kolo/
+# _fastpath.c: a ctypes call costs as much as the runtime's own work for a
+# small tensor), else through ctypes. Same names, same checks, same
 # results, same errors: anything it does not handle (CUDA, non-contiguous
 # tensors, Adasum, an unknown op or dtype, more than MAX_DIMS dimensions,
 # a tensor that is not a plain strided tensor) goes the general way, which
@@ -431,7 +457,10 @@ def _allreduce_async(tensor, output, name, op, prescale_factor,
 _FAST_OPS = frozenset((Sum, Average, _core.Min, _core.Max, _core.Product))
 _fast_opts = {}      # options and shape -> ctypes.byref(kolo_opts_t)
 _FAST_OPTS_MAX = 4096
+_fast_names = {}     # name -> (runtime name, the same encoded)
+_FAST_NAMES_MAX = 65536
 _enqueue_opts = _lib.lib.kolo_allreduce_async_opts
+_fast = _lib.fast    # kolo._fastpath, or None: ctypes
 _OK = _lib.OK
 _STRIDED = torch.strided
 _GLOBAL = global_process_set
@@ -444,7 +473,11 @@ class _InPlace:
     the tensor (its memory), and is both the finish and the release of its
     _core handle."""
 
-    __slots__ = ("key", "tensor", "alias", "address", "storage", "spec")
+    # (handles, keep, results, what, finish and release: what _core's
+    # pending table reads of an entry; this object is its own entry)
+    __slots__ = ("key", "tensor", "alias", "address", "spec", "handles",
+                 "keep")
+    results = False
 
     def finish(self, _results):
         t, a = self.tensor, self.alias
@@ -468,15 +501,8 @@ class _InPlace:
         return [self.address]
 
     def release(self):
-        s = self.storage
-        if s:
-            self.storage = 0
-            with _in_flight_lock:
-                entry = _in_flight.get(s)
-                if entry is not None:
-                    entry[0] -= 1
-                    if entry[0] <= 0:
-                        del _in_flight[s]
+        # (no _in_flight count to undo: _in_flight_user finds this object
+        # among the pending handles while it holds the alias)
         self.alias = None
 
 
@@ -490,14 +516,13 @@ def _allreduce_inplace_fast(tensor, name, op, prescale, postscale,
             type(postscale) not in _SCALARS or
             (wire is not None and type(wire) is not int) or
             type(passes) is not int or type(average_passes) is not bool or
-            tensor.layout is not _STRIDED or tensor.is_cuda or
+            not tensor.is_cpu or tensor.layout is not _STRIDED or
             not tensor.is_contiguous()):
         return None
     dtype = tensor.dtype
     kd = _DTYPES.get(dtype)
-    shape = tuple(tensor.shape)
-    if (kd is None or len(shape) > _lib.MAX_DIMS or
-            tensor.device != _CPU):
+    shape = tensor.shape  # (a torch.Size: a tuple)
+    if kd is None or len(shape) > _lib.MAX_DIMS:
         return None
     if process_set is _GLOBAL or process_set is None:
         sid = 0
@@ -510,47 +535,49 @@ def _allreduce_inplace_fast(tensor, name, op, prescale, postscale,
         opts, keep = _core.make_opts(op, prescale, postscale, process_set,
                                      wire, passes, average_passes,
                                      shape or None, _HOST)
-        # (the byref, and what its memory belongs to)
-        cached = (ctypes.byref(opts), opts, keep)
+        # (the byref, what its memory belongs to, and its address)
+        cached = (ctypes.byref(opts), opts, keep, ctypes.addressof(opts))
         if len(_fast_opts) >= _FAST_OPTS_MAX:
             _fast_opts.clear()
         _fast_opts[okey] = cached
-    ref = cached[0]
     if key is None:
-        if name is None:
-            key = _core.op_key("allreduce", None, process_set)
-        elif type(name) is str:
-            key = "allreduce." + name
+        if type(name) is str:
+            named = _fast_names.get(name)
+            if named is None:
+                k = "allreduce." + name
+                named = (k, k.encode("utf-8"))
+                if len(_fast_names) >= _FAST_NAMES_MAX:
+                    _fast_names.clear()
+                _fast_names[name] = named
+            key, bkey = named
         else:
             key = _core.op_key("allreduce", name, process_set)
+            bkey = key.encode("utf-8")
+    else:
+        bkey = key.encode("utf-8")
     op_ = _InPlace()
     op_.key = key
     op_.tensor = tensor
-    alias = op_.alias = tensor.detach()
+    # (.data: an alias of the same memory, as detach() but cheaper)
+    alias = op_.alias = tensor.data
     address = op_.address = alias.data_ptr()
     op_.spec = (shape, dtype, _CPU)
-    if address:
-        storage = address - alias.storage_offset() * alias.element_size()
-        with _in_flight_lock:
-            entry = _in_flight.get(storage)
-            if entry is None:
-                _in_flight[storage] = [1, key]
-            else:
-                entry[0] += 1
-    else:
-        storage = 0
-    op_.storage = storage
-    h = _lib.handle_t(0)
     try:
-        rc = _enqueue_opts(key.encode("utf-8"), address, address,
-                           alias.numel(), kd, ref, ctypes.byref(h))
-        if rc != _OK:
-            raise _core.refused(rc, "allreduce of '%s'" % key)
+        if _fast is not None:
+            h = _fast.allreduce(bkey, address, alias.numel(), kd, cached[3])
+        else:
+            ch = _lib.handle_t(0)
+            h = _enqueue_opts(bkey, address, address, alias.numel(), kd,
+                              cached[0], ctypes.byref(ch))
+            if h == _OK:
+                h = ch.value
+        if h < 0:
+            raise _core.refused(h, "allreduce of '%s'" % key)
     except BaseException:
-        op_.release()
+        op_.alias = None
         raise
-    return _core.register((h.value,), op_, op_.finish, what=key,
-                          release=op_.release)
+    op_.handles = (h,)
+    return _core.register_entry(op_)
 
 
 def allreduce_async(tensor, average=None, name=None, op=None,
