@@ -62,13 +62,36 @@
  * everywhere; ranks that were waiting on that bit resend the tensor through
  * the full round, where the coordinator sees the disagreement and reports
  * it. Eviction (cache full) does the same for the evicted bit.
+ *
+ * Carrying small tensors with the agreement. Where the data moves through
+ * a network step of its own (a data backend without allreduce_stream:
+ * Gloo, MPI, hierarchical; not shared memory, whose step costs a few
+ * microseconds), a steady round of small tensors would cost two network
+ * steps: the bit vector, then the data. Instead the data rides with the
+ * bits. Every cached host allreduce that is small enough (in bit order,
+ * until CARRY_MAX_BYTES), uncompressed and not prescaled, has a slot in a
+ * carried area at an offset that every rank computes alike from its cache
+ * (the caches are identical). Each rank writes the input of every tensor
+ * it has on a hit bit into that bit's slot, sets the bit in a second
+ * vector (carry bits: "my slot b holds my tensor"), and the ranks
+ * allgather [bits | carry bits | area] instead of AND-reducing the bits.
+ * Whether a round carries depends on the cache alone, so every rank takes
+ * the same path. Each rank then ANDs every rank's bits itself, and for
+ * every tensor that is ready and carried by all (a joined rank carries
+ * nothing: its zeros go the usual way) reduces the slots x0 (op) x1 (op)
+ * ... in rank order, as the backends' one-step exchange does. execute.c
+ * takes such a batch's result from there (averaging and postscale as
+ * usual) instead of moving it again. A batch that mixes carried and other
+ * tensors moves as before: what was carried is dropped, every rank alike.
  */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "complete.h"
 #include "negotiate.h"
+#include "reduce.h"
 #include "runtime.h"
 #include "timeline.h"
 
@@ -103,9 +126,13 @@ int kolo__negotiate_init(kolo__pset_t *ps)
     ps->neg.inv_word = ps->neg.hit_word + ps->neg.hit_words;
     ps->neg.nwords = ps->neg.inv_word + ps->neg.hit_words;
     ps->neg.bits = calloc(ps->neg.nwords, sizeof(uint64_t));
+    ps->neg.carry_off = calloc(cap ? cap : 1, sizeof(size_t));
+    ps->neg.carry_bits = calloc(ps->neg.hit_words ? ps->neg.hit_words : 1,
+                                sizeof(uint64_t));
     kolo__map_init(&ps->neg.sent);
     kolo__map_init(&ps->neg.table);
-    if (ps->neg.hits == NULL || ps->neg.bits == NULL || ps->neg.joined == NULL)
+    if (ps->neg.hits == NULL || ps->neg.bits == NULL || ps->neg.joined == NULL ||
+        ps->neg.carry_off == NULL || ps->neg.carry_bits == NULL)
         return -1;
     return 0;
 }
@@ -137,6 +164,13 @@ void kolo__negotiate_free(kolo__pset_t *ps)
     kolo__bytes_free(&ps->neg.send_buf);
     kolo__bytes_free(&ps->neg.recv_buf);
     kolo__bytes_free(&ps->neg.resp_buf);
+    kolo__bytes_free(&ps->neg.carry_msg);
+    kolo__bytes_free(&ps->neg.carry_all);
+    kolo__bytes_free(&ps->neg.carry_out);
+    free(ps->neg.carry_off);
+    free(ps->neg.carry_bits);
+    ps->neg.carry_off = NULL;
+    ps->neg.carry_bits = NULL;
     ps->neg.hits = NULL;
     ps->neg.bits = NULL;
     ps->ready = NULL;
@@ -853,6 +887,110 @@ static void stall_check(kolo__pset_t *ps)
     }
 }
 
+/* ---- carrying small tensors with the agreement (see the essay) ---------- */
+
+/* The most bytes carried in a round: well within what the backends move in
+ * one step (Gloo's exchange: 64 KiB per rank and peer). */
+#define CARRY_MAX_BYTES ((size_t)16 * 1024)
+
+static int carry_eligible(const kolo__params_t *p)
+{
+    return p->coll == KOLO__COLL_ALLREDUCE && p->device_type == KOLO_DEVICE_HOST &&
+           p->wire == p->dtype && p->prescale == 1.0 && p->group <= 1 &&
+           p->count > 0 &&
+           kolo__reduce_get((kolo_dtype_t)p->dtype, (kolo_op_t)p->op) != NULL;
+}
+
+/* Lays out the carried area from the cache (the same on every rank) and
+ * returns its bytes: 0 where nothing is carried this round. */
+static size_t carry_layout(kolo__pset_t *ps)
+{
+    size_t cap = ps->neg.cache.capacity, total = 0;
+
+    if (ps->size < 2 || ps->data_ops == NULL || ps->data_ops->allreduce_stream != NULL)
+        return 0;
+    for (size_t b = 0; b < cap; b++) {
+        const kolo__cache_entry_t *c = kolo__cache_at(&ps->neg.cache, b);
+        size_t bytes;
+        ps->neg.carry_off[b] = SIZE_MAX;
+        if (c == NULL || !carry_eligible(&c->params))
+            continue;
+        bytes = (size_t)c->params.count * kolo_dtype_size((kolo_dtype_t)c->params.dtype);
+        if (bytes > CARRY_MAX_BYTES - total)
+            continue;
+        ps->neg.carry_off[b] = total;
+        total += (bytes + 7) & ~(size_t)7;
+    }
+    return total;
+}
+
+/* Step 1 with the carried area: every rank's [bits | carry bits | area] to
+ * every rank; then this rank ANDs the bits into v and the carry bits into
+ * neg.carry_bits. */
+static int carry_round(kolo__pset_t *ps, uint64_t *v, size_t area, char *detail,
+                       size_t len)
+{
+    size_t hw = ps->neg.hit_words, cap = ps->neg.cache.capacity;
+    size_t head = (ps->neg.nwords + hw) * sizeof(uint64_t);
+    size_t msg = head + area, n = (size_t)ps->size;
+    uint64_t *bits, *cb;
+    uint8_t *slots;
+    int rc;
+
+    if (bytes_reserve(&ps->neg.carry_msg, msg) != 0 ||
+        bytes_reserve(&ps->neg.carry_all, msg * n) != 0 ||
+        bytes_reserve(&ps->neg.carry_out, area) != 0) {
+        snprintf(detail, len, "out of memory for %zu bytes of carried tensors",
+                 msg * n);
+        return KOLO_ERR_NO_MEMORY;
+    }
+    bits = (uint64_t *)ps->neg.carry_msg.data;
+    cb = bits + ps->neg.nwords;
+    slots = ps->neg.carry_msg.data + head;
+    memcpy(bits, v, ps->neg.nwords * sizeof(uint64_t));
+    memset(cb, 0, hw * sizeof(uint64_t));
+    memset(slots, 0, area); /* (what is not carried: deterministic bytes) */
+    for (size_t b = 0; b < cap; b++) {
+        const kolo__entry_t *e = ps->neg.hits[b];
+        if (e == NULL || ps->neg.carry_off[b] == SIZE_MAX)
+            continue;
+        memcpy(slots + ps->neg.carry_off[b], e->input,
+               (size_t)e->params.count * kolo_dtype_size((kolo_dtype_t)e->params.dtype));
+        BIT_SET(cb, b);
+    }
+    rc = ps->ctl_ops->allgather(ps->ctl_ctx, ps->neg.carry_msg.data,
+                                ps->neg.carry_all.data, msg, detail, len);
+    if (rc != KOLO_OK)
+        return rc;
+    ps->neg.carry_bytes = msg;
+    memcpy(v, ps->neg.carry_all.data, ps->neg.nwords * sizeof(uint64_t));
+    memcpy(ps->neg.carry_bits, ps->neg.carry_all.data + ps->neg.nwords * sizeof(uint64_t),
+           hw * sizeof(uint64_t));
+    for (size_t r = 1; r < n; r++) {
+        const uint64_t *o = (const uint64_t *)(ps->neg.carry_all.data + r * msg);
+        band64(v, v, o, ps->neg.nwords);
+        band64(ps->neg.carry_bits, ps->neg.carry_bits, o + ps->neg.nwords, hw);
+    }
+    return KOLO_OK;
+}
+
+/* The reduction of the tensor carried on bit b, in rank order, as the
+ * backends' one-step exchange reduces: x0 (op) x1, then (op) x2, ... */
+static const void *carry_reduce(kolo__pset_t *ps, size_t b, const kolo__params_t *p)
+{
+    size_t head = (ps->neg.nwords + ps->neg.hit_words) * sizeof(uint64_t);
+    size_t msg = ps->neg.carry_bytes, off = ps->neg.carry_off[b];
+    kolo__reduce_fn fn = kolo__reduce_get((kolo_dtype_t)p->dtype, (kolo_op_t)p->op);
+    const uint8_t *all = ps->neg.carry_all.data;
+    uint8_t *out = ps->neg.carry_out.data + off;
+    size_t count = (size_t)p->count;
+
+    fn(out, all + head + off, all + msg + head + off, count);
+    for (int r = 2; r < ps->size; r++)
+        fn(out, out, all + (size_t)r * msg + head + off, count);
+    return out;
+}
+
 int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
                     int *stop_rank, kolo__err_t *err)
 {
@@ -952,11 +1090,26 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
     if (shutdown)
         BIT_CLR(v + ps->neg.shut_word, (size_t)ps->rank);
 
-    rc = ps->ctl_ops->allreduce(ps->ctl_ctx, NULL, v, ps->neg.nwords, sizeof(uint64_t),
-                                band64, detail, sizeof(detail));
-    if (rc != KOLO_OK)
-        return backend_failed(ps, rc, "allreduce of the readiness bits", detail,
-                              err);
+    ps->neg.carry_bytes = 0;
+    {
+        /* (from the cache alone: every rank takes the same path) */
+        size_t area = carry_layout(ps);
+        if (area > 0) {
+            rc = carry_round(ps, v, area, detail, sizeof(detail));
+            if (rc != KOLO_OK)
+                return backend_failed(ps, rc,
+                                      "allgather of the readiness bits and "
+                                      "the carried tensors",
+                                      detail, err);
+        } else {
+            rc = ps->ctl_ops->allreduce(ps->ctl_ctx, NULL, v, ps->neg.nwords,
+                                        sizeof(uint64_t), band64, detail,
+                                        sizeof(detail));
+            if (rc != KOLO_OK)
+                return backend_failed(ps, rc, "allreduce of the readiness bits",
+                                      detail, err);
+        }
+    }
 
     ps->neg.any_pending = !(v[0] & FLAG_NONE_PENDING);
     for (int r = 0; r < ps->size; r++)
@@ -987,7 +1140,11 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
             continue;
         kolo__cache_touch(&ps->neg.cache, b);
         if (ps->neg.hits[b] != NULL) {
-            KOLO__CHECK(ready_push(ps, ps->neg.hits[b], err));
+            kolo__entry_t *e = ps->neg.hits[b];
+            e->carried = ps->neg.carry_bytes > 0 && BIT_GET(ps->neg.carry_bits, b)
+                             ? carry_reduce(ps, b, &e->params)
+                             : NULL;
+            KOLO__CHECK(ready_push(ps, e, err));
             ps->neg.hits[b] = NULL;
             ps->neg.nhits--;
         } else if (ps->neg.joined[ps->rank] &&

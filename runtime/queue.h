@@ -48,6 +48,9 @@ typedef struct kolo__entry {
     void *ready_event;
     void (*ready_free)(void *event);
     int tl_depth; /* timeline spans open on this tensor's lane */
+    /* An allreduce whose reduction came with the agreement (negotiate.c):
+     * the result, valid until the round's plan has run; else NULL. */
+    const void *carried;
 } kolo__entry_t;
 
 /* Output of an allgather, alltoall or reducescatter (or a join's last

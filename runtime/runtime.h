@@ -89,6 +89,15 @@ typedef struct kolo__pset {
         uint64_t *bits;        /* the round's AND vector */
         size_t nwords, shut_word, join_word, hit_word, inv_word, hit_words;
         kolo__bytes_t send_buf, recv_buf, resp_buf;
+        /* carrying small tensors with the bit vector (negotiate.c's
+         * essay): each cached tensor's offset in the carried area
+         * ([capacity], SIZE_MAX: none), the round's message and every
+         * rank's, the bits of what every rank carried, the reductions */
+        size_t *carry_off;
+        size_t carry_bytes;    /* one rank's message; 0: nothing carried
+                                  this round */
+        uint64_t *carry_bits;
+        kolo__bytes_t carry_msg, carry_all, carry_out;
         int any_pending;       /* some rank had tensors waiting at the last
                                   round (the loop reads it) */
         /* stall inspector (the coordinator) */

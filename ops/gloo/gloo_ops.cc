@@ -946,11 +946,42 @@ int gloo_allreduce(void *ctx, const void *in, void *out,
     });
 }
 
+/* A small allgather in one step, as run_exchange: every rank sends its
+ * bytes to every other at once (Gloo's allgather is a ring of n-1 steps).
+ * It carries the negotiation's bits with small tensors every round
+ * (runtime/negotiate.c). */
+void run_allgather_exchange(GlooCtx *g, const void *in, void *out, size_t bytes)
+{
+    const int n = g->size, me = g->rank;
+    uint8_t *o = static_cast<uint8_t *>(out);
+    uint8_t *mine = o + (size_t)me * bytes;
+
+    if (in != mine)
+        std::memmove(mine, in, bytes);
+    auto sbuf = g->context->createUnboundBuffer(mine, bytes);
+    auto rbuf = g->context->createUnboundBuffer(o, (size_t)n * bytes);
+    const uint64_t slot = (0x6b6f6c6fULL << 32) | g->tag++;
+    for (int r = 0; r < n; r++)
+        if (r != me)
+            rbuf->recv(r, slot, (size_t)r * bytes, bytes);
+    for (int r = 0; r < n; r++)
+        if (r != me)
+            sbuf->send(r, slot);
+    for (int r = 0; r < n - 1; r++)
+        rbuf->waitRecv(nullptr, op_timeout(g));
+    for (int r = 0; r < n - 1; r++)
+        sbuf->waitSend(nullptr, op_timeout(g));
+}
+
 int gloo_allgather(void *ctx, const void *in, void *out,
                               size_t bytes, char *err, size_t errlen)
 {
     GlooCtx *g = static_cast<GlooCtx *>(ctx);
     return guarded("allgather", err, errlen, [&] {
+        if (exchange_pays(g, 1, bytes)) {
+            run_allgather_exchange(g, in, out, bytes);
+            return;
+        }
         gloo::AllgatherOptions opts(g->context);
         opts.setInput(const_cast<uint8_t *>(static_cast<const uint8_t *>(in)),
                       bytes);
