@@ -245,23 +245,58 @@ static int run_allreduce_stream(kolo__pset_t *ps, const size_t *idx, size_t n,
  * that pass in cache; otherwise the backend gets it whole, since every
  * piece would cost a call (over Gloo, 64-256 MiB tensors in 4 MiB pieces
  * reached 0.72-0.84 of the backend's own speed, whole 0.97-1.01). */
-/* A batch whose every tensor came reduced with the agreement
- * (negotiate.c's essay): the results are copied out of there and scaled as
- * run_allreduce scales them, with no step of the data backend. */
-static int run_carried(kolo__pset_t *ps, const size_t *idx, size_t n)
+/* kolo__tl_batch's begin, with args for every tensor's span. */
+static void tl_batch_args(kolo__pset_t *ps, const size_t *idx, size_t n,
+                          const char *phase, const char *args)
 {
-    const kolo__params_t *p = &ps->ready[idx[0]]->params;
-    kolo_dtype_t wire = (kolo_dtype_t)p->wire;
-    double post = kolo__postscale_factor(p->op, p->postscale, ps->size);
+    for (size_t i = 0; i < n; i++)
+        kolo__tl_entry_begin(ps, ps->ready[idx[i]], phase, args, 0);
+}
 
-    kolo__tl_batch(ps, idx, n, kolo__backend_phase(ps, KOLO__COLL_ALLREDUCE));
+/* A batch whose every tensor came reduced with the agreement
+ * (negotiate.c's essay): no step of the data backend. A tensor alone is
+ * copied to its output and scaled as run_allreduce scales it; a fused
+ * batch goes through the fusion buffer as a moved one does (the results
+ * packed in, scaled there, copied out), so that the timeline shows the
+ * same phases whichever way the bytes came. */
+static int run_carried(kolo__pset_t *ps, const size_t *idx, size_t n,
+                       size_t count, kolo__err_t *err)
+{
+    kolo__entry_t *e0 = ps->ready[idx[0]];
+    kolo_dtype_t wire = (kolo_dtype_t)e0->params.wire;
+    size_t esize = kolo_dtype_size(wire), at = 0;
+    double post = kolo__postscale_factor(e0->params.op, e0->params.postscale,
+                                         ps->size);
+    const char *phase = kolo__backend_phase(ps, KOLO__COLL_ALLREDUCE);
+    cursor_t cout = {0, 0};
+    char args[32];
+
+    /* (the timeline's backend span says so, with the batch's size) */
+    snprintf(args, sizeof(args), "\"carried\":%zu", n);
+    if (n == 1) {
+        tl_batch_args(ps, idx, n, phase, args);
+        memcpy(e0->output, e0->carried, count * esize);
+        kolo__scale(e0->output, count, wire, post);
+        kolo__tl_batch(ps, idx, n, NULL);
+        e0->carried = NULL;
+        return KOLO_OK;
+    }
+    if (fusion_reserve(ps, count * esize) != 0)
+        return no_memory(ps, e0, count * esize, err);
+    kolo__tl_batch(ps, idx, n, "MEMCPY_IN_FUSION_BUFFER");
     for (size_t i = 0; i < n; i++) {
         kolo__entry_t *e = ps->ready[idx[i]];
-        size_t count = (size_t)e->params.count;
-        memcpy(e->output, e->carried, count * kolo_dtype_size(wire));
-        kolo__scale(e->output, count, wire, post);
+        size_t bytes = (size_t)e->params.count * esize;
+        memcpy(ps->exec.fusion + at, e->carried, bytes);
+        at += bytes;
         e->carried = NULL;
     }
+    kolo__tl_batch(ps, idx, n, NULL);
+    tl_batch_args(ps, idx, n, phase, args);
+    kolo__scale(ps->exec.fusion, count, wire, post);
+    kolo__tl_batch(ps, idx, n, NULL);
+    kolo__tl_batch(ps, idx, n, "MEMCPY_OUT_FUSION_BUFFER");
+    move_range(ps, idx, &cout, ps->exec.fusion, count, esize, 0);
     kolo__tl_batch(ps, idx, n, NULL);
     return KOLO_OK;
 }
@@ -290,7 +325,7 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
     if (count == 0)
         return KOLO_OK;
     if (carried == n)
-        return run_carried(ps, idx, n);
+        return run_carried(ps, idx, n, count, err);
     if (ps->data_ops->allreduce_stream != NULL)
         return run_allreduce_stream(ps, idx, n, count, err);
     piece = kolo__tuned(ps)->chunk_bytes > 0 ? (size_t)kolo__tuned(ps)->chunk_bytes / esize

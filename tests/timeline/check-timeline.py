@@ -254,6 +254,8 @@ def cmd_structure(args):
         fail("%s: %d CYCLE_START markers, mark_cycles was off" % (path, len(cycles)))
     # Every backend span, to find fused batches.
     backend_spans = []
+    carried = {}  # (name, step) -> tensors of its batch, where it was
+                  # carried with the agreement (the backend span's args)
     execs = {}
     judged, overtaken = [], []  # --straggler: (tensor, step) judged; where not last
     for name, (coll, nbytes, dtype, shape) in WORKLOAD.items():
@@ -299,6 +301,9 @@ def cmd_structure(args):
                 prev = c.end
                 if c.name == be:
                     backend_spans.append((c.start, c.end, name, k))
+                    carried_batch = (c.args or {}).get("carried")
+                    if carried_batch is not None:
+                        carried[(name, k)] = carried_batch
             ex_list.append((neg, top, kids))
         execs[name] = ex_list
         # Ready instants.
@@ -358,13 +363,20 @@ def cmd_structure(args):
                  % (path, straggler, len(steps_overtaken), len(steps_judged),
                     "; ".join(t for _, _, t in overtaken)))
     # Fused tensors (backend spans that overlap) copy through the fusion
-    # buffer; a tensor reduced alone is reduced in place.
+    # buffer; a tensor reduced alone is reduced in place. A batch carried
+    # with the agreement (runtime/negotiate.c) has no network step, so its
+    # spans may last no measurable time and overlap nothing: its backend
+    # span says in its args how many tensors the batch had.
     backend_spans.sort()
-    fused = set()
+    fused = set(key for key, n in carried.items() if n > 1)
     for i, (s0, e0, n0, k0) in enumerate(backend_spans):
+        if (n0, k0) in carried:
+            continue
         for s1, e1, n1, k1 in backend_spans[i + 1:]:
             if s1 >= e0:
                 break
+            if (n1, k1) in carried:
+                continue
             if n1 != n0:
                 fused.add((n0, k0))
                 fused.add((n1, k1))
@@ -812,7 +824,7 @@ def to_horovod(events):
             stacks.setdefault(ev["pid"], []).append(args)
         elif ph == "E":
             args = stacks[ev["pid"]].pop()
-            if args:
+            if args and "dtype" in args:  # (Horovod's spans: the tensor's)
                 ev["args"] = {"dtype": "HOROVOD_" + args["dtype"].upper(),
                               "shape": "[%s]" % ", ".join(map(str, args["shape"]))}
         elif ph == "C":
