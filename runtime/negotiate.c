@@ -69,9 +69,9 @@
  * microseconds), a steady round of small tensors would cost two network
  * steps: the bit vector, then the data. Instead the data rides with the
  * bits. Every cached host allreduce that is small enough (in bit order,
- * until CARRY_MAX_BYTES), uncompressed and not prescaled, has a slot in a
- * carried area at an offset that every rank computes alike from its cache
- * (the caches are identical). Each rank writes the input of every tensor
+ * until CARRY_MAX_BYTES / (ranks - 1)), uncompressed and not prescaled,
+ * has a slot in a carried area at an offset that every rank computes alike
+ * from its cache (the caches are identical). Each rank writes the input of every tensor
  * it has on a hit bit into that bit's slot, sets the bit in a second
  * vector (carry bits: "my slot b holds my tensor"), and the ranks
  * allgather [bits | carry bits | area] instead of AND-reducing the bits.
@@ -889,8 +889,11 @@ static void stall_check(kolo__pset_t *ps)
 
 /* ---- carrying small tensors with the agreement (see the essay) ---------- */
 
-/* The most bytes carried in a round: well within what the backends move in
- * one step (Gloo's exchange: 64 KiB per rank and peer). */
+/* The most bytes carried in a round, times the number of peers: each rank
+ * sends its message to every other, and that stays well within what the
+ * backends move in one step (Gloo's exchange: 64 KiB in all per rank, the
+ * bits included, up to about 100 ranks): 16 KiB with two ranks, 8 KiB
+ * with three, 2 KiB with nine. */
 #define CARRY_MAX_BYTES ((size_t)16 * 1024)
 
 static int carry_eligible(const kolo__params_t *p)
@@ -905,10 +908,11 @@ static int carry_eligible(const kolo__params_t *p)
  * returns its bytes: 0 where nothing is carried this round. */
 static size_t carry_layout(kolo__pset_t *ps)
 {
-    size_t cap = ps->neg.cache.capacity, total = 0;
+    size_t cap = ps->neg.cache.capacity, total = 0, budget;
 
     if (ps->size < 2 || ps->data_ops == NULL || ps->data_ops->allreduce_stream != NULL)
         return 0;
+    budget = CARRY_MAX_BYTES / (size_t)(ps->size - 1);
     for (size_t b = 0; b < cap; b++) {
         const kolo__cache_entry_t *c = kolo__cache_at(&ps->neg.cache, b);
         size_t bytes;
@@ -916,7 +920,7 @@ static size_t carry_layout(kolo__pset_t *ps)
         if (c == NULL || !carry_eligible(&c->params))
             continue;
         bytes = (size_t)c->params.count * kolo_dtype_size((kolo_dtype_t)c->params.dtype);
-        if (bytes > CARRY_MAX_BYTES - total)
+        if (bytes > budget - total)
             continue;
         ps->neg.carry_off[b] = total;
         total += (bytes + 7) & ~(size_t)7;
