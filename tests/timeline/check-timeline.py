@@ -226,6 +226,7 @@ def cmd_structure(args):
     absent = opts_all(args, "--absent")
     ready = opt(args, "--ready", "first" if rank == 0 else "own")
     want_cycles = flag(args, "--cycles")
+    want_carried = flag(args, "--carried")
     straggler = opt(args, "--straggler", None, int)
     path = args[0]
     events = load(path)
@@ -393,8 +394,12 @@ def cmd_structure(args):
             if (name, k) not in fused and has:
                 fail("%s: %s step %d was reduced alone (in place) but shows "
                      "MEMCPY phases" % (path, name, k))
+    if want_carried and not carried:
+        fail("%s: no operation was carried with the agreement (a steady small "
+             "allreduce over Gloo should be: runtime/negotiate.c)" % path)
     ok("%s: %d tensors x %d steps: phases, nesting, args, ready instants checked; "
-       "%d fused operations" % (path, len(execs), steps, len(fused)))
+       "%d fused operations, %d carried with the agreement"
+       % (path, len(execs), steps, len(fused), len(carried)))
 
 
 def cmd_aligned(args):

@@ -121,7 +121,8 @@ for np in 2 3; do
         env KOLO_TIMELINE_MARK_CYCLES=1 \
         "$kolorun" -np "$np" --timeline-filename "$d/env.json" "$prog" steps; then
         run "np=$np   env.json: events, nesting, ready instants" \
-            $py "$check" structure "$d/env.json" --size "$np" --steps $steps --cycles
+            $py "$check" structure "$d/env.json" --size "$np" --steps $steps --cycles \
+            --carried
         run "np=$np   kolo-timeline summary: counts and bytes per tensor" \
             $py "$check" summary "$tool" --size "$np" --steps $steps "$d/env.json"
     fi
