@@ -786,6 +786,27 @@ bool exchange_pays(const GlooCtx *g, size_t count, size_t elem_size)
            count * elem_size <= kExchangeMaxBytes / (size_t)(g->size - 1);
 }
 
+/* The one step of an exchange: this rank's `bytes` at mine go to every
+ * other rank, and rank r's arrive at slots + r * bytes (this rank's slot
+ * is left as it is). */
+void exchange_bytes(GlooCtx *g, const void *mine, uint8_t *slots, size_t bytes)
+{
+    const int n = g->size, me = g->rank;
+    auto sbuf = g->context->createUnboundBuffer(const_cast<void *>(mine), bytes);
+    auto rbuf = g->context->createUnboundBuffer(slots, (size_t)n * bytes);
+    const uint64_t slot = (0x6b6f6c6fULL << 32) | g->tag++;
+    for (int r = 0; r < n; r++)
+        if (r != me)
+            rbuf->recv(r, slot, (size_t)r * bytes, bytes);
+    for (int r = 0; r < n; r++)
+        if (r != me)
+            sbuf->send(r, slot);
+    for (int r = 0; r < n - 1; r++)
+        rbuf->waitRecv(nullptr, op_timeout(g));
+    for (int r = 0; r < n - 1; r++)
+        sbuf->waitSend(nullptr, op_timeout(g));
+}
+
 void run_exchange(GlooCtx *g, const void *in, void *out, size_t count,
                   size_t elem_size, kolo__ops_reduce_fn reduce)
 {
@@ -798,19 +819,7 @@ void run_exchange(GlooCtx *g, const void *in, void *out, size_t count,
     if (g->exchange.size() < (size_t)n * bytes)
         g->exchange.resize((size_t)n * bytes);
     uint8_t *scratch = g->exchange.data();
-    auto sbuf = g->context->createUnboundBuffer(const_cast<void *>(mine), bytes);
-    auto rbuf = g->context->createUnboundBuffer(scratch, (size_t)n * bytes);
-    const uint64_t slot = (0x6b6f6c6fULL << 32) | g->tag++;
-    for (int r = 0; r < n; r++)
-        if (r != me)
-            rbuf->recv(r, slot, (size_t)r * bytes, bytes);
-    for (int r = 0; r < n; r++)
-        if (r != me)
-            sbuf->send(r, slot);
-    for (int r = 0; r < n - 1; r++)
-        rbuf->waitRecv(nullptr, op_timeout(g));
-    for (int r = 0; r < n - 1; r++)
-        sbuf->waitSend(nullptr, op_timeout(g));
+    exchange_bytes(g, mine, scratch, bytes);
     for (int r = 0; r < n; r++)
         x[r] = r == me ? mine : scratch + (size_t)r * bytes;
     /* out is written from the first reduction on: where it is this rank's
@@ -952,25 +961,12 @@ int gloo_allreduce(void *ctx, const void *in, void *out,
  * (runtime/negotiate.c). */
 void run_allgather_exchange(GlooCtx *g, const void *in, void *out, size_t bytes)
 {
-    const int n = g->size, me = g->rank;
     uint8_t *o = static_cast<uint8_t *>(out);
-    uint8_t *mine = o + (size_t)me * bytes;
+    uint8_t *mine = o + (size_t)g->rank * bytes;
 
     if (in != mine)
         std::memmove(mine, in, bytes);
-    auto sbuf = g->context->createUnboundBuffer(mine, bytes);
-    auto rbuf = g->context->createUnboundBuffer(o, (size_t)n * bytes);
-    const uint64_t slot = (0x6b6f6c6fULL << 32) | g->tag++;
-    for (int r = 0; r < n; r++)
-        if (r != me)
-            rbuf->recv(r, slot, (size_t)r * bytes, bytes);
-    for (int r = 0; r < n; r++)
-        if (r != me)
-            sbuf->send(r, slot);
-    for (int r = 0; r < n - 1; r++)
-        rbuf->waitRecv(nullptr, op_timeout(g));
-    for (int r = 0; r < n - 1; r++)
-        sbuf->waitSend(nullptr, op_timeout(g));
+    exchange_bytes(g, mine, o, bytes);
 }
 
 int gloo_allgather(void *ctx, const void *in, void *out,
