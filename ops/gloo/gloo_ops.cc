@@ -87,6 +87,7 @@
 #endif
 
 #include "ops.h"
+#include "ring.h"
 
 namespace {
 
@@ -113,6 +114,12 @@ struct GlooCtx {
 
     /* The ranks' buffers of a small allreduce (run_exchange). */
     std::vector<uint8_t> exchange;
+
+    /* kolo's own ring for larger allreduces (ring.h); null with one rank
+     * and in kolo-bench's raw copy. */
+    kolo__ring_t *ring = nullptr;
+    double timeout_s = 0;
+    std::vector<int> members; /* context rank -> global rank */
 };
 
 void listen(GlooCtx *g)
@@ -260,7 +267,7 @@ namespace tcp = gloo::transport::tcp;
  * Once the pair is connected, events go straight to Gloo's handler.
  */
 
-constexpr size_t kSecretBytes = 32;
+constexpr size_t kSecretBytes = KOLO__RING_SECRET_BYTES;
 constexpr size_t kHelloBytes = 8 + kSecretBytes + 4 + 4;
 constexpr char kHelloMagic[8] = {'K', 'O', 'L', 'O', 'P', 'A', 'I', 'R'};
 constexpr size_t kMaxStrangers = 16;
@@ -652,15 +659,18 @@ class GuardedDevice : public tcp::Device {
     std::shared_ptr<Guard> guard_;
 };
 
+#endif /* KOLO_GLOO_PAIR_LISTENS */
+
 /* This context's identity: rank 0 draws it and puts it in the store, the
  * others wait for it there (bounded by the start timeout, as rendezvous). */
-void share_identity(gloo::rendezvous::Store &store, int rank, Guard &guard)
+void share_identity(gloo::rendezvous::Store &store, int rank,
+                    uint8_t (&secret)[KOLO__RING_SECRET_BYTES])
 {
     static const char key[] = "kolo-identity";
     if (rank == 0) {
         size_t have = 0;
-        while (have < kSecretBytes) {
-            ssize_t n = getrandom(guard.secret + have, kSecretBytes - have, 0);
+        while (have < KOLO__RING_SECRET_BYTES) {
+            ssize_t n = getrandom(secret + have, KOLO__RING_SECRET_BYTES - have, 0);
             if (n < 0 && errno == EINTR)
                 continue;
             if (n <= 0)
@@ -668,18 +678,16 @@ void share_identity(gloo::rendezvous::Store &store, int rank, Guard &guard)
                                         std::strerror(errno));
             have += static_cast<size_t>(n);
         }
-        store.set(key, std::vector<char>(guard.secret, guard.secret + kSecretBytes));
+        store.set(key, std::vector<char>(secret, secret + KOLO__RING_SECRET_BYTES));
         return;
     }
     std::vector<char> got = store.get(key);
-    if (got.size() != kSecretBytes)
+    if (got.size() != KOLO__RING_SECRET_BYTES)
         throw gloo::IoException("the job's identity in the rendezvous store "
                                 "has " + std::to_string(got.size()) +
-                                " bytes, not " + std::to_string(kSecretBytes));
-    std::memcpy(guard.secret, got.data(), kSecretBytes);
+                                " bytes, not " + std::to_string(KOLO__RING_SECRET_BYTES));
+    std::memcpy(secret, got.data(), KOLO__RING_SECRET_BYTES);
 }
-#endif /* KOLO_GLOO_PAIR_LISTENS */
-
 std::chrono::milliseconds to_ms(double seconds)
 {
     return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
@@ -833,6 +841,29 @@ void run_exchange(GlooCtx *g, const void *in, void *out, size_t count,
         reduce(out, out, x[r], count);
 }
 
+#ifndef KOLO_GLOO_RING_ONLY
+/* kolo's ring (ring.h): every rank listens, publishes its address under
+ * this context's prefix, and connects to its right neighbour's. */
+void connect_ring(GlooCtx *g, const kolo__ops_config_t *cfg,
+                  gloo::rendezvous::Store &store,
+                  const uint8_t (&secret)[KOLO__RING_SECRET_BYTES])
+{
+    char addr[KOLO__RING_ADDR_LEN], err[512];
+    int rc = kolo__ring_listen(cfg->hostname, &g->ring, addr, err, sizeof(err));
+    if (rc != KOLO_OK)
+        throw gloo::IoException(err);
+    store.set("kolo-ring/" + std::to_string(cfg->rank),
+              std::vector<char>(addr, addr + std::strlen(addr)));
+    std::vector<char> right =
+        store.get("kolo-ring/" + std::to_string((cfg->rank + 1) % cfg->size));
+    right.push_back('\0');
+    rc = kolo__ring_connect(g->ring, cfg->rank, cfg->size, right.data(), secret,
+                            cfg->start_timeout_s, cfg->warn, err, sizeof(err));
+    if (rc != KOLO_OK)
+        throw gloo::IoException(err);
+}
+#endif
+
 int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
                          size_t errlen)
 {
@@ -858,8 +889,12 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
 #ifdef KOLO_GLOO_PAIR_LISTENS
         auto guard = std::make_shared<Guard>();
         guard->warn = cfg->warn;
+#endif
+        uint8_t secret[KOLO__RING_SECRET_BYTES] = {0};
         if (cfg->size > 1)
-            share_identity(store, cfg->rank, *guard);
+            share_identity(store, cfg->rank, secret);
+#ifdef KOLO_GLOO_PAIR_LISTENS
+        std::memcpy(guard->secret, secret, sizeof(secret));
 #endif
         try {
 #ifdef KOLO_GLOO_PAIR_LISTENS
@@ -881,6 +916,13 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         g->context->setTimeout(to_ms(cfg->start_timeout_s));
         g->context->connectFullMesh(store, g->device);
         g->context->setTimeout(to_ms(cfg->timeout_s));
+        g->timeout_s = cfg->timeout_s;
+        if (cfg->members != nullptr)
+            g->members.assign(cfg->members, cfg->members + cfg->size);
+#ifndef KOLO_GLOO_RING_ONLY
+        if (cfg->size > 1)
+            connect_ring(g, cfg, store, secret);
+#endif
         if (g->size > 1 && cfg->on_wake != nullptr) {
             g->on_wake = cfg->on_wake;
             g->wake_arg = cfg->wake_arg;
@@ -926,6 +968,7 @@ void gloo_finalize(void *ctx)
                 }
             }
         }
+        kolo__ring_close(g->ring);
         delete g;
     } catch (...) {
         /* Destructors close sockets; nothing useful to report here. */
@@ -938,9 +981,15 @@ int gloo_allreduce(void *ctx, const void *in, void *out,
                               size_t errlen)
 {
     GlooCtx *g = static_cast<GlooCtx *>(ctx);
-    return guarded("allreduce", err, errlen, [&] {
+    int rc = KOLO_OK;
+    int grc = guarded("allreduce", err, errlen, [&] {
         if (exchange_pays(g, count, elem_size)) {
             run_exchange(g, in, out, count, elem_size, reduce);
+            return;
+        }
+        if (g->ring != nullptr) {
+            rc = kolo__ring_allreduce(g->ring, in, out, count, elem_size,
+                                      reduce, g->timeout_s, err, errlen);
             return;
         }
         switch (elem_size) {
@@ -953,6 +1002,7 @@ int gloo_allreduce(void *ctx, const void *in, void *out,
                                   std::to_string(elem_size));
         }
     });
+    return grc != KOLO_OK ? grc : rc;
 }
 
 /* A small allgather in one step, as run_exchange: every rank sends its
@@ -1110,6 +1160,17 @@ int gloo_wake_peers(void *ctx, uint64_t round, char *err, size_t errlen)
     });
 }
 
+/* Only kolo's ring knows whom it waits for; a Gloo collective does not
+ * say. */
+int gloo_waiting_for(void *ctx)
+{
+    GlooCtx *g = static_cast<GlooCtx *>(ctx);
+    int r = kolo__ring_waiting_for(g->ring);
+    if (r < 0 || (size_t)r >= g->members.size())
+        return r < 0 ? -1 : r;
+    return g->members[r];
+}
+
 } // namespace
 
 extern "C" const kolo__ops_t kolo__ops_gloo = {
@@ -1126,7 +1187,7 @@ extern "C" const kolo__ops_t kolo__ops_gloo = {
     /* .reduce_scatter = */ gloo_reduce_scatter,
     /* .wake_peers = */ gloo_wake_peers,
     /* .allreduce_stream = */ nullptr,
-    /* .waiting_for = */ nullptr, /* a Gloo collective does not say */
+    /* .waiting_for = */ gloo_waiting_for,
     /* Every gloo::allreduce costs hundreds of microseconds before its bytes
      * move: over a veth link between network namespaces, 16 MiB pieces
      * reduced float16-compressed 256 MiB tensors 10% and a ResNet-50 step

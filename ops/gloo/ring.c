@@ -1,0 +1,730 @@
+/*
+ * ring.c — kolo's own ring allreduce over TCP (ring.h says why and how it
+ * is set up).
+ *
+ * The schedule. The buffer is cut into n segments (n ranks). Rank r sends
+ * to its right neighbour r+1 and receives from its left one r-1, in
+ * 2(n-1) steps:
+ *   reduce-scatter, step k = 0 .. n-2: send segment r-k, receive segment
+ *     r-k-1 and reduce it into this rank's copy (received (op) own is
+ *     never needed: each element is reduced once per step, by one rank,
+ *     as `own = own (op) received`);
+ *   after it rank r holds segment r+1 reduced over every rank;
+ *   allgather, step k = n-1 .. 2n-3, j = k-(n-1): send segment r+1-j,
+ *     receive segment r-j into place.
+ * What a step sends is what the step before received (segment r-k at step
+ * k >= 1 is segment r-(k-1)-1), so nothing waits for a whole step: the
+ * bytes of step k go out as soon as the same bytes of step k-1 have been
+ * received and reduced. The sockets are non-blocking, and one thread
+ * sends what is ready, receives what has come, and sleeps in poll(2) only
+ * when it can do neither; each socket carries one direction of one step
+ * after the other, so the peers never need to agree on anything but the
+ * segment sizes, which every rank computes alike. The allgather copies
+ * the reduced bits, so every rank ends with the same bits.
+ *
+ * With two ranks this is exactly Gloo's reduction (each element is a+b
+ * once); a segment of zero elements (fewer elements than ranks) is a step
+ * that moves nothing, on both sides alike.
+ *
+ * Strangers. The listening socket is open only while the ring connects.
+ * The connecting side first writes a hello (a magic, the job's identity,
+ * its rank and the rank it connects to); the listening side reads the
+ * hello of every connection it accepts, without blocking, keeps the first
+ * that is right and drops every other with a warning, as Gloo's pairs do
+ * in gloo_ops.cc.
+ */
+#define _GNU_SOURCE
+
+#include "config.h"
+
+#include "ring.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HELLO_BYTES (8 + KOLO__RING_SECRET_BYTES + 4 + 4)
+#define MAX_STRANGERS 16
+#define MAX_WARNINGS 5
+/* Received bytes of a reduce-scatter step land here before they are
+ * reduced into place: small enough to stay in cache. */
+#define SCRATCH_BYTES (1u << 20)
+
+static const char hello_magic[8] = {'K', 'O', 'L', 'O', 'R', 'I', 'N', 'G'};
+
+struct kolo__ring {
+    int rank, size;
+    int lfd;                  /* listening, until connected */
+    int to_right, from_left;  /* connected sockets, non-blocking */
+    char self[KOLO__RING_ADDR_LEN];
+    char right[KOLO__RING_ADDR_LEN], left[INET6_ADDRSTRLEN + 8];
+    uint8_t *scratch;         /* SCRATCH_BYTES + 8 */
+    int broken;
+    char why[256];            /* the first failure, for later calls */
+    atomic_int waiting;       /* the rank waited for, or -1 */
+    int warned;
+};
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* Milliseconds left until deadline, for poll (at least 0). */
+static int ms_left(double deadline)
+{
+    double left = (deadline - now_s()) * 1000.0;
+    if (left <= 0)
+        return 0;
+    return left > 2e9 ? 2000000000 : (int)left + 1;
+}
+
+static void hello_of(uint8_t out[HELLO_BYTES], const uint8_t *secret,
+                     uint32_t from, uint32_t to)
+{
+    uint32_t f = htonl(from), t = htonl(to);
+    memcpy(out, hello_magic, 8);
+    memcpy(out + 8, secret, KOLO__RING_SECRET_BYTES);
+    memcpy(out + 8 + KOLO__RING_SECRET_BYTES, &f, 4);
+    memcpy(out + 12 + KOLO__RING_SECRET_BYTES, &t, 4);
+}
+
+static void addr_text(const struct sockaddr_storage *ss, char *out, size_t len)
+{
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+        port = ntohs(in->sin_port);
+        snprintf(out, len, "%s:%u", host, port);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+        port = ntohs(in6->sin6_port);
+        snprintf(out, len, "[%s]:%u", host, port);
+    } else {
+        snprintf(out, len, "?");
+    }
+}
+
+static int set_nonblocking(int fd)
+{
+    int flags = fcntl(fd, F_GETFL);
+    return flags < 0 ? -1 : fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+}
+
+static void tune(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+int kolo__ring_listen(const char *hostname, kolo__ring_t **out,
+                      char addr[KOLO__RING_ADDR_LEN], char *err, size_t errlen)
+{
+    struct addrinfo hints, *res = NULL, *ai;
+    char name[256] = "", host[INET6_ADDRSTRLEN];
+    struct sockaddr_storage ss;
+    socklen_t sslen = sizeof(ss);
+    kolo__ring_t *r;
+    int rc, fd = -1, saved = 0;
+
+    if (hostname == NULL || hostname[0] == '\0')
+        gethostname(name, sizeof(name) - 1);
+    else
+        snprintf(name, sizeof(name), "%s", hostname);
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    rc = getaddrinfo(name, "0", &hints, &res);
+    if (rc != 0) {
+        snprintf(err, errlen, "ring: cannot resolve '%s': %s", name,
+                 gai_strerror(rc));
+        return KOLO_ERR_BACKEND;
+    }
+    for (ai = res; ai != NULL; ai = ai->ai_next) {
+        fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC,
+                    ai->ai_protocol);
+        if (fd < 0) {
+            saved = errno;
+            continue;
+        }
+        if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0 && listen(fd, 64) == 0 &&
+            set_nonblocking(fd) == 0)
+            break;
+        saved = errno;
+        close(fd);
+        fd = -1;
+    }
+    freeaddrinfo(res);
+    if (fd < 0) {
+        snprintf(err, errlen, "ring: cannot listen on '%s': %s", name,
+                 strerror(saved));
+        return KOLO_ERR_BACKEND;
+    }
+    if (getsockname(fd, (struct sockaddr *)&ss, &sslen) != 0) {
+        snprintf(err, errlen, "ring: getsockname: %s", strerror(errno));
+        close(fd);
+        return KOLO_ERR_BACKEND;
+    }
+    r = calloc(1, sizeof(*r));
+    if (r != NULL)
+        r->scratch = malloc(SCRATCH_BYTES + 8);
+    if (r == NULL || r->scratch == NULL) {
+        free(r);
+        close(fd);
+        snprintf(err, errlen, "ring: out of memory");
+        return KOLO_ERR_NO_MEMORY;
+    }
+    r->lfd = fd;
+    r->to_right = r->from_left = -1;
+    atomic_init(&r->waiting, -1);
+    if (ss.ss_family == AF_INET6)
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, host,
+                  sizeof(host));
+    else
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, host,
+                  sizeof(host));
+    snprintf(addr, KOLO__RING_ADDR_LEN, "%s %u", host,
+             (unsigned)ntohs(ss.ss_family == AF_INET6
+                                 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                 : ((struct sockaddr_in *)&ss)->sin_port));
+    snprintf(r->self, sizeof(r->self), "%s", addr);
+    *out = r;
+    return KOLO_OK;
+}
+
+/* Connects to "ADDRESS PORT" within deadline; a refused connection is
+ * tried again (the peer listens before it publishes, but a retry costs
+ * nothing). Returns the socket, non-blocking, or -1 with err written. */
+static int dial(kolo__ring_t *r, const char *where, double deadline, char *err,
+                size_t errlen)
+{
+    char host[INET6_ADDRSTRLEN + 1], port[16];
+    struct addrinfo hints, *res = NULL;
+    int rc, fd = -1, e = 0;
+
+    if (sscanf(where, "%46s %15s", host, port) != 2) {
+        snprintf(err, errlen, "ring: rank %d's address '%s' is malformed",
+                 (r->rank + 1) % r->size, where);
+        return -1;
+    }
+    memset(&hints, 0, sizeof(hints));
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+    rc = getaddrinfo(host, port, &hints, &res);
+    if (rc != 0) {
+        snprintf(err, errlen, "ring: rank %d's address '%s': %s",
+                 (r->rank + 1) % r->size, where, gai_strerror(rc));
+        return -1;
+    }
+    for (;;) {
+        struct pollfd p;
+        socklen_t len = sizeof(e);
+        fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC |
+                                        SOCK_NONBLOCK, res->ai_protocol);
+        if (fd < 0) {
+            e = errno;
+            break;
+        }
+        if (connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+            e = 0;
+            break;
+        }
+        e = errno;
+        if (e == EINPROGRESS) {
+            p.fd = fd;
+            p.events = POLLOUT;
+            rc = poll(&p, 1, ms_left(deadline));
+            if (rc == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) == 0 &&
+                e == 0)
+                break;
+            if (rc == 0)
+                e = ETIMEDOUT;
+        }
+        close(fd);
+        fd = -1;
+        if (e != ECONNREFUSED || now_s() >= deadline)
+            break;
+        struct timespec pause = {0, 10 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+    }
+    freeaddrinfo(res);
+    if (fd < 0)
+        snprintf(err, errlen,
+                 "ring: rank %d cannot connect to rank %d at %s: %s",
+                 r->rank, (r->rank + 1) % r->size, where, strerror(e));
+    return fd;
+}
+
+/* Writes all of buf to a non-blocking socket within deadline. */
+static int write_all(int fd, const uint8_t *buf, size_t n, double deadline)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t w = send(fd, buf + done, n - done, MSG_NOSIGNAL);
+        if (w > 0) {
+            done += (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            struct pollfd p = {.fd = fd, .events = POLLOUT};
+            if (poll(&p, 1, ms_left(deadline)) == 0) {
+                errno = ETIMEDOUT;
+                return -1;
+            }
+            continue;
+        }
+        return -1;
+    }
+    return 0;
+}
+
+typedef struct {
+    int fd;
+    size_t got;
+    uint8_t buf[HELLO_BYTES];
+    char from[INET6_ADDRSTRLEN + 8];
+} stranger_t;
+
+static void drop(kolo__ring_t *r, stranger_t *s, kolo__ops_warn_fn warn,
+                 const char *why)
+{
+    char msg[512];
+    close(s->fd);
+    s->fd = -1;
+    if (why == NULL || warn == NULL || ++r->warned > MAX_WARNINGS)
+        return;
+    snprintf(msg, sizeof(msg),
+             "Gloo: dropped a connection from %s to rank %d's ring socket: "
+             "%s; the job goes on%s",
+             s->from, r->rank, why,
+             r->warned == MAX_WARNINGS
+                 ? " (further dropped connections are not reported)"
+                 : "");
+    warn(msg);
+}
+
+/* Accepts connections until one presents the left neighbour's hello;
+ * returns its socket or -1 with err written. */
+static int accept_left(kolo__ring_t *r, const uint8_t *secret, double deadline,
+                       double timeout_s, kolo__ops_warn_fn warn, char *err,
+                       size_t errlen)
+{
+    stranger_t s[MAX_STRANGERS];
+    struct pollfd p[MAX_STRANGERS + 1];
+    int idx[MAX_STRANGERS + 1];
+    uint8_t want[HELLO_BYTES];
+    const int left = (r->rank - 1 + r->size) % r->size;
+    int found = -1;
+
+    hello_of(want, secret, (uint32_t)left, (uint32_t)r->rank);
+    for (int i = 0; i < MAX_STRANGERS; i++)
+        s[i].fd = -1;
+    while (found < 0) {
+        int np = 0, rc;
+        p[np].fd = r->lfd;
+        p[np].events = POLLIN;
+        idx[np++] = -1;
+        for (int i = 0; i < MAX_STRANGERS; i++) {
+            if (s[i].fd < 0)
+                continue;
+            p[np].fd = s[i].fd;
+            p[np].events = POLLIN;
+            idx[np++] = i;
+        }
+        rc = poll(p, (nfds_t)np, ms_left(deadline));
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc <= 0) {
+            snprintf(err, errlen,
+                     "ring: rank %d (%s) waited %.1f s for rank %d to connect "
+                     "its ring socket (is rank %d alive, and KOLO_START_TIMEOUT "
+                     "long enough?)",
+                     r->rank, r->self, timeout_s, left, left);
+            found = -2;
+            break;
+        }
+        for (int k = 1; k < np && found < 0; k++) {
+            stranger_t *c = &s[idx[k]];
+            if (p[k].revents == 0)
+                continue;
+            for (;;) {
+                ssize_t n = recv(c->fd, c->buf + c->got, HELLO_BYTES - c->got,
+                                 MSG_DONTWAIT);
+                if (n > 0) {
+                    c->got += (size_t)n;
+                    if (c->got < HELLO_BYTES)
+                        continue;
+                    uint8_t diff = 0;
+                    for (size_t i = 0; i < HELLO_BYTES; i++)
+                        diff |= (uint8_t)(c->buf[i] ^ want[i]);
+                    if (diff == 0) {
+                        found = c->fd;
+                        c->fd = -1;
+                        snprintf(r->left, sizeof(r->left), "%s", c->from);
+                    } else {
+                        drop(r, c, warn, "what it sent is not the job's identity");
+                    }
+                    break;
+                }
+                if (n < 0 && errno == EINTR)
+                    continue;
+                if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+                    break;
+                drop(r, c, warn,
+                     n == 0 ? "it closed the connection before presenting "
+                              "the job's identity"
+                            : "reading its identity failed");
+                break;
+            }
+        }
+        if (found < 0 && (p[0].revents & POLLIN)) {
+            for (;;) {
+                struct sockaddr_storage ss;
+                socklen_t len = sizeof(ss);
+                int fd = accept4(r->lfd, (struct sockaddr *)&ss, &len,
+                                 SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0)
+                    break;
+                int slot = -1;
+                for (int i = 0; i < MAX_STRANGERS && slot < 0; i++)
+                    if (s[i].fd < 0)
+                        slot = i;
+                if (slot < 0) { /* full: the first held goes */
+                    slot = 0;
+                    drop(r, &s[0], warn,
+                         "more connections were waiting to present the "
+                         "job's identity than the ring holds");
+                }
+                s[slot].fd = fd;
+                s[slot].got = 0;
+                addr_text(&ss, s[slot].from, sizeof(s[slot].from));
+            }
+        }
+    }
+    /* What is still in the backlog would go with the listening socket,
+     * unreported: take it and say what it was. */
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof(ss);
+        stranger_t late = {.got = 0};
+        late.fd = accept4(r->lfd, (struct sockaddr *)&ss, &len,
+                          SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (late.fd < 0)
+            break;
+        addr_text(&ss, late.from, sizeof(late.from));
+        drop(r, &late, warn,
+             recv(late.fd, late.buf, HELLO_BYTES, MSG_DONTWAIT) > 0
+                 ? "what it sent is not the job's identity"
+                 : "it had not presented the job's identity when the ring "
+                   "connected");
+    }
+    for (int i = 0; i < MAX_STRANGERS; i++)
+        if (s[i].fd >= 0)
+            drop(r, &s[i], warn,
+                 "it had not presented the job's identity when the ring "
+                 "connected");
+    return found;
+}
+
+int kolo__ring_connect(kolo__ring_t *r, int rank, int size,
+                       const char *right_addr,
+                       const uint8_t secret[KOLO__RING_SECRET_BYTES],
+                       double timeout_s, kolo__ops_warn_fn warn, char *err,
+                       size_t errlen)
+{
+    const double deadline = now_s() + timeout_s;
+    uint8_t hello[HELLO_BYTES];
+
+    char host[INET6_ADDRSTRLEN + 1] = "?";
+    unsigned port = 0;
+
+    r->rank = rank;
+    r->size = size;
+    sscanf(right_addr, "%46s %u", host, &port);
+    snprintf(r->right, sizeof(r->right), strchr(host, ':') ? "[%s]:%u" : "%s:%u",
+             host, port);
+    /* Connecting first cannot deadlock: the kernel completes a connection
+     * to a listening socket, and the hello fits its buffers, before the
+     * peer accepts. */
+    r->to_right = dial(r, right_addr, deadline, err, errlen);
+    if (r->to_right < 0)
+        return KOLO_ERR_BACKEND;
+    hello_of(hello, secret, (uint32_t)rank, (uint32_t)((rank + 1) % size));
+    if (write_all(r->to_right, hello, sizeof(hello), deadline) != 0) {
+        snprintf(err, errlen,
+                 "ring: rank %d cannot present itself to rank %d at %s: %s",
+                 rank, (rank + 1) % size, right_addr, strerror(errno));
+        return KOLO_ERR_BACKEND;
+    }
+    r->from_left =
+        accept_left(r, secret, deadline, timeout_s, warn, err, errlen);
+    close(r->lfd);
+    r->lfd = -1;
+    if (r->from_left < 0)
+        return KOLO_ERR_TIMEOUT;
+    tune(r->to_right);
+    tune(r->from_left);
+    return KOLO_OK;
+}
+
+int kolo__ring_waiting_for(const kolo__ring_t *r)
+{
+    return r == NULL ? -1 : atomic_load(&r->waiting);
+}
+
+void kolo__ring_close(kolo__ring_t *r)
+{
+    if (r == NULL)
+        return;
+    if (r->lfd >= 0)
+        close(r->lfd);
+    if (r->to_right >= 0)
+        close(r->to_right);
+    if (r->from_left >= 0)
+        close(r->from_left);
+    free(r->scratch);
+    free(r);
+}
+
+/* ---- the allreduce ------------------------------------------------------ */
+
+typedef struct {
+    size_t count, esize;
+    int n, r;
+} plan_t;
+
+static size_t mod_n(long v, int n)
+{
+    long m = v % n;
+    return (size_t)(m < 0 ? m + n : m);
+}
+
+/* Element offset of segment i. */
+static size_t seg_at(const plan_t *pl, size_t i)
+{
+    /* Divided first: count * i could overflow. */
+    size_t q = pl->count / (size_t)pl->n, rem = pl->count % (size_t)pl->n;
+    return q * i + (i < rem ? i : rem);
+}
+
+static size_t seg_bytes(const plan_t *pl, size_t i)
+{
+    return (seg_at(pl, i + 1) - seg_at(pl, i)) * pl->esize;
+}
+
+static size_t send_seg(const plan_t *pl, int k)
+{
+    if (k < pl->n - 1)
+        return mod_n((long)pl->r - k, pl->n);
+    return mod_n((long)pl->r + 1 - (k - (pl->n - 1)), pl->n);
+}
+
+static size_t recv_seg(const plan_t *pl, int k)
+{
+    if (k < pl->n - 1)
+        return mod_n((long)pl->r - k - 1, pl->n);
+    return mod_n((long)pl->r - (k - (pl->n - 1)), pl->n);
+}
+
+/* The bytes of send step ks that may go: all of step 0's, and those of
+ * step k once step k-1 received and reduced (or placed) them. */
+static size_t ready_bytes(const plan_t *pl, int ks, int kr, size_t done)
+{
+    size_t len = seg_bytes(pl, send_seg(pl, ks));
+    if (ks == 0 || ks - 1 < kr)
+        return len;
+    return ks - 1 == kr ? done : 0;
+}
+
+static int fail(kolo__ring_t *r, int code, char *err, size_t errlen,
+                const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+
+static int fail(kolo__ring_t *r, int code, char *err, size_t errlen,
+                const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->why, sizeof(r->why), fmt, ap);
+    va_end(ap);
+    r->broken = code;
+    atomic_store(&r->waiting, -1);
+    snprintf(err, errlen, "%s", r->why);
+    return code;
+}
+
+static int lost(int e)
+{
+    return e == ECONNRESET || e == EPIPE || e == ECONNABORTED ||
+           e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH;
+}
+
+int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,
+                         size_t count, size_t esize,
+                         kolo__ops_reduce_fn reduce, double timeout_s,
+                         char *err, size_t errlen)
+{
+    const plan_t pl = {count, esize, r->size, r->rank};
+    const int steps = 2 * (r->size - 1);
+    const int left = (r->rank - 1 + r->size) % r->size;
+    const int right = (r->rank + 1) % r->size;
+    const int wait_ms = timeout_s > 0 && timeout_s < 2e6
+                            ? (int)(timeout_s * 1000.0) + 1
+                            : -1;
+    uint8_t *buf = out;
+    int ks = 0, kr = 0;           /* the steps sending and receiving */
+    size_t sent = 0, got = 0;     /* bytes of those steps so far */
+    size_t done = 0;              /* bytes of step kr reduced or placed */
+    size_t have = 0;              /* bytes in scratch, not yet reduced */
+
+    if (r->broken) {
+        snprintf(err, errlen, "%s (the ring broke earlier)", r->why);
+        return r->broken;
+    }
+    if (in != NULL && in != out)
+        memcpy(out, in, count * esize);
+    if (count == 0 || r->size < 2)
+        return KOLO_OK;
+
+    for (;;) {
+        int progress = 0;
+
+        /* Skip steps that move nothing (both sides skip them alike). */
+        while (ks < steps && sent == seg_bytes(&pl, send_seg(&pl, ks))) {
+            ks++;
+            sent = 0;
+        }
+        while (kr < steps && done == seg_bytes(&pl, recv_seg(&pl, kr))) {
+            kr++;
+            got = done = 0;
+        }
+        if (ks == steps && kr == steps)
+            break;
+
+        /* Send what is ready. */
+        if (ks < steps) {
+            size_t seg = send_seg(&pl, ks);
+            size_t ready = ready_bytes(&pl, ks, kr, done);
+            if (sent < ready) {
+                ssize_t w = send(r->to_right, buf + seg_at(&pl, seg) * esize + sent,
+                                 ready - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+                if (w > 0) {
+                    sent += (size_t)w;
+                    progress = 1;
+                } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                           errno != EINTR) {
+                    int e = errno;
+                    return fail(r, lost(e) ? KOLO_ERR_RANK_LOST : KOLO_ERR_BACKEND,
+                                err, errlen,
+                                "ring allreduce of %zu bytes: sending to rank "
+                                "%d (%s) failed: %s (connection closed by peer?)",
+                                count * esize, right, r->right, strerror(e));
+                }
+            }
+        }
+
+        /* Receive what has come: into scratch and reduced into place
+         * during the reduce-scatter, straight into place after. */
+        if (kr < steps) {
+            size_t seg = recv_seg(&pl, kr), len = seg_bytes(&pl, seg);
+            uint8_t *at = buf + seg_at(&pl, seg) * esize;
+            int rs = kr < r->size - 1;
+            uint8_t *dst = rs ? r->scratch + have : at + got;
+            size_t room = rs ? SCRATCH_BYTES - have : len - got;
+            if (room > len - got)
+                room = len - got;
+            ssize_t n = recv(r->from_left, dst, room, MSG_DONTWAIT);
+            if (n > 0) {
+                got += (size_t)n;
+                progress = 1;
+                if (rs) {
+                    size_t m;
+                    have += (size_t)n;
+                    m = have / esize;
+                    reduce(at + done, at + done, r->scratch, m);
+                    done += m * esize;
+                    have -= m * esize;
+                    if (have > 0)
+                        memmove(r->scratch, r->scratch + m * esize, have);
+                } else {
+                    done = got;
+                }
+            } else if (n == 0) {
+                return fail(r, KOLO_ERR_RANK_LOST, err, errlen,
+                            "ring allreduce of %zu bytes: rank %d (%s) closed "
+                            "its connection (connection closed by peer) at "
+                            "step %d of %d, %zu of %zu bytes received",
+                            count * esize, left, r->left, kr + 1, steps, got,
+                            len);
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK &&
+                       errno != EINTR) {
+                int e = errno;
+                return fail(r, lost(e) ? KOLO_ERR_RANK_LOST : KOLO_ERR_BACKEND,
+                            err, errlen,
+                            "ring allreduce of %zu bytes: receiving from rank "
+                            "%d (%s) failed: %s",
+                            count * esize, left, r->left, strerror(e));
+            }
+        }
+        if (progress)
+            continue;
+
+        /* Neither could move: sleep until one can. */
+        {
+            struct pollfd p[2];
+            int np = 0, rc;
+            if (ks < steps && sent < ready_bytes(&pl, ks, kr, done)) {
+                p[np].fd = r->to_right;
+                p[np++].events = POLLOUT;
+            }
+            if (kr < steps) {
+                p[np].fd = r->from_left;
+                p[np++].events = POLLIN;
+            }
+            atomic_store(&r->waiting, kr < steps ? left : right);
+            rc = poll(p, (nfds_t)np, wait_ms);
+            atomic_store(&r->waiting, -1);
+            if (rc < 0 && errno == EINTR)
+                continue;
+            if (rc < 0)
+                return fail(r, KOLO_ERR_BACKEND, err, errlen,
+                            "ring allreduce: poll: %s", strerror(errno));
+            if (rc == 0) {
+                if (kr < steps)
+                    return fail(r, KOLO_ERR_TIMEOUT, err, errlen,
+                                "ring allreduce of %zu bytes timed out after "
+                                "%.1f s: waiting for rank %d (%s) at step %d "
+                                "of %d, %zu of %zu bytes received",
+                                count * esize, timeout_s, left, r->left,
+                                kr + 1, steps, got,
+                                seg_bytes(&pl, recv_seg(&pl, kr)));
+                return fail(r, KOLO_ERR_TIMEOUT, err, errlen,
+                            "ring allreduce of %zu bytes timed out after "
+                            "%.1f s: rank %d (%s) takes no more bytes, at "
+                            "step %d of %d",
+                            count * esize, timeout_s, right, r->right, ks + 1,
+                            steps);
+            }
+        }
+    }
+    return KOLO_OK;
+}

@@ -1,0 +1,76 @@
+/*
+ * ring.h — kolo's own ring allreduce over TCP, beside Gloo's pairs.
+ *
+ * Gloo's ring moves a large allreduce at about half of what a TCP link
+ * between two hosts carries (its loop thread receives, the calling thread
+ * reduces, and every segment waits for a hand-over between them). The
+ * Gloo backend (gloo_ops.cc) therefore gives allreduces past its one-step
+ * exchange to this ring: every rank holds two sockets of its own, one to
+ * its right neighbour and one from its left, and one thread streams the
+ * whole reduce-scatter and allgather through them, sending each reduced
+ * piece on as soon as it is reduced (ring.c explains the schedule).
+ *
+ * Setting up, in this order on every rank:
+ *   kolo__ring_listen    binds a socket on the rank's address, any port,
+ *                        and says the address to publish;
+ *   (the caller publishes it, e.g. in the rendezvous store, and reads its
+ *    right neighbour's)
+ *   kolo__ring_connect   connects to the right neighbour, presenting the
+ *                        job's identity, and accepts the left one, dropping
+ *                        with a warning every connection that does not
+ *                        present it; then closes the listening socket.
+ *
+ * Every call returns KOLO_OK or a KOLO_ERR_* code with one sentence in err
+ * (ops.h's contract); waits block in poll(2), bounded by the timeout given.
+ */
+#ifndef KOLO_OPS_GLOO_RING_H
+#define KOLO_OPS_GLOO_RING_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KOLO__RING_SECRET_BYTES 32
+#define KOLO__RING_ADDR_LEN 96 /* "ADDRESS PORT", NUL-terminated */
+
+typedef struct kolo__ring kolo__ring_t;
+
+/* Binds a listening socket on `hostname` (an address or a name; empty:
+ * this host's name), any port; writes "ADDRESS PORT" to addr. */
+int kolo__ring_listen(const char *hostname, kolo__ring_t **ring,
+                      char addr[KOLO__RING_ADDR_LEN], char *err, size_t errlen);
+
+/* Makes the ring of `size` ranks: connects to rank (rank + 1) % size at
+ * right_addr and accepts rank (rank - 1) % size, both within timeout_s.
+ * warn (may be NULL) reports each stranger's connection dropped. */
+int kolo__ring_connect(kolo__ring_t *ring, int rank, int size,
+                       const char *right_addr,
+                       const uint8_t secret[KOLO__RING_SECRET_BYTES],
+                       double timeout_s, kolo__ops_warn_fn warn, char *err,
+                       size_t errlen);
+
+/* Allreduce of count elements of elem_size bytes: in (NULL: out) into out,
+ * reduced with `reduce` in the same order on every rank, so that every
+ * rank gets the same bits. timeout_s bounds each wait for a peer. After a
+ * failure the ring is broken and every later call fails at once. */
+int kolo__ring_allreduce(kolo__ring_t *ring, const void *in, void *out,
+                         size_t count, size_t elem_size,
+                         kolo__ops_reduce_fn reduce, double timeout_s,
+                         char *err, size_t errlen);
+
+/* The context rank this ring is waiting for right now, or -1 (read by the
+ * stall watchdog from another thread). */
+int kolo__ring_waiting_for(const kolo__ring_t *ring);
+
+void kolo__ring_close(kolo__ring_t *ring);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KOLO_OPS_GLOO_RING_H */

@@ -1,0 +1,417 @@
+/*
+ * test-ring.c — unit tests of ops/gloo/ring.{h,c}: kolo's own ring
+ * allreduce over TCP, with ranks as threads of one process on loopback.
+ *
+ * Why these tests: the ring carries every large allreduce of a Gloo job,
+ * so a wrong schedule is a wrong sum on real training. Each case checks
+ * every rank's result against a reference computed here from the inputs
+ * (integer-valued, so any order of addition is exact), and that every
+ * rank got the same bits where the order matters (random floats). The
+ * failures a user can cause are checked by what the message says: a
+ * stranger on the ring's port (dropped with a warning, the job goes on),
+ * a rank that goes away (RANK_LOST, naming it), a rank that never comes
+ * to the allreduce (TIMEOUT, naming it).
+ */
+#define _GNU_SOURCE
+
+#include <arpa/inet.h>
+#include <check.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ring.h"
+#include "unit.h"
+
+#define MAX_RANKS 4
+
+static const uint8_t secret[KOLO__RING_SECRET_BYTES] = {1, 2, 3, 4, 5, 6, 7};
+
+static void sum_f32(void *o, const void *a, const void *b, size_t n)
+{
+    float *out = o;
+    const float *x = a, *y = b;
+    for (size_t i = 0; i < n; i++)
+        out[i] = x[i] + y[i];
+}
+
+static void sum_f64(void *o, const void *a, const void *b, size_t n)
+{
+    double *out = o;
+    const double *x = a, *y = b;
+    for (size_t i = 0; i < n; i++)
+        out[i] = x[i] + y[i];
+}
+
+static void sum_u8(void *o, const void *a, const void *b, size_t n)
+{
+    uint8_t *out = o;
+    const uint8_t *x = a, *y = b;
+    for (size_t i = 0; i < n; i++)
+        out[i] = (uint8_t)(x[i] + y[i]);
+}
+
+static void max_u16(void *o, const void *a, const void *b, size_t n)
+{
+    uint16_t *out = o;
+    const uint16_t *x = a, *y = b;
+    for (size_t i = 0; i < n; i++)
+        out[i] = x[i] > y[i] ? x[i] : y[i];
+}
+
+/* Warnings the ring gives, counted (its warn function takes no argument). */
+static pthread_mutex_t warn_lock = PTHREAD_MUTEX_INITIALIZER;
+static int warnings;
+static char last_warning[512];
+
+static void on_warn(const char *msg)
+{
+    pthread_mutex_lock(&warn_lock);
+    warnings++;
+    snprintf(last_warning, sizeof(last_warning), "%s", msg);
+    pthread_mutex_unlock(&warn_lock);
+}
+
+typedef struct job job_t;
+typedef struct {
+    job_t *job;
+    int rank;
+    kolo__ring_t *ring;
+    int rc;
+    char err[512];
+} rank_t;
+
+struct job {
+    int n;
+    pthread_barrier_t listening;
+    char addr[MAX_RANKS][KOLO__RING_ADDR_LEN];
+    rank_t ranks[MAX_RANKS];
+    void (*body)(rank_t *);
+    double timeout_s;
+};
+
+/* A stranger: connects to "ADDRESS PORT", sends 48 bytes of noise, and
+ * keeps the socket open (closed after the job). */
+static int strike(const char *addr)
+{
+    char host[64];
+    unsigned port;
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    uint8_t noise[48];
+    int fd;
+
+    ck_assert_int_eq(sscanf(addr, "%63s %u", host, &port), 2);
+    a.sin_port = htons((uint16_t)port);
+    ck_assert_int_eq(inet_pton(AF_INET, host, &a.sin_addr), 1);
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+    memset(noise, 'x', sizeof(noise));
+    ck_assert_int_eq(send(fd, noise, sizeof(noise), 0), (ssize_t)sizeof(noise));
+    return fd;
+}
+
+static void *rank_main(void *arg)
+{
+    rank_t *me = arg;
+    job_t *job = me->job;
+    int n = job->n;
+
+    me->rc = kolo__ring_listen("127.0.0.1", &me->ring, job->addr[me->rank],
+                               me->err, sizeof(me->err));
+    pthread_barrier_wait(&job->listening); /* every address published */
+    pthread_barrier_wait(&job->listening); /* the stranger has struck */
+    if (me->rc != 0 || job->ranks[(me->rank + 1) % n].ring == NULL)
+        return NULL;
+    me->rc = kolo__ring_connect(me->ring, me->rank, n,
+                                job->addr[(me->rank + 1) % n], secret,
+                                job->timeout_s, on_warn, me->err,
+                                sizeof(me->err));
+    if (me->rc == 0)
+        job->body(me);
+    return NULL;
+}
+
+/* Runs body on n ranks; returns once every rank is done, with their
+ * codes and messages in the job. */
+static job_t *run_job(int n, void (*body)(rank_t *), double timeout_s,
+                      int stranger)
+{
+    static job_t job;
+    pthread_t t[MAX_RANKS];
+    int fd = -1;
+
+    memset(&job, 0, sizeof(job));
+    job.n = n;
+    job.body = body;
+    job.timeout_s = timeout_s;
+    pthread_barrier_init(&job.listening, NULL, (unsigned)n + 1);
+    for (int r = 0; r < n; r++) {
+        job.ranks[r].job = &job;
+        job.ranks[r].rank = r;
+        ck_assert_int_eq(pthread_create(&t[r], NULL, rank_main, &job.ranks[r]), 0);
+    }
+    pthread_barrier_wait(&job.listening);
+    if (stranger)
+        fd = strike(job.addr[0]);
+    pthread_barrier_wait(&job.listening);
+    for (int r = 0; r < n; r++)
+        pthread_join(t[r], NULL);
+    if (fd >= 0)
+        close(fd);
+    pthread_barrier_destroy(&job.listening);
+    for (int r = 0; r < n; r++)
+        kolo__ring_close(job.ranks[r].ring);
+    return &job;
+}
+
+static void expect_ok(const job_t *job, const char *what)
+{
+    for (int r = 0; r < job->n; r++)
+        ck_assert_msg(job->ranks[r].rc == 0, "%s, %d ranks: rank %d: %d: %s",
+                      what, job->n, r, job->ranks[r].rc, job->ranks[r].err);
+}
+
+/* ---- results against a reference ---------------------------------------- */
+
+static const size_t counts[] = {0, 1, 2, 3, 5, 7, 1000, 65537, (1u << 20) + 3};
+static size_t cur_count;
+static int cur_n;
+
+static float input_f32(int rank, size_t i)
+{
+    return (float)((long)((i * 7 + (size_t)rank * 13) % 1000) - 500);
+}
+
+/* Sums integer-valued floats (exact in any order) in place, or out of
+ * place (in != out) for odd counts, and checks every element. */
+static void body_sum_f32(rank_t *me)
+{
+    size_t count = cur_count;
+    float *buf = malloc((count + 1) * sizeof(float));
+    float *in = malloc((count + 1) * sizeof(float));
+    ck_assert(buf != NULL && in != NULL);
+    for (size_t i = 0; i < count; i++)
+        in[i] = buf[i] = input_f32(me->rank, i);
+    me->rc = kolo__ring_allreduce(me->ring, count % 2 ? in : NULL, buf, count,
+                                  sizeof(float), sum_f32, 10.0, me->err,
+                                  sizeof(me->err));
+    for (size_t i = 0; i < count && me->rc == 0; i++) {
+        float want = 0;
+        for (int r = 0; r < cur_n; r++)
+            want += input_f32(r, i);
+        if (buf[i] != want || in[i] != input_f32(me->rank, i)) {
+            snprintf(me->err, sizeof(me->err),
+                     "element %zu of %zu is %g, not %g (input %g)", i, count,
+                     buf[i], want, in[i]);
+            me->rc = -1000;
+        }
+    }
+    free(buf);
+    free(in);
+}
+
+START_TEST(sums_every_size_and_rank_count)
+{
+    char what[64];
+    for (int n = 2; n <= MAX_RANKS; n++)
+        for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+            cur_n = n;
+            cur_count = counts[c];
+            snprintf(what, sizeof(what), "%zu floats", counts[c]);
+            expect_ok(run_job(n, body_sum_f32, 10.0, 0), what);
+        }
+}
+END_TEST
+
+/* Other element sizes and operations, several calls on one ring: bytes
+ * (wrapping sum), 16-bit max, doubles. */
+static void body_types(rank_t *me)
+{
+    enum { N = 300007 };
+    uint8_t *u8 = malloc(N);
+    uint16_t *u16 = malloc(N * 2);
+    double *f64 = malloc(N * 8);
+    ck_assert(u8 != NULL && u16 != NULL && f64 != NULL);
+    for (int round = 0; round < 3 && me->rc == 0; round++) {
+        for (size_t i = 0; i < N; i++) {
+            u8[i] = (uint8_t)(i * 31 + (size_t)me->rank * 101 + (size_t)round);
+            u16[i] = (uint16_t)((i * 2654435761u) >> (me->rank + 3));
+            f64[i] = (double)i * 0.5 + me->rank;
+        }
+        me->rc = kolo__ring_allreduce(me->ring, NULL, u8, N, 1, sum_u8, 10.0,
+                                      me->err, sizeof(me->err));
+        if (me->rc == 0)
+            me->rc = kolo__ring_allreduce(me->ring, NULL, u16, N, 2, max_u16,
+                                          10.0, me->err, sizeof(me->err));
+        if (me->rc == 0)
+            me->rc = kolo__ring_allreduce(me->ring, NULL, f64, N, 8, sum_f64,
+                                          10.0, me->err, sizeof(me->err));
+        for (size_t i = 0; i < N && me->rc == 0; i++) {
+            uint8_t w8 = 0;
+            uint16_t w16 = 0;
+            double w64 = 0;
+            for (int r = 0; r < cur_n; r++) {
+                uint16_t v = (uint16_t)((i * 2654435761u) >> (r + 3));
+                w8 = (uint8_t)(w8 + (uint8_t)(i * 31 + (size_t)r * 101 +
+                                              (size_t)round));
+                w16 = v > w16 ? v : w16;
+                w64 += (double)i * 0.5 + r;
+            }
+            if (u8[i] != w8 || u16[i] != w16 || f64[i] != w64) {
+                snprintf(me->err, sizeof(me->err),
+                         "round %d element %zu: %u/%u/%g, not %u/%u/%g", round,
+                         i, u8[i], u16[i], f64[i], w8, w16, w64);
+                me->rc = -1000;
+            }
+        }
+    }
+    free(u8);
+    free(u16);
+    free(f64);
+}
+
+START_TEST(other_types_and_repeated_calls)
+{
+    for (int n = 2; n <= MAX_RANKS; n++) {
+        cur_n = n;
+        expect_ok(run_job(n, body_types, 10.0, 0), "bytes, u16 max, doubles");
+    }
+}
+END_TEST
+
+/* Random floats: the order of addition shows in the bits, and every rank
+ * must still get the same bits. */
+static uint32_t got_bits[MAX_RANKS][4099];
+
+static void body_same_bits(rank_t *me)
+{
+    enum { N = 4099 };
+    float buf[N];
+    uint32_t seed = 12345u + (uint32_t)me->rank * 7919u;
+    for (size_t i = 0; i < N; i++) {
+        seed = seed * 1664525u + 1013904223u;
+        buf[i] = (float)(seed >> 8) / (float)(1u << 20) - 8.0f;
+    }
+    me->rc = kolo__ring_allreduce(me->ring, NULL, buf, N, sizeof(float),
+                                  sum_f32, 10.0, me->err, sizeof(me->err));
+    memcpy(got_bits[me->rank], buf, sizeof(buf));
+}
+
+START_TEST(every_rank_gets_the_same_bits)
+{
+    for (int n = 3; n <= MAX_RANKS; n++) {
+        expect_ok(run_job(n, body_same_bits, 10.0, 0), "random floats");
+        for (int r = 1; r < n; r++)
+            ck_assert_msg(memcmp(got_bits[r], got_bits[0], sizeof(got_bits[0])) == 0,
+                          "%d ranks: rank %d's bits differ from rank 0's", n, r);
+    }
+}
+END_TEST
+
+/* ---- what a user can cause ------------------------------------------------ */
+
+START_TEST(a_stranger_is_dropped_with_a_warning)
+{
+    warnings = 0;
+    cur_n = 3;
+    cur_count = 1000;
+    expect_ok(run_job(3, body_sum_f32, 10.0, 1), "with a stranger");
+    ck_assert_int_eq(warnings, 1);
+    ck_assert_msg(strstr(last_warning, "Gloo: dropped a connection from 127.0.0.1:") &&
+                      strstr(last_warning, "to rank 0's ring socket: ") &&
+                      strstr(last_warning, "the job's identity"),
+                  "warning: %s", last_warning);
+}
+END_TEST
+
+/* Rank 1 goes away after the ring connected; rank 0 must say so. */
+static void body_leaves(rank_t *me)
+{
+    float buf[50000] = {0};
+    if (me->rank == 1) {
+        kolo__ring_close(me->ring);
+        me->ring = NULL;
+        return;
+    }
+    me->rc = kolo__ring_allreduce(me->ring, NULL, buf, 50000, sizeof(float),
+                                  sum_f32, 10.0, me->err, sizeof(me->err));
+    if (me->rc != 0) { /* a broken ring says so at once, again */
+        char again[512];
+        int rc = kolo__ring_allreduce(me->ring, NULL, buf, 1, sizeof(float),
+                                      sum_f32, 10.0, again, sizeof(again));
+        ck_assert_int_eq(rc, me->rc);
+        ck_assert_ptr_nonnull(strstr(again, "the ring broke earlier"));
+    }
+}
+
+START_TEST(a_rank_that_leaves_is_named)
+{
+    job_t *job = run_job(2, body_leaves, 10.0, 0);
+    ck_assert_int_eq(job->ranks[0].rc, KOLO_ERR_RANK_LOST);
+    ck_assert_msg(strstr(job->ranks[0].err, "rank 1 (127.0.0.1:") != NULL,
+                  "message: %s", job->ranks[0].err);
+}
+END_TEST
+
+/* Rank 2 of 3 never comes to the allreduce: rank 0, its right neighbour,
+ * times out waiting for it and says so. */
+static void body_absent(rank_t *me)
+{
+    float buf[1000] = {0};
+    if (me->rank == 2) {
+        usleep(1500 * 1000);
+        return;
+    }
+    me->rc = kolo__ring_allreduce(me->ring, NULL, buf, 1000, sizeof(float),
+                                  sum_f32, 0.5, me->err, sizeof(me->err));
+}
+
+START_TEST(a_rank_that_never_comes_is_named)
+{
+    job_t *job = run_job(3, body_absent, 10.0, 0);
+    ck_assert_int_eq(job->ranks[0].rc, KOLO_ERR_TIMEOUT);
+    ck_assert_msg(strstr(job->ranks[0].err, "timed out after 0.5 s: waiting "
+                                            "for rank 2 (127.0.0.1:") != NULL,
+                  "message: %s", job->ranks[0].err);
+    ck_assert_int_eq(job->ranks[1].rc, KOLO_ERR_TIMEOUT);
+}
+END_TEST
+
+START_TEST(connect_names_a_rank_that_never_connects)
+{
+    kolo__ring_t *a = NULL, *b = NULL;
+    char addr_a[KOLO__RING_ADDR_LEN], addr_b[KOLO__RING_ADDR_LEN], err[512];
+    int rc;
+
+    ck_assert_int_eq(kolo__ring_listen("127.0.0.1", &a, addr_a, err, sizeof(err)), 0);
+    ck_assert_int_eq(kolo__ring_listen("127.0.0.1", &b, addr_b, err, sizeof(err)), 0);
+    /* Rank 0 of 2 connects to b's socket, but rank 1 never connects back. */
+    rc = kolo__ring_connect(a, 0, 2, addr_b, secret, 0.3, on_warn, err, sizeof(err));
+    ck_assert_int_eq(rc, KOLO_ERR_TIMEOUT);
+    ck_assert_msg(strstr(err, "waited 0.3 s for rank 1 to connect") != NULL,
+                  "message: %s", err);
+    kolo__ring_close(a);
+    kolo__ring_close(b);
+}
+END_TEST
+
+int main(void)
+{
+    const TTest *const tests[] = {
+        sums_every_size_and_rank_count,
+        other_types_and_repeated_calls,
+        every_rank_gets_the_same_bits,
+        a_stranger_is_dropped_with_a_warning,
+        a_rank_that_leaves_is_named,
+        a_rank_that_never_comes_is_named,
+        connect_names_a_rank_that_never_connects,
+    };
+    return kolo_unit_run(kolo_unit_suite("ring", 120, tests,
+                                         sizeof(tests) / sizeof(tests[0])));
+}
