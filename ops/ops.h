@@ -59,11 +59,11 @@ typedef void (*kolo__ops_wake_fn)(void *arg, uint64_t round);
 typedef void (*kolo__ops_warn_fn)(const char *msg);
 
 /* Where a streamed allreduce (allreduce_stream) takes its input and puts
- * its result, so that a backend with buffers of its own (shared memory)
- * packs the user's tensors straight into them, with no fusion buffer in
- * between. Elements are numbered 0..count-1 across the whole batch, in the
- * wire dtype. fill and view are called with increasing ranges, as are
- * finish and drain. */
+ * its result, so that a backend with buffers of its own (shared memory,
+ * kolo's TCP ring) packs the user's tensors straight into them, with no
+ * fusion buffer in between. Elements are numbered 0..count-1 across the
+ * whole batch, in the wire dtype. fill, view and drain may be called at
+ * any element, in any order. */
 typedef struct kolo__ops_stream {
     /* Writes elements [at, at + n) of this rank's input to dst. Elements
      * that no call fills (or views) are skipped. */
@@ -80,6 +80,15 @@ typedef struct kolo__ops_stream {
     void (*finish)(void *arg, void *buf, size_t n);
     /* Takes reduced elements [at, at + n) from src. */
     void (*drain)(void *arg, const void *src, size_t at, size_t n);
+    /* Where results from element `at` can be written where they stay (the
+     * output tensor, in the wire dtype): a pointer to element `at`, valid
+     * for the whole collective, and in *run how many of the n elements
+     * follow it there (at least 1); never NULL for an element of the
+     * batch. A backend that writes results there finishes them in place
+     * and does not drain them; until then it may use that memory as its
+     * own (this rank's input there is read first, through view or fill).
+     * NULL function: drain every result. */
+    void *(*place)(void *arg, size_t at, size_t n, size_t *run);
     void *arg;
 } kolo__ops_stream_t;
 
@@ -181,6 +190,10 @@ typedef struct kolo__ops {
                             kolo__ops_reduce_fn reduce,
                             const kolo__ops_stream_t *s, char *err,
                             size_t errlen);
+    /* Optional (NULL: every batch): whether allreduce_stream takes a batch
+     * of count elements; the others go through the fusion buffer and
+     * allreduce. The answer must be the same on every rank. */
+    int (*streams)(void *ctx, size_t count, size_t elem_size);
 
     /* Optional (NULL: cannot tell): the global rank of the peer whose step
      * the background thread is waiting for right now, or -1. Called from

@@ -135,41 +135,39 @@ static void move_range(kolo__pset_t *ps, const size_t *idx, cursor_t *c,
 }
 
 /* A streamed allreduce (ops.h) over the batch: the backend asks for the
- * input piece by piece and hands the result back the same way. */
+ * input piece by piece and hands the result back the same way, at any
+ * element and in any order (kolo's TCP ring works on one segment while
+ * it sends another), so every call finds its tensor by binary search in
+ * the batch's start offsets. */
 typedef struct stream_state {
     kolo__pset_t *ps;
     const size_t *idx;
     size_t n, esize;
     const kolo__params_t *p;
     kolo_dtype_t wire;
-    cursor_t in, out;
-    size_t in_pos; /* the batch element `in` points at */
+    size_t *start; /* [n + 1]: batch element where tensor i starts */
 } stream_state_t;
 
-/* Moves the input cursor forward to batch element `at`, past tensors
- * with no elements left. */
-static void seek_in(stream_state_t *st, size_t at)
+/* The position of batch element `at`: the tensor holding it and the
+ * element within (past tensors with no elements). */
+static cursor_t seek(const stream_state_t *st, size_t at)
 {
-    while (st->in.i < st->n) {
-        size_t count = (size_t)st->ps->ready[st->idx[st->in.i]]->params.count;
-        size_t skip = count - st->in.at;
-        if (skip > at - st->in_pos)
-            skip = at - st->in_pos;
-        st->in.at += skip;
-        st->in_pos += skip;
-        if (st->in.at < count)
-            break;
-        st->in.i++;
-        st->in.at = 0;
+    size_t lo = 0, hi = st->n; /* start[lo] <= at < start[hi] */
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (st->start[mid] <= at)
+            lo = mid;
+        else
+            hi = mid;
     }
+    return (cursor_t){lo, at - st->start[lo]};
 }
 
 static void stream_fill(void *arg, void *dst, size_t at, size_t n)
 {
     stream_state_t *st = arg;
-    seek_in(st, at);
-    move_range(st->ps, st->idx, &st->in, dst, n, st->esize, 1);
-    st->in_pos += n;
+    cursor_t c = seek(st, at);
+    move_range(st->ps, st->idx, &c, dst, n, st->esize, 1);
     if (st->p->prescale != 1.0)
         kolo__scale(dst, n, st->wire, st->p->prescale);
 }
@@ -178,15 +176,16 @@ static const void *stream_view(void *arg, size_t at, size_t n, size_t *run)
 {
     stream_state_t *st = arg;
     const kolo__entry_t *e;
+    cursor_t c;
     size_t left;
 
-    seek_in(st, at);
-    if (st->in.i >= st->n)
+    if (at >= st->start[st->n])
         return NULL;
-    e = st->ps->ready[st->idx[st->in.i]];
-    left = (size_t)e->params.count - st->in.at;
+    c = seek(st, at);
+    e = st->ps->ready[st->idx[c.i]];
+    left = (size_t)e->params.count - c.at;
     *run = left < n ? left : n;
-    return (const uint8_t *)e->input + st->in.at * st->esize;
+    return (const uint8_t *)e->input + c.at * st->esize;
 }
 
 static void stream_finish(void *arg, void *buf, size_t n)
@@ -200,8 +199,18 @@ static void stream_finish(void *arg, void *buf, size_t n)
 static void stream_drain(void *arg, const void *src, size_t at, size_t n)
 {
     stream_state_t *st = arg;
-    (void)at;
-    move_range(st->ps, st->idx, &st->out, (uint8_t *)src, n, st->esize, 0);
+    cursor_t c = seek(st, at);
+    move_range(st->ps, st->idx, &c, (uint8_t *)src, n, st->esize, 0);
+}
+
+static void *stream_place(void *arg, size_t at, size_t n, size_t *run)
+{
+    stream_state_t *st = arg;
+    cursor_t c = seek(st, at);
+    kolo__entry_t *e = st->ps->ready[st->idx[c.i]];
+    size_t left = (size_t)e->params.count - c.at;
+    *run = left < n ? left : n;
+    return (uint8_t *)e->output + c.at * st->esize;
 }
 
 static int run_allreduce_stream(kolo__pset_t *ps, const size_t *idx, size_t n,
@@ -209,23 +218,33 @@ static int run_allreduce_stream(kolo__pset_t *ps, const size_t *idx, size_t n,
 {
     kolo__entry_t *e0 = ps->ready[idx[0]];
     stream_state_t st = {ps, idx, n, 0, &e0->params,
-                         (kolo_dtype_t)e0->params.wire, {0, 0}, {0, 0}, 0};
+                         (kolo_dtype_t)e0->params.wire, NULL};
     /* Tensors already in the wire dtype and not prescaled can be read
      * where they lie. */
     int viewable = e0->params.wire == e0->params.dtype &&
                    e0->params.prescale == 1.0;
+    /* Results in the wire dtype can be reduced where they stay. */
+    int placeable = e0->params.wire == e0->params.dtype;
     kolo__ops_stream_t s = {stream_fill, viewable ? stream_view : NULL,
-                            stream_finish, stream_drain, &st};
+                            stream_finish, stream_drain,
+                            placeable ? stream_place : NULL, &st};
     char detail[KOLO__ERR_LEN];
     int rc;
 
     st.esize = kolo_dtype_size(st.wire);
+    st.start = malloc((n + 1) * sizeof(size_t));
+    if (st.start == NULL)
+        return no_memory(ps, e0, (n + 1) * sizeof(size_t), err);
+    st.start[0] = 0;
+    for (size_t i = 0; i < n; i++)
+        st.start[i + 1] = st.start[i] + (size_t)ps->ready[idx[i]]->params.count;
     kolo__tl_batch(ps, idx, n, kolo__backend_phase(ps, KOLO__COLL_ALLREDUCE));
     rc = ps->data_ops->allreduce_stream(
         ps->data_ctx, count, st.esize,
         kolo__reduce_get(st.wire, (kolo_op_t)e0->params.op), &s, detail,
         sizeof(detail));
     kolo__tl_batch(ps, idx, n, NULL);
+    free(st.start);
     if (rc != KOLO_OK)
         return backend_error(ps, rc, e0, n, detail, err);
     return KOLO_OK;
@@ -326,7 +345,9 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
         return KOLO_OK;
     if (carried == n)
         return run_carried(ps, idx, n, count, err);
-    if (ps->data_ops->allreduce_stream != NULL)
+    if (ps->data_ops->allreduce_stream != NULL &&
+        (ps->data_ops->streams == NULL ||
+         ps->data_ops->streams(ps->data_ctx, count, esize)))
         return run_allreduce_stream(ps, idx, n, count, err);
     piece = kolo__tuned(ps)->chunk_bytes > 0 ? (size_t)kolo__tuned(ps)->chunk_bytes / esize
                                         : count;

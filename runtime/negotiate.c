@@ -64,7 +64,7 @@
  * it. Eviction (cache full) does the same for the evicted bit.
  *
  * Carrying small tensors with the agreement. Where the data moves through
- * a network step of its own (a data backend without allreduce_stream:
+ * a network step of its own (a data backend not limited to one host:
  * Gloo, MPI, hierarchical; not shared memory, whose step costs a few
  * microseconds), a steady round of small tensors would cost two network
  * steps: the bit vector, then the data. Instead the data rides with the
@@ -910,7 +910,8 @@ static size_t carry_layout(kolo__pset_t *ps)
 {
     size_t cap = ps->neg.cache.capacity, total = 0, budget;
 
-    if (ps->size < 2 || ps->data_ops == NULL || ps->data_ops->allreduce_stream != NULL)
+    if (ps->size < 2 || ps->data_ops == NULL ||
+        (ps->data_ops->caps & KOLO__OPS_ONE_HOST))
         return 0;
     budget = CARRY_MAX_BYTES / (size_t)(ps->size - 1);
     for (size_t b = 0; b < cap; b++) {

@@ -1160,6 +1160,29 @@ int gloo_wake_peers(void *ctx, uint64_t round, char *err, size_t errlen)
     });
 }
 
+/* Batches past the exchange stream through kolo's ring: the user's
+ * tensors are read where they lie and each result is copied out as soon
+ * as it is complete, with no fusion buffer (ring.h). */
+int gloo_streams(void *ctx, size_t count, size_t elem_size)
+{
+    GlooCtx *g = static_cast<GlooCtx *>(ctx);
+    return g->ring != nullptr && !exchange_pays(g, count, elem_size);
+}
+
+int gloo_allreduce_stream(void *ctx, size_t count, size_t elem_size,
+                          kolo__ops_reduce_fn reduce,
+                          const kolo__ops_stream_t *s, char *err, size_t errlen)
+{
+    GlooCtx *g = static_cast<GlooCtx *>(ctx);
+    if (g->ring == nullptr) {
+        std::snprintf(err, errlen, "Gloo: a streamed allreduce needs kolo's "
+                                   "ring, which this context does not have");
+        return KOLO_ERR_BACKEND;
+    }
+    return kolo__ring_allreduce_stream(g->ring, count, elem_size, reduce, s,
+                                       g->timeout_s, err, errlen);
+}
+
 /* Only kolo's ring knows whom it waits for; a Gloo collective does not
  * say. */
 int gloo_waiting_for(void *ctx)
@@ -1186,7 +1209,8 @@ extern "C" const kolo__ops_t kolo__ops_gloo = {
     /* .alltoallv = */ gloo_alltoallv,
     /* .reduce_scatter = */ gloo_reduce_scatter,
     /* .wake_peers = */ gloo_wake_peers,
-    /* .allreduce_stream = */ nullptr,
+    /* .allreduce_stream = */ gloo_allreduce_stream,
+    /* .streams = */ gloo_streams,
     /* .waiting_for = */ gloo_waiting_for,
     /* Every gloo::allreduce costs hundreds of microseconds before its bytes
      * move: over a veth link between network namespaces, 16 MiB pieces

@@ -71,6 +71,8 @@ struct kolo__ring {
     char self[KOLO__RING_ADDR_LEN];
     char right[KOLO__RING_ADDR_LEN], left[INET6_ADDRSTRLEN + 8];
     uint8_t *scratch;         /* SCRATCH_BYTES + 8 */
+    uint8_t *work;            /* the streamed form's buffer */
+    size_t work_bytes;
     int broken;
     char why[256];            /* the first failure, for later calls */
     atomic_int waiting;       /* the rank waited for, or -1 */
@@ -503,6 +505,7 @@ void kolo__ring_close(kolo__ring_t *r)
     if (r->from_left >= 0)
         close(r->from_left);
     free(r->scratch);
+    free(r->work);
     free(r);
 }
 
@@ -556,6 +559,125 @@ static size_t ready_bytes(const plan_t *pl, int ks, int kr, size_t done)
     return ks - 1 == kr ? done : 0;
 }
 
+
+/* Where the bytes of one allreduce live and come from. The segments are
+ * reduced and gathered in the caller's buffer (plain form), or, streamed
+ * (s not NULL), where the results are to stay (s->place: the output
+ * tensors) or else in the ring's work buffer, whose results go out
+ * through s->drain; this rank's input is read through s (view where it
+ * lies, else fill). The reducing rank finishes each result (s->finish)
+ * before anyone else sees it. */
+typedef struct {
+    uint8_t *buf; /* NULL where every result is placed */
+    const kolo__ops_stream_t *s;
+    kolo__ops_reduce_fn reduce;
+    size_t esize;
+    size_t filled;  /* streamed, step 0: bytes of the segment filled */
+    size_t settled; /* streamed: bytes of the current step settled */
+} io_t;
+
+/* Where byte `at` of the batch lives: in *len, how many of the `want`
+ * bytes follow it there. */
+static uint8_t *at_ptr(const io_t *io, size_t at, size_t want, size_t *len)
+{
+    if (io->buf == NULL) {
+        const size_t es = io->esize, skip = at % es;
+        size_t run = 0;
+        uint8_t *p = io->s->place(io->s->arg, at / es,
+                                  (want + skip + es - 1) / es, &run);
+        *len = run * es - skip < want ? run * es - skip : want;
+        return p + skip;
+    }
+    *len = want;
+    return io->buf + at;
+}
+
+/* Fills n elements of this rank's input from element el, in place. */
+static void fill_at(const io_t *io, size_t el, size_t n)
+{
+    const size_t es = io->esize;
+    while (n > 0) {
+        size_t len;
+        uint8_t *p = at_ptr(io, el * es, n * es, &len);
+        io->s->fill(io->s->arg, p, el, len / es);
+        el += len / es;
+        n -= len / es;
+    }
+}
+
+/* Finishes the n results from element el and drains those not placed. */
+static void settle(const io_t *io, size_t el, size_t n, int finish)
+{
+    const size_t es = io->esize;
+    while (n > 0) {
+        size_t len;
+        uint8_t *p = at_ptr(io, el * es, n * es, &len);
+        if (finish && io->s->finish != NULL)
+            io->s->finish(io->s->arg, p, len / es);
+        if (io->buf != NULL)
+            io->s->drain(io->s->arg, p, el, len / es);
+        el += len / es;
+        n -= len / es;
+    }
+}
+
+/* Up to want bytes of step 0's segment (which ends at byte `end`) from
+ * byte `at`, where they lie. */
+static const uint8_t *input_at(io_t *io, size_t at, size_t want, size_t end,
+                               size_t *len)
+{
+    const size_t es = io->esize, el = at / es, skip = at % es;
+    if (io->s->view != NULL) {
+        size_t run = 0;
+        const uint8_t *p =
+            io->s->view(io->s->arg, el, (want + skip + es - 1) / es, &run);
+        if (p != NULL) {
+            *len = run * es - skip < want ? run * es - skip : want;
+            return p + skip;
+        }
+    }
+    if (io->filled <= at) { /* fill the next piece, in cache */
+        size_t n;
+        if (io->filled < el * es) /* the bytes before were viewed */
+            io->filled = el * es;
+        n = (end - io->filled) / es;
+        if (n > SCRATCH_BYTES / es)
+            n = SCRATCH_BYTES / es;
+        fill_at(io, io->filled / es, n);
+        io->filled += n * es;
+    }
+    if (want > io->filled - at)
+        want = io->filled - at;
+    return at_ptr(io, at, want, len);
+}
+
+/* The m elements from byte `at` = this rank's input there (op) received. */
+static void reduce_in(io_t *io, size_t at, const uint8_t *received, size_t m)
+{
+    const size_t es = io->esize;
+    size_t el = at / es;
+    if (io->s == NULL) {
+        io->reduce(io->buf + at, io->buf + at, received, m);
+        return;
+    }
+    while (m > 0) {
+        size_t run = 0, len;
+        const uint8_t *p =
+            io->s->view != NULL ? io->s->view(io->s->arg, el, m, &run) : NULL;
+        uint8_t *dst;
+        if (p == NULL) {
+            fill_at(io, el, m);
+            run = m;
+        }
+        dst = at_ptr(io, el * es, run * es, &len);
+        run = len / es;
+        io->reduce(dst, p != NULL ? p : dst, received, run);
+        el += run;
+        received += run * es;
+        m -= run;
+    }
+}
+
 static int fail(kolo__ring_t *r, int code, char *err, size_t errlen,
                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
 
@@ -578,55 +700,51 @@ static int lost(int e)
            e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH;
 }
 
-int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,
-                         size_t count, size_t esize,
-                         kolo__ops_reduce_fn reduce, double timeout_s,
-                         char *err, size_t errlen)
+static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
+                    double timeout_s, char *err, size_t errlen)
 {
-    const plan_t pl = {count, esize, r->size, r->rank};
-    const int steps = 2 * (r->size - 1);
+    const int steps = 2 * (r->size - 1), last_rs = r->size - 2;
     const int left = (r->rank - 1 + r->size) % r->size;
     const int right = (r->rank + 1) % r->size;
+    const size_t es = pl->esize, total = pl->count * es;
     const int wait_ms = timeout_s > 0 && timeout_s < 2e6
                             ? (int)(timeout_s * 1000.0) + 1
                             : -1;
-    uint8_t *buf = out;
     int ks = 0, kr = 0;           /* the steps sending and receiving */
     size_t sent = 0, got = 0;     /* bytes of those steps so far */
     size_t done = 0;              /* bytes of step kr reduced or placed */
     size_t have = 0;              /* bytes in scratch, not yet reduced */
 
-    if (r->broken) {
-        snprintf(err, errlen, "%s (the ring broke earlier)", r->why);
-        return r->broken;
-    }
-    if (in != NULL && in != out)
-        memcpy(out, in, count * esize);
-    if (count == 0 || r->size < 2)
-        return KOLO_OK;
-
+    io->filled = seg_at(pl, send_seg(pl, 0)) * es;
+    io->settled = 0;
     for (;;) {
         int progress = 0;
 
         /* Skip steps that move nothing (both sides skip them alike). */
-        while (ks < steps && sent == seg_bytes(&pl, send_seg(&pl, ks))) {
+        while (ks < steps && sent == seg_bytes(pl, send_seg(pl, ks))) {
             ks++;
             sent = 0;
         }
-        while (kr < steps && done == seg_bytes(&pl, recv_seg(&pl, kr))) {
+        while (kr < steps && done == seg_bytes(pl, recv_seg(pl, kr))) {
             kr++;
             got = done = 0;
+            io->settled = 0;
         }
         if (ks == steps && kr == steps)
             break;
 
         /* Send what is ready. */
         if (ks < steps) {
-            size_t seg = send_seg(&pl, ks);
-            size_t ready = ready_bytes(&pl, ks, kr, done);
+            size_t seg = send_seg(pl, ks), at = seg_at(pl, seg) * es + sent;
+            size_t ready = ready_bytes(pl, ks, kr, done), len = ready - sent;
+            const uint8_t *from = NULL;
+            if (sent < ready)
+                from = ks == 0 && io->s != NULL
+                           ? input_at(io, at, len, seg_at(pl, seg + 1) * es, &len)
+                           : at_ptr(io, at, len, &len);
             if (sent < ready) {
-                ssize_t w = send(r->to_right, buf + seg_at(&pl, seg) * esize + sent,
-                                 ready - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+                ssize_t w = send(r->to_right, from, len,
+                                 MSG_DONTWAIT | MSG_NOSIGNAL);
                 if (w > 0) {
                     sent += (size_t)w;
                     progress = 1;
@@ -637,7 +755,7 @@ int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,
                                 err, errlen,
                                 "ring allreduce of %zu bytes: sending to rank "
                                 "%d (%s) failed: %s (connection closed by peer?)",
-                                count * esize, right, r->right, strerror(e));
+                                total, right, r->right, strerror(e));
                 }
             }
         }
@@ -645,13 +763,14 @@ int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,
         /* Receive what has come: into scratch and reduced into place
          * during the reduce-scatter, straight into place after. */
         if (kr < steps) {
-            size_t seg = recv_seg(&pl, kr), len = seg_bytes(&pl, seg);
-            uint8_t *at = buf + seg_at(&pl, seg) * esize;
-            int rs = kr < r->size - 1;
-            uint8_t *dst = rs ? r->scratch + have : at + got;
+            size_t seg = recv_seg(pl, kr), len = seg_bytes(pl, seg);
+            size_t at = seg_at(pl, seg) * es;
+            int rs = kr <= last_rs;
             size_t room = rs ? SCRATCH_BYTES - have : len - got;
+            uint8_t *dst;
             if (room > len - got)
                 room = len - got;
+            dst = rs ? r->scratch + have : at_ptr(io, at + got, room, &room);
             ssize_t n = recv(r->from_left, dst, room, MSG_DONTWAIT);
             if (n > 0) {
                 got += (size_t)n;
@@ -659,22 +778,29 @@ int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,
                 if (rs) {
                     size_t m;
                     have += (size_t)n;
-                    m = have / esize;
-                    reduce(at + done, at + done, r->scratch, m);
-                    done += m * esize;
-                    have -= m * esize;
+                    m = have / es;
+                    reduce_in(io, at + done, r->scratch, m);
+                    if (kr == last_rs && io->s != NULL && m > 0)
+                        settle(io, (at + done) / es, m, 1); /* complete */
+                    done += m * es;
+                    have -= m * es;
                     if (have > 0)
-                        memmove(r->scratch, r->scratch + m * esize, have);
+                        memmove(r->scratch, r->scratch + m * es, have);
                 } else {
                     done = got;
+                    if (io->s != NULL && done / es * es > io->settled) {
+                        size_t upto = done / es * es;
+                        settle(io, (at + io->settled) / es,
+                               (upto - io->settled) / es, 0);
+                        io->settled = upto;
+                    }
                 }
             } else if (n == 0) {
                 return fail(r, KOLO_ERR_RANK_LOST, err, errlen,
                             "ring allreduce of %zu bytes: rank %d (%s) closed "
                             "its connection (connection closed by peer) at "
                             "step %d of %d, %zu of %zu bytes received",
-                            count * esize, left, r->left, kr + 1, steps, got,
-                            len);
+                            total, left, r->left, kr + 1, steps, got, len);
             } else if (errno != EAGAIN && errno != EWOULDBLOCK &&
                        errno != EINTR) {
                 int e = errno;
@@ -682,7 +808,7 @@ int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,
                             err, errlen,
                             "ring allreduce of %zu bytes: receiving from rank "
                             "%d (%s) failed: %s",
-                            count * esize, left, r->left, strerror(e));
+                            total, left, r->left, strerror(e));
             }
         }
         if (progress)
@@ -692,7 +818,7 @@ int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,
         {
             struct pollfd p[2];
             int np = 0, rc;
-            if (ks < steps && sent < ready_bytes(&pl, ks, kr, done)) {
+            if (ks < steps && sent < ready_bytes(pl, ks, kr, done)) {
                 p[np].fd = r->to_right;
                 p[np++].events = POLLOUT;
             }
@@ -714,17 +840,72 @@ int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,
                                 "ring allreduce of %zu bytes timed out after "
                                 "%.1f s: waiting for rank %d (%s) at step %d "
                                 "of %d, %zu of %zu bytes received",
-                                count * esize, timeout_s, left, r->left,
-                                kr + 1, steps, got,
-                                seg_bytes(&pl, recv_seg(&pl, kr)));
+                                total, timeout_s, left, r->left, kr + 1, steps,
+                                got, seg_bytes(pl, recv_seg(pl, kr)));
                 return fail(r, KOLO_ERR_TIMEOUT, err, errlen,
                             "ring allreduce of %zu bytes timed out after "
                             "%.1f s: rank %d (%s) takes no more bytes, at "
                             "step %d of %d",
-                            count * esize, timeout_s, right, r->right, ks + 1,
-                            steps);
+                            total, timeout_s, right, r->right, ks + 1, steps);
             }
         }
     }
     return KOLO_OK;
+}
+
+static int check_broken(const kolo__ring_t *r, char *err, size_t errlen)
+{
+    if (!r->broken)
+        return KOLO_OK;
+    snprintf(err, errlen, "%s (the ring broke earlier)", r->why);
+    return r->broken;
+}
+
+int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,
+                         size_t count, size_t esize,
+                         kolo__ops_reduce_fn reduce, double timeout_s,
+                         char *err, size_t errlen)
+{
+    const plan_t pl = {count, esize, r->size, r->rank};
+    io_t io = {.buf = out, .reduce = reduce, .esize = esize};
+    int rc = check_broken(r, err, errlen);
+
+    if (rc != KOLO_OK)
+        return rc;
+    if (in != NULL && in != out)
+        memcpy(out, in, count * esize);
+    if (count == 0 || r->size < 2)
+        return KOLO_OK;
+    return run_ring(r, &pl, &io, timeout_s, err, errlen);
+}
+
+int kolo__ring_allreduce_stream(kolo__ring_t *r, size_t count, size_t esize,
+                                kolo__ops_reduce_fn reduce,
+                                const kolo__ops_stream_t *s, double timeout_s,
+                                char *err, size_t errlen)
+{
+    const plan_t pl = {count, esize, r->size, r->rank};
+    io_t io = {.s = s, .reduce = reduce, .esize = esize};
+    int rc = check_broken(r, err, errlen);
+
+    if (rc != KOLO_OK || count == 0)
+        return rc;
+    if (s->place == NULL && r->work_bytes < count * esize) {
+        free(r->work);
+        r->work_bytes = 0;
+        r->work = malloc(count * esize);
+        if (r->work == NULL) {
+            snprintf(err, errlen, "ring: out of memory for a work buffer of "
+                                  "%zu bytes", count * esize);
+            return KOLO_ERR_NO_MEMORY;
+        }
+        r->work_bytes = count * esize;
+    }
+    io.buf = s->place == NULL ? r->work : NULL;
+    if (r->size < 2) {
+        fill_at(&io, 0, count);
+        settle(&io, 0, count, 1);
+        return KOLO_OK;
+    }
+    return run_ring(r, &pl, &io, timeout_s, err, errlen);
 }

@@ -63,6 +63,18 @@ int kolo__ring_allreduce(kolo__ring_t *ring, const void *in, void *out,
                          kolo__ops_reduce_fn reduce, double timeout_s,
                          char *err, size_t errlen);
 
+/* The same, streamed (ops.h: kolo__ops_stream_t): this rank's input is
+ * read where it lies (view) or packed piece by piece (fill) as the ring
+ * sends it, and each reduced piece goes out (finish, then drain) as soon
+ * as this rank has it; the segments meet in a work buffer of the ring's
+ * own. fill, view and drain may be called at any element, in any order,
+ * each element once: view's and fill's where this rank's input is
+ * needed, drain's where a result is complete. */
+int kolo__ring_allreduce_stream(kolo__ring_t *ring, size_t count,
+                                size_t elem_size, kolo__ops_reduce_fn reduce,
+                                const kolo__ops_stream_t *s, double timeout_s,
+                                char *err, size_t errlen);
+
 /* The context rank this ring is waiting for right now, or -1 (read by the
  * stall watchdog from another thread). */
 int kolo__ring_waiting_for(const kolo__ring_t *ring);

@@ -314,6 +314,150 @@ START_TEST(every_rank_gets_the_same_bits)
 }
 END_TEST
 
+/* The streamed form: a batch of tensors, some read where they lie
+ * (view), some packed (fill), the sum halved (finish) and drained into
+ * outputs. Every element must be drained exactly once, with the right
+ * value, whatever order the ring asks in. */
+#define NT 7
+static const size_t tensor_counts[NT] = {3, 0, 1000, 1, 700001, 17, 4099};
+
+typedef struct {
+    size_t off[NT + 1];
+    int viewable[NT];
+    float *in, *out;
+    unsigned char *drained;
+    int misuse;
+} batch_t;
+
+static size_t tensor_of(const batch_t *b, size_t at)
+{
+    size_t t = 0;
+    while (t + 1 < NT + 1 && b->off[t + 1] <= at)
+        t++;
+    return t;
+}
+
+static const void *b_view(void *arg, size_t at, size_t n, size_t *run)
+{
+    batch_t *b = arg;
+    size_t t = tensor_of(b, at);
+    if (at >= b->off[NT] || n == 0) {
+        b->misuse = 1;
+        return NULL;
+    }
+    if (!b->viewable[t])
+        return NULL;
+    *run = b->off[t + 1] - at < n ? b->off[t + 1] - at : n;
+    return b->in + at;
+}
+
+static void b_fill(void *arg, void *dst, size_t at, size_t n)
+{
+    batch_t *b = arg;
+    if (at + n > b->off[NT])
+        b->misuse = 1;
+    else
+        memcpy(dst, b->in + at, n * sizeof(float));
+}
+
+static void b_finish(void *arg, void *buf, size_t n)
+{
+    float *f = buf;
+    (void)arg;
+    for (size_t i = 0; i < n; i++)
+        f[i] *= 0.5f;
+}
+
+static void b_drain(void *arg, const void *src, size_t at, size_t n)
+{
+    batch_t *b = arg;
+    if (at + n > b->off[NT]) {
+        b->misuse = 1;
+        return;
+    }
+    memcpy(b->out + at, src, n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        b->drained[at + i]++;
+}
+
+/* Results written where they stay: each tensor's output. */
+static void *b_place(void *arg, size_t at, size_t n, size_t *run)
+{
+    batch_t *b = arg;
+    size_t t = tensor_of(b, at);
+    if (at >= b->off[NT] || n == 0) {
+        b->misuse = 1;
+        return b->out;
+    }
+    *run = b->off[t + 1] - at < n ? b->off[t + 1] - at : n;
+    for (size_t i = 0; i < *run; i++)
+        b->drained[at + i] = 1; /* placed: counts as drained once */
+    return b->out + at;
+}
+
+/* 0: every tensor viewed, 1: none, 2: every other; 3-5: the same, results
+ * placed in the outputs (6: placed, in place: input and output alike). */
+static int view_mode;
+
+static void body_stream(rank_t *me)
+{
+    batch_t b = {.misuse = 0};
+    const int views = view_mode % 3, in_place = view_mode == 6;
+    kolo__ops_stream_t s = {b_fill, views == 1 ? NULL : b_view, b_finish,
+                            b_drain, view_mode >= 3 ? b_place : NULL, &b};
+    size_t total;
+
+    for (int t = 0; t < NT; t++) {
+        b.off[t + 1] = b.off[t] + tensor_counts[t];
+        b.viewable[t] = views == 0 || (views == 2 && t % 2 == 0);
+    }
+    total = b.off[NT];
+    b.in = malloc(total * sizeof(float));
+    b.out = in_place ? b.in : malloc(total * sizeof(float));
+    b.drained = calloc(total, 1);
+    ck_assert(b.in != NULL && b.out != NULL && b.drained != NULL);
+    for (int round = 0; round < 2 && me->rc == 0; round++) {
+        for (size_t i = 0; i < total; i++) {
+            if (!in_place)
+                b.out[i] = -1e9f;
+            b.in[i] = input_f32(me->rank, i + (size_t)round);
+            b.drained[i] = 0;
+        }
+        me->rc = kolo__ring_allreduce_stream(me->ring, total, sizeof(float),
+                                             sum_f32, &s, 10.0, me->err,
+                                             sizeof(me->err));
+        for (size_t i = 0; i < total && me->rc == 0; i++) {
+            float want = 0;
+            for (int r = 0; r < cur_n; r++)
+                want += input_f32(r, i + (size_t)round);
+            want *= 0.5f;
+            if (b.out[i] != want || b.drained[i] != 1 || b.misuse ||
+                (!in_place && b.in[i] != input_f32(me->rank, i + (size_t)round))) {
+                snprintf(me->err, sizeof(me->err),
+                         "view mode %d, round %d, element %zu of %zu: %g "
+                         "drained %d times, want %g once%s",
+                         view_mode, round, i, total, b.out[i], b.drained[i],
+                         want, b.misuse ? "; a call out of range" : "");
+                me->rc = -1000;
+            }
+        }
+    }
+    free(b.in);
+    if (!in_place)
+        free(b.out);
+    free(b.drained);
+}
+
+START_TEST(streams_a_batch_of_tensors)
+{
+    for (int n = 2; n <= MAX_RANKS; n++)
+        for (view_mode = 0; view_mode <= 6; view_mode++) {
+            cur_n = n;
+            expect_ok(run_job(n, body_stream, 10.0, 0), "streamed batch");
+        }
+}
+END_TEST
+
 /* ---- what a user can cause ------------------------------------------------ */
 
 START_TEST(a_stranger_is_dropped_with_a_warning)
@@ -407,6 +551,7 @@ int main(void)
         sums_every_size_and_rank_count,
         other_types_and_repeated_calls,
         every_rank_gets_the_same_bits,
+        streams_a_batch_of_tensors,
         a_stranger_is_dropped_with_a_warning,
         a_rank_that_leaves_is_named,
         a_rank_that_never_comes_is_named,
