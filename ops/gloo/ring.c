@@ -666,12 +666,19 @@ static void reduce_in(io_t *io, size_t at, const uint8_t *received, size_t m)
             io->s->view != NULL ? io->s->view(io->s->arg, el, m, &run) : NULL;
         uint8_t *dst;
         if (p == NULL) {
+            /* Filled once (a fill may scale an input that is also the
+             * output), then reduced there, run by run. */
             fill_at(io, el, m);
-            run = m;
+            for (; m > 0; el += run, received += run * es, m -= run) {
+                dst = at_ptr(io, el * es, m * es, &len);
+                run = len / es;
+                io->reduce(dst, dst, received, run);
+            }
+            return;
         }
         dst = at_ptr(io, el * es, run * es, &len);
         run = len / es;
-        io->reduce(dst, p != NULL ? p : dst, received, run);
+        io->reduce(dst, p, received, run);
         el += run;
         received += run * es;
         m -= run;

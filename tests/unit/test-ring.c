@@ -327,6 +327,7 @@ typedef struct {
     float *in, *out;
     unsigned char *drained;
     int misuse;
+    int prescale; /* fill doubles the input (halved again by finish) */
 } batch_t;
 
 static size_t tensor_of(const batch_t *b, size_t at)
@@ -354,10 +355,14 @@ static const void *b_view(void *arg, size_t at, size_t n, size_t *run)
 static void b_fill(void *arg, void *dst, size_t at, size_t n)
 {
     batch_t *b = arg;
-    if (at + n > b->off[NT])
+    if (at + n > b->off[NT]) {
         b->misuse = 1;
-    else
-        memcpy(dst, b->in + at, n * sizeof(float));
+        return;
+    }
+    memmove(dst, b->in + at, n * sizeof(float));
+    if (b->prescale) /* as the runtime's prescale: on what it filled */
+        for (size_t i = 0; i < n; i++)
+            ((float *)dst)[i] *= 2.0f;
 }
 
 static void b_finish(void *arg, void *buf, size_t n)
@@ -396,13 +401,17 @@ static void *b_place(void *arg, size_t at, size_t n, size_t *run)
 }
 
 /* 0: every tensor viewed, 1: none, 2: every other; 3-5: the same, results
- * placed in the outputs (6: placed, in place: input and output alike). */
+ * placed in the outputs; 6: placed, in place (input and output alike);
+ * 7: in place, prescaled (fill doubles, so no view), the runtime's
+ * in-place AVERAGE with a prescale: a second fill of an element would
+ * double it twice. */
 static int view_mode;
 
 static void body_stream(rank_t *me)
 {
-    batch_t b = {.misuse = 0};
-    const int views = view_mode % 3, in_place = view_mode == 6;
+    batch_t b = {.misuse = 0, .prescale = view_mode == 7};
+    const int views = view_mode == 7 ? 1 : view_mode % 3;
+    const int in_place = view_mode >= 6;
     kolo__ops_stream_t s = {b_fill, views == 1 ? NULL : b_view, b_finish,
                             b_drain, view_mode >= 3 ? b_place : NULL, &b};
     size_t total;
@@ -430,7 +439,7 @@ static void body_stream(rank_t *me)
             float want = 0;
             for (int r = 0; r < cur_n; r++)
                 want += input_f32(r, i + (size_t)round);
-            want *= 0.5f;
+            want *= view_mode == 7 ? 1.0f : 0.5f;
             if (b.out[i] != want || b.drained[i] != 1 || b.misuse ||
                 (!in_place && b.in[i] != input_f32(me->rank, i + (size_t)round))) {
                 snprintf(me->err, sizeof(me->err),
@@ -451,7 +460,7 @@ static void body_stream(rank_t *me)
 START_TEST(streams_a_batch_of_tensors)
 {
     for (int n = 2; n <= MAX_RANKS; n++)
-        for (view_mode = 0; view_mode <= 6; view_mode++) {
+        for (view_mode = 0; view_mode <= 7; view_mode++) {
             cur_n = n;
             expect_ok(run_job(n, body_stream, 10.0, 0), "streamed batch");
         }
