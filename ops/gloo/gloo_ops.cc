@@ -120,6 +120,8 @@ struct GlooCtx {
     kolo__ring_t *ring = nullptr;
     double timeout_s = 0;
     std::vector<int> members; /* context rank -> global rank */
+
+    ~GlooCtx() { kolo__ring_close(ring); }
 };
 
 void listen(GlooCtx *g)
@@ -842,11 +844,12 @@ void run_exchange(GlooCtx *g, const void *in, void *out, size_t count,
 }
 
 #ifndef KOLO_GLOO_RING_ONLY
-/* kolo's ring (ring.h): every rank listens, publishes its address under
- * this context's prefix, and connects to its right neighbour's. */
-void connect_ring(GlooCtx *g, const kolo__ops_config_t *cfg,
-                  gloo::rendezvous::Store &store,
-                  const uint8_t (&secret)[KOLO__RING_SECRET_BYTES])
+/* kolo's ring (ring.h): every rank listens and publishes its address
+ * under this context's prefix before Gloo's pairs connect (so that its
+ * socket, like theirs, is open while the ranks meet, and screened alike),
+ * then connects to its right neighbour's. */
+void listen_ring(GlooCtx *g, const kolo__ops_config_t *cfg,
+                 gloo::rendezvous::Store &store)
 {
     char addr[KOLO__RING_ADDR_LEN], err[512];
     int rc = kolo__ring_listen(cfg->hostname, &g->ring, addr, err, sizeof(err));
@@ -854,6 +857,14 @@ void connect_ring(GlooCtx *g, const kolo__ops_config_t *cfg,
         throw gloo::IoException(err);
     store.set("kolo-ring/" + std::to_string(cfg->rank),
               std::vector<char>(addr, addr + std::strlen(addr)));
+}
+
+void connect_ring(GlooCtx *g, const kolo__ops_config_t *cfg,
+                  gloo::rendezvous::Store &store,
+                  const uint8_t (&secret)[KOLO__RING_SECRET_BYTES])
+{
+    char err[512];
+    int rc;
     std::vector<char> right =
         store.get("kolo-ring/" + std::to_string((cfg->rank + 1) % cfg->size));
     right.push_back('\0');
@@ -914,6 +925,10 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         /* Connecting is bounded by the start timeout, operations by the
          * operation timeout. */
         g->context->setTimeout(to_ms(cfg->start_timeout_s));
+#ifndef KOLO_GLOO_RING_ONLY
+        if (cfg->size > 1)
+            listen_ring(g, cfg, store);
+#endif
         g->context->connectFullMesh(store, g->device);
         g->context->setTimeout(to_ms(cfg->timeout_s));
         g->timeout_s = cfg->timeout_s;
@@ -968,7 +983,6 @@ void gloo_finalize(void *ctx)
                 }
             }
         }
-        kolo__ring_close(g->ring);
         delete g;
     } catch (...) {
         /* Destructors close sockets; nothing useful to report here. */

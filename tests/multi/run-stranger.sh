@@ -17,8 +17,8 @@
 # FIFO it reads a line from); the other ranks meanwhile listen for it. Each run must end with
 # kolorun's status 0, every rank's PASS line (the program checks the
 # reduced values), the stranger's report that it struck every early rank
-# (and that the job closed every connection it held), and kolo's warning
-# that it dropped a connection. Every run is bounded by `timeout -k 10`.
+# (and that the job closed every connection it held), and kolo's warnings
+# that it dropped a connection, from Gloo's pairs and from kolo's ring. Every run is bounded by `timeout -k 10`.
 # Prints one line per run and "N passed, N failed"; exits 77 (skipped)
 # without Gloo or Python.
 #
@@ -102,6 +102,10 @@ run() {
     grep -q '^\[kolo rank [0-9]*\] WARNING: Gloo: dropped a connection from ' "$log" ||
         why="$why
     - no rank warned that it dropped the stranger's connection"
+    # kolo's ring (ops/gloo/ring.c) listens while the ranks meet, too.
+    grep -q "^\[kolo rank [0-9]*\] WARNING: Gloo: dropped a connection from .* to rank [0-9]*'s ring socket: " "$log" ||
+        why="$why
+    - no rank warned that its ring socket dropped the stranger's connection"
 
     if [ -z "$why" ]; then
         pass=$((pass + 1))
