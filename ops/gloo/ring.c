@@ -868,6 +868,90 @@ static int check_broken(const kolo__ring_t *r, char *err, size_t errlen)
     return r->broken;
 }
 
+int kolo__ring_shift(kolo__ring_t *r, const void *out, void *in, size_t bytes,
+                     double timeout_s, char *err, size_t errlen)
+{
+    const int left = (r->rank - 1 + r->size) % r->size;
+    const int right = (r->rank + 1) % r->size;
+    const int wait_ms = timeout_s > 0 && timeout_s < 2e6
+                            ? (int)(timeout_s * 1000.0) + 1
+                            : -1;
+    size_t sent = 0, got = 0;
+    int rc = check_broken(r, err, errlen);
+
+    if (rc != KOLO_OK)
+        return rc;
+    while (sent < bytes || got < bytes) {
+        int progress = 0;
+        if (sent < bytes) {
+            ssize_t w = send(r->to_right, (const uint8_t *)out + sent,
+                             bytes - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
+            if (w > 0) {
+                sent += (size_t)w;
+                progress = 1;
+            } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                       errno != EINTR) {
+                int e = errno;
+                return fail(r, lost(e) ? KOLO_ERR_RANK_LOST : KOLO_ERR_BACKEND,
+                            err, errlen,
+                            "ring exchange of %zu bytes: sending to rank %d "
+                            "(%s) failed: %s (connection closed by peer?)",
+                            bytes, right, r->right, strerror(e));
+            }
+        }
+        if (got < bytes) {
+            ssize_t n = recv(r->from_left, (uint8_t *)in + got, bytes - got,
+                             MSG_DONTWAIT);
+            if (n > 0) {
+                got += (size_t)n;
+                progress = 1;
+            } else if (n == 0) {
+                return fail(r, KOLO_ERR_RANK_LOST, err, errlen,
+                            "ring exchange of %zu bytes: rank %d (%s) closed "
+                            "its connection (connection closed by peer), %zu "
+                            "bytes received",
+                            bytes, left, r->left, got);
+            } else if (errno != EAGAIN && errno != EWOULDBLOCK &&
+                       errno != EINTR) {
+                int e = errno;
+                return fail(r, lost(e) ? KOLO_ERR_RANK_LOST : KOLO_ERR_BACKEND,
+                            err, errlen,
+                            "ring exchange of %zu bytes: receiving from rank "
+                            "%d (%s) failed: %s",
+                            bytes, left, r->left, strerror(e));
+            }
+        }
+        if (progress)
+            continue;
+        struct pollfd p[2];
+        int np = 0;
+        if (sent < bytes) {
+            p[np].fd = r->to_right;
+            p[np++].events = POLLOUT;
+        }
+        if (got < bytes) {
+            p[np].fd = r->from_left;
+            p[np++].events = POLLIN;
+        }
+        atomic_store(&r->waiting, got < bytes ? left : right);
+        rc = poll(p, (nfds_t)np, wait_ms);
+        atomic_store(&r->waiting, -1);
+        if (rc < 0 && errno == EINTR)
+            continue;
+        if (rc < 0)
+            return fail(r, KOLO_ERR_BACKEND, err, errlen,
+                        "ring exchange: poll: %s", strerror(errno));
+        if (rc == 0)
+            return fail(r, KOLO_ERR_TIMEOUT, err, errlen,
+                        "ring exchange of %zu bytes timed out after %.1f s: "
+                        "waiting for rank %d (%s), %zu bytes received",
+                        bytes, timeout_s,
+                        got < bytes ? left : right,
+                        got < bytes ? r->left : r->right, got);
+    }
+    return KOLO_OK;
+}
+
 int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,
                          size_t count, size_t esize,
                          kolo__ops_reduce_fn reduce, double timeout_s,

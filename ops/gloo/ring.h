@@ -75,6 +75,13 @@ int kolo__ring_allreduce_stream(kolo__ring_t *ring, size_t count,
                                 const kolo__ops_stream_t *s, double timeout_s,
                                 char *err, size_t errlen);
 
+/* One step of the ring: sends `bytes` from out to the right neighbour and
+ * receives as many from the left one into in. With two ranks, that is an
+ * exchange: the Gloo backend's small collectives take it, one thread
+ * moving both directions (no hand-over from Gloo's loop thread). */
+int kolo__ring_shift(kolo__ring_t *ring, const void *out, void *in,
+                     size_t bytes, double timeout_s, char *err, size_t errlen);
+
 /* The context rank this ring is waiting for right now, or -1 (read by the
  * stall watchdog from another thread). */
 int kolo__ring_waiting_for(const kolo__ring_t *ring);

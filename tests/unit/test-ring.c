@@ -467,6 +467,44 @@ START_TEST(streams_a_batch_of_tensors)
 }
 END_TEST
 
+/* One step of the ring, several times and sizes: each rank gets exactly
+ * its left neighbour's bytes. */
+static void body_shift(rank_t *me)
+{
+    static const size_t sizes[] = {1, 8, 4099, 3 << 20};
+    const int left = (me->rank - 1 + cur_n) % cur_n;
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]) && me->rc == 0; k++) {
+        size_t bytes = sizes[k];
+        uint8_t *out = malloc(bytes), *in = malloc(bytes);
+        ck_assert(out != NULL && in != NULL);
+        for (size_t i = 0; i < bytes; i++) {
+            out[i] = (uint8_t)(i * 7 + (size_t)me->rank * 31 + k);
+            in[i] = 0xee;
+        }
+        me->rc = kolo__ring_shift(me->ring, out, in, bytes, 10.0, me->err,
+                                  sizeof(me->err));
+        for (size_t i = 0; i < bytes && me->rc == 0; i++)
+            if (in[i] != (uint8_t)(i * 7 + (size_t)left * 31 + k)) {
+                snprintf(me->err, sizeof(me->err),
+                         "shift of %zu bytes: byte %zu is %u, not rank %d's %u",
+                         bytes, i, in[i], left,
+                         (uint8_t)(i * 7 + (size_t)left * 31 + k));
+                me->rc = -1000;
+            }
+        free(out);
+        free(in);
+    }
+}
+
+START_TEST(a_shift_brings_the_left_neighbours_bytes)
+{
+    for (int n = 2; n <= MAX_RANKS; n++) {
+        cur_n = n;
+        expect_ok(run_job(n, body_shift, 10.0, 0), "shift");
+    }
+}
+END_TEST
+
 /* ---- what a user can cause ------------------------------------------------ */
 
 START_TEST(a_stranger_is_dropped_with_a_warning)
@@ -561,6 +599,7 @@ int main(void)
         other_types_and_repeated_calls,
         every_rank_gets_the_same_bits,
         streams_a_batch_of_tensors,
+        a_shift_brings_the_left_neighbours_bytes,
         a_stranger_is_dropped_with_a_warning,
         a_rank_that_leaves_is_named,
         a_rank_that_never_comes_is_named,
