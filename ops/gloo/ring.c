@@ -707,6 +707,32 @@ static int lost(int e)
            e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH;
 }
 
+/* After an operation's last byte: a neighbour whose connection has
+ * closed (its bytes of this operation came before its close) failed or
+ * abandoned the operation, so it must not succeed here either. Nothing is
+ * ever sent towards this rank on to_right, and from_left holds at most the
+ * next operation's bytes. */
+static int closed_after(kolo__ring_t *r, const char *what, size_t bytes,
+                        char *err, size_t errlen)
+{
+    const int fds[2] = {r->from_left, r->to_right};
+    const int ranks[2] = {(r->rank - 1 + r->size) % r->size,
+                          (r->rank + 1) % r->size};
+    const char *addrs[2] = {r->left, r->right};
+    for (int i = 0; i < 2; i++) {
+        char c;
+        ssize_t n = recv(fds[i], &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                       errno != EINTR))
+            return fail(r, KOLO_ERR_RANK_LOST, err, errlen,
+                        "%s of %zu bytes: rank %d (%s) closed its connection "
+                        "(connection closed by peer) as the operation ended: "
+                        "it failed or left it",
+                        what, bytes, ranks[i], addrs[i]);
+    }
+    return KOLO_OK;
+}
+
 static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
                     double timeout_s, char *err, size_t errlen)
 {
@@ -857,7 +883,7 @@ static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
             }
         }
     }
-    return KOLO_OK;
+    return closed_after(r, "ring allreduce", total, err, errlen);
 }
 
 static int check_broken(const kolo__ring_t *r, char *err, size_t errlen)
@@ -949,7 +975,7 @@ int kolo__ring_shift(kolo__ring_t *r, const void *out, void *in, size_t bytes,
                         got < bytes ? left : right,
                         got < bytes ? r->left : r->right, got);
     }
-    return KOLO_OK;
+    return closed_after(r, "ring exchange", bytes, err, errlen);
 }
 
 int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,

@@ -550,6 +550,35 @@ START_TEST(a_rank_that_leaves_is_named)
 }
 END_TEST
 
+/* Rank 1 gives up on an exchange (its timeout) after its bytes went out,
+ * and leaves; rank 0 comes late and finds rank 1's bytes waiting: the
+ * exchange must still fail there, since rank 1 failed it. */
+static void body_abandons(rank_t *me)
+{
+    uint8_t out[64] = {0}, in[64];
+    if (me->rank == 1) {
+        me->rc = kolo__ring_shift(me->ring, out, in, sizeof(out), 0.2, me->err,
+                                  sizeof(me->err));
+        kolo__ring_close(me->ring);
+        me->ring = NULL;
+        return;
+    }
+    usleep(600 * 1000);
+    me->rc = kolo__ring_shift(me->ring, out, in, sizeof(out), 10.0, me->err,
+                              sizeof(me->err));
+}
+
+START_TEST(an_exchange_a_rank_abandoned_fails_everywhere)
+{
+    job_t *job = run_job(2, body_abandons, 10.0, 0);
+    ck_assert_int_eq(job->ranks[1].rc, KOLO_ERR_TIMEOUT);
+    ck_assert_msg(job->ranks[0].rc == KOLO_ERR_RANK_LOST,
+                  "rank 0: %d: %s", job->ranks[0].rc, job->ranks[0].err);
+    ck_assert_msg(strstr(job->ranks[0].err, "rank 1 (127.0.0.1:") != NULL,
+                  "message: %s", job->ranks[0].err);
+}
+END_TEST
+
 /* Rank 2 of 3 never comes to the allreduce: rank 0, its right neighbour,
  * times out waiting for it and says so. */
 static void body_absent(rank_t *me)
@@ -603,6 +632,7 @@ int main(void)
         a_stranger_is_dropped_with_a_warning,
         a_rank_that_leaves_is_named,
         a_rank_that_never_comes_is_named,
+        an_exchange_a_rank_abandoned_fails_everywhere,
         connect_names_a_rank_that_never_connects,
     };
     return kolo_unit_run(kolo_unit_suite("ring", 120, tests,
