@@ -707,6 +707,109 @@ static int lost(int e)
            e == ETIMEDOUT || e == EHOSTUNREACH || e == ENETUNREACH;
 }
 
+/* What an operation has done so far, for its failure's message. */
+typedef struct {
+    const char *what; /* "ring allreduce", "ring exchange" */
+    size_t total;     /* its bytes */
+    int step, steps;  /* the step receiving (1-based) */
+    size_t got, want; /* bytes of that step received, expected */
+} where_t;
+
+static int fail_where(kolo__ring_t *r, int code, const where_t *w,
+                      char *err, size_t errlen, const char *fmt, int rank,
+                      const char *addr, const char *detail)
+{
+    return fail(r, code, err, errlen,
+                "%s of %zu bytes%s rank %d (%s)%s, at step %d of %d, %zu of "
+                "%zu bytes received",
+                w->what, w->total, fmt, rank, addr, detail, w->step, w->steps,
+                w->got, w->want);
+}
+
+/* Sends what the socket takes now: the bytes sent, 0 where it takes
+ * none, -1 when the ring failed (err written). */
+static ssize_t send_some(kolo__ring_t *r, const void *p, size_t len,
+                         const where_t *w, char *err, size_t errlen)
+{
+    char detail[128];
+    ssize_t n = send(r->to_right, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n > 0)
+        return n;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    int e = n < 0 ? errno : EPIPE;
+    snprintf(detail, sizeof(detail), " failed: %s (connection closed by peer?)",
+             strerror(e));
+    fail_where(r, lost(e) ? KOLO_ERR_RANK_LOST : KOLO_ERR_BACKEND, w, err,
+               errlen, ": sending to", (r->rank + 1) % r->size, r->right,
+               detail);
+    return -1;
+}
+
+/* Receives what has come: the bytes received, 0 where none, -1 when the
+ * ring failed (err written). */
+static ssize_t recv_some(kolo__ring_t *r, void *p, size_t len,
+                         const where_t *w, char *err, size_t errlen)
+{
+    char detail[128];
+    const int left = (r->rank - 1 + r->size) % r->size;
+    ssize_t n = recv(r->from_left, p, len, MSG_DONTWAIT);
+    if (n > 0)
+        return n;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return 0;
+    if (n == 0) {
+        fail_where(r, KOLO_ERR_RANK_LOST, w, err, errlen, ":", left, r->left,
+                   " closed its connection (connection closed by peer)");
+        return -1;
+    }
+    int e = errno;
+    snprintf(detail, sizeof(detail), " failed: %s", strerror(e));
+    fail_where(r, lost(e) ? KOLO_ERR_RANK_LOST : KOLO_ERR_BACKEND, w, err,
+               errlen, ": receiving from", left, r->left, detail);
+    return -1;
+}
+
+/* Sleeps until the right socket takes bytes (want_send) or the left one
+ * has some (want_recv), at most timeout_s. */
+static int wait_io(kolo__ring_t *r, int want_send, int want_recv,
+                   double timeout_s, const where_t *w, char *err, size_t errlen)
+{
+    const int left = (r->rank - 1 + r->size) % r->size;
+    const int right = (r->rank + 1) % r->size;
+    const int wait_ms = timeout_s > 0 && timeout_s < 2e6
+                            ? (int)(timeout_s * 1000.0) + 1
+                            : -1;
+    struct pollfd p[2];
+    int np = 0, rc;
+    char detail[64];
+
+    if (want_send) {
+        p[np].fd = r->to_right;
+        p[np++].events = POLLOUT;
+    }
+    if (want_recv) {
+        p[np].fd = r->from_left;
+        p[np++].events = POLLIN;
+    }
+    atomic_store(&r->waiting, want_recv ? left : right);
+    do
+        rc = poll(p, (nfds_t)np, wait_ms);
+    while (rc < 0 && errno == EINTR);
+    atomic_store(&r->waiting, -1);
+    if (rc > 0)
+        return KOLO_OK;
+    if (rc < 0)
+        return fail(r, KOLO_ERR_BACKEND, err, errlen, "%s: poll: %s", w->what,
+                    strerror(errno));
+    snprintf(detail, sizeof(detail), " timed out after %.1f s:", timeout_s);
+    if (want_recv)
+        return fail_where(r, KOLO_ERR_TIMEOUT, w, err, errlen,
+                          strcat(detail, " waiting for"), left, r->left, "");
+    return fail_where(r, KOLO_ERR_TIMEOUT, w, err, errlen, detail, right,
+                      r->right, " takes no more bytes");
+}
+
 /* After an operation's last byte: a neighbour whose connection has
  * closed (its bytes of this operation came before its close) failed or
  * abandoned the operation, so it must not succeed here either. Nothing is
@@ -737,21 +840,19 @@ static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
                     double timeout_s, char *err, size_t errlen)
 {
     const int steps = 2 * (r->size - 1), last_rs = r->size - 2;
-    const int left = (r->rank - 1 + r->size) % r->size;
-    const int right = (r->rank + 1) % r->size;
-    const size_t es = pl->esize, total = pl->count * es;
-    const int wait_ms = timeout_s > 0 && timeout_s < 2e6
-                            ? (int)(timeout_s * 1000.0) + 1
-                            : -1;
+    const size_t es = pl->esize;
     int ks = 0, kr = 0;           /* the steps sending and receiving */
     size_t sent = 0, got = 0;     /* bytes of those steps so far */
     size_t done = 0;              /* bytes of step kr reduced or placed */
     size_t have = 0;              /* bytes in scratch, not yet reduced */
+    where_t w = {"ring allreduce", pl->count * es, 0, steps, 0, 0};
 
     io->filled = seg_at(pl, send_seg(pl, 0)) * es;
     io->settled = 0;
     for (;;) {
         int progress = 0;
+        size_t ready = 0;
+        ssize_t n;
 
         /* Skip steps that move nothing (both sides skip them alike). */
         while (ks < steps && sent == seg_bytes(pl, send_seg(pl, ks))) {
@@ -765,38 +866,31 @@ static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
         }
         if (ks == steps && kr == steps)
             break;
+        w.step = kr + 1;
+        w.got = got;
+        w.want = kr < steps ? seg_bytes(pl, recv_seg(pl, kr)) : 0;
 
         /* Send what is ready. */
-        if (ks < steps) {
+        if (ks < steps)
+            ready = ready_bytes(pl, ks, kr, done);
+        if (sent < ready) {
             size_t seg = send_seg(pl, ks), at = seg_at(pl, seg) * es + sent;
-            size_t ready = ready_bytes(pl, ks, kr, done), len = ready - sent;
-            const uint8_t *from = NULL;
-            if (sent < ready)
-                from = ks == 0 && io->s != NULL
-                           ? input_at(io, at, len, seg_at(pl, seg + 1) * es, &len)
-                           : at_ptr(io, at, len, &len);
-            if (sent < ready) {
-                ssize_t w = send(r->to_right, from, len,
-                                 MSG_DONTWAIT | MSG_NOSIGNAL);
-                if (w > 0) {
-                    sent += (size_t)w;
-                    progress = 1;
-                } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
-                           errno != EINTR) {
-                    int e = errno;
-                    return fail(r, lost(e) ? KOLO_ERR_RANK_LOST : KOLO_ERR_BACKEND,
-                                err, errlen,
-                                "ring allreduce of %zu bytes: sending to rank "
-                                "%d (%s) failed: %s (connection closed by peer?)",
-                                total, right, r->right, strerror(e));
-                }
-            }
+            size_t len = ready - sent;
+            const uint8_t *from =
+                ks == 0 && io->s != NULL
+                    ? input_at(io, at, len, seg_at(pl, seg + 1) * es, &len)
+                    : at_ptr(io, at, len, &len);
+            n = send_some(r, from, len, &w, err, errlen);
+            if (n < 0)
+                return r->broken;
+            sent += (size_t)n;
+            progress |= n > 0;
         }
 
         /* Receive what has come: into scratch and reduced into place
          * during the reduce-scatter, straight into place after. */
         if (kr < steps) {
-            size_t seg = recv_seg(pl, kr), len = seg_bytes(pl, seg);
+            size_t seg = recv_seg(pl, kr), len = w.want;
             size_t at = seg_at(pl, seg) * es;
             int rs = kr <= last_rs;
             size_t room = rs ? SCRATCH_BYTES - have : len - got;
@@ -804,7 +898,9 @@ static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
             if (room > len - got)
                 room = len - got;
             dst = rs ? r->scratch + have : at_ptr(io, at + got, room, &room);
-            ssize_t n = recv(r->from_left, dst, room, MSG_DONTWAIT);
+            n = recv_some(r, dst, room, &w, err, errlen);
+            if (n < 0)
+                return r->broken;
             if (n > 0) {
                 got += (size_t)n;
                 progress = 1;
@@ -828,62 +924,15 @@ static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
                         io->settled = upto;
                     }
                 }
-            } else if (n == 0) {
-                return fail(r, KOLO_ERR_RANK_LOST, err, errlen,
-                            "ring allreduce of %zu bytes: rank %d (%s) closed "
-                            "its connection (connection closed by peer) at "
-                            "step %d of %d, %zu of %zu bytes received",
-                            total, left, r->left, kr + 1, steps, got, len);
-            } else if (errno != EAGAIN && errno != EWOULDBLOCK &&
-                       errno != EINTR) {
-                int e = errno;
-                return fail(r, lost(e) ? KOLO_ERR_RANK_LOST : KOLO_ERR_BACKEND,
-                            err, errlen,
-                            "ring allreduce of %zu bytes: receiving from rank "
-                            "%d (%s) failed: %s",
-                            total, left, r->left, strerror(e));
             }
         }
-        if (progress)
-            continue;
 
         /* Neither could move: sleep until one can. */
-        {
-            struct pollfd p[2];
-            int np = 0, rc;
-            if (ks < steps && sent < ready_bytes(pl, ks, kr, done)) {
-                p[np].fd = r->to_right;
-                p[np++].events = POLLOUT;
-            }
-            if (kr < steps) {
-                p[np].fd = r->from_left;
-                p[np++].events = POLLIN;
-            }
-            atomic_store(&r->waiting, kr < steps ? left : right);
-            rc = poll(p, (nfds_t)np, wait_ms);
-            atomic_store(&r->waiting, -1);
-            if (rc < 0 && errno == EINTR)
-                continue;
-            if (rc < 0)
-                return fail(r, KOLO_ERR_BACKEND, err, errlen,
-                            "ring allreduce: poll: %s", strerror(errno));
-            if (rc == 0) {
-                if (kr < steps)
-                    return fail(r, KOLO_ERR_TIMEOUT, err, errlen,
-                                "ring allreduce of %zu bytes timed out after "
-                                "%.1f s: waiting for rank %d (%s) at step %d "
-                                "of %d, %zu of %zu bytes received",
-                                total, timeout_s, left, r->left, kr + 1, steps,
-                                got, seg_bytes(pl, recv_seg(pl, kr)));
-                return fail(r, KOLO_ERR_TIMEOUT, err, errlen,
-                            "ring allreduce of %zu bytes timed out after "
-                            "%.1f s: rank %d (%s) takes no more bytes, at "
-                            "step %d of %d",
-                            total, timeout_s, right, r->right, ks + 1, steps);
-            }
-        }
+        if (!progress && wait_io(r, sent < ready, kr < steps, timeout_s, &w,
+                                 err, errlen) != KOLO_OK)
+            return r->broken;
     }
-    return closed_after(r, "ring allreduce", total, err, errlen);
+    return closed_after(r, w.what, w.total, err, errlen);
 }
 
 static int check_broken(const kolo__ring_t *r, char *err, size_t errlen)
@@ -897,85 +946,25 @@ static int check_broken(const kolo__ring_t *r, char *err, size_t errlen)
 int kolo__ring_shift(kolo__ring_t *r, const void *out, void *in, size_t bytes,
                      double timeout_s, char *err, size_t errlen)
 {
-    const int left = (r->rank - 1 + r->size) % r->size;
-    const int right = (r->rank + 1) % r->size;
-    const int wait_ms = timeout_s > 0 && timeout_s < 2e6
-                            ? (int)(timeout_s * 1000.0) + 1
-                            : -1;
-    size_t sent = 0, got = 0;
+    where_t w = {"ring exchange", bytes, 1, 1, 0, bytes};
+    size_t sent = 0;
     int rc = check_broken(r, err, errlen);
 
-    if (rc != KOLO_OK)
-        return rc;
-    while (sent < bytes || got < bytes) {
-        int progress = 0;
-        if (sent < bytes) {
-            ssize_t w = send(r->to_right, (const uint8_t *)out + sent,
-                             bytes - sent, MSG_DONTWAIT | MSG_NOSIGNAL);
-            if (w > 0) {
-                sent += (size_t)w;
-                progress = 1;
-            } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
-                       errno != EINTR) {
-                int e = errno;
-                return fail(r, lost(e) ? KOLO_ERR_RANK_LOST : KOLO_ERR_BACKEND,
-                            err, errlen,
-                            "ring exchange of %zu bytes: sending to rank %d "
-                            "(%s) failed: %s (connection closed by peer?)",
-                            bytes, right, r->right, strerror(e));
-            }
-        }
-        if (got < bytes) {
-            ssize_t n = recv(r->from_left, (uint8_t *)in + got, bytes - got,
-                             MSG_DONTWAIT);
-            if (n > 0) {
-                got += (size_t)n;
-                progress = 1;
-            } else if (n == 0) {
-                return fail(r, KOLO_ERR_RANK_LOST, err, errlen,
-                            "ring exchange of %zu bytes: rank %d (%s) closed "
-                            "its connection (connection closed by peer), %zu "
-                            "bytes received",
-                            bytes, left, r->left, got);
-            } else if (errno != EAGAIN && errno != EWOULDBLOCK &&
-                       errno != EINTR) {
-                int e = errno;
-                return fail(r, lost(e) ? KOLO_ERR_RANK_LOST : KOLO_ERR_BACKEND,
-                            err, errlen,
-                            "ring exchange of %zu bytes: receiving from rank "
-                            "%d (%s) failed: %s",
-                            bytes, left, r->left, strerror(e));
-            }
-        }
-        if (progress)
-            continue;
-        struct pollfd p[2];
-        int np = 0;
-        if (sent < bytes) {
-            p[np].fd = r->to_right;
-            p[np++].events = POLLOUT;
-        }
-        if (got < bytes) {
-            p[np].fd = r->from_left;
-            p[np++].events = POLLIN;
-        }
-        atomic_store(&r->waiting, got < bytes ? left : right);
-        rc = poll(p, (nfds_t)np, wait_ms);
-        atomic_store(&r->waiting, -1);
-        if (rc < 0 && errno == EINTR)
-            continue;
-        if (rc < 0)
-            return fail(r, KOLO_ERR_BACKEND, err, errlen,
-                        "ring exchange: poll: %s", strerror(errno));
-        if (rc == 0)
-            return fail(r, KOLO_ERR_TIMEOUT, err, errlen,
-                        "ring exchange of %zu bytes timed out after %.1f s: "
-                        "waiting for rank %d (%s), %zu bytes received",
-                        bytes, timeout_s,
-                        got < bytes ? left : right,
-                        got < bytes ? r->left : r->right, got);
+    while (rc == KOLO_OK && (sent < bytes || w.got < bytes)) {
+        ssize_t s = 0, g = 0;
+        if (sent < bytes && (s = send_some(r, (const uint8_t *)out + sent,
+                                           bytes - sent, &w, err, errlen)) < 0)
+            return r->broken;
+        if (w.got < bytes && (g = recv_some(r, (uint8_t *)in + w.got,
+                                            bytes - w.got, &w, err, errlen)) < 0)
+            return r->broken;
+        sent += (size_t)s;
+        w.got += (size_t)g;
+        if (s == 0 && g == 0)
+            rc = wait_io(r, sent < bytes, w.got < bytes, timeout_s, &w, err,
+                         errlen);
     }
-    return closed_after(r, "ring exchange", bytes, err, errlen);
+    return rc != KOLO_OK ? rc : closed_after(r, w.what, bytes, err, errlen);
 }
 
 int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,

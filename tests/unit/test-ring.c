@@ -276,12 +276,18 @@ static void body_types(rank_t *me)
     free(f64);
 }
 
-START_TEST(other_types_and_repeated_calls)
+/* body at 2, 3 and 4 ranks, every rank passing. */
+static void at_every_rank_count(void (*body)(rank_t *), const char *what)
 {
     for (int n = 2; n <= MAX_RANKS; n++) {
         cur_n = n;
-        expect_ok(run_job(n, body_types, 10.0, 0), "bytes, u16 max, doubles");
+        expect_ok(run_job(n, body, 10.0, 0), what);
     }
+}
+
+START_TEST(other_types_and_repeated_calls)
+{
+    at_every_rank_count(body_types, "bytes, u16 max, doubles");
 }
 END_TEST
 
@@ -498,10 +504,7 @@ static void body_shift(rank_t *me)
 
 START_TEST(a_shift_brings_the_left_neighbours_bytes)
 {
-    for (int n = 2; n <= MAX_RANKS; n++) {
-        cur_n = n;
-        expect_ok(run_job(n, body_shift, 10.0, 0), "shift");
-    }
+    at_every_rank_count(body_shift, "shift");
 }
 END_TEST
 
