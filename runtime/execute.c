@@ -232,9 +232,14 @@ static int run_allreduce_stream(kolo__pset_t *ps, const size_t *idx, size_t n,
     int rc;
 
     st.esize = kolo_dtype_size(st.wire);
-    st.start = malloc((n + 1) * sizeof(size_t));
-    if (st.start == NULL)
-        return no_memory(ps, e0, (n + 1) * sizeof(size_t), err);
+    if (ps->exec.starts_cap < n + 1) { /* kept: no allocation per batch */
+        size_t *p = realloc(ps->exec.starts, (n + 1) * sizeof(size_t));
+        if (p == NULL)
+            return no_memory(ps, e0, (n + 1) * sizeof(size_t), err);
+        ps->exec.starts = p;
+        ps->exec.starts_cap = n + 1;
+    }
+    st.start = ps->exec.starts;
     st.start[0] = 0;
     for (size_t i = 0; i < n; i++)
         st.start[i + 1] = st.start[i] + (size_t)ps->ready[idx[i]]->params.count;
@@ -244,7 +249,6 @@ static int run_allreduce_stream(kolo__pset_t *ps, const size_t *idx, size_t n,
         kolo__reduce_get(st.wire, (kolo_op_t)e0->params.op), &s, detail,
         sizeof(detail));
     kolo__tl_batch(ps, idx, n, NULL);
-    free(st.start);
     if (rc != KOLO_OK)
         return backend_error(ps, rc, e0, n, detail, err);
     return KOLO_OK;

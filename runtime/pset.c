@@ -34,6 +34,7 @@ static void pset_free(kolo__pset_t *ps)
     kolo__negotiate_free(ps);
     kolo__queue_destroy(&ps->queue);
     free(ps->exec.fusion);
+    free(ps->exec.starts);
     free(ps->ranks);
     free(ps);
 }

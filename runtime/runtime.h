@@ -116,6 +116,8 @@ typedef struct kolo__pset {
     struct {
         uint8_t *fusion;       /* persistent fusion buffer */
         size_t fusion_cap;
+        size_t *starts;        /* a streamed batch's tensor offsets */
+        size_t starts_cap;
         void *dev_ctx;         /* the device backend's context (ops.h),
                                   created by the first CUDA batch */
     } exec;
