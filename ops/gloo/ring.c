@@ -51,6 +51,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -810,28 +812,47 @@ static int wait_io(kolo__ring_t *r, int want_send, int want_recv,
                       r->right, " takes no more bytes");
 }
 
-/* After an operation's last byte: a neighbour whose connection has
- * closed (its bytes of this operation came before its close) failed or
- * abandoned the operation, so it must not succeed here either. Nothing is
- * ever sent towards this rank on to_right, and from_left holds at most the
- * next operation's bytes. */
+/* After an operation's last byte: did the neighbours finish it too? A
+ * neighbour that closed its connection is not a failure by itself: it may
+ * have finished and left (its last bytes, then end of file). But the right
+ * neighbour must have read every byte this rank sent it: where it closed
+ * before they came (it gave up on the operation, or died in it), its
+ * kernel answers them with a reset, and the operation must not succeed
+ * here either. So once the right neighbour's socket shows its close, this
+ * waits (sleeping, bounded by the timeout) until every byte sent is
+ * acknowledged, or the reset comes. An error on either socket fails. */
 static int closed_after(kolo__ring_t *r, const char *what, size_t bytes,
-                        char *err, size_t errlen)
+                        double timeout_s, char *err, size_t errlen)
 {
     const int fds[2] = {r->from_left, r->to_right};
     const int ranks[2] = {(r->rank - 1 + r->size) % r->size,
                           (r->rank + 1) % r->size};
     const char *addrs[2] = {r->left, r->right};
+    const double deadline = now_s() + (timeout_s > 0 ? timeout_s : 60.0);
     for (int i = 0; i < 2; i++) {
-        char c;
-        ssize_t n = recv(fds[i], &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
-                       errno != EINTR))
-            return fail(r, KOLO_ERR_RANK_LOST, err, errlen,
-                        "%s of %zu bytes: rank %d (%s) closed its connection "
-                        "(connection closed by peer) as the operation ended: "
-                        "it failed or left it",
-                        what, bytes, ranks[i], addrs[i]);
+        for (;;) {
+            char c;
+            int unacked = 0;
+            ssize_t n = recv(fds[i], &c, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK &&
+                errno != EINTR)
+                return fail(r, KOLO_ERR_RANK_LOST, err, errlen,
+                            "%s of %zu bytes: rank %d (%s) closed its "
+                            "connection (connection closed by peer) without "
+                            "finishing the operation (%s)",
+                            what, bytes, ranks[i], addrs[i], strerror(errno));
+            if (n != 0 || i == 0 || ioctl(fds[i], SIOCOUTQ, &unacked) != 0 ||
+                unacked == 0)
+                break; /* open, or closed with every byte read */
+            if (now_s() >= deadline)
+                return fail(r, KOLO_ERR_RANK_LOST, err, errlen,
+                            "%s of %zu bytes: rank %d (%s) closed its "
+                            "connection (connection closed by peer) with %d "
+                            "of this rank's bytes unacknowledged",
+                            what, bytes, ranks[i], addrs[i], unacked);
+            struct timespec pause = {0, 100 * 1000};
+            nanosleep(&pause, NULL);
+        }
     }
     return KOLO_OK;
 }
@@ -932,7 +953,7 @@ static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
                                  err, errlen) != KOLO_OK)
             return r->broken;
     }
-    return closed_after(r, w.what, w.total, err, errlen);
+    return closed_after(r, w.what, w.total, timeout_s, err, errlen);
 }
 
 static int check_broken(const kolo__ring_t *r, char *err, size_t errlen)
@@ -964,7 +985,8 @@ int kolo__ring_shift(kolo__ring_t *r, const void *out, void *in, size_t bytes,
             rc = wait_io(r, sent < bytes, w.got < bytes, timeout_s, &w, err,
                          errlen);
     }
-    return rc != KOLO_OK ? rc : closed_after(r, w.what, bytes, err, errlen);
+    return rc != KOLO_OK ? rc
+                         : closed_after(r, w.what, bytes, timeout_s, err, errlen);
 }
 
 int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,

@@ -582,6 +582,33 @@ START_TEST(an_exchange_a_rank_abandoned_fails_everywhere)
 }
 END_TEST
 
+/* Rank 1 finishes an exchange and leaves at once (a rank that exits
+ * after its last step): rank 0, which may find rank 1's bytes and its
+ * close together, must still succeed. */
+static void body_finishes_and_leaves(rank_t *me)
+{
+    uint8_t out[20000], in[20000];
+    memset(out, me->rank + 1, sizeof(out));
+    me->rc = kolo__ring_shift(me->ring, out, in, sizeof(out), 10.0, me->err,
+                              sizeof(me->err));
+    if (me->rc == 0 && in[0] != (uint8_t)(2 - me->rank)) {
+        snprintf(me->err, sizeof(me->err), "got %u", in[0]);
+        me->rc = -1000;
+    }
+    if (me->rank == 1) {
+        kolo__ring_close(me->ring);
+        me->ring = NULL;
+    }
+}
+
+START_TEST(a_neighbour_that_finished_and_left_is_no_failure)
+{
+    for (int i = 0; i < 20; i++)
+        expect_ok(run_job(2, body_finishes_and_leaves, 10.0, 0),
+                  "exchange, then rank 1 leaves");
+}
+END_TEST
+
 /* Rank 2 of 3 never comes to the allreduce: rank 0, its right neighbour,
  * times out waiting for it and says so. */
 static void body_absent(rank_t *me)
@@ -636,6 +663,7 @@ int main(void)
         a_rank_that_leaves_is_named,
         a_rank_that_never_comes_is_named,
         an_exchange_a_rank_abandoned_fails_everywhere,
+        a_neighbour_that_finished_and_left_is_no_failure,
         connect_names_a_rank_that_never_connects,
     };
     return kolo_unit_run(kolo_unit_suite("ring", 120, tests,
