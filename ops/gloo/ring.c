@@ -964,29 +964,64 @@ static int check_broken(const kolo__ring_t *r, char *err, size_t errlen)
     return r->broken;
 }
 
+/* One step of a shift or an allgather: `bytes` from out to the right
+ * neighbour while as many come from the left one into in. */
+static int shift_step(kolo__ring_t *r, const void *out, void *in, size_t bytes,
+                      where_t *w, double timeout_s, char *err, size_t errlen)
+{
+    size_t sent = 0;
+    int rc = KOLO_OK;
+
+    w->got = 0;
+    w->want = bytes;
+    while (rc == KOLO_OK && (sent < bytes || w->got < bytes)) {
+        ssize_t s = 0, g = 0;
+        if (sent < bytes && (s = send_some(r, (const uint8_t *)out + sent,
+                                           bytes - sent, w, err, errlen)) < 0)
+            return r->broken;
+        if (w->got < bytes && (g = recv_some(r, (uint8_t *)in + w->got,
+                                             bytes - w->got, w, err, errlen)) < 0)
+            return r->broken;
+        sent += (size_t)s;
+        w->got += (size_t)g;
+        if (s == 0 && g == 0)
+            rc = wait_io(r, sent < bytes, w->got < bytes, timeout_s, w, err,
+                         errlen);
+    }
+    return rc;
+}
+
 int kolo__ring_shift(kolo__ring_t *r, const void *out, void *in, size_t bytes,
                      double timeout_s, char *err, size_t errlen)
 {
     where_t w = {"ring exchange", bytes, 1, 1, 0, bytes};
-    size_t sent = 0;
     int rc = check_broken(r, err, errlen);
 
-    while (rc == KOLO_OK && (sent < bytes || w.got < bytes)) {
-        ssize_t s = 0, g = 0;
-        if (sent < bytes && (s = send_some(r, (const uint8_t *)out + sent,
-                                           bytes - sent, &w, err, errlen)) < 0)
-            return r->broken;
-        if (w.got < bytes && (g = recv_some(r, (uint8_t *)in + w.got,
-                                            bytes - w.got, &w, err, errlen)) < 0)
-            return r->broken;
-        sent += (size_t)s;
-        w.got += (size_t)g;
-        if (s == 0 && g == 0)
-            rc = wait_io(r, sent < bytes, w.got < bytes, timeout_s, &w, err,
-                         errlen);
-    }
+    if (rc == KOLO_OK)
+        rc = shift_step(r, out, in, bytes, &w, timeout_s, err, errlen);
     return rc != KOLO_OK ? rc
                          : closed_after(r, w.what, bytes, timeout_s, err, errlen);
+}
+
+int kolo__ring_allgather(kolo__ring_t *r, const void *mine, uint8_t *slots,
+                         size_t bytes, double timeout_s, char *err,
+                         size_t errlen)
+{
+    const int n = r->size;
+    where_t w = {"ring allgather", bytes * (size_t)n, 0, n - 1, 0, bytes};
+    int rc = check_broken(r, err, errlen);
+
+    /* Step k sends the block that came in step k - 1 (this rank's own at
+     * step 0) and receives the one from k + 1 ranks to the left. */
+    for (int k = 0; rc == KOLO_OK && k < n - 1; k++) {
+        const int from = (r->rank - k + n) % n, to = (r->rank - k - 1 + n) % n;
+        w.step = k + 1;
+        rc = shift_step(r, k == 0 ? mine : slots + (size_t)from * bytes,
+                        slots + (size_t)to * bytes, bytes, &w, timeout_s, err,
+                        errlen);
+    }
+    return rc != KOLO_OK ? rc
+                         : closed_after(r, w.what, w.total, timeout_s, err, errlen);
 }
 
 int kolo__ring_allreduce(kolo__ring_t *r, const void *in, void *out,

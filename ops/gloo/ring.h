@@ -82,6 +82,15 @@ int kolo__ring_allreduce_stream(kolo__ring_t *ring, size_t count,
 int kolo__ring_shift(kolo__ring_t *ring, const void *out, void *in,
                      size_t bytes, double timeout_s, char *err, size_t errlen);
 
+/* An allgather around the ring in size - 1 steps: `bytes` at mine go to
+ * every other rank, and rank r's arrive at slots + r * bytes (this rank's
+ * slot is left as it is). Each step is one message per link, sent and
+ * received by this thread: for a few ranks, the Gloo backend's one-step
+ * exchange of small buffers takes it in place of Gloo's pairs. */
+int kolo__ring_allgather(kolo__ring_t *ring, const void *mine, uint8_t *slots,
+                         size_t bytes, double timeout_s, char *err,
+                         size_t errlen);
+
 /* The context rank this ring is waiting for right now, or -1 (read by the
  * stall watchdog from another thread). */
 int kolo__ring_waiting_for(const kolo__ring_t *ring);

@@ -508,6 +508,48 @@ START_TEST(a_shift_brings_the_left_neighbours_bytes)
 }
 END_TEST
 
+static uint8_t gathered_byte(int rank, size_t i, size_t k)
+{
+    return (uint8_t)(i * 13 + (size_t)rank * 57 + k * 3 + 1);
+}
+
+static void body_allgather(rank_t *me)
+{
+    static const size_t sizes[] = {1, 8, 4099, 1 << 20};
+    const int n = cur_n;
+    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]) && me->rc == 0; k++) {
+        size_t bytes = sizes[k];
+        uint8_t *mine = malloc(bytes), *slots = malloc(bytes * (size_t)n);
+        ck_assert(mine != NULL && slots != NULL);
+        for (size_t i = 0; i < bytes; i++)
+            mine[i] = gathered_byte(me->rank, i, k);
+        memset(slots, 0xee, bytes * (size_t)n);
+        me->rc = kolo__ring_allgather(me->ring, mine, slots, bytes, 10.0,
+                                      me->err, sizeof(me->err));
+        for (int r = 0; r < n && me->rc == 0; r++)
+            for (size_t i = 0; i < bytes; i++) {
+                /* this rank's own slot stays as it was */
+                uint8_t want = r == me->rank ? 0xee : gathered_byte(r, i, k);
+                uint8_t got = slots[(size_t)r * bytes + i];
+                if (got != want) {
+                    snprintf(me->err, sizeof(me->err),
+                             "allgather of %zu bytes on %d ranks: slot %d byte "
+                             "%zu is %u, not %u", bytes, n, r, i, got, want);
+                    me->rc = -1000;
+                    break;
+                }
+            }
+        free(mine);
+        free(slots);
+    }
+}
+
+START_TEST(an_allgather_brings_every_ranks_bytes)
+{
+    at_every_rank_count(body_allgather, "allgather");
+}
+END_TEST
+
 /* ---- what a user can cause ------------------------------------------------ */
 
 START_TEST(a_stranger_is_dropped_with_a_warning)
@@ -659,6 +701,7 @@ int main(void)
         every_rank_gets_the_same_bits,
         streams_a_batch_of_tensors,
         a_shift_brings_the_left_neighbours_bytes,
+        an_allgather_brings_every_ranks_bytes,
         a_stranger_is_dropped_with_a_warning,
         a_rank_that_leaves_is_named,
         a_rank_that_never_comes_is_named,
