@@ -593,10 +593,62 @@ def allreduce_async(tensor, average=None, name=None, op=None,
                             postscale_factor, process_set)
 
 
+# allreduce_async_ with every option at its default but the op, a named
+# CPU tensor and kolo._fastpath built: the fast path above with less still
+# (no call, no options tuple, the handle registered here): about 0.3 us less
+# per call, a tenth of what a small allreduce costs. (op, shape, dtype) ->
+# (kolo dtype, address of the kolo_opts_t, what keeps it alive)
+_default_opts = {}
+_pending = _core._pending
+_next_handle = _core._next_handle
+
+
 def allreduce_async_(tensor, average=None, name=None, op=None,
                      prescale_factor=1.0, postscale_factor=1.0,
                      process_set=global_process_set):
     """Starts an in-place allreduce; synchronize(handle) returns `tensor`."""
+    if (average is None and process_set is _GLOBAL and _fast is not None and
+            type(name) is str and type(tensor) is torch.Tensor and
+            type(prescale_factor) in _SCALARS and prescale_factor == 1 and
+            type(postscale_factor) in _SCALARS and postscale_factor == 1):
+        if op is None:
+            op = Average
+        shape = tensor.shape
+        dtype = tensor.dtype
+        okey = (op, shape, dtype)
+        cached = _default_opts.get(okey)
+        if (cached is None and type(op) is int and op in _FAST_OPS and
+                dtype in _DTYPES and len(shape) <= _lib.MAX_DIMS):
+            opts, keep = _core.make_opts(op, 1.0, 1.0, process_set, None, 1,
+                                         False, shape or None, _HOST)
+            cached = (_DTYPES[dtype], ctypes.addressof(opts), opts, keep)
+            if len(_default_opts) >= _FAST_OPTS_MAX:
+                _default_opts.clear()
+            _default_opts[okey] = cached
+        if (cached is not None and tensor.is_cpu and
+                tensor.layout is _STRIDED and tensor.is_contiguous()):
+            named = _fast_names.get(name)
+            if named is None:
+                k = "allreduce." + name
+                named = (k, k.encode("utf-8"))
+                if len(_fast_names) >= _FAST_NAMES_MAX:
+                    _fast_names.clear()
+                _fast_names[name] = named
+            op_ = _InPlace()
+            op_.key = named[0]
+            op_.tensor = tensor
+            alias = op_.alias = tensor.data
+            address = op_.address = alias.data_ptr()
+            op_.spec = (shape, dtype, _CPU)
+            h = _fast.allreduce(named[1], address, alias.numel(), cached[0],
+                                cached[1])
+            if h < 0:
+                op_.alias = None
+                raise _core.refused(h, "allreduce of '%s'" % named[0])
+            op_.handles = (h,)
+            h = next(_next_handle)
+            _pending[h] = op_
+            return h
     if average is None:
         if op is None:
             op = Average
