@@ -685,6 +685,13 @@ _wait = _lib.fast.wait if _lib.fast is not None else lib.kolo_wait
 _OK = _lib.OK
 
 
+def wait_failed(rc):
+    """The exception for a kolo_wait that returned rc (not OK)."""
+    if rc == _lib.ERR_NOT_INITIALIZED:
+        return KoloValueError(_NOT_INITIALIZED, rc)
+    return KoloError(_lib.last_error() or _lib.strerror(rc), rc)
+
+
 def synchronize(handle):
     """Waits for the operation and returns its output (see the enqueuing
     function). Raises KoloError with the runtime's message if it failed."""
@@ -698,9 +705,7 @@ def synchronize(handle):
         try:
             rc = _wait(handles[0])
             if rc != _OK:
-                if rc == _lib.ERR_NOT_INITIALIZED:
-                    raise KoloValueError(_NOT_INITIALIZED, rc)
-                raise KoloError(_lib.last_error() or _lib.strerror(rc), rc)
+                raise wait_failed(rc)
             return p.finish([None]) if p.finish is not None else None
         finally:
             p.keep = None

@@ -1315,8 +1315,24 @@ def synchronize(handle):
     and returns its output. A failed operation raises HorovodInternalError
     (kolo.KoloError, a RuntimeError) with the runtime's message. The handle
     of sparse_allreduce_async is called: its result is returned."""
-    if type(handle) is not int and (
-            getattr(handle, "_kolo_sparse", None) is not None):
+    if type(handle) is int:
+        p = _pending.get(handle)
+        if type(p) is _InPlace and _fast is not None:
+            # an in-place allreduce of a host tensor: _core.synchronize
+            # with less work (one kolo handle, no result, nothing to free)
+            del _pending[handle]
+            try:
+                rc = _fast.wait(p.handles[0])
+                if rc != _OK:
+                    raise _core.wait_failed(rc)
+                t = p.tensor
+                if p.alias.data_ptr() != p.address or (
+                        t.data_ptr() != p.address):
+                    return p.finish(None)
+                return t
+            finally:
+                p.alias = None
+    elif getattr(handle, "_kolo_sparse", None) is not None:
         return handle()
     return _core.synchronize(handle)
 
