@@ -809,9 +809,10 @@ bool exchange_pays(const GlooCtx *g, size_t count, size_t elem_size)
            count * elem_size <= kExchangeMaxBytes / (size_t)(g->size - 1);
 }
 
-/* The one step of an exchange: this rank's `bytes` at mine go to every
- * other rank, and rank r's arrive at slots + r * bytes (this rank's slot
- * is left as it is). */
+/* The exchange: this rank's `bytes` at mine go to every other rank, and
+ * rank r's arrive at slots + r * bytes (this rank's slot is left as it
+ * is): around kolo's ring up to kRingExchangeMaxRanks, else in one step
+ * through Gloo's pairs. */
 void exchange_bytes(GlooCtx *g, const void *mine, uint8_t *slots, size_t bytes)
 {
     const int n = g->size, me = g->rank;
