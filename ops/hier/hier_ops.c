@@ -34,8 +34,6 @@ typedef struct hier_ctx {
     int me_local;    /* this rank's index among its host's */
     size_t *counts;  /* [nlocal]: elements of each local rank's share */
     size_t *bytes;   /* [nlocal] */
-    uint8_t *shard;  /* this rank's share */
-    size_t shard_cap;
 } hier_ctx_t;
 
 static void hier_finalize(void *ctx)
@@ -52,7 +50,6 @@ static void hier_finalize(void *ctx)
         h->shm->finalize(h->local);
     free(h->counts);
     free(h->bytes);
-    free(h->shard);
     free(h);
 }
 
@@ -160,6 +157,7 @@ static int hier_allreduce(void *ctx, const void *in, void *out, size_t count,
     hier_ctx_t *h = ctx;
     size_t share = (count + (size_t)h->nlocal - 1) / (size_t)h->nlocal;
     size_t left = count, mine;
+    uint8_t *shard;
     int rc;
 
     for (int j = 0; j < h->nlocal; j++) {
@@ -167,29 +165,25 @@ static int hier_allreduce(void *ctx, const void *in, void *out, size_t count,
         h->bytes[j] = h->counts[j] * esize;
         left -= h->counts[j];
     }
-    if (share * esize > h->shard_cap) {
-        uint8_t *p = realloc(h->shard, share * esize);
-        if (p == NULL) {
-            snprintf(err, errlen, "out of memory (%zu bytes) for a "
-                     "hierarchical allreduce", share * esize);
-            return KOLO_ERR_NO_MEMORY;
-        }
-        h->shard = p;
-        h->shard_cap = share * esize;
-    }
-    /* The shared-memory reduce-scatter only reads its input. */
+    /* This rank's share of the result is built where it ends up, in out:
+     * the reduce-scatter reduces it there (reading this rank's own block
+     * of the input where it lies, ops/shm), the ring allreduces it in
+     * place across hosts, and the allgather leaves it there, copying only
+     * the other ranks' shares. The shared-memory reduce-scatter only reads
+     * its input. */
+    shard = (uint8_t *)out + (size_t)h->me_local * share * esize;
     rc = h->shm->reduce_scatter(h->local, (void *)(in != NULL ? in : out),
-                                h->shard, h->counts, esize, reduce, err, errlen);
+                                shard, h->counts, esize, reduce, err, errlen);
     if (rc != KOLO_OK)
         return rc;
     mine = h->counts[h->me_local];
     if (h->nhosts > 1 && mine > 0) {
-        rc = h->net->allreduce(h->cross, NULL, h->shard, mine, esize, reduce,
+        rc = h->net->allreduce(h->cross, NULL, shard, mine, esize, reduce,
                                err, errlen);
         if (rc != KOLO_OK)
             return rc;
     }
-    return h->shm->allgatherv(h->local, h->shard, out, h->bytes, err, errlen);
+    return h->shm->allgatherv(h->local, shard, out, h->bytes, err, errlen);
 }
 
 static int hier_allgather(void *ctx, const void *in, void *out, size_t bytes,

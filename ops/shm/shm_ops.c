@@ -866,7 +866,8 @@ static int gather_common(shm_ctx_t *c, const void *in, void *out,
             continue;
         for (int j = 0; j < c->n; j++) {
             size_t b = bytes != NULL ? bytes[j] : same;
-            if (off < b)
+            /* (this rank's block already in its place: nothing to copy) */
+            if (off < b && !(j == c->me && (uint8_t *)out + pos == in))
                 memcpy((uint8_t *)out + pos + off, slot_of(c, s, j),
                        b - off < c->slot ? b - off : c->slot);
             pos += b;
@@ -985,10 +986,21 @@ static int shm_reduce_scatter(void *ctx, void *work, void *out,
         offs[j] = j == 0 ? 0 : offs[j - 1] + counts[j - 1];
         most = counts[j] > most ? counts[j] : most;
     }
+    /* This rank's own block is read where it lies, not copied into its
+     * slot (no other rank reads it), unless out overlaps it and this rank
+     * comes third or later: the first reduction, of ranks 0 and 1, would
+     * then overwrite it before its turn. */
+    const uint8_t *own = (const uint8_t *)work + offs[c->me] * esize;
+    const size_t own_bytes = counts[c->me] * esize;
+    const int own_in_slot =
+        c->me >= 2 && (const uint8_t *)out < own + own_bytes &&
+        own < (const uint8_t *)out + own_bytes;
     for (size_t done = 0; done < most || (most == 0 && done == 0); done += part) {
         uint32_t s = c->step + 1;
         size_t pslot = part * esize, m;
         for (int j = 0; j < c->n; j++) {
+            if (j == c->me && !own_in_slot)
+                continue;
             m = counts[j] > done ? counts[j] - done : 0;
             m = m < part ? m : part;
             memcpy(slot_of(c, s, c->me) + (size_t)j * pslot,
@@ -1001,12 +1013,15 @@ static int shm_reduce_scatter(void *ctx, void *work, void *out,
         if (m > 0) {
             uint8_t *dst = (uint8_t *)out + done * esize;
             size_t at = (size_t)c->me * pslot;
+#define SRC(j) ((j) == c->me && !own_in_slot ? own + done * esize \
+                                             : slot_of(c, s, (j)) + at)
             if (c->n == 1)
-                memcpy(dst, slot_of(c, s, 0) + at, m * esize);
+                memmove(dst, SRC(0), m * esize);
             else
-                reduce(dst, slot_of(c, s, 0) + at, slot_of(c, s, 1) + at, m);
+                reduce(dst, SRC(0), SRC(1), m);
             for (int j = 2; j < c->n; j++)
-                reduce(dst, dst, slot_of(c, s, j) + at, m);
+                reduce(dst, dst, SRC(j), m);
+#undef SRC
         }
         if (most == 0)
             break;

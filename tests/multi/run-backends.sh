@@ -7,11 +7,12 @@
 #   - Gloo negotiating and shared memory moving tensors,
 #   - shared memory with 4 KiB slots, so every collective takes many steps
 #     and every piece boundary is crossed;
-#   - two and three "hosts" of two ranks (tests/multi/fake-hosts.sh sets
-#     the placement), where allreduce is hierarchical (ops/hier): shared
-#     memory within a host, Gloo across; and the same with it switched off.
+#   - two and three "hosts" of two ranks, and two of three
+#     (tests/multi/fake-hosts.sh sets the placement), where allreduce is
+#     hierarchical (ops/hier): shared memory within a host, Gloo across;
+#     and the same with it switched off.
 # (At 6 ranks the int8 product matrix overflows the test's own reference,
-# so the 3-host runs leave allreduce-matrix out.)
+# so the 6-rank runs leave allreduce-matrix out.)
 # Prints each suite's lines, then the total "N passed, N failed".
 set -u
 here=$(dirname "$0")
@@ -58,6 +59,11 @@ suite "2 hosts x 2 ranks, hierarchical" run-collectives.sh KOLO_TEST_NP=4 "$fake
 suite "2 hosts x 2 ranks, hierarchical" run-multirank.sh KOLO_TEST_NP=4 "$fake"
 suite "2 hosts x 2 ranks, flat" run-collectives.sh KOLO_TEST_NP=4 "$fake" \
     KOLO_HIERARCHICAL_ALLREDUCE=0 KOLO_TEST_MODES="allreduce-matrix grouped"
+# Three ranks a host: the third reduces its share of an in-place allreduce
+# after the first two have written over it (ops/shm keeps a copy then).
+suite "2 hosts x 3 ranks, hierarchical" run-collectives.sh KOLO_TEST_NP=6 \
+    "$fake" KOLO_TEST_HOSTS=2 KOLO_TEST_MODES="allreduce-sizes compression
+grouped reducescatter"
 suite "3 hosts x 2 ranks, hierarchical" run-collectives.sh KOLO_TEST_NP=6 \
     "$fake" KOLO_TEST_HOSTS=3 KOLO_TEST_MODES="compression broadcast
 allgather alltoall reducescatter grouped join process-sets"
