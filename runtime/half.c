@@ -102,6 +102,32 @@ f32_to_f16_f16c(const float *in, uint16_t *out, size_t n)
     }
 }
 
+/* out = round16(widen(a) + widen(b)), eight at a time: the same
+ * operations as widening both blocks, adding in float32 and narrowing
+ * (reduce.c's block path), in one pass. out may be a and/or b (each vector
+ * is loaded before it is stored). */
+__attribute__((target("avx,f16c"))) static void
+f16_add_f16c(uint16_t *out, const uint16_t *a, const uint16_t *b, size_t n)
+{
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i *)(const void *)(a + i)));
+        __m256 y = _mm256_cvtph_ps(
+            _mm_loadu_si128((const __m128i *)(const void *)(b + i)));
+        _mm_storeu_si128((__m128i *)(void *)(out + i),
+                         _mm256_cvtps_ph(_mm256_add_ps(x, y),
+                                         _MM_FROUND_TO_NEAREST_INT));
+    }
+    if (i < n) {
+        uint16_t ha[8] = {0}, hb[8] = {0}, ho[8];
+        memcpy(ha, a + i, (n - i) * sizeof *ha);
+        memcpy(hb, b + i, (n - i) * sizeof *hb);
+        f16_add_f16c(ho, ha, hb, 8);
+        memcpy(out + i, ho, (n - i) * sizeof *ho);
+    }
+}
+
 __attribute__((target("avx2"))) static void
 bf16_to_f32_avx2(const uint16_t *in, float *out, size_t n)
 {
@@ -236,6 +262,19 @@ void kolo__f32_to_f16(const float *in, uint16_t *out, size_t n)
     }
 #endif
     f32_to_f16_scalar(in, out, n);
+}
+
+int kolo__f16_add(uint16_t *out, const uint16_t *a, const uint16_t *b,
+                  size_t n)
+{
+#if KOLO_HALF_X86
+    if (kolo__half_simd() & KOLO__HALF_SIMD_F16C) {
+        f16_add_f16c(out, a, b, n);
+        return 1;
+    }
+#endif
+    (void)out, (void)a, (void)b, (void)n;
+    return 0;
 }
 
 void kolo__bf16_to_f32(const uint16_t *in, float *out, size_t n)

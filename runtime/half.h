@@ -149,6 +149,12 @@ void kolo__f32_to_f16(const float *in, uint16_t *out, size_t n);
 void kolo__bf16_to_f32(const uint16_t *in, float *out, size_t n);
 void kolo__f32_to_bf16(const float *in, uint16_t *out, size_t n);
 
+/* out = round16(widen(a) + widen(b)) in one pass where this CPU has F16C
+ * (out may be a and/or b): returns 1; returns 0, doing nothing, where the
+ * caller must widen, add and narrow itself (same bits either way). */
+int kolo__f16_add(uint16_t *out, const uint16_t *a, const uint16_t *b,
+                  size_t n);
+
 /* on != 0: every later array conversion (in any thread) uses the portable
  * scalar code, even on a CPU with F16C/AVX2; on == 0: back to the run-time
  * choice. For tests and benchmarks. */

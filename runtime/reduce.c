@@ -178,8 +178,20 @@ static void half_binary(uint16_t *out, const uint16_t *a, const uint16_t *b,
     DEFINE_HALF_KERNEL(min_##S, WIDEN, NARROW, min_f32)                       \
     DEFINE_HALF_KERNEL(max_##S, WIDEN, NARROW, max_f32)
 
-DEFINE_HALF_KERNELS4(f16, kolo__f16_to_f32, kolo__f32_to_f16)
+DEFINE_HALF_KERNEL(prod_f16, kolo__f16_to_f32, kolo__f32_to_f16, prod_f32)
+DEFINE_HALF_KERNEL(min_f16, kolo__f16_to_f32, kolo__f32_to_f16, min_f32)
+DEFINE_HALF_KERNEL(max_f16, kolo__f16_to_f32, kolo__f32_to_f16, max_f32)
 DEFINE_HALF_KERNELS4(bf16, kolo__bf16_to_f32, kolo__f32_to_bf16)
+
+/* A float16 sum, the reduction of compressed gradients: one fused pass
+ * where the CPU has F16C, the block path otherwise (the same bits). */
+static void sum_f16(void *out, const void *a, const void *b, size_t n)
+{
+    if (!kolo__f16_add((uint16_t *)out, (const uint16_t *)a,
+                       (const uint16_t *)b, n))
+        half_binary((uint16_t *)out, (const uint16_t *)a, (const uint16_t *)b,
+                    n, kolo__f16_to_f32, kolo__f32_to_f16, sum_f32_into);
+}
 
 /* ---- lookup ------------------------------------------------------------- */
 
