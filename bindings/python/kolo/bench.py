@@ -208,7 +208,12 @@ def main(argv=None):
         ts = [torch.zeros(1) for _ in range(n)]
         cs = [torch.zeros(1) for _ in range(n)]
         tnames = ["bench.small.%d" % i for i in range(n)]
-        cnames = ["allreduce.bench.csmall.%d" % i for i in range(n)]
+        # the names kolo.torch gives the runtime: the sides take turns, so
+        # they share the response cache as one training loop's steps do (two
+        # sets of n names would each evict the other from a cache of
+        # KOLO_CACHE_CAPACITY = 1024 entries, and every operation would
+        # be negotiated in full on both sides)
+        cnames = ["allreduce." + nm for nm in tnames]
         keep, calls = capi.prepare(cnames, cs, _lib.OP_SUM)
         cptrs = [t.data_ptr() for t in cs]
 
