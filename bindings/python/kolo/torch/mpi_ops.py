@@ -506,6 +506,17 @@ class _InPlace:
         self.alias = None
 
 
+def _fast_name(name):
+    """The runtime name of an allreduce named `name` and its encoding, made
+    and remembered (_fast_names holds those already made)."""
+    k = "allreduce." + name
+    named = (k, k.encode("utf-8"))
+    if len(_fast_names) >= _FAST_NAMES_MAX:
+        _fast_names.clear()
+    _fast_names[name] = named
+    return named
+
+
 def _allreduce_inplace_fast(tensor, name, op, prescale, postscale,
                             process_set, wire, passes, average_passes, key):
     """Enqueues an in-place allreduce of a contiguous CPU tensor and
@@ -544,11 +555,7 @@ def _allreduce_inplace_fast(tensor, name, op, prescale, postscale,
         if type(name) is str:
             named = _fast_names.get(name)
             if named is None:
-                k = "allreduce." + name
-                named = (k, k.encode("utf-8"))
-                if len(_fast_names) >= _FAST_NAMES_MAX:
-                    _fast_names.clear()
-                _fast_names[name] = named
+                named = _fast_name(name)
             key, bkey = named
         else:
             key = _core.op_key("allreduce", name, process_set)
@@ -629,11 +636,7 @@ def allreduce_async_(tensor, average=None, name=None, op=None,
                 tensor.layout is _STRIDED and tensor.is_contiguous()):
             named = _fast_names.get(name)
             if named is None:
-                k = "allreduce." + name
-                named = (k, k.encode("utf-8"))
-                if len(_fast_names) >= _FAST_NAMES_MAX:
-                    _fast_names.clear()
-                _fast_names[name] = named
+                named = _fast_name(name)
             op_ = _InPlace()
             op_.key = named[0]
             op_.tensor = tensor
