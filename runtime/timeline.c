@@ -11,18 +11,30 @@
  * "dropped_events" counter.
  *
  * Writing. One writer thread per runtime drains the ring every 100 ms (or
- * sooner when it fills up), formats the events as JSON and writes them in
- * one pwrite() at the end of the file. The file is a JSON array that is
- * closed after every write: each write starts where the previous closing
- * "]" was and ends with a new one. A write to a regular file is not
- * interrupted by a signal, so even a job killed with SIGKILL leaves a file
- * that Perfetto, chrome://tracing or a JSON parser load whole.
+ * sooner when it fills up) and formats the events as JSON. The file is a
+ * JSON array that is valid at every moment, also when the process is
+ * killed with SIGKILL in the middle of a write. That takes care: Linux
+ * stops a write to a regular file between pages when the process gets a
+ * fatal signal, so a write that spans pages can be cut short (a killed
+ * job once left a file ending inside a string). Only a write within one
+ * page is all or nothing. So the file is laid out as
+ *     [ header ,event ,event ... <spaces> \n]\n
+ * with room (spaces) reserved before the closing bracket, and every write
+ * puts whole events, each starting with its comma, into the spaces, never
+ * across a page boundary (an event that does not fit in the rest of a
+ * page goes to the next one; the spaces it skips stay). Each write leaves
+ * the array whole: events, whitespace, the bracket. When the room runs
+ * out, or an event is larger than a page, the writer writes a new file
+ * beside it (the events so far, the new ones, twice the room) and renames
+ * it over the old one, which is atomic: the file is the old one or the
+ * new one, whole. Stopping the timeline renames a copy without the room
+ * over it the same way.
  *
- * A failed write. When a write fails (a full disk), the writer cuts the
- * file back to where that write began and puts the closing "]" back: the
- * file is what the last complete write left, valid JSON. The timeline then
- * stops: a warning says once that events are dropped from now on, and
- * kolo_stop_timeline returns the error.
+ * A failed write. When a write fails (a full disk: the new file does not
+ * fit), the file is what the last complete write left, valid JSON (the
+ * new file is removed). The timeline then stops: a warning says once that
+ * events are dropped from now on, and kolo_stop_timeline returns the
+ * error.
  *
  * Lanes. Like Horovod's timeline, every tensor is a "process" of its own
  * (a pid, named by a process_name metadata event the first time the tensor
@@ -38,6 +50,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +87,8 @@ struct kolo__timeline {
 
     /* Writer thread only (and start/stop, with the writer idle). */
     int fd;
-    off_t end; /* where the closing "]" starts */
+    off_t pos; /* where the next event goes: spaces from here */
+    off_t room_end; /* where the closing "\n]\n" starts (the file's end - 3) */
     int first; /* no event written yet after the header */
     char *path;
     kolo__map_t pids; /* tensor name -> pid */
@@ -166,10 +180,19 @@ void kolo__tl_cycle(kolo__timeline_t *tl)
 
 /* ---- writing ---------------------------------------------------------------- */
 
+/* Formatted events; cuts[i] is where event i starts (its comma), so that
+ * the writer puts whole events into the file. */
 typedef struct text {
     char *buf;
     size_t len, cap;
+    size_t *cuts, ncuts, cuts_cap;
 } text_t;
+
+static void text_free(text_t *t)
+{
+    free(t->buf);
+    free(t->cuts);
+}
 
 static void put(text_t *t, const char *s, size_t n)
 {
@@ -273,8 +296,20 @@ static void put_json_string(text_t *t, const char *s)
     put(t, "\"", 1);
 }
 
+/* Starts an event: its comma (none before the first) and its cut. */
 static void event_sep(kolo__timeline_t *tl, text_t *t)
 {
+    if (t->ncuts == t->cuts_cap) {
+        size_t ncap = t->cuts_cap ? t->cuts_cap * 2 : 1024;
+        size_t *nc = realloc(t->cuts, ncap * sizeof(*nc));
+        if (nc != NULL) {
+            t->cuts = nc;
+            t->cuts_cap = ncap;
+        }
+    }
+    /* (out of memory: this event is written with the one before it) */
+    if (t->ncuts < t->cuts_cap)
+        t->cuts[t->ncuts++] = t->len;
     put(t, tl->first ? "" : ",\n", tl->first ? 0 : 2);
     tl->first = 0;
 }
@@ -385,27 +420,20 @@ static int pwrite_all(int fd, const char *buf, size_t len, off_t at)
     return 0;
 }
 
-/* A write failed (errno_: why). Puts the file back as the last complete
- * write left it and stops the timeline: what is recorded from now on is
- * dropped. Said once, here; kolo_stop_timeline returns it. A failed header
- * is the caller's to report (kolo__timeline_start fails). */
+#define PAGE_BYTES ((off_t)4096) /* the unit a fatal signal cannot cut */
+#define ROOM_MIN ((off_t)64 * 1024)
+
+/* A write failed (errno_: why): the file is as the last complete write
+ * left it. Stops the timeline: what is recorded from now on is dropped.
+ * Said once, here; kolo_stop_timeline returns it. A failed header is the
+ * caller's to report (kolo__timeline_start fails). */
 static void write_failed(kolo__timeline_t *tl, int errno_)
 {
-    /* Cut what the failed write added, and put the closing bracket back
-     * over the bytes it overwrote. Neither needs a block of the full disk:
-     * the truncation frees what the failed write took, and the bracket
-     * goes where the last one was. Before the header there is nothing to
-     * keep. Both fail where the file is no regular file (/dev/full), which
-     * kept nothing anyway. */
-    off_t keep = tl->end > 0 ? tl->end + 3 : 0;
-    if (ftruncate(tl->fd, keep) != 0 ||
-        (keep > 0 && pwrite(tl->fd, "\n]\n", 3, tl->end) != 3))
-        kolo__debug("timeline %s: cannot put the file back as it was: %s",
-                    tl->path, strerror(errno));
+    off_t keep = tl->pos > 0 ? tl->room_end + 3 : 0;
     close(tl->fd);
     tl->fd = -1;
     __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
-    if (tl->end == 0) {
+    if (tl->pos == 0) {
         kolo__err_set(&tl->error, KOLO_ERR_INVALID_ARGUMENT,
                       "cannot write the timeline file '%s': %s", tl->path,
                       strerror(errno_));
@@ -419,23 +447,146 @@ static void write_failed(kolo__timeline_t *tl, int errno_)
     kolo__log(KOLO__LOG_WARNING, "%s", tl->error.msg);
 }
 
-/* Writes `t` plus the closing bracket at the end of the file in one call.
- * On failure the file is as the last write left it (write_failed). */
-static int write_out(kolo__timeline_t *tl, text_t *t)
+/* n bytes of `c` at `at`. */
+static int pwrite_repeat(int fd, char c, off_t n, off_t at)
 {
-    size_t body = t->len;
+    char block[8192];
+    memset(block, c, sizeof(block));
+    while (n > 0) {
+        size_t m = n < (off_t)sizeof(block) ? (size_t)n : sizeof(block);
+        if (pwrite_all(fd, block, m, at) != 0)
+            return -1;
+        n -= (off_t)m;
+        at += (off_t)m;
+    }
+    return 0;
+}
 
-    if (body == 0 || tl->fd < 0)
-        return 0;
-    put(t, "\n]\n", 3);
-    if (pwrite_all(tl->fd, t->buf, t->len, tl->end) != 0) {
-        write_failed(tl, errno);
-        t->len = 0;
+/* The first n bytes of file `from` into file `to`. */
+static int copy_head(int from, int to, off_t n)
+{
+    char block[65536];
+    off_t at = 0;
+    while (at < n) {
+        size_t want = n - at < (off_t)sizeof(block) ? (size_t)(n - at) : sizeof(block);
+        ssize_t got = pread(from, block, want, at);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            if (got == 0)
+                errno = EIO; /* the file is shorter than it should be */
+            return -1;
+        }
+        if (pwrite_all(to, block, (size_t)got, at) != 0)
+            return -1;
+        at += got;
+    }
+    return 0;
+}
+
+/* Writes a new file: this one up to pos, then `rest`, then `room` bytes of
+ * spaces and the closing bracket; renames it over this one and carries on
+ * in it. On failure this file stays as it was; errno says why. */
+static int rewrite(kolo__timeline_t *tl, const char *rest, size_t len, off_t room)
+{
+    size_t plen = strlen(tl->path);
+    char *tmp = malloc(plen + 8);
+    struct stat st;
+    off_t end = tl->pos + (off_t)len;
+    int fd, e;
+
+    if (tmp == NULL)
+        return -1;
+    memcpy(tmp, tl->path, plen);
+    memcpy(tmp + plen, ".XXXXXX", 8);
+    fd = mkstemp(tmp);
+    if (fd >= 0)
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+    if (fd < 0) {
+        free(tmp);
         return -1;
     }
-    tl->end += (off_t)body;
-    t->len = 0;
+    if (fstat(tl->fd, &st) != 0 || fchmod(fd, st.st_mode & 07777) != 0 ||
+        copy_head(tl->fd, fd, tl->pos) != 0 ||
+        pwrite_all(fd, rest, len, tl->pos) != 0 ||
+        pwrite_repeat(fd, ' ', room, end) != 0 ||
+        pwrite_all(fd, "\n]\n", 3, end + room) != 0 ||
+        rename(tmp, tl->path) != 0) {
+        e = errno;
+        close(fd);
+        unlink(tmp);
+        free(tmp);
+        errno = e;
+        return -1;
+    }
+    free(tmp);
+    close(tl->fd);
+    tl->fd = fd;
+    tl->pos = end;
+    tl->room_end = end + room;
     return 0;
+}
+
+/* Writes the events in `t` (file layout: see the top of this file). On
+ * failure the file is as the last write left it (write_failed). */
+static int write_out(kolo__timeline_t *tl, text_t *t)
+{
+    size_t i = 0, n = t->ncuts;
+
+    if (t->len == 0 || tl->fd < 0)
+        goto done;
+    if (n == 0 || t->cuts[0] != 0) { /* (cannot happen: every event cuts) */
+        errno = EINVAL;
+        goto failed;
+    }
+    while (i < n) {
+        off_t page_end = (tl->pos / PAGE_BYTES + 1) * PAGE_BYTES;
+        off_t limit = page_end < tl->room_end ? page_end : tl->room_end;
+        size_t from = t->cuts[i], j = i, to = from, len;
+        /* The events from i on that end within this page and the room. */
+        while (j < n) {
+            size_t next = j + 1 < n ? t->cuts[j + 1] : t->len;
+            if (tl->pos + (off_t)(next - from) > limit)
+                break;
+            to = next;
+            j++;
+        }
+        if (j > i) {
+            if (pwrite_all(tl->fd, t->buf + from, to - from, tl->pos) != 0) {
+                /* (best effort: blank what may have been written) */
+                int e = errno;
+                pwrite_repeat(tl->fd, ' ', (off_t)(to - from), tl->pos);
+                errno = e;
+                goto failed;
+            }
+            tl->pos += (off_t)(to - from);
+            i = j;
+            continue;
+        }
+        len = (i + 1 < n ? t->cuts[i + 1] : t->len) - from;
+        if ((off_t)len <= PAGE_BYTES && page_end + (off_t)len <= tl->room_end) {
+            tl->pos = page_end; /* on to the next page */
+            continue;
+        }
+        /* No room left, or an event larger than a page: a new file. */
+        len = t->len - from;
+        /* (room for as much again as the file will hold: the file at most
+         * doubles, so the copies cost a constant per byte) */
+        if (rewrite(tl, t->buf + from, len,
+                    tl->pos + (off_t)len > ROOM_MIN ? tl->pos + (off_t)len
+                                                    : ROOM_MIN) != 0)
+            goto failed;
+        break;
+    }
+done:
+    t->len = 0;
+    t->ncuts = 0;
+    return 0;
+failed:
+    write_failed(tl, errno);
+    t->len = 0;
+    t->ncuts = 0;
+    return -1;
 }
 
 /* Takes every queued event and writes it. Called by the writer with the
@@ -480,7 +631,7 @@ static void flush_locked(kolo__timeline_t *tl, text_t *t)
 static void *writer_main(void *arg)
 {
     kolo__timeline_t *tl = arg;
-    text_t t = {NULL, 0, 0};
+    text_t t = {0};
 
     pthread_mutex_lock(&tl->mu);
     while (!tl->quit) {
@@ -501,7 +652,7 @@ static void *writer_main(void *arg)
         }
     }
     pthread_mutex_unlock(&tl->mu);
-    free(t.buf);
+    text_free(&t);
     return NULL;
 }
 
@@ -534,18 +685,18 @@ kolo__timeline_t *kolo__timeline_new(int rank, int size, int64_t epoch_us)
 int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles,
                          kolo__err_t *err)
 {
-    text_t t = {NULL, 0, 0};
+    text_t t = {0};
     int fd, rc = KOLO_OK;
 
     kolo__timeline_stop(tl, NULL);
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
                              "cannot create the timeline file '%s': %s", path,
                              strerror(errno));
     pthread_mutex_lock(&tl->mu);
     tl->fd = fd;
-    tl->end = 2;
+    tl->pos = tl->room_end = 0;
     tl->first = 1;
     __atomic_store_n(&tl->mark_cycles, mark_cycles, __ATOMIC_RELAXED);
     tl->dropped = tl->dropped_written = 0;
@@ -556,21 +707,26 @@ int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles
     tl->next_pid = 0;
     if (tl->depth != NULL)
         memset(tl->depth, 0, (size_t)tl->depth_cap * sizeof(int));
-    /* The header: the array and its first event, already closed. */
+    /* The header: the array and its first events, already closed, in one
+     * write within the first page (all or nothing, see the top). The first
+     * events' room comes with the first rewrite. */
     put(&t, "[\n", 2);
-    event_sep(tl, &t);
+    tl->first = 0;
     putf(&t, "{\"name\":\"kolo_timeline\",\"ph\":\"M\",\"pid\":0,\"args\":{"
              "\"start_time_since_epoch_in_micros\":%lld,\"rank\":%d,"
              "\"size\":%d}},\n",
          (long long)tl->epoch_us, tl->rank, tl->size);
     putf(&t, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"args\":{"
              "\"name\":\"kolo rank %d\"}}", tl->rank);
-    tl->end = 0;
-    if (write_out(tl, &t) != 0) {
+    put(&t, "\n]\n", 3);
+    if (t.buf == NULL || pwrite_all(fd, t.buf, t.len, 0) != 0) {
+        write_failed(tl, t.buf == NULL ? ENOMEM : errno);
         rc = kolo__err_set(err, tl->error.code, "%s", tl->error.msg);
         kolo__err_clear(&tl->error); /* reported here */
-    } else
+    } else {
+        tl->pos = tl->room_end = (off_t)t.len - 3;
         __atomic_store_n(&tl->active, 1, __ATOMIC_RELAXED);
+    }
     if (rc == KOLO_OK && !tl->writer_started) {
         tl->quit = 0;
         if (pthread_create(&tl->writer, NULL, writer_main, tl) != 0) {
@@ -584,7 +740,7 @@ int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles
         }
     }
     pthread_mutex_unlock(&tl->mu);
-    free(t.buf);
+    text_free(&t);
     return rc;
 }
 
@@ -605,7 +761,7 @@ int kolo__timeline_stop(kolo__timeline_t *tl, kolo__err_t *err)
     /* Close the spans still open (operations in flight), so that the file
      * nests correctly on its own. */
     if (tl->fd >= 0 && tl->depth != NULL) {
-        text_t t = {NULL, 0, 0};
+        text_t t = {0};
         long long ts = (long long)(kolo__now_us() + tl->offset_us);
         for (int pid = 0; pid < tl->depth_cap; pid++)
             for (; tl->depth[pid] > 0; tl->depth[pid]--) {
@@ -613,8 +769,14 @@ int kolo__timeline_stop(kolo__timeline_t *tl, kolo__err_t *err)
                 putf(&t, "{\"ph\":\"E\",\"ts\":%lld,\"pid\":%d,\"tid\":0}", ts, pid);
             }
         write_out(tl, &t);
-        free(t.buf);
+        text_free(&t);
     }
+    /* The room is not needed any more: the file without it takes its
+     * place (where that cannot be written, the file keeps it: trailing
+     * spaces, valid JSON all the same). */
+    if (tl->fd >= 0 && tl->room_end > tl->pos && rewrite(tl, "", 0, 0) != 0)
+        kolo__debug("timeline %s: the reserved room stays at the end: %s",
+                    tl->path, strerror(errno));
     /* A write that failed, now or earlier (the writer stopped the timeline
      * then): reported once. */
     if (tl->error.code != KOLO_OK) {

@@ -51,6 +51,9 @@ ODD_NAMES = [
     b"odd.\xe2\x82", b"odd.\xe2\x82\xac", b"odd.\xf0\x9f\x98\x80",
     b"odd.\xed\xa0\x80", b"odd.\xc0\xaf", b"odd.\xf4\x90\x80\x80",
     b"odd.\xff\xfe", b"odd.\\udce9", b"odd.\"q\\\x01",
+    # (1009 bytes, each but the first 9 written as \udcff: events larger
+    # than a page of the file, which runtime/timeline.c writes apart)
+    b"odd.long." + b"\xff" * 1000,
 ]
 
 # Lanes that may appear besides the workload's (the straggler mode's barrier).

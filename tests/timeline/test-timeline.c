@@ -305,17 +305,24 @@ static const char *const odd_names[] = {
 
 static void mode_names(const char *path)
 {
-    enum { N = sizeof(odd_names) / sizeof(odd_names[0]), COUNT = 16 };
+    enum { N = sizeof(odd_names) / sizeof(odd_names[0]) + 1, COUNT = 16 };
+    /* 1009 bytes, the most of them not UTF-8, each written "\udcff": its
+     * events are larger than a page of the file */
+    enum { LONG = 1000 };
+    static char long_name[LONG + 16];
     float v[N][COUNT];
     kolo_handle_t h[N];
 
+    memcpy(long_name, "odd.long.", 9);
+    memset(long_name + 9, 0xff, LONG);
+    long_name[9 + LONG] = '\0';
     if (rank == 0)
         MUST(kolo_start_timeline(path, 0));
     for (int t = 0; t < N; t++) {
         for (int i = 0; i < COUNT; i++)
             v[t][i] = 1.0f;
-        MUST(kolo_allreduce_async(odd_names[t], v[t], v[t], COUNT, KOLO_FLOAT32,
-                                  KOLO_OP_SUM, &h[t]));
+        MUST(kolo_allreduce_async(t < N - 1 ? odd_names[t] : long_name, v[t],
+                                  v[t], COUNT, KOLO_FLOAT32, KOLO_OP_SUM, &h[t]));
     }
     for (int t = 0; t < N; t++) {
         MUST(kolo_wait(h[t]));
