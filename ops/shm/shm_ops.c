@@ -961,6 +961,14 @@ static int shm_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
     return rc;
 }
 
+/* Rank j's piece of this rank's block in step s: at `at` in j's slot, or
+ * where it lies (own, not NULL) for this rank's own. */
+static const uint8_t *rs_block(shm_ctx_t *c, uint32_t s, int j, size_t at,
+                               const uint8_t *own)
+{
+    return j == c->me && own != NULL ? own : slot_of(c, s, j) + at;
+}
+
 static int shm_reduce_scatter(void *ctx, void *work, void *out,
                               const size_t *counts, size_t esize,
                               kolo__ops_reduce_fn reduce, char *err,
@@ -987,14 +995,16 @@ static int shm_reduce_scatter(void *ctx, void *work, void *out,
         most = counts[j] > most ? counts[j] : most;
     }
     /* This rank's own block is read where it lies, not copied into its
-     * slot (no other rank reads it), unless out overlaps it and this rank
-     * comes third or later: the first reduction, of ranks 0 and 1, would
-     * then overwrite it before its turn. */
+     * slot (no other rank reads it), unless out overlaps it other than as
+     * the same buffer (which a reduction may write), or this rank comes
+     * third or later: the first reduction, of ranks 0 and 1, would then
+     * overwrite it before its turn. */
     const uint8_t *own = (const uint8_t *)work + offs[c->me] * esize;
     const size_t own_bytes = counts[c->me] * esize;
     const int own_in_slot =
-        c->me >= 2 && (const uint8_t *)out < own + own_bytes &&
-        own < (const uint8_t *)out + own_bytes;
+        (const uint8_t *)out < own + own_bytes &&
+        own < (const uint8_t *)out + own_bytes &&
+        (c->me >= 2 || (const uint8_t *)out != own);
     for (size_t done = 0; done < most || (most == 0 && done == 0); done += part) {
         uint32_t s = c->step + 1;
         size_t pslot = part * esize, m;
@@ -1013,15 +1023,14 @@ static int shm_reduce_scatter(void *ctx, void *work, void *out,
         if (m > 0) {
             uint8_t *dst = (uint8_t *)out + done * esize;
             size_t at = (size_t)c->me * pslot;
-#define SRC(j) ((j) == c->me && !own_in_slot ? own + done * esize \
-                                             : slot_of(c, s, (j)) + at)
+            const uint8_t *here = own_in_slot ? NULL : own + done * esize;
             if (c->n == 1)
-                memmove(dst, SRC(0), m * esize);
+                memmove(dst, rs_block(c, s, 0, at, here), m * esize);
             else
-                reduce(dst, SRC(0), SRC(1), m);
+                reduce(dst, rs_block(c, s, 0, at, here),
+                       rs_block(c, s, 1, at, here), m);
             for (int j = 2; j < c->n; j++)
-                reduce(dst, dst, SRC(j), m);
-#undef SRC
+                reduce(dst, dst, rs_block(c, s, j, at, here), m);
         }
         if (most == 0)
             break;
