@@ -964,7 +964,7 @@ static int check_broken(const kolo__ring_t *r, char *err, size_t errlen)
     return r->broken;
 }
 
-/* One step of a shift or an allgather: `bytes` from out to the right
+/* One step of an allgather: `bytes` from out to the right
  * neighbour while as many come from the left one into in. */
 static int shift_step(kolo__ring_t *r, const void *out, void *in, size_t bytes,
                       where_t *w, double timeout_s, char *err, size_t errlen)
@@ -989,18 +989,6 @@ static int shift_step(kolo__ring_t *r, const void *out, void *in, size_t bytes,
                          errlen);
     }
     return rc;
-}
-
-int kolo__ring_shift(kolo__ring_t *r, const void *out, void *in, size_t bytes,
-                     double timeout_s, char *err, size_t errlen)
-{
-    where_t w = {"ring exchange", bytes, 1, 1, 0, bytes};
-    int rc = check_broken(r, err, errlen);
-
-    if (rc == KOLO_OK)
-        rc = shift_step(r, out, in, bytes, &w, timeout_s, err, errlen);
-    return rc != KOLO_OK ? rc
-                         : closed_after(r, w.what, bytes, timeout_s, err, errlen);
 }
 
 int kolo__ring_allgather(kolo__ring_t *r, const void *mine, uint8_t *slots,

@@ -75,18 +75,13 @@ int kolo__ring_allreduce_stream(kolo__ring_t *ring, size_t count,
                                 const kolo__ops_stream_t *s, double timeout_s,
                                 char *err, size_t errlen);
 
-/* One step of the ring: sends `bytes` from out to the right neighbour and
- * receives as many from the left one into in. With two ranks, that is an
- * exchange: the Gloo backend's small collectives take it, one thread
- * moving both directions (no hand-over from Gloo's loop thread). */
-int kolo__ring_shift(kolo__ring_t *ring, const void *out, void *in,
-                     size_t bytes, double timeout_s, char *err, size_t errlen);
-
 /* An allgather around the ring in size - 1 steps: `bytes` at mine go to
  * every other rank, and rank r's arrive at slots + r * bytes (this rank's
  * slot is left as it is). Each step is one message per link, sent and
- * received by this thread: for a few ranks, the Gloo backend's one-step
- * exchange of small buffers takes it in place of Gloo's pairs. */
+ * received by this thread, with no hand-over from Gloo's loop thread: for
+ * a few ranks, the Gloo backend's exchange of small buffers takes it in
+ * place of Gloo's pairs (with two ranks, one step: each rank's bytes to
+ * the other). */
 int kolo__ring_allgather(kolo__ring_t *ring, const void *mine, uint8_t *slots,
                          size_t bytes, double timeout_s, char *err,
                          size_t errlen);

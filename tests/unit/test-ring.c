@@ -473,41 +473,6 @@ START_TEST(streams_a_batch_of_tensors)
 }
 END_TEST
 
-/* One step of the ring, several times and sizes: each rank gets exactly
- * its left neighbour's bytes. */
-static void body_shift(rank_t *me)
-{
-    static const size_t sizes[] = {1, 8, 4099, 3 << 20};
-    const int left = (me->rank - 1 + cur_n) % cur_n;
-    for (size_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]) && me->rc == 0; k++) {
-        size_t bytes = sizes[k];
-        uint8_t *out = malloc(bytes), *in = malloc(bytes);
-        ck_assert(out != NULL && in != NULL);
-        for (size_t i = 0; i < bytes; i++) {
-            out[i] = (uint8_t)(i * 7 + (size_t)me->rank * 31 + k);
-            in[i] = 0xee;
-        }
-        me->rc = kolo__ring_shift(me->ring, out, in, bytes, 10.0, me->err,
-                                  sizeof(me->err));
-        for (size_t i = 0; i < bytes && me->rc == 0; i++)
-            if (in[i] != (uint8_t)(i * 7 + (size_t)left * 31 + k)) {
-                snprintf(me->err, sizeof(me->err),
-                         "shift of %zu bytes: byte %zu is %u, not rank %d's %u",
-                         bytes, i, in[i], left,
-                         (uint8_t)(i * 7 + (size_t)left * 31 + k));
-                me->rc = -1000;
-            }
-        free(out);
-        free(in);
-    }
-}
-
-START_TEST(a_shift_brings_the_left_neighbours_bytes)
-{
-    at_every_rank_count(body_shift, "shift");
-}
-END_TEST
-
 static uint8_t gathered_byte(int rank, size_t i, size_t k)
 {
     return (uint8_t)(i * 13 + (size_t)rank * 57 + k * 3 + 1);
@@ -600,17 +565,17 @@ END_TEST
  * exchange must still fail there, since rank 1 failed it. */
 static void body_abandons(rank_t *me)
 {
-    uint8_t out[64] = {0}, in[64];
+    uint8_t out[64] = {0}, slots[2 * 64];
     if (me->rank == 1) {
-        me->rc = kolo__ring_shift(me->ring, out, in, sizeof(out), 0.2, me->err,
-                                  sizeof(me->err));
+        me->rc = kolo__ring_allgather(me->ring, out, slots, sizeof(out), 0.2,
+                                      me->err, sizeof(me->err));
         kolo__ring_close(me->ring);
         me->ring = NULL;
         return;
     }
     usleep(600 * 1000);
-    me->rc = kolo__ring_shift(me->ring, out, in, sizeof(out), 10.0, me->err,
-                              sizeof(me->err));
+    me->rc = kolo__ring_allgather(me->ring, out, slots, sizeof(out), 10.0,
+                                  me->err, sizeof(me->err));
 }
 
 START_TEST(an_exchange_a_rank_abandoned_fails_everywhere)
@@ -629,10 +594,11 @@ END_TEST
  * close together, must still succeed. */
 static void body_finishes_and_leaves(rank_t *me)
 {
-    uint8_t out[20000], in[20000];
+    uint8_t out[20000], slots[2 * 20000];
+    const uint8_t *in = slots + (size_t)(1 - me->rank) * sizeof(out);
     memset(out, me->rank + 1, sizeof(out));
-    me->rc = kolo__ring_shift(me->ring, out, in, sizeof(out), 10.0, me->err,
-                              sizeof(me->err));
+    me->rc = kolo__ring_allgather(me->ring, out, slots, sizeof(out), 10.0,
+                                  me->err, sizeof(me->err));
     if (me->rc == 0 && in[0] != (uint8_t)(2 - me->rank)) {
         snprintf(me->err, sizeof(me->err), "got %u", in[0]);
         me->rc = -1000;
@@ -700,7 +666,6 @@ int main(void)
         other_types_and_repeated_calls,
         every_rank_gets_the_same_bits,
         streams_a_batch_of_tensors,
-        a_shift_brings_the_left_neighbours_bytes,
         an_allgather_brings_every_ranks_bytes,
         a_stranger_is_dropped_with_a_warning,
         a_rank_that_leaves_is_named,

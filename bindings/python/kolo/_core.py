@@ -630,14 +630,6 @@ def register(handles, keep, finish, results=False, what="", release=None):
     return h
 
 
-def register_entry(entry):
-    """register() for an object that is its own pending entry (it has
-    _Pending's attributes): one table insertion, for the fast path."""
-    h = next(_next_handle)
-    _pending[h] = entry
-    return h
-
-
 def _drop_pending():
     """Forgets every pending handle (the runtime has stopped: none of them
     uses memory any more)."""
