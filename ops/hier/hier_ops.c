@@ -26,6 +26,7 @@
 
 #include "hosts.h"
 #include "ops.h"
+#include "shm/shm_ops.h"
 
 typedef struct hier_ctx {
     const kolo__ops_t *net, *shm;
@@ -34,6 +35,8 @@ typedef struct hier_ctx {
     int me_local;    /* this rank's index among its host's */
     size_t *counts;  /* [nlocal]: elements of each local rank's share */
     size_t *bytes;   /* [nlocal] */
+    uint8_t *shard;  /* a streamed allreduce's share of this rank */
+    size_t shard_cap;
 } hier_ctx_t;
 
 static void hier_finalize(void *ctx)
@@ -50,6 +53,7 @@ static void hier_finalize(void *ctx)
         h->shm->finalize(h->local);
     free(h->counts);
     free(h->bytes);
+    free(h->shard);
     free(h);
 }
 
@@ -150,40 +154,107 @@ fail:
     return rc;
 }
 
-static int hier_allreduce(void *ctx, const void *in, void *out, size_t count,
-                          size_t esize, kolo__ops_reduce_fn reduce, char *err,
-                          size_t errlen)
+/* Each local rank's share of a batch of count elements: the first ones
+ * ceil(count / nlocal) each, the last what is left (maybe none). */
+static void shares(hier_ctx_t *h, size_t count, size_t esize)
 {
-    hier_ctx_t *h = ctx;
     size_t share = (count + (size_t)h->nlocal - 1) / (size_t)h->nlocal;
-    size_t left = count, mine;
-    uint8_t *shard;
-    int rc;
+    size_t left = count;
 
     for (int j = 0; j < h->nlocal; j++) {
         h->counts[j] = left < share ? left : share;
         h->bytes[j] = h->counts[j] * esize;
         left -= h->counts[j];
     }
-    /* This rank's share of the result is built where it ends up, in out:
-     * the reduce-scatter reduces it there (reading this rank's own block
-     * of the input where it lies, ops/shm), the ring allreduces it in
-     * place across hosts, and the allgather leaves it there, copying only
-     * the other ranks' shares. The shared-memory reduce-scatter only reads
-     * its input. */
-    shard = (uint8_t *)out + (size_t)h->me_local * share * esize;
-    rc = h->shm->reduce_scatter(h->local, (void *)(in != NULL ? in : out),
-                                shard, h->counts, esize, reduce, err, errlen);
+}
+
+/* Allreduce of a batch taken from and returned through a stream (ops.h),
+ * as the runtime calls it: the user's tensors go straight into the shared
+ * slots (this rank's own block read where it lies), this rank's share is
+ * reduced into a buffer of this context's, allreduced across hosts and
+ * finished there, and the results go straight from the slots into the
+ * output tensors, with no fusion buffer in between. */
+static int hier_allreduce_stream(void *ctx, size_t count, size_t esize,
+                                 kolo__ops_reduce_fn reduce,
+                                 const kolo__ops_stream_t *s, char *err,
+                                 size_t errlen)
+{
+    hier_ctx_t *h = ctx;
+    size_t mine;
+    int rc;
+
+    shares(h, count, esize);
+    mine = h->counts[h->me_local];
+    if (h->bytes[h->me_local] > h->shard_cap) {
+        uint8_t *p = realloc(h->shard, h->bytes[h->me_local]);
+        if (p == NULL) {
+            snprintf(err, errlen, "out of memory for a %zu-byte share of a "
+                     "hierarchical allreduce", h->bytes[h->me_local]);
+            return KOLO_ERR_NO_MEMORY;
+        }
+        h->shard = p;
+        h->shard_cap = h->bytes[h->me_local];
+    }
+    rc = kolo__shm_reduce_scatter_stream(h->local, s, h->shard, h->counts,
+                                         esize, reduce, err, errlen);
     if (rc != KOLO_OK)
         return rc;
-    mine = h->counts[h->me_local];
     if (h->nhosts > 1 && mine > 0) {
-        rc = h->net->allreduce(h->cross, NULL, shard, mine, esize, reduce,
+        rc = h->net->allreduce(h->cross, NULL, h->shard, mine, esize, reduce,
                                err, errlen);
         if (rc != KOLO_OK)
             return rc;
     }
-    return h->shm->allgatherv(h->local, shard, out, h->bytes, err, errlen);
+    if (s->finish != NULL && mine > 0)
+        s->finish(s->arg, h->shard, mine);
+    return kolo__shm_allgather_stream(h->local, h->shard, s, h->counts, esize,
+                                      err, errlen);
+}
+
+/* A buffer as a stream (for hier_allreduce): input read where it lies,
+ * results written where they stay. */
+typedef struct buf_stream {
+    const uint8_t *in;
+    uint8_t *out;
+    size_t esize;
+} buf_stream_t;
+
+static void buf_fill(void *arg, void *dst, size_t at, size_t n)
+{
+    const buf_stream_t *b = arg;
+    memcpy(dst, b->in + at * b->esize, n * b->esize);
+}
+
+static const void *buf_view(void *arg, size_t at, size_t n, size_t *run)
+{
+    const buf_stream_t *b = arg;
+    *run = n;
+    return b->in + at * b->esize;
+}
+
+static void buf_drain(void *arg, const void *src, size_t at, size_t n)
+{
+    const buf_stream_t *b = arg;
+    memcpy(b->out + at * b->esize, src, n * b->esize);
+}
+
+static void *buf_place(void *arg, size_t at, size_t n, size_t *run)
+{
+    const buf_stream_t *b = arg;
+    *run = n;
+    return b->out + at * b->esize;
+}
+
+static int hier_allreduce(void *ctx, const void *in, void *out, size_t count,
+                          size_t esize, kolo__ops_reduce_fn reduce, char *err,
+                          size_t errlen)
+{
+    /* (in place too: every rank reads its input before any result of the
+     * allgather is written back, and peers read only the slots) */
+    buf_stream_t b = {in != NULL ? in : out, out, esize};
+    kolo__ops_stream_t s = {buf_fill, buf_view, NULL, buf_drain, buf_place,
+                            &b};
+    return hier_allreduce_stream(ctx, count, esize, reduce, &s, err, errlen);
 }
 
 static int hier_allgather(void *ctx, const void *in, void *out, size_t bytes,
@@ -252,4 +323,5 @@ const kolo__ops_t kolo__ops_hier = {
     .alltoallv = hier_alltoallv,
     .reduce_scatter = hier_reduce_scatter,
     .wake_peers = hier_wake_peers,
+    .allreduce_stream = hier_allreduce_stream,
 };

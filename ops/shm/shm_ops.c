@@ -77,6 +77,7 @@
 #include <unistd.h>
 
 #include "ops.h"
+#include "shm_ops.h"
 
 #define SEG_MAGIC 0x6b6f6c6f73686d32ULL /* "kolo shm2" */
 #define SEG_ALIGN 4096
@@ -961,22 +962,57 @@ static int shm_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
     return rc;
 }
 
-/* Rank j's piece of this rank's block in step s: at `at` in j's slot, or
- * where it lies (own, not NULL) for this rank's own. */
-static const uint8_t *rs_block(shm_ctx_t *c, uint32_t s, int j, size_t at,
-                               const uint8_t *own)
+/* This rank's block of the chunk from `done` (m elements) in runs of its
+ * input: read where it lies (own, or the stream's views), else copied
+ * into the rank's part of its slot, `mine_slot`, first. */
+static void own_block_runs(const uint8_t *own, const kolo__ops_stream_t *s,
+                           size_t at, size_t done, size_t m, size_t esize,
+                           uint8_t *mine_slot, own_runs_t *runs)
 {
-    return j == c->me && own != NULL ? own : slot_of(c, s, j) + at;
+    size_t pos = 0;
+
+    runs->n = 0;
+    if (m == 0)
+        return;
+    if (s == NULL) {
+        if (own == NULL) /* (the caller's own block is not to be read) */
+            own = mine_slot;
+        runs->src[0] = own;
+        runs->len[0] = m;
+        runs->n = 1;
+        return;
+    }
+    while (pos < m) {
+        size_t run = 0;
+        const void *p = NULL;
+        if (s->view != NULL && runs->n < MAX_RUNS - 1)
+            p = s->view(s->arg, at + done + pos, m - pos, &run);
+        if (p == NULL || run == 0) { /* the rest through the slot */
+            s->fill(s->arg, mine_slot + pos * esize, at + done + pos, m - pos);
+            p = mine_slot + pos * esize;
+            run = m - pos;
+        }
+        runs->src[runs->n] = p;
+        runs->len[runs->n++] = run;
+        pos += run;
+    }
 }
 
-static int shm_reduce_scatter(void *ctx, void *work, void *out,
-                              const size_t *counts, size_t esize,
-                              kolo__ops_reduce_fn reduce, char *err,
-                              size_t errlen)
+/* The reduce-scatter of both entry points: rank j's block of the result
+ * is elements [offs[j], offs[j] + counts[j]) of the input, which comes
+ * from `work` or (s not NULL) through s->fill and s->view; this rank's
+ * block is reduced into out, in rank order. Per chunk of at most one
+ * slot's part per rank, every rank copies the blocks of the others into
+ * the parts of its slot, and reduces its own from its peers' slots and
+ * its own input where it lies (no other rank reads it). */
+static int rs_common(shm_ctx_t *c, const uint8_t *work,
+                     const kolo__ops_stream_t *st, void *out,
+                     const size_t *counts, size_t esize,
+                     kolo__ops_reduce_fn reduce, char *err, size_t errlen)
 {
-    shm_ctx_t *c = ctx;
     size_t part = (c->slot / (size_t)c->n & ~(size_t)63) / esize;
     size_t most = 0, *offs = malloc((size_t)c->n * sizeof(size_t));
+    own_runs_t runs;
     int rc = KOLO_OK;
 
     if (offs == NULL) {
@@ -994,46 +1030,124 @@ static int shm_reduce_scatter(void *ctx, void *work, void *out,
         offs[j] = j == 0 ? 0 : offs[j - 1] + counts[j - 1];
         most = counts[j] > most ? counts[j] : most;
     }
-    /* This rank's own block is read where it lies, not copied into its
-     * slot (no other rank reads it), unless out overlaps it other than as
-     * the same buffer (which a reduction may write), or this rank comes
-     * third or later: the first reduction, of ranks 0 and 1, would then
-     * overwrite it before its turn. */
-    const uint8_t *own = (const uint8_t *)work + offs[c->me] * esize;
+    /* From a buffer, this rank's own block is read where it lies unless
+     * out overlaps it other than as the same buffer (which a reduction
+     * may write), or this rank comes third or later: the first
+     * reduction, of ranks 0 and 1, would then overwrite it before its
+     * turn. Then it goes through the slot like the others. */
+    const uint8_t *own = work != NULL ? work + offs[c->me] * esize : NULL;
     const size_t own_bytes = counts[c->me] * esize;
     const int own_in_slot =
-        (const uint8_t *)out < own + own_bytes &&
+        own != NULL && (const uint8_t *)out < own + own_bytes &&
         own < (const uint8_t *)out + own_bytes &&
         (c->me >= 2 || (const uint8_t *)out != own);
     for (size_t done = 0; done < most || (most == 0 && done == 0); done += part) {
         uint32_t s = c->step + 1;
-        size_t pslot = part * esize, m;
+        size_t pslot = part * esize, m, at;
+        uint8_t *slot = slot_of(c, s, c->me);
         for (int j = 0; j < c->n; j++) {
             if (j == c->me && !own_in_slot)
                 continue;
             m = counts[j] > done ? counts[j] - done : 0;
             m = m < part ? m : part;
-            memcpy(slot_of(c, s, c->me) + (size_t)j * pslot,
-                   (uint8_t *)work + (offs[j] + done) * esize, m * esize);
+            if (st != NULL && m > 0)
+                st->fill(st->arg, slot + (size_t)j * pslot, offs[j] + done, m);
+            else if (st == NULL)
+                memcpy(slot + (size_t)j * pslot, work + (offs[j] + done) * esize,
+                       m * esize);
         }
-        if ((rc = step_all(c, "reducescatter", err, errlen)) != KOLO_OK)
-            break;
         m = counts[c->me] > done ? counts[c->me] - done : 0;
         m = m < part ? m : part;
-        if (m > 0) {
-            uint8_t *dst = (uint8_t *)out + done * esize;
-            size_t at = (size_t)c->me * pslot;
-            const uint8_t *here = own_in_slot ? NULL : own + done * esize;
+        at = (size_t)c->me * pslot;
+        own_block_runs(own == NULL || own_in_slot ? NULL : own + done * esize,
+                       st, offs[c->me], done, m, esize, slot + at, &runs);
+        if ((rc = step_all(c, "reducescatter", err, errlen)) != KOLO_OK)
+            break;
+        for (size_t k = 0, pos = 0; k < (size_t)runs.n; pos += runs.len[k++]) {
+            uint8_t *dst = (uint8_t *)out + (done + pos) * esize;
+            const uint8_t *from[2] = {NULL, NULL};
+            size_t len = runs.len[k], skip = at + pos * esize;
+            for (int j = 0; j < 2 && j < c->n; j++)
+                from[j] = j == c->me ? runs.src[k] : slot_of(c, s, j) + skip;
             if (c->n == 1)
-                memmove(dst, rs_block(c, s, 0, at, here), m * esize);
+                memmove(dst, from[0], len * esize);
             else
-                reduce(dst, rs_block(c, s, 0, at, here),
-                       rs_block(c, s, 1, at, here), m);
+                reduce(dst, from[0], from[1], len);
             for (int j = 2; j < c->n; j++)
-                reduce(dst, dst, rs_block(c, s, j, at, here), m);
+                reduce(dst, dst, j == c->me ? runs.src[k] : slot_of(c, s, j) + skip,
+                       len);
         }
         if (most == 0)
             break;
+    }
+    free(offs);
+    return rc;
+}
+
+static int shm_reduce_scatter(void *ctx, void *work, void *out,
+                              const size_t *counts, size_t esize,
+                              kolo__ops_reduce_fn reduce, char *err,
+                              size_t errlen)
+{
+    return rs_common(ctx, work, NULL, out, counts, esize, reduce, err, errlen);
+}
+
+int kolo__shm_reduce_scatter_stream(void *ctx, const kolo__ops_stream_t *s,
+                                    void *out, const size_t *counts,
+                                    size_t esize, kolo__ops_reduce_fn reduce,
+                                    char *err, size_t errlen)
+{
+    return rs_common(ctx, NULL, s, out, counts, esize, reduce, err, errlen);
+}
+
+int kolo__shm_allgather_stream(void *ctx, const void *mine,
+                               const kolo__ops_stream_t *s,
+                               const size_t *counts, size_t esize, char *err,
+                               size_t errlen)
+{
+    shm_ctx_t *c = ctx;
+    size_t per = c->slot / esize, most = 0, at = 0;
+    size_t *offs = malloc((size_t)c->n * sizeof(size_t));
+    int rc = KOLO_OK;
+
+    if (offs == NULL) {
+        snprintf(err, errlen, "out of memory in a shared-memory allgather");
+        return KOLO_ERR_NO_MEMORY;
+    }
+    for (int j = 0; j < c->n; j++) {
+        offs[j] = at;
+        at += counts[j];
+        most = counts[j] > most ? counts[j] : most;
+    }
+    for (size_t off = 0; off < most && rc == KOLO_OK; off += per) {
+        uint32_t step = c->step + 1;
+        size_t m = counts[c->me] > off ? counts[c->me] - off : 0;
+        m = m < per ? m : per;
+        memcpy(slot_of(c, step, c->me), (const uint8_t *)mine + off * esize,
+               m * esize);
+        if ((rc = step_all(c, "allgather", err, errlen)) != KOLO_OK)
+            break;
+        for (int j = 0; j < c->n; j++) {
+            const uint8_t *from = j == c->me
+                                      ? (const uint8_t *)mine + off * esize
+                                      : slot_of(c, step, j);
+            size_t el = offs[j] + off, left;
+            m = counts[j] > off ? counts[j] - off : 0;
+            m = m < per ? m : per;
+            if (s->place == NULL) {
+                if (m > 0)
+                    s->drain(s->arg, from, el, m);
+                continue;
+            }
+            for (left = m; left > 0;) {
+                size_t run = 0;
+                uint8_t *p = s->place(s->arg, el, left, &run);
+                memcpy(p, from, run * esize);
+                from += run * esize;
+                el += run;
+                left -= run;
+            }
+        }
     }
     free(offs);
     return rc;

@@ -59,8 +59,8 @@ suite "2 hosts x 2 ranks, hierarchical" run-collectives.sh KOLO_TEST_NP=4 "$fake
 suite "2 hosts x 2 ranks, hierarchical" run-multirank.sh KOLO_TEST_NP=4 "$fake"
 suite "2 hosts x 2 ranks, flat" run-collectives.sh KOLO_TEST_NP=4 "$fake" \
     KOLO_HIERARCHICAL_ALLREDUCE=0 KOLO_TEST_MODES="allreduce-matrix grouped"
-# Three ranks a host: the third reduces its share of an in-place allreduce
-# after the first two have written over it (ops/shm keeps a copy then).
+# Three ranks a host: a share reduced from its own rank's input where it
+# lies and two peers' slots, in rank order (ops/shm).
 suite "2 hosts x 3 ranks, hierarchical" run-collectives.sh KOLO_TEST_NP=6 \
     "$fake" KOLO_TEST_HOSTS=2 KOLO_TEST_MODES="allreduce-sizes compression
 grouped reducescatter"

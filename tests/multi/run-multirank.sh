@@ -21,6 +21,7 @@ for np in $nps; do
         env KOLO_FUSION_THRESHOLD=65536 "$kolorun" -np "$np" $wrap "$prog" random 4
     run "np=$np random, default fusion" \
         "$kolorun" -np "$np" $wrap "$prog" random 3
+    run "np=$np many small tensors fused" "$kolorun" -np "$np" $wrap "$prog" many
     run "np=$np random, no fusion" \
         env KOLO_FUSION_THRESHOLD=0 "$kolorun" -np "$np" $wrap "$prog" random 3
     run "np=$np random, cache of 4 (evictions)" \

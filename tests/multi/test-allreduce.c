@@ -5,6 +5,8 @@
  *   test-allreduce random [steps]   random tensors, counts, dtypes, ops;
  *                                   names enqueued in a different random
  *                                   order on every rank
+ *   test-allreduce many [steps]     96 small float32 tensors at once, so
+ *                                   that batches fuse many of them
  *   test-allreduce mismatch         same name, different count/dtype/op
  *   test-allreduce accumulate       backward_passes > 1
  *   test-allreduce shutdown         shutdown with work pending
@@ -115,16 +117,18 @@ static void maybe_pause(void)
 }
 
 /* Random tensors; several steps so that later steps go through the
- * response cache. */
-static void mode_random(int steps)
+ * response cache. many: 96 float32 tensors of 64-463 elements, enqueued
+ * without pauses, so that batches fuse many small tensors (a rank's share
+ * of a batch spans more tensors than a backend reads where they lie). */
+static void mode_random(int steps, int many)
 {
-    const uint64_t seed = 12345;
+    const uint64_t seed = many ? 54321 : 12345;
     int ntensors;
     tensor_t *ts;
     int *order;
 
     rng_state = seed; /* the tensor list is the same on every rank */
-    ntensors = 20 + (int)(rnd() % 30);
+    ntensors = many ? 96 : 20 + (int)(rnd() % 30);
     ts = calloc((size_t)ntensors, sizeof(*ts));
     order = malloc((size_t)ntensors * sizeof(*order));
     for (int i = 0; i < ntensors; i++) {
@@ -138,6 +142,10 @@ static void mode_random(int steps)
         t->dtype = rnd() % 2 ? KOLO_FLOAT32 : KOLO_FLOAT16;
         t->op = rnd() % 2 ? KOLO_OP_SUM : KOLO_OP_AVERAGE;
         t->in_place = rnd() % 2;
+        if (many) {
+            t->count = 64 + (int64_t)(rnd() % 400);
+            t->dtype = KOLO_FLOAT32;
+        }
         t->in = malloc((size_t)t->count * 4 + 1);
         t->out = t->in_place ? t->in : malloc((size_t)t->count * 4 + 1);
         order[i] = i;
@@ -150,7 +158,8 @@ static void mode_random(int steps)
         shuffle(order, ntensors);
         for (int k = 0; k < ntensors; k++) {
             tensor_t *t = &ts[order[k]];
-            maybe_pause();
+            if (!many)
+                maybe_pause();
             MUST(kolo_allreduce_async(t->name, t->in, t->out, t->count,
                                       t->dtype, t->op, &t->handle));
         }
@@ -462,7 +471,9 @@ int main(int argc, char **argv)
     size = kolo_size();
 
     if (strcmp(mode, "random") == 0)
-        mode_random(argc > 2 ? atoi(argv[2]) : 4);
+        mode_random(argc > 2 ? atoi(argv[2]) : 4, 0);
+    else if (strcmp(mode, "many") == 0)
+        mode_random(argc > 2 ? atoi(argv[2]) : 3, 1);
     else if (strcmp(mode, "mismatch") == 0)
         mode_mismatch();
     else if (strcmp(mode, "accumulate") == 0)
