@@ -8,6 +8,8 @@
 #     memory) and every result checked "ok";
 #   - a layout it cannot make is refused (exit 2, the reason), with no
 #     namespace made;
+#   - --rate puts a token bucket on every host's link while the job runs,
+#     and a rate tc would not read is refused;
 #   - SIGTERM in the middle of a run: the namespaces and links go away.
 #
 # Needs root, iproute2 and redis-server; skips with a message (exit 77,
@@ -104,6 +106,43 @@ refused() {
 }
 export -f refused
 run "a layout of one host is refused, nothing made" bash -c 'refused "$@"' refused "${kbh[@]}"
+
+# --rate: every host's kolo0 gets a token bucket of that rate while the
+# job runs (seen from outside, not timed), and the results stay right; a
+# rate tc would not read is refused before anything is made.
+rated() {
+    "$@" --out "$work/rate" --rate 300mbit --layouts 2x1 -- --workload large \
+        --max-bytes 1M --iters 2 --warmup 1 >"$work/rate.out" 2>&1 &
+    local pid=$! rc seen=
+    for _ in $(seq 300); do
+        seen=$(ip netns exec "kbench$pid-h1" tc qdisc show dev kolo0 2>/dev/null |
+            grep -o 'tbf .* rate 300Mbit') && break
+        sleep 0.1
+    done
+    wait "$pid"
+    rc=$?
+    cat "$work/rate.out"
+    [ "$rc" = 0 ] || { echo "kolo-bench-hosts --rate exited $rc"; return 1; }
+    [ -n "$seen" ] || { echo "no tbf of 300Mbit on host 1's kolo0 while it ran"; return 1; }
+    echo "host 1's kolo0: $seen"
+    grep -q "each host sends at most 300mbit" "$work/rate.out" || return 1
+    grep -q "^every result checked: ok" "$work/rate.out" || return 1
+    "$@" --rate fast --layouts 2x1 >"$work/badrate.out" 2>&1 &
+    pid=$!
+    wait "$pid"
+    rc=$?
+    cat "$work/badrate.out"
+    [ "$rc" = 2 ] || { echo "--rate fast: exit $rc, want 2"; return 1; }
+    grep -q "not 'fast'" "$work/badrate.out" || return 1
+    [ -z "$(leftovers "$pid")" ] || { echo "--rate fast made namespaces"; return 1; }
+}
+export -f rated
+if command -v tc >/dev/null 2>&1; then
+    run "--rate: a token bucket on every host's link, results ok; a bad rate refused" \
+        bash -c 'rated "$@"' rated "${kbh[@]}"
+else
+    echo "SKIP --rate: no tc here (iproute2)"
+fi
 
 # SIGTERM once the hosts stand and a job runs in them.
 interrupted() {
