@@ -168,23 +168,89 @@ static void shares(hier_ctx_t *h, size_t count, size_t esize)
     }
 }
 
+/* This rank's share as a stream of its own for the network backend's
+ * streamed allreduce: element x is element offs + x of the batch, read
+ * and reduced where the batch's results stay (s->place). */
+typedef struct share_stream {
+    const kolo__ops_stream_t *s;
+    size_t offs, esize;
+} share_stream_t;
+
+static const void *share_view(void *arg, size_t at, size_t n, size_t *run)
+{
+    const share_stream_t *sh = arg;
+    return sh->s->place(sh->s->arg, sh->offs + at, n, run);
+}
+
+static void *share_place(void *arg, size_t at, size_t n, size_t *run)
+{
+    const share_stream_t *sh = arg;
+    return sh->s->place(sh->s->arg, sh->offs + at, n, run);
+}
+
+static void share_fill(void *arg, void *dst, size_t at, size_t n)
+{
+    const share_stream_t *sh = arg;
+    for (size_t k = 0, run = 0; k < n; k += run) {
+        const void *p = share_place(arg, at + k, n - k, &run);
+        memcpy((uint8_t *)dst + k * sh->esize, p, run * sh->esize);
+    }
+}
+
+static void share_drain(void *arg, const void *src, size_t at, size_t n)
+{
+    const share_stream_t *sh = arg;
+    for (size_t k = 0, run = 0; k < n; k += run) {
+        void *p = share_place(arg, at + k, n - k, &run);
+        memcpy(p, (const uint8_t *)src + k * sh->esize, run * sh->esize);
+    }
+}
+
+static void share_finish(void *arg, void *buf, size_t n)
+{
+    const share_stream_t *sh = arg;
+    sh->s->finish(sh->s->arg, buf, n);
+}
+
 /* Allreduce of a batch taken from and returned through a stream (ops.h),
  * as the runtime calls it: the user's tensors go straight into the shared
- * slots (this rank's own block read where it lies), this rank's share is
- * reduced into a buffer of this context's, allreduced across hosts and
- * finished there, and the results go straight from the slots into the
- * output tensors, with no fusion buffer in between. */
+ * slots (this rank's own block read where it lies), and the results
+ * straight from the slots into the output tensors, with no fusion buffer
+ * in between. This rank's share of the result is reduced where it stays,
+ * in the output tensors, where the stream places results and the network
+ * backend streams too (kolo's ring over Gloo), and allreduced across hosts
+ * there; else it is reduced into a buffer of this context's, allreduced
+ * and finished there, and copied out with the others. */
 static int hier_allreduce_stream(void *ctx, size_t count, size_t esize,
                                  kolo__ops_reduce_fn reduce,
                                  const kolo__ops_stream_t *s, char *err,
                                  size_t errlen)
 {
     hier_ctx_t *h = ctx;
-    size_t mine;
+    size_t mine, offs = 0;
     int rc;
 
     shares(h, count, esize);
     mine = h->counts[h->me_local];
+    for (int j = 0; j < h->me_local; j++)
+        offs += h->counts[j];
+    if (s->place != NULL && h->nhosts > 1 && mine > 0 &&
+        h->net->allreduce_stream != NULL &&
+        (h->net->streams == NULL || h->net->streams(h->cross, mine, esize))) {
+        share_stream_t sh = {s, offs, esize};
+        kolo__ops_stream_t sub = {share_fill, share_view,
+                                  s->finish != NULL ? share_finish : NULL,
+                                  share_drain, share_place, &sh};
+        rc = kolo__shm_reduce_scatter_stream(h->local, s, NULL, h->counts,
+                                             esize, reduce, err, errlen);
+        if (rc == KOLO_OK)
+            rc = h->net->allreduce_stream(h->cross, mine, esize, reduce, &sub,
+                                          err, errlen);
+        if (rc == KOLO_OK)
+            rc = kolo__shm_allgather_stream(h->local, NULL, s, h->counts,
+                                            esize, err, errlen);
+        return rc;
+    }
     if (h->bytes[h->me_local] > h->shard_cap) {
         uint8_t *p = realloc(h->shard, h->bytes[h->me_local]);
         if (p == NULL) {

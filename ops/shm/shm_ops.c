@@ -963,11 +963,11 @@ static int shm_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
 }
 
 /* This rank's block of the chunk from `done` (m elements) in runs of its
- * input: read where it lies (own, or the stream's views), else copied
- * into the rank's part of its slot, `mine_slot`, first. */
+ * input: read where it lies (own, or the stream's views where may_view),
+ * else copied into the rank's part of its slot, `mine_slot`, first. */
 static void own_block_runs(const uint8_t *own, const kolo__ops_stream_t *s,
-                           size_t at, size_t done, size_t m, size_t esize,
-                           uint8_t *mine_slot, own_runs_t *runs)
+                           int may_view, size_t at, size_t done, size_t m,
+                           size_t esize, uint8_t *mine_slot, own_runs_t *runs)
 {
     size_t pos = 0;
 
@@ -985,7 +985,7 @@ static void own_block_runs(const uint8_t *own, const kolo__ops_stream_t *s,
     while (pos < m) {
         size_t run = 0;
         const void *p = NULL;
-        if (s->view != NULL && runs->n < MAX_RUNS - 1)
+        if (may_view && s->view != NULL && runs->n < MAX_RUNS - 1)
             p = s->view(s->arg, at + done + pos, m - pos, &run);
         if (p == NULL || run == 0) { /* the rest through the slot */
             s->fill(s->arg, mine_slot + pos * esize, at + done + pos, m - pos);
@@ -998,13 +998,31 @@ static void own_block_runs(const uint8_t *own, const kolo__ops_stream_t *s,
     }
 }
 
+/* dst = the len elements of every member's piece, in member order: this
+ * member's from own, member j's from its slot of step s at byte skip. */
+static void reduce_members(shm_ctx_t *c, uint32_t s, size_t skip,
+                           const uint8_t *own, uint8_t *dst, size_t len,
+                           size_t esize, kolo__ops_reduce_fn reduce)
+{
+    const uint8_t *from[2] = {NULL, NULL};
+    for (int j = 0; j < 2 && j < c->n; j++)
+        from[j] = j == c->me ? own : slot_of(c, s, j) + skip;
+    if (c->n == 1)
+        memmove(dst, from[0], len * esize);
+    else
+        reduce(dst, from[0], from[1], len);
+    for (int j = 2; j < c->n; j++)
+        reduce(dst, dst, j == c->me ? own : slot_of(c, s, j) + skip, len);
+}
+
 /* The reduce-scatter of both entry points: rank j's block of the result
  * is elements [offs[j], offs[j] + counts[j]) of the input, which comes
- * from `work` or (s not NULL) through s->fill and s->view; this rank's
- * block is reduced into out, in rank order. Per chunk of at most one
- * slot's part per rank, every rank copies the blocks of the others into
- * the parts of its slot, and reduces its own from its peers' slots and
- * its own input where it lies (no other rank reads it). */
+ * from `work` or (st not NULL) through st->fill and st->view; this rank's
+ * block is reduced into out, or (out NULL) where it stays, through
+ * st->place, in rank order. Per chunk of at most one slot's part per
+ * rank, every rank copies the blocks of the others into the parts of its
+ * slot, and reduces its own from its peers' slots and its own input where
+ * it lies (no other rank reads it). */
 static int rs_common(shm_ctx_t *c, const uint8_t *work,
                      const kolo__ops_stream_t *st, void *out,
                      const size_t *counts, size_t esize,
@@ -1041,6 +1059,10 @@ static int rs_common(shm_ctx_t *c, const uint8_t *work,
         own != NULL && (const uint8_t *)out < own + own_bytes &&
         own < (const uint8_t *)out + own_bytes &&
         (c->me >= 2 || (const uint8_t *)out != own);
+    /* The same through a stream that places results where the input may
+     * lie (an in-place allreduce): from the third rank on, its own block
+     * is copied first. */
+    const int may_view = out != NULL || c->me < 2;
     for (size_t done = 0; done < most || (most == 0 && done == 0); done += part) {
         uint32_t s = c->step + 1;
         size_t pslot = part * esize, m, at;
@@ -1060,22 +1082,25 @@ static int rs_common(shm_ctx_t *c, const uint8_t *work,
         m = m < part ? m : part;
         at = (size_t)c->me * pslot;
         own_block_runs(own == NULL || own_in_slot ? NULL : own + done * esize,
-                       st, offs[c->me], done, m, esize, slot + at, &runs);
+                       st, may_view, offs[c->me], done, m, esize, slot + at,
+                       &runs);
         if ((rc = step_all(c, "reducescatter", err, errlen)) != KOLO_OK)
             break;
         for (size_t k = 0, pos = 0; k < (size_t)runs.n; pos += runs.len[k++]) {
-            uint8_t *dst = (uint8_t *)out + (done + pos) * esize;
-            const uint8_t *from[2] = {NULL, NULL};
-            size_t len = runs.len[k], skip = at + pos * esize;
-            for (int j = 0; j < 2 && j < c->n; j++)
-                from[j] = j == c->me ? runs.src[k] : slot_of(c, s, j) + skip;
-            if (c->n == 1)
-                memmove(dst, from[0], len * esize);
-            else
-                reduce(dst, from[0], from[1], len);
-            for (int j = 2; j < c->n; j++)
-                reduce(dst, dst, j == c->me ? runs.src[k] : slot_of(c, s, j) + skip,
-                       len);
+            size_t len = runs.len[k], skip = at + pos * esize, run;
+            if (out != NULL) {
+                reduce_members(c, s, skip, runs.src[k],
+                               (uint8_t *)out + (done + pos) * esize, len,
+                               esize, reduce);
+                continue;
+            }
+            for (size_t sub = 0; sub < len; sub += run) { /* by tensor */
+                uint8_t *dst = st->place(st->arg, offs[c->me] + done + pos + sub,
+                                         len - sub, &run);
+                reduce_members(c, s, skip + sub * esize,
+                               runs.src[k] + sub * esize, dst, run, esize,
+                               reduce);
+            }
         }
         if (most == 0)
             break;
@@ -1121,17 +1146,24 @@ int kolo__shm_allgather_stream(void *ctx, const void *mine,
     }
     for (size_t off = 0; off < most && rc == KOLO_OK; off += per) {
         uint32_t step = c->step + 1;
-        size_t m = counts[c->me] > off ? counts[c->me] - off : 0;
+        size_t m = counts[c->me] > off ? counts[c->me] - off : 0, run = 0;
         m = m < per ? m : per;
-        memcpy(slot_of(c, step, c->me), (const uint8_t *)mine + off * esize,
-               m * esize);
+        if (mine != NULL)
+            memcpy(slot_of(c, step, c->me), (const uint8_t *)mine + off * esize,
+                   m * esize);
+        for (size_t k = 0; mine == NULL && k < m; k += run) { /* by tensor */
+            const void *p = s->place(s->arg, offs[c->me] + off + k, m - k, &run);
+            memcpy(slot_of(c, step, c->me) + k * esize, p, run * esize);
+        }
         if ((rc = step_all(c, "allgather", err, errlen)) != KOLO_OK)
             break;
         for (int j = 0; j < c->n; j++) {
-            const uint8_t *from = j == c->me
-                                      ? (const uint8_t *)mine + off * esize
-                                      : slot_of(c, step, j);
-            size_t el = offs[j] + off, left;
+            const uint8_t *from;
+            size_t el = offs[j] + off;
+            if (j == c->me && mine == NULL)
+                continue; /* already where it stays */
+            from = j == c->me ? (const uint8_t *)mine + off * esize
+                              : slot_of(c, step, j);
             m = counts[j] > off ? counts[j] - off : 0;
             m = m < per ? m : per;
             if (s->place == NULL) {
@@ -1139,13 +1171,9 @@ int kolo__shm_allgather_stream(void *ctx, const void *mine,
                     s->drain(s->arg, from, el, m);
                 continue;
             }
-            for (left = m; left > 0;) {
-                size_t run = 0;
-                uint8_t *p = s->place(s->arg, el, left, &run);
-                memcpy(p, from, run * esize);
-                from += run * esize;
-                el += run;
-                left -= run;
+            for (size_t k = 0; k < m; k += run) { /* by tensor */
+                void *p = s->place(s->arg, el + k, m - k, &run);
+                memcpy(p, from + k * esize, run * esize);
             }
         }
     }

@@ -17,16 +17,18 @@
 #include "ops.h"
 
 /* Reduces this rank's block over every member, in rank order, into out
- * (counts[this rank] elements), reading the input through s->view where
- * it lies and s->fill elsewhere. */
+ * (counts[this rank] elements), or, out NULL, where the results stay
+ * (s->place), reading the input through s->view where it lies and
+ * s->fill elsewhere. */
 int kolo__shm_reduce_scatter_stream(void *ctx, const kolo__ops_stream_t *s,
                                     void *out, const size_t *counts,
                                     size_t esize, kolo__ops_reduce_fn reduce,
                                     char *err, size_t errlen);
 
-/* Gives every member every rank's block: this rank's from mine, written
- * through s->place where the stream has one, else s->drain (s->finish is
- * not called: the blocks come finished). */
+/* Gives every member every rank's block: this rank's from mine (NULL:
+ * already where it stays, read through s->place), written through
+ * s->place where the stream has one, else s->drain (s->finish is not
+ * called: the blocks come finished). */
 int kolo__shm_allgather_stream(void *ctx, const void *mine,
                                const kolo__ops_stream_t *s,
                                const size_t *counts, size_t esize, char *err,
