@@ -54,6 +54,7 @@
 #include <linux/sockios.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -63,6 +64,8 @@
 /* Received bytes of a reduce-scatter step land here before they are
  * reduced into place: small enough to stay in cache. */
 #define SCRATCH_BYTES (1u << 20)
+/* Pieces (runs of a tensor) sent or received by one call. */
+#define MAX_IOV 64
 
 static const char hello_magic[8] = {'K', 'O', 'L', 'O', 'R', 'I', 'N', 'G'};
 
@@ -728,13 +731,14 @@ static int fail_where(kolo__ring_t *r, int code, const where_t *w,
                 w->got, w->want);
 }
 
-/* Sends what the socket takes now: the bytes sent, 0 where it takes
- * none, -1 when the ring failed (err written). */
-static ssize_t send_some(kolo__ring_t *r, const void *p, size_t len,
+/* Sends what the socket takes now of the niov pieces: the bytes sent, 0
+ * where it takes none, -1 when the ring failed (err written). */
+static ssize_t send_some(kolo__ring_t *r, struct iovec *iov, int niov,
                          const where_t *w, char *err, size_t errlen)
 {
     char detail[128];
-    ssize_t n = send(r->to_right, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+    ssize_t n = sendmsg(r->to_right, &m, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n > 0)
         return n;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
@@ -748,14 +752,15 @@ static ssize_t send_some(kolo__ring_t *r, const void *p, size_t len,
     return -1;
 }
 
-/* Receives what has come: the bytes received, 0 where none, -1 when the
- * ring failed (err written). */
-static ssize_t recv_some(kolo__ring_t *r, void *p, size_t len,
+/* Receives what has come into the niov pieces: the bytes received, 0
+ * where none, -1 when the ring failed (err written). */
+static ssize_t recv_some(kolo__ring_t *r, struct iovec *iov, int niov,
                          const where_t *w, char *err, size_t errlen)
 {
     char detail[128];
     const int left = (r->rank - 1 + r->size) % r->size;
-    ssize_t n = recv(r->from_left, p, len, MSG_DONTWAIT);
+    struct msghdr m = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+    ssize_t n = recvmsg(r->from_left, &m, MSG_DONTWAIT);
     if (n > 0)
         return n;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
@@ -867,6 +872,7 @@ static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
     size_t done = 0;              /* bytes of step kr reduced or placed */
     size_t have = 0;              /* bytes in scratch, not yet reduced */
     where_t w = {"ring allreduce", pl->count * es, 0, steps, 0, 0};
+    struct iovec iov[MAX_IOV];
 
     io->filled = seg_at(pl, send_seg(pl, 0)) * es;
     io->settled = 0;
@@ -891,17 +897,29 @@ static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
         w.got = got;
         w.want = kr < steps ? seg_bytes(pl, recv_seg(pl, kr)) : 0;
 
-        /* Send what is ready. */
+        /* Send what is ready: where it lies in several pieces (tensors),
+         * up to MAX_IOV of them (past the first, up to SCRATCH_BYTES) at
+         * once, so that small tensors do not each go out in a packet of
+         * their own. */
         if (ks < steps)
             ready = ready_bytes(pl, ks, kr, done);
         if (sent < ready) {
             size_t seg = send_seg(pl, ks), at = seg_at(pl, seg) * es + sent;
-            size_t len = ready - sent;
-            const uint8_t *from =
-                ks == 0 && io->s != NULL
-                    ? input_at(io, at, len, seg_at(pl, seg + 1) * es, &len)
-                    : at_ptr(io, at, len, &len);
-            n = send_some(r, from, len, &w, err, errlen);
+            size_t left = ready - sent, gathered = 0;
+            int niov = 0;
+            while (left > 0 && niov < MAX_IOV && gathered < SCRATCH_BYTES) {
+                size_t len = left;
+                const uint8_t *from =
+                    ks == 0 && io->s != NULL
+                        ? input_at(io, at, len, seg_at(pl, seg + 1) * es, &len)
+                        : at_ptr(io, at, len, &len);
+                iov[niov].iov_base = (void *)(uintptr_t)from;
+                iov[niov++].iov_len = len;
+                at += len;
+                left -= len;
+                gathered += len;
+            }
+            n = send_some(r, iov, niov, &w, err, errlen);
             if (n < 0)
                 return r->broken;
             sent += (size_t)n;
@@ -915,11 +933,22 @@ static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
             size_t at = seg_at(pl, seg) * es;
             int rs = kr <= last_rs;
             size_t room = rs ? SCRATCH_BYTES - have : len - got;
-            uint8_t *dst;
+            int niov = 0;
             if (room > len - got)
                 room = len - got;
-            dst = rs ? r->scratch + have : at_ptr(io, at + got, room, &room);
-            n = recv_some(r, dst, room, &w, err, errlen);
+            if (rs) {
+                iov[0].iov_base = r->scratch + have;
+                iov[niov++].iov_len = room;
+            }
+            /* (straight into place: up to MAX_IOV pieces at once) */
+            for (size_t off = got; !rs && room > 0 && niov < MAX_IOV;) {
+                size_t run = room;
+                iov[niov].iov_base = at_ptr(io, at + off, room, &run);
+                iov[niov++].iov_len = run;
+                off += run;
+                room -= run;
+            }
+            n = recv_some(r, iov, niov, &w, err, errlen);
             if (n < 0)
                 return r->broken;
             if (n > 0) {
@@ -976,11 +1005,11 @@ static int shift_step(kolo__ring_t *r, const void *out, void *in, size_t bytes,
     w->want = bytes;
     while (rc == KOLO_OK && (sent < bytes || w->got < bytes)) {
         ssize_t s = 0, g = 0;
-        if (sent < bytes && (s = send_some(r, (const uint8_t *)out + sent,
-                                           bytes - sent, w, err, errlen)) < 0)
+        struct iovec o = {(uint8_t *)(uintptr_t)out + sent, bytes - sent};
+        struct iovec i = {(uint8_t *)in + w->got, bytes - w->got};
+        if (sent < bytes && (s = send_some(r, &o, 1, w, err, errlen)) < 0)
             return r->broken;
-        if (w->got < bytes && (g = recv_some(r, (uint8_t *)in + w->got,
-                                             bytes - w->got, w, err, errlen)) < 0)
+        if (w->got < bytes && (g = recv_some(r, &i, 1, w, err, errlen)) < 0)
             return r->broken;
         sent += (size_t)s;
         w->got += (size_t)g;
