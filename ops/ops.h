@@ -102,6 +102,8 @@ typedef struct kolo__ops_config {
     size_t shm_slot_bytes;  /* shm: bytes per rank and step (0: auto) */
     int shm_spin_us;        /* shm: spin this long before sleeping (< 0:
                                the default, 50) */
+    size_t ring_send_buffer; /* gloo: SO_SNDBUF of kolo's ring sockets (0:
+                               the kernel's autotuning) */
     const char *rendezvous; /* "file:DIR" or "redis:HOST:PORT[/JOB]" */
     const char *prefix;     /* keys of this context in the rendezvous store:
                                unique per kolo_init and process set */

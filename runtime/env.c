@@ -325,6 +325,11 @@ static const config_row_t rows[] = {
      "writes per step (a chunk of an allreduce); 4K to 1G, or auto: a "
      "quarter of the L2 cache, 256K to 1M", parse_bytes_auto,
      F(shm_slot_bytes), AGREE, NULL},
+    {"KOLO_RING_SEND_BUFFER", "128K", "kolo's ring over Gloo: the send "
+     "buffer (SO_SNDBUF) of each of its sockets, which bounds the bytes in "
+     "flight on a link; 64K to 1G, or 0: the kernel's autotuning (raise it "
+     "where a link's bandwidth times its round trip is larger)", parse_bytes,
+     F(ring_send_buffer), PER_RANK, NULL},
     {"KOLO_SHM_SPIN_US", "50", "shared memory: microseconds a rank spins "
      "before it sleeps, when the host has a core per rank (0: never spin)",
      parse_nonneg, F(shm_spin_us), PER_RANK, NULL},
@@ -526,6 +531,13 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
                              "environment variable KOLO_SHM_SLOT_BYTES=%lld is "
                              "invalid: expected auto or 4K to 1G bytes",
                              (long long)cfg->shm_slot_bytes);
+    if (cfg->ring_send_buffer != 0 &&
+        (cfg->ring_send_buffer < 65536 || cfg->ring_send_buffer > ((int64_t)1 << 30)))
+        return kolo__err_set(err, KOLO_ERR_CONFIG,
+                             "environment variable KOLO_RING_SEND_BUFFER=%lld "
+                             "is invalid: expected 0 (the kernel's) or 64K to "
+                             "1G bytes",
+                             (long long)cfg->ring_send_buffer);
     if (cfg->network_interface[0] != '\0') {
         char names[512], host[256] = "";
         gethostname(host, sizeof(host) - 1);

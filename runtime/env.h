@@ -40,6 +40,7 @@ typedef struct kolo__config {
     int64_t mpi_launched;    /* started by mpirun/srun, not kolorun */
     int64_t shm_slot_bytes;  /* KOLO_SHM_SLOT_BYTES */
     int64_t shm_spin_us;     /* KOLO_SHM_SPIN_US */
+    int64_t ring_send_buffer; /* KOLO_RING_SEND_BUFFER */
     int64_t autotune;        /* KOLO_AUTOTUNE */
     char autotune_log[4096]; /* KOLO_AUTOTUNE_LOG */
     int64_t autotune_window; /* KOLO_AUTOTUNE_WINDOW: rounds per window */

@@ -41,6 +41,9 @@
  *   KOLO_SHM_SLOT_BYTES, KOLO_SHM_SPIN_US  shared memory: chunk per rank
  *                                   and step (1 MiB); spin before sleeping
  *                                   (50 us, only with a core per rank)
+ *   KOLO_RING_SEND_BUFFER           kolo's ring over Gloo: SO_SNDBUF of its
+ *                                   sockets, the bytes in flight per link
+ *                                   (128K; 0: the kernel's autotuning)
  *   KOLO_NETWORK_INTERFACE          bind this interface's address
  *   KOLO_AUTOTUNE, KOLO_AUTOTUNE_LOG, KOLO_AUTOTUNE_WINDOW  tune fusion
  *                                   threshold, chunk size and cycle time on

@@ -890,7 +890,8 @@ void connect_ring(GlooCtx *g, const kolo__ops_config_t *cfg,
         store.get("kolo-ring/" + std::to_string((cfg->rank + 1) % cfg->size));
     right.push_back('\0');
     rc = kolo__ring_connect(g->ring, cfg->rank, cfg->size, right.data(), secret,
-                            cfg->start_timeout_s, cfg->warn, err, sizeof(err));
+                            cfg->start_timeout_s, cfg->ring_send_buffer,
+                            cfg->warn, err, sizeof(err));
     if (rc != KOLO_OK)
         throw gloo::IoException(err);
 }

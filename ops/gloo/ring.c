@@ -26,6 +26,21 @@
  * once); a segment of zero elements (fewer elements than ranks) is a step
  * that moves nothing, on both sides alike.
  *
+ * Bytes in flight. Each socket's send buffer is set (KOLO_RING_SEND_BUFFER,
+ * 128K, which the kernel doubles for its bookkeeping) rather than left to
+ * the kernel, which grows it to megabytes on a link that loses nothing.
+ * Between network namespaces on one machine (veth pairs and a bridge), a
+ * long flight comes with reordering: nstat counts segments the receiver
+ * reports out of order (TcpExtTCPSACKReorder), the sender retransmits
+ * some that had arrived (TcpExtTCPDSACKRecvSegs, TCPSpuriousRtxHostQueues)
+ * and shrinks its window, and every byte waits in long queues, out of
+ * cache. Three such hosts streaming 136 MB around a ring retransmitted
+ * 4629 segments in ten rounds with autotuned buffers and 12 with 128K,
+ * using 0.39 s of CPU instead of 0.66 s; a 3-host ResNet-50 step went
+ * from 1.0x raw Gloo's time to 0.63x. The bound it sets: about 256K per
+ * round trip, 2.5 GB/s at 100 us; a link whose bandwidth times its round
+ * trip is larger wants a larger buffer (or 0, the kernel's).
+ *
  * Strangers. The listening socket is open only while the ring connects.
  * The connecting side first writes a hello (a magic, the job's identity,
  * its rank and the rank it connects to); the listening side reads the
@@ -42,6 +57,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -135,10 +151,14 @@ static int set_nonblocking(int fd)
     return flags < 0 ? -1 : fcntl(fd, F_SETFL, flags | O_NONBLOCK);
 }
 
-static void tune(int fd)
+/* No delay for small messages; the send buffer set (not autotuned) where
+ * send_buffer > 0 (the file's head says why). */
+static void tune(int fd, size_t send_buffer)
 {
-    int one = 1;
+    int one = 1, bytes = send_buffer > INT_MAX ? INT_MAX : (int)send_buffer;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (bytes > 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof(bytes));
 }
 
 int kolo__ring_listen(const char *hostname, kolo__ring_t **out,
@@ -456,8 +476,8 @@ static int accept_left(kolo__ring_t *r, const uint8_t *secret, double deadline,
 int kolo__ring_connect(kolo__ring_t *r, int rank, int size,
                        const char *right_addr,
                        const uint8_t secret[KOLO__RING_SECRET_BYTES],
-                       double timeout_s, kolo__ops_warn_fn warn, char *err,
-                       size_t errlen)
+                       double timeout_s, size_t send_buffer,
+                       kolo__ops_warn_fn warn, char *err, size_t errlen)
 {
     const double deadline = now_s() + timeout_s;
     uint8_t hello[HELLO_BYTES];
@@ -489,8 +509,8 @@ int kolo__ring_connect(kolo__ring_t *r, int rank, int size,
     r->lfd = -1;
     if (r->from_left < 0)
         return KOLO_ERR_TIMEOUT;
-    tune(r->to_right);
-    tune(r->from_left);
+    tune(r->to_right, send_buffer);
+    tune(r->from_left, send_buffer);
     return KOLO_OK;
 }
 

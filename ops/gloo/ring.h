@@ -47,12 +47,14 @@ int kolo__ring_listen(const char *hostname, kolo__ring_t **ring,
 
 /* Makes the ring of `size` ranks: connects to rank (rank + 1) % size at
  * right_addr and accepts rank (rank - 1) % size, both within timeout_s.
+ * send_buffer (0: the kernel's autotuning) is each socket's SO_SNDBUF,
+ * which bounds the bytes in flight to a neighbour (ring.c says why).
  * warn (may be NULL) reports each stranger's connection dropped. */
 int kolo__ring_connect(kolo__ring_t *ring, int rank, int size,
                        const char *right_addr,
                        const uint8_t secret[KOLO__RING_SECRET_BYTES],
-                       double timeout_s, kolo__ops_warn_fn warn, char *err,
-                       size_t errlen);
+                       double timeout_s, size_t send_buffer,
+                       kolo__ops_warn_fn warn, char *err, size_t errlen);
 
 /* Allreduce of count elements of elem_size bytes: in (NULL: out) into out,
  * reduced with `reduce` in the same order on every rank, so that every

@@ -67,6 +67,39 @@ grouped reducescatter"
 suite "3 hosts x 2 ranks, hierarchical" run-collectives.sh KOLO_TEST_NP=6 \
     "$fake" KOLO_TEST_HOSTS=3 KOLO_TEST_MODES="compression broadcast
 allgather alltoall reducescatter grouped join process-sets"
+# KOLO_RING_SEND_BUFFER reaches kolo's ring sockets (seen from outside, in
+# ss's skmem: the kernel doubles the value for its bookkeeping), and 0
+# leaves them to the kernel.
+ring_buffers() { # ring_buffers VALUE: sockets of a 2-rank Gloo job with tb=2*VALUE
+    local want=$1 log n=0
+    log=$(mktemp)
+    # shellcheck disable=SC2086
+    env $gloo KOLO_RING_SEND_BUFFER="$2" "$top/kolorun" -np 2 \
+        "$top/tests/multi/test-allreduce" idle 3 >"$log" 2>&1 &
+    local job=$!
+    for _ in $(seq 50); do
+        n=$(ss -tmpn 2>/dev/null | grep -A1 '"test-allreduce"' |
+            grep -c "tb$want,") || true
+        [ "$n" -ge 4 ] && break
+        sleep 0.1
+    done
+    wait "$job" || { cat "$log"; rm -f "$log"; echo 0; return; }
+    rm -f "$log"
+    echo "$n"
+}
+if command -v ss >/dev/null 2>&1; then
+    n96=$(ring_buffers 196608 96K)
+    n0=$(ring_buffers 196608 0)
+    if [ "$n96" -ge 4 ] && [ "$n0" -eq 0 ]; then
+        echo "PASS KOLO_RING_SEND_BUFFER=96K: $n96 ring sockets hold 192K; =0: none"
+        total_pass=$((total_pass + 1))
+    else
+        echo "FAIL KOLO_RING_SEND_BUFFER: 96K gave $n96 sockets of 192K (want 4: two per rank), 0 gave $n0 (want 0)"
+        total_fail=$((total_fail + 1))
+    fi
+else
+    echo "SKIP KOLO_RING_SEND_BUFFER: no ss here (iproute2)"
+fi
 # Every segment is unlinked once its members attached: nothing older than
 # a start-up may stay in /dev/shm (run-failures.sh checks each kill too).
 left=$(find /dev/shm -maxdepth 1 -name 'kolo-*' ! -newermt '-20 seconds' 2>/dev/null)

@@ -238,6 +238,28 @@ START_TEST(shm_slot_bytes_auto_or_bytes)
 }
 END_TEST
 
+START_TEST(ring_send_buffer_bytes_or_kernel)
+{
+    kolo__config_t cfg;
+
+    fake_reset();
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.ring_send_buffer, 128 * 1024);
+    fake_set("KOLO_RING_SEND_BUFFER", "1M");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.ring_send_buffer, 1024 * 1024);
+    fake_set("KOLO_RING_SEND_BUFFER", "0");
+    load_ok(&cfg);
+    ck_assert_int_eq(cfg.ring_send_buffer, 0); /* the kernel's autotuning */
+    bad_value("KOLO_RING_SEND_BUFFER", "auto");
+    bad_value("KOLO_RING_SEND_BUFFER", "-64K");
+    fake_reset();
+    fake_set("KOLO_RING_SEND_BUFFER", "16K");
+    load_fails("KOLO_RING_SEND_BUFFER=16384", "0 (the kernel's) or 64K to 1G",
+               (const char *)NULL);
+}
+END_TEST
+
 START_TEST(chunk_bytes_auto_or_bytes)
 {
     kolo__config_t cfg;
@@ -829,6 +851,7 @@ static Suite *env_suite(void)
     tcase_add_test(tc, local_rank_and_size_default_to_rank_and_size);
     tcase_add_test(tc, fusion_threshold_suffixes);
     tcase_add_test(tc, shm_slot_bytes_auto_or_bytes);
+    tcase_add_test(tc, ring_send_buffer_bytes_or_kernel);
     tcase_add_test(tc, chunk_bytes_auto_or_bytes);
     tcase_add_test(tc, log_levels);
     tcase_add_test(tc, print_doc_lists_every_variable);

@@ -93,7 +93,11 @@ struct job {
     rank_t ranks[MAX_RANKS];
     void (*body)(rank_t *);
     double timeout_s;
+    size_t send_buffer; /* each socket's SO_SNDBUF (0: the kernel's) */
 };
+
+/* The send buffer of the next job's sockets (0: the kernel's). */
+static size_t cur_send_buffer;
 
 /* A stranger: connects to "ADDRESS PORT", sends 48 bytes of noise, and
  * keeps the socket open (closed after the job). */
@@ -130,8 +134,8 @@ static void *rank_main(void *arg)
         return NULL;
     me->rc = kolo__ring_connect(me->ring, me->rank, n,
                                 job->addr[(me->rank + 1) % n], secret,
-                                job->timeout_s, on_warn, me->err,
-                                sizeof(me->err));
+                                job->timeout_s, job->send_buffer, on_warn,
+                                me->err, sizeof(me->err));
     if (me->rc == 0)
         job->body(me);
     return NULL;
@@ -150,6 +154,7 @@ static job_t *run_job(int n, void (*body)(rank_t *), double timeout_s,
     job.n = n;
     job.body = body;
     job.timeout_s = timeout_s;
+    job.send_buffer = cur_send_buffer;
     pthread_barrier_init(&job.listening, NULL, (unsigned)n + 1);
     for (int r = 0; r < n; r++) {
         job.ranks[r].job = &job;
@@ -473,6 +478,25 @@ START_TEST(streams_a_batch_of_tensors)
 }
 END_TEST
 
+/* The smallest send buffers: every step goes out in many partial sends,
+ * each gathering the pieces of several tensors, and the receiver's
+ * scattering them into place in as many partial receives. */
+START_TEST(streams_through_small_send_buffers)
+{
+    cur_send_buffer = 65536;
+    for (int n = 2; n <= 4; n++)
+        for (view_mode = 0; view_mode <= 7; view_mode++) {
+            cur_n = n;
+            expect_ok(run_job(n, body_stream, 10.0, 0),
+                      "streamed batch, 64K send buffers");
+        }
+    cur_n = 3;
+    cur_count = (1u << 20) + 3;
+    expect_ok(run_job(3, body_sum_f32, 10.0, 0), "sums, 64K send buffers");
+    cur_send_buffer = 0;
+}
+END_TEST
+
 static uint8_t gathered_byte(int rank, size_t i, size_t k)
 {
     return (uint8_t)(i * 13 + (size_t)rank * 57 + k * 3 + 1);
@@ -650,7 +674,8 @@ START_TEST(connect_names_a_rank_that_never_connects)
     ck_assert_int_eq(kolo__ring_listen("127.0.0.1", &a, addr_a, err, sizeof(err)), 0);
     ck_assert_int_eq(kolo__ring_listen("127.0.0.1", &b, addr_b, err, sizeof(err)), 0);
     /* Rank 0 of 2 connects to b's socket, but rank 1 never connects back. */
-    rc = kolo__ring_connect(a, 0, 2, addr_b, secret, 0.3, on_warn, err, sizeof(err));
+    rc = kolo__ring_connect(a, 0, 2, addr_b, secret, 0.3, 0, on_warn, err,
+                            sizeof(err));
     ck_assert_int_eq(rc, KOLO_ERR_TIMEOUT);
     ck_assert_msg(strstr(err, "waited 0.3 s for rank 1 to connect") != NULL,
                   "message: %s", err);
@@ -666,6 +691,7 @@ int main(void)
         other_types_and_repeated_calls,
         every_rank_gets_the_same_bits,
         streams_a_batch_of_tensors,
+        streams_through_small_send_buffers,
         an_allgather_brings_every_ranks_bytes,
         a_stranger_is_dropped_with_a_warning,
         a_rank_that_leaves_is_named,
