@@ -738,6 +738,10 @@ def test_timeline_start_stop(rank, size, tmp_path):
     hvd.start_timeline(str(path), mark_cycles=True)
     hvd.allreduce(torch.ones(10), name="tl.inside", op=hvd.Sum)
     hvd.stop_timeline()
+    # Rank 0 records a tensor's negotiation as soon as any rank asks for
+    # it: the others wait here until rank 0 has stopped its timeline, so
+    # that no request for tl.after can reach it before.
+    hvd.barrier()
     hvd.allreduce(torch.ones(10), name="tl.after", op=hvd.Sum)
     if rank != 0:
         assert not path.exists()
