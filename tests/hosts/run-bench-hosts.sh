@@ -94,15 +94,24 @@ EOF
 export -f runs
 run "2x1 and 2x2: every rank, Gloo between hosts, results ok" bash -c 'runs "$@"' runs "${kbh[@]}"
 
-refused() {
-    "$@" --layouts 1x2 >"$work/bad.out" 2>&1 &
-    local pid=$! rc
+# must_refuse OUT TEXT COMMAND...: COMMAND exits 2 saying TEXT (output in
+# OUT), and makes no namespace.
+must_refuse() {
+    local out=$1 text=$2 pid rc
+    shift 2
+    "$@" >"$out" 2>&1 &
+    pid=$!
     wait "$pid"
     rc=$?
-    cat "$work/bad.out"
+    cat "$out"
     [ "$rc" = 2 ] || { echo "exit $rc, want 2"; return 1; }
-    grep -q "a layout is HOSTSxRANKS with 2-9 hosts" "$work/bad.out" || return 1
+    grep -q "$text" "$out" || { echo "no '$text' in its output"; return 1; }
     [ -z "$(leftovers "$pid")" ] || { echo "it made namespaces"; return 1; }
+}
+export -f must_refuse
+refused() {
+    must_refuse "$work/bad.out" "a layout is HOSTSxRANKS with 2-9 hosts" \
+        "$@" --layouts 1x2
 }
 export -f refused
 run "a layout of one host is refused, nothing made" bash -c 'refused "$@"' refused "${kbh[@]}"
@@ -127,14 +136,7 @@ rated() {
     echo "host 1's kolo0: $seen"
     grep -q "each host sends at most 300mbit" "$work/rate.out" || return 1
     grep -q "^every result checked: ok" "$work/rate.out" || return 1
-    "$@" --rate fast --layouts 2x1 >"$work/badrate.out" 2>&1 &
-    pid=$!
-    wait "$pid"
-    rc=$?
-    cat "$work/badrate.out"
-    [ "$rc" = 2 ] || { echo "--rate fast: exit $rc, want 2"; return 1; }
-    grep -q "not 'fast'" "$work/badrate.out" || return 1
-    [ -z "$(leftovers "$pid")" ] || { echo "--rate fast made namespaces"; return 1; }
+    must_refuse "$work/badrate.out" "not 'fast'" "$@" --rate fast --layouts 2x1
 }
 export -f rated
 if command -v tc >/dev/null 2>&1; then
