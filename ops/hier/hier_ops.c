@@ -251,6 +251,8 @@ static int hier_allreduce_stream(void *ctx, size_t count, size_t esize,
                                             esize, err, errlen);
         return rc;
     }
+    /* (a rank whose share is empty touches no buffer: h->shard may stay
+     * NULL then) */
     if (h->bytes[h->me_local] > h->shard_cap) {
         uint8_t *p = realloc(h->shard, h->bytes[h->me_local]);
         if (p == NULL) {

@@ -975,7 +975,7 @@ static void own_block_runs(const uint8_t *own, const kolo__ops_stream_t *s,
     if (m == 0)
         return;
     if (s == NULL) {
-        if (own == NULL) /* (the caller's own block is not to be read) */
+        if (own == NULL) /* (the caller copied it into the slot) */
             own = mine_slot;
         runs->src[0] = own;
         runs->len[0] = m;
