@@ -212,21 +212,20 @@ static void share_finish(void *arg, void *buf, size_t n)
     sh->s->finish(sh->s->arg, buf, n);
 }
 
-/* Allreduce of a batch taken from and returned through a stream (ops.h),
- * as the runtime calls it: the user's tensors go straight into the shared
- * slots (this rank's own block read where it lies), and the results
- * straight from the slots into the output tensors, with no fusion buffer
- * in between. This rank's share of the result is reduced where it stays,
- * in the output tensors, where the stream places results and the network
- * backend streams too (kolo's ring over Gloo), and allreduced across hosts
- * there; else it is reduced into a buffer of this context's, allreduced
- * and finished there, and copied out with the others. */
-static int hier_allreduce_stream(void *ctx, size_t count, size_t esize,
-                                 kolo__ops_reduce_fn reduce,
-                                 const kolo__ops_stream_t *s, char *err,
-                                 size_t errlen)
+/* One piece of a batch (hier_allreduce_stream cuts it), taken from and
+ * returned through a stream (ops.h): the user's tensors go straight into
+ * the shared slots (this rank's own block read where it lies), and the
+ * results straight from the slots into the output tensors, with no fusion
+ * buffer in between. This rank's share of the result is reduced where it
+ * stays, in the output tensors, where the stream places results and the
+ * network backend streams too (kolo's ring over Gloo), and allreduced
+ * across hosts there; else it is reduced into a buffer of this context's,
+ * allreduced and finished there, and copied out with the others. */
+static int allreduce_piece(hier_ctx_t *h, size_t count, size_t esize,
+                           kolo__ops_reduce_fn reduce,
+                           const kolo__ops_stream_t *s, char *err,
+                           size_t errlen)
 {
-    hier_ctx_t *h = ctx;
     size_t mine, offs = 0;
     int rc;
 
@@ -277,6 +276,76 @@ static int hier_allreduce_stream(void *ctx, size_t count, size_t esize,
         s->finish(s->arg, h->shard, mine);
     return kolo__shm_allgather_stream(h->local, h->shard, s, h->counts, esize,
                                       err, errlen);
+}
+
+/* A piece of a stream: its element x is element base + x of the batch. */
+typedef struct piece_stream {
+    const kolo__ops_stream_t *s;
+    size_t base;
+} piece_stream_t;
+
+static void piece_fill(void *arg, void *dst, size_t at, size_t n)
+{
+    const piece_stream_t *p = arg;
+    p->s->fill(p->s->arg, dst, p->base + at, n);
+}
+
+static const void *piece_view(void *arg, size_t at, size_t n, size_t *run)
+{
+    const piece_stream_t *p = arg;
+    return p->s->view(p->s->arg, p->base + at, n, run);
+}
+
+static void piece_finish(void *arg, void *buf, size_t n)
+{
+    const piece_stream_t *p = arg;
+    p->s->finish(p->s->arg, buf, n);
+}
+
+static void piece_drain(void *arg, const void *src, size_t at, size_t n)
+{
+    const piece_stream_t *p = arg;
+    p->s->drain(p->s->arg, src, p->base + at, n);
+}
+
+static void *piece_place(void *arg, size_t at, size_t n, size_t *run)
+{
+    const piece_stream_t *p = arg;
+    return p->s->place(p->s->arg, p->base + at, n, run);
+}
+
+/* Allreduce of a batch through a stream, as the runtime calls it, in
+ * pieces of PIECE_STEP_BYTES per rank and host (each ring step across
+ * hosts then moves PIECE_STEP_BYTES): a piece's shares, its ring and its
+ * copies out stay in cache, where a whole batch went through each stage
+ * at memory speed. A 2x2 ResNet-50 step took 0.49x raw Gloo's time in
+ * 1 MiB pieces against 0.54x whole, and with hosts joined by 4 Gbit/s
+ * links 0.66x against 0.89x. Smaller pieces were faster still here
+ * (0.40x in 256K), but every piece costs the ring's 2(n-1) steps of
+ * latency, which across many real hosts would dominate. */
+#define PIECE_STEP_BYTES ((size_t)256 << 10)
+
+static int hier_allreduce_stream(void *ctx, size_t count, size_t esize,
+                                 kolo__ops_reduce_fn reduce,
+                                 const kolo__ops_stream_t *s, char *err,
+                                 size_t errlen)
+{
+    hier_ctx_t *h = ctx;
+    size_t piece = PIECE_STEP_BYTES * (size_t)h->nlocal * (size_t)h->nhosts /
+                   esize;
+    int rc = KOLO_OK;
+
+    if (piece == 0 || count <= piece)
+        return allreduce_piece(h, count, esize, reduce, s, err, errlen);
+    for (size_t base = 0; base < count && rc == KOLO_OK; base += piece) {
+        piece_stream_t p = {s, base};
+        kolo__ops_stream_t sub = {piece_fill, s->view ? piece_view : NULL,
+                                  s->finish ? piece_finish : NULL, piece_drain,
+                                  s->place ? piece_place : NULL, &p};
+        rc = allreduce_piece(h, count - base < piece ? count - base : piece,
+                             esize, reduce, &sub, err, errlen);
+    }
+    return rc;
 }
 
 /* A buffer as a stream (for hier_allreduce): input read where it lies,

@@ -5,8 +5,8 @@
  *   test-allreduce random [steps]   random tensors, counts, dtypes, ops;
  *                                   names enqueued in a different random
  *                                   order on every rank
- *   test-allreduce many [steps]     96 small float32 tensors at once, so
- *                                   that batches fuse many of them
+ *   test-allreduce many [steps]     96 float32 tensors at once, most of
+ *                                   them small: batches fuse many
  *   test-allreduce mismatch         same name, different count/dtype/op
  *   test-allreduce accumulate       backward_passes > 1
  *   test-allreduce shutdown         shutdown with work pending
@@ -117,9 +117,10 @@ static void maybe_pause(void)
 }
 
 /* Random tensors; several steps so that later steps go through the
- * response cache. many: 96 float32 tensors of 64-463 elements, enqueued
- * without pauses, so that batches fuse many small tensors (a rank's share
- * of a batch spans more tensors than a backend reads where they lie). */
+ * response cache. many: 96 float32 tensors, most of 64-463 elements, four
+ * of 200K-700K, enqueued without pauses, so that batches fuse many small
+ * tensors (a rank's share of a batch spans more tensors than a backend
+ * reads where they lie) and run to megabytes (ops/hier cuts them). */
 static void mode_random(int steps, int many)
 {
     const uint64_t seed = many ? 54321 : 12345;
@@ -142,8 +143,9 @@ static void mode_random(int steps, int many)
         t->dtype = rnd() % 2 ? KOLO_FLOAT32 : KOLO_FLOAT16;
         t->op = rnd() % 2 ? KOLO_OP_SUM : KOLO_OP_AVERAGE;
         t->in_place = rnd() % 2;
-        if (many) {
-            t->count = 64 + (int64_t)(rnd() % 400);
+        if (many) { /* and every 24th of 200K-700K: batches of megabytes */
+            t->count = i % 24 == 5 ? 200000 + (int64_t)(rnd() % 500000)
+                                   : 64 + (int64_t)(rnd() % 400);
             t->dtype = KOLO_FLOAT32;
         }
         t->in = malloc((size_t)t->count * 4 + 1);

@@ -694,7 +694,8 @@ typedef struct cztensor {
 
 static void mode_compression(void)
 {
-    static const int64_t counts[] = {0, 1, 1000, 100000};
+    /* (600001 float16 elements: more than a piece of ops/hier) */
+    static const int64_t counts[] = {0, 1, 1000, 100000, 600001};
     static const int wires[] = {KOLO_FLOAT16, KOLO_BFLOAT16, -1};
     static const char *const kind_names[] = {"exact-sum", "exact-avg",
                                              "exact-max", "exact-scaled",
