@@ -176,16 +176,16 @@ typedef struct share_stream {
     size_t offs, esize;
 } share_stream_t;
 
-static const void *share_view(void *arg, size_t at, size_t n, size_t *run)
+static void *share_place(void *arg, size_t at, size_t n, size_t *run)
 {
     const share_stream_t *sh = arg;
     return sh->s->place(sh->s->arg, sh->offs + at, n, run);
 }
 
-static void *share_place(void *arg, size_t at, size_t n, size_t *run)
+/* (the share's input is the reduce-scatter's result, where it stays) */
+static const void *share_view(void *arg, size_t at, size_t n, size_t *run)
 {
-    const share_stream_t *sh = arg;
-    return sh->s->place(sh->s->arg, sh->offs + at, n, run);
+    return share_place(arg, at, n, run);
 }
 
 static void share_fill(void *arg, void *dst, size_t at, size_t n)
