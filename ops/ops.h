@@ -212,23 +212,33 @@ typedef struct kolo__ops {
 
 /* ---- the device table: tensors in device memory ---------------------------
  *
- * A device backend (ops/nccl: CUDA tensors on NCCL) does not fit the host
- * table, because its collectives are queued on a stream of its own and
- * finish later. The runtime keeps all the bookkeeping (which tensors, in
- * which order, the rows, splits and shards of every rank, the results'
- * shapes) in one execution module for both tables (runtime/execute.c):
- * what it asks of a device backend is to move bytes on the device, then
- * `sync`, which sleeps until the device is done with everything queued.
+ * A device backend (ops/nccl: CUDA tensors on NCCL; ops/simdev: the unit
+ * tests' simulated device) does not fit the host table, because its
+ * collectives are queued on a stream of its own and finish later. The
+ * runtime keeps all the bookkeeping (which tensors, in which order, the
+ * rows, splits and shards of every rank, the results' shapes) in one
+ * execution module for both tables (runtime/execute.c): what it asks of a
+ * device backend is to queue the moving of bytes on its stream, and an
+ * event after each batch (record). The background thread never waits for
+ * the device: a batch's handles complete once its work is queued, and the
+ * program's stream waits for the event (order) when the program waits for
+ * the handle; the batches in flight are watched between rounds
+ * (runtime/inflight.c).
  *
  * Contract: the same as the host table's (errors into err, the same order
  * on every rank, never spinning, never throwing), and:
  *  - the context slots are called by one set's background thread only,
  *    and `begin` first at every batch (it makes the context's device the
  *    thread's current one, and fails once the context is broken);
- *  - a failure while waiting (an asynchronous error, a lost peer, the
- *    timeout) aborts the communicators, and lets the queued work drain for
- *    a few seconds, so nothing writes a user's buffer after its handle
- *    failed; the context stays broken after that.
+ *  - the collectives queue their work and return; a failure found while
+ *    queuing (a wrong argument, a communicator that cannot be made) is
+ *    returned at once. A failure found later (an asynchronous error, a
+ *    lost peer, the timeout) is found by `watch`, which aborts the
+ *    communicators and lets the queued work drain for a few seconds, so
+ *    nothing writes a user's buffer after its handle failed; the context
+ *    stays broken after that.
+ *  - events (ready events from prepare, batch events from record) are
+ *    released with event_free, from any thread.
  */
 
 /* One tensor of a fused allreduce: `in` NULL is a joined rank's stand-in,
@@ -289,13 +299,23 @@ typedef struct kolo__dev_ops {
     int (*prepare)(const kolo__dev_check_t *t, void **event, char *err,
                    size_t errlen);
     void (*event_free)(void *event);
+    /* Any thread, never blocking: 1 once the device has passed the event,
+     * 0 while it has not, a negative code (the device failed: a fault)
+     * with a sentence in err. */
+    int (*event_query)(void *event, char *err, size_t errlen);
+    /* Any thread: the work queued on `stream` (the program's: a
+     * cudaStream_t, NULL for the legacy default stream) from now on waits
+     * for the event; the host does not wait. */
+    int (*order)(void *event, void *stream, char *err, size_t errlen);
     /* Any thread: a result's bytes to host or device memory (dst), and
      * freeing a result's data. */
     int (*result_copy)(int device, const void *src, void *dst, size_t bytes,
                        char *err, size_t errlen);
     void (*mem_free)(void *data);
 
-    /* A set's context, created at its first device batch. */
+    /* A set's context, created at its first device batch. finalize is
+     * called once the runtime has seen every batch's event pass (or the
+     * context broken). */
     int (*init)(const kolo__dev_config_t *cfg, void **ctx, char *err,
                 size_t errlen);
     void (*finalize)(void *ctx);
@@ -307,9 +327,12 @@ typedef struct kolo__dev_ops {
     int (*alloc)(void *ctx, size_t bytes, void **out, char *err,
                  size_t errlen);
     /* Allreduce of n tensors of `dtype` as one, sent as `wire`, each
-     * element scaled by prescale before and by post after (AVERAGE's
-     * division included); `reduce` is the host reduction of (wire, op),
-     * for the steps of a hierarchical allreduce that run on the host. */
+     * element scaled by prescale before and by post after, as Horovod's
+     * CUDA path scales (kolo__scale_device); AVERAGE divides by the set's
+     * size the way Horovod does on that backend (NCCL: ncclAvg for floats,
+     * else post / size). `reduce` is the host reduction of (wire, op; SUM
+     * for AVERAGE), for the steps of a hierarchical allreduce that run on
+     * the host. */
     int (*allreduce)(void *ctx, const kolo__dev_tensor_t *t, size_t n,
                      int dtype, int wire, int op, double prescale,
                      double post, kolo__ops_reduce_fn reduce, char *err,
@@ -323,19 +346,34 @@ typedef struct kolo__dev_ops {
                      void *out, const size_t *recv_bytes, char *err,
                      size_t errlen);
     /* Rank r's block of counts[r] elements of `in` (blocks in rank order),
-     * reduced over the ranks, scaled by prescale before and post after,
-     * into this rank's out. */
+     * reduced over the ranks, scaled by prescale before and post after
+     * (AVERAGE's division is in post: op is SUM), into this rank's out;
+     * `reduce` as for allreduce. */
     int (*reduce_scatter)(void *ctx, const void *in, void *out,
                           const size_t *counts, int dtype, int op,
-                          double prescale, double post, char *err,
+                          double prescale, double post,
+                          kolo__ops_reduce_fn reduce, char *err,
                           size_t errlen);
-    /* Sleeps until the device has done everything queued so far; `what`
-     * names it in messages ("the allgather"). */
-    int (*sync)(void *ctx, const char *what, char *err, size_t errlen);
+    /* After a batch's work is queued: an event that the device passes once
+     * it has done that work (and everything queued before it). */
+    int (*record)(void *ctx, void **event, char *err, size_t errlen);
+    /* Between rounds while batches are in flight (never blocking for
+     * long): looks for what would keep queued work from finishing: an
+     * asynchronous error, a fault, a lost peer (at most once a second),
+     * and with `expired` the oldest batch has been in flight longer than
+     * timeout_s. On any of them it aborts the communicators, lets the
+     * stream drain and returns the failure, naming `what` (the batch). */
+    int (*watch)(void *ctx, const char *what, int expired, char *err,
+                 size_t errlen);
 } kolo__dev_ops_t;
 
 /* The device backend this build has, or NULL (ops/registry.c). */
 const kolo__dev_ops_t *kolo__ops_device(void);
+#ifdef KOLO_HAVE_MEM
+/* The unit tests' library only: the device backend kolo__ops_device
+ * returns from now on (NULL: the build's again). */
+void kolo__ops_device_use(const kolo__dev_ops_t *dev);
+#endif
 #ifdef KOLO_HAVE_GPU
 extern const kolo__dev_ops_t kolo__dev_ops_nccl;
 #endif

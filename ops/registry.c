@@ -108,10 +108,25 @@ int kolo__ops_choose(const kolo__ops_need_t *need, const kolo__ops_t **out,
     return KOLO_OK;
 }
 
+#ifdef KOLO_HAVE_MEM
+/* The unit tests put their simulated device (ops/simdev) here. */
+static const kolo__dev_ops_t *_Atomic test_device;
+
+void kolo__ops_device_use(const kolo__dev_ops_t *dev)
+{
+    test_device = dev;
+}
+#endif
+
 /* KOLO_OPS_HOST_ONLY: kolo-bench's private copy of the host backends
  * (libkolo_raw), which has no device backend. */
 const kolo__dev_ops_t *kolo__ops_device(void)
 {
+#ifdef KOLO_HAVE_MEM
+    const kolo__dev_ops_t *dev = test_device;
+    if (dev != NULL)
+        return dev;
+#endif
 #if defined(KOLO_HAVE_GPU) && !defined(KOLO_OPS_HOST_ONLY)
     return &kolo__dev_ops_nccl;
 #else

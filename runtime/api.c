@@ -992,16 +992,17 @@ int kolo_poll(kolo_handle_t handle)
     return rc < 0 ? kolo__api_fail(&err) : rc;
 }
 
-int kolo_wait(kolo_handle_t handle)
-{
-    return kolo_wait_result(handle, NULL);
-}
-
-int kolo_wait_result(kolo_handle_t handle, kolo_result_t *result)
+/* Waits for a handle; for a tensor in device memory, orders its result on
+ * the program's stream (`stream` if given, else the one at enqueue), or,
+ * for a result handed over to the host, waits until the device has
+ * written it (inflight.c). */
+static int wait_handle(kolo_handle_t handle, kolo_result_t *result,
+                       int given, void *stream)
 {
     kolo__err_t err;
     kolo__handles_t *h = kolo__api_handles();
-    kolo__result_t *out = NULL;
+    kolo__handoff_t ho;
+    kolo__result_t *out;
     int rc;
 
     if (result != NULL)
@@ -1009,9 +1010,21 @@ int kolo_wait_result(kolo_handle_t handle, kolo_result_t *result)
     if (h == NULL)
         return kolo__api_failf(KOLO_ERR_INTERNAL, "the handle table is unavailable");
     kolo__err_clear(&err);
-    rc = kolo__handles_wait_output(h, handle, &err, (void **)&out);
+    rc = kolo__handles_wait_handoff(h, handle, &err, &ho);
     if (rc < 0)
         return kolo__api_fail(&err);
+    out = ho.output;
+    if (ho.done != NULL) {
+        int host = out != NULL && out->device_type == KOLO_DEVICE_CUDA &&
+                   result != NULL;
+        rc = kolo__done_settle(ho.done, given ? stream : ho.stream, host,
+                               &err);
+        ho.done_free(ho.done);
+        if (rc != KOLO_OK) {
+            kolo__result_free(out);
+            return kolo__api_fail(&err);
+        }
+    }
     if (out != NULL && result != NULL) {
         result->data = out->data;
         result->bytes = out->bytes;
@@ -1026,6 +1039,21 @@ int kolo_wait_result(kolo_handle_t handle, kolo_result_t *result)
     }
     kolo__result_free(out);
     return rc;
+}
+
+int kolo_wait(kolo_handle_t handle)
+{
+    return wait_handle(handle, NULL, 0, NULL);
+}
+
+int kolo_wait_on_stream(kolo_handle_t handle, void *stream)
+{
+    return wait_handle(handle, NULL, 1, stream);
+}
+
+int kolo_wait_result(kolo_handle_t handle, kolo_result_t *result)
+{
+    return wait_handle(handle, result, 0, NULL);
 }
 
 int kolo_result_copy(const kolo_result_t *result, void *dst)

@@ -34,7 +34,12 @@
  *    which keeps failure detection and shutdown going in a quiet job.
  * An idle job thus costs one wake-up a second per rank and set. While a
  * round waits for slower ranks, the thread is blocked inside the backend
- * (in the kernel), never spinning.
+ * (in the kernel), never spinning. While CUDA batches are in flight (they
+ * complete their handles once queued: inflight.c) the thread also watches
+ * them after every round and sleeps at most WATCH_US, so that a failure
+ * on the device is seen within that time: the rank then stops the set as
+ * if shut down (its reason in the queue's close error), so every member
+ * stops in the next round.
  *
  * Stopping. The first rank to shut down sets its bit in the round's vector;
  * every member sees it in the same round, completes that round's plan,
@@ -60,6 +65,38 @@
 #include "watchdog.h"
 
 #define SLEEP_MAX_US 1000000 /* longest sleep between rounds */
+#define WATCH_US 100000      /* ... while device batches are in flight */
+#define STOP_GRACE_S 2.0     /* how long a set stopped by a failure gives
+                                the device to finish what is in flight */
+
+/* Watches the device batches in flight (inflight.c). */
+static int watch_device(kolo__pset_t *ps, kolo__err_t *err)
+{
+    if (ps->exec.inflight.head == NULL)
+        return KOLO_OK;
+    return kolo__inflight_watch(&ps->exec.inflight, kolo__ops_device(),
+                                ps->exec.dev_ctx, ps->rt->rank,
+                                ps->rt->cfg.timeout_s, err);
+}
+
+/* When the set stops, what the device still has in flight either finishes
+ * (a shutdown: every rank queued the same work) or fails, so that a handle
+ * waited afterwards says which. After a failure the peers may never do
+ * their part: the device gets STOP_GRACE_S at most. */
+static void drain_device(kolo__pset_t *ps, const kolo__err_t *why)
+{
+    double limit = ps->rt->cfg.timeout_s;
+    kolo__err_t err;
+
+    if (ps->exec.inflight.head == NULL)
+        return;
+    if (why->code != KOLO_ERR_SHUTDOWN && limit > STOP_GRACE_S)
+        limit = STOP_GRACE_S;
+    if (kolo__inflight_drain(&ps->exec.inflight, kolo__ops_device(),
+                             ps->exec.dev_ctx, ps->rt->rank, limit,
+                             &err) != KOLO_OK)
+        kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
+}
 
 /* Ends this rank's part in the set: no more enqueues, everything pending
  * fails with `why`. */
@@ -73,6 +110,7 @@ static void stop_all(kolo__pset_t *ps, const kolo__err_t *cause)
     mapped.code = kolo__elastic_status(ps->rt, cause->code);
 
     kolo__queue_close(&ps->queue, why);
+    drain_device(ps, why);
     e = kolo__queue_take(&ps->queue, 0, &shutdown);
     while (e != NULL) {
         kolo__entry_t *next = e->next;
@@ -185,6 +223,8 @@ void *kolo__background_main(void *arg)
     for (;;) {
         int pending = kolo__negotiate_pending(ps), shutdown, stop_rank, rc;
         int64_t timeout = pending && progressed ? 0 : sleep_us;
+        if (ps->exec.inflight.head != NULL && timeout > WATCH_US)
+            timeout = WATCH_US;
         kolo__wake_reason_t reason;
         uint64_t done_before;
         int64_t bytes_before;
@@ -228,6 +268,14 @@ void *kolo__background_main(void *arg)
             kolo__watchdog_enter(ps, "a collective");
         rc = kolo__execute(ps, &err);
         kolo__watchdog_enter(ps, NULL);
+        if (rc == KOLO_OK && watch_device(ps, &err) != KOLO_OK) {
+            /* The device failed, the controller did not: later enqueues
+             * fail with the reason, and the next round tells the other
+             * members that this rank stops, so they stop with it. */
+            kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
+            kolo__queue_close(&ps->queue, &err);
+            kolo__queue_request_shutdown(&ps->queue);
+        }
         if (rc != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
             stop_all(ps, &err);

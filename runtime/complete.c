@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "complete.h"
+#include "inflight.h"
 #include "peers.h"
 #include "timeline.h"
 
@@ -99,12 +100,23 @@ void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
         /* The name is released before the handle completes, so that a
          * training thread returning from kolo_wait can enqueue the same
          * name again. */
+        kolo__handoff_t ho = {0};
         kolo__queue_release(&ps->queue, e->name);
-        kolo__handles_complete_output(ps->rt->handles, e->handle, status, msg,
-                                      status == KOLO_OK ? e->result : NULL,
-                                      kolo__result_free);
-        if (status == KOLO_OK)
+        if (status == KOLO_OK) {
+            ho.output = e->result;
+            ho.output_free = kolo__result_free;
             e->result = NULL;
+            if (e->done != NULL) {
+                /* A CUDA tensor: done once its batch is queued; the
+                 * handle orders the result on the program's stream. */
+                kolo__done_ref(e->done);
+                ho.done = e->done;
+                ho.done_free = kolo__done_release;
+                ho.stream = e->stream;
+            }
+        }
+        kolo__handles_complete_handoff(ps->rt->handles, e->handle, status, msg,
+                                       &ho);
     }
     if (status == KOLO_OK)
         ps->bytes_done += e->params.count *

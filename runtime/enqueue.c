@@ -172,6 +172,7 @@ static int place_entry(kolo__pset_t *ps, kolo__entry_t *e, const kolo_opts_t *o,
     e->device = o->device;
     e->ready_event = event;
     e->ready_free = dev->event_free;
+    e->stream = o->stream;
     ps->gpu_device = o->device;
     return KOLO_OK;
 }

@@ -18,6 +18,7 @@
 #include "peers.h"
 #include "pset.h"
 #include "half.h"
+#include "inflight.h"
 #include "reduce.h"
 
 #define FUSION_ALIGN 64
@@ -420,18 +421,9 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
  *
  * The bookkeeping of each collective (what every rank contributes, the
  * result's rows, splits and shape) is written once here; the bytes move
- * through the set's data backend (host tensors) or through the device
- * backend (CUDA tensors, `dev` not NULL), whose queued work sync waits
- * for. */
-
-/* After a device collective was queued (rc), waits for the device. */
-static int dev_done(kolo__pset_t *ps, const kolo__dev_ops_t *dev, int rc,
-                    const char *what, char *detail)
-{
-    if (rc != KOLO_OK || dev == NULL)
-        return rc;
-    return dev->sync(ps->exec.dev_ctx, what, detail, KOLO__ERR_LEN);
-}
+ * through the set's data backend (host tensors), or are queued on the
+ * device backend's stream (CUDA tensors, `dev` not NULL: run_device
+ * records the batch's event afterwards, inflight.c). */
 
 static int run_broadcast(kolo__pset_t *ps, kolo__entry_t *e,
                          const kolo__dev_ops_t *dev, kolo__err_t *err)
@@ -444,10 +436,8 @@ static int run_broadcast(kolo__pset_t *ps, kolo__entry_t *e,
     if (bytes == 0)
         return KOLO_OK;
     if (dev != NULL)
-        rc = dev_done(ps, dev,
-                      dev->broadcast(ps->exec.dev_ctx, e->output, bytes,
-                                     e->params.root, detail, sizeof(detail)),
-                      "the broadcast", detail);
+        rc = dev->broadcast(ps->exec.dev_ctx, e->output, bytes,
+                            e->params.root, detail, sizeof(detail));
     else
         rc = ps->data_ops->broadcast(ps->data_ctx, e->output, bytes,
                                      e->params.root, detail, sizeof(detail));
@@ -549,10 +539,8 @@ static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e,
         goto out;
     memcpy(res->splits, rows, (size_t)ps->size * sizeof(int64_t));
     if (dev != NULL)
-        rc = dev_done(ps, dev,
-                      dev->allgatherv(ps->exec.dev_ctx, e->input, res->data,
-                                      bytes, detail, sizeof(detail)),
-                      "the allgather", detail);
+        rc = dev->allgatherv(ps->exec.dev_ctx, e->input, res->data, bytes,
+                             detail, sizeof(detail));
     else if (res->bytes > 0)
         rc = ps->data_ops->allgatherv(ps->data_ctx, e->input, res->data,
                                       bytes, detail, sizeof(detail));
@@ -598,10 +586,8 @@ static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e,
     for (size_t j = 0; j < n; j++)
         res->splits[j] = all[j * n + (size_t)ps->rank];
     if (dev != NULL)
-        rc = dev_done(ps, dev,
-                      dev->alltoallv(ps->exec.dev_ctx, e->input, sb,
-                                     res->data, rb, detail, sizeof(detail)),
-                      "the alltoall", detail);
+        rc = dev->alltoallv(ps->exec.dev_ctx, e->input, sb, res->data, rb,
+                            detail, sizeof(detail));
     else
         rc = ps->data_ops->alltoallv(ps->data_ctx, e->input, sb, res->data,
                                      rb, detail, sizeof(detail));
@@ -647,12 +633,13 @@ static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
     for (int r = 0; r < ps->size; r++)
         res->splits[r] = row > 0 ? (int64_t)counts[r] / row : 0;
     if (dev != NULL) {
-        rc = dev_done(ps, dev,
-                      dev->reduce_scatter(ps->exec.dev_ctx, e->input,
-                                          res->data, counts, p->dtype, p->op,
-                                          p->prescale, post, detail,
-                                          sizeof(detail)),
-                      "the reducescatter", detail);
+        rc = dev->reduce_scatter(ps->exec.dev_ctx, e->input, res->data,
+                                 counts, p->dtype,
+                                 p->op == KOLO_OP_AVERAGE ? KOLO_OP_SUM
+                                                          : p->op,
+                                 p->prescale, post,
+                                 kolo__reduce_get(dtype, (kolo_op_t)p->op),
+                                 detail, sizeof(detail));
     } else if (p->count > 0) {
         memcpy(ps->exec.fusion, e->input, (size_t)p->count * esize);
         if (p->prescale != 1.0)
@@ -795,50 +782,24 @@ static int run_allreduce_device(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
         ts[i] = (kolo__dev_tensor_t){e->device < 0 ? NULL : e->input,
                                      e->output, (size_t)e->params.count};
     }
+    /* AVERAGE is the backend's to do (ops.h): NCCL averages the way
+     * Horovod asks it to. */
     rc = dev->allreduce(
         ps->exec.dev_ctx, ts, n, p->dtype, p->wire, p->op, p->prescale,
-        /* AVERAGE is SUM and one scaling by postscale / size (Horovod's). */
-        kolo__postscale_factor(p->op, p->postscale, ps->size),
+        p->postscale,
         kolo__reduce_get((kolo_dtype_t)p->wire,
                          p->op == KOLO_OP_AVERAGE ? KOLO_OP_SUM
                                                   : (kolo_op_t)p->op),
         detail, sizeof(detail));
     free(ts);
-    rc = dev_done(ps, dev, rc, "the allreduce", detail);
     return rc == KOLO_OK ? KOLO_OK : backend_error(ps, rc, e0, n, detail, err);
 }
 
-/* A batch of CUDA tensors: the device context (made at the first), the
- * program's work on the inputs first, then the collective. */
-static int run_device(kolo__pset_t *ps, const size_t *idx, size_t n,
-                      kolo__err_t *err)
+static int run_device_coll(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
+                           const size_t *idx, size_t n, kolo__err_t *err)
 {
-    const kolo__dev_ops_t *dev = kolo__ops_device();
     kolo__entry_t *e0 = ps->ready[idx[0]];
-    char detail[KOLO__ERR_LEN];
-    void **events;
-    int rc;
 
-    if (dev == NULL)
-        return kolo__err_set(err, KOLO_ERR_INTERNAL, "tensor '%s' is on a "
-                             "CUDA device in a build without GPU support",
-                             e0->name);
-    rc = ps->exec.dev_ctx == NULL ? dev_start(ps, dev, idx, n, detail)
-                                  : KOLO_OK;
-    if (rc == KOLO_OK)
-        rc = dev->begin(ps->exec.dev_ctx, detail, sizeof(detail));
-    if (rc == KOLO_OK) {
-        events = malloc(n * sizeof(*events));
-        if (events == NULL)
-            return no_memory(ps, e0, n * sizeof(*events), err);
-        for (size_t i = 0; i < n; i++)
-            events[i] = ps->ready[idx[i]]->ready_event;
-        rc = dev->wait_events(ps->exec.dev_ctx, events, n, detail,
-                              sizeof(detail));
-        free(events);
-    }
-    if (rc != KOLO_OK)
-        return backend_error(ps, rc, e0, n, detail, err);
     switch (e0->params.coll) {
     case KOLO__COLL_ALLREDUCE: return run_allreduce_device(ps, dev, idx, n, err);
     case KOLO__COLL_BROADCAST: return run_broadcast(ps, e0, dev, err);
@@ -849,6 +810,119 @@ static int run_device(kolo__pset_t *ps, const size_t *idx, size_t n,
         return kolo__err_set(err, KOLO_ERR_INTERNAL, "%s has no GPU path",
                              kolo__coll_name(e0->params.coll));
     }
+}
+
+/* After a device batch was queued: its completion (the event after its
+ * work), in the set's list of batches in flight and on every entry, so
+ * that the handles complete now and order their results on the program's
+ * streams (inflight.c). *done keeps the caller's reference. */
+static int track_device(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
+                        const size_t *idx, size_t n, kolo__done_t **done,
+                        kolo__err_t *err)
+{
+    kolo__entry_t *e0 = ps->ready[idx[0]];
+    char detail[KOLO__ERR_LEN], what[KOLO_MAX_NAME_LEN + 96];
+    void *event = NULL;
+    int rc;
+
+    rc = dev->record(ps->exec.dev_ctx, &event, detail, sizeof(detail));
+    if (rc != KOLO_OK)
+        return backend_error(ps, rc, e0, n, detail, err);
+    *done = kolo__done_new(dev, event);
+    if (*done == NULL)
+        return no_memory(ps, e0, sizeof(kolo__done_t), err);
+    if (n > 1)
+        snprintf(what, sizeof(what), "%s of CUDA tensor '%s' fused with %zu "
+                 "others", kolo__coll_name(e0->params.coll), e0->name, n - 1);
+    else
+        snprintf(what, sizeof(what), "%s of CUDA tensor '%s' (%lld %s, device "
+                 "%d)", kolo__coll_name(e0->params.coll), e0->name,
+                 (long long)e0->params.count,
+                 kolo_dtype_name((kolo_dtype_t)e0->params.dtype), e0->device);
+    if (kolo__inflight_add(&ps->exec.inflight, *done, what) != KOLO_OK) {
+        /* Nothing to watch it with: wait for the device here instead. */
+        rc = kolo__done_settle(*done, NULL, 1, err);
+        if (rc != KOLO_OK)
+            return rc;
+    }
+    for (size_t i = 0; i < n; i++)
+        ps->ready[idx[i]]->done = *done;
+    return KOLO_OK;
+}
+
+/* The ready events kolo's stream must wait for: per program stream only
+ * the last one recorded (the entry enqueued last: handles grow), since the
+ * events of one stream pass in the order they were recorded. A batch of a
+ * thousand small tensors from one stream waits for one event. Returns how
+ * many were written to events. */
+static size_t last_events(kolo__pset_t *ps, const size_t *idx, size_t n,
+                          void **events)
+{
+    size_t nev = 0;
+    /* streams[k] owns events[k]; the latest entry's handle in last[k] */
+    void *streams[16];
+    kolo_handle_t last[16];
+
+    for (size_t i = 0; i < n; i++) {
+        const kolo__entry_t *e = ps->ready[idx[i]];
+        size_t k;
+        if (e->ready_event == NULL)
+            continue;
+        for (k = 0; k < nev && k < 16; k++)
+            if (streams[k] == e->stream)
+                break;
+        if (k < nev && k < 16) {
+            if (e->handle > last[k]) {
+                last[k] = e->handle;
+                events[k] = e->ready_event;
+            }
+            continue;
+        }
+        /* A new stream (past 16 streams every event is kept). */
+        if (nev < 16) {
+            streams[nev] = e->stream;
+            last[nev] = e->handle;
+        }
+        events[nev++] = e->ready_event;
+    }
+    return nev;
+}
+
+/* A batch of CUDA tensors: the device context (made at the first), the
+ * program's work on the inputs first, then the collective, queued; *done
+ * gets the batch's completion (NULL when nothing was queued). */
+static int run_device(kolo__pset_t *ps, const size_t *idx, size_t n,
+                      kolo__done_t **done, kolo__err_t *err)
+{
+    const kolo__dev_ops_t *dev = kolo__ops_device();
+    kolo__entry_t *e0 = ps->ready[idx[0]];
+    char detail[KOLO__ERR_LEN];
+    void **events;
+    int rc;
+
+    *done = NULL;
+    if (dev == NULL)
+        return kolo__err_set(err, KOLO_ERR_INTERNAL, "tensor '%s' is on a "
+                             "CUDA device in a build without GPU support",
+                             e0->name);
+    rc = ps->exec.dev_ctx == NULL ? dev_start(ps, dev, idx, n, detail)
+                                  : KOLO_OK;
+    if (rc == KOLO_OK)
+        rc = dev->begin(ps->exec.dev_ctx, detail, sizeof(detail));
+    if (rc == KOLO_OK) {
+        size_t nev = 0;
+        events = malloc(n * sizeof(*events));
+        if (events == NULL)
+            return no_memory(ps, e0, n * sizeof(*events), err);
+        nev = last_events(ps, idx, n, events);
+        rc = dev->wait_events(ps->exec.dev_ctx, events, nev, detail,
+                              sizeof(detail));
+        free(events);
+    }
+    if (rc != KOLO_OK)
+        return backend_error(ps, rc, e0, n, detail, err);
+    KOLO__CHECK(run_device_coll(ps, dev, idx, n, err));
+    return track_device(ps, dev, idx, n, done, err);
 }
 
 /* The fusion key: allreduces fuse only with the same place (host or
@@ -881,6 +955,7 @@ int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
     uint32_t nscales = 0;
     size_t *order;
     kolo__batch_t *batches;
+    kolo__done_t *done = NULL;
     long nb = 0;
     int rc = KOLO_OK;
 
@@ -921,7 +996,7 @@ int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
                      gpu ? kolo__phase_names("nccl")[e0->params.coll]
                          : kolo__backend_phase(ps, e0->params.coll));
         if (gpu) {
-            rc = run_device(ps, idx, batches[b].n, err);
+            rc = run_device(ps, idx, batches[b].n, &done, err);
         } else switch (e0->params.coll) {
         case KOLO__COLL_ALLREDUCE:
             rc = run_allreduce(ps, idx, batches[b].n, err);
@@ -954,6 +1029,8 @@ int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
             else
                 kolo__fail_entry(ps, e, err);
         }
+        kolo__done_release(done);
+        done = NULL;
         if (rc != KOLO_OK)
             break;
     }

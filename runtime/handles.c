@@ -9,14 +9,21 @@
 typedef struct handle_rec {
     int status;
     char *msg; /* owned; NULL on success or while running */
-    void *output;
-    void (*free_fn)(void *);
+    kolo__handoff_t ho; /* owned until handed over */
 } handle_rec_t;
+
+static void handoff_free(kolo__handoff_t *ho)
+{
+    if (ho->output != NULL)
+        ho->output_free(ho->output);
+    if (ho->done != NULL)
+        ho->done_free(ho->done);
+    memset(ho, 0, sizeof(*ho));
+}
 
 static void rec_free(handle_rec_t *r)
 {
-    if (r->output != NULL)
-        r->free_fn(r->output);
+    handoff_free(&r->ho);
     free(r->msg);
     free(r);
 }
@@ -79,7 +86,16 @@ void kolo__handles_complete_output(kolo__handles_t *h, kolo_handle_t id,
                                    int status, const char *msg, void *output,
                                    void (*free_fn)(void *))
 {
+    kolo__handoff_t ho = {.output = output, .output_free = free_fn};
+    kolo__handles_complete_handoff(h, id, status, msg, &ho);
+}
+
+void kolo__handles_complete_handoff(kolo__handles_t *h, kolo_handle_t id,
+                                    int status, const char *msg,
+                                    const kolo__handoff_t *ho)
+{
     handle_rec_t *r;
+    kolo__handoff_t left = *ho;
     /* Copy the message before taking the lock: waiters should not wait on
      * malloc. */
     char *copy = (status != KOLO_OK && msg != NULL) ? kolo__strdup(msg) : NULL;
@@ -89,16 +105,16 @@ void kolo__handles_complete_output(kolo__handles_t *h, kolo_handle_t id,
     if (r != NULL && r->status == KOLO_IN_PROGRESS) {
         r->status = status;
         r->msg = copy;
-        r->output = output;
-        r->free_fn = free_fn;
         copy = NULL;
-        output = NULL;
+        if (status == KOLO_OK) {
+            r->ho = left;
+            memset(&left, 0, sizeof(left));
+        }
         pthread_cond_broadcast(&h->cv);
     }
     pthread_mutex_unlock(&h->mu);
     free(copy);
-    if (output != NULL)
-        free_fn(output);
+    handoff_free(&left);
 }
 
 static int invalid(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err)
@@ -135,8 +151,24 @@ int kolo__handles_wait(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err)
 int kolo__handles_wait_output(kolo__handles_t *h, kolo_handle_t id,
                               kolo__err_t *err, void **output)
 {
+    kolo__handoff_t ho;
+    int status = kolo__handles_wait_handoff(h, id, err, &ho);
+
+    if (output != NULL) {
+        *output = ho.output;
+        ho.output = NULL;
+    }
+    handoff_free(&ho);
+    return status;
+}
+
+int kolo__handles_wait_handoff(kolo__handles_t *h, kolo_handle_t id,
+                               kolo__err_t *err, kolo__handoff_t *ho)
+{
     handle_rec_t *r;
     int status;
+
+    memset(ho, 0, sizeof(*ho));
 
     pthread_mutex_lock(&h->mu);
     r = kolo__map_get(&h->map, &id, sizeof(id));
@@ -161,10 +193,8 @@ int kolo__handles_wait_output(kolo__handles_t *h, kolo_handle_t id,
         kolo__err_set(err, status, "%s", r->msg ? r->msg : kolo_strerror(status));
     kolo__map_del(&h->map, &id, sizeof(id));
     pthread_mutex_unlock(&h->mu);
-    if (output != NULL) {
-        *output = r->output;
-        r->output = NULL;
-    }
+    *ho = r->ho;
+    memset(&r->ho, 0, sizeof(r->ho));
     rec_free(r);
     return status;
 }

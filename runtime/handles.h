@@ -41,6 +41,24 @@ void kolo__handles_complete_output(kolo__handles_t *h, kolo_handle_t id,
                                    int status, const char *msg, void *output,
                                    void (*free_fn)(void *));
 
+/* What a completed handle hands its waiter besides the status: an output
+ * (a result), and for a tensor in device memory the completion of its
+ * batch (inflight.h) and the program's stream at enqueue. Each pointer
+ * comes with the function that frees it. */
+typedef struct kolo__handoff {
+    void *output;
+    void (*output_free)(void *);
+    void *done;
+    void (*done_free)(void *);
+    void *stream;
+} kolo__handoff_t;
+
+/* kolo__handles_complete with a handoff; takes ownership of what it holds
+ * in every case (a failed handle drops it). */
+void kolo__handles_complete_handoff(kolo__handles_t *h, kolo_handle_t id,
+                                    int status, const char *msg,
+                                    const kolo__handoff_t *ho);
+
 /* KOLO_IN_PROGRESS, the final status, or KOLO_ERR_INVALID_HANDLE. */
 int kolo__handles_poll(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err);
 
@@ -51,6 +69,11 @@ int kolo__handles_wait(kolo__handles_t *h, kolo_handle_t id, kolo__err_t *err);
 /* kolo__handles_wait, handing over the attached output (NULL if none). */
 int kolo__handles_wait_output(kolo__handles_t *h, kolo_handle_t id,
                               kolo__err_t *err, void **output);
+
+/* kolo__handles_wait, handing over the whole handoff (zeroed if none): the
+ * caller frees what it holds. */
+int kolo__handles_wait_handoff(kolo__handles_t *h, kolo_handle_t id,
+                               kolo__err_t *err, kolo__handoff_t *ho);
 
 /* The message of a done, failed, unreleased handle, else NULL. */
 const char *kolo__handles_error(kolo__handles_t *h, kolo_handle_t id);

@@ -44,8 +44,17 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
 
 static void release_ops(kolo__pset_t *ps)
 {
-    if (ps->exec.dev_ctx != NULL)
+    if (ps->exec.dev_ctx != NULL) {
+        /* The device may still be working on the last batches (their
+         * handles completed when they were queued): let it finish, or
+         * fail them, before its context goes. */
+        kolo__err_t err;
+        if (kolo__inflight_drain(&ps->exec.inflight, kolo__ops_device(),
+                                 ps->exec.dev_ctx, ps->rt->rank,
+                                 ps->rt->cfg.timeout_s, &err) != KOLO_OK)
+            kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
         kolo__ops_device()->finalize(ps->exec.dev_ctx);
+    }
     if (ps->data_ops != NULL && ps->data_ctx != ps->ctl_ctx)
         ps->data_ops->finalize(ps->data_ctx);
     if (ps->ctl_ops != NULL)

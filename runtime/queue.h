@@ -47,6 +47,11 @@ typedef struct kolo__entry {
     int device;
     void *ready_event;
     void (*ready_free)(void *event);
+    void *stream; /* the program's stream at enqueue (kolo_opts_t) */
+    /* Once the entry's batch is queued on the device: its completion
+     * (inflight.h), borrowed from execute.c, which holds a reference until
+     * the entry is completed (the handle takes one of its own). */
+    struct kolo__done *done;
     int tl_depth; /* timeline spans open on this tensor's lane */
     /* An allreduce whose reduction came with the agreement (negotiate.c):
      * the result, valid until the round's plan has run; else NULL. */

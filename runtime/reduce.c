@@ -364,6 +364,24 @@ void kolo__scale(void *buf, size_t n, kolo_dtype_t dtype, double factor)
     }
 }
 
+float kolo__f16_factor(double factor)
+{
+    return kolo__f16_to_float(kolo__float_to_f16((float)factor));
+}
+
+void kolo__scale_device(void *buf, size_t n, kolo_dtype_t dtype,
+                        double factor)
+{
+    if (dtype != KOLO_FLOAT16) {
+        kolo__scale(buf, n, dtype, factor);
+        return;
+    }
+    if (n == 0 || factor == 1.0)
+        return;
+    half_apply(buf, n, kolo__f16_to_f32, kolo__f32_to_f16, mul_f32_const,
+               kolo__f16_factor(factor));
+}
+
 /* ---- average ------------------------------------------------------------ */
 
 /* Exact integer division in int64 (C truncates toward zero). The quotient's

@@ -56,6 +56,18 @@ int kolo__op_valid_for_dtype(kolo_dtype_t dtype, kolo_op_t op);
  *  - bool: unchanged. Unknown dtype: nothing is done. */
 void kolo__scale(void *buf, size_t n, kolo_dtype_t dtype, double factor);
 
+/* kolo__scale as Horovod's CUDA kernels scale a tensor in device memory,
+ * the reference of kolo's device backends (ops/nccl's kernels, ops/simdev):
+ * the same for every dtype but float16, which is scaled in half precision:
+ * the factor is rounded to float32, then to float16 (nearest even), and
+ * each element becomes the float16 product x * factor, rounded once (the
+ * product of two float16 values is exact in float32: __hmul's result). */
+void kolo__scale_device(void *buf, size_t n, kolo_dtype_t dtype,
+                        double factor);
+
+/* The factor kolo__scale_device multiplies float16 elements by. */
+float kolo__f16_factor(double factor);
+
 /* The factor an allreduce or reducescatter multiplies its result by:
  * postscale, divided by the process set's size for AVERAGE. AVERAGE is SUM
  * followed by this one scaling (kolo__scale), as in Horovod, whose

@@ -34,6 +34,7 @@
 #include "common.h"
 #include "env.h"
 #include "handles.h"
+#include "inflight.h"
 #include "map.h"
 #include "message.h"
 #include "ops.h"
@@ -120,6 +121,7 @@ typedef struct kolo__pset {
         size_t starts_cap;
         void *dev_ctx;         /* the device backend's context (ops.h),
                                   created by the first CUDA batch */
+        kolo__inflight_list_t inflight; /* its batches not yet done */
     } exec;
     /* background.c's: the loop's counters (complete.c counts what
      * completes; negotiate.c reads the round number). */

@@ -359,8 +359,15 @@ typedef struct kolo_opts {
      * the work that produces `input`; NULL: the legacy default stream. At
      * enqueue kolo records an event there and its own stream waits for it:
      * the caller is not blocked, and the collective never reads the input
-     * before the program's kernels have written it. The output is complete
-     * once the handle is done. */
+     * before the program's kernels have written it. Completion is ordered
+     * on a stream too, as DDP does (Horovod with
+     * HOROVOD_ENABLE_ASYNC_COMPLETION): the handle is done once the
+     * collective is queued on the device, and kolo_wait makes this stream
+     * (kolo_wait_on_stream: another) wait for it, without blocking the
+     * host. Work queued there afterwards sees the output; the host reads it
+     * after synchronizing that stream. A failure found on the device after
+     * the handle was done is returned by kolo_wait, and stops the process
+     * set, so every later call on it fails with the same message. */
     void *stream;
 } kolo_opts_t;
 
@@ -457,7 +464,9 @@ KOLO_EXPORT int kolo_reducescatter_async(const char *name, const void *input,
                                          kolo_handle_t *handle);
 
 /* Like kolo_wait, and on success hands over the output of an allgather,
- * alltoall or reducescatter (for other collectives *result is zeroed). */
+ * alltoall or reducescatter (for other collectives *result is zeroed). A
+ * CUDA result is handed over once the device has written it (the calling
+ * thread sleeps until then), so that it can be copied out at once. */
 KOLO_EXPORT int kolo_wait_result(kolo_handle_t handle, kolo_result_t *result);
 
 /* Frees what kolo_wait_result handed over; result may be zeroed. */
@@ -550,13 +559,25 @@ KOLO_EXPORT int kolo_process_set_size(int id);
 /* ---- Completion -------------------------------------------------------- */
 
 /* Non-blocking: KOLO_IN_PROGRESS while the operation runs, then its final
- * status (KOLO_OK or an error). Polling does not release the handle. */
+ * status (KOLO_OK or an error). Polling does not release the handle. A
+ * CUDA tensor's handle is done once its collective is queued on the device
+ * (see kolo_opts_t.stream). */
 KOLO_EXPORT int kolo_poll(kolo_handle_t handle);
 
 /* Blocks until the handle is done, releases it and returns its status. On
  * failure the message is available through kolo_last_error() on this
- * thread. A released or never-issued handle gives KOLO_ERR_INVALID_HANDLE. */
+ * thread. A released or never-issued handle gives KOLO_ERR_INVALID_HANDLE.
+ * For a CUDA tensor, done means queued on the device: the stream given at
+ * enqueue (kolo_opts_t.stream) is made to wait for the output, and the
+ * host does not wait for the device. */
 KOLO_EXPORT int kolo_wait(kolo_handle_t handle);
+
+/* kolo_wait, ordering a CUDA tensor's output on `stream` (a cudaStream_t;
+ * NULL: the legacy default stream) instead of the stream given at enqueue:
+ * for a program whose current stream changed in between (kolo.torch orders
+ * on the current stream at synchronize, as Horovod does). For a host
+ * tensor the same as kolo_wait. */
+KOLO_EXPORT int kolo_wait_on_stream(kolo_handle_t handle, void *stream);
 
 /* The error message of a done, not yet released handle that failed; NULL
  * when the handle is unknown, still running or succeeded. The string lives

@@ -197,9 +197,11 @@ AS_IF([test "x$with_nccl" != xno && test "x$kolo_have_cuda" != xyes],
          AC_COMPUTE_INT([kolo_nccl_patch], [NCCL_PATCH], [[#include <nccl.h>]], [kolo_nccl_patch=])])
       KOLO_RESTORE_FLAGS
       AC_LANG_POP([C])])])
+KOLO_NCCL_VERSION_CODE=0
 AS_IF([test "x$kolo_have_nccl" = xyes],
   [AS_IF([test -n "$kolo_nccl_major$kolo_nccl_minor$kolo_nccl_patch"],
-     [kolo_nccl_version="$kolo_nccl_major.$kolo_nccl_minor.$kolo_nccl_patch, "],
+     [kolo_nccl_version="$kolo_nccl_major.$kolo_nccl_minor.$kolo_nccl_patch, "
+      KOLO_NCCL_VERSION_CODE=`expr $kolo_nccl_major \* 10000 + $kolo_nccl_minor \* 100 + $kolo_nccl_patch`],
      [kolo_nccl_version=])
    kolo_nccl_summary="yes (${kolo_nccl_version}$kolo_nccl_where, $NCCL_LIBS)"
    AC_DEFINE([KOLO_HAVE_NCCL], [1], [Define to 1 to build the NCCL GPU backend.])],
@@ -212,5 +214,8 @@ AS_IF([test "x$kolo_have_nccl" != xyes],
   [NCCL_CPPFLAGS=
    NCCL_LIBS=])
 AC_SUBST([NCCL_CPPFLAGS])
+dnl NCCL_VERSION_CODE of the nccl.h kolo is built against (0: none), which
+dnl kolo_built("nccl") returns, for the Python tests (kolo/_build_config.py).
+AC_SUBST([KOLO_NCCL_VERSION_CODE])
 AC_SUBST([NCCL_LIBS])
 AM_CONDITIONAL([HAVE_NCCL], [test "x$kolo_have_nccl" = xyes])])

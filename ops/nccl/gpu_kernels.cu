@@ -35,7 +35,10 @@
  * Semantics. Every result is bit-identical to the host path's (reduce.c,
  * half.c) except for the payload and sign of a NaN produced by arithmetic
  * (the GPU returns its canonical NaN where x86 propagates the operand's):
- * a NaN stays a NaN. Unscaled conversions do no arithmetic, so they keep
+ * a NaN stays a NaN; and float16 scaling, which is Horovod's on CUDA
+ * (kolo__scale_device, reduce.h): the factor is rounded to float16 first,
+ * so the product is __hmul's, computed exactly in float32 and rounded
+ * once. Unscaled conversions do no arithmetic, so they keep
  * the host's NaN bits exactly. Scaling a converting copy happens on the
  * 16-bit side, as the host does it: float32 -> 16 bits is converted first
  * and then scaled as kolo__scale scales a 16-bit buffer (widen, multiply by
@@ -287,6 +290,14 @@ template <typename F> struct half_to_f32 {
     }
 };
 
+/* The float multiplier of a float16 scaling: Horovod's CUDA kernels
+ * multiply in half precision by the factor rounded to float32, then to
+ * float16 (kolo__f16_factor's host reference). */
+float f16_factor(double scale)
+{
+    return __half2float(__float2half_rn((float)scale));
+}
+
 /* ---- kernels --------------------------------------------------------------- */
 
 template <typename T, int V> struct alignas(sizeof(T) * V) vec_t {
@@ -512,7 +523,7 @@ int run_scaled_copy(const kolo__gpu_copy_t *c, size_t n, int dtype,
     case KOLO_INT32: return run_map<int32_t, int32_t>(c, n, scale_int<int32_t>{scale}, s);
     case KOLO_INT64: return run_map<int64_t, int64_t>(c, n, scale_int<int64_t>{scale}, s);
     case KOLO_FLOAT16:
-        return run_map<uint16_t, uint16_t>(c, n, scale_half<fmt_f16>{(float)scale}, s);
+        return run_map<uint16_t, uint16_t>(c, n, scale_half<fmt_f16>{f16_factor(scale)}, s);
     case KOLO_BFLOAT16:
         return run_map<uint16_t, uint16_t>(c, n, scale_half<fmt_bf16>{(float)scale}, s);
     case KOLO_FLOAT32: return run_map<float, float>(c, n, scale_f32{(float)scale}, s);
@@ -550,13 +561,13 @@ int kolo__gpu_copy_batch(const kolo__gpu_copy_t *copies, size_t n, int from,
                       : run_copy(copies, n, dtype_size(from), s);
     if (from == KOLO_FLOAT32 && to == KOLO_FLOAT16)
         return run_map<float, uint16_t>(
-            copies, n, f32_to_half<fmt_f16>{(float)scale, scaled}, s);
+            copies, n, f32_to_half<fmt_f16>{f16_factor(scale), scaled}, s);
     if (from == KOLO_FLOAT32 && to == KOLO_BFLOAT16)
         return run_map<float, uint16_t>(
             copies, n, f32_to_half<fmt_bf16>{(float)scale, scaled}, s);
     if (from == KOLO_FLOAT16 && to == KOLO_FLOAT32)
         return run_map<uint16_t, float>(
-            copies, n, half_to_f32<fmt_f16>{(float)scale, scaled}, s);
+            copies, n, half_to_f32<fmt_f16>{f16_factor(scale), scaled}, s);
     if (from == KOLO_BFLOAT16 && to == KOLO_FLOAT32)
         return run_map<uint16_t, float>(
             copies, n, half_to_f32<fmt_bf16>{(float)scale, scaled}, s);

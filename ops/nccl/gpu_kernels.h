@@ -9,8 +9,9 @@
  * so a tensor reduced on the device gives what the host path gives:
  * float16/bfloat16 conversion rounds to nearest even, scaling and averaging
  * compute in double for float64 and integers (truncated toward zero
- * afterwards) and in float32 otherwise, float16/bfloat16 are scaled in
- * float32 and rounded once.
+ * afterwards) and in float32 otherwise, bfloat16 is scaled in float32 and
+ * rounded once; float16 is scaled in half precision, as Horovod's CUDA
+ * kernels scale it (kolo__scale_device).
  *
  * dtype arguments are kolo_dtype_t values (kolo.h).
  */

@@ -24,14 +24,21 @@
  * A batch: the stream waits for each tensor's ready event (recorded on the
  * program's stream at enqueue), kernels pack the tensors into the fusion
  * buffer (prescaling and compressing on the way), NCCL reduces it, kernels
- * average, postscale and unpack. A host function queued after the work
- * signals a condition variable, so the background thread sleeps until the
- * GPU is done (sync), waking every 100 ms to check NCCL's asynchronous
- * errors, a lost peer and the timeout; on any of them the communicators
- * are aborted (which ends NCCL's kernels), the stream is given a few
- * seconds to drain (so nothing writes a user's buffer after its handle
- * failed), and the handles fail with the reason. A kernel fault is seen at
- * the next check too (the host function never runs after one).
+ * average, postscale and unpack, and an event is recorded after the work
+ * (record). Nothing here waits for the GPU: the runtime completes the
+ * batch's handles at once, the program's stream waits for the event
+ * (order), and between rounds the runtime asks `watch` to check NCCL's
+ * asynchronous errors, a kernel fault, a lost peer and the timeout; on any
+ * of them the communicators are aborted (which ends NCCL's kernels), the
+ * stream is given a few seconds to drain (so nothing writes a user's
+ * buffer after its handle failed), and the runtime fails the batches in
+ * flight with the reason (runtime/inflight.c). Only the hierarchical
+ * allreduce waits within a batch, for its shard to reach the host: a host
+ * function queued after the work signals a condition variable, and the
+ * thread sleeps until then, checking the same things every 100 ms.
+ *
+ * Events, ready and done, come from a pool per device (event_get,
+ * event_free), so that a tensor costs no cudaEventCreate.
  *
  * Every context slot is called by a set's background thread, one batch at
  * a time, in the same order on every rank; its CUDA calls go to the set's
@@ -74,6 +81,17 @@
             return check_rc_;                                                \
     } while (0)
 
+/* An event of the pool: made on `device`, recorded on its streams. */
+typedef struct nccl_event {
+    cudaEvent_t ev;
+    int device;
+    struct nccl_event *next; /* in the pool */
+} nccl_event_t;
+
+static _Atomic int g_device_count; /* 0: not known yet */
+static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static nccl_event_t *g_pool; /* free events, any device */
+
 typedef struct nccl_ctx {
     kolo__dev_config_t cfg; /* members and hosts point into the copies below */
     int *members, *hosts;
@@ -96,6 +114,7 @@ typedef struct nccl_ctx {
     uint64_t issued, finished;
     int broken; /* aborted: host functions may still run, so the state
                    outlives the set (freed never) */
+    int64_t peers_at; /* when watch last looked for a lost peer */
     /* Where the slot being run writes its sentence. */
     char *err;
     size_t errlen;
@@ -240,10 +259,104 @@ static int nccl_device_count(void)
     return n;
 }
 
+/* Makes `device` current; *prev gets the one that was (-1: unknown). */
+static cudaError_t use_device(int device, int *prev)
+{
+    if (cudaGetDevice(prev) != cudaSuccess)
+        *prev = -1;
+    return *prev == device ? cudaSuccess : cudaSetDevice(device);
+}
+
+static void restore_device(int device, int prev)
+{
+    if (prev >= 0 && prev != device)
+        cudaSetDevice(prev);
+}
+
+/* An event of `device` from the pool, or a new one (the device is made
+ * current for it, and restored). */
+static cudaError_t event_get(int device, nccl_event_t **out)
+{
+    nccl_event_t *e, **link;
+    cudaError_t rc;
+    int prev;
+
+    pthread_mutex_lock(&g_pool_mu);
+    for (link = &g_pool; *link != NULL; link = &(*link)->next)
+        if ((*link)->device == device)
+            break;
+    e = *link;
+    if (e != NULL)
+        *link = e->next;
+    pthread_mutex_unlock(&g_pool_mu);
+    if (e != NULL) {
+        *out = e;
+        return cudaSuccess;
+    }
+    if ((e = calloc(1, sizeof(*e))) == NULL)
+        return cudaErrorMemoryAllocation;
+    e->device = device;
+    rc = use_device(device, &prev);
+    if (rc == cudaSuccess)
+        rc = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming);
+    restore_device(device, prev);
+    if (rc != cudaSuccess) {
+        free(e);
+        return rc;
+    }
+    *out = e;
+    return cudaSuccess;
+}
+
+/* Back to the pool: an event may be recorded again once it is released
+ * (its waits were queued already; a later record does not disturb them). */
 static void nccl_event_free(void *event)
 {
-    if (event != NULL)
-        cudaEventDestroy((cudaEvent_t)event);
+    nccl_event_t *e = event;
+
+    if (e == NULL)
+        return;
+    pthread_mutex_lock(&g_pool_mu);
+    e->next = g_pool;
+    g_pool = e;
+    pthread_mutex_unlock(&g_pool_mu);
+}
+
+static int nccl_event_query(void *event, char *err, size_t errlen)
+{
+    nccl_event_t *e = event;
+    cudaError_t rc = cudaEventQuery(e->ev);
+
+    if (rc == cudaSuccess)
+        return 1;
+    if (rc == cudaErrorNotReady)
+        return 0;
+    cudaGetLastError();
+    snprintf(err, errlen, "CUDA device %d failed: %s", e->device,
+             cudaGetErrorString(rc));
+    return KOLO_ERR_BACKEND;
+}
+
+/* The legacy default stream (NULL) is the current device's: the event's
+ * device is made current for it, as prepare does. */
+static int nccl_order(void *event, void *stream, char *err, size_t errlen)
+{
+    nccl_event_t *e = event;
+    cudaError_t rc;
+    int prev = -1;
+
+    rc = stream != NULL ? cudaSuccess : use_device(e->device, &prev);
+    if (rc == cudaSuccess)
+        rc = cudaStreamWaitEvent((cudaStream_t)stream, e->ev, 0);
+    if (stream == NULL)
+        restore_device(e->device, prev);
+    if (rc == cudaSuccess)
+        return KOLO_OK;
+    cudaGetLastError();
+    snprintf(err, errlen, "ordering the result on the program's stream %p "
+             "after kolo's on CUDA device %d: %s", stream, e->device,
+             cudaGetErrorString(rc));
+    return KOLO_ERR_BACKEND;
 }
 
 /* Checks that buf is memory of CUDA device `device`. */
@@ -284,11 +397,15 @@ static int nccl_prepare(const kolo__dev_check_t *t, void **event, char *err,
 {
     int count = 0, prev = -1;
     cudaError_t crc;
-    cudaEvent_t ev = NULL;
+    nccl_event_t *ev = NULL;
     ncclDataType_t nt;
 
     *event = NULL;
-    crc = cudaGetDeviceCount(&count);
+    /* The devices a process sees do not change: asked once. */
+    count = g_device_count;
+    crc = cudaSuccess;
+    if (count <= 0 && (crc = cudaGetDeviceCount(&count)) == cudaSuccess)
+        g_device_count = count;
     if (crc != cudaSuccess || count == 0) {
         cudaGetLastError();
         snprintf(err, errlen, "%s of tensor '%s' on CUDA device %d: rank %d "
@@ -323,20 +440,17 @@ static int nccl_prepare(const kolo__dev_check_t *t, void **event, char *err,
 
     /* The program's stream gets an event now; kolo's stream waits for it
      * before reading the input. */
-    if (cudaGetDevice(&prev) != cudaSuccess)
-        prev = -1;
-    crc = prev == t->device ? cudaSuccess : cudaSetDevice(t->device);
-    if (crc == cudaSuccess)
-        crc = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    crc = event_get(t->device, &ev);
     if (crc == cudaSuccess) {
-        crc = cudaEventRecord(ev, (cudaStream_t)t->stream);
+        crc = use_device(t->device, &prev);
+        if (crc == cudaSuccess)
+            crc = cudaEventRecord(ev->ev, (cudaStream_t)t->stream);
+        restore_device(t->device, prev);
         if (crc != cudaSuccess) {
-            cudaEventDestroy(ev);
+            nccl_event_free(ev);
             ev = NULL;
         }
     }
-    if (prev >= 0 && prev != t->device)
-        cudaSetDevice(prev);
     if (crc != cudaSuccess) {
         cudaGetLastError();
         snprintf(err, errlen, "%s of tensor '%s': cannot record an event on "
@@ -420,13 +534,62 @@ static void drain(nccl_ctx_t *c)
     cudaGetLastError();
 }
 
-/* Sleeps until the GPU has done everything queued on the stream so far.
- * Every 100 ms it checks NCCL's asynchronous errors and the timeout, and
- * every second whether a peer's process is gone; on any of them it aborts
- * the communicators, which ends NCCL's kernels. */
+/* Looks for what would keep the queued work from finishing: a fault in
+ * a kernel (the stream is in error), NCCL's asynchronous error, a lost
+ * peer (at most once every PEERS_EVERY_US), and with `expired` the
+ * timeout. On any of them aborts the communicators (which ends NCCL's
+ * kernels), lets the stream drain and fails naming `what`. */
+static int check_health(nccl_ctx_t *c, const char *what, int expired)
+{
+    int64_t t = now_us();
+    ncclResult_t bad;
+    cudaError_t crc;
+    char lost[512];
+
+    crc = cudaStreamQuery(c->stream);
+    if (crc != cudaSuccess && crc != cudaErrorNotReady) {
+        abort_comms(c);
+        drain(c);
+        return cuda_ok(c, crc, what);
+    }
+    if ((bad = async_error(c->comm)) != ncclSuccess ||
+        (bad = async_error(c->local)) != ncclSuccess) {
+        int code = nccl_code(bad);
+        char msg[512];
+        snprintf(msg, sizeof(msg), "%s", ncclGetLastError(NULL));
+        abort_comms(c);
+        drain(c);
+        return failf(c, code, "NCCL failed during %s: %s (%s); the NCCL "
+                     "communicators were aborted", what,
+                     ncclGetErrorString(bad), msg);
+    }
+    if (t - c->peers_at >= PEERS_EVERY_US) {
+        c->peers_at = t;
+        if (c->cfg.lost != NULL &&
+            c->cfg.lost(c->cfg.arg, lost, sizeof(lost)) > 0) {
+            abort_comms(c);
+            drain(c);
+            return failf(c, KOLO_ERR_RANK_LOST, "lost %s during %s; the "
+                         "NCCL communicators were aborted", lost, what);
+        }
+    }
+    if (expired) {
+        abort_comms(c);
+        drain(c);
+        return failf(c, KOLO_ERR_TIMEOUT, "%s did not finish within %g s "
+                     "(KOLO_TIMEOUT_SECONDS): some rank is not taking part, "
+                     "or the device is stuck; the NCCL communicators were "
+                     "aborted", what, c->cfg.timeout_s);
+    }
+    return KOLO_OK;
+}
+
+/* Sleeps until the GPU has done everything queued on the stream so far
+ * (the hierarchical allreduce, for its shard on the host), checking the
+ * queued work's health every 100 ms. */
 static int gpu_wait(nccl_ctx_t *c, const char *what)
 {
-    int64_t start = now_us(), peers_at = start;
+    int64_t start = now_us();
     double limit_us = c->cfg.timeout_s * 1e6;
     uint64_t target;
     cudaError_t crc;
@@ -441,9 +604,6 @@ static int gpu_wait(nccl_ctx_t *c, const char *what)
     pthread_mutex_lock(&c->mu);
     while (c->finished < target) {
         struct timespec ts;
-        ncclResult_t bad;
-        char lost[512];
-        int64_t t;
 
         clock_gettime(CLOCK_MONOTONIC, &ts);
         ts.tv_nsec += WATCH_NS;
@@ -455,43 +615,7 @@ static int gpu_wait(nccl_ctx_t *c, const char *what)
         if (c->finished >= target)
             break;
         pthread_mutex_unlock(&c->mu);
-        t = now_us();
-        /* A fault in a kernel: the host function will never run. */
-        crc = cudaStreamQuery(c->stream);
-        if (crc != cudaSuccess && crc != cudaErrorNotReady) {
-            abort_comms(c);
-            drain(c);
-            return cuda_ok(c, crc, what);
-        }
-        if ((bad = async_error(c->comm)) != ncclSuccess ||
-            (bad = async_error(c->local)) != ncclSuccess) {
-            int code = nccl_code(bad);
-            char msg[512];
-            snprintf(msg, sizeof(msg), "%s", ncclGetLastError(NULL));
-            abort_comms(c);
-            drain(c);
-            return failf(c, code, "NCCL failed during %s: %s (%s); the NCCL "
-                         "communicators were aborted", what,
-                         ncclGetErrorString(bad), msg);
-        }
-        if (t - peers_at >= PEERS_EVERY_US) {
-            peers_at = t;
-            if (c->cfg.lost != NULL &&
-                c->cfg.lost(c->cfg.arg, lost, sizeof(lost)) > 0) {
-                abort_comms(c);
-                drain(c);
-                return failf(c, KOLO_ERR_RANK_LOST, "lost %s during %s; the "
-                             "NCCL communicators were aborted", lost, what);
-            }
-        }
-        if ((double)(t - start) > limit_us) {
-            abort_comms(c);
-            drain(c);
-            return failf(c, KOLO_ERR_TIMEOUT, "%s did not finish within %g s "
-                         "(KOLO_TIMEOUT_SECONDS): some rank is not taking "
-                         "part; the NCCL communicators were aborted", what,
-                         c->cfg.timeout_s);
-        }
+        CHECK(check_health(c, what, (double)(now_us() - start) > limit_us));
         pthread_mutex_lock(&c->mu);
     }
     pthread_mutex_unlock(&c->mu);
@@ -502,9 +626,30 @@ static int gpu_wait(nccl_ctx_t *c, const char *what)
     return KOLO_OK;
 }
 
-static int nccl_sync(void *ctx, const char *what, char *err, size_t errlen)
+static int nccl_watch(void *ctx, const char *what, int expired, char *err,
+                      size_t errlen)
 {
-    return gpu_wait(enter(ctx, err, errlen), what);
+    nccl_ctx_t *c = enter(ctx, err, errlen);
+
+    if (c->broken)
+        return failf(c, KOLO_ERR_BACKEND, "an earlier NCCL failure aborted "
+                     "this process set's communicators");
+    return check_health(c, what, expired);
+}
+
+static int nccl_record(void *ctx, void **event, char *err, size_t errlen)
+{
+    nccl_ctx_t *c = enter(ctx, err, errlen);
+    nccl_event_t *e = NULL;
+
+    *event = NULL;
+    CHECK(cuda_ok(c, event_get(c->device, &e), "creating a CUDA event"));
+    if (cudaEventRecord(e->ev, c->stream) != cudaSuccess) {
+        nccl_event_free(e);
+        return cuda_ok(c, cudaGetLastError(), "recording the batch's event");
+    }
+    *event = e;
+    return KOLO_OK;
 }
 
 /* ---- set-up --------------------------------------------------------------- */
@@ -699,9 +844,9 @@ static void nccl_finalize(void *ctx)
         return;
     if (c->cross_ctx != NULL)
         c->cross_ops->finalize(c->cross_ctx);
-    /* Abort rather than destroy: every batch has finished (each waits), so
-     * there is nothing to flush, and abort never waits for a peer that is
-     * already gone. */
+    /* Abort rather than destroy: every batch has finished (the runtime saw
+     * every event pass before calling this), so there is nothing to flush,
+     * and abort never waits for a peer that is already gone. */
     if (c->comm != NULL)
         ncclCommAbort(c->comm);
     if (c->local != NULL)
@@ -881,6 +1026,22 @@ static int move_batch(nccl_ctx_t *c, const kolo__dev_tensor_t *ts, size_t n,
     return rc;
 }
 
+/* AVERAGE as Horovod's NCCL allreduce does it: ncclAvg on a flat
+ * communicator for floating types (NCCL >= 2.10: each rank's input is
+ * multiplied by 1/size in the tensor's type, then summed), else a sum and
+ * postscale / size. */
+static ncclRedOp_t average_op(nccl_ctx_t *c, int wire, double *post)
+{
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 10, 0)
+    if (!c->hier && (wire == KOLO_FLOAT16 || wire == KOLO_BFLOAT16 ||
+                     wire == KOLO_FLOAT32 || wire == KOLO_FLOAT64))
+        return ncclAvg;
+#endif
+    if (c->cfg.size > 1)
+        *post /= (double)c->cfg.size;
+    return ncclSum;
+}
+
 static int nccl_allreduce(void *ctx, const kolo__dev_tensor_t *ts, size_t n,
                           int dtype, int wire, int op, double prescale,
                           double post, kolo__ops_reduce_fn reduce, char *err,
@@ -890,6 +1051,7 @@ static int nccl_allreduce(void *ctx, const kolo__dev_tensor_t *ts, size_t n,
     size_t esize = kolo_dtype_size((kolo_dtype_t)wire), count = 0, padded;
     int standins = 0;
     ncclDataType_t t;
+    ncclRedOp_t nop;
     uint8_t *buf;
 
     for (size_t i = 0; i < n; i++) {
@@ -904,6 +1066,8 @@ static int nccl_allreduce(void *ctx, const kolo__dev_tensor_t *ts, size_t n,
     CHECK(ensure_hier(c));
     if (!c->hier)
         CHECK(ensure_comm(c));
+    nop = op == KOLO_OP_AVERAGE ? average_op(c, wire, &post)
+                                : nccl_op(op, wire);
     padded = c->hier ? (count + (size_t)c->nlocal - 1) / (size_t)c->nlocal *
                            (size_t)c->nlocal
                      : count;
@@ -925,9 +1089,8 @@ static int nccl_allreduce(void *ctx, const kolo__dev_tensor_t *ts, size_t n,
             }
             in = buf;
         }
-        CHECK(nccl_ok(c, c->comm, ncclAllReduce(in, buf, count, t,
-                                                nccl_op(op, wire), c->comm,
-                                                c->stream),
+        CHECK(nccl_ok(c, c->comm, ncclAllReduce(in, buf, count, t, nop,
+                                                c->comm, c->stream),
                       "ncclAllReduce"));
     } else {
         CHECK(fusion_reserve(c, padded * esize));
@@ -940,9 +1103,8 @@ static int nccl_allreduce(void *ctx, const kolo__dev_tensor_t *ts, size_t n,
         if (c->hier)
             CHECK(allreduce_hier(c, buf, padded, esize, wire, op, reduce));
         else
-            CHECK(nccl_ok(c, c->comm, ncclAllReduce(buf, buf, count, t,
-                                                    nccl_op(op, wire), c->comm,
-                                                    c->stream),
+            CHECK(nccl_ok(c, c->comm, ncclAllReduce(buf, buf, count, t, nop,
+                                                    c->comm, c->stream),
                           "ncclAllReduce"));
     }
     if (post != 1.0)
@@ -1027,12 +1189,15 @@ static int nccl_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
 
 static int nccl_reduce_scatter(void *ctx, const void *in, void *out,
                                const size_t *counts, int dtype, int op,
-                               double prescale, double post, char *err,
+                               double prescale, double post,
+                               kolo__ops_reduce_fn reduce, char *err,
                                size_t errlen)
 {
     nccl_ctx_t *c = enter(ctx, err, errlen);
     size_t esize = kolo_dtype_size((kolo_dtype_t)dtype), total = 0;
     size_t mine = counts[c->cfg.rank];
+
+    (void)reduce; /* NCCL reduces on the device */
     const uint8_t *src = in;
     ncclDataType_t t;
     int equal = 1;
@@ -1086,6 +1251,8 @@ const kolo__dev_ops_t kolo__dev_ops_nccl = {
     .version = nccl_version,
     .prepare = nccl_prepare,
     .event_free = nccl_event_free,
+    .event_query = nccl_event_query,
+    .order = nccl_order,
     .result_copy = nccl_result_copy,
     .mem_free = nccl_mem_free,
     .init = nccl_init,
@@ -1098,5 +1265,6 @@ const kolo__dev_ops_t kolo__dev_ops_nccl = {
     .allgatherv = nccl_allgatherv,
     .alltoallv = nccl_alltoallv,
     .reduce_scatter = nccl_reduce_scatter,
-    .sync = nccl_sync,
+    .record = nccl_record,
+    .watch = nccl_watch,
 };

@@ -1,7 +1,8 @@
 /*
  * test-gpu-kernels.c — the CUDA kernels of ops/nccl/gpu_kernels.cu against
- * the host's reference: kolo__scale and kolo__average (reduce.c) and the
- * float16/bfloat16 conversions (half.c).
+ * the host's reference: kolo__scale_device (Horovod's CUDA scaling: float16
+ * in half precision, the rest as kolo__scale) and kolo__average (reduce.c)
+ * and the float16/bfloat16 conversions (half.c).
  *
  * Why these tests: a tensor reduced on the GPU must give what the host path
  * gives, bit for bit (a NaN made by arithmetic may differ in payload; it
@@ -271,7 +272,7 @@ static int cuda_ok(cudaError_t rc, const char *call, int line)
 #define CUDA_OK(call) cuda_ok((call), #call, __LINE__)
 
 /* Host reference of a copy: what the host path gives (see
- * gpu_kernels.cu): a plain copy; same dtype scaled as kolo__scale; float32
+ * gpu_kernels.cu): a plain copy; same dtype scaled as kolo__scale_device; float32
  * -> 16 bits converted, then scaled as a 16-bit buffer; 16 bits -> float32
  * scaled as a 16-bit buffer, then widened. */
 static void ref_copy(const void *src, void *dst, size_t n, int from, int to,
@@ -281,13 +282,13 @@ static void ref_copy(const void *src, void *dst, size_t n, int from, int to,
         return;
     if (from == to) {
         memcpy(dst, src, n * dsize(from));
-        kolo__scale(dst, n, (kolo_dtype_t)from, scale);
+        kolo__scale_device(dst, n, (kolo_dtype_t)from, scale);
     } else if (from == KOLO_FLOAT32) {
         if (to == KOLO_FLOAT16)
             kolo__f32_to_f16(src, dst, n);
         else
             kolo__f32_to_bf16(src, dst, n);
-        kolo__scale(dst, n, (kolo_dtype_t)to, scale);
+        kolo__scale_device(dst, n, (kolo_dtype_t)to, scale);
     } else {
         uint16_t *tmp = malloc(n * sizeof *tmp);
         if (tmp == NULL) {
@@ -295,7 +296,7 @@ static void ref_copy(const void *src, void *dst, size_t n, int from, int to,
             exit(1);
         }
         memcpy(tmp, src, n * sizeof *tmp);
-        kolo__scale(tmp, n, (kolo_dtype_t)from, scale);
+        kolo__scale_device(tmp, n, (kolo_dtype_t)from, scale);
         if (from == KOLO_FLOAT16)
             kolo__f16_to_f32(tmp, dst, n);
         else
@@ -510,7 +511,7 @@ static void inplace_case(int op, int dtype, size_t n, size_t off,
     }
     if (ok) {
         if (op == OP_SCALE)
-            kolo__scale(g_want + off, n, (kolo_dtype_t)dtype, factor);
+            kolo__scale_device(g_want + off, n, (kolo_dtype_t)dtype, factor);
         else if (op == OP_AVERAGE)
             kolo__average(g_want + off, n, (kolo_dtype_t)dtype, divisor);
         else

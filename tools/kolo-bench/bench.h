@@ -231,6 +231,11 @@ void bench_measure(bench_t *b, int warmup, int iters, const char *label,
                    bench_result_t *res);
 void bench_allreduce_one(const char *name, float *buf, size_t count, int wire,
                          int ndim, const int64_t *shape, kolo_handle_t *h);
+/* The end of the runtime's side of a run: on the GPU a CUDA tensor's
+ * handle is done once its allreduce is ordered on the bench's stream
+ * (kolo_wait), so the stream is synchronized, as on the raw side; on the
+ * host nothing. */
+void bench_runtime_done(void);
 
 /* --------------------------------------------------------- report.c */
 

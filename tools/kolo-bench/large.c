@@ -57,6 +57,7 @@ void bench_large_run(bench_t *b, int side)
         bench_allreduce_one(s->name32, buf, s->count, -1, 0, NULL, &h);
         bench_kolo_must(kolo_wait(h), "kolo_wait", s->name32);
     }
+    bench_runtime_done();
 }
 
 void bench_large_fetch(bench_t *b, int side)

@@ -127,3 +127,9 @@ void bench_allreduce_one(const char *name, float *buf, size_t count,
                                               KOLO_FLOAT32, &o, h),
                     "kolo_allreduce_async_opts", name);
 }
+
+void bench_runtime_done(void)
+{
+    if (bench_gpu)
+        bench_dev_sync("the runtime's allreduces");
+}

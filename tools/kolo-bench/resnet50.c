@@ -68,6 +68,7 @@ void bench_resnet_run(bench_t *b, int side)
     for (int i = 0; i < BENCH_RESNET50_TENSORS; i++)
         bench_kolo_must(kolo_wait(h[i]), "kolo_wait",
                         fp16 ? s->name16[i] : s->name32[i]);
+    bench_runtime_done();
 }
 
 void bench_resnet_fetch(bench_t *b, int side)

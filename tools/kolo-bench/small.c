@@ -54,6 +54,7 @@ static void many_run(bench_t *b, int side)
                             1, -1, 0, NULL, &hs[i]);
     for (int i = 0; i < s->n; i++)
         bench_kolo_must(kolo_wait(hs[i]), "kolo_wait", s->names[i]);
+    bench_runtime_done();
 }
 
 static void many_fetch(bench_t *b, int side)

@@ -605,28 +605,35 @@ def join():
 
 
 class _Pending:
-    __slots__ = ("handles", "keep", "finish", "results", "what", "release")
+    __slots__ = ("handles", "keep", "finish", "results", "what", "release",
+                 "stream")
 
-    def __init__(self, handles, keep, finish, results, what, release):
+    def __init__(self, handles, keep, finish, results, what, release,
+                 stream):
         self.handles = handles  # kolo handles
         self.keep = keep        # objects whose memory the runtime uses
         self.finish = finish    # callable(list of Result or None) -> output
         self.results = results  # True: the handles hand over a kolo_result_t
         self.what = what
         self.release = release  # callable(), once the runtime is done
+        self.stream = stream    # callable() -> the stream to order on, or None
 
 
 _pending = {}
 _next_handle = itertools.count(1)
 
 
-def register(handles, keep, finish, results=False, what="", release=None):
+def register(handles, keep, finish, results=False, what="", release=None,
+             stream=None):
     """Records enqueued kolo handles under one new Python handle. release,
     if given, is called once the runtime no longer uses the memory (the
-    handle synchronized, or kolo shut down)."""
+    handle synchronized, or kolo shut down). stream, for tensors in device
+    memory, is called at synchronize for the stream (a cudaStream_t as an
+    int, None for the legacy default stream) on which the results are then
+    ordered: the caller's current stream, as Horovod orders them."""
     h = next(_next_handle)
     _pending[h] = _Pending(list(handles), keep, finish, results, what,
-                           release)
+                           release, stream)
     return h
 
 
@@ -640,14 +647,17 @@ def _drop_pending():
             p.release()
 
 
-def _wait_one(kh, want_result):
-    """Waits for one kolo handle: (status, message, Result or None)."""
+def _wait_one(kh, want_result, stream=None):
+    """Waits for one kolo handle: (status, message, Result or None). With
+    a stream (a callable), a device result is ordered on the stream it
+    gives (kolo_wait_on_stream)."""
     if want_result:
         res = _lib.Result()
         rc = lib.kolo_wait_result(kh, ctypes.byref(res))
     else:
         res = None
-        rc = lib.kolo_wait(kh)
+        rc = (lib.kolo_wait(kh) if stream is None
+              else lib.kolo_wait_on_stream(kh, stream()))
     msg = _lib.last_error() if rc != _lib.OK else ""
     return rc, msg, res
 
@@ -695,7 +705,8 @@ def synchronize(handle):
         # one kolo handle and no kolo_result_t (an allreduce): the same as
         # below, with less work
         try:
-            rc = _wait(handles[0])
+            rc = (_wait(handles[0]) if p.stream is None
+                  else lib.kolo_wait_on_stream(handles[0], p.stream()))
             if rc != _OK:
                 raise wait_failed(rc)
             return p.finish([None]) if p.finish is not None else None
@@ -707,7 +718,7 @@ def synchronize(handle):
     error = None
     try:
         for kh in p.handles:
-            rc, msg, res = _wait_one(kh, p.results)
+            rc, msg, res = _wait_one(kh, p.results, p.stream)
             results.append(res)
             if rc != _lib.OK and error is None:
                 error = (rc, msg)

@@ -190,6 +190,7 @@ _PROTOTYPES = {
     "kolo_process_set_size": (_I, [_I]),
     "kolo_poll": (_I, [handle_t]),
     "kolo_wait": (_I, [handle_t]),
+    "kolo_wait_on_stream": (_I, [handle_t, ctypes.c_void_p]),
     "kolo_handle_error": (_S, [handle_t]),
     "kolo_built": (_I, [_S]),
     "kolo_start_timeline": (_I, [_S, _I]),

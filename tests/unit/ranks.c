@@ -1,0 +1,224 @@
+/*
+ * ranks.c — the unit tests' ranks as threads (ranks.h).
+ */
+#include <check.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ranks.h"
+#include "timeline.h"
+
+static atomic_int g_job_counter;
+
+static const char *no_env(const char *name)
+{
+    (void)name;
+    return NULL;
+}
+
+/* A runtime for one rank, as kolo_init sets one up, over ops/mem. */
+static int runtime_init(prank_t *p, kolo__err_t *err)
+{
+    kolo__runtime_t *rt = &p->rt;
+    int n = p->job->size;
+
+    memset(rt, 0, sizeof(*rt));
+    pthread_mutex_init(&rt->sets_mu, NULL);
+    KOLO__CHECK(kolo__config_load(&rt->cfg, no_env, err));
+    rt->cfg.rank = p->rank;
+    rt->cfg.size = n;
+    rt->cfg.local_rank = p->rank;
+    rt->cfg.local_size = n;
+    rt->cfg.cross_rank = 0;
+    rt->cfg.cross_size = 1;
+    snprintf(rt->cfg.rendezvous, sizeof(rt->cfg.rendezvous), "%s", p->job->rdv);
+    snprintf(rt->cfg.controller, sizeof(rt->cfg.controller), "mem");
+    snprintf(rt->cfg.cpu_operations, sizeof(rt->cfg.cpu_operations), "mem");
+    rt->cfg.timeout_s = p->job->timeout_s > 0 ? p->job->timeout_s : 20;
+    rt->rank = p->rank;
+    rt->size = n;
+    if (kolo__handles_init(&p->handles) != 0)
+        return kolo__err_set(err, KOLO_ERR_INTERNAL, "handles");
+    rt->handles = &p->handles;
+    rt->generation = 0;
+    rt->timeline = kolo__timeline_new(p->rank, n, 0);
+    rt->sets = calloc(4, sizeof(*rt->sets));
+    rt->set_sizes = calloc(4, sizeof(*rt->set_sizes));
+    if (rt->timeline == NULL || rt->sets == NULL || rt->set_sizes == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "runtime");
+    return KOLO_OK;
+}
+
+/* Starts set `id` of `size` global ranks on this rank (a member) and
+ * enters it in the set table. */
+kolo__pset_t *set_start(prank_t *p, int id, const int *ranks, int size)
+{
+    kolo__pset_t *ps = NULL;
+    kolo__err_t err;
+    int rc;
+
+    kolo__err_clear(&err);
+    rc = kolo__pset_start(&p->rt, id, ranks, size, NULL, &ps, &err);
+    EXPECT(p, rc == KOLO_OK, "rank %d: process set %d did not start: %s",
+           p->rank, id, err.msg);
+    if (rc != KOLO_OK)
+        return NULL;
+    pthread_mutex_lock(&p->rt.sets_mu);
+    p->rt.sets[id] = ps;
+    p->rt.set_sizes[id] = size;
+    if (p->rt.nsets <= id)
+        p->rt.nsets = id + 1;
+    pthread_mutex_unlock(&p->rt.sets_mu);
+    return ps;
+}
+
+/* As kolo_shutdown: the global set first, then the others. */
+static void runtime_stop(prank_t *p)
+{
+    kolo__runtime_t *rt = &p->rt;
+    kolo__err_t why;
+
+    if (rt->sets != NULL && rt->nsets > 0 && rt->sets[0] != NULL)
+        kolo__pset_stop(rt->sets[0], NULL);
+    kolo__err_set(&why, KOLO_ERR_SHUTDOWN,
+                  "kolo was shut down on this rank (rank %d)", rt->rank);
+    for (int i = 1; i < rt->nsets; i++)
+        if (rt->sets[i] != NULL)
+            kolo__pset_stop(rt->sets[i], &why);
+    kolo__timeline_free(rt->timeline);
+    free(rt->sets);
+    free(rt->set_sizes);
+    free(rt->host_of);
+    pthread_mutex_destroy(&rt->sets_mu);
+    if (rt->handles != NULL)
+        kolo__handles_destroy(&p->handles);
+}
+
+static void *rank_main(void *arg)
+{
+    prank_t *p = arg;
+    int all[MAXR];
+    kolo__err_t err;
+
+    kolo__err_clear(&err);
+    for (int i = 0; i < p->job->size; i++)
+        all[i] = i;
+    if (runtime_init(p, &err) != KOLO_OK)
+        EXPECT(p, 0, "rank %d: runtime: %s", p->rank, err.msg);
+    else
+        p->world = set_start(p, KOLO_GLOBAL_PROCESS_SET, all, p->job->size);
+    if (p->world != NULL)
+        p->job->body(p);
+    runtime_stop(p);
+    return NULL;
+}
+
+void run_job(int size, body_fn body)
+{
+    run_job_timeout(size, body, 0);
+}
+
+void run_job_timeout(int size, body_fn body, double timeout_s)
+{
+    job_t j;
+    pthread_t th[MAXR];
+
+    memset(&j, 0, sizeof(j));
+    snprintf(j.rdv, sizeof(j.rdv), "mem:protocol-%d-%d", (int)getpid(),
+             atomic_fetch_add(&g_job_counter, 1));
+    j.size = size;
+    j.body = body;
+    j.timeout_s = timeout_s;
+    j.ranks = calloc((size_t)size, sizeof(*j.ranks));
+    ck_assert_ptr_nonnull(j.ranks);
+    ck_assert_int_eq(pthread_barrier_init(&j.bar, NULL, (unsigned)size), 0);
+    for (int i = 0; i < size; i++) {
+        j.ranks[i].job = &j;
+        j.ranks[i].rank = i;
+        ck_assert_int_eq(pthread_create(&th[i], NULL, rank_main, &j.ranks[i]), 0);
+    }
+    for (int i = 0; i < size; i++)
+        ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+    for (int i = 0; i < size; i++)
+        ck_assert_msg(j.ranks[i].fail[0] == '\0', "rank %d of %d: %s", i, size,
+                      j.ranks[i].fail);
+    pthread_barrier_destroy(&j.bar);
+    free(j.ranks);
+}
+
+/* Pushes one tensor onto a set's queue as enqueue.c does; 0 on failure
+ * (recorded). */
+kolo_handle_t push(prank_t *p, kolo__pset_t *ps, const char *name,
+                          const kolo__params_t *params, const void *in,
+                          void *out)
+{
+    kolo__entry_t *e = kolo__entry_new(name);
+    kolo__err_t err;
+    kolo_handle_t h = 0;
+
+    kolo__err_clear(&err);
+    EXPECT(p, e != NULL, "out of memory");
+    if (e == NULL)
+        return 0;
+    e->params = *params;
+    e->input = in;
+    e->output = out;
+    e->enqueued_us = kolo__now_us();
+    if (kolo__handles_new(ps->rt->handles, &e->handle, &err) != KOLO_OK) {
+        EXPECT(p, 0, "handle: %s", err.msg);
+        kolo__entry_free(e);
+        return 0;
+    }
+    h = e->handle;
+    if (kolo__queue_push(&ps->queue, e, &err) != KOLO_OK) {
+        EXPECT(p, 0, "push of '%s': %s", name, err.msg);
+        kolo__handles_complete(ps->rt->handles, h, err.code, err.msg);
+        kolo__handles_wait(ps->rt->handles, h, NULL);
+        kolo__entry_free(e);
+        return 0;
+    }
+    return h;
+}
+
+kolo__params_t params(int coll, kolo_dtype_t dtype, int op, int64_t count)
+{
+    kolo__params_t pr;
+    kolo__params_init(&pr, coll, dtype, op, count);
+    return pr;
+}
+
+kolo_handle_t allreduce(prank_t *p, kolo__pset_t *ps, const char *name,
+                               const float *in, float *out, int64_t count)
+{
+    kolo__params_t pr = params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM,
+                               count);
+    return push(p, ps, name, &pr, in, out);
+}
+
+/* Waits a handle; its status, the message into msg. */
+int wait_h(prank_t *p, kolo_handle_t h, char *msg, size_t len)
+{
+    kolo__err_t err;
+    int rc;
+
+    kolo__err_clear(&err);
+    if (h == 0)
+        return KOLO_ERR_INVALID_HANDLE;
+    rc = kolo__handles_wait(p->rt.handles, h, &err);
+    if (msg != NULL)
+        snprintf(msg, len, "%s", rc == KOLO_OK ? "" : err.msg);
+    return rc;
+}
+
+void expect_ok(prank_t *p, kolo_handle_t h, const char *what)
+{
+    char msg[KOLO__ERR_LEN + 64];
+    int rc = wait_h(p, h, msg, sizeof(msg));
+    EXPECT(p, rc == KOLO_OK, "rank %d: %s failed (%d): %s", p->rank, what, rc,
+           msg);
+}

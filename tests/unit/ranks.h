@@ -1,0 +1,69 @@
+/*
+ * ranks.h — several ranks as threads of one process, each with its own
+ * kolo__runtime_t and global process set built the way kolo_init builds
+ * them, over the in-memory backend (ops/mem): the harness of the engine's
+ * unit tests (test-protocol.c, test-device.c), in ranks.c.
+ *
+ * run_job starts `size` threads, each running `body` on its rank once the
+ * global set is up, and stops them as kolo_shutdown would; the first thing
+ * a rank finds wrong (EXPECT) fails the Check test, naming the rank.
+ */
+#ifndef KOLO_TESTS_UNIT_RANKS_H
+#define KOLO_TESTS_UNIT_RANKS_H
+
+#include <pthread.h>
+#include <stdio.h>
+
+#include "pset.h"
+#include "runtime.h"
+
+#define MAXR 4
+
+typedef struct prank prank_t;
+typedef void (*body_fn)(prank_t *p);
+
+typedef struct job {
+    char rdv[64];
+    int size;
+    body_fn body;
+    double timeout_s; /* KOLO_TIMEOUT_SECONDS of every rank (0: 20) */
+    pthread_barrier_t bar;
+    prank_t *ranks;
+} job_t;
+
+struct prank {
+    job_t *job;
+    int rank;
+    kolo__runtime_t rt;
+    kolo__handles_t handles;
+    kolo__pset_t *world;
+    char fail[4096]; /* the first thing found wrong; "" if none */
+};
+
+#define EXPECT(p, cond, ...)                                                  \
+    do {                                                                      \
+        if (!(cond) && (p)->fail[0] == '\0')                                  \
+            snprintf((p)->fail, sizeof((p)->fail), __VA_ARGS__);              \
+    } while (0)
+
+/* Starts set `id` of `size` global ranks on this rank (a member) and
+ * enters it in the set table. */
+kolo__pset_t *set_start(prank_t *p, int id, const int *ranks, int size);
+/* Runs body on `size` ranks; fails the test with the first rank's
+ * complaint. */
+void run_job(int size, body_fn body);
+/* The same with KOLO_TIMEOUT_SECONDS = timeout_s on every rank. */
+void run_job_timeout(int size, body_fn body, double timeout_s);
+/* Pushes one tensor onto a set's queue as enqueue.c does; 0 on failure
+ * (recorded). */
+kolo_handle_t push(prank_t *p, kolo__pset_t *ps, const char *name,
+                   const kolo__params_t *params, const void *in, void *out);
+kolo__params_t params(int coll, kolo_dtype_t dtype, int op, int64_t count);
+/* A float32 SUM allreduce. */
+kolo_handle_t allreduce(prank_t *p, kolo__pset_t *ps, const char *name,
+                        const float *in, float *out, int64_t count);
+/* Waits a handle; its status, the message into msg. */
+int wait_h(prank_t *p, kolo_handle_t h, char *msg, size_t len);
+void expect_ok(prank_t *p, kolo_handle_t h, const char *what);
+
+#endif /* KOLO_TESTS_UNIT_RANKS_H */
