@@ -137,6 +137,44 @@ def test_allreduce_in_place_scaled_and_strided(dev, rank, size):
     check(got, want.T, torch.float32, dev)
 
 
+@pytest.mark.parametrize("where", ["prescale", "postscale"])
+def test_float16_scaling_is_horovods(dev, size, where):
+    """Horovod scales a CUDA float16 tensor in half precision, the factor
+    cast to float16 (its CUDA kernels; on the CPU it scales in float32),
+    and its test_horovod_allreduce_prescale/postscale compare bit for bit:
+    every rank holds the same tensor, the expected value is computed by
+    torch on the GPU in float16. Here too, and for reducescatter (grouped
+    and not), whose Average is folded into the postscale."""
+    if size > 3:
+        pytest.skip("the sum of float16 values rounds in NCCL's ring order "
+                    "beyond 3 ranks (Horovod's test holds up to 3)")
+    g = torch.Generator().manual_seed(1234)
+    base = torch.randint(-100, 100, (17, 17), generator=g).to(torch.float16)
+    x = base.to(dev)
+    factors = [0.1, 0.3, 0.7, 1.7, 2.3]
+    for k, f in enumerate(factors):
+        half_f = torch.tensor(f, dtype=torch.float16, device=dev)
+        kw = {where + "_factor": f}
+        got = hvd.allreduce(x, op=hvd.Sum, name="cu.h16.%s.%d" % (where, k),
+                            **kw)
+        if where == "prescale":
+            want = (half_f * x) * size
+        else:
+            want = (x * size) * half_f
+        assert got.dtype == torch.float16
+        assert torch.equal(got, want), (where, f)
+        rows = size * 2
+        xr = base[:rows].to(dev)
+        rs = hvd.reducescatter(xr, op=hvd.Sum, name="cu.h16.rs.%s.%d"
+                               % (where, k), **kw)
+        lo = 2 * hvd.rank()
+        assert torch.equal(rs, want[lo:lo + 2]), ("reducescatter", where, f)
+        grs = hvd.grouped_reducescatter([xr], op=hvd.Sum,
+                                        name="cu.h16.grs.%s.%d" % (where, k),
+                                        **kw)
+        assert torch.equal(grs[0], want[lo:lo + 2]), ("grouped", where, f)
+
+
 def test_allreduce_waits_for_the_producing_stream(dev, rank, size):
     """The input is written on a side stream kept busy: the runtime must
     wait for that stream (kolo_opts_t.stream) before reading it."""
@@ -159,6 +197,24 @@ def test_allreduce_waits_for_the_producing_stream(dev, rank, size):
     assert torch.all(y == want).item()
     torch.cuda.current_stream(dev).wait_stream(s)
     assert torch.all(x == rank + 1).item()
+
+
+def test_synchronize_does_not_wait_for_the_gpu(dev, rank, size):
+    """Completion is ordered on the stream, as DDP's (Horovod's with
+    HOROVOD_ENABLE_ASYNC_COMPLETION): while the GPU is still busy with the
+    work producing the input, synchronize returns, the current stream
+    waits for the result, and the host has not waited for the GPU."""
+    x = torch.full((1 << 16,), float(rank + 1), device=dev)
+    stream = torch.cuda.current_stream(dev)
+    torch.cuda._sleep(8 * SPIN)  # the GPU is busy for a while
+    h = hvd.allreduce_async_(x, op=hvd.Sum, name="cu.async")
+    got = hvd.synchronize(h)
+    busy = not stream.query()
+    y = got * 2  # queued behind the allreduce on the current stream
+    assert busy, "synchronize waited for the GPU to finish"
+    want = size * (size + 1) / 2
+    assert torch.all(got == want).item()  # .item(): the host waits here
+    assert torch.all(y == 2 * want).item()
 
 
 def test_inputs_stay_alive_until_synchronized(dev, rank, size):
@@ -213,6 +269,17 @@ def test_wrong_devices_are_refused(dev):
 
 
 # ---- grouped allreduce -----------------------------------------------------
+
+
+def test_grouped_mixing_cpu_and_cuda_is_refused(dev, size):
+    """Horovod's grouped collectives raise at enqueue (RuntimeError: a
+    HorovodInternalError) for a list of tensors on different devices."""
+    mixed = [torch.ones(size, 2, device=dev), torch.ones(size, 2)]
+    for grouped in (hvd.grouped_allreduce, hvd.grouped_allgather,
+                    hvd.grouped_reducescatter):
+        with pytest.raises(RuntimeError,
+                           match="Tensors in list must be on same device"):
+            grouped(mixed)
 
 
 def test_grouped_allreduce(dev, rank):
@@ -338,6 +405,13 @@ def test_alltoall(dev, rank, size):
     assert out.device == dev
     assert rsplits.device.type == "cpu"
     assert rsplits.tolist() == [sends(j, rank) for j in range(size)]
+    # splits given on the GPU: the received splits come back there, int32,
+    # as Horovod's (test_horovod_alltoall_splits_on_gpu)
+    gsplits = torch.tensor(splits, dtype=torch.int32, device=dev)
+    out_g, rs_g = hvd.alltoall(x, splits=gsplits, name="cu.a2a.gpu")
+    assert rs_g.device == dev and rs_g.dtype == torch.int32
+    assert rs_g.tolist() == rsplits.tolist()
+    assert torch.equal(out_g, out)
     assert torch.equal(out.cpu(), torch.cat([rows(j, rank)
                                              for j in range(size)]))
     # even splits, int64

@@ -310,6 +310,10 @@ def test_alltoall(rank, size):
     assert torch.equal(out, want)
     out2, rs2 = hvd.alltoall(x, splits=torch.tensor(splits, dtype=torch.int32))
     assert torch.equal(out2, want) and torch.equal(rs2, rsplits)
+    # Horovod's received splits are like the splits tensor given (its
+    # splits.new()): int64 splits give int64 received splits
+    _, rs64 = hvd.alltoall(x, splits=torch.tensor(splits, dtype=torch.int64))
+    assert rs64.dtype == torch.int64 and rs64.tolist() == rsplits.tolist()
     even = torch.arange(size * 2) + 10 * rank
     got = hvd.alltoall(even)  # no splits: the tensor alone
     assert isinstance(got, torch.Tensor)
@@ -581,6 +585,12 @@ def test_errors(rank, size):
                                  torch.float64), name="t.mismatch.dtype")
     with pytest.raises(TypeError, match="dtype"):
         hvd.allreduce(torch.ones(2, dtype=torch.complex64))
+    # grouped collectives take the tensors of one device, as Horovod's
+    # (a RuntimeError, "Tensors in list must be on same device")
+    for grouped in (hvd.grouped_allreduce, hvd.grouped_allgather,
+                    hvd.grouped_reducescatter):
+        with pytest.raises(RuntimeError, match="same device"):
+            grouped([torch.ones(size, 1), torch.ones(size, 1, device="meta")])
     with pytest.raises(ValueError, match="meta.*CPU and CUDA tensors"):
         hvd.allreduce(torch.empty(2, device="meta"))
     with pytest.raises(ValueError, match="sparse"):
@@ -589,7 +599,9 @@ def test_errors(rank, size):
         hvd.allreduce([1.0, 2.0])
     with pytest.raises(TypeError, match="Adasum"):
         hvd.allreduce(x.long(), op=hvd.Adasum)
-    with pytest.raises(ValueError, match="Sum or .*Average"):
+    # Horovod: HorovodInternalError (a RuntimeError) at enqueue
+    with pytest.raises(hvd.HorovodInternalError,
+                       match="only supports AVERAGE and SUM, not Max"):
         hvd.reducescatter(torch.ones(size, 1), op=hvd.Max)
     with pytest.raises(ValueError, match="root"):
         hvd.broadcast(x, size)

@@ -545,11 +545,13 @@ def test_sparse_adam(rank, size, mode):
     ropt.step()
     for step in range(2):
         grads = []
+        # set_to_none=False: torch 2's zero_grad() sets the gradients to
+        # None, torch 1.13's zeroes them; the reference writes into them
         for r in range(size):
-            ropt.zero_grad()
+            ropt.zero_grad(set_to_none=False)
             sparse_loss(ref, r, size).backward()
             grads.append([p.grad.clone() for p in ref.parameters()])
-        ropt.zero_grad()
+        ropt.zero_grad(set_to_none=False)
         for i, p in enumerate(ref.parameters()):
             gs = [g[i] for g in grads]
             if mode == "sparse_as_dense":

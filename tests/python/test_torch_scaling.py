@@ -270,13 +270,11 @@ def test_process_set_average_divides_by_its_size(rank, size):
 
 
 def torch_mul(a, s):
-    """torch's CPU product of a tensor by a Python number, in NumPy: the
-    number is first converted to the tensor's dtype (float16 too), then the
-    product is computed (float16 in float32) and rounded to the dtype."""
-    if a.dtype == np.float16:
-        return (a.astype(np.float32) *
-                np.float32(np.float16(s))).astype(np.float16)
-    return a * a.dtype.type(s)
+    """torch's CPU product of a tensor by a Python number, as Horovod's
+    backward computes it: with this torch's own arithmetic, which changed
+    for float16 (torch 1.13 rounds the number to float16 first; torch 2
+    multiplies by it in float32 and rounds the product once)."""
+    return (torch.from_numpy(a.copy()) * s).numpy()
 
 
 def hvd_rs_grad(g, op, pre, post, n):

@@ -115,6 +115,31 @@ def _place(t):
     return (_lib.DEVICE_CUDA, index, stream or None)
 
 
+def _order_on(t):
+    """For a CUDA tensor, what synchronize orders the result on: the
+    current stream of its device at that moment (a callable giving the
+    cudaStream_t, None for the legacy default stream); None for a CPU
+    tensor. The host does not wait for the GPU (kolo_wait_on_stream)."""
+    if t.device.type != "cuda":
+        return None
+    index = _cuda_index(t.device)
+    return lambda: torch.cuda.current_stream(index).cuda_stream or None
+
+
+def _one_device(tensors, what):
+    """Horovod's grouped collectives take tensors of one device: a list
+    that mixes devices is refused as horovod.torch refuses it (a
+    RuntimeError: HorovodInternalError), at enqueue."""
+    if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
+        return  # refused later, saying why
+    first = tensors[0].device
+    for t in tensors[1:]:
+        if t.device != first:
+            raise _core.KoloError(
+                "%s: Tensors in list must be on same device (%s and %s)"
+                % (what, first, t.device), _lib.ERR_INVALID_ARGUMENT)
+
+
 def _same_device(a, b, what):
     if a.device != b.device:
         raise ValueError("%s: the output is on %s and the input on %s; they "
@@ -430,7 +455,8 @@ def _allreduce_async(tensor, output, name, op, prescale_factor,
         _write_back(key, back)
         return output
     return _core.register(hs, (tensor, inp, buf, output, keep, held), finish,
-                          what=key, release=held.release)
+                          what=key, release=held.release,
+                          stream=_order_on(inp))
 
 
 # ---- the fast path of an in-place allreduce of a host tensor ---------------
@@ -476,7 +502,7 @@ class _InPlace:
     # (handles, keep, results, what, finish and release: what _core's
     # pending table reads of an entry; this object is its own entry)
     __slots__ = ("key", "tensor", "alias", "address", "spec", "handles",
-                 "keep")
+                 "keep", "stream")
     results = False
 
     def finish(self, _results):
@@ -517,18 +543,39 @@ def _fast_name(name):
     return named
 
 
+try:  # the current stream's address without a torch.cuda.Stream object
+    _raw_stream = torch._C._cuda_getCurrentRawStream
+except AttributeError:
+    def _raw_stream(index):
+        return torch.cuda.current_stream(index).cuda_stream
+
+
+def _cuda_fast_place(t):
+    """_place for the fast path: (device_type, device, stream)."""
+    index = t.device.index
+    if index is None:
+        index = torch.cuda.current_device()
+    return (_lib.DEVICE_CUDA, index, _raw_stream(index) or None)
+
+
 def _allreduce_inplace_fast(tensor, name, op, prescale, postscale,
                             process_set, wire, passes, average_passes, key):
-    """Enqueues an in-place allreduce of a contiguous CPU tensor and
-    returns its handle, or returns None (nothing done) where the general
-    path must take it."""
+    """Enqueues an in-place allreduce of a contiguous CPU or CUDA tensor
+    and returns its handle, or returns None (nothing done) where the
+    general path must take it."""
     if (type(tensor) is not torch.Tensor or type(op) is not int or
             op not in _FAST_OPS or type(prescale) not in _SCALARS or
             type(postscale) not in _SCALARS or
             (wire is not None and type(wire) is not int) or
             type(passes) is not int or type(average_passes) is not bool or
-            not tensor.is_cpu or tensor.layout is not _STRIDED or
-            not tensor.is_contiguous()):
+            tensor.layout is not _STRIDED or not tensor.is_contiguous()):
+        return None
+    if tensor.is_cpu:
+        place = _HOST
+    elif tensor.is_cuda and passes == 1:
+        _cuda_usable(tensor, "allreduce")
+        place = _cuda_fast_place(tensor)
+    else:
         return None
     dtype = tensor.dtype
     kd = _DTYPES.get(dtype)
@@ -540,12 +587,12 @@ def _allreduce_inplace_fast(tensor, name, op, prescale, postscale,
     else:
         sid = _core.set_id(process_set)
     okey = (op, prescale, postscale, sid, wire, passes, average_passes,
-            shape)
+            shape, place)
     cached = _fast_opts.get(okey)
     if cached is None:
         opts, keep = _core.make_opts(op, prescale, postscale, process_set,
                                      wire, passes, average_passes,
-                                     shape or None, _HOST)
+                                     shape or None, place)
         # (the byref, what its memory belongs to, and its address)
         cached = (ctypes.byref(opts), opts, keep, ctypes.addressof(opts))
         if len(_fast_opts) >= _FAST_OPTS_MAX:
@@ -563,11 +610,11 @@ def _allreduce_inplace_fast(tensor, name, op, prescale, postscale,
     else:
         bkey = key.encode("utf-8")
     return _enqueue_inplace(tensor, shape, dtype, key, bkey, kd, cached[0],
-                            cached[3])
+                            cached[3], place)
 
 
 def _enqueue_inplace(tensor, shape, dtype, key, bkey, kd, opts_ref,
-                     opts_address):
+                     opts_address, place=_HOST):
     """The enqueue of both fast paths, the checks done: holds the tensor's
     memory in an _InPlace, enqueues, registers; returns the handle."""
     op_ = _InPlace()
@@ -576,7 +623,14 @@ def _enqueue_inplace(tensor, shape, dtype, key, bkey, kd, opts_ref,
     # (.data: an alias of the same memory, as detach() but cheaper)
     alias = op_.alias = tensor.data
     address = op_.address = alias.data_ptr()
-    op_.spec = (shape, dtype, _CPU)
+    if place is _HOST:
+        op_.spec = (shape, dtype, _CPU)
+        op_.stream = None
+    else:
+        # synchronize orders the result on the current stream then
+        op_.spec = (shape, dtype, tensor.device)
+        index = place[1]
+        op_.stream = lambda: _raw_stream(index) or None
     try:
         if _fast is not None:
             h = _fast.allreduce(bkey, address, alias.numel(), kd, opts_address)
@@ -727,6 +781,7 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
                              postscale_factor, process_set, wire, 1, None,
                              grouped=True)
     op = _core.check_op(op)
+    _one_device(tensors, "grouped_allreduce")
     groups = _by_dtype_and_place(tensors, "grouped_allreduce")
     for t, o in zip(tensors, outputs):
         if o is not t:
@@ -756,7 +811,8 @@ def _grouped_allreduce_async(tensors, outputs, name, op, prescale_factor,
         _write_back(base, back)
         return list(outputs)
     return _core.register(handles, (tensors, ins, bufs, outputs, held),
-                          finish, what=base, release=held.release)
+                          finish, what=base, release=held.release,
+                          stream=_order_on(tensors[0]))
 
 
 def grouped_allreduce_async(tensors, average=None, name=None, op=None,
@@ -765,6 +821,8 @@ def grouped_allreduce_async(tensors, average=None, name=None, op=None,
     """Starts the allreduce of a list of tensors as one group (negotiated and
     reduced together); synchronize(handle) returns the list of results."""
     op = _core.resolve_op(op, average)
+    tensors = list(tensors)
+    _one_device(tensors, "grouped_allreduce")
     outs = [_new_like(t, "grouped_allreduce") for t in tensors]
     return _grouped_allreduce_async(tensors, outs, name, op, prescale_factor,
                                     postscale_factor, process_set)
@@ -813,6 +871,7 @@ def grouped_allreduce(tensors, average=None, name=None,
     list of new tensors; differentiable."""
     op = _core.resolve_op(op, average)
     tensors = list(tensors)
+    _one_device(tensors, "grouped_allreduce")
     if tensors and all(wire_for(compression, t) is not None for t in tensors):
         return list(_GroupedAllreduce.apply(
             name, op, prescale_factor, postscale_factor, process_set,
@@ -857,6 +916,7 @@ def _allgather_async(tensors, name, process_set, grouped, with_splits=False):
         raise ValueError("grouped_allgather: the list of tensors is empty")
     for t in tensors:
         _rows(t, "allgather")
+    _one_device(tensors, "grouped_allgather" if grouped else "allgather")
     groups = _by_dtype_and_place(tensors, "allgather")
     base = _core.op_key("grouped_allgather" if grouped else "allgather",
                         name, process_set)
@@ -972,7 +1032,8 @@ def _broadcast_async(tensor, output, root_rank, name, process_set):
         _write_back(key, back)
         return output
     return _core.register(hs, (tensor, buf, output, keep, held), finish,
-                          what=key, release=held.release)
+                          what=key, release=held.release,
+                          stream=_order_on(buf))
 
 
 def broadcast_async(tensor, root_rank, name=None,
@@ -1047,12 +1108,19 @@ def alltoall_async(tensor, splits=None, name=None,
         _core.alltoall_async(key, inp.data_ptr(), tuple(inp.shape), kd, sp,
                              opts)), results=True)
     dtype, device = tensor.dtype, tensor.device
+    # Horovod's received splits: like the splits tensor given (its device
+    # and dtype: int32 on the GPU for splits on the GPU), else int32 on
+    # the CPU
+    if isinstance(splits, torch.Tensor):
+        sdtype, sdevice = splits.dtype, splits.device
+    else:
+        sdtype, sdevice = torch.int32, torch.device("cpu")
 
     def finish(rs):
         held.check()
-        # the received splits stay on the CPU, as Horovod's
         return (_tensor_from_result(rs[0], dtype, device),
-                torch.tensor(_core.result_splits(rs[0]), dtype=torch.int32))
+                torch.tensor(_core.result_splits(rs[0]), dtype=sdtype,
+                             device=sdevice))
     return _core.register(hs, (tensor, inp, held), finish, results=True,
                           what=key, release=held.release)
 
@@ -1086,10 +1154,14 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
 
 
 def _rs_op(op):
-    op = _core.check_op(op)
+    if op != Adasum:
+        op = _core.check_op(op)
     if op not in (Sum, Average):
-        raise ValueError("reducescatter takes op=Sum or op=Average, not %s"
-                         % _core.op_name(op))
+        # Horovod refuses it at enqueue with a HorovodInternalError (a
+        # RuntimeError), not a ValueError
+        raise _core.KoloError("Reducescatter currently only supports "
+                              "AVERAGE and SUM, not %s" % _core.op_name(op),
+                              _lib.ERR_UNSUPPORTED)
     return op
 
 
@@ -1101,6 +1173,8 @@ def _reducescatter_async(tensors, name, op, process_set, prescale_factor,
     op = _rs_op(op)
     for t in tensors:
         _rows(t, "reducescatter")
+    _one_device(tensors, "grouped_reducescatter" if grouped
+                else "reducescatter")
     groups = _by_dtype_and_place(tensors, "reducescatter")
     base = _core.op_key("grouped_reducescatter" if grouped else
                         "reducescatter", name, process_set)
@@ -1319,10 +1393,12 @@ def synchronize(handle):
         p = _pending.get(handle)
         if type(p) is _InPlace and _fast is not None:
             # an in-place allreduce of a host tensor: _core.synchronize
-            # with less work (one kolo handle, no result, nothing to free)
+            # with less work (one kolo handle, no result, nothing to free);
+            # a CUDA tensor's result is ordered on the current stream
             del _pending[handle]
             try:
-                rc = _fast.wait(p.handles[0])
+                rc = (_fast.wait(p.handles[0]) if p.stream is None else
+                      _lib.lib.kolo_wait_on_stream(p.handles[0], p.stream()))
                 if rc != _OK:
                     raise _core.wait_failed(rc)
                 t = p.tensor

@@ -324,7 +324,8 @@ class _Distributed:
             mpi_ops._write_back(keys[0], back)
             return tensors
         return _core.register(handles, (tensors, ins, held), finish,
-                              what=keys[0], release=held.release)
+                              what=keys[0], release=held.release,
+                              stream=mpi_ops._order_on(tensors[0]))
 
     def _kolo_enqueue_sparse(self, p):
         grad = p.grad
