@@ -261,6 +261,22 @@ typedef struct kolo__dev_check {
     int set_id, set_device;  /* the set's device so far (-1: none yet) */
 } kolo__dev_check_t;
 
+/* The runtime's element-wise arithmetic (runtime/reduce.c, half.c), for a
+ * device backend that computes on the host (ops/simdev): it reduces as
+ * the runtime does, and scales as Horovod's CUDA kernels do. */
+typedef struct kolo__host_math {
+    /* n elements from dtype `from` to dtype `to` (the same: a copy;
+     * float32 <-> float16 or bfloat16, rounded to nearest even). */
+    void (*convert)(const void *src, int from, void *dst, int to, size_t n);
+    /* buf *= factor, as Horovod's CUDA kernels scale (kolo__scale_device:
+     * float16 in half precision, the factor rounded to float16 first). */
+    void (*scale)(void *buf, size_t n, int dtype, double factor);
+    /* buf /= divisor, as the runtime averages (integers truncate). */
+    void (*average)(void *buf, size_t n, int dtype, int64_t divisor);
+    /* The reduction of (dtype, op); AVERAGE gives SUM's. */
+    kolo__ops_reduce_fn (*reduce)(int dtype, int op);
+} kolo__host_math_t;
+
 typedef struct kolo__dev_config {
     int rank, size;         /* this rank's place in the set */
     const int *members;     /* [size]: global ranks */
@@ -284,6 +300,7 @@ typedef struct kolo__dev_config {
     int (*lost)(void *arg, char *who, size_t len);
     kolo__ops_warn_fn warn;
     void *arg;
+    const kolo__host_math_t *math;
 } kolo__dev_config_t;
 
 typedef struct kolo__dev_ops {

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "mpienv.h"
+#include "mpi/mpienv.h"
 #include "store.h"
 
 /* "0, 2, 5" for ranks[n] (after eight: "... and 3 more"). */
@@ -332,7 +332,13 @@ static int agree_mpi(const kolo__config_t *cfg, const char *mine,
         goto out;
     }
     snprintf(own, KOLO__AGREE_MAX, "%s", mine);
-    rc = kolo__mpienv_allgather(own, KOLO__AGREE_MAX, all, err);
+    {
+        char why[KOLO__ERR_LEN];
+        rc = kolo__mpienv_allgather(own, KOLO__AGREE_MAX, all, why,
+                                    sizeof(why));
+        if (rc != KOLO_OK)
+            kolo__err_set(err, rc, "%s", why);
+    }
     for (int r = 0; r < n; r++) {
         texts[r] = all + (size_t)r * KOLO__AGREE_MAX;
         texts[r][KOLO__AGREE_MAX - 1] = '\0';

@@ -24,7 +24,7 @@
 #include "elastic.h"
 #include "api.h"
 #include "launchenv.h"
-#include "mpienv.h"
+#include "mpi/mpienv.h"
 #include "peers.h"
 #include "rdvserver.h"
 #include "timeline.h"
@@ -275,10 +275,13 @@ static int mpi_configure(int *mpi_launched, kolo__err_t *err)
         kolo__mpienv_t m;
         const char *rdv = getenv("KOLO_RENDEZVOUS");
         int user_rdv = rdv != NULL && rdv[0] != '\0';
-        KOLO__CHECK(kolo__mpienv_start(
+        char why[KOLO__ERR_LEN];
+        int rc = kolo__mpienv_start(
             !user_rdv && (wants_gloo("KOLO_CONTROLLER") ||
                           wants_gloo("KOLO_CPU_OPERATIONS")),
-            &m, err));
+            &m, why, sizeof(why));
+        if (rc != KOLO_OK)
+            return kolo__err_set(err, rc, "%s", why);
         override_place(m.rank, m.size, m.local_rank, m.local_size,
                        m.cross_rank, m.cross_size);
         if (!user_rdv)

@@ -45,10 +45,10 @@
  * every member sees it in the same round, completes that round's plan,
  * fails everything still pending with a message naming that rank, closes
  * its queue (later enqueues fail with the same message) and leaves the
- * loop. A backend failure does the same with the backend's message. When
- * the global set stops, it asks every other set on the rank to stop with
- * the same reason; their members do the same, so each set still stops in
- * one shared round.
+ * loop. A backend failure does the same with the backend's message. The
+ * loop then returns with the reason in ps->stopped: when the global set
+ * stops, pset.c asks every other set on the rank to stop with it; their
+ * members do the same, so each set still stops in one shared round.
  */
 #include "config.h"
 
@@ -60,7 +60,6 @@
 #include "complete.h"
 #include "execute.h"
 #include "negotiate.h"
-#include "pset.h"
 #include "reduce.h"
 #include "watchdog.h"
 
@@ -122,14 +121,7 @@ static void stop_all(kolo__pset_t *ps, const kolo__err_t *cause)
             kolo__fail_entry(ps, ps->ready[i], why);
     ps->nready = 0;
     kolo__negotiate_drain(ps, kolo__fail_entry, why);
-    if (ps->id == KOLO_GLOBAL_PROCESS_SET) {
-        kolo__runtime_t *rt = ps->rt;
-        pthread_mutex_lock(&rt->sets_mu);
-        for (int i = 1; i < rt->nsets; i++)
-            if (rt->sets[i] != NULL)
-                kolo__pset_request_stop(rt->sets[i], why);
-        pthread_mutex_unlock(&rt->sets_mu);
-    }
+    ps->stopped = *why;
 }
 
 /* The reason a set stops when a rank asked to shut down, or the reason the
@@ -211,9 +203,8 @@ static int autotune_round(kolo__pset_t *ps, int64_t bytes, int64_t busy_us,
     return KOLO_OK;
 }
 
-void *kolo__background_main(void *arg)
+void kolo__background_main(kolo__pset_t *ps)
 {
-    kolo__pset_t *ps = arg;
     int64_t cycle_us = (int64_t)(kolo__tuned(ps)->cycle_ms * 1000.0);
     int64_t sleep_start = cycle_us > 1000 ? cycle_us : 1000;
     int64_t sleep_us = sleep_start;
@@ -318,5 +309,4 @@ void *kolo__background_main(void *arg)
             break;
         }
     }
-    return NULL;
 }

@@ -7,7 +7,9 @@
 
 #include "runtime.h"
 
-/* The thread's body; arg is the set (pset.c starts it). */
-void *kolo__background_main(void *arg);
+/* The loop of the set's thread (pset.c runs it); it returns when the set
+ * has stopped, the reason in ps->stopped (every pending entry failed with
+ * it, the queue closed). */
+void kolo__background_main(kolo__pset_t *ps);
 
 #endif /* KOLO_BACKGROUND_H */

@@ -13,10 +13,10 @@
 #include <string.h>
 
 #include "complete.h"
+#include "connect.h"
 #include "execute.h"
 #include "fusion.h"
 #include "peers.h"
-#include "pset.h"
 #include "half.h"
 #include "inflight.h"
 #include "reduce.h"
@@ -693,7 +693,7 @@ static int dev_connect(void *arg, const char *role, int rank, int size,
             return KOLO_ERR_UNSUPPORTED;
         }
     }
-    rc = kolo__pset_connect(ps, *ops, role, rank, size, members, hosts, NULL,
+    rc = kolo__connect(ps, *ops, role, rank, size, members, hosts, NULL,
                             ctx, &cerr);
     if (rc != KOLO_OK)
         snprintf(err, errlen, "%s", cerr.msg);
@@ -714,6 +714,42 @@ static void dev_warn(const char *msg)
 {
     kolo__log(KOLO__LOG_WARNING, "%s", msg);
 }
+
+/* The runtime's arithmetic for a device backend that computes on the host
+ * (ops.h: kolo__host_math_t). */
+static void math_convert(const void *src, int from, void *dst, int to,
+                         size_t n)
+{
+    if (from == to)
+        memcpy(dst, src, n * kolo_dtype_size((kolo_dtype_t)from));
+    else if (from == KOLO_FLOAT32 && to == KOLO_FLOAT16)
+        kolo__f32_to_f16(src, dst, n);
+    else if (from == KOLO_FLOAT32 && to == KOLO_BFLOAT16)
+        kolo__f32_to_bf16(src, dst, n);
+    else if (from == KOLO_FLOAT16 && to == KOLO_FLOAT32)
+        kolo__f16_to_f32(src, dst, n);
+    else if (from == KOLO_BFLOAT16 && to == KOLO_FLOAT32)
+        kolo__bf16_to_f32(src, dst, n);
+}
+
+static void math_scale(void *buf, size_t n, int dtype, double factor)
+{
+    kolo__scale_device(buf, n, (kolo_dtype_t)dtype, factor);
+}
+
+static void math_average(void *buf, size_t n, int dtype, int64_t divisor)
+{
+    kolo__average(buf, n, (kolo_dtype_t)dtype, divisor);
+}
+
+static kolo__ops_reduce_fn math_reduce(int dtype, int op)
+{
+    return kolo__reduce_get((kolo_dtype_t)dtype, (kolo_op_t)op);
+}
+
+static const kolo__host_math_t host_math = {
+    .convert = math_convert, .scale = math_scale, .average = math_average,
+    .reduce = math_reduce};
 
 /* The set's device context, at its first device batch: on the device of
  * its tensors (a joined rank's stand-ins only: the device its local rank
@@ -752,7 +788,7 @@ static int dev_start(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
         .hierarchical = rt->cfg.hierarchical == 1,
         .timeout_s = rt->cfg.timeout_s, .allgather = dev_allgather,
         .connect = dev_connect, .lost = dev_lost, .warn = dev_warn,
-        .arg = ps};
+        .arg = ps, .math = &host_math};
     rc = dev->init(&cfg, &ps->exec.dev_ctx, detail, KOLO__ERR_LEN);
     free(hosts);
     return rc;

@@ -3,8 +3,9 @@
  * connecting its backends (ops/registry.c decides which), learning where
  * the ranks are, starting its background thread (background.c), and
  * stopping it. The API (api.c) starts and stops sets; the loop never
- * calls in here, except to ask the other sets to stop with the global
- * set's reason.
+ * calls in here: it returns when its set stops, and the set's thread
+ * (set_thread) then asks the other sets to stop with the global set's
+ * reason.
  */
 #include "config.h"
 
@@ -16,15 +17,10 @@
 
 #include "background.h"
 #include "complete.h"
+#include "connect.h"
 #include "hosts.h"
 #include "negotiate.h"
 #include "pset.h"
-
-void kolo__wake_from_peer(void *arg, uint64_t round)
-{
-    kolo__pset_t *ps = arg;
-    kolo__queue_peer_wake(&ps->queue, round);
-}
 
 static void pset_free(kolo__pset_t *ps)
 {
@@ -41,6 +37,24 @@ static void pset_free(kolo__pset_t *ps)
 
 static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
                          int size, kolo__err_t *err);
+
+/* The set's thread: its loop (background.c) until the set stops; when the
+ * global set stops, every other set of the rank stops with its reason. */
+static void *set_thread(void *arg)
+{
+    kolo__pset_t *ps = arg;
+    kolo__runtime_t *rt = ps->rt;
+
+    kolo__background_main(ps);
+    if (ps->id == KOLO_GLOBAL_PROCESS_SET) {
+        pthread_mutex_lock(&rt->sets_mu);
+        for (int i = 1; i < rt->nsets; i++)
+            if (rt->sets[i] != NULL)
+                kolo__pset_request_stop(rt->sets[i], &ps->stopped);
+        pthread_mutex_unlock(&rt->sets_mu);
+    }
+    return NULL;
+}
 
 static void release_ops(kolo__pset_t *ps)
 {
@@ -159,63 +173,6 @@ static int choose_ops(const kolo__runtime_t *rt, const char *var,
     return KOLO_OK;
 }
 
-/* The message of a backend that could not connect. Every rank of the job
- * has arrived by then (kolo_init agreed on the settings first), so what
- * failed is the connection itself. */
-static int connect_failed(kolo__runtime_t *rt, kolo__pset_t *ps,
-                          const kolo__ops_t *ops, int rc, const char *detail,
-                          kolo__err_t *err)
-{
-    if (ps->id != KOLO_GLOBAL_PROCESS_SET)
-        return kolo__err_set(err, rc, "rank %d could not connect process set "
-                             "%d (%s): %s", rt->rank, ps->id, ops->name, detail);
-    return kolo__err_set(err, rc, "rank %d of %d could not join the job "
-                         "(%s, rendezvous %s): %s", rt->rank, rt->size,
-                         ops->name,
-                         rt->cfg.rendezvous[0] ? rt->cfg.rendezvous : "none",
-                         detail);
-}
-
-/* A backend's warning (Gloo: a stranger's connection it dropped), from
- * whatever thread the backend runs. */
-static void warn_from_backend(const char *msg)
-{
-    kolo__log(KOLO__LOG_WARNING, "%s", msg);
-}
-
-int kolo__pset_connect(kolo__pset_t *ps, const kolo__ops_t *ops,
-                       const char *role, int rank, int size,
-                       const int *members, const int *hosts,
-                       const char *cross_ops, void **ctx, kolo__err_t *err)
-{
-    kolo__runtime_t *rt = ps->rt;
-    kolo__ops_config_t ocfg;
-    char prefix[96], detail[KOLO__ERR_LEN];
-    int rc;
-
-    snprintf(prefix, sizeof(prefix), "kolo%u/set%d/%s", rt->generation,
-             ps->id, role);
-    ocfg = (kolo__ops_config_t){
-        .rank = rank, .size = size, .members = members,
-        .hosts = hosts, .global_rank = rt->rank,
-        .rendezvous = rt->cfg.rendezvous, .prefix = prefix,
-        .hostname = rt->cfg.hostname, .timeout_s = rt->cfg.timeout_s,
-        .start_timeout_s = rt->cfg.start_timeout_s,
-        .on_wake = kolo__wake_from_peer, .wake_arg = ps,
-        .abandoned = ps->watch != NULL ? kolo__outcome_abandoned : NULL,
-        .abandoned_arg = ps->watch,
-        .warn = warn_from_backend,
-        .cross_ops = cross_ops,
-        .shm_slot_bytes = (size_t)rt->cfg.shm_slot_bytes,
-        .shm_spin_us = (int)rt->cfg.shm_spin_us,
-        .ring_send_buffer = (size_t)rt->cfg.ring_send_buffer};
-    detail[0] = '\0';
-    rc = ops->init(&ocfg, ctx, detail, sizeof(detail));
-    if (rc != KOLO_OK)
-        return connect_failed(rt, ps, ops, rc, detail, err);
-    return KOLO_OK;
-}
-
 /* The host index of every rank, exchanged over the global set's controller
  * before its thread starts (the only time the API thread uses a backend). */
 static int exchange_hosts(kolo__runtime_t *rt, kolo__pset_t *ps,
@@ -288,7 +245,7 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
     rc = choose_ops(rt, "KOLO_CONTROLLER", rt->cfg.controller, all_local,
                     size, &ps->ctl_ops, err);
     if (rc == KOLO_OK)
-        rc = kolo__pset_connect(ps, ps->ctl_ops, "ctl", ps->rank, ps->size,
+        rc = kolo__connect(ps, ps->ctl_ops, "ctl", ps->rank, ps->size,
                                 ps->ranks, hosts, NULL, &ps->ctl_ctx, err);
     if (rc != KOLO_OK) {
         ps->ctl_ops = NULL; /* nothing to finalize */
@@ -317,7 +274,7 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
     if (rc == KOLO_OK && ps->data_ops == ps->ctl_ops)
         ps->data_ctx = ps->ctl_ctx;
     else if (rc == KOLO_OK)
-        rc = kolo__pset_connect(ps, ps->data_ops, "data", ps->rank, ps->size,
+        rc = kolo__connect(ps, ps->data_ops, "data", ps->rank, ps->size,
                                 ps->ranks, hosts, cross, &ps->data_ctx, err);
     if (rc != KOLO_OK)
         ps->data_ops = NULL; /* not connected (or the controller's) */
@@ -346,7 +303,7 @@ agree:
         pset_free(ps);
         return rc;
     }
-    if (pthread_create(&ps->thread, NULL, kolo__background_main, ps) != 0) {
+    if (pthread_create(&ps->thread, NULL, set_thread, ps) != 0) {
         release_ops(ps);
         pset_free(ps);
         return kolo__err_set(err, KOLO_ERR_INTERNAL,

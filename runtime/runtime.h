@@ -5,8 +5,10 @@
  *
  * The engine's modules, each with its header: pset.c (a set's life
  * cycle), background.c (its thread's loop), negotiate.c (one round's
- * agreement), execute.c (running the round's plan), complete.c (how an
- * entry ends). They call downwards in that order, never back up.
+ * agreement), execute.c (running the round's plan), inflight.c (device
+ * batches until the device is done), complete.c (how an entry ends),
+ * connect.c (connecting a backend context). They call downwards in that
+ * order, never back up: the loop returns to pset.c when its set stops.
  *
  * A job has process sets: the global set (id 0, every rank) and the sets
  * the program adds. Each set a rank belongs to has, on that rank, its own
@@ -129,6 +131,7 @@ typedef struct kolo__pset {
     uint64_t completed;    /* entries completed, for progress detection */
     int64_t bytes_done;    /* bytes of completed entries (autotune) */
     int others_waiting;    /* ranks may sleep waiting for this rank's work */
+    kolo__err_t stopped;   /* why the loop ended (set before it returns) */
 } kolo__pset_t;
 
 struct kolo__runtime {

@@ -124,7 +124,7 @@ struct GlooCtx {
     ~GlooCtx() { kolo__ring_close(ring); }
 };
 
-void listen(GlooCtx *g)
+void listen_for_tokens(GlooCtx *g)
 {
     std::vector<int> peers;
     for (int r = 0; r < g->size; r++)
@@ -970,7 +970,7 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
             for (int r = 0; r < g->size; r++)
                 g->send_buf.push_back(g->context->createUnboundBuffer(
                     &g->send_token[r], sizeof(uint64_t)));
-            g->listener = std::thread(listen, g);
+            g->listener = std::thread(listen_for_tokens, g);
         }
     });
     if (rc != KOLO_OK) {

@@ -409,7 +409,7 @@ static void mem_finalize(void *ctx)
 
 /* ---- one collective ---------------------------------------------------------- */
 
-static int grow(mem_slot_t *s, size_t len)
+static int slot_grow(mem_slot_t *s, size_t len)
 {
     if (s->cap < len || s->data == NULL) {
         uint8_t *d = realloc(s->data, len ? len : 1);
@@ -482,7 +482,7 @@ static int agree(const mem_group_t *g, int ja, const mem_slot_t *a, int jb,
 /* Posts this member's contribution to its next collective (`mine`, whose
  * data and sizes are copied) and waits for every member's; on success
  * c->peer[j] is member j's slot. */
-static int exchange(mem_ctx_t *c, const mem_slot_t *mine, const void *data,
+static int post_and_gather(mem_ctx_t *c, const mem_slot_t *mine, const void *data,
                     char *err, size_t errlen)
 {
     mem_group_t *g = c->g;
@@ -505,7 +505,7 @@ static int exchange(mem_ctx_t *c, const mem_slot_t *mine, const void *data,
     /* Slot s % 2 is ours to write: see the essay. */
     s = ++c->seq;
     slot = &me->slot[s % 2];
-    if (grow(slot, mine->len) != 0 ||
+    if (slot_grow(slot, mine->len) != 0 ||
         (mine->sizes != NULL && slot->sizes == NULL &&
          (slot->sizes = malloc((size_t)c->size * sizeof(size_t))) == NULL)) {
         snprintf(err, errlen, "mem: out of memory for %zu bytes", mine->len);
@@ -593,7 +593,7 @@ static int mem_allreduce(void *ctx, const void *in, void *out, size_t count,
     mem_slot_t mine = {.kind = MEM_ALLREDUCE, .count = count,
                        .elem = elem_size, .reduce = reduce,
                        .len = count * elem_size};
-    int rc = exchange(c, &mine, in != NULL ? in : out, err, errlen);
+    int rc = post_and_gather(c, &mine, in != NULL ? in : out, err, errlen);
 
     if (rc != KOLO_OK)
         return rc;
@@ -610,7 +610,7 @@ static int mem_allgather(void *ctx, const void *in, void *out, size_t bytes,
 {
     mem_ctx_t *c = ctx;
     mem_slot_t mine = {.kind = MEM_ALLGATHER, .bytes = bytes, .len = bytes};
-    int rc = exchange(c, &mine, in, err, errlen);
+    int rc = post_and_gather(c, &mine, in, err, errlen);
 
     if (rc != KOLO_OK)
         return rc;
@@ -625,7 +625,7 @@ static int mem_gather(void *ctx, const void *in, void *out, size_t bytes,
     mem_ctx_t *c = ctx;
     mem_slot_t mine = {.kind = MEM_GATHER, .bytes = bytes, .root = root,
                        .len = bytes};
-    int rc = exchange(c, &mine, in, err, errlen);
+    int rc = post_and_gather(c, &mine, in, err, errlen);
 
     if (rc != KOLO_OK || c->rank != root)
         return rc;
@@ -647,7 +647,7 @@ static int mem_broadcast(void *ctx, void *buf, size_t bytes, int root,
                  c->size);
         return KOLO_ERR_BACKEND;
     }
-    rc = exchange(c, &mine, buf, err, errlen);
+    rc = post_and_gather(c, &mine, buf, err, errlen);
     if (rc == KOLO_OK && c->rank != root && bytes > 0)
         memcpy(buf, c->peer[root]->data, bytes);
     return rc;
@@ -660,7 +660,7 @@ static int mem_allgatherv(void *ctx, const void *in, void *out,
     mem_slot_t mine = {.kind = MEM_ALLGATHERV, .len = bytes[c->rank],
                        .sizes = (size_t *)bytes};
     size_t at = 0;
-    int rc = exchange(c, &mine, in, err, errlen);
+    int rc = post_and_gather(c, &mine, in, err, errlen);
 
     if (rc != KOLO_OK)
         return rc;
@@ -683,7 +683,7 @@ static int mem_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
 
     for (int j = 0; j < c->size; j++)
         mine.len += send_bytes[j];
-    rc = exchange(c, &mine, in, err, errlen);
+    rc = post_and_gather(c, &mine, in, err, errlen);
     if (rc != KOLO_OK)
         return rc;
     for (int j = 0; j < c->size; j++) {
@@ -721,7 +721,7 @@ static int mem_reduce_scatter(void *ctx, void *work, void *out,
             from += counts[j];
         mine.len += counts[j] * elem_size;
     }
-    rc = exchange(c, &mine, work, err, errlen);
+    rc = post_and_gather(c, &mine, work, err, errlen);
     if (rc != KOLO_OK)
         return rc;
     if (n > 0)

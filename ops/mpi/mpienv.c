@@ -27,6 +27,7 @@
 #include "mpienv.h"
 
 #include <ftw.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +67,19 @@ static void mpienv_at_exit(void)
         MPI_Finalize();
 }
 
-static int mpi_error(int mrc, const char *what, kolo__err_t *err)
+/* One sentence into err; returns code. */
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static int mpi_error(int mrc, const char *what, char *err, size_t errlen)
 {
     char msg[MPI_MAX_ERROR_STRING + 1];
     int len = 0;
@@ -74,14 +87,14 @@ static int mpi_error(int mrc, const char *what, kolo__err_t *err)
     if (MPI_Error_string(mrc, msg, &len) != MPI_SUCCESS)
         len = snprintf(msg, sizeof(msg), "MPI error %d", mrc);
     msg[len] = '\0';
-    return kolo__err_set(err, KOLO_ERR_BACKEND, "%s failed: %s", what, msg);
+    return fail(err, errlen, KOLO_ERR_BACKEND, "%s failed: %s", what, msg);
 }
 
 #define MPI_TRY(what, call)                                             \
     do {                                                                \
         int mrc_ = (call);                                              \
         if (mrc_ != MPI_SUCCESS)                                        \
-            return mpi_error(mrc_, (what), err);                        \
+            return mpi_error(mrc_, (what), err, errlen);                        \
     } while (0)
 
 static const char *level_name(int level)
@@ -96,13 +109,13 @@ static const char *level_name(int level)
 }
 
 /* MPI itself, once per process. */
-static int mpienv_init_mpi(kolo__err_t *err)
+static int mpienv_init_mpi(char *err, size_t errlen)
 {
     int inited = 0, finalized = 0, level = 0;
 
     MPI_Finalized(&finalized);
     if (finalized)
-        return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+        return fail(err, errlen, KOLO_ERR_UNSUPPORTED,
                              "kolo_init under mpirun: MPI was already "
                              "finalized in this process, and MPI cannot be "
                              "initialised again (call kolo_init before "
@@ -113,14 +126,14 @@ static int mpienv_init_mpi(kolo__err_t *err)
                 MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level));
         g_we_initialised = 1;
         if (level < MPI_THREAD_MULTIPLE)
-            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+            return fail(err, errlen, KOLO_ERR_UNSUPPORTED,
                                  "kolo needs MPI_THREAD_MULTIPLE (every "
                                  "process set's thread calls MPI), but this "
                                  "MPI provides only %s", level_name(level));
     } else {
         MPI_Query_thread(&level);
         if (level < MPI_THREAD_MULTIPLE)
-            return kolo__err_set(err, KOLO_ERR_UNSUPPORTED,
+            return fail(err, errlen, KOLO_ERR_UNSUPPORTED,
                                  "the program initialised MPI at %s, but "
                                  "kolo needs MPI_THREAD_MULTIPLE: call "
                                  "MPI_Init_thread(&argc, &argv, "
@@ -133,19 +146,21 @@ static int mpienv_init_mpi(kolo__err_t *err)
                 MPI_Comm_dup(MPI_COMM_WORLD, &g_comm));
         MPI_Comm_set_errhandler(g_comm, MPI_ERRORS_RETURN);
         if (atexit(mpienv_at_exit) != 0)
-            return kolo__err_set(err, KOLO_ERR_INTERNAL,
+            return fail(err, errlen, KOLO_ERR_INTERNAL,
                                  "cannot register MPI's finalization at exit");
     }
     return KOLO_OK;
 }
 
-int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, kolo__err_t *err)
+int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, char *err, size_t errlen)
 {
     MPI_Comm local, cross;
     char buf[4096 + 1];
 
     memset(out, 0, sizeof(*out));
-    KOLO__CHECK(mpienv_init_mpi(err));
+    int rc_ = mpienv_init_mpi(err, errlen);
+    if (rc_ != KOLO_OK)
+        return rc_;
     MPI_Comm_rank(g_comm, &out->rank);
     MPI_Comm_size(g_comm, &out->size);
     MPI_TRY("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)",
@@ -190,7 +205,7 @@ int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, kolo__err_t *err)
         MPI_TRY("MPI_Allreduce", MPI_Allreduce(&bad, &any_bad, 1, MPI_INT,
                                                MPI_MAX, g_comm));
         if (any_bad)
-            return kolo__err_set(err, KOLO_ERR_CONFIG,
+            return fail(err, errlen, KOLO_ERR_CONFIG,
                                  "KOLO_CONTROLLER or KOLO_CPU_OPERATIONS asks "
                                  "for gloo under mpirun, and the ranks span "
                                  "about %d hosts: Gloo needs a rendezvous "
@@ -208,7 +223,7 @@ int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, kolo__err_t *err)
         MPI_TRY("MPI_Bcast of the rendezvous directory",
                 MPI_Bcast(buf, 4096, MPI_CHAR, 0, g_comm));
         if (buf[0] == '\0')
-            return kolo__err_set(err, KOLO_ERR_CONFIG,
+            return fail(err, errlen, KOLO_ERR_CONFIG,
                                  "rank 0 could not create a rendezvous "
                                  "directory for Gloo under mpirun (in "
                                  "$TMPDIR or /tmp); set KOLO_RENDEZVOUS="
@@ -226,10 +241,10 @@ int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, kolo__err_t *err)
 }
 
 int kolo__mpienv_allgather(const char *mine, size_t each, char *all,
-                           kolo__err_t *err)
+                           char *err, size_t errlen)
 {
     if (g_comm == MPI_COMM_NULL)
-        return kolo__err_set(err, KOLO_ERR_INTERNAL, "MPI is not started");
+        return fail(err, errlen, KOLO_ERR_INTERNAL, "MPI is not started");
     MPI_TRY("MPI_Allgather", MPI_Allgather(mine, (int)each, MPI_CHAR, all,
                                            (int)each, MPI_CHAR, g_comm));
     return KOLO_OK;

@@ -33,10 +33,10 @@
  * bits. Two posts per member are kept (s % 2), by the argument of
  * ops/mem: a member posts s + 1 only after finishing s, which needs every
  * member to have posted s, so every member is done reading s - 1. The
- * arithmetic is Horovod's on CUDA: scaling as kolo__scale_device (float16
- * in half precision), AVERAGE as NCCL's ncclAvg (each contribution of a
- * float multiplied by 1/size in its own type, then summed; integers summed
- * and divided).
+ * arithmetic is the runtime's (kolo__dev_config_t.math), which scales as
+ * Horovod's CUDA kernels do (float16 in half precision); AVERAGE is NCCL's
+ * ncclAvg (each contribution of a float multiplied by 1/size in its own
+ * type, then summed; integers summed and divided).
  *
  * Failures. kolo__simdev_fail_next makes a rank's next collective fail as
  * an asynchronous NCCL error: it posts nothing, marks its context (watch
@@ -61,10 +61,6 @@
 #include <time.h>
 
 #include "simdev_ops.h"
-/* The reference arithmetic of a device (a test backend may use the
- * runtime's pure functions: it stands for kernels specified by them). */
-#include "half.h"
-#include "reduce.h"
 
 #define MAX_RANKS 64 /* global ranks the fault and count tables know */
 #define DRAIN_S 5.0  /* how long an aborted stream may take to drain */
@@ -824,7 +820,7 @@ static void coll_free(coll_t *k)
 /* Posts this member's contribution (taking data and sizes) and sleeps
  * until every member has posted this collective; 0 then, -1 when the
  * context was aborted meanwhile. */
-static int exchange(coll_t *k, uint8_t *data, size_t len, size_t *sizes)
+static int post_and_wait(coll_t *k, uint8_t *data, size_t len, size_t *sizes)
 {
     sim_ctx_t *c = k->c;
     group_t *g = c->g;
@@ -865,45 +861,18 @@ static const post_t *peer(const coll_t *k, int j)
     return &k->c->g->slot[j][k->seq % 2];
 }
 
-/* ncclAvg of a float type: every contribution multiplied by 1/size in the
- * tensor's type (float16 and bfloat16 round the factor to themselves
- * first, as NCCL does), before the sum. */
-static void premultiply(void *buf, size_t n, int wire, int size)
+/* The float dtypes, whose AVERAGE is ncclAvg's: every contribution
+ * multiplied by 1/size in the tensor's type (scaled as the device scales),
+ * then summed; integers are summed, then divided. */
+static int is_float(int dtype)
 {
-    double f = 1.0 / (double)size;
-
-    switch (wire) {
-    case KOLO_FLOAT16:
-        f = kolo__f16_factor(f);
-        break;
-    case KOLO_BFLOAT16:
-        f = kolo__bf16_to_float(kolo__float_to_bf16((float)f));
-        break;
-    case KOLO_FLOAT32:
-    case KOLO_FLOAT64:
-        break;
-    default:
-        return; /* integers: summed, then divided */
-    }
-    kolo__scale(buf, n, (kolo_dtype_t)wire, f);
-}
-
-static void convert(const void *src, int from, void *dst, int to, size_t n)
-{
-    if (from == to)
-        memcpy(dst, src, n * kolo_dtype_size((kolo_dtype_t)from));
-    else if (from == KOLO_FLOAT32 && to == KOLO_FLOAT16)
-        kolo__f32_to_f16(src, dst, n);
-    else if (from == KOLO_FLOAT32 && to == KOLO_BFLOAT16)
-        kolo__f32_to_bf16(src, dst, n);
-    else if (from == KOLO_FLOAT16 && to == KOLO_FLOAT32)
-        kolo__f16_to_f32(src, dst, n);
-    else if (from == KOLO_BFLOAT16 && to == KOLO_FLOAT32)
-        kolo__bf16_to_f32(src, dst, n);
+    return dtype == KOLO_FLOAT16 || dtype == KOLO_BFLOAT16 ||
+           dtype == KOLO_FLOAT32 || dtype == KOLO_FLOAT64;
 }
 
 static void run_allreduce(coll_t *k)
 {
+    const kolo__host_math_t *m = k->c->cfg.math;
     size_t es = kolo_dtype_size((kolo_dtype_t)k->wire), at = 0;
     int size = k->c->g->size;
     uint8_t *mine = calloc(k->count ? k->count : 1, es), *acc;
@@ -912,30 +881,28 @@ static void run_allreduce(coll_t *k)
         return;
     for (size_t i = 0; i < k->n; i++) {
         if (k->ts[i].in != NULL) /* else a joined rank's zeros */
-            convert(k->ts[i].in, k->dtype, mine + at * es, k->wire,
-                    k->ts[i].count);
+            m->convert(k->ts[i].in, k->dtype, mine + at * es, k->wire,
+                       k->ts[i].count);
         at += k->ts[i].count;
     }
-    kolo__scale_device(mine, k->count, (kolo_dtype_t)k->wire, k->prescale);
-    if (k->op == KOLO_OP_AVERAGE)
-        premultiply(mine, k->count, k->wire, size);
-    if (exchange(k, mine, k->count * es, NULL) != 0)
+    m->scale(mine, k->count, k->wire, k->prescale);
+    if (k->op == KOLO_OP_AVERAGE && is_float(k->wire))
+        m->scale(mine, k->count, k->wire, 1.0 / (double)size);
+    if (post_and_wait(k, mine, k->count * es, NULL) != 0)
         return;
     if ((acc = malloc(k->count * es + 1)) == NULL)
         return;
     memcpy(acc, peer(k, 0)->data, k->count * es);
     for (int j = 1; j < size; j++)
         k->reduce(acc, acc, peer(k, j)->data, k->count);
-    if (k->op == KOLO_OP_AVERAGE && kolo_dtype_size((kolo_dtype_t)k->wire) &&
-        (k->wire != KOLO_FLOAT16 && k->wire != KOLO_BFLOAT16 &&
-         k->wire != KOLO_FLOAT32 && k->wire != KOLO_FLOAT64))
-        kolo__average(acc, k->count, (kolo_dtype_t)k->wire, size);
-    kolo__scale_device(acc, k->count, (kolo_dtype_t)k->wire, k->post);
+    if (k->op == KOLO_OP_AVERAGE && !is_float(k->wire))
+        m->average(acc, k->count, k->wire, size);
+    m->scale(acc, k->count, k->wire, k->post);
     at = 0;
     for (size_t i = 0; i < k->n; i++) {
         if (k->ts[i].in != NULL)
-            convert(acc + at * es, k->wire, k->ts[i].out, k->dtype,
-                    k->ts[i].count);
+            m->convert(acc + at * es, k->wire, k->ts[i].out, k->dtype,
+                       k->ts[i].count);
         at += k->ts[i].count;
     }
     free(acc);
@@ -947,7 +914,7 @@ static void run_broadcast(coll_t *k)
 
     if (k->c->me == k->root && (mine = malloc(k->bytes)) != NULL)
         memcpy(mine, k->out, k->bytes);
-    if (exchange(k, mine, mine ? k->bytes : 0, NULL) != 0)
+    if (post_and_wait(k, mine, mine ? k->bytes : 0, NULL) != 0)
         return;
     if (k->c->me != k->root && peer(k, k->root)->data != NULL)
         memcpy(k->out, peer(k, k->root)->data, k->bytes);
@@ -961,7 +928,7 @@ static void run_allgatherv(coll_t *k)
     if (mine == NULL)
         return;
     memcpy(mine, k->in, len);
-    if (exchange(k, mine, len, NULL) != 0)
+    if (post_and_wait(k, mine, len, NULL) != 0)
         return;
     for (int j = 0; j < k->c->g->size; j++) {
         memcpy((uint8_t *)k->out + off, peer(k, j)->data, k->sizes[j]);
@@ -986,7 +953,7 @@ static void run_alltoallv(coll_t *k)
     }
     memcpy(mine, k->in, total);
     memcpy(sizes, k->sizes, (size_t)size * sizeof(size_t));
-    if (exchange(k, mine, total, sizes) != 0)
+    if (post_and_wait(k, mine, total, sizes) != 0)
         return;
     for (int j = 0; j < size; j++) {
         const post_t *p = peer(k, j);
@@ -1013,15 +980,15 @@ static void run_reduce_scatter(coll_t *k)
     if ((mine = malloc(total * es + 1)) == NULL)
         return;
     memcpy(mine, k->in, total * es);
-    kolo__scale_device(mine, total, (kolo_dtype_t)k->dtype, k->prescale);
-    if (exchange(k, mine, total * es, NULL) != 0)
+    k->c->cfg.math->scale(mine, total, k->dtype, k->prescale);
+    if (post_and_wait(k, mine, total * es, NULL) != 0)
         return;
     if ((acc = malloc(n * es + 1)) == NULL)
         return;
     memcpy(acc, peer(k, 0)->data + off * es, n * es);
     for (int j = 1; j < size; j++)
         k->reduce(acc, acc, peer(k, j)->data + off * es, n);
-    kolo__scale_device(acc, n, (kolo_dtype_t)k->dtype, k->post);
+    k->c->cfg.math->scale(acc, n, k->dtype, k->post);
     memcpy(k->out, acc, n * es);
     free(acc);
 }

@@ -27,7 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "kolorun.h"
+#include "cmdline.h"
 
 #define KOLORUN_PROBE_MS 60000 /* importing torch takes seconds; a bound */
 

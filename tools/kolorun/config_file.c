@@ -16,7 +16,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "kolorun.h"
+#include "cmdline.h"
 
 /* One scalar of the file: quotes removed; "" for null (absent). */
 static int kolorun_yaml_scalar(char *s, char *out, size_t len)

@@ -4,10 +4,14 @@
  * published through the job's rendezvous store, failures that blacklist
  * their host, and the ways an elastic job ends.
  *
- * Everything here runs in kolorun's one poll loop: kolorun_elastic_tick
- * makes the decisions and says when it next needs to run, the discovery
- * script's stdout is one more descriptor of the loop, and the script and
- * the workers are reaped by kolorun_reap like the ranks of any job.
+ * A policy on top of supervision (kolorun_policy_t, supervise.h): it runs
+ * in kolorun's one poll loop, which calls el_tick to make the decisions
+ * and say when it next needs to run, polls the discovery script's stdout
+ * for it, and tells it of every worker that ended (el_ended) and of the
+ * script's end (el_reaped); it asks supervision to start workers
+ * (kolorun_rank_start, placed in their generation) and to stop them
+ * (kolorun_rank_stop), and writes generations through the rendezvous
+ * (kolorun_rdv_set).
  */
 #define _GNU_SOURCE
 
@@ -26,7 +30,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "kolorun.h"
+#include "elastic.h"
 
 /* How often the discovery script runs (from one start to the next). */
 #define EL_DISCOVERY_MS 1000
@@ -94,6 +98,8 @@ struct kolorun_elastic {
 
 /* ---- workers ------------------------------------------------------------- */
 
+static int el_start_worker(kolorun_t *k, int w);
+
 static int el_grow_workers(kolorun_t *k, int n)
 {
     kolorun_elastic_t *e = k->elastic;
@@ -143,17 +149,6 @@ static const char *el_host_name(const kolorun_t *k, int w)
     return k->opts.hosts[k->elastic->w[w].host].name;
 }
 
-static void el_describe(int status, char *buf, size_t n)
-{
-    if (WIFEXITED(status))
-        snprintf(buf, n, "exited with status %d", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status))
-        snprintf(buf, n, "was killed by signal %d (%s)", WTERMSIG(status),
-                 strsignal(WTERMSIG(status)));
-    else
-        snprintf(buf, n, "ended with wait status 0x%x", (unsigned)status);
-}
-
 /* The status kolorun exits with for a worker's wait status. */
 static int el_exit_code(int status)
 {
@@ -165,59 +160,14 @@ static int el_exit_code(int status)
 }
 
 /* Stops worker w (removed, or on a blacklisted host): SIGTERM now, SIGKILL
- * after the grace period (kolorun_elastic_tick). */
+ * after the grace period (el_tick). */
 static void el_terminate(kolorun_t *k, int w)
 {
     el_worker_t *ew = &k->elastic->w[w];
     if (!el_alive(k, w) || ew->term_ms)
         return;
     ew->term_ms = kolorun_now_ms();
-    kolorun_release_remote(k, w);
-    kill(k->ranks[w].pid, SIGTERM);
-}
-
-/* ---- the store ----------------------------------------------------------- */
-
-/* Writes key = value through the job's rendezvous, as runtime/store.c
- * reads it: a file per key in the directory ('/' written as '.'), written
- * whole and renamed into place; or SET JOB/key in Redis. */
-static int el_store_set(const kolorun_t *k, const char *key,
-                        const char *value)
-{
-    if (k->redis_addr[0]) {
-        const char *why = kolorun_redis_set(k, key, value);
-        if (why)
-            kolorun_say("cannot write %s to Redis at %s: %s", key,
-                        k->redis_addr, why);
-        return why ? -1 : 0;
-    }
-    char *path = kolorun_strdupf("%s/%s", k->rdv_dir, key);
-    char *tmp = path ? kolorun_strdupf("%s.tmp%ld", path, (long)getpid())
-                     : NULL;
-    int rc = -1;
-    if (!tmp) {
-        kolorun_say("out of memory");
-        goto out;
-    }
-    /* the key's '/' as '.', in both names (the directory keeps its own) */
-    for (size_t i = strlen(k->rdv_dir) + 1; path[i]; i++)
-        if (path[i] == '/')
-            path[i] = tmp[i] = '.';
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    int ok = fd >= 0 && kolorun_write_all(fd, value, strlen(value)) == 0;
-    if (fd >= 0 && close(fd) != 0)
-        ok = 0;
-    if (!ok || rename(tmp, path) != 0) {
-        kolorun_say("cannot write %s in the rendezvous directory: %s", path,
-                    strerror(errno));
-        unlink(tmp);
-    } else {
-        rc = 0;
-    }
-out:
-    free(tmp);
-    free(path);
-    return rc;
+    kolorun_rank_stop(k, w, SIGTERM);
 }
 
 /* ---- ending -------------------------------------------------------------- */
@@ -237,7 +187,7 @@ static void el_end(kolorun_t *k, int status, const char *why)
         kolorun_say("%s", why);
         if (e->gen > 0) {
             char *line = kolorun_strdupf("%s\n", why);
-            if (line && el_store_set(k, "elastic/end", line) == 0)
+            if (line && kolorun_rdv_set(k, "elastic/end", line) == 0)
                 e->end_written = 1;
             free(line);
         }
@@ -429,13 +379,13 @@ static int el_publish(kolorun_t *k, el_slot_t *s, int n, const char *update)
     }
     char key[64], num[32];
     snprintf(key, sizeof key, "elastic/%d/members", g);
-    int rc = el_store_set(k, key, text);
+    int rc = kolorun_rdv_set(k, key, text);
     snprintf(key, sizeof key, "elastic/%d/update", g);
     if (rc == 0)
-        rc = el_store_set(k, key, update);
+        rc = kolorun_rdv_set(k, key, update);
     snprintf(num, sizeof num, "%d", g);
     if (rc == 0)
-        rc = el_store_set(k, "elastic/generation", num);
+        rc = kolorun_rdv_set(k, "elastic/generation", num);
     free(text);
     if (rc != 0) {
         free(members);
@@ -468,7 +418,7 @@ static int el_publish(kolorun_t *k, el_slot_t *s, int n, const char *update)
                 n == 1 ? "" : "s", line, m >= sizeof line - 300 ? " ..." : "");
 
     while (k->nstarted < next) {
-        int failed = kolorun_spawn(k, k->nstarted);
+        int failed = el_start_worker(k, k->nstarted);
         if (failed) {
             k->launch_error = failed;
             el_end(k, failed, "cannot start a worker: the job ends");
@@ -509,7 +459,7 @@ static void el_all_failed(kolorun_t *k)
         const el_worker_t *ew = &e->w[w];
         char how[128];
         if (ew->failed)
-            el_describe(ew->status, how, sizeof how);
+            kolorun_describe(ew->status, how, sizeof how);
         else
             snprintf(how, sizeof how, "was stopped with its host");
         if (ew->failed && first < 0)
@@ -739,7 +689,7 @@ static void el_discovery_done(kolorun_t *k)
     }
     if (!WIFEXITED(e->dstatus) || WEXITSTATUS(e->dstatus) != 0) {
         char how[128];
-        el_describe(e->dstatus, how, sizeof how);
+        kolorun_describe(e->dstatus, how, sizeof how);
         el_dwarn(k, "the host discovery script '%s' %s; %s", script, how,
                  keep);
         return;
@@ -861,7 +811,18 @@ static void el_discovery_kill(kolorun_t *k)
     }
 }
 
-/* ---- what the rest of kolorun calls --------------------------------------- */
+/* ---- what supervision calls (kolorun_policy_t) and main ------------------- */
+
+static int64_t el_tick(kolorun_t *k);
+static int el_fd(const kolorun_t *k);
+static void el_read(kolorun_t *k);
+static int el_reaped(kolorun_t *k, pid_t pid, int status);
+static void el_ended(kolorun_t *k, int w, int status);
+static int el_done(const kolorun_t *k);
+
+static const kolorun_policy_t el_policy = {
+    .tick = el_tick, .fd = el_fd, .read = el_read, .reaped = el_reaped,
+    .ended = el_ended, .done = el_done};
 
 int kolorun_elastic_start(kolorun_t *k)
 {
@@ -871,6 +832,7 @@ int kolorun_elastic_start(kolorun_t *k)
         return -1;
     }
     k->elastic = e;
+    k->policy = &el_policy;
     e->dfd = -1;
     e->status = -1;
     e->dirty = 1;
@@ -895,7 +857,7 @@ int kolorun_elastic_start(kolorun_t *k)
     return 0;
 }
 
-int64_t kolorun_elastic_tick(kolorun_t *k)
+static int64_t el_tick(kolorun_t *k)
 {
     kolorun_elastic_t *e = k->elastic;
     int64_t now = kolorun_now_ms(), next = -1;
@@ -937,7 +899,7 @@ int64_t kolorun_elastic_tick(kolorun_t *k)
     /* A signal stopped the job: workers waiting in kolo_init learn it. */
     if (k->stopping && !e->end_written && e->gen > 0) {
         e->end_written = 1;
-        el_store_set(k, "elastic/end", "kolorun was stopped by a signal\n");
+        kolorun_rdv_set(k, "elastic/end", "kolorun was stopped by a signal\n");
     }
 
     for (int w = 0; w < k->nstarted; w++) {
@@ -956,7 +918,7 @@ int64_t kolorun_elastic_tick(kolorun_t *k)
         }
         if (ew->term_ms && !k->killed) {
             if (now - ew->term_ms >= KOLORUN_GRACE_MS)
-                kill(k->ranks[w].pid, SIGKILL);
+                kolorun_rank_stop(k, w, SIGKILL);
             else
                 EL_AT(ew->term_ms + KOLORUN_GRACE_MS);
         }
@@ -1003,18 +965,18 @@ int64_t kolorun_elastic_tick(kolorun_t *k)
     return next;
 }
 
-int kolorun_elastic_fd(const kolorun_t *k)
+static int el_fd(const kolorun_t *k)
 {
-    return k->elastic ? k->elastic->dfd : -1;
+    return k->elastic->dfd;
 }
 
-void kolorun_elastic_read(kolorun_t *k)
+static void el_read(kolorun_t *k)
 {
     if (k->elastic->dfd >= 0)
         el_discovery_read(k);
 }
 
-int kolorun_elastic_reaped(kolorun_t *k, pid_t pid, int status)
+static int el_reaped(kolorun_t *k, pid_t pid, int status)
 {
     kolorun_elastic_t *e = k->elastic;
     if (pid != e->dpid || e->dpid <= 0)
@@ -1026,7 +988,7 @@ int kolorun_elastic_reaped(kolorun_t *k, pid_t pid, int status)
     return 1;
 }
 
-void kolorun_elastic_ended(kolorun_t *k, int w, int status)
+static void el_ended(kolorun_t *k, int w, int status)
 {
     kolorun_elastic_t *e = k->elastic;
     el_worker_t *ew = &e->w[w];
@@ -1036,7 +998,7 @@ void kolorun_elastic_ended(kolorun_t *k, int w, int status)
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
     int rank = el_rank_of(e, w);
     char how[128];
-    el_describe(status, how, sizeof how);
+    kolorun_describe(status, how, sizeof how);
     if (k->stopping || e->ended || ew->dropped || rank < 0) {
         if (k->opts.verbose)
             kolorun_say("worker %s:%d (pid %ld) %s (%s)", el_host_name(k, w),
@@ -1072,7 +1034,7 @@ void kolorun_elastic_ended(kolorun_t *k, int w, int status)
     e->failure = 1;
 }
 
-int kolorun_elastic_done(const kolorun_t *k)
+static int el_done(const kolorun_t *k)
 {
     return k->elastic->ended || k->stopping;
 }
@@ -1116,34 +1078,36 @@ static void el_place(const kolorun_t *k, int w, int p[6])
     p[5] = cross_size;
 }
 
-int kolorun_elastic_env(const kolorun_t *k, int w, char **env)
+/* Starts worker w where the latest generation places it: its place, its
+ * id and host as given (the contract: KOLO_HOSTNAME is the host), asked
+ * of supervision. 0, or the status that says why not. */
+static int el_start_worker(kolorun_t *k, int w)
 {
     const el_worker_t *ew = &k->elastic->w[w];
-    int p[6], n = 0;
-    el_place(k, w, p);
-    env[n++] = kolorun_strdupf("KOLO_RANK=%d", p[0]);
-    env[n++] = kolorun_strdupf("KOLO_SIZE=%d", p[1]);
-    env[n++] = kolorun_strdupf("KOLO_LOCAL_RANK=%d", p[2]);
-    env[n++] = kolorun_strdupf("KOLO_LOCAL_SIZE=%d", p[3]);
-    env[n++] = kolorun_strdupf("KOLO_CROSS_RANK=%d", p[4]);
-    env[n++] = kolorun_strdupf("KOLO_CROSS_SIZE=%d", p[5]);
-    env[n++] = kolorun_strdupf("KOLO_ELASTIC=1");
-    env[n++] = kolorun_strdupf("HOROVOD_ELASTIC=1");
-    env[n++] = kolorun_strdupf("KOLO_ELASTIC_ID=%s:%d",
-                               k->opts.hosts[ew->host].name, ew->slot);
-    env[n++] = kolorun_strdupf("KOLO_HOSTNAME=%s",
-                               k->opts.hosts[ew->host].name);
-    env[n++] = kolorun_strdupf("KOLO_ELASTIC_TIMEOUT=%d",
-                               k->opts.elastic_timeout_s);
-    return n;
-}
+    int p[6], rc = 1;
+    char *extra[5] = {
+        kolorun_strdupf("KOLO_ELASTIC=1"),
+        kolorun_strdupf("HOROVOD_ELASTIC=1"),
+        kolorun_strdupf("KOLO_ELASTIC_ID=%s:%d",
+                        k->opts.hosts[ew->host].name, ew->slot),
+        kolorun_strdupf("KOLO_HOSTNAME=%s", k->opts.hosts[ew->host].name),
+        kolorun_strdupf("KOLO_ELASTIC_TIMEOUT=%d",
+                        k->opts.elastic_timeout_s)};
+    kolorun_place_t place;
+    int ok = 1;
 
-void kolorun_elastic_place(const kolorun_t *k, int w, int *rank, int *local)
-{
-    int p[6];
+    for (int i = 0; i < 5; i++)
+        ok &= extra[i] != NULL;
     el_place(k, w, p);
-    *rank = p[0];
-    *local = k->elastic->w[w].slot;
+    place = (kolorun_place_t){p[0], p[1], p[2], p[3], p[4], p[5], ew->slot,
+                              extra, 5};
+    if (ok)
+        rc = kolorun_rank_start(k, w, &place);
+    else
+        kolorun_say("out of memory");
+    for (int i = 0; i < 5; i++)
+        free(extra[i]);
+    return rc;
 }
 
 void kolorun_elastic_free(kolorun_t *k)

@@ -24,7 +24,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "kolorun.h"
+#include "cmdline.h"
 
 #define KR_BAYES                                                          \
     "kolo's autotune is a coordinate search, not Bayesian optimisation, " \

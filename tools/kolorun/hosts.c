@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kolorun.h"
+#include "cmdline.h"
 
 /* The launching host: its ranks start directly, without ssh. */
 int kolorun_host_is_local(const char *name)

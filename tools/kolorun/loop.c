@@ -16,7 +16,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kolorun.h"
+#include "supervise.h"
 
 /* After SIGKILL, how long the pipes get to close (the kernel needs moments;
  * longer means a process outside the group, a daemon, holds them). */
@@ -72,16 +72,16 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
 {
     int cap = 0;
     struct pollfd *pfd = NULL;
-    int *who = NULL; /* r * 2 + stream; -1 the self-pipe, -2 discovery */
+    int *who = NULL; /* r * 2 + stream; -1 the self-pipe, -2 the policy's */
 
     for (;;) {
         /* Reaping here as well as on SIGCHLD costs one system call and
          * makes a lost wake-up harmless. */
         kolorun_handle_signals(k);
         kolorun_reap(k);
-        /* An elastic job's driver: its decisions, and when it next needs
-         * to run. */
-        int64_t elastic_at = k->elastic ? kolorun_elastic_tick(k) : -1;
+        /* The policy (an elastic job's driver): its decisions, and when it
+         * next needs to run. */
+        int64_t policy_at = k->policy ? k->policy->tick(k) : -1;
 
         int64_t now = kolorun_now_ms();
         /* A rank failed a moment ago, or every rank has ended: nothing
@@ -101,7 +101,7 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
         int64_t drain_until = -1;
         /* An elastic job may have no worker running for a while (waiting
          * for hosts, between generations): it ends when its driver says. */
-        if (k->nalive == 0 && (!k->elastic || kolorun_elastic_done(k))) {
+        if (k->nalive == 0 && (!k->policy || k->policy->done(k))) {
             if (open == 0)
                 break;
             if (k->all_reaped_ms == 0)
@@ -146,8 +146,8 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
                 who[n++] = r * 2 + s;
             }
         }
-        if (kolorun_elastic_fd(k) >= 0) {
-            pfd[n].fd = kolorun_elastic_fd(k);
+        if (k->policy && k->policy->fd(k) >= 0) {
+            pfd[n].fd = k->policy->fd(k);
             pfd[n].events = POLLIN;
             who[n++] = -2;
         }
@@ -162,8 +162,8 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
             deadline = k->failed_ms + KOLORUN_BLAME_MS;
         if (drain_until >= 0 && (deadline < 0 || drain_until < deadline))
             deadline = drain_until;
-        if (elastic_at >= 0 && (deadline < 0 || elastic_at < deadline))
-            deadline = elastic_at;
+        if (policy_at >= 0 && (deadline < 0 || policy_at < deadline))
+            deadline = policy_at;
         int timeout = -1;
         if (deadline >= 0)
             timeout = deadline > now ? (int)(deadline - now) : 0;
@@ -181,7 +181,7 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
             if (!pfd[i].revents)
                 continue;
             if (who[i] == -2)
-                kolorun_elastic_read(k);
+                k->policy->read(k);
             else
                 kolorun_stream_read(k, who[i] / 2, who[i] % 2, 0);
         }

@@ -1,7 +1,8 @@
 /*
- * main.c — kolorun's main: the job from start to end (options, buffers,
- * signals, rendezvous, the holder, the ranks, the loop, the cleanup) and
- * the exit status it ends with (see "Ending" in kolorun.h).
+ * main.c — kolorun's main, the top layer (kolorun.h): the job from start
+ * to end (the job description, its tables, signals, rendezvous, the
+ * holder, the ranks or the elastic driver, the loop, the cleanup) and the
+ * exit status it ends with (see "Ending" in kolorun.h).
  */
 #define _GNU_SOURCE
 
@@ -46,77 +47,6 @@ static void kolorun_raise_fd_limit(int np, int files)
         rl.rlim_cur = need < rl.rlim_max ? need : rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
-}
-
-/* Makes room for n ranks (an elastic job's workers, as they come): the
- * new entries closed, with their line buffers. 0, or -1 when memory is
- * short. */
-int kolorun_ranks_grow(kolorun_t *k, int n)
-{
-    if (n <= k->nranks)
-        return 0;
-    kolorun_rank_t *r = realloc(k->ranks, (size_t)n * sizeof *r);
-    if (!r)
-        return -1;
-    k->ranks = r;
-    for (; k->nranks < n; k->nranks++) {
-        kolorun_rank_t *rk = &k->ranks[k->nranks];
-        memset(rk, 0, sizeof *rk);
-        rk->hold_fd = -1;
-        rk->files[0] = rk->files[1] = -1;
-        rk->streams[0].fd = rk->streams[1].fd = -1;
-        for (int s = 0; s < 2; s++) {
-            rk->streams[s].buf = malloc(KOLORUN_LINE_MAX);
-            if (!rk->streams[s].buf) {
-                k->nranks++; /* freed with the others */
-                return -1;
-            }
-        }
-    }
-    return 0;
-}
-
-/* Allocates the ranks' and sinks' buffers; -1 when memory is short. An
- * elastic job's workers are added as they start. */
-static int kolorun_alloc(kolorun_t *k)
-{
-    if (!k->opts.elastic && kolorun_ranks_grow(k, k->opts.np) != 0)
-        return -1;
-    k->sinks[KOLORUN_OUT].fd = STDOUT_FILENO;
-    k->sinks[KOLORUN_ERR].fd = STDERR_FILENO;
-    for (int s = 0; s < 2; s++) {
-        k->sinks[s].buf = malloc(KOLORUN_SINK_CAP);
-        if (!k->sinks[s].buf)
-            return -1;
-    }
-    return 0;
-}
-
-static void kolorun_free(kolorun_t *k)
-{
-    kolorun_elastic_free(k);
-    for (int r = 0; k->ranks && r < k->nranks; r++) {
-        if (k->ranks[r].hold_fd >= 0)
-            close(k->ranks[r].hold_fd);
-        for (int s = 0; s < 2; s++) {
-            if (k->ranks[r].files[s] >= 0)
-                close(k->ranks[r].files[s]);
-            kolorun_stream_close(&k->ranks[r].streams[s]);
-            free(k->ranks[r].streams[s].buf);
-        }
-    }
-    free(k->ranks);
-    for (int s = 0; s < 2; s++)
-        free(k->sinks[s].buf);
-    free(k->rank_host);
-    for (int h = 0; h < k->opts.nhosts; h++)
-        free(k->opts.hosts[h].name);
-    free(k->opts.hosts);
-    free(k->opts.xenv);
-    free(k->opts.nics);
-    free(k->opts.network_interface);
-    for (int i = 0; i < k->opts.nsettings; i++)
-        free(k->opts.settings[i].value);
 }
 
 /* The exit status, from how the job ended (see "Ending" in kolorun.h). */
@@ -176,7 +106,7 @@ int main(int argc, char **argv)
 
     int rc = 1;
     int wake_rd = -1;
-    if (kolorun_alloc(&k) != 0) {
+    if (kolorun_job_alloc(&k) != 0) {
         kolorun_say("out of memory");
         goto free_memory;
     }
@@ -204,7 +134,7 @@ int main(int argc, char **argv)
         kolorun_stop(&k, SIGTERM);
     }
     for (int r = 0; !k.opts.elastic && r < k.opts.np; r++) {
-        int failed = kolorun_spawn(&k, r);
+        int failed = kolorun_rank_start(&k, r, NULL);
         if (failed) {
             k.launch_error = failed;
             kolorun_stop(&k, SIGTERM);
@@ -241,7 +171,8 @@ stop_redis:
     kolorun_redis_stop(&k);
 
 free_memory:
-    kolorun_free(&k);
+    kolorun_elastic_free(&k);
+    kolorun_job_free(&k);
     if (k.stop_signal)
         kolorun_raise_default(k.stop_signal);
     return rc;

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kolorun.h"
+#include "procs.h"
 
 /* Splits --mpi-args (or --binding-args) into words at blanks; quotes
  * ('...' or "...") keep blanks in a word, as the shell horovodrun hands its

@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kolorun.h"
+#include "cmdline.h"
 
 static void kolorun_usage(FILE *f)
 {
@@ -208,38 +208,6 @@ static void kolorun_usage(FILE *f)
         "  1       kolorun itself failed\n"
         "  2       wrong command line\n",
         f);
-}
-
-/* Takes the value of an option given as "--opt V" or "--opt=V". Returns the
- * value (advancing *i past it) or NULL if absent. */
-const char *kolorun_opt_value(int argc, char **argv, int *i,
-                              const char *arg, const char *name)
-{
-    size_t n = strlen(name);
-    if (strncmp(arg, name, n) != 0)
-        return NULL;
-    if (arg[n] == '=')
-        return arg + n + 1;
-    if (arg[n] != '\0')
-        return NULL;
-    if (*i + 1 >= argc) {
-        kolorun_say("option %s needs a value (see kolorun --help)", name);
-        exit(2);
-    }
-    return argv[++*i];
-}
-
-/* A whole decimal number in [lo, hi], or -1. */
-long kolorun_parse_long(const char *s, long lo, long hi)
-{
-    if (!s || *s < '0' || *s > '9')
-        return -1;
-    errno = 0;
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (errno || *end != '\0' || v < lo || v > hi)
-        return -1;
-    return v;
 }
 
 /* --network-interface(s): a comma list, repeatable. All of them go to NCCL

@@ -18,7 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kolorun.h"
+#include "procs.h"
 
 void kolorun_sink_flush(kolorun_sink_t *s)
 {

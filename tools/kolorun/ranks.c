@@ -1,29 +1,21 @@
 /*
- * ranks.c — how ranks end: reaping them, saying how one ended, and choosing
- * which of the failed ranks caused the failure (see "Ending" in kolorun.h).
+ * ranks.c — ranks starting and ending: reaping them, saying how one ended,
+ * choosing which of the failed ranks caused the failure (see "Ending" in
+ * kolorun.h), or telling the policy (the elastic driver) that a rank
+ * ended; starting and stopping one rank when the policy asks.
  */
 #define _GNU_SOURCE
 
 #include "config.h"
 
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 
-#include "kolorun.h"
-
-static void kolorun_describe(int status, char *buf, size_t n)
-{
-    if (WIFEXITED(status))
-        snprintf(buf, n, "exited with status %d", WEXITSTATUS(status));
-    else if (WIFSIGNALED(status))
-        snprintf(buf, n, "was killed by signal %d (%s)", WTERMSIG(status),
-                 strsignal(WTERMSIG(status)));
-    else
-        snprintf(buf, n, "ended with wait status 0x%x", (unsigned)status);
-}
+#include "supervise.h"
 
 /* Says how rank r ended: "rank 1 (pid 42) exited with status 3", with its
  * host on a job of several hosts (for a rank on another host the pid is the
@@ -103,8 +95,8 @@ static void kolorun_rank_ended(kolorun_t *k, int r, int status)
     kolorun_stream_read(k, r, KOLORUN_OUT, 1);
     kolorun_stream_read(k, r, KOLORUN_ERR, 1);
 
-    if (k->elastic) { /* a failure changes the job, not ends it */
-        kolorun_elastic_ended(k, r, status);
+    if (k->policy) { /* the policy says what an end means */
+        k->policy->ended(k, r, status);
         return;
     }
     int ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
@@ -135,7 +127,7 @@ void kolorun_reap(kolorun_t *k)
             k->holder_reaped = 1;
             continue;
         }
-        if (k->elastic && kolorun_elastic_reaped(k, pid, status))
+        if (k->policy && k->policy->reaped(k, pid, status))
             continue;
         if (pid == k->redis_pid) {
             k->redis_reaped = 1;
@@ -153,4 +145,17 @@ void kolorun_reap(kolorun_t *k)
             }
         }
     }
+}
+
+int kolorun_rank_start(kolorun_t *k, int r, const kolorun_place_t *place)
+{
+    return kolorun_spawn(k, r, place);
+}
+
+void kolorun_rank_stop(kolorun_t *k, int r, int sig)
+{
+    if (r >= k->nstarted || k->ranks[r].reaped)
+        return;
+    kolorun_release_remote(k, r);
+    kill(k->ranks[r].pid, sig);
 }

@@ -35,7 +35,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kolorun.h"
+#include "procs.h"
 
 /* The IPv4 address of interface iface, or (iface NULL) the first up,
  * non-loopback one. 0, or -1 when there is none. */
@@ -417,4 +417,16 @@ int kolorun_hosts_setup(kolorun_t *k)
     if (o->start_redis)
         return kolorun_redis_start(k);
     return 0;
+}
+
+int kolorun_rdv_set(const kolorun_t *k, const char *key, const char *value)
+{
+    if (k->redis_addr[0]) {
+        const char *why = kolorun_redis_set(k, key, value);
+        if (why)
+            kolorun_say("cannot write %s to Redis at %s: %s", key,
+                        k->redis_addr, why);
+        return why ? -1 : 0;
+    }
+    return kolorun_rdv_dir_set(k, key, value);
 }

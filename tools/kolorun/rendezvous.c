@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "kolorun.h"
+#include "procs.h"
 
 /* How deep kolorun_rmtree_at goes into what the ranks left behind. */
 #define KOLORUN_RMTREE_DEPTH 64
@@ -157,4 +157,39 @@ void kolorun_rdv_remove(kolorun_t *k)
         kolorun_say("removed rendezvous directory %s", k->rdv_dir);
     free(k->rdv_dir);
     k->rdv_dir = NULL;
+}
+
+/* Writes key = value into the rendezvous directory as runtime/store.c
+ * reads it: a file per key ('/' written as '.'), written whole and renamed
+ * into place. 0, or -1 having said why. */
+int kolorun_rdv_dir_set(const kolorun_t *k, const char *key,
+                        const char *value)
+{
+    char *path = kolorun_strdupf("%s/%s", k->rdv_dir, key);
+    char *tmp = path ? kolorun_strdupf("%s.tmp%ld", path, (long)getpid())
+                     : NULL;
+    int rc = -1;
+    if (!tmp) {
+        kolorun_say("out of memory");
+        goto out;
+    }
+    /* the key's '/' as '.', in both names (the directory keeps its own) */
+    for (size_t i = strlen(k->rdv_dir) + 1; path[i]; i++)
+        if (path[i] == '/')
+            path[i] = tmp[i] = '.';
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    int ok = fd >= 0 && kolorun_write_all(fd, value, strlen(value)) == 0;
+    if (fd >= 0 && close(fd) != 0)
+        ok = 0;
+    if (!ok || rename(tmp, path) != 0) {
+        kolorun_say("cannot write %s in the rendezvous directory: %s", path,
+                    strerror(errno));
+        unlink(tmp);
+    } else {
+        rc = 0;
+    }
+out:
+    free(tmp);
+    free(path);
+    return rc;
 }

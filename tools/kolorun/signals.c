@@ -1,8 +1,9 @@
 /*
  * signals.c — signals: the handler that wakes the loop (see "Signals" in
- * kolorun.h), and what the loop does with them: forward a signal to the
- * ranks' group, stop the job (the signal, then SIGKILL after the grace
- * period), pass Ctrl-Z on.
+ * kolorun.h), and signalling the ranks: their group, and by pid those
+ * that left it; closing the stdin of ranks on other hosts. What the loop
+ * does with a signal (stop the job, pass Ctrl-Z on) is supervision's
+ * (stop.c).
  */
 #define _GNU_SOURCE
 
@@ -15,11 +16,7 @@
 #include <sys/types.h>
 #include <unistd.h>
 
-#include "kolorun.h"
-
-/* A second SIGINT closer than this to the first is the same keypress seen
- * twice (by the terminal's group and by a wrapper), not a second Ctrl-C. */
-#define KOLORUN_DOUBLE_INT_MS 500
+#include "procs.h"
 
 /* The signals that stop the job; each is forwarded to the ranks. */
 const int kolorun_stop_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
@@ -119,7 +116,7 @@ void kolorun_signal_ranks(kolorun_t *k, int sig)
 }
 
 /* The names people know signals by, for kolorun's own messages. */
-static const char *kolorun_signame(int sig)
+const char *kolorun_signame(int sig)
 {
     switch (sig) {
     case SIGINT: return "SIGINT";
@@ -141,74 +138,5 @@ void kolorun_release_remote(kolorun_t *k, int r)
         if (k->ranks[i].hold_fd >= 0)
             close(k->ranks[i].hold_fd);
         k->ranks[i].hold_fd = -1;
-    }
-}
-
-/* Starts stopping the job: sig now, SIGKILL after the grace period. */
-void kolorun_stop(kolorun_t *k, int sig)
-{
-    if (k->stopping)
-        return;
-    /* Ranks that end from now on are not causes: choose among the failed. */
-    if (k->failed_rank < 0)
-        kolorun_blame(k);
-    kolorun_release_remote(k, -1);
-    k->stopping = 1;
-    k->stop_ms = kolorun_now_ms();
-    if (k->opts.verbose && k->nalive > 0)
-        kolorun_say("sending %s to %d running rank%s", kolorun_signame(sig),
-                    k->nalive, k->nalive == 1 ? "" : "s");
-    kolorun_signal_ranks(k, sig);
-}
-
-/* SIGKILL to the group: the ranks still running and anything they left.
- * This ends the holder too. */
-void kolorun_kill_now(kolorun_t *k)
-{
-    if (k->killed)
-        return;
-    k->killed = 1;
-    k->killed_ms = kolorun_now_ms();
-    if (k->opts.verbose)
-        kolorun_say("sending SIGKILL to what is left of the job (%d "
-                    "rank%s running)",
-                    k->nalive, k->nalive == 1 ? "" : "s");
-    kolorun_signal_ranks(k, SIGKILL);
-}
-
-/* Ctrl-Z: stop the ranks, stop kolorun; on SIGCONT continue both. Without
- * this only kolorun would stop, the ranks being in their own group. */
-void kolorun_suspend(kolorun_t *k)
-{
-    kolorun_signal_ranks(k, SIGTSTP);
-    struct sigaction dfl, mine;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(SIGTSTP, &dfl, &mine);
-    raise(SIGTSTP); /* returns once someone sends SIGCONT */
-    sigaction(SIGTSTP, &mine, NULL);
-    kolorun_signal_ranks(k, SIGCONT);
-}
-
-void kolorun_on_stop_signal(kolorun_t *k, int sig)
-{
-    if (!k->stopping) {
-        if (k->nalive > 0)
-            kolorun_say("got %s: stopping %d rank%s", kolorun_signame(sig),
-                        k->nalive, k->nalive == 1 ? "" : "s");
-        k->stop_signal = sig;
-        kolorun_stop(k, sig);
-        return;
-    }
-    /* Already stopping. Only a person presses Ctrl-C again to mean "now";
-     * repeated SIGTERMs (a supervisor signalling the process and then its
-     * group) keep the grace period. */
-    if (sig == SIGINT && !k->killed &&
-        kolorun_now_ms() - k->stop_ms >= KOLORUN_DOUBLE_INT_MS) {
-        if (k->nalive > 0)
-            kolorun_say("got %s again: killing the ranks",
-                        kolorun_signame(sig));
-        kolorun_kill_now(k);
     }
 }

@@ -20,7 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "kolorun.h"
+#include "procs.h"
 
 /* Room for the variables kolorun sets for one rank (kolorun_rank_env). */
 #define KOLORUN_MAX_ENV 32
@@ -51,16 +51,24 @@ static const char *kolorun_bind_host(const kolorun_t *k, int r, char *buf,
 
 /* The environment of rank r, as "NAME=value" strings. */
 static int kolorun_rank_env(const kolorun_t *k, int r,
+                            const kolorun_place_t *place,
                             char *env[KOLORUN_MAX_ENV])
 {
     int n = 0;
     int np = k->opts.np;
     const kolorun_host_t *h = kolorun_host_of(k, r);
     char me[256];
-    if (k->elastic) {
-        /* Its place in the generation it starts for, its id, and its
-         * host as given (the contract: KOLO_HOSTNAME is the host). */
-        n = kolorun_elastic_env(k, r, env);
+    if (place) {
+        /* Placed by a policy (an elastic worker: its place in the
+         * generation it starts for, then its id and host). */
+        env[n++] = kolorun_strdupf("KOLO_RANK=%d", place->rank);
+        env[n++] = kolorun_strdupf("KOLO_SIZE=%d", place->size);
+        env[n++] = kolorun_strdupf("KOLO_LOCAL_RANK=%d", place->local_rank);
+        env[n++] = kolorun_strdupf("KOLO_LOCAL_SIZE=%d", place->local_size);
+        env[n++] = kolorun_strdupf("KOLO_CROSS_RANK=%d", place->cross_rank);
+        env[n++] = kolorun_strdupf("KOLO_CROSS_SIZE=%d", place->cross_size);
+        for (int i = 0; i < place->nextra && n < KOLORUN_MAX_ENV - 8; i++)
+            env[n++] = kolorun_strdupf("%s", place->extra[i]);
     } else if (!h) {
         env[n++] = kolorun_strdupf("KOLO_RANK=%d", r);
         env[n++] = kolorun_strdupf("KOLO_SIZE=%d", np);
@@ -87,7 +95,7 @@ static int kolorun_rank_env(const kolorun_t *k, int r,
     if (k->opts.network_interface)
         env[n++] = kolorun_strdupf("KOLO_NETWORK_INTERFACE=%s",
                                    k->opts.network_interface);
-    else if (!k->elastic && !getenv("KOLO_HOSTNAME"))
+    else if (!place && !getenv("KOLO_HOSTNAME"))
         env[n++] = kolorun_strdupf("KOLO_HOSTNAME=%s",
                                    kolorun_bind_host(k, r, me, sizeof me));
     /* Every rank's timeline counts time from the same moment. */
@@ -229,7 +237,8 @@ void kolorun_child_signals(const kolorun_t *k)
  *       "cd 'CWD' 2>/dev/null; exec env 'KOLO_RANK=3' ... 'prog' 'arg'"
  * BatchMode: a password prompt would hang the start; ConnectTimeout: an
  * unreachable host fails within the start timeout. */
-static int kolorun_launch_argv(const kolorun_t *k, int r, char **env,
+static int kolorun_launch_argv(const kolorun_t *k, int r,
+                               const kolorun_place_t *place, char **env,
                                int nenv, kolorun_words_t *argv)
 {
     const kolorun_host_t *h = kolorun_host_of(k, r);
@@ -318,11 +327,13 @@ static int kolorun_launch_argv(const kolorun_t *k, int r, char **env,
     }
     if (tmpl.oom)
         goto free_words;
-    /* {rank}, {local_rank}: an elastic worker's rank in the generation it
-     * starts for, and its slot on the host. */
+    /* {rank}, {local_rank}: a placed rank's (an elastic worker's rank in
+     * the generation it starts for, and its slot on the host). */
     int rank = r, local = r - h->first_rank;
-    if (k->elastic)
-        kolorun_elastic_place(k, r, &rank, &local);
+    if (place) {
+        rank = place->rank;
+        local = place->slot;
+    }
     for (int i = 0; i < tmpl.n; i++) {
         has_command |= strstr(tmpl.w[i], "{command}") != NULL;
         kolorun_words_add(argv, kolorun_expand(tmpl.w[i], h, rank, local,
@@ -443,7 +454,7 @@ static int kolorun_child_wait(int r, pid_t pid, int status_r,
 }
 
 /* Starts rank r. 0, or kolorun's exit status when it cannot (said why). */
-int kolorun_spawn(kolorun_t *k, int r)
+int kolorun_spawn(kolorun_t *k, int r, const kolorun_place_t *place)
 {
     kolorun_rank_t *rk = &k->ranks[r];
     char *env[KOLORUN_MAX_ENV] = {0};
@@ -454,8 +465,8 @@ int kolorun_spawn(kolorun_t *k, int r)
     const kolorun_host_t *h = kolorun_host_of(k, r);
     int remote = h && !h->local;
     int hold[2] = {-1, -1};
-    int nenv = kolorun_rank_env(k, r, env);
-    if (nenv < 0 || (remote && kolorun_launch_argv(k, r, env, nenv,
+    int nenv = kolorun_rank_env(k, r, place, env);
+    if (nenv < 0 || (remote && kolorun_launch_argv(k, r, place, env, nenv,
                                                    &launch) != 0)) {
         kolorun_say("out of memory");
         goto free_env;

@@ -17,7 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kolorun.h"
+#include "util.h"
 
 /* Milliseconds of the monotonic clock, for deadlines. */
 int64_t kolorun_now_ms(void)
@@ -108,4 +108,49 @@ void kolorun_words_free(kolorun_words_t *ws)
         free(ws->w[i]);
     free(ws->w);
     memset(ws, 0, sizeof *ws);
+}
+
+/* Takes the value of an option given as "--opt V" or "--opt=V". Returns the
+ * value (advancing *i past it) or NULL if absent. */
+const char *kolorun_opt_value(int argc, char **argv, int *i,
+                              const char *arg, const char *name)
+{
+    size_t n = strlen(name);
+    if (strncmp(arg, name, n) != 0)
+        return NULL;
+    if (arg[n] == '=')
+        return arg + n + 1;
+    if (arg[n] != '\0')
+        return NULL;
+    if (*i + 1 >= argc) {
+        kolorun_say("option %s needs a value (see kolorun --help)", name);
+        exit(2);
+    }
+    return argv[++*i];
+}
+
+/* A whole decimal number in [lo, hi], or -1. */
+long kolorun_parse_long(const char *s, long lo, long hi)
+{
+    if (!s || *s < '0' || *s > '9')
+        return -1;
+    errno = 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (errno || *end != '\0' || v < lo || v > hi)
+        return -1;
+    return v;
+}
+
+/* How a child ended, for kolorun's messages: "exited with status 3", "was
+ * killed by signal 9 (Killed)". */
+void kolorun_describe(int status, char *buf, size_t n)
+{
+    if (WIFEXITED(status))
+        snprintf(buf, n, "exited with status %d", WEXITSTATUS(status));
+    else if (WIFSIGNALED(status))
+        snprintf(buf, n, "was killed by signal %d (%s)", WTERMSIG(status),
+                 strsignal(WTERMSIG(status)));
+    else
+        snprintf(buf, n, "ended with wait status 0x%x", (unsigned)status);
 }

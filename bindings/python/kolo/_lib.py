@@ -110,8 +110,8 @@ def _candidates():
         return [env], True
     found = []
     try:
-        from . import _build_config  # written by make; absent in a source tree
-        libdir = getattr(_build_config, "LIBDIR", "")
+        # written by make; absent in a source tree
+        from ._build_config import LIBDIR as libdir
         if libdir:
             found += [os.path.join(libdir, "libkolo.so.0"),
                       os.path.join(libdir, "libkolo.so")]

@@ -71,14 +71,13 @@ _importing_main = False
 def _find_kolorun():
     """kolorun of this kolo: next to the library of a build tree, else
     where `make install` put it, else on PATH."""
-    from . import _lib
+    from ._lib import path as lib_path
     tried = []
-    lib_dir = os.path.dirname(os.path.abspath(_lib.path))
+    lib_dir = os.path.dirname(os.path.abspath(lib_path))
     if os.path.basename(lib_dir) == ".libs":
         tried.append(os.path.join(os.path.dirname(lib_dir), "kolorun"))
     try:
-        from . import _build_config
-        bindir = getattr(_build_config, "BINDIR", "")
+        from ._build_config import BINDIR as bindir
         if bindir and not bindir.startswith("@"):
             tried.append(os.path.join(bindir, "kolorun"))
     except ImportError:
@@ -278,8 +277,8 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None,
             env["PYTHONPATH"] = os.pathsep.join(
                 [here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                           if p and p != here])
-        from . import _lib
-        env.setdefault("KOLO_LIBRARY", os.path.abspath(_lib.path))
+        from ._lib import path as lib_path
+        env.setdefault("KOLO_LIBRARY", os.path.abspath(lib_path))
         kolorun_lines = []
         proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
                                 stdout=subprocess.PIPE,

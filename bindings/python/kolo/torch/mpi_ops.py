@@ -39,6 +39,7 @@ import torch
 
 from .. import _core, _lib
 from .._core import Adasum, Average, Sum, global_process_set
+from . import adasum_ops
 from .compression import Compression, wire_for
 
 _DTYPES = {
@@ -885,8 +886,7 @@ def grouped_allreduce(tensors, average=None, name=None,
 
 def _adasum_async(tensors, outputs, name, prescale_factor, postscale_factor,
                   process_set, wire, passes, key, grouped):
-    """op=Adasum (kolo/torch/adasum.py): the same names as any allreduce."""
-    from . import adasum
+    """op=Adasum (adasum_ops.py): the same names as any allreduce."""
     if passes != 1:
         raise ValueError("op=Adasum does not accumulate backward passes in "
                          "the runtime")
@@ -896,7 +896,7 @@ def _adasum_async(tensors, outputs, name, prescale_factor, postscale_factor,
     else:
         base = key or _core.op_key("allreduce", name, process_set)
         keys = [base]
-    return adasum.allreduce_async(tensors, outputs, keys, base,
+    return adasum_ops.allreduce_async(tensors, outputs, keys, base,
                                   prescale_factor, postscale_factor,
                                   process_set, wire, single=not grouped)
 

@@ -41,21 +41,13 @@ from .. import _core
 from .._core import Average, Sum, Adasum, global_process_set
 from . import adasum, mpi_ops
 from .compression import Compression, wire_for
+from .optimizer_base import (TOO_MANY_PASSES, ZERO_GRAD_PENDING, Wrapper,
+                             forget_pending, wrap)
 
 _WIRE = object()  # marks a gradient compressed on the wire by the runtime
 
-_TOO_MANY_PASSES = (
-    "Gradients were computed more than backward_passes_per_step times before "
-    "call to step(). Increase backward_passes_per_step to accumulate "
-    "gradients locally.")
 
-_ZERO_GRAD_PENDING = (
-    "optimizer.zero_grad() was called after loss.backward() but before "
-    "optimizer.step() or optimizer.synchronize(). This is prohibited as it "
-    "can cause a race condition.")
-
-
-class _Distributed:
+class _Distributed(Wrapper):
     """Mixed into a subclass of the wrapped optimizer's class."""
 
     # ---- set-up ------------------------------------------------------------
@@ -94,14 +86,9 @@ class _Distributed:
         # Horovod's attribute, which programs read: parameter -> its name.
         self._parameter_names = {p: name for name, p in
                                  sorted(named_parameters, key=lambda x: x[0])}
-        seen = set()
         # Parameters that get gradients, in a fixed order (the same on
         # every rank: the optimizer's order).
-        self._kolo_params = []
-        for p in all_params:
-            if p.requires_grad and id(p) not in seen:
-                seen.add(id(p))
-                self._kolo_params.append(p)
+        self._kolo_params = self._kolo_trained(all_params)
         self._kolo_index = {id(p): i for i, p in enumerate(self._kolo_params)}
         self._kolo_groups = self._kolo_make_groups(groups)
         self._kolo_group_of = {}
@@ -119,35 +106,6 @@ class _Distributed:
         self._kolo_included = process_set.included()
         if self._kolo_included:
             self._kolo_register_hooks()
-
-    @staticmethod
-    def _kolo_check_passes(n):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError("backward_passes_per_step must be an integer >= "
-                             "1, not %r" % (n,))
-        return n
-
-    def _kolo_name_parameters(self, named_parameters, all_params):
-        named = list(named_parameters)
-        if any(not isinstance(x, tuple) or len(x) != 2 or
-               not isinstance(x[0], str) for x in named):
-            raise ValueError("named_parameters should be a sequence of tuples "
-                             "(name, parameter), usually produced by "
-                             "model.named_parameters().")
-        counts = {}
-        for name, _ in named:
-            counts[name] = counts.get(name, 0) + 1
-        dups = sorted(n for n, c in counts.items() if c > 1)
-        if dups:
-            raise ValueError("Parameter names in named_parameters must be "
-                             "unique. Found duplicates: %s" % ", ".join(dups))
-        names = {id(p): name for name, p in named}
-        unnamed = [id(p) for p in all_params if id(p) not in names]
-        if unnamed:
-            raise ValueError("named_parameters was specified, but one or more "
-                             "model parameters were not named. Python object "
-                             "ids: %s" % ", ".join(str(i) for i in unnamed))
-        return names
 
     def _kolo_make_groups(self, groups):
         if groups is None or (isinstance(groups, int) and groups == 0):
@@ -185,18 +143,6 @@ class _Distributed:
                 out.append(members)
         return out
 
-    def _kolo_register_hooks(self):
-        with torch.enable_grad():
-            for p in self._kolo_params:
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                acc.register_hook(self._kolo_make_hook(p))
-                self._kolo_grad_accs.append(acc)
-
-    def _kolo_make_hook(self, p):
-        def hook(*_ignored):
-            self._kolo_on_grad(p)
-        return hook
-
     # ---- the hooks ---------------------------------------------------------
 
     def _kolo_key(self, p):
@@ -206,7 +152,7 @@ class _Distributed:
         pid = id(p)
         n = self._kolo_passes.get(pid, 0) + 1
         if n > self.backward_passes_per_step or pid in self._kolo_handles:
-            raise AssertionError(_TOO_MANY_PASSES)
+            raise AssertionError(TOO_MANY_PASSES)
         self._kolo_passes[pid] = n
         self._kolo_fired = True
         if p.grad is not None and p.grad.is_sparse:
@@ -530,7 +476,7 @@ class _Distributed:
 
     def zero_grad(self, *args, **kwargs):
         if self._kolo_handles or any(self._kolo_passes.values()):
-            raise AssertionError(_ZERO_GRAD_PENDING)
+            raise AssertionError(ZERO_GRAD_PENDING)
         return super().zero_grad(*args, **kwargs)
 
     def load_state_dict(self, *args, **kwargs):
@@ -540,7 +486,7 @@ class _Distributed:
         middle of a step starts the next step afresh). The runtime's own
         accumulation of passes before the last one is dropped by the
         shutdown that follows a restore in elastic.run."""
-        _forget_pending([e[1] for e in self._kolo_handles.values()])
+        forget_pending([e[1] for e in self._kolo_handles.values()])
         self._kolo_handles.clear()
         self._kolo_passes.clear()
         self._kolo_fired = False
@@ -575,23 +521,6 @@ class _Distributed:
         allreduced and written to .grad, before the optimizer's update."""
         self._kolo_post_hooks.append(hook)
         return hook
-
-
-def _forget_pending(handles):
-    """Waits for the handles of an abandoned step, ignoring their results
-    and errors: the runtime holds a name in flight until its handle is
-    waited on, so the next step could not enqueue the same gradients again
-    (Horovod's runtime forgets a name once its operation is done, so there
-    dropping the handles is enough). The wait is short: after a failure the
-    runtime fails every pending operation; otherwise every rank enqueued
-    the same gradients in the same backward pass."""
-    for h in handles:
-        if h is None:
-            continue
-        try:
-            mpi_ops.synchronize(h)
-        except Exception:  # the step is abandoned: its errors with it
-            pass
 
 
 def DistributedOptimizer(optimizer, named_parameters=None,
@@ -632,7 +561,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError("DistributedOptimizer wraps a torch.optim.Optimizer, "
                         "not %s" % type(optimizer).__name__)
-    if isinstance(optimizer, (_Distributed, adasum._DistributedAdasum)):
+    if isinstance(optimizer, Wrapper):
         raise ValueError("this optimizer is a DistributedOptimizer already")
     if groups is None and num_groups:
         warnings.warn("num_groups is deprecated; use groups",
@@ -653,16 +582,7 @@ def DistributedOptimizer(optimizer, named_parameters=None,
                 backward_passes_per_step, process_set,
                 average_aggregated_gradients)
         op = Sum  # one rank: the gradient as it is (Horovod does the same)
-    base = type(optimizer)
-    cls = type(base.__name__, (_Distributed, base),
-               {"__module__": base.__module__})
-    dist = cls.__new__(cls)
-    # Share the optimizer's state and parameter groups; leave out instance
-    # attributes that stand in for methods (an LR scheduler made before
-    # wrapping puts a counting `step` on the instance, bound to the
-    # original object: it would bypass the allreduce).
-    dist.__dict__.update({k: v for k, v in optimizer.__dict__.items()
-                          if not (callable(v) and hasattr(base, k))})
+    dist = wrap(optimizer, _Distributed)
     dist._kolo_setup(named_parameters, compression, backward_passes_per_step,
                      op, gradient_predivide_factor, groups, sparse_as_dense,
                      process_set, average_aggregated_gradients,

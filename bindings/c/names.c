@@ -1,7 +1,8 @@
 /*
- * names.c — names and sizes: status messages, dtype and op names. Apart
- * from api.c so that the unit tests can link the runtime's modules without
- * the whole API.
+ * names.c — what kolo.h's enums mean: status messages, dtype and op names
+ * and sizes. Pure, with kolo.h, below the runtime and the backends, which
+ * both name dtypes and statuses in their messages; apart from api.c, so
+ * that the unit tests link it without the whole API.
  */
 #include <stddef.h>
 

@@ -1,15 +1,18 @@
 /*
  * mpienv.h — a job started by mpirun (or srun) without kolorun: the runtime
- * takes the ranks from MPI itself. The MPI backend implements this
- * (ops/mpi/mpienv.c, built when kolo has MPI); the header stays with the
- * runtime, which calls it, and names no MPI type, so the runtime never
- * includes mpi.h. Whether an MPI launcher started the process at all is
- * kolo__launchenv_mpi (launchenv.h), which needs no MPI.
+ * takes the ranks from MPI itself, through this part of the MPI backend
+ * (mpienv.c, built when kolo has MPI), which the runtime calls as it calls
+ * the backends below it. It names no MPI type, so the runtime never
+ * includes mpi.h; failures write one sentence to err, as the ops tables'
+ * slots do. Whether an MPI launcher started the process at all is
+ * kolo__launchenv_mpi (runtime/launchenv.h), which needs no MPI.
  */
 #ifndef KOLO_MPIENV_H
 #define KOLO_MPIENV_H
 
-#include "common.h"
+#include <stddef.h>
+
+#include "kolo.h"
 
 typedef struct kolo__mpienv {
     int rank, size, local_rank, local_size, cross_rank, cross_size;
@@ -24,11 +27,12 @@ typedef struct kolo__mpienv {
  * one host) and broadcasts its path. MPI stays initialised until the
  * process exits (MPI cannot be initialised twice), when an atexit handler
  * removes that directory and finalizes MPI if kolo initialised it. */
-int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, kolo__err_t *err);
+int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, char *err,
+                       size_t errlen);
 /* Gathers each rank's `each` bytes into all[size * each], in rank order,
  * over kolo's duplicate of MPI_COMM_WORLD (after kolo__mpienv_start). */
 int kolo__mpienv_allgather(const char *mine, size_t each, char *all,
-                           kolo__err_t *err);
+                           char *err, size_t errlen);
 #endif
 
 #endif /* KOLO_MPIENV_H */

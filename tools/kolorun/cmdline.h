@@ -1,0 +1,145 @@
+/*
+ * cmdline.h — the command line, the top layer's input: argv, horovodrun's
+ * flags, the config file and host lists become the job description
+ * (kolorun_opts_t), which every layer above reads and none writes.
+ *   options.c      the command line (--help, kolorun_parse): the top of
+ *                  this layer, calling the files below
+ *   config_file.c  --config-file: horovodrun's YAML, applied as its flags
+ *   flags.c        horovodrun's flags: the table, and the ranks' settings
+ *   hosts.c        -H, --hostfile: hosts, slots, placing the ranks
+ *   check_build.c  --check-build (prints and exits)
+ */
+#ifndef KOLORUN_CMDLINE_H
+#define KOLORUN_CMDLINE_H
+
+#include "util.h"
+
+/* The most ranks -np (and the hosts' slots) may ask for. */
+#define KOLORUN_MAX_RANKS 4096
+
+/* One host of a job over several machines (-H, --hostfile). */
+typedef struct kolorun_host {
+    char *name;     /* as the user wrote it: what {host} and ssh get */
+    int slots;      /* how many ranks it takes at most */
+    int first_rank; /* its ranks: first_rank .. first_rank + nranks - 1 */
+    int nranks;     /* 0: the job does not reach this host */
+    int local;      /* the launching host: its ranks start directly */
+} kolorun_host_t;
+
+/* A variable kolorun sets for every rank from a flag (or --config-file):
+ * a KOLO_* setting, or NCCL's for --tcp and --network-interfaces. */
+typedef struct kolorun_setting {
+    const char *var;  /* KOLO_FUSION_THRESHOLD, ... */
+    const char *twin; /* the HOROVOD_* variable it supersedes, or NULL */
+    char *value;
+} kolorun_setting_t;
+#define KOLORUN_MAX_SETTINGS 32
+
+typedef struct kolorun_opts {
+    int np;
+    /* Several hosts. NULL: every rank on this machine, as before. */
+    kolorun_host_t *hosts;
+    int nhosts;     /* hosts given */
+    int nused;      /* hosts that got ranks: KOLO_CROSS_SIZE */
+    int any_remote; /* some ranks start through the launch command */
+    const char *launch_command; /* --launch-command; NULL: ssh */
+    const char *ssh_port;       /* --ssh-port, validated digits */
+    const char *ssh_identity;   /* --ssh-identity-file */
+    const char *redis;          /* --redis HOST:PORT */
+    int start_redis;            /* --start-redis */
+    const char *redis_bind;     /* --redis-bind ADDR */
+    const char *rdv_base;       /* --rendezvous-dir: shared parent directory */
+    char *network_interface; /* the first of --network-interface(s) */
+    char *nics;              /* all of them, comma-separated */
+    const char **xenv;          /* -x NAME[=VALUE], in order */
+    int nxenv;
+    int tag_output;
+    int timestamp;          /* --prefix-output-with-timestamp */
+    const char *output_dir; /* --output-filename DIR */
+    int verbose;
+    kolorun_setting_t settings[KOLORUN_MAX_SETTINGS]; /* horovodrun's flags */
+    int nsettings;
+    int tcp;                /* --tcp */
+    const char *mpi_args;   /* --mpi-args: more words for mpirun */
+    const char *binding_args; /* --binding-args: mpirun's, for --bind-to none */
+    const char *start_timeout; /* NULL: not given; validated digits */
+    long failure_grace_ms;     /* --failure-grace */
+    int mpi;                   /* --mpi: run the job through mpirun */
+    int gloo, grace_given;     /* --gloo, --failure-grace given */
+    /* Elastic jobs (elastic.c): --min-np or --host-discovery-script. */
+    int elastic;
+    int min_np, max_np;        /* max_np: KOLORUN_MAX_RANKS when not given */
+    const char *discovery;     /* --host-discovery-script, run by sh -c */
+    int slots_per_host;        /* for its lines without :slots (default 1) */
+    int elastic_timeout_s;     /* --elastic-timeout (default 600) */
+    int reset_limit;           /* --reset-limit; -1: none */
+    int cooldown_lo, cooldown_hi; /* --blacklist-cooldown-range; 0: none */
+    char **argv;               /* the command, NULL-terminated */
+} kolorun_opts_t;
+
+/* What a flag of horovodrun's (flags.c) takes, and what kolorun does with
+ * it. */
+enum kolorun_kind {
+    KR_MB,       /* whole MiB >= 0, given to the ranks in bytes */
+    KR_COUNT,    /* whole number >= 0 */
+    KR_POSITIVE, /* whole number >= 1 */
+    KR_MS,       /* a number >= 0 */
+    KR_TEXT,     /* a file name: not empty */
+    KR_LEVEL,    /* trace, debug, info, warning, error or fatal */
+    KR_SWITCH,   /* on: var=1; off (its --no- form, YAML false): var=0 */
+    KR_REFUSED,  /* takes a value; refused whatever it is */
+    KR_REFUSED_ON, /* a switch refused on; off asks for what kolo does */
+    KR_ONE,      /* a count that kolo honours only as 1 */
+    KR_NOOP,     /* a switch that asks for what kolorun does anyway */
+};
+
+typedef struct kolorun_knob {
+    const char *flag, *alias;         /* spellings that turn it on / set it */
+    const char *off_flag, *off_alias; /* switches: spellings that turn it off */
+    const char *yaml;     /* "section.key" in --config-file, or NULL */
+    int yaml_inverted;    /* YAML true means off (stall_check.enabled) */
+    enum kolorun_kind kind;
+    const char *var;      /* the ranks' variable */
+    const char *twin;     /* the HOROVOD_* variable it supersedes */
+    const char *why;      /* refused: why, and what to use instead */
+} kolorun_knob_t;
+
+/* horovodrun's flags, KOLORUN_NKNOBS of them (flags.c checks the count). */
+#define KOLORUN_NKNOBS 25
+extern const kolorun_knob_t kolorun_knobs[];
+
+/* The placeholders of a --launch-command template, four of them (hosts.c
+ * checks them, spawn.c replaces them). */
+extern const char *const kolorun_placeholders[];
+
+/* ---- options.c */
+void kolorun_parse(int argc, char **argv, kolorun_opts_t *o);
+
+/* ---- config_file.c */
+void kolorun_config_file(kolorun_opts_t *o, const char *path,
+                         const int *given, int controller_given);
+
+/* ---- flags.c */
+__attribute__((noreturn)) void kolorun_refuse(const char *what,
+                                              const char *why);
+void kolorun_setting_put(kolorun_opts_t *o, const char *var,
+                         const char *twin, char *value);
+void kolorun_knob_apply(kolorun_opts_t *o, const kolorun_knob_t *k,
+                        const char *v, const char *what);
+int kolorun_knob_match(int argc, char **argv, int *i, const char *arg,
+                       const kolorun_knob_t *k, const char **value);
+void kolorun_settings_apply(const kolorun_opts_t *o);
+int kolorun_passed_on(const kolorun_opts_t *o, const char *entry);
+
+/* ---- hosts.c */
+void kolorun_parse_hosts(kolorun_opts_t *o, const char *list);
+void kolorun_parse_hostfile(kolorun_opts_t *o, const char *path);
+void kolorun_place(kolorun_opts_t *o);
+void kolorun_check_template(const char *t);
+int kolorun_host_is_local(const char *name);
+int kolorun_host_name_ok(const char *name);
+
+/* ---- check_build.c */
+__attribute__((noreturn)) void kolorun_check_build(void);
+
+#endif /* KOLORUN_CMDLINE_H */
