@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "agree.h"
+#include "built.h"
 #include "elastic.h"
 #include "api.h"
 #include "launchenv.h"
@@ -654,22 +655,8 @@ int kolo_built(const char *what)
 {
     if (what == NULL)
         return 0;
-#ifdef KOLO_HAVE_GLOO
-    if (strcmp(what, "gloo") == 0)
+    if (kolo__built(what))
         return 1;
-#endif
-#ifdef KOLO_HAVE_MPI
-    if (strcmp(what, "mpi") == 0)
-        return 1;
-#endif
-#ifdef KOLO_HAVE_SHM
-    if (strcmp(what, "shm") == 0)
-        return 1;
-#endif
-#ifdef KOLO_HAVE_CUDA
-    if (strcmp(what, "cuda") == 0)
-        return 1;
-#endif
     /* Horovod's nccl_built() is the version: scripts compare it. */
     if (strcmp(what, "nccl") == 0 && kolo__ops_device() != NULL)
         return kolo__ops_device()->version();
@@ -954,30 +941,33 @@ int kolo_remove_process_set(int id)
     return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
 }
 
-int kolo_process_set_rank(int id)
+/* This rank's rank in process set id (want_size 0) or the set's size (1);
+ * -1 where the set is not known here or kolo is not running. */
+static int set_query(const char *fn, int id, int want_size)
 {
     kolo__err_t err;
-    kolo__runtime_t *rt = kolo__api_enter("kolo_process_set_rank", &err);
-    int r = -1;
+    kolo__runtime_t *rt = kolo__api_enter(fn, &err);
+    int v = -1;
     if (rt == NULL)
         return -1;
-    if (id >= 0 && id < rt->nsets && rt->sets[id] != NULL)
-        r = rt->sets[id]->rank;
+    if (id >= 0 && id < rt->nsets) {
+        if (!want_size && rt->sets[id] != NULL)
+            v = rt->sets[id]->rank;
+        else if (want_size && rt->set_sizes[id] > 0)
+            v = rt->set_sizes[id];
+    }
     kolo__api_leave();
-    return r;
+    return v;
+}
+
+int kolo_process_set_rank(int id)
+{
+    return set_query("kolo_process_set_rank", id, 0);
 }
 
 int kolo_process_set_size(int id)
 {
-    kolo__err_t err;
-    kolo__runtime_t *rt = kolo__api_enter("kolo_process_set_size", &err);
-    int n = -1;
-    if (rt == NULL)
-        return -1;
-    if (id >= 0 && id < rt->nsets && rt->set_sizes[id] > 0)
-        n = rt->set_sizes[id];
-    kolo__api_leave();
-    return n;
+    return set_query("kolo_process_set_size", id, 1);
 }
 
 /* ---- completion ----------------------------------------------------------- */

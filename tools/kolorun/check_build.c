@@ -27,6 +27,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "built.h"
 #include "cmdline.h"
 
 #define KOLORUN_PROBE_MS 60000 /* importing torch takes seconds; a bound */
@@ -81,24 +82,11 @@ static void *kolorun_libkolo(char *path, size_t n, char *why, size_t wn)
 /* What ./configure found, where libkolo cannot be asked. */
 static int kolorun_configured(const char *what)
 {
-    (void)what;
-#ifdef KOLO_HAVE_GLOO
-    if (strcmp(what, "gloo") == 0)
-        return 1;
-#endif
-#ifdef KOLO_HAVE_MPI
-    if (strcmp(what, "mpi") == 0)
-        return 1;
-#endif
-#ifdef KOLO_HAVE_SHM
-    if (strcmp(what, "shm") == 0)
-        return 1;
-#endif
 #ifdef KOLO_HAVE_GPU
-    if (strcmp(what, "cuda") == 0 || strcmp(what, "nccl") == 0)
+    if (strcmp(what, "nccl") == 0)
         return 1;
 #endif
-    return 0;
+    return kolo__built(what);
 }
 
 /* Runs argv with stdout into buf (stderr to /dev/null), for at most
