@@ -79,17 +79,11 @@ void kolorun_config_file(kolorun_opts_t *o, const char *path,
         kolorun_say("--config-file %s: %s", path, strerror(errno));
         exit(2);
     }
-    while (fgets(line, sizeof line, f)) {
-        char where[1200], key[128], *p, *colon, value[4096];
+    char where[1200];
+    while (kolorun_read_line(f, path, line, sizeof line, &lineno, where,
+                             sizeof where)) {
+        char key[128], *p, *colon, value[4096];
         int indent;
-        lineno++;
-        snprintf(where, sizeof where, "%s:%d", path, lineno);
-        if (!strchr(line, '\n') && !feof(f)) {
-            kolorun_say("%s: line longer than %d characters", where,
-                        (int)sizeof line - 2);
-            exit(2);
-        }
-        line[strcspn(line, "\r\n")] = '\0';
         /* A comment starts at '#' that begins the line or follows a blank
          * (outside quotes). */
         {

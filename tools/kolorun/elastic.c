@@ -105,20 +105,13 @@ static int el_grow_workers(kolorun_t *k, int n)
     kolorun_elastic_t *e = k->elastic;
     if (n <= e->wcap)
         return 0;
-    int cap = e->wcap ? e->wcap * 2 : 16;
-    while (cap < n)
-        cap *= 2;
-    el_worker_t *w = realloc(e->w, (size_t)cap * sizeof *w);
-    if (w)
-        e->w = w;
-    int *rh = realloc(k->rank_host, (size_t)cap * sizeof *rh);
-    if (rh)
-        k->rank_host = rh;
-    if (!w || !rh || kolorun_ranks_grow(k, cap) != 0)
+    if (kolorun_grow(&e->w, &e->wcap, n, sizeof *e->w) != 0)
         return -1;
-    memset(e->w + e->wcap, 0, (size_t)(cap - e->wcap) * sizeof *w);
-    e->wcap = cap;
-    return 0;
+    int *rh = realloc(k->rank_host, (size_t)e->wcap * sizeof *rh);
+    if (!rh)
+        return -1;
+    k->rank_host = rh;
+    return kolorun_ranks_grow(k, e->wcap);
 }
 
 static int el_alive(const kolorun_t *k, int w)
@@ -201,16 +194,7 @@ static int el_grow_hosts(kolorun_t *k, int n)
     kolorun_elastic_t *e = k->elastic;
     if (n <= e->hcap)
         return 0;
-    int cap = e->hcap ? e->hcap * 2 : 16;
-    while (cap < n)
-        cap *= 2;
-    el_host_t *h = realloc(e->h, (size_t)cap * sizeof *h);
-    if (!h)
-        return -1;
-    memset(h + e->hcap, 0, (size_t)(cap - e->hcap) * sizeof *h);
-    e->h = h;
-    e->hcap = cap;
-    return 0;
+    return kolorun_grow(&e->h, &e->hcap, n, sizeof *e->h);
 }
 
 /* The index of host name in k->opts.hosts, added if new; -1: out of
@@ -595,27 +579,9 @@ static void el_discovery_start(kolorun_t *k, int64_t now)
                  strerror(errno));
         return;
     }
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
-    pid_t launcher = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        kolorun_child_signals(k);
-        setpgid(0, 0); /* its own group: a kill at the time limit ends all */
-        int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        if (in < 0 || dup2(in, 0) < 0 || dup2(p[1], 1) < 0)
-            _exit(127);
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher)
-            _exit(127);
-        sigprocmask(SIG_SETMASK, &k->mask_orig, NULL);
-        execl("/bin/sh", "sh", "-c", k->opts.discovery, (char *)NULL);
-        _exit(127);
-    }
+    char *argv[] = {"sh", "-c", (char *)k->opts.discovery, NULL};
+    pid_t pid = kolorun_start_helper(k, "/bin/sh", argv, p[1], -1, NULL);
     int fork_errno = errno;
-    if (pid > 0)
-        setpgid(pid, pid);
-    sigprocmask(SIG_SETMASK, &old, NULL);
     close(p[1]);
     if (pid < 0) {
         close(p[0]);

@@ -149,18 +149,12 @@ void kolorun_parse_hostfile(kolorun_opts_t *o, const char *path)
         kolorun_say("cannot read hostfile %s: %s", path, strerror(errno));
         exit(2);
     }
-    char line[1024];
+    char line[1024], where[1200];
     int lineno = 0;
-    while (fgets(line, sizeof line, f)) {
-        char where[1200], *save = NULL, *tok;
-        lineno++;
-        snprintf(where, sizeof where, "%s:%d", path, lineno);
-        if (!strchr(line, '\n') && !feof(f)) {
-            kolorun_say("%s: line longer than %d characters", where,
-                        (int)sizeof line - 2);
-            exit(2);
-        }
-        line[strcspn(line, "#\r\n")] = '\0';
+    while (kolorun_read_line(f, path, line, sizeof line, &lineno, where,
+                             sizeof where)) {
+        char *save = NULL, *tok;
+        line[strcspn(line, "#")] = '\0';
         char *host = strtok_r(line, " \t", &save);
         if (!host)
             continue;

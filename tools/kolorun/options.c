@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,6 +266,54 @@ static int kolorun_elastic_number(const char *v, const char *flag, long lo,
     return (int)n;
 }
 
+/* The numbers of an elastic job: each flag (and horovodrun's other
+ * spelling), where it goes, its range; --min-np alone makes a job elastic
+ * by itself (the others only go with it, kolorun_elastic_options). */
+static const struct {
+    const char *flag, *alias;
+    size_t field; /* offsetof kolorun_opts_t, an int */
+    long lo, hi;
+    int makes_elastic;
+} kolorun_elastic_flags[] = {
+    {"--min-np", "--min-num-proc", offsetof(kolorun_opts_t, min_np), 1,
+     KOLORUN_MAX_RANKS, 1},
+    {"--max-np", "--max-num-proc", offsetof(kolorun_opts_t, max_np), 1,
+     KOLORUN_MAX_RANKS, 0},
+    {"--slots-per-host", NULL, offsetof(kolorun_opts_t, slots_per_host), 1,
+     KOLORUN_MAX_RANKS, 0},
+    {"--elastic-timeout", NULL, offsetof(kolorun_opts_t, elastic_timeout_s),
+     1, 1000000, 0},
+    {"--reset-limit", NULL, offsetof(kolorun_opts_t, reset_limit), 0, 1000000,
+     0},
+};
+
+/* Takes argv[*i] when it is one of kolorun_elastic_flags; 1 then. */
+static int kolorun_elastic_numbers(kolorun_opts_t *o, int argc, char **argv,
+                                   int *i, const char *a,
+                                   const char **elastic_flag)
+{
+    size_t n = sizeof kolorun_elastic_flags / sizeof kolorun_elastic_flags[0];
+    for (size_t f = 0; f < n; f++) {
+        const char *v = kolorun_opt_value(argc, argv, i, a,
+                                          kolorun_elastic_flags[f].flag);
+        if (!v && kolorun_elastic_flags[f].alias)
+            v = kolorun_opt_value(argc, argv, i, a,
+                                  kolorun_elastic_flags[f].alias);
+        if (!v)
+            continue;
+        *(int *)((char *)o + kolorun_elastic_flags[f].field) =
+            kolorun_elastic_number(v, kolorun_elastic_flags[f].flag,
+                                   kolorun_elastic_flags[f].lo,
+                                   kolorun_elastic_flags[f].hi);
+        if (kolorun_elastic_flags[f].makes_elastic)
+            o->elastic = 1;
+        else
+            *elastic_flag = kolorun_elastic_flags[f].flag;
+        return 1;
+    }
+    return 0;
+}
+
 /* An elastic job's options, checked and completed: hosts from the script
  * or from -H/--hostfile (fixed hosts: fault tolerance without scaling),
  * -np and --min-np defaulting to each other, --max-np unbounded (as in
@@ -456,20 +505,8 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             o->grace_given = 1;
             continue;
         }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--min-np")) ||
-            (v = kolorun_opt_value(argc, argv, &i, a, "--min-num-proc"))) {
-            o->min_np = kolorun_elastic_number(v, "--min-np", 1,
-                                               KOLORUN_MAX_RANKS);
-            o->elastic = 1;
+        if (kolorun_elastic_numbers(o, argc, argv, &i, a, &elastic_flag))
             continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--max-np")) ||
-            (v = kolorun_opt_value(argc, argv, &i, a, "--max-num-proc"))) {
-            o->max_np = kolorun_elastic_number(v, "--max-np", 1,
-                                               KOLORUN_MAX_RANKS);
-            elastic_flag = "--max-np";
-            continue;
-        }
         if ((v = kolorun_opt_value(argc, argv, &i, a,
                                    "--host-discovery-script"))) {
             if (*v == '\0') {
@@ -478,24 +515,6 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             }
             o->discovery = v;
             o->elastic = 1;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--slots-per-host"))) {
-            o->slots_per_host = kolorun_elastic_number(v, "--slots-per-host", 1,
-                                                       KOLORUN_MAX_RANKS);
-            elastic_flag = "--slots-per-host";
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--elastic-timeout"))) {
-            o->elastic_timeout_s = kolorun_elastic_number(
-                v, "--elastic-timeout", 1, 1000000);
-            elastic_flag = "--elastic-timeout";
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--reset-limit"))) {
-            o->reset_limit = kolorun_elastic_number(v, "--reset-limit", 0,
-                                                    1000000);
-            elastic_flag = "--reset-limit";
             continue;
         }
         if ((v = kolorun_opt_value(argc, argv, &i, a,

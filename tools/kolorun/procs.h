@@ -166,6 +166,15 @@ void kolorun_child_signals(const kolorun_t *k);
  * says why it could not (1, 126, 127), having said so. */
 int kolorun_spawn(kolorun_t *k, int r, const kolorun_place_t *place);
 int kolorun_spawn_holder(kolorun_t *k, int wake_rd);
+/* Starts a helper of kolorun's (the host discovery script, redis-server)
+ * in a process group of its own, stdin /dev/null, stdout out_fd (stderr
+ * err_fd too, when >= 0), dying with kolorun, with the signals and mask
+ * the ranks get: execvp(file, argv); if that fails, with fail_hint, it
+ * says "cannot run FILE: why" and the hint on its stderr. Its pid, or -1
+ * (errno: fork's). */
+pid_t kolorun_start_helper(const kolorun_t *k, const char *file,
+                           char *const argv[], int out_fd, int err_fd,
+                           const char *fail_hint);
 void kolorun_end_holder(kolorun_t *k);
 
 /* ---- output.c */

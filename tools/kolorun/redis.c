@@ -128,31 +128,15 @@ static int kolorun_redis_start(kolorun_t *k)
     unlink(logpath);
     free(logpath);
 
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
-    pid_t launcher = getpid();
-    pid_t pid = fork();
-    if (pid == 0) {
-        kolorun_child_signals(k);
-        setpgid(0, 0);
-        int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
-        if (in < 0 || dup2(in, 0) < 0 || dup2(log, 1) < 0 || dup2(log, 2) < 0)
-            _exit(127);
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher)
-            _exit(127);
-        sigprocmask(SIG_SETMASK, &k->mask_orig, NULL);
-        execlp("redis-server", "redis-server", "--bind", addr, "--port", port,
-               "--save", "", "--appendonly", "no", "--protected-mode", "no",
-               "--daemonize", "no", (char *)NULL);
-        dprintf(2, "cannot run redis-server: %s (install it: apt-get install "
-                "redis-server)\n", strerror(errno));
-        _exit(127);
-    }
+    char *argv[] = {"redis-server", "--bind", addr, "--port", port,
+                    "--save", "", "--appendonly", "no", "--protected-mode",
+                    "no", "--daemonize", "no", NULL};
+    pid_t pid = kolorun_start_helper(k, "redis-server", argv, log, log,
+                                     " (install it: apt-get install "
+                                     "redis-server)");
     int fork_errno = errno;
     if (pid > 0)
         k->redis_pid = pid;
-    sigprocmask(SIG_SETMASK, &old, NULL);
     if (pid < 0) {
         kolorun_say("--start-redis: fork: %s", strerror(fork_errno));
         close(log);

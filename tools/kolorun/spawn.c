@@ -31,6 +31,17 @@ const struct kolorun_host *kolorun_host_of(const kolorun_t *k, int r)
     return k->rank_host ? &k->opts.hosts[k->rank_host[r]] : NULL;
 }
 
+/* fork() with every signal blocked, so that the child never runs
+ * kolorun's handlers between fork and exec; *old gets the mask to restore
+ * (in the parent, once the child's pid is noted). */
+static pid_t fork_blocked(sigset_t *old)
+{
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, old);
+    return fork();
+}
+
 /* The address rank r's transport binds, when nothing else says. */
 static const char *kolorun_bind_host(const kolorun_t *k, int r, char *buf,
                                      size_t n)
@@ -485,12 +496,10 @@ int kolorun_spawn(kolorun_t *k, int r, const kolorun_place_t *place)
 
     /* All signals blocked across fork: the child must not run kolorun's
      * handlers (they write to kolorun's self-pipe) before it resets them. */
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
+    sigset_t old;
     pid_t launcher = getpid();
     char **exec_argv = remote ? launch.w : k->opts.argv;
-    pid_t pid = fork();
+    pid_t pid = fork_blocked(&old);
     if (pid == 0)
         /* A remote rank gets its environment on the launch command's
          * command line, not from kolorun's environment. */
@@ -564,16 +573,45 @@ free_env:
     return rc;
 }
 
+pid_t kolorun_start_helper(const kolorun_t *k, const char *file,
+                           char *const argv[], int out_fd, int err_fd,
+                           const char *fail_hint)
+{
+    sigset_t old;
+    pid_t launcher = getpid();
+    pid_t pid = fork_blocked(&old);
+    if (pid == 0) {
+        kolorun_child_signals(k);
+        setpgid(0, 0); /* its own group: one kill ends all it started */
+        int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (in < 0 || dup2(in, 0) < 0 || dup2(out_fd, 1) < 0 ||
+            (err_fd >= 0 && dup2(err_fd, 2) < 0))
+            _exit(127);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != launcher)
+            _exit(127);
+        sigprocmask(SIG_SETMASK, &k->mask_orig, NULL);
+        execvp(file, argv);
+        if (fail_hint)
+            dprintf(2, "cannot run %s: %s%s\n", file, strerror(errno),
+                    fail_hint);
+        _exit(127);
+    }
+    int fork_errno = errno;
+    if (pid > 0)
+        setpgid(pid, pid);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    errno = fork_errno;
+    return pid;
+}
+
 /* Starts the holder, the leader of the ranks' process group (see
  * "Processes" in kolorun.h). It keeps no file open, so it holds no pipe and
  * no terminal, and dies with kolorun. */
 int kolorun_spawn_holder(kolorun_t *k, int wake_rd)
 {
-    sigset_t all, old;
-    sigfillset(&all);
-    sigprocmask(SIG_BLOCK, &all, &old);
+    sigset_t old;
     pid_t launcher = getpid();
-    pid_t pid = fork();
+    pid_t pid = fork_blocked(&old);
     if (pid == 0) {
         setpgid(0, 0);
         struct sigaction ign;

@@ -154,3 +154,34 @@ void kolorun_describe(int status, char *buf, size_t n)
     else
         snprintf(buf, n, "ended with wait status 0x%x", (unsigned)status);
 }
+
+int kolorun_read_line(FILE *f, const char *path, char *line, size_t cap,
+                      int *lineno, char *where, size_t wlen)
+{
+    if (!fgets(line, (int)cap, f))
+        return 0;
+    ++*lineno;
+    snprintf(where, wlen, "%s:%d", path, *lineno);
+    if (!strchr(line, '\n') && !feof(f)) {
+        kolorun_say("%s: line longer than %d characters", where,
+                    (int)cap - 2);
+        exit(2);
+    }
+    line[strcspn(line, "\r\n")] = '\0';
+    return 1;
+}
+
+int kolorun_grow(void *table, int *cap, int n, size_t size)
+{
+    void **t = table;
+    int ncap = *cap ? *cap * 2 : 16;
+    while (ncap < n)
+        ncap *= 2;
+    char *p = realloc(*t, (size_t)ncap * size);
+    if (!p)
+        return -1;
+    memset(p + (size_t)*cap * size, 0, (size_t)(ncap - *cap) * size);
+    *t = p;
+    *cap = ncap;
+    return 0;
+}

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* A string list that grows; NULL-terminated; strings owned. */
 typedef struct kolorun_words {
@@ -35,5 +36,13 @@ const char *kolorun_opt_value(int argc, char **argv, int *i,
 long kolorun_parse_long(const char *s, long lo, long hi);
 /* How a child ended (its wait status), for kolorun's messages. */
 void kolorun_describe(int status, char *buf, size_t n);
+/* The next line of a file kolorun reads (--config-file, --hostfile)
+ * into line, without its end; where gets "PATH:LINE" for messages. 0 at
+ * the end; a line longer than cap - 2 ends kolorun with status 2. */
+int kolorun_read_line(FILE *f, const char *path, char *line, size_t cap,
+                      int *lineno, char *where, size_t wlen);
+/* Grows the table *table (entries of size bytes, *cap of them) to hold
+ * n, doubling from 16, the new entries zeroed; 0, or -1 (unchanged). */
+int kolorun_grow(void *table, int *cap, int n, size_t size);
 
 #endif /* KOLORUN_UTIL_H */
