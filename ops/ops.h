@@ -136,6 +136,22 @@ enum {
                                     listed, never a default */
 };
 
+/* Slots both tables have (host memory in kolo__ops_t, device memory in
+ * kolo__dev_ops_t). broadcast: root's buf is copied into every rank's
+ * buf. allgatherv: rank r contributes bytes[r] bytes (in, of bytes[rank]
+ * bytes); out receives them concatenated in rank order. alltoallv: this
+ * rank sends send_bytes[j] bytes of `in` (in order) to rank j and receives
+ * recv_bytes[j] bytes from rank j into `out`, concatenated in rank order. */
+typedef int kolo__ops_broadcast_fn(void *ctx, void *buf, size_t bytes,
+                                   int root, char *err, size_t errlen);
+typedef int kolo__ops_allgatherv_fn(void *ctx, const void *in, void *out,
+                                    const size_t *bytes, char *err,
+                                    size_t errlen);
+typedef int kolo__ops_alltoallv_fn(void *ctx, const void *in,
+                                   const size_t *send_bytes, void *out,
+                                   const size_t *recv_bytes, char *err,
+                                   size_t errlen);
+
 typedef struct kolo__ops {
     const char *name;
     unsigned caps; /* KOLO__OPS_* */
@@ -160,19 +176,9 @@ typedef struct kolo__ops {
      * elsewhere and may be NULL). */
     int (*gather)(void *ctx, const void *in, void *out, size_t bytes, int root,
                   char *err, size_t errlen);
-    /* root's buf is copied into every rank's buf. */
-    int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, char *err,
-                     size_t errlen);
-    /* Variable-size allgather: rank r contributes bytes[r] bytes (in, of
-     * bytes[rank] bytes); out receives them concatenated in rank order. */
-    int (*allgatherv)(void *ctx, const void *in, void *out,
-                      const size_t *bytes, char *err, size_t errlen);
-    /* Alltoall: this rank sends send_bytes[j] bytes of `in` (in order) to
-     * rank j and receives recv_bytes[j] bytes from rank j into `out`,
-     * concatenated in rank order. */
-    int (*alltoallv)(void *ctx, const void *in, const size_t *send_bytes,
-                     void *out, const size_t *recv_bytes, char *err,
-                     size_t errlen);
+    kolo__ops_broadcast_fn *broadcast;
+    kolo__ops_allgatherv_fn *allgatherv; /* variable-size allgather */
+    kolo__ops_alltoallv_fn *alltoallv;
     /* Reduce-scatter: `work` holds this rank's whole tensor, counts[r]
      * elements of elem_size per rank block, blocks in rank order; it is
      * used as scratch. out receives the reduction of this rank's block. */
@@ -354,14 +360,10 @@ typedef struct kolo__dev_ops {
                      int dtype, int wire, int op, double prescale,
                      double post, kolo__ops_reduce_fn reduce, char *err,
                      size_t errlen);
-    int (*broadcast)(void *ctx, void *buf, size_t bytes, int root, char *err,
-                     size_t errlen);
     /* As in the host table. */
-    int (*allgatherv)(void *ctx, const void *in, void *out,
-                      const size_t *bytes, char *err, size_t errlen);
-    int (*alltoallv)(void *ctx, const void *in, const size_t *send_bytes,
-                     void *out, const size_t *recv_bytes, char *err,
-                     size_t errlen);
+    kolo__ops_broadcast_fn *broadcast;
+    kolo__ops_allgatherv_fn *allgatherv;
+    kolo__ops_alltoallv_fn *alltoallv;
     /* Rank r's block of counts[r] elements of `in` (blocks in rank order),
      * reduced over the ranks, scaled by prescale before and post after
      * (AVERAGE's division is in post: op is SUM), into this rank's out;
@@ -410,6 +412,17 @@ extern const kolo__ops_t kolo__ops_mpi;
 #ifdef KOLO_HAVE_MEM /* the unit tests' library only (ops/mem) */
 extern const kolo__ops_t kolo__ops_mem;
 #endif
+
+/* Writes one sentence (fmt, ...) into err[errlen], as every slot does on
+ * failure, and returns code (ops/registry.c). */
+int kolo__ops_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The placement checks every device backend's prepare makes: t->device is
+ * one of the `count` devices this rank sees, and the one its CUDA tensors
+ * in t's set are on (ops/registry.c). KOLO_OK, or the error (err). */
+int kolo__dev_check_placement(const kolo__dev_check_t *t, int count,
+                              char *err, size_t errlen);
 
 /* The backend called `name` ("gloo", "mpi", "shm", ...) when this build has
  * it, else NULL (ops/registry.c). */

@@ -7,6 +7,7 @@
  */
 #include "config.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -162,4 +163,31 @@ void kolo__ops_names(char *out, size_t len)
             break;
         used += (size_t)n;
     }
+}
+
+int kolo__ops_fail(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int kolo__dev_check_placement(const kolo__dev_check_t *t, int count,
+                              char *err, size_t errlen)
+{
+    if (t->device < 0 || t->device >= count)
+        return kolo__ops_fail(err, errlen, KOLO_ERR_INVALID_ARGUMENT,
+                              "%s of tensor '%s': there is no CUDA device "
+                              "%d; rank %d sees %d (0..%d)", t->coll, t->name,
+                              t->device, t->rank, count, count - 1);
+    if (t->set_device >= 0 && t->set_device != t->device)
+        return kolo__ops_fail(err, errlen, KOLO_ERR_INVALID_ARGUMENT,
+                              "%s of tensor '%s' is on CUDA device %d, but "
+                              "rank %d's CUDA tensors in process set %d are "
+                              "on device %d: a rank uses one device per set "
+                              "(its NCCL communicator's)", t->coll, t->name,
+                              t->device, t->rank, t->set_id, t->set_device);
+    return KOLO_OK;
 }

@@ -57,6 +57,22 @@ static void hier_finalize(void *ctx)
     free(h);
 }
 
+/* Starts `ops` on part of cfg's ranks: this rank as `rank` of `size`, with
+ * those members and hosts, its keys under prefix; its context into *ctx. */
+static int sub_init(const kolo__ops_t *ops, const kolo__ops_config_t *cfg,
+                    int rank, int size, const int *members, const int *hosts,
+                    const char *prefix, void **ctx, char *err, size_t errlen)
+{
+    kolo__ops_config_t sub = *cfg;
+
+    sub.rank = rank;
+    sub.size = size;
+    sub.members = members;
+    sub.hosts = hosts;
+    sub.prefix = prefix;
+    return ops->init(&sub, ctx, err, errlen);
+}
+
 static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
                      size_t errlen)
 {
@@ -64,7 +80,6 @@ static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
     int *lmem = NULL, *lhost = NULL, *xmem = NULL, *xhost = NULL;
     int rc = KOLO_ERR_NO_MEMORY;
     char prefix[256];
-    kolo__ops_config_t sub;
     kolo__hosts_t g = {0};
 
     *out = NULL;
@@ -106,32 +121,20 @@ static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
         xhost[k] = cfg->hosts[g.cross[k]];
     }
 
-    sub = *cfg;
-    snprintf(prefix, sizeof(prefix), "%s/host%d", cfg->prefix, cfg->hosts[cfg->rank]);
-    sub.rank = g.me_local;
-    sub.size = h->nlocal;
-    sub.members = lmem;
-    sub.hosts = lhost;
-    sub.prefix = prefix;
-    rc = h->shm->init(&sub, &h->local, err, errlen);
+    snprintf(prefix, sizeof(prefix), "%s/host%d", cfg->prefix,
+             cfg->hosts[cfg->rank]);
+    rc = sub_init(h->shm, cfg, g.me_local, h->nlocal, lmem, lhost, prefix,
+                  &h->local, err, errlen);
     if (rc != KOLO_OK)
         goto fail;
-
-    sub = *cfg;
     snprintf(prefix, sizeof(prefix), "%s/cross%d", cfg->prefix, g.me_local);
-    sub.rank = g.me_host;
-    sub.size = h->nhosts;
-    sub.members = xmem;
-    sub.hosts = xhost;
-    sub.prefix = prefix;
-    rc = h->net->init(&sub, &h->cross, err, errlen);
+    rc = sub_init(h->net, cfg, g.me_host, h->nhosts, xmem, xhost, prefix,
+                  &h->cross, err, errlen);
     if (rc != KOLO_OK)
         goto fail;
-
-    sub = *cfg;
     snprintf(prefix, sizeof(prefix), "%s/flat", cfg->prefix);
-    sub.prefix = prefix;
-    rc = h->net->init(&sub, &h->flat, err, errlen);
+    rc = sub_init(h->net, cfg, cfg->rank, cfg->size, cfg->members, cfg->hosts,
+                  prefix, &h->flat, err, errlen);
     if (rc != KOLO_OK)
         goto fail;
 

@@ -25,9 +25,9 @@
 #include "config.h"
 
 #include "mpienv.h"
+#include "ops.h"
 
 #include <ftw.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,18 +67,6 @@ static void mpienv_at_exit(void)
         MPI_Finalize();
 }
 
-/* One sentence into err; returns code. */
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
 static int mpi_error(int mrc, const char *what, char *err, size_t errlen)
 {
     char msg[MPI_MAX_ERROR_STRING + 1];
@@ -87,7 +75,7 @@ static int mpi_error(int mrc, const char *what, char *err, size_t errlen)
     if (MPI_Error_string(mrc, msg, &len) != MPI_SUCCESS)
         len = snprintf(msg, sizeof(msg), "MPI error %d", mrc);
     msg[len] = '\0';
-    return fail(err, errlen, KOLO_ERR_BACKEND, "%s failed: %s", what, msg);
+    return kolo__ops_fail(err, errlen, KOLO_ERR_BACKEND, "%s failed: %s", what, msg);
 }
 
 #define MPI_TRY(what, call)                                             \
@@ -115,7 +103,7 @@ static int mpienv_init_mpi(char *err, size_t errlen)
 
     MPI_Finalized(&finalized);
     if (finalized)
-        return fail(err, errlen, KOLO_ERR_UNSUPPORTED,
+        return kolo__ops_fail(err, errlen, KOLO_ERR_UNSUPPORTED,
                              "kolo_init under mpirun: MPI was already "
                              "finalized in this process, and MPI cannot be "
                              "initialised again (call kolo_init before "
@@ -126,14 +114,14 @@ static int mpienv_init_mpi(char *err, size_t errlen)
                 MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level));
         g_we_initialised = 1;
         if (level < MPI_THREAD_MULTIPLE)
-            return fail(err, errlen, KOLO_ERR_UNSUPPORTED,
+            return kolo__ops_fail(err, errlen, KOLO_ERR_UNSUPPORTED,
                                  "kolo needs MPI_THREAD_MULTIPLE (every "
                                  "process set's thread calls MPI), but this "
                                  "MPI provides only %s", level_name(level));
     } else {
         MPI_Query_thread(&level);
         if (level < MPI_THREAD_MULTIPLE)
-            return fail(err, errlen, KOLO_ERR_UNSUPPORTED,
+            return kolo__ops_fail(err, errlen, KOLO_ERR_UNSUPPORTED,
                                  "the program initialised MPI at %s, but "
                                  "kolo needs MPI_THREAD_MULTIPLE: call "
                                  "MPI_Init_thread(&argc, &argv, "
@@ -146,7 +134,7 @@ static int mpienv_init_mpi(char *err, size_t errlen)
                 MPI_Comm_dup(MPI_COMM_WORLD, &g_comm));
         MPI_Comm_set_errhandler(g_comm, MPI_ERRORS_RETURN);
         if (atexit(mpienv_at_exit) != 0)
-            return fail(err, errlen, KOLO_ERR_INTERNAL,
+            return kolo__ops_fail(err, errlen, KOLO_ERR_INTERNAL,
                                  "cannot register MPI's finalization at exit");
     }
     return KOLO_OK;
@@ -205,7 +193,7 @@ int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, char *err, size_t errl
         MPI_TRY("MPI_Allreduce", MPI_Allreduce(&bad, &any_bad, 1, MPI_INT,
                                                MPI_MAX, g_comm));
         if (any_bad)
-            return fail(err, errlen, KOLO_ERR_CONFIG,
+            return kolo__ops_fail(err, errlen, KOLO_ERR_CONFIG,
                                  "KOLO_CONTROLLER or KOLO_CPU_OPERATIONS asks "
                                  "for gloo under mpirun, and the ranks span "
                                  "about %d hosts: Gloo needs a rendezvous "
@@ -223,7 +211,7 @@ int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, char *err, size_t errl
         MPI_TRY("MPI_Bcast of the rendezvous directory",
                 MPI_Bcast(buf, 4096, MPI_CHAR, 0, g_comm));
         if (buf[0] == '\0')
-            return fail(err, errlen, KOLO_ERR_CONFIG,
+            return kolo__ops_fail(err, errlen, KOLO_ERR_CONFIG,
                                  "rank 0 could not create a rendezvous "
                                  "directory for Gloo under mpirun (in "
                                  "$TMPDIR or /tmp); set KOLO_RENDEZVOUS="
@@ -244,7 +232,7 @@ int kolo__mpienv_allgather(const char *mine, size_t each, char *all,
                            char *err, size_t errlen)
 {
     if (g_comm == MPI_COMM_NULL)
-        return fail(err, errlen, KOLO_ERR_INTERNAL, "MPI is not started");
+        return kolo__ops_fail(err, errlen, KOLO_ERR_INTERNAL, "MPI is not started");
     MPI_TRY("MPI_Allgather", MPI_Allgather(mine, (int)each, MPI_CHAR, all,
                                            (int)each, MPI_CHAR, g_comm));
     return KOLO_OK;

@@ -136,16 +136,8 @@ static nccl_ctx_t *enter(void *ctx, char *err, size_t errlen)
     return c;
 }
 
-static int failf(nccl_ctx_t *c, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int failf(nccl_ctx_t *c, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->err, c->errlen, fmt, ap);
-    va_end(ap);
-    return code;
-}
+/* The slot's sentence into its err (ops.h). */
+#define failf(c, ...) kolo__ops_fail((c)->err, (c)->errlen, __VA_ARGS__)
 
 static int cuda_ok(nccl_ctx_t *c, cudaError_t rc, const char *what)
 {
@@ -395,7 +387,7 @@ static int check_pointer(const kolo__dev_check_t *t, const void *buf,
 static int nccl_prepare(const kolo__dev_check_t *t, void **event, char *err,
                         size_t errlen)
 {
-    int count = 0, prev = -1;
+    int count = 0, prev = -1, rc;
     cudaError_t crc;
     nccl_event_t *ev = NULL;
     ncclDataType_t nt;
@@ -414,20 +406,8 @@ static int nccl_prepare(const kolo__dev_check_t *t, void **event, char *err,
                  crc != cudaSuccess ? cudaGetErrorString(crc) : "0 devices");
         return KOLO_ERR_UNSUPPORTED;
     }
-    if (t->device < 0 || t->device >= count) {
-        snprintf(err, errlen, "%s of tensor '%s': there is no CUDA device %d; "
-                 "rank %d sees %d (0..%d)", t->coll, t->name, t->device,
-                 t->rank, count, count - 1);
-        return KOLO_ERR_INVALID_ARGUMENT;
-    }
-    if (t->set_device >= 0 && t->set_device != t->device) {
-        snprintf(err, errlen, "%s of tensor '%s' is on CUDA device %d, but "
-                 "rank %d's CUDA tensors in process set %d are on device %d: "
-                 "a rank uses one device per set (its NCCL communicator's)",
-                 t->coll, t->name, t->device, t->rank, t->set_id,
-                 t->set_device);
-        return KOLO_ERR_INVALID_ARGUMENT;
-    }
+    if ((rc = kolo__dev_check_placement(t, count, err, errlen)) != KOLO_OK)
+        return rc;
     if (t->reduces && nccl_type(t->dtype, &nt) != 0) {
         snprintf(err, errlen, "%s of tensor '%s': NCCL cannot reduce %s; "
                  "convert the CUDA tensor to int32 first", t->coll, t->name,
@@ -883,38 +863,29 @@ static int nccl_begin(void *ctx, char *err, size_t errlen)
     return KOLO_OK;
 }
 
-static int fusion_reserve(nccl_ctx_t *c, size_t bytes)
+/* Grows *buf (*cap bytes) to at least `bytes`: device memory, or pinned
+ * host memory (pinned). The old buffer goes first; cudaFree and
+ * cudaFreeHost wait for the work that uses it. */
+static int reserve(nccl_ctx_t *c, void **buf, size_t *cap, size_t bytes,
+                   int pinned)
 {
     void *p = NULL;
 
-    if (c->fusion_cap >= bytes)
+    if (*cap >= bytes)
         return KOLO_OK;
-    if (c->fusion != NULL) {
-        cudaFree(c->fusion);
-        c->fusion = NULL;
-        c->fusion_cap = 0;
+    if (*buf != NULL) {
+        if (pinned)
+            cudaFreeHost(*buf);
+        else
+            cudaFree(*buf);
+        *buf = NULL;
+        *cap = 0;
     }
-    CHECK(cuda_ok(c, cudaMalloc(&p, bytes), "allocating the fusion buffer"));
-    c->fusion = p;
-    c->fusion_cap = bytes;
-    return KOLO_OK;
-}
-
-static int stage_reserve(nccl_ctx_t *c, size_t bytes)
-{
-    void *p = NULL;
-
-    if (c->stage_cap >= bytes)
-        return KOLO_OK;
-    if (c->stage != NULL) {
-        cudaFreeHost(c->stage);
-        c->stage = NULL;
-        c->stage_cap = 0;
-    }
-    CHECK(cuda_ok(c, cudaMallocHost(&p, bytes),
-                  "allocating pinned host memory"));
-    c->stage = p;
-    c->stage_cap = bytes;
+    CHECK(cuda_ok(c, pinned ? cudaMallocHost(&p, bytes) : cudaMalloc(&p, bytes),
+                  pinned ? "allocating pinned host memory"
+                         : "allocating the fusion buffer"));
+    *buf = p;
+    *cap = bytes;
     return KOLO_OK;
 }
 
@@ -968,7 +939,7 @@ static int allreduce_hier(nccl_ctx_t *c, uint8_t *buf, size_t padded,
                                                      c->local, c->stream),
                       "ncclReduceScatter within the host"));
     if (shard > 0) {
-        CHECK(stage_reserve(c, shard * esize));
+        CHECK(reserve(c, &c->stage, &c->stage_cap, shard * esize, 1));
         CHECK(cuda_ok(c, cudaMemcpyAsync(c->stage, mine, shard * esize,
                                          cudaMemcpyDeviceToHost, c->stream),
                       "copying the shard to the host"));
@@ -1093,7 +1064,7 @@ static int nccl_allreduce(void *ctx, const kolo__dev_tensor_t *ts, size_t n,
                                                 c->comm, c->stream),
                       "ncclAllReduce"));
     } else {
-        CHECK(fusion_reserve(c, padded * esize));
+        CHECK(reserve(c, &c->fusion, &c->fusion_cap, padded * esize, 0));
         buf = c->fusion;
         CHECK(move_batch(c, ts, n, dtype, wire, 1, prescale));
         if (padded > count)
@@ -1210,7 +1181,7 @@ static int nccl_reduce_scatter(void *ctx, const void *in, void *out,
     CHECK(ensure_comm(c));
     if (total > 0 && prescale != 1.0) {
         kolo__gpu_copy_t cp = {in, NULL, total};
-        CHECK(fusion_reserve(c, total * esize));
+        CHECK(reserve(c, &c->fusion, &c->fusion_cap, total * esize, 0));
         cp.dst = c->fusion;
         CHECK(kernel_ok(c, kolo__gpu_copy_batch(&cp, 1, dtype, dtype, prescale,
                                                 c->stream),

@@ -82,11 +82,16 @@ typedef struct task {
 
 typedef struct sim_ctx sim_ctx_t;
 
+typedef struct slot_out {
+    char *err;
+    size_t len;
+} slot_out_t;
+
 typedef struct stream {
     int device;
     sim_ctx_t *owner; /* kolo's stream of a context (hold applies), or NULL */
     pthread_t thread;
-    task_t *head, *tail;
+    task_t *head, **tailp; /* tailp: the link the next task goes in */
     uint64_t queued, done;
     int stop, refs;   /* refs: its owner or program, and each event */
 } stream_t;
@@ -123,8 +128,7 @@ struct sim_ctx {
     int aborted;        /* under g_mu */
     int error;          /* under g_mu: the asynchronous error, or 0 */
     int broken;
-    char *err;
-    size_t errlen;
+    slot_out_t out; /* where the slot being run writes its sentence */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -167,14 +171,12 @@ static void sleep_until(const struct timespec *deadline)
 static struct timespec after(double s)
 {
     struct timespec ts;
+    int64_t ns;
+
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    ts.tv_sec += (time_t)s;
-    ts.tv_nsec += (long)((s - (double)(time_t)s) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec++;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
+    ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (int64_t)(s * 1e9);
+    return (struct timespec){.tv_sec = (time_t)(ns / 1000000000),
+                             .tv_nsec = (long)(ns % 1000000000)};
 }
 
 static int passed(const struct timespec *deadline)
@@ -266,7 +268,7 @@ static void *worker_main(void *arg)
         t = s->head;
         s->head = t->next;
         if (s->head == NULL)
-            s->tail = NULL;
+            s->tailp = &s->head;
         unlock();
         t->fn(t->arg);
         free(t);
@@ -287,6 +289,7 @@ static stream_t *stream_make(int device, sim_ctx_t *owner)
     s->device = device;
     s->owner = owner;
     s->refs = 1;
+    s->tailp = &s->head;
     pthread_once(&g_once, init_once);
     if (pthread_create(&s->thread, NULL, worker_main, s) != 0) {
         free(s);
@@ -337,11 +340,8 @@ static int enqueue(stream_t *s, void (*fn)(void *), void *arg)
         return KOLO_ERR_NO_MEMORY;
     t->fn = fn;
     t->arg = arg;
-    if (s->tail != NULL)
-        s->tail->next = t;
-    else
-        s->head = t;
-    s->tail = t;
+    *s->tailp = t;
+    s->tailp = &t->next;
     s->queued++;
     pthread_cond_broadcast(&g_cv);
     return KOLO_OK;
@@ -435,13 +435,12 @@ static event_t *event_at(stream_t *s)
 
 static void simdev_event_free(void *event)
 {
-    event_t *e = event;
-    if (e == NULL)
-        return;
-    lock();
-    stream_unref(e->s);
-    unlock();
-    free(e);
+    if (event != NULL) {
+        lock();
+        stream_unref(((event_t *)event)->s);
+        unlock();
+        free(event);
+    }
 }
 
 static int simdev_event_query(void *event, char *err, size_t errlen)
@@ -554,19 +553,9 @@ static int simdev_prepare(const kolo__dev_check_t *t, void **event, char *err,
     int rc;
 
     *event = NULL;
-    if (t->device < 0 || t->device >= KOLO__SIMDEV_DEVICES) {
-        snprintf(err, errlen, "%s of tensor '%s': there is no CUDA device %d; "
-                 "rank %d sees %d (0..%d)", t->coll, t->name, t->device,
-                 t->rank, KOLO__SIMDEV_DEVICES, KOLO__SIMDEV_DEVICES - 1);
-        return KOLO_ERR_INVALID_ARGUMENT;
-    }
-    if (t->set_device >= 0 && t->set_device != t->device) {
-        snprintf(err, errlen, "%s of tensor '%s' is on CUDA device %d, but "
-                 "rank %d's CUDA tensors in process set %d are on device %d",
-                 t->coll, t->name, t->device, t->rank, t->set_id,
-                 t->set_device);
-        return KOLO_ERR_INVALID_ARGUMENT;
-    }
+    rc = kolo__dev_check_placement(t, KOLO__SIMDEV_DEVICES, err, errlen);
+    if (rc != KOLO_OK)
+        return rc;
     if (t->reduces && !reducible(t->dtype)) {
         snprintf(err, errlen, "%s of tensor '%s': NCCL cannot reduce %s",
                  t->coll, t->name, kolo_dtype_name((kolo_dtype_t)t->dtype));
@@ -602,24 +591,15 @@ static void simdev_mem_free(void *data) { kolo__simdev_free(data); }
 
 /* ---- contexts ----------------------------------------------------------------- */
 
+/* A slot's context, its failures going to err (failf). */
 static sim_ctx_t *enter(void *ctx, char *err, size_t errlen)
 {
     sim_ctx_t *c = ctx;
-    c->err = err;
-    c->errlen = errlen;
+    c->out = (slot_out_t){err, errlen};
     return c;
 }
 
-static int failf(sim_ctx_t *c, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int failf(sim_ctx_t *c, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(c->err, c->errlen, fmt, ap);
-    va_end(ap);
-    return code;
-}
+#define failf(c, ...) kolo__ops_fail((c)->out.err, (c)->out.len, __VA_ARGS__)
 
 /* Joins group `id` of `size` members as member `me`. Under g_mu. */
 static group_t *group_attach(uint64_t id, int size, int me, sim_ctx_t *c)
@@ -630,19 +610,15 @@ static group_t *group_attach(uint64_t id, int size, int me, sim_ctx_t *c)
         if (g->id == id)
             break;
     if (g == NULL) {
-        g = calloc(1, sizeof(*g));
+        /* The group and its three arrays in one block, freed at once. */
+        size_t n = (size_t)size;
+        g = calloc(1, sizeof(*g) + n * (sizeof(*g->slot) +
+                                        sizeof(*g->posted) + sizeof(*g->m)));
         if (g == NULL)
             return NULL;
-        g->m = calloc((size_t)size, sizeof(*g->m));
-        g->posted = calloc((size_t)size, sizeof(*g->posted));
-        g->slot = calloc((size_t)size, sizeof(*g->slot));
-        if (g->m == NULL || g->posted == NULL || g->slot == NULL) {
-            free(g->m);
-            free(g->posted);
-            free(g->slot);
-            free(g);
-            return NULL;
-        }
+        g->slot = (post_t(*)[2])(g + 1);
+        g->posted = (uint64_t *)(g->slot + n);
+        g->m = (sim_ctx_t **)(g->posted + n);
         g->id = id;
         g->size = size;
         g->aborted_by = -1;
@@ -672,9 +648,6 @@ static void group_detach(group_t *g, int me)
             free(g->slot[i][k].data);
             free(g->slot[i][k].sizes);
         }
-    free(g->m);
-    free(g->posted);
-    free(g->slot);
     free(g);
 }
 
@@ -732,19 +705,19 @@ static void simdev_finalize(void *ctx)
 {
     sim_ctx_t *c = ctx;
 
-    if (c == NULL)
-        return;
     /* Tasks still queued (a broken context's) skip their work once the
      * context is aborted: the worker ends. */
-    lock();
-    c->aborted = 1;
-    pthread_cond_broadcast(&g_cv);
-    unlock();
-    stream_release(c->stream);
-    lock();
-    group_detach(c->g, c->me);
-    unlock();
-    free(c);
+    if (c != NULL) {
+        lock();
+        c->aborted = 1;
+        pthread_cond_broadcast(&g_cv);
+        unlock();
+        stream_release(c->stream);
+        lock();
+        group_detach(c->g, c->me);
+        unlock();
+        free(c);
+    }
 }
 
 static int simdev_begin(void *ctx, char *err, size_t errlen)
@@ -1029,45 +1002,44 @@ static void coll_run(void *arg)
     coll_free(k);
 }
 
-/* Queues k on its context's stream (taking it). */
-static int queue_coll(sim_ctx_t *c, coll_t *k)
+/* Queues a collective on the context's stream: a copy of k, with copies
+ * of the per-member sizes (sizes, recv: [size] or NULL) and of the
+ * tensors (k.ts: [k.n] or NULL). */
+static int queue_coll(sim_ctx_t *c, coll_t k, const size_t *sizes,
+                      const size_t *recv)
 {
-    int rc;
+    size_t nm = (size_t)c->cfg.size * sizeof(size_t);
+    coll_t *q = calloc(1, sizeof(*q));
+    int rc = KOLO_ERR_NO_MEMORY;
 
-    k->c = c;
-    k->seq = ++c->seq;
+    if (q == NULL)
+        return failf(c, rc, "out of memory queuing a collective");
+    *q = k;
+    q->c = c;
+    q->ts = NULL;
+    q->sizes = q->recv = NULL;
+    if ((k.ts != NULL && (q->ts = malloc(k.n * sizeof(*k.ts) + 1)) == NULL) ||
+        (sizes != NULL && (q->sizes = malloc(nm)) == NULL) ||
+        (recv != NULL && (q->recv = malloc(nm)) == NULL))
+        goto out_of_memory;
+    if (k.ts != NULL)
+        memcpy(q->ts, k.ts, k.n * sizeof(*k.ts));
+    if (sizes != NULL)
+        memcpy(q->sizes, sizes, nm);
+    if (recv != NULL)
+        memcpy(q->recv, recv, nm);
+    q->seq = ++c->seq;
     lock();
-    rc = enqueue(c->stream, coll_run, k);
+    rc = enqueue(c->stream, coll_run, q);
     if (rc == KOLO_OK && c->global_rank < MAX_RANKS)
         g_queued[c->global_rank]++;
     unlock();
-    if (rc != KOLO_OK) {
-        c->seq--;
-        coll_free(k);
-        return failf(c, rc, "out of memory queuing a collective");
-    }
-    return KOLO_OK;
-}
-
-static coll_t *coll_new(sim_ctx_t *c, kind_t kind)
-{
-    coll_t *k = calloc(1, sizeof(*k));
-    if (k == NULL)
-        failf(c, KOLO_ERR_NO_MEMORY, "out of memory queuing a collective");
-    else
-        k->kind = kind;
-    return k;
-}
-
-/* Copies n sizes (NULL: out of memory, reported). */
-static size_t *copy_sizes(sim_ctx_t *c, const size_t *src)
-{
-    size_t *s = malloc((size_t)c->cfg.size * sizeof(size_t));
-    if (s == NULL)
-        failf(c, KOLO_ERR_NO_MEMORY, "out of memory queuing a collective");
-    else
-        memcpy(s, src, (size_t)c->cfg.size * sizeof(size_t));
-    return s;
+    if (rc == KOLO_OK)
+        return KOLO_OK;
+    c->seq--;
+out_of_memory:
+    coll_free(q);
+    return failf(c, KOLO_ERR_NO_MEMORY, "out of memory queuing a collective");
 }
 
 static int simdev_allreduce(void *ctx, const kolo__dev_tensor_t *ts, size_t n,
@@ -1075,58 +1047,34 @@ static int simdev_allreduce(void *ctx, const kolo__dev_tensor_t *ts, size_t n,
                             double post, kolo__ops_reduce_fn reduce,
                             char *err, size_t errlen)
 {
-    sim_ctx_t *c = enter(ctx, err, errlen);
-    coll_t *k = coll_new(c, C_ALLREDUCE);
+    size_t count = 0;
 
-    if (k == NULL)
-        return KOLO_ERR_NO_MEMORY;
-    if ((k->ts = malloc((n ? n : 1) * sizeof(*ts))) == NULL) {
-        coll_free(k);
-        return failf(c, KOLO_ERR_NO_MEMORY, "out of memory queuing a "
-                     "collective");
-    }
-    memcpy(k->ts, ts, n * sizeof(*ts));
-    k->n = n;
     for (size_t i = 0; i < n; i++)
-        k->count += ts[i].count;
-    k->dtype = dtype;
-    k->wire = wire;
-    k->op = op;
-    k->prescale = prescale;
-    k->post = post;
-    k->reduce = reduce;
-    return queue_coll(c, k);
+        count += ts[i].count;
+    return queue_coll(enter(ctx, err, errlen),
+                      (coll_t){.kind = C_ALLREDUCE,
+                               .ts = (kolo__dev_tensor_t *)ts, .n = n,
+                               .count = count, .dtype = dtype, .wire = wire,
+                               .op = op, .prescale = prescale, .post = post,
+                               .reduce = reduce},
+                      NULL, NULL);
 }
 
 static int simdev_broadcast(void *ctx, void *buf, size_t bytes, int root,
                             char *err, size_t errlen)
 {
-    sim_ctx_t *c = enter(ctx, err, errlen);
-    coll_t *k = coll_new(c, C_BROADCAST);
-
-    if (k == NULL)
-        return KOLO_ERR_NO_MEMORY;
-    k->out = buf;
-    k->bytes = bytes;
-    k->root = root;
-    return queue_coll(c, k);
+    return queue_coll(enter(ctx, err, errlen),
+                      (coll_t){.kind = C_BROADCAST, .out = buf,
+                               .bytes = bytes, .root = root},
+                      NULL, NULL);
 }
 
 static int simdev_allgatherv(void *ctx, const void *in, void *out,
                              const size_t *bytes, char *err, size_t errlen)
 {
-    sim_ctx_t *c = enter(ctx, err, errlen);
-    coll_t *k = coll_new(c, C_ALLGATHERV);
-
-    if (k == NULL)
-        return KOLO_ERR_NO_MEMORY;
-    k->in = in;
-    k->out = out;
-    if ((k->sizes = copy_sizes(c, bytes)) == NULL) {
-        coll_free(k);
-        return KOLO_ERR_NO_MEMORY;
-    }
-    return queue_coll(c, k);
+    return queue_coll(enter(ctx, err, errlen),
+                      (coll_t){.kind = C_ALLGATHERV, .in = in, .out = out},
+                      bytes, NULL);
 }
 
 static int simdev_alltoallv(void *ctx, const void *in,
@@ -1134,44 +1082,24 @@ static int simdev_alltoallv(void *ctx, const void *in,
                             const size_t *recv_bytes, char *err,
                             size_t errlen)
 {
-    sim_ctx_t *c = enter(ctx, err, errlen);
-    coll_t *k = coll_new(c, C_ALLTOALLV);
-
-    if (k == NULL)
-        return KOLO_ERR_NO_MEMORY;
-    k->in = in;
-    k->out = out;
-    if ((k->sizes = copy_sizes(c, send_bytes)) == NULL ||
-        (k->recv = copy_sizes(c, recv_bytes)) == NULL) {
-        coll_free(k);
-        return KOLO_ERR_NO_MEMORY;
-    }
-    return queue_coll(c, k);
+    return queue_coll(enter(ctx, err, errlen),
+                      (coll_t){.kind = C_ALLTOALLV, .in = in, .out = out},
+                      send_bytes, recv_bytes);
 }
 
+/* op: reduce is (dtype, op)'s. */
 static int simdev_reduce_scatter(void *ctx, const void *in, void *out,
                                  const size_t *counts, int dtype, int op,
                                  double prescale, double post,
                                  kolo__ops_reduce_fn reduce, char *err,
                                  size_t errlen)
 {
-    sim_ctx_t *c = enter(ctx, err, errlen);
-    coll_t *k = coll_new(c, C_REDUCE_SCATTER);
-
-    (void)op; /* reduce is (dtype, op)'s */
-    if (k == NULL)
-        return KOLO_ERR_NO_MEMORY;
-    k->in = in;
-    k->out = out;
-    k->dtype = dtype;
-    k->prescale = prescale;
-    k->post = post;
-    k->reduce = reduce;
-    if ((k->sizes = copy_sizes(c, counts)) == NULL) {
-        coll_free(k);
-        return KOLO_ERR_NO_MEMORY;
-    }
-    return queue_coll(c, k);
+    (void)op;
+    return queue_coll(enter(ctx, err, errlen),
+                      (coll_t){.kind = C_REDUCE_SCATTER, .in = in, .out = out,
+                               .dtype = dtype, .prescale = prescale,
+                               .post = post, .reduce = reduce},
+                      counts, NULL);
 }
 
 static int simdev_record(void *ctx, void **event, char *err, size_t errlen)
@@ -1238,25 +1166,14 @@ static int simdev_watch(void *ctx, const char *what, int expired, char *err,
 }
 
 const kolo__dev_ops_t kolo__dev_ops_simdev = {
-    .name = "simdev",
-    .device_count = simdev_device_count,
-    .version = simdev_version,
-    .prepare = simdev_prepare,
-    .event_free = simdev_event_free,
-    .event_query = simdev_event_query,
-    .order = simdev_order,
-    .result_copy = simdev_result_copy,
-    .mem_free = simdev_mem_free,
-    .init = simdev_init,
-    .finalize = simdev_finalize,
-    .begin = simdev_begin,
-    .wait_events = simdev_wait_events,
-    .alloc = simdev_alloc,
-    .allreduce = simdev_allreduce,
-    .broadcast = simdev_broadcast,
-    .allgatherv = simdev_allgatherv,
-    .alltoallv = simdev_alltoallv,
-    .reduce_scatter = simdev_reduce_scatter,
-    .record = simdev_record,
-    .watch = simdev_watch,
-};
+    .name = "simdev", .device_count = simdev_device_count,
+    .version = simdev_version, .prepare = simdev_prepare,
+    .event_free = simdev_event_free, .event_query = simdev_event_query,
+    .order = simdev_order, .result_copy = simdev_result_copy,
+    .mem_free = simdev_mem_free, .init = simdev_init,
+    .finalize = simdev_finalize, .begin = simdev_begin,
+    .wait_events = simdev_wait_events, .alloc = simdev_alloc,
+    .allreduce = simdev_allreduce, .broadcast = simdev_broadcast,
+    .allgatherv = simdev_allgatherv, .alltoallv = simdev_alltoallv,
+    .reduce_scatter = simdev_reduce_scatter, .record = simdev_record,
+    .watch = simdev_watch};
