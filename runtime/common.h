@@ -33,13 +33,10 @@ int kolo__err_set(kolo__err_t *err, int code, const char *fmt, ...)
 void kolo__err_clear(kolo__err_t *err);
 
 /* Logging. Messages go to stderr as "[kolo rank R] LEVEL: text". */
+/* Levels from the most verbose (0) up. */
 typedef enum kolo__log_level {
-    KOLO__LOG_TRACE = 0,
-    KOLO__LOG_DEBUG = 1,
-    KOLO__LOG_INFO = 2,
-    KOLO__LOG_WARNING = 3,
-    KOLO__LOG_ERROR = 4,
-    KOLO__LOG_OFF = 5
+    KOLO__LOG_TRACE, KOLO__LOG_DEBUG, KOLO__LOG_INFO, KOLO__LOG_WARNING,
+    KOLO__LOG_ERROR, KOLO__LOG_OFF
 } kolo__log_level_t;
 
 extern int kolo__log_threshold; /* messages below it are dropped */

@@ -32,6 +32,16 @@ void kolo_opts_init(kolo_opts_t *opts)
 
 void kolo_allreduce_opts_init(kolo_allreduce_opts_t *opts) { kolo_opts_init(opts); }
 
+/* The options a call was given, or (NULL) the defaults, in *defaults. */
+static const kolo_opts_t *opts_or_defaults(const kolo_opts_t *opts,
+                                           kolo_opts_t *defaults)
+{
+    if (opts != NULL)
+        return opts;
+    kolo_opts_init(defaults);
+    return defaults;
+}
+
 /* ---- argument checks ------------------------------------------------------ */
 
 static int check_name(const char *coll, const char *name, kolo__err_t *err)
@@ -310,10 +320,7 @@ int kolo_allreduce_async_opts(const char *name, const void *input,
     int rc;
 
     kolo__err_clear(&err);
-    if (opts == NULL) {
-        kolo_opts_init(&defaults);
-        opts = &defaults;
-    }
+    opts = opts_or_defaults(opts, &defaults);
     if (handle == NULL)
         return kolo__api_failf(KOLO_ERR_INVALID_ARGUMENT,
                                "allreduce: the handle pointer is NULL");
@@ -496,10 +503,7 @@ int kolo_broadcast_async(const char *name, void *buffer, int64_t count,
     int64_t shape_count;
 
     kolo__err_clear(&err);
-    if (opts == NULL) {
-        kolo_opts_init(&defaults);
-        opts = &defaults;
-    }
+    opts = opts_or_defaults(opts, &defaults);
     if (check_name("broadcast", name, &err) || check_dtype_op("broadcast", name, dtype, NO_OP, &err) ||
         check_count("broadcast", name, count, dtype, &err) ||
         check_buffer("broadcast", name, buffer, count, "in-place", &err))
@@ -588,10 +592,7 @@ int kolo_alltoall_async(const char *name, const void *input, int ndim,
     request_t q;
 
     kolo__err_clear(&err);
-    if (opts == NULL) {
-        kolo_opts_init(&defaults);
-        opts = &defaults;
-    }
+    opts = opts_or_defaults(opts, &defaults);
     if (shaped_request("alltoall", KOLO__COLL_ALLTOALL, name, input, ndim, shape,
                        dtype, opts, &q, &err) != KOLO_OK)
         return kolo__api_fail(&err);
@@ -630,6 +631,18 @@ static int check_group(const char *coll, int n, const char *const *names,
     return KOLO_OK;
 }
 
+/* A group's last step: its requests enqueued if all were made (rc), else
+ * the error (err) returned; reqs freed either way. */
+static int enqueue_group(int rc, int n, const char *const *names,
+                         request_t *reqs, const kolo_opts_t *opts,
+                         kolo_handle_t *handles, kolo__err_t *err)
+{
+    rc = rc == KOLO_OK ? enqueue(n, names, reqs, opts, handles)
+                       : kolo__api_fail(err);
+    free(reqs);
+    return rc;
+}
+
 static int grouped_shaped(const char *coll, int kind, int n,
                           const char *const *names, const void *const *inputs,
                           const int *ndims, const int64_t *const *shapes,
@@ -642,10 +655,7 @@ static int grouped_shaped(const char *coll, int kind, int n,
     int rc = KOLO_OK;
 
     kolo__err_clear(&err);
-    if (opts == NULL) {
-        kolo_opts_init(&defaults);
-        opts = &defaults;
-    }
+    opts = opts_or_defaults(opts, &defaults);
     if (check_group(coll, n, names, inputs, ndims, &err) != KOLO_OK ||
         (shapes == NULL &&
          kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT, "grouped %s: shapes is NULL", coll)))
@@ -656,12 +666,7 @@ static int grouped_shaped(const char *coll, int kind, int n,
     for (int i = 0; i < n && rc == KOLO_OK; i++)
         rc = shaped_request(coll, kind, names[i], inputs[i], ndims[i], shapes[i],
                             dtype, opts, &reqs[i], &err);
-    if (rc == KOLO_OK)
-        rc = enqueue(n, names, reqs, opts, handles);
-    else
-        rc = kolo__api_fail(&err);
-    free(reqs);
-    return rc;
+    return enqueue_group(rc, n, names, reqs, opts, handles, &err);
 }
 
 int kolo_grouped_allgather_async(int n, const char *const *names,
@@ -696,10 +701,7 @@ int kolo_grouped_allreduce_async(int n, const char *const *names,
     int rc = KOLO_OK;
 
     kolo__err_clear(&err);
-    if (opts == NULL) {
-        kolo_opts_init(&defaults);
-        opts = &defaults;
-    }
+    opts = opts_or_defaults(opts, &defaults);
     if (check_group("allreduce", n, names, inputs, outputs, &err) != KOLO_OK ||
         (counts == NULL &&
          kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT, "grouped allreduce: counts is NULL")))
@@ -724,12 +726,7 @@ int kolo_grouped_allreduce_async(int n, const char *const *names,
         reqs[i].input = inputs[i];
         reqs[i].output = outputs[i];
     }
-    if (rc == KOLO_OK)
-        rc = enqueue(n, names, reqs, opts, handles);
-    else
-        rc = kolo__api_fail(&err);
-    free(reqs);
-    return rc;
+    return enqueue_group(rc, n, names, reqs, opts, handles, &err);
 }
 
 /* ---- barrier and join ----------------------------------------------------- */

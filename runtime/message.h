@@ -30,14 +30,12 @@
 #define KOLO__MSG_VERSION 3
 #define KOLO__MSG_MAX_TEXT 4000
 
+/* The collectives, numbered 0, 1, ... in this order: the numbers travel
+ * in every message, so a new one goes last. */
 typedef enum kolo__coll {
-    KOLO__COLL_ALLREDUCE = 0,
-    KOLO__COLL_BROADCAST = 1,
-    KOLO__COLL_ALLGATHER = 2,
-    KOLO__COLL_ALLTOALL = 3,
-    KOLO__COLL_REDUCESCATTER = 4,
-    KOLO__COLL_BARRIER = 5,
-    KOLO__COLL_JOIN = 6,
+    KOLO__COLL_ALLREDUCE, KOLO__COLL_BROADCAST, KOLO__COLL_ALLGATHER,
+    KOLO__COLL_ALLTOALL, KOLO__COLL_REDUCESCATTER, KOLO__COLL_BARRIER,
+    KOLO__COLL_JOIN,
     KOLO__COLL_COUNT_
 } kolo__coll_t;
 

@@ -255,15 +255,24 @@ int kolo__op_valid_for_dtype(kolo_dtype_t dtype, kolo_op_t op)
 
 /* ---- scale -------------------------------------------------------------- */
 
-static void mul_f32_const(float *restrict b, size_t n, float f)
-{
-    size_t i = 0;
-    for (; i + CHUNK <= n; i += CHUNK)
-        for (size_t j = 0; j < CHUNK; j++)
-            b[i + j] *= f;
-    for (; i < n; i++)
-        b[i] *= f;
-}
+/* b[i] OP x for every element, in blocks of CHUNK that the compiler
+ * vectorizes. Division stays division: kolo__average promises a correctly
+ * rounded quotient, which a multiplication by a rounded reciprocal is not. */
+#define DEFINE_CONST_OP(NAME, T, OP)                                          \
+    static void NAME(T *restrict b, size_t n, T x)                            \
+    {                                                                         \
+        size_t i = 0;                                                         \
+        for (; i + CHUNK <= n; i += CHUNK)                                    \
+            for (size_t j = 0; j < CHUNK; j++)                                \
+                b[i + j] OP x;                                                \
+        for (; i < n; i++)                                                    \
+            b[i] OP x;                                                        \
+    }
+
+DEFINE_CONST_OP(mul_f32_const, float, *=)
+DEFINE_CONST_OP(mul_f64_const, double, *=)
+DEFINE_CONST_OP(div_f32_const, float, /=)
+DEFINE_CONST_OP(div_f64_const, double, /=)
 
 /* float32 is scaled in float32, by the factor rounded to float32 first:
  * Horovod's CPU ScaleBuffer (float scale * float element), so that results
@@ -271,28 +280,6 @@ static void mul_f32_const(float *restrict b, size_t n, float f)
 static void scale_f32(float *restrict b, size_t n, double f)
 {
     mul_f32_const(b, n, (float)f);
-}
-
-static void scale_f64(double *restrict b, size_t n, double f)
-{
-    size_t i = 0;
-    for (; i + CHUNK <= n; i += CHUNK)
-        for (size_t j = 0; j < CHUNK; j++)
-            b[i + j] *= f;
-    for (; i < n; i++)
-        b[i] *= f;
-}
-
-/* Division is what kolo__average promises (a correctly rounded quotient),
- * so no multiplication by a rounded reciprocal. */
-static void div_f32_const(float *restrict b, size_t n, float d)
-{
-    size_t i = 0;
-    for (; i + CHUNK <= n; i += CHUNK)
-        for (size_t j = 0; j < CHUNK; j++)
-            b[i + j] /= d;
-    for (; i < n; i++)
-        b[i] /= d;
 }
 
 /* Applies f (mul_f32_const or div_f32_const) to a 16-bit float buffer
@@ -309,6 +296,26 @@ static void half_apply(uint16_t *buf, size_t n, to_f32_fn widen,
         narrow(tmp, buf + off, len);
     }
 }
+
+/* half_apply for a float16 or bfloat16 buffer. */
+static void half_arith(void *buf, size_t n, kolo_dtype_t dtype,
+                       void (*f)(float *restrict, size_t, float), float arg)
+{
+    if (dtype == KOLO_FLOAT16)
+        half_apply(buf, n, kolo__f16_to_f32, kolo__f32_to_f16, f, arg);
+    else
+        half_apply(buf, n, kolo__bf16_to_f32, kolo__f32_to_bf16, f, arg);
+}
+
+/* The integer cases of a switch on the dtype: OP_u8 ... OP_i64 (buf, n,
+ * ARG). */
+#define INT_CASES(OP, ARG)                                                    \
+    case KOLO_UINT8: OP##_u8(buf, n, ARG); break;                             \
+    case KOLO_INT8: OP##_i8(buf, n, ARG); break;                              \
+    case KOLO_UINT16: OP##_u16(buf, n, ARG); break;                           \
+    case KOLO_INT16: OP##_i16(buf, n, ARG); break;                            \
+    case KOLO_INT32: OP##_i32(buf, n, ARG); break;                            \
+    case KOLO_INT64: OP##_i64(buf, n, ARG); break
 
 /* r truncated toward zero into [MN, MX]; the casts of in-range doubles
  * truncate by definition, and out-of-range ones (undefined behaviour) are
@@ -343,22 +350,13 @@ void kolo__scale(void *buf, size_t n, kolo_dtype_t dtype, double factor)
     if (n == 0 || factor == 1.0)
         return;
     switch (dtype) {
-    case KOLO_UINT8: scale_u8(buf, n, factor); break;
-    case KOLO_INT8: scale_i8(buf, n, factor); break;
-    case KOLO_UINT16: scale_u16(buf, n, factor); break;
-    case KOLO_INT16: scale_i16(buf, n, factor); break;
-    case KOLO_INT32: scale_i32(buf, n, factor); break;
-    case KOLO_INT64: scale_i64(buf, n, factor); break;
+    INT_CASES(scale, factor);
     case KOLO_FLOAT16:
-        half_apply(buf, n, kolo__f16_to_f32, kolo__f32_to_f16, mul_f32_const,
-                   (float)factor);
-        break;
     case KOLO_BFLOAT16:
-        half_apply(buf, n, kolo__bf16_to_f32, kolo__f32_to_bf16,
-                   mul_f32_const, (float)factor);
+        half_arith(buf, n, dtype, mul_f32_const, (float)factor);
         break;
     case KOLO_FLOAT32: scale_f32(buf, n, factor); break;
-    case KOLO_FLOAT64: scale_f64(buf, n, factor); break;
+    case KOLO_FLOAT64: mul_f64_const(buf, n, factor); break;
     case KOLO_BOOL:
     default: break;
     }
@@ -418,13 +416,7 @@ static void div_f32(float *restrict b, size_t n, int64_t d)
 
 static void div_f64(double *restrict b, size_t n, int64_t d)
 {
-    double dd = (double)d;
-    size_t i = 0;
-    for (; i + CHUNK <= n; i += CHUNK)
-        for (size_t j = 0; j < CHUNK; j++)
-            b[i + j] /= dd;
-    for (; i < n; i++)
-        b[i] /= dd;
+    div_f64_const(b, n, (double)d);
 }
 
 void kolo__average(void *buf, size_t n, kolo_dtype_t dtype, int64_t divisor)
@@ -432,22 +424,13 @@ void kolo__average(void *buf, size_t n, kolo_dtype_t dtype, int64_t divisor)
     if (n == 0 || divisor <= 1)
         return;
     switch (dtype) {
-    case KOLO_UINT8: div_u8(buf, n, divisor); break;
-    case KOLO_INT8: div_i8(buf, n, divisor); break;
-    case KOLO_UINT16: div_u16(buf, n, divisor); break;
-    case KOLO_INT16: div_i16(buf, n, divisor); break;
-    case KOLO_INT32: div_i32(buf, n, divisor); break;
-    case KOLO_INT64: div_i64(buf, n, divisor); break;
+    INT_CASES(div, divisor);
     /* The float32 quotient of a 16-bit float by an integer is rounded to 16
      * bits: for divisors exact in the 16-bit format this equals the
      * correctly rounded quotient (24 >= 2 * 11 + 2). */
     case KOLO_FLOAT16:
-        half_apply(buf, n, kolo__f16_to_f32, kolo__f32_to_f16, div_f32_const,
-                   (float)divisor);
-        break;
     case KOLO_BFLOAT16:
-        half_apply(buf, n, kolo__bf16_to_f32, kolo__f32_to_bf16,
-                   div_f32_const, (float)divisor);
+        half_arith(buf, n, dtype, div_f32_const, (float)divisor);
         break;
     case KOLO_FLOAT32: div_f32(buf, n, divisor); break;
     case KOLO_FLOAT64: div_f64(buf, n, divisor); break;
