@@ -21,34 +21,18 @@ already in flight) raises kolo.KoloValueError (a ValueError).
 """
 
 from ._lib import path as library_path  # noqa: F401
-from ._core import (  # noqa: F401
-    Sum, Average, Min, Max, Product, Adasum,
-    KoloError, KoloValueError, HostsUpdatedInterrupt,
-    ProcessSet, global_process_set, add_process_set, remove_process_set,
-    add_process_sets_from_groups,
-    init, shutdown, is_initialized, rank, size, local_rank, local_size,
-    cross_rank, cross_size, is_homogeneous,
-    gloo_built, mpi_built, nccl_built, cuda_built, rocm_built, ddl_built,
-    ccl_built, gloo_enabled, mpi_enabled, nccl_enabled, mpi_threads_supported,
-    start_timeline, stop_timeline,
-    barrier, join, poll, synchronize,
-)
+from ._core import *  # noqa: F401,F403  (the API kolo.torch shares)
+from ._core import __all__ as _shared_all
+from ._core import barrier, join, poll, synchronize  # noqa: F401
 
 from .run import run, RunError  # noqa: F401  (horovod.run)
 from . import elastic  # noqa: F401  (kolo.elastic.run, State, ObjectState)
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "library_path", "Sum", "Average", "Min", "Max", "Product", "Adasum",
-    "KoloError", "KoloValueError", "HostsUpdatedInterrupt", "ProcessSet", "global_process_set",
-    "add_process_set", "remove_process_set", "add_process_sets_from_groups",
-    "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
-    "local_size", "cross_rank", "cross_size", "is_homogeneous",
-    "gloo_built", "mpi_built", "nccl_built", "cuda_built", "rocm_built",
-    "ddl_built", "ccl_built", "gloo_enabled", "mpi_enabled", "nccl_enabled",
-    "mpi_threads_supported", "start_timeline", "stop_timeline", "barrier",
-    "join", "poll", "synchronize", "run", "RunError", "elastic"
+__all__ = _shared_all + [
+    "library_path", "barrier", "join", "poll", "synchronize", "run",
+    "RunError", "elastic"
 ]
 
 try:
@@ -57,25 +41,6 @@ except ImportError:  # kolo.torch works without the NumPy API
     _np = None
 
 if _np is not None:
-    from ._numpy import (  # noqa: F401
-        allreduce, allreduce_, allreduce_async, allreduce_async_,
-        grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
-        grouped_allreduce_async_,
-        allgather, allgather_async, grouped_allgather, grouped_allgather_async,
-        broadcast, broadcast_, broadcast_async, broadcast_async_,
-        alltoall, alltoall_async,
-        reducescatter, reducescatter_async, grouped_reducescatter,
-        grouped_reducescatter_async,
-        broadcast_object, allgather_object,
-    )
-    __all__ += [
-        "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
-        "grouped_allreduce", "grouped_allreduce_",
-        "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
-        "allgather_async", "grouped_allgather", "grouped_allgather_async",
-        "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-        "alltoall", "alltoall_async", "reducescatter",
-        "reducescatter_async", "grouped_reducescatter",
-        "grouped_reducescatter_async", "broadcast_object",
-        "allgather_object"
-    ]
+    from ._numpy import *  # noqa: F401,F403  (the collectives on arrays)
+    from ._numpy import __all__ as _numpy_all
+    __all__ += _numpy_all

@@ -126,6 +126,29 @@ def enqueue(keys, addresses, shapes, kd, process_set):
         keys, addresses, [row_shape(s) for s in shapes], kd, opts)
 
 
+def enqueue_by_dtype(keys, addresses, shapes, kds, process_set, keep, what):
+    """Enqueues the allgathers of host buffers (buffer i: kolo dtype
+    kds[i]), one group per dtype; returns (the kolo handles, the buffers'
+    indices in the handles' order). If enqueuing fails half-way, what was
+    enqueued is registered, keeping `keep` alive, so that it still
+    completes, and the error is raised."""
+    groups = {}
+    for i, kd in enumerate(kds):
+        groups.setdefault(kd, []).append(i)
+    order, handles = [], []
+    try:
+        for kd, idx in groups.items():
+            handles += enqueue([keys[i] for i in idx],
+                               [addresses[i] for i in idx],
+                               [shapes[i] for i in idx], kd, process_set)
+            order += idx
+    except Exception:
+        if handles:  # what was enqueued must still complete
+            _core.register(handles, keep, None, results=True, what=what)
+        raise
+    return handles, order
+
+
 def _gathered(res, kd, count):
     """The rows of an allgather's result as a float64 array [n, count]."""
     data, nbytes = _core.result_bytes(res)

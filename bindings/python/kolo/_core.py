@@ -204,34 +204,22 @@ def _query(fn):
     return v
 
 
-def rank():
-    """This rank in the job (0..size()-1)."""
-    return _query(lib.kolo_rank)
+def _place_query(fn, doc):
+    def query():
+        return _query(fn)
+    query.__doc__ = doc
+    return query
 
 
-def size():
-    """The number of ranks in the job."""
-    return _query(lib.kolo_size)
-
-
-def local_rank():
-    """This rank among the ranks of its host."""
-    return _query(lib.kolo_local_rank)
-
-
-def local_size():
-    """The number of ranks on this host."""
-    return _query(lib.kolo_local_size)
-
-
-def cross_rank():
-    """The rank of this host among the hosts."""
-    return _query(lib.kolo_cross_rank)
-
-
-def cross_size():
-    """The number of hosts."""
-    return _query(lib.kolo_cross_size)
+rank = _place_query(lib.kolo_rank, "This rank in the job (0..size()-1).")
+size = _place_query(lib.kolo_size, "The number of ranks in the job.")
+local_rank = _place_query(lib.kolo_local_rank,
+                          "This rank among the ranks of its host.")
+local_size = _place_query(lib.kolo_local_size,
+                          "The number of ranks on this host.")
+cross_rank = _place_query(lib.kolo_cross_rank,
+                          "The rank of this host among the hosts.")
+cross_size = _place_query(lib.kolo_cross_size, "The number of hosts.")
 
 
 def is_homogeneous():
@@ -901,3 +889,30 @@ def alltoall_async(key, inp, shape, dtype, splits, opts):
                                   ctypes.byref(opts), ctypes.byref(h)),
           "alltoall of '%s'" % key)
     return h.value
+
+
+# What kolo and kolo.torch both export from here (each package's __init__
+# takes them with `from ._core import *`).
+__all__ = [
+    "Sum", "Average", "Min", "Max", "Product", "Adasum",
+    "KoloError", "KoloValueError", "HostsUpdatedInterrupt",
+    "ProcessSet", "global_process_set", "add_process_set",
+    "remove_process_set", "add_process_sets_from_groups",
+    "init", "shutdown", "is_initialized", "rank", "size", "local_rank",
+    "local_size", "cross_rank", "cross_size", "is_homogeneous",
+    "gloo_built", "mpi_built", "nccl_built", "cuda_built", "rocm_built",
+    "ddl_built", "ccl_built", "gloo_enabled", "mpi_enabled", "nccl_enabled",
+    "mpi_threads_supported", "start_timeline", "stop_timeline",
+]
+
+# The collectives kolo (_numpy.py) and kolo.torch (mpi_ops.py) both offer,
+# by the same names: each module's __all__ begins with them.
+COLLECTIVES = [
+    "allreduce", "allreduce_", "allreduce_async", "allreduce_async_",
+    "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
+    "grouped_allreduce_async_", "allgather", "allgather_async",
+    "grouped_allgather", "grouped_allgather_async", "broadcast",
+    "broadcast_", "broadcast_async", "broadcast_async_", "alltoall",
+    "alltoall_async", "reducescatter", "reducescatter_async",
+    "grouped_reducescatter", "grouped_reducescatter_async",
+]

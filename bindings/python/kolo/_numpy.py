@@ -88,6 +88,18 @@ def _from_result(res, dtype):
 # ---- allreduce -------------------------------------------------------------
 
 
+
+def _blocking(async_fn, doc=None):
+    """The blocking form of an _async collective: the same arguments, and
+    synchronize()'s result."""
+    def call(*args, **kwargs):
+        return _core.synchronize(async_fn(*args, **kwargs))
+    call.__name__ = call.__qualname__ = async_fn.__name__.replace("_async",
+                                                                  "")
+    call.__doc__ = doc or "%s, waited for: returns what synchronize() " \
+        "returns." % async_fn.__name__
+    return call
+
 def _allreduce_async(a, out, name, op, prescale_factor, postscale_factor,
                      process_set, wire_dtype, prefix="allreduce"):
     if op == Adasum:
@@ -117,14 +129,9 @@ def allreduce_async(array, op=Average, name=None, prescale_factor=1.0,
                             postscale_factor, process_set, wire_dtype)
 
 
-def allreduce(array, op=Average, name=None, prescale_factor=1.0,
-              postscale_factor=1.0, process_set=global_process_set,
-              wire_dtype=None):
-    """The allreduce of `array` over the ranks of the process set, as a new
-    array (the input is not modified)."""
-    return _core.synchronize(allreduce_async(
-        array, op, name, prescale_factor, postscale_factor, process_set,
-        wire_dtype))
+allreduce = _blocking(
+    allreduce_async, """The allreduce of `array` over the ranks of the
+    process set, as a new array (the input is not modified).""")
 
 
 def allreduce_async_(array, op=Average, name=None, prescale_factor=1.0,
@@ -136,13 +143,8 @@ def allreduce_async_(array, op=Average, name=None, prescale_factor=1.0,
                             process_set, wire_dtype)
 
 
-def allreduce_(array, op=Average, name=None, prescale_factor=1.0,
-               postscale_factor=1.0, process_set=global_process_set,
-               wire_dtype=None):
-    """Allreduces `array` in place and returns it."""
-    return _core.synchronize(allreduce_async_(
-        array, op, name, prescale_factor, postscale_factor, process_set,
-        wire_dtype))
+allreduce_ = _blocking(allreduce_async_,
+                       """Allreduces `array` in place and returns it.""")
 
 
 def _grouped_allreduce_async(arrays, outs, name, op, prescale_factor,
@@ -179,10 +181,7 @@ def grouped_allreduce_async(arrays, op=Average, name=None, prescale_factor=1.0,
                                     postscale_factor, process_set)
 
 
-def grouped_allreduce(arrays, op=Average, name=None, prescale_factor=1.0,
-                      postscale_factor=1.0, process_set=global_process_set):
-    return _core.synchronize(grouped_allreduce_async(
-        arrays, op, name, prescale_factor, postscale_factor, process_set))
+grouped_allreduce = _blocking(grouped_allreduce_async)
 
 
 def grouped_allreduce_async_(arrays, op=Average, name=None,
@@ -193,10 +192,7 @@ def grouped_allreduce_async_(arrays, op=Average, name=None,
                                     postscale_factor, process_set)
 
 
-def grouped_allreduce_(arrays, op=Average, name=None, prescale_factor=1.0,
-                       postscale_factor=1.0, process_set=global_process_set):
-    return _core.synchronize(grouped_allreduce_async_(
-        arrays, op, name, prescale_factor, postscale_factor, process_set))
+grouped_allreduce_ = _blocking(grouped_allreduce_async_)
 
 
 def _adasum_async(arrays, outs, keys, what, prescale_factor,
@@ -212,21 +208,9 @@ def _adasum_async(arrays, outs, keys, what, prescale_factor,
         _adasum.check_dtype(kd, what, str(h.dtype))
         kds.append(kd)
     pre, post = float(prescale_factor), float(postscale_factor)
-    groups = {}
-    for i, kd in enumerate(kds):
-        groups.setdefault(kd, []).append(i)
-    order, hs = [], []
-    try:
-        for kd, idx in groups.items():
-            hs += _adasum.enqueue([keys[i] for i in idx],
-                                  [hosts[i].ctypes.data for i in idx],
-                                  [hosts[i].shape for i in idx], kd,
-                                  process_set)
-            order += idx
-    except Exception:
-        if hs:  # what was enqueued must still complete
-            _core.register(hs, hosts, None, results=True, what=what)
-        raise
+    hs, order = _adasum.enqueue_by_dtype(
+        keys, [h.ctypes.data for h in hosts], [h.shape for h in hosts], kds,
+        process_set, hosts, what)
 
     def finish(rs):
         for i, res in zip(order, rs):
@@ -259,10 +243,9 @@ def broadcast_async(array, root_rank, name=None,
     return _broadcast_async(a, root_rank, name, process_set)
 
 
-def broadcast(array, root_rank, name=None, process_set=global_process_set):
-    """root_rank's array, on every rank of the process set (a new array)."""
-    return _core.synchronize(broadcast_async(array, root_rank, name,
-                                             process_set))
+broadcast = _blocking(
+    broadcast_async, """root_rank's array, on every rank of the process set
+    (a new array).""")
 
 
 def broadcast_async_(array, root_rank, name=None,
@@ -271,10 +254,9 @@ def broadcast_async_(array, root_rank, name=None,
                             name, process_set)
 
 
-def broadcast_(array, root_rank, name=None, process_set=global_process_set):
-    """Overwrites `array` with root_rank's and returns it."""
-    return _core.synchronize(broadcast_async_(array, root_rank, name,
-                                              process_set))
+broadcast_ = _blocking(
+    broadcast_async_, """Overwrites `array` with root_rank's and returns
+    it.""")
 
 
 # ---- allgather -------------------------------------------------------------
@@ -286,47 +268,58 @@ def _rows(a, what):
                          "first dimension is the one concatenated)" % what)
 
 
+def _rows_async(coll, start, a, name, process_set, opts):
+    """One array's allgather or reducescatter (coll), started by `start`
+    (the grouped function of _core) as a group of one; its handle gives
+    the result as an array of a's dtype."""
+    key = _core.op_key(coll, name, process_set)
+    hs = start([key], [a.ctypes.data], [a.shape], _kdtype(a), opts)
+    dt = a.dtype
+    return _core.register(hs, a, lambda r: _from_result(r[0], dt),
+                          results=True, what=key)
+
+
 def allgather_async(array, name=None, process_set=global_process_set):
     """Starts an allgather: the ranks' arrays concatenated along the first
     dimension (which may differ between ranks), in rank order."""
     a = _input(array)
     _rows(a, "allgather")
     opts, _ = _core.make_opts(process_set=process_set)
-    key = _core.op_key("allgather", name, process_set)
-    hs = _core.grouped_allgather_async([key], [a.ctypes.data], [a.shape],
-                                       _kdtype(a), opts)
-    dt = a.dtype
-    return _core.register(hs, a, lambda r: _from_result(r[0], dt),
-                          results=True, what=key)
+    return _rows_async("allgather", _core.grouped_allgather_async, a, name,
+                       process_set, opts)
 
 
-def allgather(array, name=None, process_set=global_process_set):
-    return _core.synchronize(allgather_async(array, name, process_set))
+allgather = _blocking(allgather_async)
+
+
+def _grouped_inputs(arrays, coll):
+    """The arrays of a grouped allgather or reducescatter, checked: each of
+    at least one dimension, all of one dtype; (inputs, kolo dtype)."""
+    ins = [_input(a) for a in arrays]
+    if not ins:
+        raise ValueError("grouped_%s: the list of arrays is empty" % coll)
+    for a in ins:
+        _rows(a, coll)
+    dtypes = {_kdtype(a) for a in ins}
+    if len(dtypes) != 1:
+        raise TypeError("grouped_%s: the arrays of one group must share one "
+                        "dtype" % coll)
+    return ins, dtypes.pop()
 
 
 def grouped_allgather_async(arrays, name=None, process_set=global_process_set):
-    ins = [_input(a) for a in arrays]
-    if not ins:
-        raise ValueError("grouped_allgather: the list of arrays is empty")
-    for a in ins:
-        _rows(a, "allgather")
-    dtypes = {_kdtype(a) for a in ins}
-    if len(dtypes) != 1:
-        raise TypeError("grouped_allgather: the arrays of one group must share "
-                        "one dtype")
+    ins, kd = _grouped_inputs(arrays, "allgather")
     base = _core.op_key("grouped_allgather", name, process_set)
     keys = ["%s.%d" % (base, i) for i in range(len(ins))]
     opts, _ = _core.make_opts(process_set=process_set)
     hs = _core.grouped_allgather_async(keys, [a.ctypes.data for a in ins],
-                                       [a.shape for a in ins], dtypes.pop(),
-                                       opts)
+                                       [a.shape for a in ins], kd, opts)
     dt = ins[0].dtype
     return _core.register(hs, ins, lambda rs: [_from_result(r, dt) for r in rs],
                           results=True, what=base)
 
 
-def grouped_allgather(arrays, name=None, process_set=global_process_set):
-    return _core.synchronize(grouped_allgather_async(arrays, name, process_set))
+grouped_allgather = _blocking(grouped_allgather_async)
 
 
 # ---- alltoall --------------------------------------------------------------
@@ -384,49 +377,29 @@ def reducescatter_async(array, op=Average, name=None,
     _rows(a, "reducescatter")
     opts, _ = _core.make_opts(_check_rs_op(op), prescale_factor,
                               postscale_factor, process_set)
-    key = _core.op_key("reducescatter", name, process_set)
-    hs = _core.grouped_reducescatter_async([key], [a.ctypes.data], [a.shape],
-                                           _kdtype(a), opts)
-    dt = a.dtype
-    return _core.register(hs, a, lambda r: _from_result(r[0], dt),
-                          results=True, what=key)
+    return _rows_async("reducescatter", _core.grouped_reducescatter_async,
+                       a, name, process_set, opts)
 
 
-def reducescatter(array, op=Average, name=None, process_set=global_process_set,
-                  prescale_factor=1.0, postscale_factor=1.0):
-    return _core.synchronize(reducescatter_async(
-        array, op, name, process_set, prescale_factor, postscale_factor))
+reducescatter = _blocking(reducescatter_async)
 
 
 def grouped_reducescatter_async(arrays, op=Average, name=None,
                                 process_set=global_process_set,
                                 prescale_factor=1.0, postscale_factor=1.0):
-    ins = [_input(a) for a in arrays]
-    if not ins:
-        raise ValueError("grouped_reducescatter: the list of arrays is empty")
-    for a in ins:
-        _rows(a, "reducescatter")
-    dtypes = {_kdtype(a) for a in ins}
-    if len(dtypes) != 1:
-        raise TypeError("grouped_reducescatter: the arrays of one group must "
-                        "share one dtype")
+    ins, kd = _grouped_inputs(arrays, "reducescatter")
     opts, _ = _core.make_opts(_check_rs_op(op), prescale_factor,
                               postscale_factor, process_set)
     base = _core.op_key("grouped_reducescatter", name, process_set)
     keys = ["%s.%d" % (base, i) for i in range(len(ins))]
     hs = _core.grouped_reducescatter_async(
-        keys, [a.ctypes.data for a in ins], [a.shape for a in ins],
-        dtypes.pop(), opts)
+        keys, [a.ctypes.data for a in ins], [a.shape for a in ins], kd, opts)
     dt = ins[0].dtype
     return _core.register(hs, ins, lambda rs: [_from_result(r, dt) for r in rs],
                           results=True, what=base)
 
 
-def grouped_reducescatter(arrays, op=Average, name=None,
-                          process_set=global_process_set, prescale_factor=1.0,
-                          postscale_factor=1.0):
-    return _core.synchronize(grouped_reducescatter_async(
-        arrays, op, name, process_set, prescale_factor, postscale_factor))
+grouped_reducescatter = _blocking(grouped_reducescatter_async)
 
 
 # ---- objects ---------------------------------------------------------------
@@ -463,3 +436,6 @@ def allgather_object(obj, name=None, process_set=global_process_set):
         return objs
     return _core.synchronize(_core.register(hs, data, finish, results=True,
                                             what=key))
+
+
+__all__ = _core.COLLECTIVES + ["broadcast_object", "allgather_object"]

@@ -13,30 +13,12 @@ Horovod's submodules import by the same names: kolo.torch.mpi_ops,
 (hvd.elastic.run, TorchState, ElasticSampler: elastic training).
 """
 
-from .._core import (  # noqa: F401
-    Sum, Average, Min, Max, Product, Adasum,
-    KoloError, KoloValueError, HostsUpdatedInterrupt,
-    ProcessSet, global_process_set, add_process_set, remove_process_set,
-    add_process_sets_from_groups,
-    init, shutdown, is_initialized, rank, size, local_rank, local_size,
-    cross_rank, cross_size, is_homogeneous,
-    gloo_built, mpi_built, nccl_built, cuda_built, rocm_built, ddl_built,
-    ccl_built, gloo_enabled, mpi_enabled, nccl_enabled, mpi_threads_supported,
-    start_timeline, stop_timeline,
-)
+from .._core import *  # noqa: F401,F403  (the API kolo shares)
+from .._core import __all__ as _shared_all
+from .._core import KoloError  # noqa: F401
 from .compression import Compression  # noqa: F401
-from .mpi_ops import (  # noqa: F401
-    allreduce, allreduce_, allreduce_async, allreduce_async_,
-    grouped_allreduce, grouped_allreduce_, grouped_allreduce_async,
-    grouped_allreduce_async_,
-    allgather, allgather_async, grouped_allgather, grouped_allgather_async,
-    broadcast, broadcast_, broadcast_async, broadcast_async_,
-    alltoall, alltoall_async,
-    reducescatter, reducescatter_async, grouped_reducescatter,
-    grouped_reducescatter_async,
-    sparse_allreduce_async,
-    poll, synchronize, join, barrier,
-)
+from .mpi_ops import *  # noqa: F401,F403  (the collectives on tensors)
+from .mpi_ops import __all__ as _mpi_ops_all
 from .optimizer import DistributedOptimizer, clip_grad_norm_hook  # noqa: F401
 from .functions import (  # noqa: F401
     broadcast_parameters, broadcast_optimizer_state, broadcast_object,
@@ -52,26 +34,11 @@ KoloInternalError = KoloError
 
 from . import elastic  # noqa: E402,F401  (hvd.elastic, as in Horovod)
 
-__all__ = [
-    "Sum", "Average", "Min", "Max", "Product", "Adasum", "KoloError",
-    "KoloValueError", "ProcessSet", "global_process_set", "add_process_set",
-    "remove_process_set", "add_process_sets_from_groups", "init",
-    "shutdown", "is_initialized", "rank", "size", "local_rank",
-    "local_size", "cross_rank", "cross_size", "is_homogeneous",
-    "gloo_built", "mpi_built", "nccl_built", "cuda_built", "rocm_built",
-    "ddl_built", "ccl_built", "gloo_enabled", "mpi_enabled", "nccl_enabled",
-    "mpi_threads_supported", "start_timeline", "stop_timeline",
-    "Compression", "allreduce", "allreduce_", "allreduce_async",
-    "allreduce_async_", "grouped_allreduce", "grouped_allreduce_",
-    "grouped_allreduce_async", "grouped_allreduce_async_", "allgather",
-    "allgather_async", "grouped_allgather", "grouped_allgather_async",
-    "broadcast", "broadcast_", "broadcast_async", "broadcast_async_",
-    "alltoall", "alltoall_async", "reducescatter", "reducescatter_async",
-    "grouped_reducescatter", "grouped_reducescatter_async",
-    "sparse_allreduce_async", "poll", "synchronize", "join", "barrier",
-    "DistributedOptimizer", "clip_grad_norm_hook", "broadcast_parameters",
-    "broadcast_optimizer_state", "broadcast_object", "allgather_object",
-    "allreduce_gradients", "clip_by_global_norm", "GradScaler",
-    "DynamicLossScaler", "HorovodInternalError", "KoloInternalError",
-    "HostsUpdatedInterrupt", "SyncBatchNorm", "elastic"
+__all__ = _shared_all + _mpi_ops_all + [
+    "Compression", "DistributedOptimizer", "clip_grad_norm_hook",
+    "broadcast_parameters", "broadcast_optimizer_state",
+    "broadcast_object", "allgather_object", "allreduce_gradients",
+    "clip_by_global_norm", "GradScaler", "DynamicLossScaler",
+    "HorovodInternalError", "KoloInternalError", "SyncBatchNorm",
+    "elastic"
 ]

@@ -68,21 +68,9 @@ def allreduce_async(tensors, outputs, keys, what, prescale_factor=1.0,
                          .contiguous())
             sent.append(w if w is not None else kd)
     specs = [(tuple(o.shape), o.dtype, o.device) for o in outputs]
-    groups = {}
-    for i, kd in enumerate(sent):
-        groups.setdefault(kd, []).append(i)
-    order, handles = [], []
-    try:
-        for kd, idx in groups.items():
-            handles += _adasum.enqueue([keys[i] for i in idx],
-                                       [hosts[i].data_ptr() for i in idx],
-                                       [hosts[i].shape for i in idx], kd,
-                                       process_set)
-            order += idx
-    except Exception:
-        if handles:  # what was enqueued must still complete
-            _core.register(handles, hosts, None, results=True, what=what)
-        raise
+    handles, order = _adasum.enqueue_by_dtype(
+        keys, [h.data_ptr() for h in hosts], [h.shape for h in hosts], sent,
+        process_set, hosts, what)
 
     def finish(rs):
         results = [None] * len(tensors)

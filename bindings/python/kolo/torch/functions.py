@@ -66,31 +66,34 @@ class _TensorSlot:
         self.device = device
 
 
-def _strip(obj, tensors):
-    if isinstance(obj, torch.Tensor):
-        tensors.append(obj)
-        return _TensorSlot(len(tensors) - 1, tuple(obj.shape),
-                           str(obj.dtype).replace("torch.", ""),
-                           obj.device.type)
+def _walk(obj, leaf):
+    """obj rebuilt through its dicts, lists and tuples, leaf(x) in place of
+    everything else."""
     if isinstance(obj, dict):
-        return {k: _strip(v, tensors) for k, v in obj.items()}
+        return {k: _walk(v, leaf) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_strip(v, tensors) for v in obj]
+        return [_walk(v, leaf) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_strip(v, tensors) for v in obj)
-    return obj
+        return tuple(_walk(v, leaf) for v in obj)
+    return leaf(obj)
+
+
+def _strip(obj, tensors):
+    """obj with each tensor replaced by a _TensorSlot (the tensor appended
+    to tensors)."""
+    def slot(x):
+        if not isinstance(x, torch.Tensor):
+            return x
+        tensors.append(x)
+        return _TensorSlot(len(tensors) - 1, tuple(x.shape),
+                           str(x.dtype).replace("torch.", ""), x.device.type)
+    return _walk(obj, slot)
 
 
 def _fill(obj, tensors):
-    if isinstance(obj, _TensorSlot):
-        return tensors[obj.index]
-    if isinstance(obj, dict):
-        return {k: _fill(v, tensors) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_fill(v, tensors) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_fill(v, tensors) for v in obj)
-    return obj
+    """_strip undone: each _TensorSlot replaced by its tensor."""
+    return _walk(obj, lambda x: tensors[x.index]
+                 if isinstance(x, _TensorSlot) else x)
 
 
 def broadcast_optimizer_state(optimizer, root_rank,

@@ -910,16 +910,22 @@ def _rows(t, what):
                          "first dimension is the one concatenated)" % what)
 
 
-def _allgather_async(tensors, name, process_set, grouped, with_splits=False):
+def _results_async(coll, tensors, name, process_set, grouped, opts_of,
+                   enqueue_fn, with_splits=False):
+    """Enqueues an allgather or reducescatter (coll) of tensors, whose
+    results the runtime hands over (kolo_result_t): one grouped call per
+    (dtype, place), with the options opts_of(place) and the _core function
+    enqueue_fn. synchronize() gives each result as a tensor on its input's
+    device ((tensor, splits) with with_splits); the list when grouped."""
     tensors = list(tensors)
+    what = "grouped_" + coll if grouped else coll
     if not tensors:
-        raise ValueError("grouped_allgather: the list of tensors is empty")
+        raise ValueError("grouped_%s: the list of tensors is empty" % coll)
     for t in tensors:
-        _rows(t, "allgather")
-    _one_device(tensors, "grouped_allgather" if grouped else "allgather")
-    groups = _by_dtype_and_place(tensors, "allgather")
-    base = _core.op_key("grouped_allgather" if grouped else "allgather",
-                        name, process_set)
+        _rows(t, coll)
+    _one_device(tensors, what)
+    groups = _by_dtype_and_place(tensors, coll)
+    base = _core.op_key(what, name, process_set)
     keys = (["%s.%d" % (base, i) for i in range(len(tensors))] if grouped
             else [base])
     ins = [_contig(t) for t in tensors]
@@ -927,10 +933,9 @@ def _allgather_async(tensors, name, process_set, grouped, with_splits=False):
 
     def enqueue(handles):
         for (kd, place), idx in groups.items():
-            opts, _ = _core.make_opts(process_set=process_set, place=place)
-            handles += _core.grouped_allgather_async(
+            handles += enqueue_fn(
                 [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
-                [tuple(ins[i].shape) for i in idx], kd, opts)
+                [tuple(ins[i].shape) for i in idx], kd, opts_of(place))
             order.extend(idx)
     held, handles = _held(base, ins, enqueue, results=True)
     dtypes = [t.dtype for t in tensors]
@@ -945,6 +950,14 @@ def _allgather_async(tensors, name, process_set, grouped, with_splits=False):
         return outs if grouped else outs[0]
     return _core.register(handles, (tensors, ins, held), finish, results=True,
                           what=base, release=held.release)
+
+
+def _allgather_async(tensors, name, process_set, grouped, with_splits=False):
+    return _results_async(
+        "allgather", tensors, name, process_set, grouped,
+        lambda place: _core.make_opts(process_set=process_set,
+                                      place=place)[0],
+        _core.grouped_allgather_async, with_splits)
 
 
 def allgather_async(tensor, name=None, process_set=global_process_set):
@@ -1167,42 +1180,12 @@ def _rs_op(op):
 
 def _reducescatter_async(tensors, name, op, process_set, prescale_factor,
                          postscale_factor, grouped):
-    tensors = list(tensors)
-    if not tensors:
-        raise ValueError("grouped_reducescatter: the list of tensors is empty")
     op = _rs_op(op)
-    for t in tensors:
-        _rows(t, "reducescatter")
-    _one_device(tensors, "grouped_reducescatter" if grouped
-                else "reducescatter")
-    groups = _by_dtype_and_place(tensors, "reducescatter")
-    base = _core.op_key("grouped_reducescatter" if grouped else
-                        "reducescatter", name, process_set)
-    keys = (["%s.%d" % (base, i) for i in range(len(tensors))] if grouped
-            else [base])
-    ins = [_contig(t) for t in tensors]
-    order = []
-
-    def enqueue(handles):
-        for (kd, place), idx in groups.items():
-            opts, _ = _core.make_opts(op, prescale_factor, postscale_factor,
-                                      process_set, place=place)
-            handles += _core.grouped_reducescatter_async(
-                [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
-                [tuple(ins[i].shape) for i in idx], kd, opts)
-            order.extend(idx)
-    held, handles = _held(base, ins, enqueue, results=True)
-    dtypes = [t.dtype for t in tensors]
-    devices = [t.device for t in tensors]
-
-    def finish(rs):
-        held.check()
-        outs = [None] * len(tensors)
-        for i, r in zip(order, rs):
-            outs[i] = _tensor_from_result(r, dtypes[i], devices[i])
-        return outs if grouped else outs[0]
-    return _core.register(handles, (tensors, ins, held), finish, results=True,
-                          what=base, release=held.release)
+    return _results_async(
+        "reducescatter", tensors, name, process_set, grouped,
+        lambda place: _core.make_opts(op, prescale_factor, postscale_factor,
+                                      process_set, place=place)[0],
+        _core.grouped_reducescatter_async)
 
 
 def reducescatter_async(tensor, name=None, op=Average,
@@ -1425,3 +1408,7 @@ def join(device=-1):
 def barrier(process_set=global_process_set):
     """Blocks until every rank of the process set has called barrier()."""
     _core.barrier(process_set)
+
+
+__all__ = _core.COLLECTIVES + ["sparse_allreduce_async", "poll",
+                               "synchronize", "join", "barrier"]

@@ -43,14 +43,11 @@ class StateHandler:
         self.value = value
         self.save()
 
-    def save(self):
+    def _abstract(self):
         raise NotImplementedError()
 
-    def restore(self):
-        raise NotImplementedError()
-
-    def sync(self):
-        raise NotImplementedError()
+    # A handler saves, restores and syncs its value: subclasses say how.
+    save = restore = sync = _abstract
 
     def set_value(self, value):
         """The attribute was given a new value: it becomes the state (and
