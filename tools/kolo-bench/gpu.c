@@ -53,40 +53,32 @@ static const char *dev_text(void)
     return text;
 }
 
-static void cuda_must(cudaError_t e, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void cuda_must(cudaError_t e, const char *fmt, ...)
+/* Exits: "WHAT failed (CUDA device D): ERR: DETAIL", WHAT from fmt. */
+static void gpu_fail(const char *err, const char *detail, const char *fmt,
+                     ...) __attribute__((format(printf, 3, 4), noreturn));
+static void gpu_fail(const char *err, const char *detail, const char *fmt,
+                     ...)
 {
     char what[256];
     va_list ap;
 
-    if (e == cudaSuccess)
-        return;
     va_start(ap, fmt);
     vsnprintf(what, sizeof(what), fmt, ap);
     va_end(ap);
-    bench_die("%s failed%s: %s: %s", what, dev_text(), cudaGetErrorName(e),
-              cudaGetErrorString(e));
+    bench_die("%s failed%s: %s%s%s", what, dev_text(), err,
+              detail && detail[0] ? ": " : "", detail ? detail : "");
 }
 
-static void nccl_must(ncclResult_t r, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
-static void nccl_must(ncclResult_t r, const char *fmt, ...)
-{
-    char what[256];
-    const char *last;
-    va_list ap;
-
-    if (r == ncclSuccess)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(what, sizeof(what), fmt, ap);
-    va_end(ap);
-    /* The last error's text is NCCL's, of any communicator. */
-    last = ncclGetLastError(NULL);
-    bench_die("%s failed%s: %s%s%s", what, dev_text(), ncclGetErrorString(r),
-              last && last[0] ? ": " : "", last ? last : "");
-}
+/* CUDA_MUST(call, fmt, ...), NCCL_MUST(call, fmt, ...): run call; unless it
+ * succeeds, exit naming what failed (fmt, ...) and the library's error (for
+ * NCCL, its last error's text, of any communicator). A loop that never
+ * comes round: gpu_fail does not return. */
+#define CUDA_MUST(call, ...)                                                  \
+    for (cudaError_t e_ = (call); e_ != cudaSuccess;)                         \
+    gpu_fail(cudaGetErrorName(e_), cudaGetErrorString(e_), __VA_ARGS__)
+#define NCCL_MUST(call, ...)                                                  \
+    for (ncclResult_t r_ = (call); r_ != ncclSuccess;)                        \
+    gpu_fail(ncclGetErrorString(r_), ncclGetLastError(NULL), __VA_ARGS__)
 
 /* Exits EXIT_CANNOT_RUN, saying why, unless a CUDA device is visible. Runs
  * before kolo_init, so that the job ends without connecting. */
@@ -130,29 +122,29 @@ void bench_gpu_init(void)
     kolo_handle_t h;
     int n = 0, local = kolo_local_rank(), v = 0;
 
-    cuda_must(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+    CUDA_MUST(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
     if (n <= 0)
         bench_die("cudaGetDeviceCount: no CUDA device");
     bench_dev = (local > 0 ? local : 0) % n;
-    cuda_must(cudaSetDevice(bench_dev), "cudaSetDevice(%d)", bench_dev);
-    cuda_must(cudaGetDeviceProperties(&prop, bench_dev),
+    CUDA_MUST(cudaSetDevice(bench_dev), "cudaSetDevice(%d)", bench_dev);
+    CUDA_MUST(cudaGetDeviceProperties(&prop, bench_dev),
               "cudaGetDeviceProperties(%d)", bench_dev);
     snprintf(bench_gpu_name, sizeof(bench_gpu_name), "%s", prop.name);
-    cuda_must(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+    CUDA_MUST(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
               "cudaStreamCreateWithFlags");
     bench_stream = stream;
 
     /* Rank 0's id reaches every rank through kolo itself, in host memory. */
     memset(&id, 0, sizeof(id));
     if (bench_rank == 0)
-        nccl_must(ncclGetUniqueId(&id), "ncclGetUniqueId");
+        NCCL_MUST(ncclGetUniqueId(&id), "ncclGetUniqueId");
     bench_kolo_must(kolo_broadcast_async(id_name, &id, (int64_t)sizeof(id),
                                          KOLO_UINT8, 0, NULL, &h),
                     "kolo_broadcast_async", id_name);
     bench_kolo_must(kolo_wait(h), "kolo_wait", id_name);
-    nccl_must(ncclCommInitRank(&g_comm, bench_size, id, bench_rank),
+    NCCL_MUST(ncclCommInitRank(&g_comm, bench_size, id, bench_rank),
               "ncclCommInitRank (rank %d of %d)", bench_rank, bench_size);
-    nccl_must(ncclGetVersion(&v), "ncclGetVersion");
+    NCCL_MUST(ncclGetVersion(&v), "ncclGetVersion");
     snprintf(bench_nccl_version, sizeof(bench_nccl_version), "%d.%d.%d",
              v / 10000, v / 100 % 100, v % 100);
 }
@@ -160,10 +152,10 @@ void bench_gpu_init(void)
 /* After kolo_shutdown, on every rank (finalizing waits for the others). */
 void bench_gpu_finalize(void)
 {
-    nccl_must(ncclCommFinalize(g_comm), "ncclCommFinalize");
-    nccl_must(ncclCommDestroy(g_comm), "ncclCommDestroy");
+    NCCL_MUST(ncclCommFinalize(g_comm), "ncclCommFinalize");
+    NCCL_MUST(ncclCommDestroy(g_comm), "ncclCommDestroy");
     g_comm = NULL;
-    cuda_must(cudaStreamDestroy((cudaStream_t)bench_stream),
+    CUDA_MUST(cudaStreamDestroy((cudaStream_t)bench_stream),
               "cudaStreamDestroy");
     bench_stream = NULL;
 }
@@ -171,7 +163,7 @@ void bench_gpu_finalize(void)
 void *bench_dev_alloc(size_t bytes)
 {
     void *p = NULL;
-    cuda_must(cudaMalloc(&p, bytes ? bytes : 4), "cudaMalloc of %zu bytes",
+    CUDA_MUST(cudaMalloc(&p, bytes ? bytes : 4), "cudaMalloc of %zu bytes",
               bytes);
     return p;
 }
@@ -179,34 +171,34 @@ void *bench_dev_alloc(size_t bytes)
 void bench_dev_free(void *p)
 {
     if (p != NULL)
-        cuda_must(cudaFree(p), "cudaFree");
+        CUDA_MUST(cudaFree(p), "cudaFree");
 }
 
 /* Queue a copy on the bench's stream; dev_sync waits for it. */
 void bench_dev_put(void *dst, const void *src, size_t bytes)
 {
-    cuda_must(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
+    CUDA_MUST(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice,
                               (cudaStream_t)bench_stream),
               "cudaMemcpyAsync of %zu bytes to the device", bytes);
 }
 
 void bench_dev_get(void *dst, const void *src, size_t bytes)
 {
-    cuda_must(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
+    CUDA_MUST(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost,
                               (cudaStream_t)bench_stream),
               "cudaMemcpyAsync of %zu bytes from the device", bytes);
 }
 
 void bench_dev_sync(const char *after)
 {
-    cuda_must(cudaStreamSynchronize((cudaStream_t)bench_stream),
+    CUDA_MUST(cudaStreamSynchronize((cudaStream_t)bench_stream),
               "cudaStreamSynchronize after %s", after);
 }
 
 /* Raw: a float32 sum in place, queued on the bench's stream. */
 void bench_nccl_allreduce(float *buf, size_t count)
 {
-    nccl_must(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, g_comm,
+    NCCL_MUST(ncclAllReduce(buf, buf, count, ncclFloat32, ncclSum, g_comm,
                             (cudaStream_t)bench_stream),
               "ncclAllReduce of %zu bytes", count * sizeof(float));
 }
