@@ -17,22 +17,10 @@
 # shellcheck disable=SC2016
 set -u
 
-KOLORUN=${1:-./kolorun}
-case $KOLORUN in /*) ;; *) KOLORUN=$PWD/$KOLORUN ;; esac
-if [ ! -x "$KOLORUN" ]; then
-    echo "test-kolorun-elastic: '$KOLORUN' is not an executable file" >&2
-    exit 2
-fi
+. "$(dirname "$0")/script-lib.sh"
+kolorun_cases test-kolorun-elastic "${1:-}"
 unset KOLO_HOSTNAME KOLO_RENDEZVOUS HOROVOD_ELASTIC_TIMEOUT
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/test-kolorun-elastic.XXXXXX") || exit 2
-trap 'rm -rf "$WORK"' EXIT
-export TMPDIR=$WORK/tmp # kolorun's rendezvous directories go here
-mkdir "$TMPDIR"
-D=$WORK/d # what the workers leave for the checks: log, env
-export D
-OUT=$WORK/out
-ERR=$WORK/err
+# D: what the workers leave for the checks: log, env
 W=$WORK/worker.sh
 
 cat >"$W" <<'WORKER'
@@ -75,10 +63,6 @@ done
 WORKER
 chmod +x "$W"
 
-passed=0
-failed=0
-name=
-why=
 rc=
 pid=
 
@@ -91,35 +75,17 @@ begin() {
     touch "$D/log" "$D/env"
 }
 
-expect() {
-    local what=$1
-    shift
-    "$@" || why="$why
-    - $what"
-}
-
 eq() { [ "$1" = "$2" ]; }
 has() { grep -q -e "$2" "$1"; }
 hasnt() { ! grep -q -e "$2" "$1"; }
 
 end() {
-    local left
     [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
     pid=
-    left=$(ls -A "$TMPDIR")
-    [ -z "$left" ] || why="$why
-    - left behind in TMPDIR: $left"
-    if [ -z "$why" ]; then
-        passed=$((passed + 1))
-        echo "ok - $name"
-    else
-        failed=$((failed + 1))
-        echo "FAIL - $name$why"
-        echo "    kolorun exit status: ${rc:-?}; stderr:"
-        head -n 12 "$ERR" 2>/dev/null | cut -c1-200 | sed 's/^/      | /'
+    case_end 12 || {
         echo "    workers' log:"
         head -n 16 "$D/log" 2>/dev/null | cut -c1-200 | sed 's/^/      | /'
-    fi
+    }
 }
 
 # start ARGS...: kolorun ARGS in the background, at most 40 s.
@@ -349,5 +315,4 @@ expect "status 143 (got $rc)" eq "$rc" 143
 expect "no generation 2" hasnt "$ERR" "generation 2"
 end
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cases_summary

@@ -14,29 +14,11 @@
 # shellcheck disable=SC2016
 set -u
 
-KOLORUN=${1:-./kolorun}
-case $KOLORUN in /*) ;; *) KOLORUN=$PWD/$KOLORUN ;; esac
-if [ ! -x "$KOLORUN" ]; then
-    echo "test-kolorun: '$KOLORUN' is not an executable file" >&2
-    exit 2
-fi
+. "$(dirname "$0")/script-lib.sh"
+kolorun_cases test-kolorun "${1:-}"
 
 # The ranks must see only what kolorun gives them.
 unset KOLO_HOSTNAME KOLO_TIMELINE KOLO_START_TIMEOUT KOLO_RENDEZVOUS
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/test-kolorun.XXXXXX") || exit 2
-trap 'rm -rf "$WORK"' EXIT
-export TMPDIR=$WORK/tmp # kolorun's rendezvous directories go here
-mkdir "$TMPDIR"
-D=$WORK/d # what the ranks of a case leave for the checks: pid files, ...
-export D
-OUT=$WORK/out
-ERR=$WORK/err
-
-passed=0
-failed=0
-name=
-why=
 
 # begin NAME: starts a case.
 begin() {
@@ -46,30 +28,9 @@ begin() {
     mkdir -p "$D"
 }
 
-# expect DESCRIPTION COMMAND...: notes DESCRIPTION as a failure unless
-# COMMAND succeeds.
-expect() {
-    local what=$1
-    shift
-    "$@" || why="$why
-    - $what"
-}
-
 # end: checks that no rendezvous directory is left, reports the case.
 end() {
-    local left
-    left=$(ls -A "$TMPDIR")
-    [ -z "$left" ] || why="$why
-    - left behind in TMPDIR: $left"
-    if [ -z "$why" ]; then
-        passed=$((passed + 1))
-        echo "ok - $name"
-    else
-        failed=$((failed + 1))
-        echo "FAIL - $name$why"
-        echo "    kolorun exit status: ${rc-?}; stderr (first lines):"
-        head -n 8 "$ERR" 2>/dev/null | cut -c1-200 | sed 's/^/      | /'
-    fi
+    case_end
 }
 
 # kr ARGS...: runs kolorun with ARGS, at most KR_LIMIT (20) seconds; stdout
@@ -1038,5 +999,4 @@ kr -h
 expect "-h too" eq "$rc" 0
 end
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+cases_summary

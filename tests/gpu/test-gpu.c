@@ -90,14 +90,6 @@ static uint16_t exact_bf16(double v)
     return (uint16_t)(u >> 16);
 }
 
-static double bf16_value(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static void put(void *buf, kolo_dtype_t t, size_t i, double v)
 {
     switch (t) {
@@ -111,21 +103,6 @@ static void put(void *buf, kolo_dtype_t t, size_t i, double v)
     case KOLO_FLOAT32: ((float *)buf)[i] = (float)v; break;
     case KOLO_FLOAT64: ((double *)buf)[i] = v; break;
     default: break;
-    }
-}
-
-static double get(const void *buf, kolo_dtype_t t, size_t i)
-{
-    switch (t) {
-    case KOLO_UINT8: case KOLO_BOOL: return ((const uint8_t *)buf)[i];
-    case KOLO_INT8: return ((const int8_t *)buf)[i];
-    case KOLO_INT32: return ((const int32_t *)buf)[i];
-    case KOLO_INT64: return (double)((const int64_t *)buf)[i];
-    case KOLO_FLOAT16: return h2f(((const uint16_t *)buf)[i]);
-    case KOLO_BFLOAT16: return bf16_value(((const uint16_t *)buf)[i]);
-    case KOLO_FLOAT32: return ((const float *)buf)[i];
-    case KOLO_FLOAT64: return ((const double *)buf)[i];
-    default: return 0;
     }
 }
 
@@ -238,10 +215,13 @@ static void allreduce_one(kolo_dtype_t t, kolo_op_t op, size_t n, int in_place)
     MUST(kolo_wait(hd));
     host_copy(out, dout, n * es);
     for (size_t i = 0; i < n; i++)
-        if (!close_enough(get(out, t, i), reduce_ref(op, t, i), t) && bad++ == 0)
+        if (!close_enough(tu_get(t, out, (int64_t)i), reduce_ref(op, t, i),
+                          t) &&
+            bad++ == 0)
             first = i;
     EXPECT(bad == 0, "%s: %zu of %zu wrong, first [%zu] = %g, expected %g",
-           name, bad, n, first, get(out, t, first), reduce_ref(op, t, first));
+           name, bad, n, first, tu_get(t, out, (int64_t)first),
+           reduce_ref(op, t, first));
     if (!in_place)
         CUDA_MUST(cudaFree(dout));
     CUDA_MUST(cudaFree(din));

@@ -24,18 +24,10 @@ tool=$src/tools/kolo-bench-hosts
 py=/usr/bin/python3
 [ -x "$py" ] || py=${KOLO_PYTHON:-python3}
 
-skip() {
-    echo "SKIP: $*"
-    echo "0 passed, 0 failed"
-    exit 77
-}
-[ "$(id -u)" = 0 ] || skip "needs root to make network namespaces"
-command -v ip >/dev/null 2>&1 || skip "needs ip (iproute2)"
-command -v redis-server >/dev/null 2>&1 ||
-    skip "needs redis-server (apt-get install redis-server)"
-for f in "$top/kolorun" "$top/kolo-bench"; do
-    [ -x "$f" ] || { echo "run-bench-hosts: '$f' is not an executable file" >&2; exit 2; }
-done
+. "$(dirname "$0")/../script-lib.sh"
+skip() { skip_test --counted "$@"; }
+need_root_netns
+require_executables run-bench-hosts "$top/kolorun" "$top/kolo-bench"
 # Can this machine make a namespace at all?
 probe=kbprobe$$
 ip netns add "$probe" 2>/dev/null || skip "cannot make network namespaces here"

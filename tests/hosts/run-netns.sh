@@ -26,18 +26,10 @@ top=${KOLO_TOP_BUILDDIR:-.}
 kolorun=$(cd "$top" && pwd)/kolorun
 multi=$(cd "$top" && pwd)/tests/multi
 
-skip() {
-    echo "SKIP: $*"
-    echo "0 passed, 0 failed"
-    exit 77
-}
-[ "$(id -u)" = 0 ] || skip "needs root to make network namespaces"
-command -v ip >/dev/null 2>&1 || skip "needs ip (iproute2)"
-command -v redis-server >/dev/null 2>&1 ||
-    skip "needs redis-server (apt-get install redis-server)"
-for f in "$kolorun" "$multi/test-allreduce" "$multi/test-collectives"; do
-    [ -x "$f" ] || { echo "run-netns: '$f' is not an executable file" >&2; exit 2; }
-done
+. "$(dirname "$0")/../script-lib.sh"
+skip() { skip_test --counted "$@"; }
+need_root_netns
+require_executables run-netns "$kolorun" "$multi/test-allreduce" "$multi/test-collectives"
 
 . "$(dirname "$0")/../run-lib.sh"
 

@@ -24,29 +24,8 @@
 # Every run is bounded by `timeout`; prints one line per case and
 # "N passed, N failed".
 set -u
-top=${KOLO_TOP_BUILDDIR:-.}
-kolorun=$top/kolorun
-prog=$top/tests/multi/test-agree
-limit=${KOLO_TEST_TIMEOUT:-60}
-
-for f in "$kolorun" "$prog"; do
-    if [ ! -x "$f" ]; then
-        echo "run-agree: '$f' is not an executable file" >&2
-        exit 2
-    fi
-done
-case $kolorun in /*) ;; *) kolorun=$PWD/$kolorun ;; esac
-case $prog in /*) ;; *) prog=$PWD/$prog ;; esac
-for v in $(env | sed -n 's/^\(KOLO_[A-Z_]*\)=.*/\1/p'); do
-    [ "$v" = KOLO_TOP_BUILDDIR ] || [ "$v" = KOLO_TOP_SRCDIR ] ||
-        [ "$v" = KOLO_TEST_TIMEOUT ] || unset "$v"
-done
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/run-agree.XXXXXX") || exit 2
-trap 'rm -rf "$WORK"' EXIT
-export TMPDIR=$WORK/tmp
-mkdir -p "$TMPDIR"
-log=$WORK/log
+. "$(dirname "$0")/../script-lib.sh"
+multi_job run-agree tests/multi/test-agree 60
 
 pass=0
 fail=0
@@ -62,6 +41,19 @@ passes() {
     local n
     n=$(grep -c '^rank [0-9]*: PASS$' "$log")
     [ "$n" -eq "$1" ]
+}
+
+# verdict NAME RC NP LATE WRONG: the case passes unless kolorun (exit RC)
+# ran out of time ("timed out after ... sLATE") or fewer than NP ranks
+# printed PASS (WRONG).
+verdict() {
+    if [ "$2" -eq 124 ] || [ "$2" -eq 137 ]; then
+        bad "$1" "timed out after $limit s$4"
+    elif ! passes "$3"; then
+        bad "$1" "$5"
+    else
+        ok "$1"
+    fi
 }
 
 # on_last NP VAR=VALUE CMD...: runs CMD under kolorun, the last rank with
@@ -86,13 +78,8 @@ mismatch() {
         on_last "$np" "$var=$theirs" "$prog" settings fail "$var" "$ours" "$theirs"
     )
     local rc=$?
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-        bad "$name" "timed out after $limit s"
-    elif ! passes "$np"; then
-        bad "$name" "not every rank failed kolo_init with the message"
-    else
-        ok "$name"
-    fi
+    verdict "$name" $rc "$np" "" \
+        "not every rank failed kolo_init with the message"
 }
 
 # Numbers are compared as parsed; "auto" and strings as written.
@@ -171,13 +158,7 @@ small_shm() {
         'mount -t tmpfs -o size="$0" tmpfs /dev/shm && exec "$@"' "$size" \
         "$kolorun" -np "$np" "$prog" "$@" >"$log" 2>&1 </dev/null
     rc=$?
-    if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-        bad "$name" "timed out after $limit s: a rank waited for the failed one"
-    elif ! passes "$np"; then
-        bad "$name" "exit $rc"
-    else
-        ok "$name"
-    fi
+    verdict "$name" $rc "$np" ": a rank waited for the failed one" "exit $rc"
 }
 # 8 MiB: enough for the global set, not for another.
 small_shm "np=2 setfull: /dev/shm full when a set is added: every rank fails at once" 8m 2 setfull

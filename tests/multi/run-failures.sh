@@ -28,31 +28,12 @@
 # Usage: tests/multi/run-failures.sh   (from the build directory; `make
 # check` runs it with KOLO_TOP_BUILDDIR set)
 set -u
-top=${KOLO_TOP_BUILDDIR:-.}
-kolorun=$top/kolorun
-prog=$top/tests/multi/test-failures
-limit=${KOLO_TEST_TIMEOUT:-60}
-
-for f in "$kolorun" "$prog"; do
-    if [ ! -x "$f" ]; then
-        echo "run-failures: '$f' is not an executable file" >&2
-        exit 2
-    fi
-done
-# The ranks must see only what this script gives them.
-for v in $(env | sed -n 's/^\(KOLO_[A-Z_]*\)=.*/\1/p'); do
-    [ "$v" = KOLO_TOP_BUILDDIR ] || [ "$v" = KOLO_TOP_SRCDIR ] ||
-        [ "$v" = KOLO_TEST_TIMEOUT ] || [ "$v" = KOLO_CONTROLLER ] ||
-        [ "$v" = KOLO_CPU_OPERATIONS ] || [ "$v" = KOLO_SHM_SLOT_BYTES ] ||
-        unset "$v"
-done
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/run-failures.XXXXXX") || exit 2
-trap 'rm -rf "$WORK"' EXIT
-export TMPDIR=$WORK/tmp # kolorun's rendezvous directories go here
-export FT_DIR=$WORK/d   # pid files of the ranks
-log=$WORK/log
-mkdir -p "$TMPDIR"
+. "$(dirname "$0")/../script-lib.sh"
+# The ranks see only what this script gives them (and the backends
+# run-backends.sh chooses); kolorun's rendezvous directories go in TMPDIR.
+multi_job run-failures tests/multi/test-failures 60 \
+    KOLO_CONTROLLER KOLO_CPU_OPERATIONS KOLO_SHM_SLOT_BYTES
+export FT_DIR=$WORK/d # pid files of the ranks
 
 pass=0
 fail=0

@@ -50,20 +50,10 @@ python=/usr/bin/python3
     echo "SKIP no python3 for the stranger"
     exit 77
 }
-for f in "$kolorun" "$prog"; do
-    if [ ! -x "$f" ]; then
-        echo "run-stranger: '$f' is not an executable file" >&2
-        exit 2
-    fi
-done
-# The ranks must see only what this script gives them.
-for v in $(env | sed -n 's/^\(KOLO_[A-Z_]*\)=.*/\1/p'); do
-    [ "$v" = KOLO_TOP_BUILDDIR ] || [ "$v" = KOLO_TOP_SRCDIR ] ||
-        [ "$v" = KOLO_TEST_TIMEOUT ] || unset "$v"
-done
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/run-stranger.XXXXXX") || exit 2
-trap 'rm -rf "$WORK"' EXIT
+. "$here/../script-lib.sh"
+require_executables run-stranger "$kolorun" "$prog"
+clear_kolo_env
+make_work run-stranger
 log=$WORK/log
 pass=0
 fail=0

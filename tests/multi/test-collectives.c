@@ -116,14 +116,6 @@ static uint16_t f2h_exact(double v)
     return h;
 }
 
-static double bf2f(uint16_t b)
-{
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static uint16_t f2bf_exact(double v)
 {
     float f = (float)v;
@@ -210,26 +202,6 @@ static void put(kolo_dtype_t d, void *buf, int64_t i, double v)
         break;
     case KOLO_FLOAT64: ((double *)buf)[i] = v; break;
     case KOLO_BOOL: ((uint8_t *)buf)[i] = (uint8_t)(v != 0); break;
-    default: abort();
-    }
-}
-
-/* Element i of buf as a double (bool: the raw byte, so that a result other
- * than 0 or 1 shows). */
-static double get(kolo_dtype_t d, const void *buf, int64_t i)
-{
-    switch (d) {
-    case KOLO_UINT8: return ((const uint8_t *)buf)[i];
-    case KOLO_INT8: return ((const int8_t *)buf)[i];
-    case KOLO_UINT16: return ((const uint16_t *)buf)[i];
-    case KOLO_INT16: return ((const int16_t *)buf)[i];
-    case KOLO_INT32: return ((const int32_t *)buf)[i];
-    case KOLO_INT64: return (double)((const int64_t *)buf)[i];
-    case KOLO_FLOAT16: return h2f(((const uint16_t *)buf)[i]);
-    case KOLO_BFLOAT16: return bf2f(((const uint16_t *)buf)[i]);
-    case KOLO_FLOAT32: return ((const float *)buf)[i];
-    case KOLO_FLOAT64: return ((const double *)buf)[i];
-    case KOLO_BOOL: return ((const uint8_t *)buf)[i];
     default: abort();
     }
 }
@@ -632,7 +604,7 @@ static void mode_allreduce_matrix(int steps)
             for (int64_t i = 0; i < t->count && bad < 3; i++) {
                 double e = matrix_expect(t->dtype, t->op, t->scaled, order[k],
                                          step, i);
-                double g = get(t->dtype, t->out, i);
+                double g = tu_get(t->dtype, t->out, i);
                 double tol = 0;
                 if (t->op == KOLO_OP_AVERAGE && is_float(t->dtype))
                     tol = avg_tolerance(t->dtype) * fabs(e);
@@ -646,10 +618,10 @@ static void mode_allreduce_matrix(int steps)
                     double x = matrix_value(t->dtype, t->op, t->scaled, rank,
                                             order[k], step, i);
                     nchecks++;
-                    if (get(t->dtype, t->in, i) != x) {
+                    if (tu_get(t->dtype, t->in, i) != x) {
                         CHECK(0, "step %d %s: input element %lld changed from "
                                  "%.17g to %.17g", step, t->name, (long long)i,
-                              x, get(t->dtype, t->in, i));
+                              x, tu_get(t->dtype, t->in, i));
                         bad++;
                     }
                 }
@@ -830,10 +802,10 @@ static void mode_compression(void)
                  * dtype: refused, or a plain allreduce. */
                 if (wait_ok(h, bad[b].name))
                     for (int i = 0; i < 4; i++)
-                        CHECK(get(bad[b].dtype, buf, i) ==
+                        CHECK(tu_get(bad[b].dtype, buf, i) ==
                                   size * (size - 1) / 2 + size * i,
                               "%s[%d] = %g", bad[b].name, i,
-                              get(bad[b].dtype, buf, i));
+                              tu_get(bad[b].dtype, buf, i));
                 continue;
             }
             expect_error(bad[b].name, rc, KOLO_ERR_INVALID_ARGUMENT,
@@ -1338,7 +1310,7 @@ static void rs_check(const rstensor_t *a, const rscase_t *c, int t, int step,
     if (res->bytes == (size_t)(splits[rank] * a->row) * esize(c->dtype))
         for (int64_t i = 0; i < splits[rank] * a->row && bad < 3; i++) {
             double e = rs_expect(c, t, step, first * a->row + i);
-            double g = get(c->dtype, res->data, i);
+            double g = tu_get(c->dtype, res->data, i);
             double tol = c->op == KOLO_OP_AVERAGE && is_float(c->dtype)
                              ? avg_tolerance(c->dtype) * fabs(e)
                              : 0;
@@ -1485,10 +1457,10 @@ static void grp_check(group_t *g, int gi, int step)
                 e = g->op == KOLO_OP_MAX ? (r ? fmax(e, v) : v) : e + v;
             }
             nchecks++;
-            if (get(g->dtype, g->bufs[m], i) != e) {
+            if (tu_get(g->dtype, g->bufs[m], i) != e) {
                 CHECK(0, "step %d %s element %lld: got %.17g, expected %.17g",
                       step, g->names[m], (long long)i,
-                      get(g->dtype, g->bufs[m], i), e);
+                      tu_get(g->dtype, g->bufs[m], i), e);
                 bad++;
             }
         }
@@ -2755,7 +2727,7 @@ static void mode_allreduce_sizes(void)
                 if (rc == KOLO_OK && wait_ok(h, name))
                     for (int64_t i = 0; i < n && bad < 3; i++) {
                         double e = matrix_expect(d, op, 0, k, 0, i);
-                        double g = get(d, out, i);
+                        double g = tu_get(d, out, i);
                         double tol = op == KOLO_OP_AVERAGE
                                          ? avg_tolerance(d) * fabs(e) : 0;
                         nchecks++;

@@ -1,7 +1,7 @@
 /*
  * testutil.h — scaffolding shared by the multi-rank test programs
  * (tests/multi/test-allreduce.c, test-collectives.c, test-failures.c and
- * tests/timeline/test-timeline.c). Header only: static inline functions,
+ * tests/timeline/test-timeline.c, tests/gpu/test-gpu.c). Header only: static inline functions,
  * a few file-scope statics and macros.
  *
  * It offers:
@@ -17,8 +17,10 @@
  *   mix(x), rnd(), rng_state, shuffle(a, n)
  *                            splitmix64, a per-process generator on it and a
  *                            Fisher-Yates shuffle driven by rnd()
- *   h2f(h)                   float16 bits to double, exact, independent of
- *                            the library's conversions
+ *   h2f(h), bf2f(b)          float16 and bfloat16 bits to double, exact,
+ *                            independent of the library's conversions
+ *   tu_get(dtype, buf, i)    element i of buf as a double (bool: the raw
+ *                            byte, so that a result other than 0 or 1 shows)
  *   now()                    CLOCK_MONOTONIC seconds
  *   env_double(name, dflt)   $name as a number, dflt when unset or empty
  *   tu_watchdog(rank, mode, what, seconds), tu_on_alarm
@@ -111,6 +113,33 @@ static inline double h2f(uint16_t h)
     else
         v = ldexp(1.0 + (double)frac / 1024.0, e - 15);
     return (h & 0x8000) ? -v : v;
+}
+
+/* bfloat16 bits to double: the upper half of a float. */
+static inline double bf2f(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline double tu_get(kolo_dtype_t d, const void *buf, int64_t i)
+{
+    switch (d) {
+    case KOLO_UINT8: return ((const uint8_t *)buf)[i];
+    case KOLO_INT8: return ((const int8_t *)buf)[i];
+    case KOLO_UINT16: return ((const uint16_t *)buf)[i];
+    case KOLO_INT16: return ((const int16_t *)buf)[i];
+    case KOLO_INT32: return ((const int32_t *)buf)[i];
+    case KOLO_INT64: return (double)((const int64_t *)buf)[i];
+    case KOLO_FLOAT16: return h2f(((const uint16_t *)buf)[i]);
+    case KOLO_BFLOAT16: return bf2f(((const uint16_t *)buf)[i]);
+    case KOLO_FLOAT32: return ((const float *)buf)[i];
+    case KOLO_FLOAT64: return ((const double *)buf)[i];
+    case KOLO_BOOL: return ((const uint8_t *)buf)[i];
+    default: abort();
+    }
 }
 
 /* ---- time and environment ------------------------------------------------- */

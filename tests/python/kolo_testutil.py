@@ -74,3 +74,18 @@ def tolerance(dtype):
 def split_rows(rows, n):
     """kolo's reducescatter split: rank r gets rows // n (+1 if r < rows % n)."""
     return [rows // n + (1 if r < rows % n else 0) for r in range(n)]
+
+
+def check_controllers(api):
+    """Which controller carries the job, as horovodrun --gloo and mpirun
+    decide it: Gloo unless MPI started the job (no KOLO_RANK: kolorun did
+    not) and no one asked for Gloo (KOLO_CONTROLLER, KOLO_CPU_OPERATIONS).
+    `api` is kolo or kolo.torch."""
+    import os
+    under_mpi = "KOLO_RANK" not in os.environ
+    asked = {os.environ.get("KOLO_CONTROLLER"),
+             os.environ.get("KOLO_CPU_OPERATIONS")}
+    assert api.gloo_built()
+    assert api.gloo_enabled() == (not under_mpi or "gloo" in asked)
+    assert isinstance(api.mpi_built(), bool)
+    assert api.mpi_enabled() == under_mpi

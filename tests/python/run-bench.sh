@@ -12,27 +12,16 @@
 # runs it with KOLO_TOP_BUILDDIR and KOLO_TOP_SRCDIR set)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-top=${KOLO_TOP_BUILDDIR:-.}
-src=${KOLO_TOP_SRCDIR:-$(cd "$here/../.." && pwd)}
-python=${KOLO_PYTHON-/usr/bin/python3}
-kolorun=$top/kolorun
+. "$here/../script-lib.sh"
+python_env
 limit=${KOLO_TEST_TIMEOUT:-300}
-case $python in
-"" | :) echo "SKIP: configure found no Python interpreter"; exit 77 ;;
-esac
-if ! "$python" -c 'import torch' 2>/dev/null; then
-    echo "SKIP: $python cannot import torch: kolo.bench needs it"
-    exit 77
-fi
+python_needs torch ": kolo.bench needs it"
 export PYTHONPATH=$src/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 export KOLO_LIBRARY=${KOLO_LIBRARY:-$top/.libs/libkolo.so}
 # A sanitizer build of libkolo: preload its runtime (ThreadSanitizer: skip).
 # shellcheck source=tests/python/sanitizer-preload.sh
 . "$here/sanitizer-preload.sh"
-if ! kolo_python_preload "$KOLO_LIBRARY"; then
-    echo "SKIP: $kolo_preload_why"
-    exit 77
-fi
+kolo_python_preload "$KOLO_LIBRARY" || skip_test "$kolo_preload_why"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass=0

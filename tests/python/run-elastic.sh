@@ -37,23 +37,13 @@
 # Every run is bounded by `timeout`. Prints "N passed, N failed".
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-top=${KOLO_TOP_BUILDDIR:-.}
-src=${KOLO_TOP_SRCDIR:-$(cd "$here/../.." && pwd)}
-python=${KOLO_PYTHON-/usr/bin/python3}
-kolorun=$top/kolorun
+. "$here/../script-lib.sh"
+python_env
 lib=${KOLO_LIBRARY:-$top/.libs/libkolo.so}
 limit=${KOLO_TEST_TIMEOUT:-240}
 main=$src/tests/python/elastic_torch_main.py
-
-skip() {
-    echo "SKIP: $*"
-    exit 77
-}
-case $python in
-"" | :) skip "configure found no Python interpreter" ;;
-esac
-"$python" -c 'import torch' 2>/dev/null ||
-    skip "$python cannot import torch (python3-torch): no elastic training tests"
+skip() { skip_test "$@"; }
+python_needs torch " (python3-torch): no elastic training tests"
 # A sanitizer build of libkolo: preload its runtime (ThreadSanitizer: skip).
 # shellcheck source=tests/python/sanitizer-preload.sh
 . "$here/sanitizer-preload.sh"

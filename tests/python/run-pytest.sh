@@ -25,27 +25,17 @@
 # skipped.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
-top=${KOLO_TOP_BUILDDIR:-.}
-src=${KOLO_TOP_SRCDIR:-$(cd "$here/../.." && pwd)}
-python=${KOLO_PYTHON-/usr/bin/python3}
-kolorun=${KOLO_TEST_LAUNCHER:-$top/kolorun} # run-mpi.sh: kolorun --mpi
+. "$here/../script-lib.sh"
+python_env # kolorun: KOLO_TEST_LAUNCHER (run-mpi.sh: kolorun --mpi)
 lib=${KOLO_LIBRARY:-$top/.libs/libkolo.so}
 limit=${KOLO_TEST_TIMEOUT:-300}
 ranks=${KOLO_PYTEST_RANKS:-2 3 4}
 cuda_ranks=${KOLO_PYTEST_CUDA_RANKS:-1 $ranks}
 tests=$src/tests/python
 
-skip() {
-    echo "SKIP: $*"
-    exit 77
-}
-case $python in
-"" | :) skip "configure found no Python interpreter" ;;
-esac
-"$python" -c 'import numpy' 2>/dev/null ||
-    skip "$python cannot import numpy (python3-numpy): no Python binding tests"
-"$python" -c 'import pytest' 2>/dev/null ||
-    skip "$python cannot import pytest (python3-pytest): no Python binding tests"
+skip() { skip_test "$@"; }
+python_needs numpy " (python3-numpy): no Python binding tests"
+python_needs pytest " (python3-pytest): no Python binding tests"
 if ! "$python" -c 'import torch' 2>/dev/null; then
     echo "NOTE: $python cannot import torch (python3-torch): the kolo.torch tests are skipped"
 fi

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import kolo
-from kolo_testutil import (all_data, rank_data, reference_reduce, split_rows,
-                           tolerance)
+from kolo_testutil import (all_data, check_controllers, rank_data,
+                           reference_reduce, split_rows, tolerance)
 
 DTYPES = [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.int64,
           np.float16, np.float32, np.float64, np.bool_]
@@ -33,15 +33,7 @@ def test_basics(rank, size):
                                          "OMPI_COMM_WORLD_LOCAL_SIZE")
     assert kolo.cross_rank() == 0 and kolo.cross_size() == 1
     assert kolo.is_homogeneous()
-    # kolorun: Gloo carries the job; mpirun (no KOLO_RANK): MPI does.
-    under_mpi = "KOLO_RANK" not in os.environ
-    # As horovodrun --gloo and mpirun: Gloo mode unless MPI started the job
-    # (or Gloo carries part of it).
-    asked = {os.environ.get("KOLO_CONTROLLER"), os.environ.get("KOLO_CPU_OPERATIONS")}
-    assert kolo.gloo_built()
-    assert kolo.gloo_enabled() == (not under_mpi or "gloo" in asked)
-    assert isinstance(kolo.mpi_built(), bool)
-    assert kolo.mpi_enabled() == under_mpi
+    check_controllers(kolo)
     assert kolo.global_process_set.ranks == list(range(size))
     assert kolo.global_process_set.size() == size
     assert kolo.global_process_set.rank() == rank

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import kolo.torch as hvd  # noqa: E402
-from kolo_testutil import (rank_data, reference_reduce,  # noqa: E402
-                           split_rows, tolerance)
+from kolo_testutil import (check_controllers, rank_data,  # noqa: E402
+                           reference_reduce, split_rows, tolerance)
 
 TORCH_DTYPES = {
     torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16,
@@ -36,17 +36,7 @@ def test_basics(rank, size):
     assert (hvd.rank(), hvd.size()) == (rank, size)
     assert hvd.local_rank() == rank and hvd.local_size() == size
     assert hvd.cross_rank() == 0 and hvd.cross_size() == 1
-    # kolorun: Gloo carries the job; mpirun (no KOLO_RANK): MPI does.
-    under_mpi = "KOLO_RANK" not in os.environ
-    # One host: shared memory carries the job unless KOLO_CONTROLLER or
-    # KOLO_CPU_OPERATIONS ask for Gloo.
-    # As horovodrun --gloo and mpirun: Gloo mode unless MPI started the job
-    # (or carries it).
-    asked = {os.environ.get("KOLO_CONTROLLER"), os.environ.get("KOLO_CPU_OPERATIONS")}
-    assert hvd.gloo_built()
-    assert hvd.gloo_enabled() == (not under_mpi or "gloo" in asked)
-    assert isinstance(hvd.mpi_built(), bool)
-    assert hvd.mpi_enabled() == under_mpi
+    check_controllers(hvd)
     assert isinstance(hvd.nccl_built(), int) and isinstance(hvd.cuda_built(), bool)
     # NCCL carries CUDA tensors only (and needs kolo built with it)
     assert not hvd.nccl_enabled() or (hvd.nccl_built() and

@@ -2,6 +2,7 @@
  * ranks.c — the unit tests' ranks as threads (ranks.h).
  */
 #include <check.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -221,4 +222,37 @@ void expect_ok(prank_t *p, kolo_handle_t h, const char *what)
     int rc = wait_h(p, h, msg, sizeof(msg));
     EXPECT(p, rc == KOLO_OK, "rank %d: %s failed (%d): %s", p->rank, what, rc,
            msg);
+}
+
+float rank_val(int r, int t, int64_t i)
+{
+    return (float)((r + 1) * (t + 2) + (int)(i % 11));
+}
+
+void expect_sum(prank_t *p, const char *name, int t, const float *out,
+                int64_t count)
+{
+    for (int64_t i = 0; i < count; i++) {
+        float want = 0;
+        for (int r = 0; r < p->job->size; r++)
+            want += rank_val(r, t, i);
+        EXPECT(p, out[i] == want, "%s[%lld] = %g, expected %g", name,
+               (long long)i, out[i], want);
+    }
+}
+
+double rank_max_val(int r, int i)
+{
+    return (double)((r * 7 + i * 3) % 5);
+}
+
+void expect_max(prank_t *p, const char *name, const double *out, int count)
+{
+    for (int i = 0; i < count; i++) {
+        double want = 0;
+        for (int r = 0; r < p->job->size; r++)
+            want = fmax(want, rank_max_val(r, i));
+        EXPECT(p, out[i] == want, "%s[%d] = %g, expected %g", name, i, out[i],
+               want);
+    }
 }

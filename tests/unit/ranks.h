@@ -65,5 +65,16 @@ kolo_handle_t allreduce(prank_t *p, kolo__pset_t *ps, const char *name,
 /* Waits a handle; its status, the message into msg. */
 int wait_h(prank_t *p, kolo_handle_t h, char *msg, size_t len);
 void expect_ok(prank_t *p, kolo_handle_t h, const char *what);
+/* Rank r's element i of tensor t: small integers, so float sums are exact. */
+float rank_val(int r, int t, int64_t i);
+/* Expects out (count elements) to be the sum over the job's ranks of
+ * rank_val(r, t, i), naming it `name` where it is not. */
+void expect_sum(prank_t *p, const char *name, int t, const float *out,
+                int64_t count);
+/* Rank r's element i of the float64 MAX tests: 0..4. */
+double rank_max_val(int r, int i);
+/* Expects out (count elements) to be the maximum over the job's ranks of
+ * rank_max_val(r, i). */
+void expect_max(prank_t *p, const char *name, const double *out, int count);
 
 #endif /* KOLO_TESTS_UNIT_RANKS_H */

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "kolo.h"
+#include "unit.h"
 
 extern char **environ;
 
@@ -932,10 +933,5 @@ static Suite *api_suite(void)
 
 int main(void)
 {
-    SRunner *sr = srunner_create(api_suite());
-    int failed;
-    srunner_run_all(sr, CK_NORMAL);
-    failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? 0 : 1;
+    return kolo_unit_run(api_suite());
 }

@@ -143,19 +143,6 @@ START_TEST(same_numbers_same_decisions)
 }
 END_TEST
 
-static Suite *autotune_suite(void)
-{
-    Suite *s = suite_create("autotune");
-    TCase *tc = tcase_create("core");
-    tcase_add_test(tc, settles_on_the_faster_settings);
-    tcase_add_test(tc, noise_alone_keeps_the_defaults);
-    tcase_add_test(tc, windows_warmups_and_samples);
-    tcase_add_test(tc, same_numbers_same_decisions);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
-int main(void)
-{
-    return kolo_unit_run(autotune_suite());
-}
+KOLO_UNIT_MAIN("autotune", 30,
+        settles_on_the_faster_settings, noise_alone_keeps_the_defaults,
+        windows_warmups_and_samples, same_numbers_same_decisions)

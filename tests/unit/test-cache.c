@@ -499,20 +499,9 @@ START_TEST(same_calls_give_identical_caches)
 }
 END_TEST
 
-static Suite *cache_suite(void)
-{
-    const TTest *const tests[] = {
+KOLO_UNIT_MAIN("cache", 30,
         miss_hit_mismatch, new_params_fields_mismatch,
         put_returns_lowest_free_bit,
         put_existing_name_replaces_params_keeps_bit, full_cache_evicts_lru,
         touch_changes_lru, erase_frees_bit_and_name, capacity_zero,
-        capacity_one, same_calls_give_identical_caches
-    };
-    return kolo_unit_suite("cache", 30, tests,
-                           sizeof(tests) / sizeof(tests[0]));
-}
-
-int main(void)
-{
-    return kolo_unit_run(cache_suite());
-}
+        capacity_one, same_calls_give_identical_caches)

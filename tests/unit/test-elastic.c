@@ -132,15 +132,5 @@ START_TEST(join_answers)
 }
 END_TEST
 
-static Suite *elastic_suite(void)
-{
-    const TTest *const tests[] = {places_of_every_member, absent_and_prefixes,
-                                  join_answers};
-    return kolo_unit_suite("elastic", 30, tests,
-                           sizeof(tests) / sizeof(tests[0]));
-}
-
-int main(void)
-{
-    return kolo_unit_run(elastic_suite());
-}
+KOLO_UNIT_MAIN("elastic", 30,
+        places_of_every_member, absent_and_prefixes, join_answers)

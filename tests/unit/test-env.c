@@ -842,50 +842,16 @@ START_TEST(srun_places_the_rank)
 }
 END_TEST
 
-static Suite *env_suite(void)
-{
-    Suite *s = suite_create("env");
-    TCase *tc = tcase_create("parse");
-    tcase_add_test(tc, defaults);
-    tcase_add_test(tc, every_variable_parsed);
-    tcase_add_test(tc, local_rank_and_size_default_to_rank_and_size);
-    tcase_add_test(tc, fusion_threshold_suffixes);
-    tcase_add_test(tc, shm_slot_bytes_auto_or_bytes);
-    tcase_add_test(tc, ring_send_buffer_bytes_or_kernel);
-    tcase_add_test(tc, chunk_bytes_auto_or_bytes);
-    tcase_add_test(tc, log_levels);
-    tcase_add_test(tc, print_doc_lists_every_variable);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("invalid");
-    tcase_add_test(tc, bad_fusion_threshold);
-    tcase_add_test(tc, bad_cycle_time);
-    tcase_add_test(tc, bad_integers);
-    tcase_add_test(tc, bad_other_values);
-    tcase_add_test(tc, rank_not_below_size);
-    tcase_add_test(tc, local_and_cross_rank_not_below_size);
-    tcase_add_test(tc, multi_rank_needs_rendezvous);
-    tcase_add_test(tc, rendezvous_scheme_checked);
-    tcase_add_test(tc, network_interface_resolved);
-    tcase_add_test(tc, timeout_must_be_positive);
-    tcase_add_test(tc, first_bad_variable_reported);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("horovod");
-    tcase_add_test(tc, horovod_twins_read);
-    tcase_add_test(tc, kolo_variable_wins_over_twin);
-    tcase_add_test(tc, bad_twin_named);
-    tcase_add_test(tc, scan_warns_once_per_finding);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("launchers");
-    tcase_add_test(tc, torchrun_places_the_rank);
-    tcase_add_test(tc, srun_places_the_rank);
-    suite_add_tcase(s, tc);
-    return s;
-}
-
-int main(void)
-{
-    return kolo_unit_run(env_suite());
-}
+KOLO_UNIT_MAIN("env", 30,
+        defaults, every_variable_parsed,
+        local_rank_and_size_default_to_rank_and_size,
+        fusion_threshold_suffixes, shm_slot_bytes_auto_or_bytes,
+        ring_send_buffer_bytes_or_kernel, chunk_bytes_auto_or_bytes,
+        log_levels, print_doc_lists_every_variable, bad_fusion_threshold,
+        bad_cycle_time, bad_integers, bad_other_values, rank_not_below_size,
+        local_and_cross_rank_not_below_size, multi_rank_needs_rendezvous,
+        rendezvous_scheme_checked, network_interface_resolved,
+        timeout_must_be_positive, first_bad_variable_reported,
+        horovod_twins_read, kolo_variable_wins_over_twin, bad_twin_named,
+        scan_warns_once_per_finding, torchrun_places_the_rank,
+        srun_places_the_rank)

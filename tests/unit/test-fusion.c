@@ -366,19 +366,8 @@ START_TEST(random_plans_keep_invariants)
 }
 END_TEST
 
-static Suite *fusion_suite(void)
-{
-    const TTest *const tests[] = {
+KOLO_UNIT_MAIN("fusion", 30,
         empty_input, one_item, one_key_all_fit, threshold_exactly_reached,
         item_larger_than_threshold_alone, threshold_zero_every_item_alone,
         interleaved_keys_batch_per_key, zero_byte_items,
-        random_plans_keep_invariants
-    };
-    return kolo_unit_suite("fusion", 30, tests,
-                           sizeof(tests) / sizeof(tests[0]));
-}
-
-int main(void)
-{
-    return kolo_unit_run(fusion_suite());
-}
+        random_plans_keep_invariants)

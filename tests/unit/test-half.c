@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "half.h"
+#include "unit.h"
 
 /* ---- independent reference ---------------------------------------------- */
 
@@ -602,9 +603,5 @@ int main(void)
                                        : "none (scalar only)",
            simd & KOLO__HALF_SIMD_AVX2 ? "AVX2 (exercised)"
                                        : "none (scalar only)");
-    SRunner *sr = srunner_create(half_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(half_suite());
 }

@@ -420,9 +420,7 @@ START_TEST(concurrent_new_gives_unique_ids)
 }
 END_TEST
 
-static Suite *handles_suite(void)
-{
-    const TTest *const tests[] = {
+KOLO_UNIT_MAIN("handles", 30,
         ids_start_at_one_and_grow, poll_in_progress,
         complete_ok_then_poll_and_wait,
         complete_error_message_reaches_poll_error_and_wait,
@@ -430,13 +428,4 @@ static Suite *handles_suite(void)
         second_wait_says_already_released, never_issued_ids,
         complete_twice_keeps_first, handles_are_independent,
         wait_in_other_thread_woken_by_complete, two_waiters_on_one_handle,
-        concurrent_new_gives_unique_ids
-    };
-    return kolo_unit_suite("handles", 30, tests,
-                           sizeof(tests) / sizeof(tests[0]));
-}
-
-int main(void)
-{
-    return kolo_unit_run(handles_suite());
-}
+        concurrent_new_gives_unique_ids)

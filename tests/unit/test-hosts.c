@@ -127,16 +127,5 @@ START_TEST(random_placements)
 }
 END_TEST
 
-static Suite *hosts_suite(void)
-{
-    const TTest *const tests[] = {
-        one_host, two_by_two_interleaved, uneven_hosts, random_placements
-    };
-    return kolo_unit_suite("hosts", 30, tests,
-                           sizeof(tests) / sizeof(tests[0]));
-}
-
-int main(void)
-{
-    return kolo_unit_run(hosts_suite());
-}
+KOLO_UNIT_MAIN("hosts", 30,
+        one_host, two_by_two_interleaved, uneven_hosts, random_placements)

@@ -384,19 +384,8 @@ START_TEST(full_table_probe_chains)
 }
 END_TEST
 
-static Suite *map_suite(void)
-{
-    const TTest *const tests[] = {
+KOLO_UNIT_MAIN("map", 30,
         empty_map, put_get_del, keys_are_copied, replace_keeps_one_key,
         many_keys_force_growth, delete_and_reinsert_through_tombstones,
         churn_against_model, iteration_visits_every_live_key_once,
-        binary_keys_with_nul_bytes, empty_key, full_table_probe_chains
-    };
-    return kolo_unit_suite("map", 30, tests,
-                           sizeof(tests) / sizeof(tests[0]));
-}
-
-int main(void)
-{
-    return kolo_unit_run(map_suite());
-}
+        binary_keys_with_nul_bytes, empty_key, full_table_probe_chains)

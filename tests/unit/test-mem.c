@@ -577,19 +577,8 @@ START_TEST(waiting_for_names_the_late_rank)
 }
 END_TEST
 
-static Suite *mem_suite(void)
-{
-    const TTest *const tests[] = {
+KOLO_UNIT_MAIN("mem", 30,
         collectives_match_references, wake_tokens_arrive_from_another_thread,
         timeout_names_the_missing_rank, init_times_out_without_every_rank,
         killed_rank_is_named_by_its_peers, finalized_rank_is_lost,
-        different_collectives_are_refused, waiting_for_names_the_late_rank
-    };
-    return kolo_unit_suite("mem", 30, tests,
-                           sizeof(tests) / sizeof(tests[0]));
-}
-
-int main(void)
-{
-    return kolo_unit_run(mem_suite());
-}
+        different_collectives_are_refused, waiting_for_names_the_late_rank)

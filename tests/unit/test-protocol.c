@@ -37,13 +37,6 @@
 #include "timeline.h"
 #include "unit.h"
 
-
-/* Rank r's element i of tensor t: small integers, so float sums are exact. */
-static float val(int r, int t, int64_t i)
-{
-    return (float)((r + 1) * (t + 2) + (int)(i % 11));
-}
-
 /* ---- agreement and fusion ------------------------------------------------- */
 
 #define NT 8
@@ -65,12 +58,12 @@ static void body_agreement(prank_t *p)
         in[t] = malloc((size_t)counts[t] * sizeof(float));
         out[t] = malloc((size_t)counts[t] * sizeof(float));
         for (int64_t i = 0; i < counts[t]; i++) {
-            in[t][i] = val(me, t, i);
+            in[t][i] = rank_val(me, t, i);
             out[t][i] = -1;
         }
     }
     for (int i = 0; i < 5; i++)
-        d_in[i] = (double)((me * 7 + i * 3) % 5);
+        d_in[i] = rank_max_val(me, i);
     for (int i = 0; i < 6; i++)
         bc[i] = me == n - 1 ? 100 + i : -1;
     pb.root = n - 1;
@@ -90,22 +83,11 @@ static void body_agreement(prank_t *p)
         expect_ok(p, h[t], "an allreduce");
     expect_ok(p, hd, "the float64 MAX allreduce");
     expect_ok(p, hb, "the broadcast");
-    for (int t = 0; t < NT; t++)
-        for (int64_t i = 0; i < counts[t]; i++) {
-            float want = 0;
-            for (int r = 0; r < n; r++)
-                want += val(r, t, i);
-            EXPECT(p, out[t][i] == want, "agree.%d[%lld] = %g, expected %g", t,
-                   (long long)i, out[t][i], want);
-        }
-    for (int i = 0; i < 5; i++) {
-        double want = 0;
-        for (int r = 0; r < n; r++)
-            if ((double)((r * 7 + i * 3) % 5) > want)
-                want = (double)((r * 7 + i * 3) % 5);
-        EXPECT(p, d_out[i] == want, "agree.max64[%d] = %g, expected %g", i,
-               d_out[i], want);
+    for (int t = 0; t < NT; t++) {
+        snprintf(name, sizeof(name), "agree.%d", t);
+        expect_sum(p, name, t, out[t], counts[t]);
     }
+    expect_max(p, "agree.max64", d_out, 5);
     for (int i = 0; i < 6; i++)
         EXPECT(p, bc[i] == 100 + i, "agree.bcast[%d] = %d", i, bc[i]);
     for (int t = 0; t < NT; t++) {
@@ -133,7 +115,6 @@ static uint64_t full_rounds(prank_t *p)
 #define NC 4
 static void step(prank_t *p, int s, int64_t count1)
 {
-    int n = p->job->size;
     float in[NC][300], out[NC][300];
     kolo_handle_t h[NC];
     char name[32];
@@ -143,21 +124,15 @@ static void step(prank_t *p, int s, int64_t count1)
         int t = p->rank % 2 ? NC - 1 - k : k;
         int64_t c = t == 1 ? count1 : 100 + t;
         for (int64_t i = 0; i < c; i++)
-            in[t][i] = val(p->rank, t + s, i);
+            in[t][i] = rank_val(p->rank, t + s, i);
         snprintf(name, sizeof(name), "cache.%d", t);
         h[t] = allreduce(p, p->world, name, in[t], out[t], c);
     }
     for (int t = 0; t < NC; t++)
         expect_ok(p, h[t], "a step's allreduce");
     for (int t = 0; t < NC; t++) {
-        int64_t c = t == 1 ? count1 : 100 + t;
-        for (int64_t i = 0; i < c; i++) {
-            float want = 0;
-            for (int r = 0; r < n; r++)
-                want += val(r, t + s, i);
-            EXPECT(p, out[t][i] == want, "step %d cache.%d[%lld] = %g, "
-                   "expected %g", s, t, (long long)i, out[t][i], want);
-        }
+        snprintf(name, sizeof(name), "step %d cache.%d", s, t);
+        expect_sum(p, name, t + s, out[t], t == 1 ? count1 : 100 + t);
     }
     /* Every rank has done this step's rounds before counting. */
     pthread_barrier_wait(&p->job->bar);
@@ -364,13 +339,13 @@ static void body_join(prank_t *p)
         /* The first step goes through the coordinator, the later ones
          * through the cache: rank 2's stand-in is zeros either way. */
         for (int i = 0; i < 50; i++)
-            in[i] = val(me, s, i);
+            in[i] = rank_val(me, s, i);
         h = allreduce(p, p->world, "join.t", in, out, 50);
         expect_ok(p, h, "an allreduce during the join");
         for (int i = 0; i < 50; i++)
-            EXPECT(p, out[i] == val(0, s, i) + val(1, s, i),
+            EXPECT(p, out[i] == rank_val(0, s, i) + rank_val(1, s, i),
                    "step %d join.t[%d] = %g, expected %g (rank 2 adds zeros)",
-                   s, i, out[i], val(0, s, i) + val(1, s, i));
+                   s, i, out[i], rank_val(0, s, i) + rank_val(1, s, i));
     }
     if (me != 2) {
         /* Only allreduces go on while a rank has joined. */
@@ -397,11 +372,13 @@ static void body_join(prank_t *p)
                "says %d", r, g_last[r], me, last);
     /* After the join, everyone reduces again. */
     for (int i = 0; i < 50; i++)
-        in[i] = val(me, 9, i);
+        in[i] = rank_val(me, 9, i);
     h = allreduce(p, p->world, "join.t", in, out, 50);
     expect_ok(p, h, "the allreduce after the join");
     for (int i = 0; i < 50; i++)
-        EXPECT(p, out[i] == val(0, 9, i) + val(1, 9, i) + val(2, 9, i),
+        EXPECT(p,
+               out[i] == rank_val(0, 9, i) + rank_val(1, 9, i) +
+                             rank_val(2, 9, i),
                "after the join join.t[%d] = %g", i, out[i]);
 }
 
@@ -432,8 +409,8 @@ static void body_pset(prank_t *p)
         pthread_mutex_unlock(&p->rt.sets_mu);
     }
     for (int i = 0; i < 20; i++) {
-        a[i] = val(me, 1, i);
-        ga[i] = val(me, 2, i);
+        a[i] = rank_val(me, 1, i);
+        ga[i] = rank_val(me, 2, i);
     }
     /* The same name in both sets: each set has its own negotiation. */
     if (ps != NULL)
@@ -442,14 +419,14 @@ static void body_pset(prank_t *p)
     if (ps != NULL) {
         expect_ok(p, h1, "the set's allreduce");
         for (int i = 0; i < 20; i++)
-            EXPECT(p, b[i] == val(1, 1, i) + val(3, 1, i),
+            EXPECT(p, b[i] == rank_val(1, 1, i) + rank_val(3, 1, i),
                    "set 1: pset.t[%d] = %g", i, b[i]);
     }
     expect_ok(p, h2, "the global allreduce");
     for (int i = 0; i < 20; i++) {
         float want = 0;
         for (int r = 0; r < 4; r++)
-            want += val(r, 2, i);
+            want += rank_val(r, 2, i);
         EXPECT(p, gb[i] == want, "global: pset.t[%d] = %g", i, gb[i]);
     }
 }
@@ -471,7 +448,7 @@ static void body_stop(prank_t *p)
     int rc;
 
     for (int i = 0; i < 10; i++)
-        in[i] = val(me, 0, i);
+        in[i] = rank_val(me, 0, i);
     h = allreduce(p, p->world, "stop.t", in, out, 10);
     expect_ok(p, h, "the allreduce before the stop");
     pthread_barrier_wait(&p->job->bar);
@@ -497,18 +474,7 @@ START_TEST(stopped_rank_fails_its_peers_work)
 }
 END_TEST
 
-static Suite *protocol_suite(void)
-{
-    const TTest *const tests[] = {
+KOLO_UNIT_MAIN("protocol", 60,
         ranks_agree_whatever_the_order, response_cache_hits_and_invalidates,
         every_mismatch_is_reported_on_every_rank, joined_rank_reduces_zeros,
-        process_set_beside_the_global_set, stopped_rank_fails_its_peers_work
-    };
-    return kolo_unit_suite("protocol", 60, tests,
-                           sizeof(tests) / sizeof(tests[0]));
-}
-
-int main(void)
-{
-    return kolo_unit_run(protocol_suite());
-}
+        process_set_beside_the_global_set, stopped_rank_fails_its_peers_work)

@@ -432,22 +432,11 @@ START_TEST(concurrent_producers)
 }
 END_TEST
 
-static Suite *queue_suite(void)
-{
-    const TTest *const tests[] = {
+KOLO_UNIT_MAIN("queue", 30,
         take_returns_pushes_in_order, duplicate_name_refused,
         release_allows_repush, take_timeout_zero_returns_at_once,
         take_with_timeout_waits_when_empty,
         take_with_timeout_returns_queued_work_at_once,
         push_from_other_thread_wakes_blocked_take, request_shutdown_wakes_take,
         shutdown_take_still_returns_queued_work,
-        close_makes_push_fail_with_close_error, concurrent_producers
-    };
-    return kolo_unit_suite("queue", 30, tests,
-                           sizeof(tests) / sizeof(tests[0]));
-}
-
-int main(void)
-{
-    return kolo_unit_run(queue_suite());
-}
+        close_makes_push_fail_with_close_error, concurrent_producers)

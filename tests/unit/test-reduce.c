@@ -23,6 +23,7 @@
 #include "half.h"
 #include "kolo.h"
 #include "reduce.h"
+#include "unit.h"
 
 /* ---- helpers ------------------------------------------------------------ */
 
@@ -798,6 +799,30 @@ START_TEST(scale_f32_is_horovods)
 }
 END_TEST
 
+/* The device's scaling (Horovod's CUDA kernels): float16 in half precision,
+ * the factor rounded to float16 first (0.1 -> 0.0999755859375), so 3 * 0.1
+ * is the tie 0.2998046875 + 2^-13, rounded to even: 0.2998046875 (0x34cc),
+ * where the host's float32 factor gives 0.300048828125 (0x34cd); the other
+ * dtypes as the host. */
+START_TEST(scale_device_is_horovods_cuda)
+{
+    uint16_t h[2] = {0x4200, 0x4200}; /* 3.0, 3.0 */
+    float f[2] = {3.0f, 3.0f};
+
+    kolo__scale_device(h, 1, KOLO_FLOAT16, 0.1);
+    kolo__scale(h + 1, 1, KOLO_FLOAT16, 0.1);
+    ck_assert_uint_eq(h[0], 0x34cc);
+    ck_assert_uint_eq(h[1], 0x34cd);
+    ck_assert(kolo__f16_factor(0.1) == 0.0999755859375f);
+    kolo__scale_device(f, 1, KOLO_FLOAT32, 0.1);
+    kolo__scale(f + 1, 1, KOLO_FLOAT32, 0.1);
+    ck_assert(f[0] == f[1]);
+    h[0] = 0x4200;
+    kolo__scale_device(h, 1, KOLO_FLOAT16, 1.0); /* 1.0 leaves it */
+    ck_assert_uint_eq(h[0], 0x4200);
+}
+END_TEST
+
 /* AVERAGE's factor: postscale / size in double, size 1 (or less) leaving
  * postscale as it is; other ops keep postscale. */
 START_TEST(postscale_factor)
@@ -950,6 +975,7 @@ static Suite *reduce_suite(void)
     tcase_add_loop_test(tc, scale_all, 0, KOLO_DTYPE_COUNT_);
     tcase_add_test(tc, scale_int_saturation);
     tcase_add_test(tc, scale_f32_is_horovods);
+    tcase_add_test(tc, scale_device_is_horovods_cuda);
     tcase_add_test(tc, postscale_factor);
     tcase_add_test(tc, accumulator_sizes);
     tcase_add_loop_test(tc, accumulate_all, 0, KOLO_DTYPE_COUNT_);
@@ -965,9 +991,5 @@ int main(void)
            "(16-bit cases also rerun with the scalar path forced)\n",
            simd & KOLO__HALF_SIMD_F16C ? "F16C" : "scalar",
            simd & KOLO__HALF_SIMD_AVX2 ? "AVX2" : "scalar");
-    SRunner *sr = srunner_create(reduce_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+    return kolo_unit_run(reduce_suite());
 }

@@ -159,17 +159,6 @@ START_TEST(capabilities_match_the_backends)
 }
 END_TEST
 
-static Suite *registry_suite(void)
-{
-    const TTest *const tests[] = {
+KOLO_UNIT_MAIN("registry", 30,
         one_member_is_local, defaults, unknown_name_lists_the_others,
-        named_backends_and_their_limits, capabilities_match_the_backends
-    };
-    return kolo_unit_suite("registry", 30, tests,
-                           sizeof(tests) / sizeof(tests[0]));
-}
-
-int main(void)
-{
-    return kolo_unit_run(registry_suite());
-}
+        named_backends_and_their_limits, capabilities_match_the_backends)

@@ -684,22 +684,13 @@ START_TEST(connect_names_a_rank_that_never_connects)
 }
 END_TEST
 
-int main(void)
-{
-    const TTest *const tests[] = {
-        sums_every_size_and_rank_count,
-        other_types_and_repeated_calls,
-        every_rank_gets_the_same_bits,
-        streams_a_batch_of_tensors,
+KOLO_UNIT_MAIN("ring", 120,
+        sums_every_size_and_rank_count, other_types_and_repeated_calls,
+        every_rank_gets_the_same_bits, streams_a_batch_of_tensors,
         streams_through_small_send_buffers,
         an_allgather_brings_every_ranks_bytes,
-        a_stranger_is_dropped_with_a_warning,
-        a_rank_that_leaves_is_named,
+        a_stranger_is_dropped_with_a_warning, a_rank_that_leaves_is_named,
         a_rank_that_never_comes_is_named,
         an_exchange_a_rank_abandoned_fails_everywhere,
         a_neighbour_that_finished_and_left_is_no_failure,
-        connect_names_a_rank_that_never_connects,
-    };
-    return kolo_unit_run(kolo_unit_suite("ring", 120, tests,
-                                         sizeof(tests) / sizeof(tests[0])));
-}
+        connect_names_a_rank_that_never_connects)

@@ -38,4 +38,14 @@ static inline int kolo_unit_run(Suite *suite)
     return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
 }
 
+/* A test program's main: one suite `name` of one case of the tests listed,
+ * each allowed `timeout` seconds; Check prints the summary. */
+#define KOLO_UNIT_MAIN(name, timeout, ...)                                     \
+    int main(void)                                                             \
+    {                                                                          \
+        const TTest *const tests_[] = {__VA_ARGS__};                           \
+        return kolo_unit_run(kolo_unit_suite(                                  \
+            name, timeout, tests_, sizeof(tests_) / sizeof(tests_[0])));       \
+    }
+
 #endif /* KOLO_TESTS_UNIT_H */

@@ -1,0 +1,159 @@
+# script-lib.sh — what the test scripts share before they run anything
+# (sourced; it defines functions and runs nothing):
+#
+#   . "$(dirname "$0")/../script-lib.sh"
+#   skip_test [--counted] WHY...   # "SKIP: WHY" (and "0 passed, 0 failed"
+#                                  # with --counted), exit 77 (automake's SKIP)
+#   need_root_netns                # skip unless root with ip and
+#                                  # redis-server: the network-namespace hosts
+#   require_executables NAME FILE...  # exit 2, naming FILE, unless each is
+#                                  # an executable file
+#   clear_kolo_env [KEEP...]       # unset the caller's KOLO_* variables but
+#                                  # where the build and tests are, the time
+#                                  # limit and KEEP: the ranks see only what
+#                                  # the script gives them
+#   make_work NAME                 # WORK: a new directory, removed at exit
+#   multi_job NAME PROG LIMIT [KEEP...]   # the multi-rank scripts' setup
+#                                  # (below)
+#   python_env, python_needs MODULE TAIL   # the Python tests' setup (below)
+#   kolorun_cases, expect, case_end, cases_summary   # the launcher's
+#                                  # case-by-case scripts (at the end)
+
+skip_test() {
+    local counted=
+    if [ "${1:-}" = --counted ]; then
+        counted=1
+        shift
+    fi
+    echo "SKIP: $*"
+    [ -z "$counted" ] || echo "0 passed, 0 failed"
+    exit 77
+}
+
+need_root_netns() {
+    [ "$(id -u)" = 0 ] || skip_test --counted "needs root to make network namespaces"
+    command -v ip >/dev/null 2>&1 || skip_test --counted "needs ip (iproute2)"
+    command -v redis-server >/dev/null 2>&1 ||
+        skip_test --counted "needs redis-server (apt-get install redis-server)"
+}
+
+require_executables() {
+    local name=$1 f
+    shift
+    for f in "$@"; do
+        if [ ! -x "$f" ]; then
+            echo "$name: '$f' is not an executable file" >&2
+            exit 2
+        fi
+    done
+}
+
+clear_kolo_env() {
+    local v keep=" KOLO_TOP_BUILDDIR KOLO_TOP_SRCDIR KOLO_TEST_TIMEOUT $* "
+    for v in $(env | sed -n 's/^\(KOLO_[A-Z_]*\)=.*/\1/p'); do
+        case $keep in *" $v "*) ;; *) unset "$v" ;; esac
+    done
+}
+
+make_work() {
+    WORK=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX") || exit 2
+    trap 'rm -rf "$WORK"' EXIT
+}
+
+# multi_job NAME PROG LIMIT [KEEP...]: top (the build), kolorun and prog
+# ($top/PROG), absolute and executable; limit (KOLO_TEST_TIMEOUT, else
+# LIMIT seconds); the caller's KOLO_* variables cleared but KEEP; WORK;
+# TMPDIR=$WORK/tmp, where kolorun makes its rendezvous directories; log.
+multi_job() {
+    local name=$1 limit_default=$3
+    top=${KOLO_TOP_BUILDDIR:-.}
+    kolorun=$top/kolorun
+    prog=$top/$2
+    limit=${KOLO_TEST_TIMEOUT:-$limit_default}
+    require_executables "$name" "$kolorun" "$prog"
+    case $kolorun in /*) ;; *) kolorun=$PWD/$kolorun ;; esac
+    case $prog in /*) ;; *) prog=$PWD/$prog ;; esac
+    shift 3
+    clear_kolo_env "$@"
+    make_work "$name"
+    export TMPDIR=$WORK/tmp
+    mkdir -p "$TMPDIR"
+    log=$WORK/log
+}
+
+# The Python test scripts' places (`here` set to the script's directory):
+# top, src, python (KOLO_PYTHON, else Debian's), kolorun (KOLO_TEST_LAUNCHER:
+# kolorun --mpi, say).
+python_env() {
+    top=${KOLO_TOP_BUILDDIR:-.}
+    src=${KOLO_TOP_SRCDIR:-$(cd "$here/../.." && pwd)}
+    python=${KOLO_PYTHON-/usr/bin/python3}
+    kolorun=${KOLO_TEST_LAUNCHER:-$top/kolorun}
+}
+
+# python_needs MODULE TAIL: skips without an interpreter, or when it cannot
+# import MODULE ("... cannot import MODULE" TAIL).
+python_needs() {
+    case $python in
+    "" | :) skip_test "configure found no Python interpreter" ;;
+    esac
+    "$python" -c "import $1" 2>/dev/null || skip_test "$python cannot import $1$2"
+}
+
+# The launcher's case-by-case scripts (tests/test-kolorun*.sh):
+#
+#   kolorun_cases NAME [path/to/kolorun]   # KOLORUN (absolute, executable),
+#       # WORK (removed at exit), TMPDIR=$WORK/tmp, where kolorun makes its
+#       # rendezvous directories; D (exported: what a case's ranks leave for
+#       # its checks), OUT and ERR (kolorun's output), the counts
+#   expect DESCRIPTION COMMAND...  # DESCRIPTION is a failure unless COMMAND
+#                                  # succeeds
+#   case_end [LINES]               # TMPDIR must be empty again; "ok - NAME",
+#       # or "FAIL - NAME" with the reasons, kolorun's exit status ($rc) and
+#       # the first LINES (8) lines of its stderr; returns 1 on a failure
+#   cases_summary                  # "N passed, M failed"; the status
+kolorun_cases() {
+    KOLORUN=${2:-./kolorun}
+    case $KOLORUN in /*) ;; *) KOLORUN=$PWD/$KOLORUN ;; esac
+    require_executables "$1" "$KOLORUN"
+    make_work "$1"
+    export TMPDIR=$WORK/tmp
+    mkdir "$TMPDIR"
+    D=$WORK/d
+    export D
+    OUT=$WORK/out
+    ERR=$WORK/err
+    passed=0
+    failed=0
+    name=
+    why=
+}
+
+expect() {
+    local what=$1
+    shift
+    "$@" || why="$why
+    - $what"
+}
+
+case_end() {
+    local left
+    left=$(ls -A "$TMPDIR")
+    [ -z "$left" ] || why="$why
+    - left behind in TMPDIR: $left"
+    if [ -z "$why" ]; then
+        passed=$((passed + 1))
+        echo "ok - $name"
+        return 0
+    fi
+    failed=$((failed + 1))
+    echo "FAIL - $name$why"
+    echo "    kolorun exit status: ${rc:-?}; stderr (first lines):"
+    head -n "${1:-8}" "$ERR" 2>/dev/null | cut -c1-200 | sed 's/^/      | /'
+    return 1
+}
+
+cases_summary() {
+    echo "$passed passed, $failed failed"
+    [ "$failed" -eq 0 ]
+}
