@@ -189,7 +189,9 @@ for np in 2 3; do
             $py "$check" balanced "$tool" "$d"/rs.*.json
     fi
 
-    # SIGKILL of rank 0 while it writes its timeline.
+    # SIGKILL of rank 0 while it writes its timeline: once the file holds
+    # "loop.mark" (160 allreduces ended before it) and KB KiB of events
+    # (the size without the spaces the writer keeps in reserve).
     for kb in 32 256; do
         k=$d/kill$kb
         mkdir -p "$k"
@@ -203,7 +205,8 @@ for np in 2 3; do
         killed=0
         for _ in $(seq 400); do
             if [ -s "$k/pid.0" ] && [ -f "$k/tl.json" ] &&
-                [ "$(stat -c %s "$k/tl.json")" -gt $((kb * 1024)) ]; then
+                grep -q 'loop\.mark' "$k/tl.json" &&
+                [ "$(tr -d ' ' <"$k/tl.json" | wc -c)" -gt $((kb * 1024)) ]; then
                 kill -KILL "$(cat "$k/pid.0")" && killed=1
                 break
             fi

@@ -31,8 +31,11 @@
  *                  starts FILE.<i>b.json at once: each file must be valid
  *                  and balanced (no end without its begin)
  *   loop           allreduces of 8 small tensors without end; every rank
- *                  writes its pid to $TL_DIR/pid.R. The driver SIGKILLs
- *                  rank 0; the others must see an error and exit (3)
+ *                  writes its pid to $TL_DIR/pid.R. After 20 rounds (160
+ *                  allreduces done) one allreduce of "loop.mark": once its
+ *                  name is in the file, so are the ends of those 160 (the
+ *                  writer keeps the order). The driver SIGKILLs rank 0; the
+ *                  others must see an error and exit (3)
  *   stall-warn     every rank allreduces "grad.withheld" once (it is then
  *                  in the response cache); the second time, the last rank
  *                  withholds it for $TL_WITHHOLD_S (2.5) s, then enqueues
@@ -262,6 +265,13 @@ static void mode_loop(void)
     fclose(f);
     alarm(0); /* the driver ends it */
     for (long it = 0;; it++) {
+        if (it == 20) {
+            float one = 1.0f;
+            kolo_handle_t m;
+            MUST(kolo_allreduce_async("loop.mark", &one, &one, 1, KOLO_FLOAT32,
+                                      KOLO_OP_SUM, &m));
+            MUST(kolo_wait(m));
+        }
         for (int t = 0; t < 8; t++) {
             int rc;
             snprintf(name, sizeof(name), "loop.%d", t);
