@@ -618,11 +618,17 @@ size_t kolo__config_agreed(const kolo__config_t *cfg, const char *build,
 /* ---- typos -------------------------------------------------------------- */
 
 /* KOLO_* variables that are not settings of the runtime but are still
- * ours: the test suite's and the tools'. */
+ * ours: the test suite's and the tools', and pip's build variables (the
+ * twins of Horovod's, read by setup.py). */
 static const char *const other_names[] = {
     "KOLO_TOP_BUILDDIR", "KOLO_TOP_SRCDIR", "KOLO_TEST_*", "KOLO_PYTEST_*",
     "KOLO_FUZZ_SECONDS", "KOLO_SOAK_STEPS", "KOLO_LIBRARY", "KOLO_PYTHON",
     "KOLO_MPIRUN", "KOLO_MPI_TEST_MAX_COUNT", "KOLO_BENCH_FAULT",
+    "KOLO_WITH_*", "KOLO_WITHOUT_*", "KOLO_GPU", "KOLO_GPU_OPERATIONS",
+    "KOLO_GPU_ALLREDUCE", "KOLO_GPU_ALLGATHER", "KOLO_GPU_BROADCAST",
+    "KOLO_GPU_ALLTOALL", "KOLO_GPU_REDUCESCATTER", "KOLO_CUDA_HOME",
+    "KOLO_NCCL_HOME", "KOLO_NCCL_INCLUDE", "KOLO_NCCL_LIB",
+    "KOLO_BUILD_CUDA_CC_LIST", "KOLO_BUILD_ARCH_FLAGS", "KOLO_DEBUG",
 };
 
 static size_t edit_distance(const char *a, const char *b)

@@ -672,7 +672,10 @@ START_TEST(scan_warns_once_per_finding)
                      "HOROVOD_WITH_PYTORCH=1",           /* Horovod's build */
                      "HOROVOD_GPU_OPERATIONS=NCCL",
                      "HOROVOD_DYNAMIC_PROCESS_SETS=1",   /* kolo always does */
-                     "KOLO_TOP_BUILDDIR=/x", "PATH=/bin", NULL};
+                     "KOLO_TOP_BUILDDIR=/x", "PATH=/bin",
+                     "KOLO_WITHOUT_MPI=1",               /* pip's build */
+                     "KOLO_GPU_OPERATIONS=NCCL", "KOLO_NCCL_HOME=/opt/nccl",
+                     NULL};
     char *loud[] = {"KOLO_CYCLE_TIME=5", "HOROVOD_CYCLE_TIME=1",
                     "HOROVOD_HIERARCHICAL_ALLGATHER=1",
                     "HOROVOD_NUM_NCCL_STREAMS=2",
