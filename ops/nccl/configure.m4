@@ -122,6 +122,10 @@ AM_CONDITIONAL([HAVE_NVCC], [test "x$kolo_have_nvcc" = xyes])])
 #   --with-nccl           require NCCL (from the CUDA prefix or the system)
 #   --with-nccl=PREFIX    require NCCL from PREFIX
 #   --without-nccl        build without NCCL
+#   --with-nccl-include=DIR, --with-nccl-lib=DIR
+#                         nccl.h, libnccl there (NCCL not under one
+#                         prefix: Horovod's HOROVOD_NCCL_INCLUDE and
+#                         HOROVOD_NCCL_LIB); each implies --with-nccl
 #   [default: use NCCL when it is found and CUDA is there]
 #   Asked for without CUDA, or asked for but unusable: configure fails.
 #
@@ -155,6 +159,16 @@ AC_ARG_WITH([nccl],
   [AS_HELP_STRING([--with-nccl@<:@=PREFIX@:>@],
     [build the NCCL GPU backend (needs CUDA), with NCCL from PREFIX, else the CUDA prefix or the system @<:@default=auto@:>@])],
   [], [with_nccl=auto])
+AC_ARG_WITH([nccl-include],
+  [AS_HELP_STRING([--with-nccl-include=DIR],
+    [nccl.h is in DIR (where NCCL is not under one prefix; implies --with-nccl)])],
+  [], [with_nccl_include=])
+AC_ARG_WITH([nccl-lib],
+  [AS_HELP_STRING([--with-nccl-lib=DIR],
+    [libnccl is in DIR (implies --with-nccl)])],
+  [], [with_nccl_lib=])
+AS_IF([test -n "$with_nccl_include$with_nccl_lib" && test "x$with_nccl" = xauto],
+  [with_nccl=yes])
 kolo_have_nccl=no
 kolo_nccl_why=
 NCCL_CPPFLAGS=
@@ -172,15 +186,21 @@ AS_IF([test "x$with_nccl" != xno && test "x$kolo_have_cuda" != xyes],
      [kolo_nccl_places="$kolo_cuda_prefix /usr /usr/local"])
    kolo_nccl_where=
    for kolo_nccl_place in $kolo_nccl_places; do
-     AS_IF([test -f "$kolo_nccl_place/include/nccl.h"],
-       [KOLO_FIND_LIBDIR([kolo_nccl_libdir], [$kolo_nccl_place], [nccl])
+     kolo_nccl_incdir=${with_nccl_include:-$kolo_nccl_place/include}
+     AS_IF([test -f "$kolo_nccl_incdir/nccl.h"],
+       [AS_IF([test -n "$with_nccl_lib"],
+          [AS_IF([test -f "$with_nccl_lib/libnccl.so" || test -f "$with_nccl_lib/libnccl.a"],
+             [kolo_nccl_libdir=$with_nccl_lib], [kolo_nccl_libdir=])],
+          [KOLO_FIND_LIBDIR([kolo_nccl_libdir], [$kolo_nccl_place], [nccl])])
         AS_IF([test -n "$kolo_nccl_libdir"],
           [kolo_nccl_where=$kolo_nccl_place
            break])])
    done
    AS_IF([test -z "$kolo_nccl_where"],
-     [kolo_nccl_why="no include/nccl.h with a libnccl beside it in $kolo_nccl_places"],
-     [KOLO_INCDIR_FLAGS([NCCL_CPPFLAGS], [$kolo_nccl_where/include])
+     [AS_IF([test -n "$with_nccl_include$with_nccl_lib"],
+        [kolo_nccl_why="no nccl.h in ${with_nccl_include:-the include folder} with libnccl in ${with_nccl_lib:-the lib folder} of $kolo_nccl_places"],
+        [kolo_nccl_why="no include/nccl.h with a libnccl beside it in $kolo_nccl_places"])],
+     [KOLO_INCDIR_FLAGS([NCCL_CPPFLAGS], [$kolo_nccl_incdir])
       KOLO_LIBDIR_FLAGS([kolo_nccl_libflags], [$kolo_nccl_libdir])
       NCCL_LIBS="${kolo_nccl_libflags:+$kolo_nccl_libflags }-lnccl"
       AC_LANG_PUSH([C])

@@ -36,7 +36,7 @@ typedef int (*kolorun_built_fn)(const char *);
 
 static void *kolorun_libkolo(char *path, size_t n, char *why, size_t wn)
 {
-    char self[4096], cand[4][4200];
+    char self[4096], cand[5][4200];
     int nc = 0;
     const char *env = getenv("KOLO_LIBRARY");
     ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -47,7 +47,9 @@ static void *kolorun_libkolo(char *path, size_t n, char *why, size_t wn)
         char *slash = strrchr(self, '/');
         if (slash) {
             *slash = '\0';
+            /* a build tree's .libs; beside kolorun in pip's kolo/_native */
             snprintf(cand[nc++], sizeof cand[0], "%s/.libs/libkolo.so.0", self);
+            snprintf(cand[nc++], sizeof cand[0], "%s/libkolo.so.0", self);
         }
     }
 #ifdef KOLO_LIBDIR
@@ -267,7 +269,8 @@ __attribute__((noreturn)) void kolorun_check_build(void)
         printf("(%s could not be run: no frameworks checked)\n", pyargv[0]);
     else if (!kolorun_probe_line(probe, "kolo", kver, sizeof kver))
         printf("(%s cannot import the kolo package: put bindings/python on "
-               "PYTHONPATH, or make install)\n", pyargv[0]);
+               "PYTHONPATH, or install kolo: pip install ., make install)\n",
+               pyargv[0]);
     fflush(stdout);
     exit(0);
 }

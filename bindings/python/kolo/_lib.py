@@ -3,9 +3,11 @@ declaring the prototype of every function of kolo.h that the bindings use.
 
 The library is found, in this order:
   1. the environment variable KOLO_LIBRARY (a path to libkolo.so);
-  2. the libdir that `make` wrote into kolo/_build_config.py (the installed
+  2. kolo/_native/libkolo.so.0, inside this package (where `pip install`
+     puts it: setup.py);
+  3. the libdir that `make` wrote into kolo/_build_config.py (the installed
      package knows where `make install` put the library);
-  3. the dynamic loader's search path (`libkolo.so.0`, then `libkolo.so`).
+  4. the dynamic loader's search path (`libkolo.so.0`, then `libkolo.so`).
 
 ctypes.CDLL releases the GIL around every foreign call, so a Python thread
 blocked in kolo_wait() lets the other Python threads run.
@@ -109,6 +111,10 @@ def _candidates():
     if env:
         return [env], True
     found = []
+    packaged = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            "_native", "libkolo.so.0")
+    if os.path.exists(packaged):
+        found.append(packaged)
     try:
         # written by make; absent in a source tree
         from ._build_config import LIBDIR as libdir
@@ -136,8 +142,8 @@ def _load():
     raise ImportError(
         "kolo: cannot load libkolo (tried %s): %s. Build kolo "
         "(./configure && make) and set KOLO_LIBRARY to the path of "
-        "libkolo.so (in a build tree: .libs/libkolo.so), or `make install` "
-        "it." % (where, "; ".join(errors)))
+        "libkolo.so (in a build tree: .libs/libkolo.so), or install it "
+        "(pip install ., or make install)." % (where, "; ".join(errors)))
 
 
 lib, path = _load()

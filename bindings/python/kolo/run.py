@@ -69,13 +69,16 @@ _importing_main = False
 
 
 def _find_kolorun():
-    """kolorun of this kolo: next to the library of a build tree, else
-    where `make install` put it, else on PATH."""
+    """kolorun of this kolo: beside the library (pip's kolo/_native), or
+    above it (a build tree's .libs), else where `make install` put it,
+    else on PATH."""
     from ._lib import path as lib_path
     tried = []
     lib_dir = os.path.dirname(os.path.abspath(lib_path))
     if os.path.basename(lib_dir) == ".libs":
         tried.append(os.path.join(os.path.dirname(lib_dir), "kolorun"))
+    elif os.path.basename(lib_dir) == "_native":
+        tried.append(os.path.join(lib_dir, "kolorun"))
     try:
         from ._build_config import BINDIR as bindir
         if bindir and not bindir.startswith("@"):
@@ -90,7 +93,7 @@ def _find_kolorun():
         return found
     raise FileNotFoundError(
         "kolo.run needs kolorun, and found none (tried %s and PATH): build "
-        "kolo, or make install it" % (", ".join(tried) or "nothing"))
+        "kolo, or install it (pip install ., or make install)" % (", ".join(tried) or "nothing"))
 
 
 def _site_dirs():
