@@ -203,7 +203,8 @@ for np in 2 3; do
         ) &
         job=$!
         killed=0
-        for _ in $(seq 400); do
+        t0=$SECONDS
+        while [ $((SECONDS - t0)) -lt $((limit - 5)) ]; do
             if [ -s "$k/pid.0" ] && [ -f "$k/tl.json" ] &&
                 grep -q 'loop\.mark' "$k/tl.json" &&
                 [ "$(tr -d ' ' <"$k/tl.json" | wc -c)" -gt $((kb * 1024)) ]; then
