@@ -131,6 +131,7 @@ static struct {
     int port;
     char host[256];
     char why[300];
+    char job[128]; /* the JOB of redis:HOST:PORT/JOB */
 } g_serve;
 
 static const char *env_get(const char *name)
@@ -197,6 +198,8 @@ static int launcher_configure(kolo__err_t *err)
         g_serve.port = le.port;
         snprintf(g_serve.host, sizeof(g_serve.host), "%s", le.host);
         snprintf(g_serve.why, sizeof(g_serve.why), "%s", le.where);
+        snprintf(g_serve.job, sizeof(g_serve.job), "%s",
+                 strrchr(le.rendezvous, '/') + 1);
     }
     /* Peers on other nodes must reach this rank's transport. */
     if (kolo__config_get("KOLO_HOSTNAME", plain_getenv) == NULL &&
@@ -213,15 +216,37 @@ static int launcher_configure(kolo__err_t *err)
 }
 
 /* Rank 0 of a job started by torchrun or srun serves the rendezvous; the
- * others wait until it answers, for at most KOLO_START_TIMEOUT. */
-static int serve_rendezvous(const kolo__config_t *cfg, kolo__err_t *err)
+ * others wait until it answers, for at most KOLO_START_TIMEOUT. Where the
+ * launcher's port was taken, rank 0 serves on one of the next ones
+ * (rdvserver.c), and every rank's KOLO_RENDEZVOUS says the one found. */
+static int serve_rendezvous(kolo__config_t *cfg, kolo__err_t *err)
 {
+    char *colon, rdv[sizeof(cfg->rendezvous)];
+    int port = 0;
+
     if (g_serve.port == 0)
         return KOLO_OK;
     if (cfg->rank == 0)
-        return kolo__rdvserver_start(g_serve.port, g_serve.why, err);
-    return kolo__rdvserver_wait(g_serve.host, g_serve.port,
-                                cfg->start_timeout_s, g_serve.why, err);
+        KOLO__CHECK(kolo__rdvserver_start(g_serve.port, g_serve.job,
+                                          g_serve.why, &port, err));
+    else
+        KOLO__CHECK(kolo__rdvserver_wait(g_serve.host, g_serve.port,
+                                         g_serve.job, cfg->start_timeout_s,
+                                         g_serve.why, &port, err));
+    if (port == g_serve.port)
+        return KOLO_OK;
+    /* redis:HOST:PORT/JOB, HOST maybe [v6]: the port is after the last
+     * colon before the job */
+    snprintf(rdv, sizeof(rdv), "%s", cfg->rendezvous);
+    *strrchr(rdv, '/') = '\0';
+    colon = strrchr(rdv, ':');
+    snprintf(colon + 1, sizeof(rdv) - (size_t)(colon + 1 - rdv), "%d/%s",
+             port, g_serve.job);
+    snprintf(cfg->rendezvous, sizeof(cfg->rendezvous), "%s", rdv);
+    env_override("KOLO_RENDEZVOUS", "%s", rdv);
+    kolo__debug("port %d was taken: the job's rendezvous is %s",
+                g_serve.port, rdv);
+    return KOLO_OK;
 }
 
 /* An elastic job (KOLO_ELASTIC=1): the place comes from the newest

@@ -36,6 +36,9 @@
  *             MASTER_PORT is set, else 30000 + (job id * 16 + step id) mod
  *             30000; JOB = srun-JOBID.STEPID.
  *
+ * Where another program holds PORT, rank 0 serves on one of the next few
+ * ports and every rank finds it there (rdvserver.c, KOLO__RDV_PORTS).
+ *
  * A KOLO_RENDEZVOUS the user sets (file: on a shared file system, or a
  * Redis server) is used instead, and then no rank serves anything.
  *

@@ -16,6 +16,15 @@
  *   GET key              the value, or the null bulk string
  *   EXISTS key...        how many exist (Gloo waits with it)
  *   DEL key...           how many were removed
+ *   KOLO.SERVES job      :1 when this server serves that job, else :0
+ *
+ * The port. The launcher's (MASTER_PORT+1, ...) may be taken by another
+ * program when the job starts: MASTER_PORT is often one the kernel gave
+ * torchrun (odd), and the next one is of the parity Linux gives outgoing
+ * connections. So rank 0 takes the first free port of KOLO__RDV_PORTS
+ * from there, and the other ranks ask each of those ports KOLO.SERVES
+ * with the job's name: a stranger there (another program, another job's
+ * rendezvous, a Redis server) does not answer :1.
  *
  * Requests are RESP arrays of bulk strings, as every client library sends
  * them; anything else gets an error reply. One thread runs a poll() loop
@@ -75,6 +84,33 @@ typedef struct rdv_server {
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static int g_port; /* the port served, 0 when none */
+/* The jobs served (one per kolo_init of this process, at most a few). */
+#define RDV_MAX_JOBS 16
+static char g_jobs[RDV_MAX_JOBS][128];
+static int g_njobs;
+
+static int serves_job(const char *job, size_t len)
+{
+    int yes = 0;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < g_njobs && !yes; i++)
+        yes = strlen(g_jobs[i]) == len && memcmp(g_jobs[i], job, len) == 0;
+    pthread_mutex_unlock(&g_mu);
+    return yes;
+}
+
+/* Called with g_mu held. */
+static void add_job(const char *job)
+{
+    for (int i = 0; i < g_njobs; i++)
+        if (strcmp(g_jobs[i], job) == 0)
+            return;
+    if (g_njobs == RDV_MAX_JOBS) { /* the oldest goes */
+        memmove(g_jobs[0], g_jobs[1], sizeof(g_jobs[0]) * (RDV_MAX_JOBS - 1));
+        g_njobs--;
+    }
+    snprintf(g_jobs[g_njobs++], sizeof(g_jobs[0]), "%s", job);
+}
 
 /* ---- keys ----------------------------------------------------------------- */
 
@@ -232,6 +268,8 @@ static int serve_request(rdv_server_t *s, int fd, int argc, const char **argv,
             return -1;
         return send_all(fd, "\r\n", 2);
     }
+    if (is_cmd(argv[0], alen[0], "KOLO.SERVES") && argc == 2)
+        return reply_int(fd, serves_job(argv[1], alen[1]));
     if ((is_cmd(argv[0], alen[0], "EXISTS") || is_cmd(argv[0], alen[0], "DEL")) &&
         argc >= 2) {
         int del = is_cmd(argv[0], alen[0], "DEL");
@@ -393,33 +431,48 @@ static int listen_any(int port, int *err_no)
     return fd;
 }
 
-int kolo__rdvserver_start(int port, const char *why, kolo__err_t *err)
+int kolo__rdvserver_start(int port, const char *job, const char *why,
+                          int *served, kolo__err_t *err)
 {
     rdv_server_t *s;
     pthread_t tid;
     pthread_attr_t attr;
     sigset_t all, old;
-    int fd, e = 0, rc;
+    int fd = -1, e = 0, rc, p;
 
     pthread_mutex_lock(&g_mu);
     if (g_port != 0) {
-        rc = g_port == port ? KOLO_OK
-                            : kolo__err_set(err, KOLO_ERR_CONFIG,
-                                            "this process already serves "
-                                            "a rendezvous on port %d, and "
-                                            "is asked for port %d (%s)",
-                                            g_port, port, why);
+        rc = g_port >= port && g_port < port + KOLO__RDV_PORTS
+                 ? KOLO_OK
+                 : kolo__err_set(err, KOLO_ERR_CONFIG,
+                                 "this process already serves a rendezvous "
+                                 "on port %d, and is asked for ports %d..%d "
+                                 "(%s)",
+                                 g_port, port, port + KOLO__RDV_PORTS - 1, why);
+        if (rc == KOLO_OK) {
+            add_job(job);
+            *served = g_port;
+        }
         pthread_mutex_unlock(&g_mu);
         return rc;
     }
-    if ((fd = listen_any(port, &e)) < 0) {
+    for (p = port; p < port + KOLO__RDV_PORTS && p <= 65535; p++) {
+        if ((fd = listen_any(p, &e)) >= 0)
+            break;
+        if (e != EADDRINUSE && e != EACCES)
+            break; /* not about this port: the next one fares no better */
+        kolo__debug("rendezvous port %d (%s) is taken: %s; trying the next",
+                    p, why, strerror(e));
+    }
+    if (fd < 0) {
         pthread_mutex_unlock(&g_mu);
         return kolo__err_set(err, KOLO_ERR_BACKEND,
                              "rank 0 cannot serve the job's rendezvous on "
-                             "port %d (%s): %s; set KOLO_RENDEZVOUS to a "
-                             "Redis server (redis:HOST:PORT) or a shared "
+                             "ports %d..%d (%s): %s; set KOLO_RENDEZVOUS to "
+                             "a Redis server (redis:HOST:PORT) or a shared "
                              "directory (file:DIR)",
-                             port, why, strerror(e));
+                             port, p < port + KOLO__RDV_PORTS ? p : p - 1, why,
+                             strerror(e));
     }
     if ((s = calloc(1, sizeof(*s))) == NULL) {
         close(fd);
@@ -444,20 +497,28 @@ int kolo__rdvserver_start(int port, const char *why, kolo__err_t *err)
                              "cannot start the rendezvous thread: %s",
                              strerror(rc));
     }
-    g_port = port;
+    g_port = p;
+    add_job(job);
+    *served = p;
     pthread_mutex_unlock(&g_mu);
-    kolo__debug("serving the job's rendezvous on port %d (%s)", port, why);
+    kolo__debug("serving the job's rendezvous on port %d (%s)", p, why);
     return KOLO_OK;
 }
 
-/* One try: connect and PING within a second. 0 when a server answered. */
-static int ping(const char *host, int port)
+/* One try: connect and ask KOLO.SERVES job within a second. 0 when the
+ * server at host:port serves that job. */
+static int ask_serves(const char *host, int port, const char *job)
 {
     struct addrinfo hints, *ai = NULL, *a;
     struct timeval tv = {1, 0};
-    char service[16], reply[8];
-    int ok = 0;
+    char service[16], request[256], reply[4];
+    int ok = 0, len;
 
+    len = snprintf(request, sizeof(request),
+                   "*2\r\n$11\r\nKOLO.SERVES\r\n$%zu\r\n%s\r\n", strlen(job),
+                   job);
+    if (len < 0 || (size_t)len >= sizeof(request))
+        return -1;
     snprintf(service, sizeof(service), "%d", port);
     memset(&hints, 0, sizeof(hints));
     hints.ai_socktype = SOCK_STREAM;
@@ -471,10 +532,10 @@ static int ping(const char *host, int port)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
         if (connect(fd, a->ai_addr, a->ai_addrlen) == 0 &&
-            send_all(fd, "*1\r\n$4\r\nPING\r\n", 14) == 0) {
-            while (n < 7 && (got = recv(fd, reply + n, (size_t)(7 - n), 0)) > 0)
+            send_all(fd, request, (size_t)len) == 0) {
+            while (n < 4 && (got = recv(fd, reply + n, (size_t)(4 - n), 0)) > 0)
                 n += got;
-            ok = n == 7 && memcmp(reply, "+PONG\r\n", 7) == 0;
+            ok = n == 4 && memcmp(reply, ":1\r\n", 4) == 0;
         }
         close(fd);
     }
@@ -482,8 +543,9 @@ static int ping(const char *host, int port)
     return ok ? 0 : -1;
 }
 
-int kolo__rdvserver_wait(const char *host, int port, double timeout_s,
-                         const char *why, kolo__err_t *err)
+int kolo__rdvserver_wait(const char *host, int port, const char *job,
+                         double timeout_s, const char *why, int *found,
+                         kolo__err_t *err)
 {
     struct timespec t0, now;
     long pause_ms = 10;
@@ -491,18 +553,22 @@ int kolo__rdvserver_wait(const char *host, int port, double timeout_s,
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
         double waited;
-        if (ping(host, port) == 0)
-            return KOLO_OK;
+        for (int p = port; p < port + KOLO__RDV_PORTS && p <= 65535; p++)
+            if (ask_serves(host, p, job) == 0) {
+                *found = p;
+                return KOLO_OK;
+            }
         clock_gettime(CLOCK_MONOTONIC, &now);
         waited = (double)(now.tv_sec - t0.tv_sec) +
                  (double)(now.tv_nsec - t0.tv_nsec) / 1e9;
         if (waited >= timeout_s)
             return kolo__err_set(err, KOLO_ERR_TIMEOUT,
-                                 "rank 0's rendezvous at %s:%d (%s) did not "
-                                 "answer within %g s (KOLO_START_TIMEOUT): "
-                                 "has rank 0 started, and is %s reachable "
-                                 "from here?",
-                                 host, port, why, timeout_s, host);
+                                 "rank 0's rendezvous at %s, ports %d..%d "
+                                 "(%s), did not answer within %g s "
+                                 "(KOLO_START_TIMEOUT): has rank 0 started, "
+                                 "and is %s reachable from here?",
+                                 host, port, port + KOLO__RDV_PORTS - 1, why,
+                                 timeout_s, host);
         poll(NULL, 0, (int)pause_ms);
         pause_ms = pause_ms < 200 ? pause_ms * 2 : 200;
     }

@@ -179,8 +179,10 @@ typedef int64_t kolo_handle_t;
  * the tasks of a job step (SLURM_PROCID, SLURM_STEP_ID, ...). Unless
  * KOLO_RENDEZVOUS names one, rank 0 then serves the job's rendezvous on
  * MASTER_PORT+1 (srun without MASTER_PORT: a port from the job and step
- * ids) from a thread that lives until the process exits, and the others
- * wait for it up to KOLO_START_TIMEOUT (KOLO_ERR_TIMEOUT, naming it).
+ * ids), or on one of the 7 ports after it where another program holds
+ * that one, from a thread that lives until the process exits, and the
+ * others find it there, waiting up to KOLO_START_TIMEOUT
+ * (KOLO_ERR_TIMEOUT, naming the ports).
  *
  * Under MPI. A process started by mpirun or srun (OMPI_COMM_WORLD_SIZE,
  * PMI_SIZE, PMIX_RANK, ... set) without KOLO_RANK and KOLO_SIZE takes its

@@ -5,7 +5,8 @@
 #
 #  - torchrun: 2 ranks on one node (--standalone), and 2 agents of 2 ranks
 #    each as two "nodes" of one machine (static rendezvous: torchrun's own
-#    TCPStore holds MASTER_PORT, kolo's rank 0 serves MASTER_PORT+1);
+#    TCPStore holds MASTER_PORT, kolo's rank 0 serves MASTER_PORT+1, or a
+#    next port where another program holds that one);
 #  - srun: Slurm's variables of a job step, set by hand, one node and two;
 #  - HOROVOD_* variables read as their KOLO_* twins by every rank, and the
 #    warnings about twins that differ and variables kolo cannot honour;
@@ -34,7 +35,7 @@ done
 export prog kolorun
 
 # A port nobody listens on, and the next one free too (kolo's rank 0
-# serves MASTER_PORT+1).
+# serves MASTER_PORT+1 where it is free).
 free_port() {
     "$python" - <<'PY'
 import socket
@@ -67,7 +68,9 @@ if "$python" -c 'import torch.distributed.run' 2>/dev/null; then
     run "torchrun --standalone, 2 ranks: allreduce, every rank placed" bash -c '
         log=$(mktemp) && trap "rm -f $log" EXIT &&
         KOLO_LOG_LEVEL=debug torchrun --standalone --nproc_per_node 2 \
-            --no_python "$prog" random 3 >"$log" 2>&1 || { cat "$log"; exit 1; }
+            --no_python "$prog" random 3 >"$log" 2>&1 || {
+            # the ranks lines last: what the tail of a failure shows
+            cat "$log"; grep -a "ERROR\|FAIL\|rank [0-9]:" "$log" | tail -n 8; exit 1; }
         expect_all "$log" 1 "rank 0 of 2, shm backend" &&
         expect_all "$log" 1 "rank 1 of 2, shm backend" &&
         expect_all "$log" 1 "serving the job.s rendezvous on port"'
@@ -91,6 +94,22 @@ if "$python" -c 'import torch.distributed.run' 2>/dev/null; then
     run "torchrun with KOLO_CONTROLLER=gloo: Gloo meets at rank 0's store" bash -c '
         KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo torchrun --standalone \
             --nproc_per_node 2 --no_python "$prog" random 2'
+    # Another program listens on MASTER_PORT+1 (and never answers): rank 0
+    # serves on a next port, and the others find it there.
+    port=$(free_port)
+    export port
+    run "torchrun whose MASTER_PORT+1 another program holds: a next port serves" bash -c '
+        log=$(mktemp) && trap "rm -f $log $log.held; kill \$holder 2>/dev/null" EXIT
+        "$python" -c "import socket, sys, time
+s = socket.socket(); s.bind((\"0.0.0.0\", int(sys.argv[1]))); s.listen(1)
+print(\"held\", flush=True); time.sleep(300)" $((port + 1)) >"$log.held" &
+        holder=$!
+        for _ in $(seq 100); do [ -s "$log.held" ] && break; sleep 0.1; done
+        KOLO_LOG_LEVEL=debug torchrun --nnodes 1 --nproc_per_node 2 \
+            --master_addr 127.0.0.1 --master_port $port \
+            --no_python "$prog" random 2 >"$log" 2>&1 || { cat "$log"; exit 1; }
+        expect_all "$log" 2 "port $((port + 1)) was taken: the job.s rendezvous is redis:127.0.0.1:" &&
+        expect_all "$log" 2 ": PASS random"'
 else
     echo "SKIP torchrun: $python cannot import torch.distributed.run"
 fi
