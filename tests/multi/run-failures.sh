@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # run-failures.sh — one rank fails, the others must say so: runs
-# tests/multi/test-failures under kolorun at 2, 3 and 4 ranks, the victim
-# being the last rank (and, at 3 ranks, rank 0, the coordinator), in every
-# mode:
+# tests/multi/test-failures under kolorun at 2, 3 and 4 ranks (or the
+# counts in KOLO_TEST_NP), the victim being the last rank (and, at 3 ranks,
+# rank 0, the coordinator), in every mode:
 #
 #   midcoll   SIGKILL in the middle of a 16M-float allreduce: early (a
 #             tenth of the time one takes) and late (half of it), when the
@@ -29,6 +29,7 @@
 # check` runs it with KOLO_TOP_BUILDDIR set)
 set -u
 . "$(dirname "$0")/../script-lib.sh"
+nps=${KOLO_TEST_NP:-2 3 4}
 # The ranks see only what this script gives them (and the backends
 # run-backends.sh chooses); kolorun's rendezvous directories go in TMPDIR.
 multi_job run-failures tests/multi/test-failures 60 \
@@ -201,7 +202,7 @@ run() {
     fi
 }
 
-for np in 2 3 4; do
+for np in $nps; do
     last=$((np - 1))
     run "np=$np midcoll: rank $last killed inside a 16M allreduce" killed 20 \
         "$np" "$last" midcoll -- KOLO_TIMEOUT_SECONDS=5

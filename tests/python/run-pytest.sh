@@ -15,7 +15,7 @@
 #   (default BUILDDIR/.libs/libkolo.so), KOLO_PYTEST_RANKS ("2 3 4"),
 #   KOLO_PYTEST_CUDA_RANKS (the rank counts of test_torch_cuda.py: "1"
 #   and KOLO_PYTEST_RANKS, since it needs one GPU per rank and a machine
-#   may have one), KOLO_TEST_TIMEOUT (300).
+#   may have one; "1" alone where torch sees no GPU), KOLO_TEST_TIMEOUT (300).
 # test_torch_cuda.py skips every test, with the reason, where torch sees no
 # GPU or libkolo has no NCCL.
 # Exit status 77 (skipped) when the interpreter cannot import numpy or
@@ -38,6 +38,13 @@ python_needs numpy " (python3-numpy): no Python binding tests"
 python_needs pytest " (python3-pytest): no Python binding tests"
 if ! "$python" -c 'import torch' 2>/dev/null; then
     echo "NOTE: $python cannot import torch (python3-torch): the kolo.torch tests are skipped"
+fi
+# Without a GPU, test_torch_cuda.py skips everything at any rank count: say
+# so once, at one rank, instead of starting three more jobs to skip it.
+if [ -z "${KOLO_PYTEST_CUDA_RANKS:-}" ] &&
+    ! "$python" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' \
+        2>/dev/null; then
+    cuda_ranks=1
 fi
 for f in "$kolorun" "$lib"; do
     if [ ! -e "$f" ]; then
