@@ -124,15 +124,11 @@ static int g_env_noverride;
  * and its place in it. */
 static kolo__elastic_place_t g_elastic;
 
-/* torchrun or srun: rank 0 serves the rendezvous at this port, the others
- * wait for it there (after the configuration is read: KOLO_START_TIMEOUT
- * bounds the wait). port 0: no such job, or the user named a rendezvous. */
-static struct {
-    int port;
-    char host[256];
-    char why[300];
-    char job[128]; /* the JOB of redis:HOST:PORT/JOB */
-} g_serve;
+/* torchrun or srun: rank 0 serves the rendezvous at g_serve's host, port
+ * and job, the others wait for it there (after the configuration is read:
+ * KOLO_START_TIMEOUT bounds the wait). port 0: no such job, or the user
+ * named a rendezvous. */
+static kolo__launchenv_t g_serve;
 
 static const char *env_get(const char *name)
 {
@@ -195,11 +191,7 @@ static int launcher_configure(kolo__err_t *err)
                    le.cross_rank, le.cross_size);
     if ((rdv == NULL || rdv[0] == '\0') && le.size > 1) {
         env_override("KOLO_RENDEZVOUS", "%s", le.rendezvous);
-        g_serve.port = le.port;
-        snprintf(g_serve.host, sizeof(g_serve.host), "%s", le.host);
-        snprintf(g_serve.why, sizeof(g_serve.why), "%s", le.where);
-        snprintf(g_serve.job, sizeof(g_serve.job), "%s",
-                 strrchr(le.rendezvous, '/') + 1);
+        g_serve = le;
     }
     /* Peers on other nodes must reach this rank's transport. */
     if (kolo__config_get("KOLO_HOSTNAME", plain_getenv) == NULL &&
@@ -221,31 +213,25 @@ static int launcher_configure(kolo__err_t *err)
  * (rdvserver.c), and every rank's KOLO_RENDEZVOUS says the one found. */
 static int serve_rendezvous(kolo__config_t *cfg, kolo__err_t *err)
 {
-    char *colon, rdv[sizeof(cfg->rendezvous)];
+    const kolo__launchenv_t *le = &g_serve;
     int port = 0;
 
-    if (g_serve.port == 0)
+    if (le->port == 0)
         return KOLO_OK;
     if (cfg->rank == 0)
-        KOLO__CHECK(kolo__rdvserver_start(g_serve.port, g_serve.job,
-                                          g_serve.why, &port, err));
+        KOLO__CHECK(kolo__rdvserver_start(le->port, le->job, le->where, &port,
+                                          err));
     else
-        KOLO__CHECK(kolo__rdvserver_wait(g_serve.host, g_serve.port,
-                                         g_serve.job, cfg->start_timeout_s,
-                                         g_serve.why, &port, err));
-    if (port == g_serve.port)
+        KOLO__CHECK(kolo__rdvserver_wait(le->host, le->port, le->job,
+                                         cfg->start_timeout_s, le->where,
+                                         &port, err));
+    if (port == le->port)
         return KOLO_OK;
-    /* redis:HOST:PORT/JOB, HOST maybe [v6]: the port is after the last
-     * colon before the job */
-    snprintf(rdv, sizeof(rdv), "%s", cfg->rendezvous);
-    *strrchr(rdv, '/') = '\0';
-    colon = strrchr(rdv, ':');
-    snprintf(colon + 1, sizeof(rdv) - (size_t)(colon + 1 - rdv), "%d/%s",
-             port, g_serve.job);
-    snprintf(cfg->rendezvous, sizeof(cfg->rendezvous), "%s", rdv);
-    env_override("KOLO_RENDEZVOUS", "%s", rdv);
-    kolo__debug("port %d was taken: the job's rendezvous is %s",
-                g_serve.port, rdv);
+    kolo__launchenv_rendezvous(le, port, cfg->rendezvous,
+                               sizeof(cfg->rendezvous));
+    env_override("KOLO_RENDEZVOUS", "%s", cfg->rendezvous);
+    kolo__debug("port %d was taken: the job's rendezvous is %s", le->port,
+                cfg->rendezvous);
     return KOLO_OK;
 }
 

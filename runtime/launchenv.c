@@ -196,10 +196,10 @@ static int detect_torchrun(const char *(*getenv_fn)(const char *),
         run_id = "none";
     if (restarts == NULL || strspn(restarts, "0123456789") != strlen(restarts))
         restarts = "0";
-    snprintf(le->rendezvous, sizeof(le->rendezvous),
-             "redis:%s%s%s:%d/torchrun-%.60s-%.20s",
-             strchr(le->host, ':') ? "[" : "", le->host,
-             strchr(le->host, ':') ? "]" : "", le->port, run_id, restarts);
+    snprintf(le->job, sizeof(le->job), "torchrun-%.60s-%.20s", run_id,
+             restarts);
+    kolo__launchenv_rendezvous(le, le->port, le->rendezvous,
+                               sizeof(le->rendezvous));
     return 1;
 }
 
@@ -282,10 +282,19 @@ static int detect_srun(const char *(*getenv_fn)(const char *),
              addr ? "MASTER_ADDR" : le->cross_size == 1 ? "this node"
                                                         : "the step's first node",
              master_port > 0 ? "MASTER_PORT+1" : "a port from the job and step ids");
-    snprintf(le->rendezvous, sizeof(le->rendezvous), "redis:%s%s%s:%d/srun-%d.%d",
-             strchr(le->host, ':') ? "[" : "", le->host,
-             strchr(le->host, ':') ? "]" : "", le->port, job, step_id);
+    snprintf(le->job, sizeof(le->job), "srun-%d.%d", job, step_id);
+    kolo__launchenv_rendezvous(le, le->port, le->rendezvous,
+                               sizeof(le->rendezvous));
     return 1;
+}
+
+void kolo__launchenv_rendezvous(const kolo__launchenv_t *le, int port,
+                                char *buf, size_t n)
+{
+    int v6 = strchr(le->host, ':') != NULL;
+
+    snprintf(buf, n, "redis:%s%s%s:%d/%s", v6 ? "[" : "", le->host,
+             v6 ? "]" : "", port, le->job);
 }
 
 int kolo__launchenv_detect(const char *(*getenv_fn)(const char *),

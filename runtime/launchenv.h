@@ -16,6 +16,7 @@ typedef struct kolo__launchenv {
      * names none (KOLO_RENDEZVOUS): redis:HOST:PORT/JOB. */
     char host[256];       /* where the others reach rank 0's server */
     int port;             /* its port */
+    char job[100];        /* the job's name: torchrun-RUN-RESTART, srun-J.S */
     char rendezvous[600]; /* "redis:HOST:PORT/JOB" */
     char where[200];      /* how host and port were chosen, for messages:
                            * "MASTER_ADDR:MASTER_PORT+1", ... */
@@ -31,6 +32,11 @@ typedef struct kolo__launchenv {
  * wrong. */
 int kolo__launchenv_detect(const char *(*getenv_fn)(const char *),
                            kolo__launchenv_t *out, kolo__err_t *err);
+
+/* Writes redis:HOST:PORT/JOB (HOST in brackets where it is an IPv6
+ * address) of le's host and job, on `port`, into buf of n bytes. */
+void kolo__launchenv_rendezvous(const kolo__launchenv_t *le, int port,
+                                char *buf, size_t n);
 
 /* Whether an MPI launcher (mpirun, or srun with an MPI plugin) started this
  * process: one of its variables (OMPI_COMM_WORLD_SIZE, PMI_SIZE, PMIX_RANK,
