@@ -56,7 +56,8 @@
  * have enqueued and others not for KOLO_STALL_CHECK_TIME_SECONDS give one
  * warning (at most one per check time) naming each missing rank and what it
  * misses; after KOLO_STALL_SHUTDOWN_TIME_SECONDS it forces a full round
- * whose answer stops the job on every rank with that list.
+ * whose answer stops the job on every rank with the list of every tensor
+ * some rank is then missing, each with how long it has waited.
  *
  * A cached name enqueued with different parameters invalidates its bit
  * everywhere; ranks that were waiting on that bit resend the tensor through
@@ -866,6 +867,10 @@ static void stall_check(kolo__pset_t *ps)
     if (cfg->stall_shutdown_s > 0 &&
         stall_report(ps, now, (int64_t)(cfg->stall_shutdown_s * 1e6), list,
                      sizeof(list)) > 0) {
+        /* The job stops: name everything some rank is missing now, not
+         * only what crossed the limit first (two ranks, each waiting for
+         * what the other never sends, cross it milliseconds apart). */
+        stall_report(ps, now, 0, list, sizeof(list));
         kolo__err_set(&ps->neg.stall_fatal, KOLO_ERR_TIMEOUT,
                       "stall: ranks waited more than %g s "
                       "(KOLO_STALL_SHUTDOWN_TIME_SECONDS) for tensors other "
