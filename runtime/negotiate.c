@@ -138,12 +138,28 @@ int kolo__negotiate_init(kolo__pset_t *ps)
     return 0;
 }
 
+/* Timeline: rank r's request for p reached the coordinator (its instant,
+ * once). A timeline started after the request came (kolo_start_timeline
+ * on rank 0 while the others already asked) gets it when this rank's own
+ * request begins the negotiation on it. */
+static void tl_asked(kolo__pset_t *ps, kolo__pending_name_t *p, int r)
+{
+    char who[16];
+
+    if (p->have[r] != 1 || !kolo__timeline_active(ps->rt->timeline))
+        return;
+    p->have[r] = 2;
+    snprintf(who, sizeof(who), "%d", r);
+    kolo__tl_instant(ps->rt->timeline, p->name, who, p->at_us[r]);
+}
+
 static void pending_name_free(kolo__pending_name_t *p)
 {
     if (p != NULL) {
         free(p->name);
         free(p->params);
         free(p->have);
+        free(p->at_us);
         free(p);
     }
 }
@@ -564,6 +580,7 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
                 if (p == NULL ||
                     (p->params = calloc((size_t)ps->size, sizeof(*p->params))) == NULL ||
                     (p->have = calloc((size_t)ps->size, 1)) == NULL ||
+                    (p->at_us = calloc((size_t)ps->size, sizeof(*p->at_us))) == NULL ||
                     kolo__map_puts(&ps->neg.table, q->name, p) != 0) {
                     pending_name_free(p);
                     rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
@@ -577,14 +594,11 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
             if (!p->have[r]) {
                 p->have[r] = 1;
                 p->nhave++;
-                if (r != ps->rank && kolo__timeline_active(ps->rt->timeline)) {
-                    char who[16];
-                    snprintf(who, sizeof(who), "%d", r);
-                    /* The first request's instant is the negotiation's
-                     * start, to the microsecond. */
-                    kolo__tl_instant(ps->rt->timeline, p->name, who,
-                                     p->nhave == 1 ? p->first_us : 0);
-                }
+                /* The first request's instant is the negotiation's start,
+                 * to the microsecond. */
+                p->at_us[r] = p->nhave == 1 ? p->first_us : kolo__now_us();
+                if (r != ps->rank)
+                    tl_asked(ps, p, r);
             }
             p->params[r] = q->params;
             if (complete(ps, p)) {
@@ -1024,13 +1038,16 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
             int64_t start = e->enqueued_us;
             /* On the coordinator, negotiation began with the first rank's
              * request, which may have come before this rank's. */
-            const kolo__pending_name_t *p = kolo__map_gets(&ps->neg.table, e->name);
+            kolo__pending_name_t *p = kolo__map_gets(&ps->neg.table, e->name);
             if (p != NULL && p->first_us < start)
                 start = p->first_us;
             snprintf(me, sizeof(me), "%d", ps->rank);
             kolo__tl_entry_begin(ps, e, kolo__coll_negotiate_phase(e->params.coll),
                                  NULL, start);
             kolo__tl_instant(ps->rt->timeline, e->name, me, e->enqueued_us);
+            for (int r = 0; p != NULL && r < ps->size; r++)
+                if (r != ps->rank)
+                    tl_asked(ps, p, r);
         }
         if (e->params.coll == KOLO__COLL_JOIN) {
             ps->neg.join_entry = e; /* a second one is refused at enqueue */

@@ -46,7 +46,9 @@
 typedef struct kolo__pending_name {
     char *name;
     kolo__params_t *params; /* [size], valid where have[r] */
-    uint8_t *have;          /* [size] */
+    uint8_t *have;          /* [size]: 1 asked, 2 asked and its timeline
+                               instant written */
+    int64_t *at_us;         /* [size]: when each rank's request came */
     int nhave;
     int64_t first_us;       /* when the first rank asked */
 } kolo__pending_name_t;

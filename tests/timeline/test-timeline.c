@@ -191,8 +191,13 @@ static void mode_api(const char *path, int nsteps)
     char again[4096];
 
     one_allreduce("pre.start");
-    if (rank == 0)
+    /* Rank 0 starts its timeline after the other ranks' first requests
+     * have reached it (as under load they may): their ready instants must
+     * still be in the file, at the times the requests came. */
+    if (rank == 0) {
+        usleep(size > 1 ? 100000 : 0);
         MUST(kolo_start_timeline(path, 0));
+    }
     steps(0, nsteps);
     if (rank == 0)
         MUST(kolo_stop_timeline());
