@@ -8,10 +8,13 @@
 #                                  # redis-server: the network-namespace hosts
 #   require_executables NAME FILE...  # exit 2, naming FILE, unless each is
 #                                  # an executable file
-#   clear_kolo_env [KEEP...]       # unset the caller's KOLO_* variables but
-#                                  # where the build and tests are, the time
-#                                  # limit and KEEP: the ranks see only what
-#                                  # the script gives them
+#   clear_kolo_env [KEEP...]       # unset the caller's KOLO_* and HOROVOD_*
+#                                  # variables but where the build and tests
+#                                  # are, the time limit and KEEP: the ranks
+#                                  # see only what the script gives them
+#   clear_caller_env [KEEP...]     # unset them but the suite's knobs
+#   smoke_point PASSED FAILED      # a smoke run (KOLO_TEST_SMOKE) ends
+#                                  # the script after its first case
 #   make_work NAME                 # WORK: a new directory, removed at exit
 #   multi_job NAME PROG LIMIT [KEEP...]   # the multi-rank scripts' setup
 #                                  # (below)
@@ -49,10 +52,42 @@ require_executables() {
 }
 
 clear_kolo_env() {
-    local v keep=" KOLO_TOP_BUILDDIR KOLO_TOP_SRCDIR KOLO_TEST_TIMEOUT $* "
-    for v in $(env | sed -n 's/^\(KOLO_[A-Z_]*\)=.*/\1/p'); do
+    local v keep=" KOLO_TOP_BUILDDIR KOLO_TOP_SRCDIR KOLO_TEST_TIMEOUT KOLO_TEST_SMOKE $* "
+    for v in $(env | sed -n 's/^\(\(KOLO\|HOROVOD\)_[A-Za-z0-9_]*\)=.*/\1/p'); do
         case $keep in *" $v "*) ;; *) unset "$v" ;; esac
     done
+}
+
+# clear_caller_env: unset the caller's KOLO_* and HOROVOD_* variables but
+# the test suite's own knobs (where the build is, KOLO_TEST_*, the rank
+# counts, soak and fuzz lengths, which mpirun and Python): what a user's
+# shell exports for their own jobs (HOROVOD_FUSION_THRESHOLD,
+# KOLO_LOG_LEVEL, ...) must not change what the tests see. make check runs
+# it before every test (AM_TESTS_ENVIRONMENT); the scripts' set-ups too
+# (keeping KEEP...).
+clear_caller_env() {
+    local v keep=" $* "
+    for v in $(env | sed -n 's/^\(\(KOLO\|HOROVOD\)_[A-Za-z0-9_]*\)=.*/\1/p'); do
+        case $keep in *" $v "*) continue ;; esac
+        case $v in
+        KOLO_TEST_HOLD_CONNECT | KOLO_TEST_FAIL_* | KOLO_TEST_COUNT_FILE)
+            unset "$v" ;; # the library's test hooks
+        KOLO_TOP_* | KOLO_TEST_* | KOLO_PYTEST_* | KOLO_SOAK_STEPS | \
+            KOLO_FUZZ_SECONDS | KOLO_MPIRUN | KOLO_GPU_WORK | KOLO_PYTHON) ;;
+        *) unset "$v" ;;
+        esac
+    done
+}
+
+# smoke_point PASSED FAILED: in a smoke run (KOLO_TEST_SMOKE=1: the
+# tarball's make check in CI, where the plain suite has just run every
+# case), once a script's first case has run, end the script with its
+# summary. The scripts call it before each case (run-lib.sh's run does).
+smoke_point() {
+    [ -n "${KOLO_TEST_SMOKE:-}" ] && [ $(($1 + $2)) -gt 0 ] || return 0
+    echo "SMOKE: KOLO_TEST_SMOKE is set: the first case ran, not the others"
+    echo "$1 passed, $2 failed"
+    exit $(($2 > 0))
 }
 
 make_work() {
@@ -85,6 +120,7 @@ multi_job() {
 # top, src, python (KOLO_PYTHON, else Debian's), kolorun (KOLO_TEST_LAUNCHER:
 # kolorun --mpi, say).
 python_env() {
+    clear_caller_env KOLO_LIBRARY
     top=${KOLO_TOP_BUILDDIR:-.}
     src=${KOLO_TOP_SRCDIR:-$(cd "$here/../.." && pwd)}
     python=${KOLO_PYTHON-/usr/bin/python3}
@@ -113,6 +149,7 @@ python_needs() {
 #       # the first LINES (8) lines of its stderr; returns 1 on a failure
 #   cases_summary                  # "N passed, M failed"; the status
 kolorun_cases() {
+    clear_caller_env
     KOLORUN=${2:-./kolorun}
     case $KOLORUN in /*) ;; *) KOLORUN=$PWD/$KOLORUN ;; esac
     require_executables "$1" "$KOLORUN"
@@ -144,12 +181,14 @@ case_end() {
     if [ -z "$why" ]; then
         passed=$((passed + 1))
         echo "ok - $name"
+        smoke_point "$passed" "$failed"
         return 0
     fi
     failed=$((failed + 1))
     echo "FAIL - $name$why"
     echo "    kolorun exit status: ${rc:-?}; stderr (first lines):"
     head -n "${1:-8}" "$ERR" 2>/dev/null | cut -c1-200 | sed 's/^/      | /'
+    smoke_point "$passed" "$failed"
     return 1
 }
 
