@@ -6,7 +6,10 @@
 #   finish                                # "N passed, N failed"; the status
 #
 # KOLO_TEST_TIMEOUT (120 s by default) bounds every command, so that a hang
-# fails instead of hanging CI.
+# fails instead of hanging CI. With KOLO_TEST_SMOKE set, the second run
+# ends the script (script-lib.sh's smoke_point) unless it sets smoke_auto=0.
+. "$(dirname "${BASH_SOURCE[0]}")/script-lib.sh"
+smoke_auto=${smoke_auto:-1}
 limit=${KOLO_TEST_TIMEOUT:-120}
 pass=0
 fail=0
@@ -16,6 +19,7 @@ trap 'rm -f "$run_log"' EXIT
 run() {
     local desc=$1 start end rc
     shift
+    [ "$smoke_auto" = 0 ] || smoke_point "$pass" "$fail"
     start=$(date +%s.%N)
     if timeout -k 10 "$limit" "$@" >"$run_log" 2>&1; then
         pass=$((pass + 1))

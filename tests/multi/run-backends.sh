@@ -16,12 +16,14 @@
 # Prints each suite's lines, then the total "N passed, N failed".
 set -u
 here=$(dirname "$0")
+. "$here/../script-lib.sh"
 top=${KOLO_TOP_BUILDDIR:-.}
 total_pass=0
 total_fail=0
 
 suite() { # suite LABEL SCRIPT VAR=VALUE...
     local label=$1 script=$2 out line
+    smoke_point "$total_pass" "$total_fail"
     shift 2
     echo "==== $label: $script $*"
     out=$(env "$@" bash "$here/$script" 2>&1)

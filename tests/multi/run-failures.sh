@@ -111,6 +111,7 @@ run() {
         shift
     done
     [ $# -gt 0 ] && shift # --
+    smoke_point "$pass" "$fail"
     why=
     rm -rf "$FT_DIR" "${TMPDIR:?}"/*
     mkdir -p "$FT_DIR"

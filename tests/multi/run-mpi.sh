@@ -41,6 +41,7 @@ chmod +x "$tmp/kolorun-mpi"
 suite() {
     local desc=$1 out p f
     shift
+    smoke_point "$pass" "$fail"
     echo "---- $desc"
     out=$(env "$@" 2>&1)
     echo "$out" | grep -E '^(PASS|FAIL|    )'

@@ -645,10 +645,17 @@ static void mode_allreduce_matrix(int steps)
 enum { CZ_EXACT_SUM, CZ_EXACT_AVG, CZ_EXACT_MAX, CZ_EXACT_SCALED, CZ_RAND_SUM,
        CZ_RAND_AVG, CZ_KINDS };
 
-static double cz_value(int kind, int wire, int r, int t, int64_t i)
+/* Element i of tensor t on rank r is a hash of (r, t, wire, i); the hash
+ * of the first four (cz_seed) is the same for every element, and each
+ * element's value mixes i into it: hv(0xc0de, r, t, wire, i) in one step. */
+static uint64_t cz_seed(int wire, int r, int t)
 {
-    uint64_t h = hv(0xc0de, (uint64_t)r, (uint64_t)t, (uint64_t)wire,
-                    (uint64_t)i);
+    return mix(mix(mix(mix(0xc0de) ^ (uint64_t)r) ^ (uint64_t)t) ^ (uint64_t)wire);
+}
+
+static double cz_value(int kind, uint64_t seed, int64_t i)
+{
+    uint64_t h = mix(seed ^ (uint64_t)i);
     if (kind >= CZ_RAND_SUM) /* uniform in [-1, 1), float32 */
         return (double)(float)((double)(h >> 11) / 9007199254740992.0 * 2 - 1);
     /* multiples of 1/4 in [-8, 8]: every partial sum of 4 ranks is exact in
@@ -674,6 +681,7 @@ static void mode_compression(void)
                                              "rand-sum",  "rand-avg"};
     cztensor_t ts[NELEM(counts) * NELEM(wires) * CZ_KINDS];
     int n = 0, *order;
+    uint64_t *seeds; /* [size]: each rank's cz_seed of the tensor checked */
 
     for (int w = 0; w < NELEM(wires); w++)
         for (int k = 0; k < CZ_KINDS; k++)
@@ -688,8 +696,9 @@ static void mode_compression(void)
                          kind_names[k], (long long)t->count);
                 t->in = xmalloc((size_t)t->count * sizeof(float));
                 t->out = (n % 2) ? t->in : xmalloc((size_t)t->count * sizeof(float));
+                uint64_t seed = cz_seed(wires[w], rank, n);
                 for (int64_t i = 0; i < t->count; i++)
-                    t->in[i] = (float)cz_value(k, wires[w], rank, n, i);
+                    t->in[i] = (float)cz_value(k, seed, i);
                 n++;
             }
     order = identity(n);
@@ -714,16 +723,19 @@ static void mode_compression(void)
             t->handle = 0;
     }
     shuffle(order, n);
+    seeds = xmalloc((size_t)size * sizeof(*seeds));
     for (int j = 0; j < n; j++) {
         cztensor_t *t = &ts[order[j]];
         int bad = 0, not_half = 0;
         double ulp = t->wire == KOLO_BFLOAT16 ? ldexp(1, -8) : ldexp(1, -11);
         if (t->handle == 0 || !wait_ok(t->handle, t->name))
             continue;
+        for (int r = 0; r < size; r++)
+            seeds[r] = cz_seed(t->wire, r, order[j]);
         for (int64_t i = 0; i < t->count && bad < 3; i++) {
             double e = 0, g = t->out[i], tol = 0;
             for (int r = 0; r < size; r++) {
-                double x = cz_value(t->kind, t->wire, r, order[j], i);
+                double x = cz_value(t->kind, seeds[r], i);
                 e = t->kind == CZ_EXACT_MAX ? (r ? fmax(e, x) : x) : e + x;
             }
             if (t->kind == CZ_EXACT_AVG || t->kind == CZ_RAND_AVG)
@@ -771,6 +783,7 @@ static void mode_compression(void)
                   "compressed by mistake?", t->name, not_half,
                   (long long)t->count);
     }
+    free(seeds);
 
     /* wire_dtype is for float32 tensors, and must be float16 or bfloat16. */
     {

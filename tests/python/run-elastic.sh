@@ -158,6 +158,7 @@ report() {
 run() {
     local d=$work/$1
     shift
+    smoke_point "$pass" "$fail"
     mkdir -p "$d"
     env ${job_preload:+LD_PRELOAD="$job_preload"} \
         timeout -k 10 "$limit" "$kolorun" "$@" >"$d/out" 2>&1

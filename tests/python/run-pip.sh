@@ -24,7 +24,8 @@
 # python3-wheel, and in sanitizer builds (pip builds its own, plain, copy:
 # the sanitized suites have nothing to add). Every command is bounded by
 # KOLO_TEST_TIMEOUT (900 s: a build). Prints one line per check and
-# "N passed, N failed".
+# "N passed, N failed". A smoke run (KOLO_TEST_SMOKE: the tarball's make
+# check in CI) ends after the install from the tree: one build, not two.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../script-lib.sh"
@@ -37,6 +38,7 @@ python_needs torch ": the job is a kolo.torch job"
 if grep -q '^SANITIZER_CFLAGS = .*-fsanitize' "$top/Makefile" 2>/dev/null; then
     skip_test "a sanitizer build: pip builds its own plain copy (the plain suite runs this)"
 fi
+smoke_auto=0 # a smoke run (KOLO_TEST_SMOKE) ends after the tree's section
 . "$here/../run-lib.sh"
 limit=${KOLO_TEST_TIMEOUT:-900}
 clear_kolo_env
@@ -134,6 +136,8 @@ if grep -q '^#define KOLO_HAVE_MPI 1' "$top/config.h" 2>/dev/null; then
         grep -q '\[X\] MPI' "$WORK/tree.check"
 fi
 uninstall_check tree "$WORK/tree-venv"
+
+smoke_point "$pass" "$fail"
 
 # ---- a wheel -------------------------------------------------------------------
 run "pip wheel (HOROVOD_WITHOUT_MPI=1) makes one platform wheel" \

@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
 # run-pytest.sh — runs the Python binding tests (tests/python/test_*.py) as
 # real jobs under kolorun, at 2, 3 and 4 ranks: every pytest process is one
-# rank, and every rank runs the same tests in the same order. Each run is
+# rank, and every rank runs the same tests in the same order. One job per
+# rank count runs every file (torch and kolo start once); files a failed
+# job never reached run again, each in a job of its own. Each job is
 # bounded in time (timeout -k 10 $KOLO_TEST_TIMEOUT, 300 s by default) so a
 # hang fails instead of hanging CI. A test counts as passed when it passed
-# on every rank, as failed when it failed on any rank. Prints each run's
-# pytest summary lines (one per rank), the log's tail for a failed run, and
-# ends with one line "N passed, N failed".
+# on every rank, as failed when it failed on any rank. Prints a line per
+# file and per job, pytest's summary lines (one per rank), the log's tail
+# for a failed job, and ends with one line "N passed, N failed". A smoke
+# run (KOLO_TEST_SMOKE: the tarball's make check in CI) runs at the first
+# rank count only.
 #
 # Usage: tests/python/run-pytest.sh [test_file.py ...]
 #   (from the build directory; `make check` runs it with KOLO_TOP_BUILDDIR,
@@ -84,9 +88,14 @@ elapsed() {
     awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'
 }
 
-# run NP FILE: one pytest job; adds its tests to the counts.
+# run NP FILE...: one pytest job over FILEs (every file's tests in one
+# session: the interpreter, torch and kolo start once); adds their tests to
+# the counts, with one line per file. A job that stops early (a test failed,
+# a rank crashed) leaves files it never reached: those run again, each in
+# a job of its own, so that every test is counted as it is without it.
 run() {
-    local np=$1 file=$2 dir log start rc counts p f s
+    local np=$1 dir log start rc file p f s left=() total_f=0 ran
+    shift
     dir=$(mktemp -d "$work/run.XXXXXX")
     log=$dir/log
     start=$(date +%s.%N)
@@ -94,58 +103,75 @@ run() {
         "$kolorun" -np "$np" --tag-output \
         "$python" -m pytest -q -rs -p no:cacheprovider --rootdir "$tests" \
         -o faulthandler_timeout=$((limit > 40 ? limit - 20 : limit)) \
-        "$tests/$file" >"$log" 2>&1
+        "${@/#/$tests/}" >"$log" 2>&1
     rc=$?
-    # Per test: failed if it failed on any rank, passed if it passed on
-    # all NP ranks, skipped if skipped everywhere.
-    counts=$(cat "$dir"/rank*.txt 2>/dev/null | awk -v np="$np" '
-        { id = $2; n[id]++
-          if ($1 == "failed") bad[id] = 1
-          else if ($1 == "passed") ok[id]++
-          else if ($1 == "skipped") sk[id]++ }
-        END { p = f = s = 0
-              for (id in n) {
-                  if (bad[id]) f++
-                  else if (ok[id] == np) p++
-                  else if (sk[id] == np) s++
-                  else if (ok[id] + sk[id] == np) p++
-                  else f++ }
-              print p, f, s }')
-    read -r p f s <<<"${counts:-0 0 0}"
-    if [ "$rc" -eq 5 ] && [ "$p" -eq 0 ] && [ "$f" -eq 0 ]; then
-        # pytest's "no tests ran": the module skipped itself (no torch)
-        skipped=$((skipped + 1))
-        printf 'SKIP np=%d %-34s %s\n' "$np" "$file" \
+    ran=$(cat "$dir"/rank*.txt 2>/dev/null)
+    if [ "$rc" -eq 5 ] && [ -z "$ran" ]; then
+        # pytest's "no tests ran": the modules skipped themselves (no torch)
+        skipped=$((skipped + $#))
+        printf 'SKIP np=%d %-34s %s\n' "$np" "$*" \
             "$(grep -m1 -oE 'SKIPPED.*|[0-9]+ skipped' "$log" | head -n 1)"
         return
     fi
-    if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then
-        f=1 # the job failed without a failed test: it crashed or hung
-    fi
-    pass=$((pass + p))
-    fail=$((fail + f))
-    skipped=$((skipped + s))
-    if [ "$rc" -eq 0 ] && [ "$f" -eq 0 ]; then
-        printf 'PASS np=%d %-34s %3d passed, %d skipped  %ss\n' "$np" "$file" \
-            "$p" "$s" "$(elapsed "$start")"
+    for file in "$@"; do
+        # Per test: failed if it failed on any rank, passed if it passed
+        # on all NP ranks, skipped if skipped everywhere.
+        read -r p f s <<<"$(echo "$ran" | awk -v np="$np" -v file="$file" '
+            index($2, file "::") != 1 { next }
+            { id = $2; n[id]++
+              if ($1 == "failed") bad[id] = 1
+              else if ($1 == "passed") ok[id]++
+              else if ($1 == "skipped") sk[id]++ }
+            END { p = f = s = 0
+                  for (id in n) {
+                      if (bad[id]) f++
+                      else if (ok[id] == np) p++
+                      else if (sk[id] == np) s++
+                      else if (ok[id] + sk[id] == np) p++
+                      else f++ }
+                  print p, f, s }')"
+        if [ $((p + f + s)) -eq 0 ] && [ "$rc" -ne 0 ]; then
+            left+=("$file") # never reached: the job stopped before it
+            continue
+        fi
+        pass=$((pass + p))
+        fail=$((fail + f))
+        skipped=$((skipped + s))
+        total_f=$((total_f + f))
+        if [ "$f" -eq 0 ]; then
+            printf 'PASS np=%d %-34s %3d passed, %d skipped\n' "$np" "$file" "$p" "$s"
+        else
+            printf 'FAIL np=%d %s: %d passed, %d failed\n' "$np" "$file" "$p" "$f"
+        fi
         if [ "$p" -eq 0 ] && [ "$s" -gt 0 ]; then
             # everything skipped (test_torch_cuda.py without a GPU): say why
             # (without the colours pytest uses under mpirun)
             sed -e 's/\x1b\[[0-9;]*m//g' "$log" |
-                grep -m1 -oE 'SKIPPED \[[0-9]+\] [^ ]+: .*' |
+                grep -oE "SKIPPED \[[0-9]+\] [^ ]*$file:[0-9]+: .*" | head -n 1 |
                 sed -e 's/^SKIPPED \[[0-9]*\] [^ ]*: /    skipped: /' \
                     -e 's/\[[0-9,]*\]<std[a-z]*>:.*$//'
         fi
+    done
+    if [ "$rc" -ne 0 ] && [ "$total_f" -eq 0 ]; then
+        fail=$((fail + 1)) # the job failed without a failed test: it crashed or hung
+    fi
+    if [ "$rc" -eq 0 ]; then
+        printf 'PASS np=%d job of %d files  %ss\n' "$np" "$#" "$(elapsed "$start")"
     else
         local why=""
         [ "$rc" -eq 124 ] && why=" (timed out after ${limit}s)"
-        printf 'FAIL np=%d %s: %d passed, %d failed, exit %d%s\n' "$np" "$file" \
-            "$p" "$f" "$rc" "$why"
+        printf 'FAIL np=%d job of %d files: exit %d%s\n' "$np" "$#" "$rc" "$why"
         tail -n 80 "$log" | sed 's/^/    /'
     fi
     # pytest's own summary line, from every rank
     grep -E '^\[[0-9]+\]<stdout>:.*[0-9]+ (passed|failed|error|errors|skipped)( |,|$)' \
         "$log" | sort | sed 's/^/    /'
+    if [ ${#left[@]} -gt 0 ]; then
+        echo "    not reached, each run again on its own: ${left[*]}"
+        for file in "${left[@]}"; do
+            run "$np" "$file"
+        done
+    fi
 }
 
 # ranks_of FILE: the rank counts FILE runs at.
@@ -155,12 +181,17 @@ ranks_of() {
     *) echo "$ranks" ;;
     esac
 }
+# A smoke run (KOLO_TEST_SMOKE: the tarball's make check) runs at the first
+# rank count only, without the ctypes run below.
+[ -z "${KOLO_TEST_SMOKE:-}" ] || ranks=${ranks%% *} cuda_ranks=${cuda_ranks%% *}
 for np in $(printf '%s\n' $ranks $cuda_ranks | sort -n -u); do
+    these=()
     for file in "${files[@]}"; do
         case " $(ranks_of "$file") " in
-        *" $np "*) run "$np" "$file" ;;
+        *" $np "*) these+=("$file") ;;
         esac
     done
+    [ ${#these[@]} -eq 0 ] || run "$np" "${these[@]}"
 done
 
 # The extension module kolo/_fastpath (bindings/python/kolo/_fastpath.c),
@@ -168,7 +199,8 @@ done
 # (everything above then ran through it), and without it they must fall
 # back to ctypes with the same results: test_torch_ops.py again at 2 ranks
 # against a libkolo with no _fastpath.so beside it.
-if [ $# -eq 0 ] && [ -f "$(dirname "$lib")/_fastpath.so" ]; then
+if [ $# -eq 0 ] && [ -z "${KOLO_TEST_SMOKE:-}" ] &&
+    [ -f "$(dirname "$lib")/_fastpath.so" ]; then
     start=$(date +%s.%N)
     want=$(cd "$(dirname "$lib")" && pwd)/_fastpath.so
     got=$("$python" -c 'import kolo._lib as l; print(l.fast_path)' 2>&1)

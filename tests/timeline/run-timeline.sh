@@ -32,6 +32,7 @@
 # check` runs it with KOLO_TOP_BUILDDIR and KOLO_TOP_SRCDIR set)
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../script-lib.sh"
 top=${KOLO_TOP_BUILDDIR:-.}
 src=${KOLO_TOP_SRCDIR:-$here/../..}
 kolorun=$top/kolorun
@@ -65,6 +66,7 @@ bad() {
 run() {
     local desc=$1 start end rc
     shift
+    smoke_point "$pass" "$fail"
     start=$(date +%s.%N)
     timeout -k 10 "$limit" "$@" >"$log" 2>&1
     rc=$?
