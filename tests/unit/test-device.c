@@ -82,8 +82,10 @@ static kolo_handle_t dpush(prank_t *p, const char *name, kolo__params_t pr,
         memcpy(e->splits, splits, (size_t)p->job->size * sizeof(int64_t));
     }
     e->enqueued_us = kolo__now_us();
+    /* The handle is read before the push: once queued, the background
+     * thread may complete and free the entry at any time. */
     if (kolo__handles_new(p->rt.handles, &e->handle, &err) != KOLO_OK ||
-        kolo__queue_push(&p->world->queue, e, &err) != KOLO_OK) {
+        (h = e->handle, kolo__queue_push(&p->world->queue, e, &err)) != KOLO_OK) {
         EXPECT(p, 0, "rank %d: push of '%s': %s", p->rank, name, err.msg);
         if (e->handle > 0) {
             kolo__handles_complete(p->rt.handles, e->handle, err.code, err.msg);
@@ -92,7 +94,6 @@ static kolo_handle_t dpush(prank_t *p, const char *name, kolo__params_t pr,
         kolo__entry_free(e);
         return 0;
     }
-    h = e->handle;
     return h;
 }
 
