@@ -6,16 +6,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "hosts.h"
 
 int kolo__hosts_group(const int *hosts, int size, int me, kolo__hosts_t *out)
 {
-    int *first = malloc((size_t)size * sizeof(int)); /* a member of each host */
-    int *count = calloc((size_t)size, sizeof(int));  /* members per host */
+    int *first = kolo__malloc((size_t)size * sizeof(int)); /* a member of each host */
+    int *count = kolo__calloc((size_t)size, sizeof(int));  /* members per host */
 
     memset(out, 0, sizeof(*out));
-    out->local = malloc((size_t)size * sizeof(int));
-    out->cross = malloc((size_t)size * sizeof(int));
+    out->local = kolo__malloc((size_t)size * sizeof(int));
+    out->cross = kolo__malloc((size_t)size * sizeof(int));
     if (first == NULL || count == NULL || out->local == NULL ||
         out->cross == NULL) {
         free(first);

@@ -24,6 +24,7 @@
  */
 #include "config.h"
 
+#include "alloc.h"
 #include "agree.h"
 
 #include <stdio.h>
@@ -98,9 +99,9 @@ int kolo__agree_settings(char *const *texts, int n, void *arg, kolo__err_t *err)
     (void)arg;
     if (!first_difference(texts, n, name, sizeof(name)))
         return KOLO_OK;
-    values = malloc((size_t)n * sizeof(*values));
-    ranks = malloc((size_t)n * sizeof(int));
-    which = malloc((size_t)n * sizeof(int));
+    values = kolo__malloc((size_t)n * sizeof(*values));
+    ranks = kolo__malloc((size_t)n * sizeof(int));
+    which = kolo__malloc((size_t)n * sizeof(int));
     if (values == NULL || ranks == NULL || which == NULL) {
         free(values);
         free(ranks);
@@ -151,7 +152,7 @@ static int missing_ranks(kolo__store_t *st, unsigned gen, const char *topic,
                          int n, char *out, size_t len)
 {
     char key[256], who[16];
-    int *miss = calloc((size_t)n, sizeof(int)), m = 0;
+    int *miss = kolo__calloc((size_t)n, sizeof(int)), m = 0;
     kolo__err_t e;
 
     out[0] = '\0';
@@ -232,8 +233,8 @@ static int judge_all(const kolo__config_t *cfg, kolo__store_t *st, unsigned gen,
                      kolo__err_t *err)
 {
     int n = (int)cfg->size, rc = KOLO_OK, m = 0;
-    char **texts = calloc((size_t)n, sizeof(char *));
-    int *miss = calloc((size_t)n, sizeof(int));
+    char **texts = kolo__calloc((size_t)n, sizeof(char *));
+    int *miss = kolo__calloc((size_t)n, sizeof(int));
     char key[256], who[16], *verdict;
     int64_t deadline = kolo__now_us() + (int64_t)(cfg->start_timeout_s * 1e6);
     kolo__err_t verdict_err;
@@ -267,7 +268,7 @@ static int judge_all(const kolo__config_t *cfg, kolo__store_t *st, unsigned gen,
         /* Publish what was decided, success or failure. */
         kolo__err_t e;
         int len = snprintf(NULL, 0, "%d %s", rc, verdict_err.msg);
-        verdict = malloc((size_t)len + 1);
+        verdict = kolo__malloc((size_t)len + 1);
         if (verdict != NULL) {
             snprintf(verdict, (size_t)len + 1, "%d %s", rc, verdict_err.msg);
             key_of(key, sizeof(key), gen, topic, "verdict");
@@ -323,9 +324,9 @@ static int agree_mpi(const kolo__config_t *cfg, const char *mine,
                      kolo__agree_judge_fn judge, void *arg, kolo__err_t *err)
 {
     int n = (int)cfg->size, rc;
-    char *all = calloc((size_t)n, KOLO__AGREE_MAX);
-    char *own = calloc(1, KOLO__AGREE_MAX);
-    char **texts = calloc((size_t)n, sizeof(char *));
+    char *all = kolo__calloc((size_t)n, KOLO__AGREE_MAX);
+    char *own = kolo__calloc(1, KOLO__AGREE_MAX);
+    char **texts = kolo__calloc((size_t)n, sizeof(char *));
 
     if (all == NULL || own == NULL || texts == NULL) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
@@ -362,7 +363,7 @@ int kolo__agree(const kolo__config_t *cfg, unsigned gen, const char *topic,
     int rc;
 
     if (cfg->size == 1) {
-        char *own = strdup(mine);
+        char *own = kolo__strdup(mine);
         if (own == NULL)
             return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
         rc = judge(&own, 1, arg, err);
@@ -466,7 +467,7 @@ static int judge_outcome(char *const *texts, int n, void *arg, kolo__err_t *err)
 int kolo__outcome_agree(kolo__outcome_t *o, int rc, const kolo__err_t *mine,
                         kolo__err_t *err)
 {
-    char *text = malloc(KOLO__AGREE_MAX);
+    char *text = kolo__malloc(KOLO__AGREE_MAX);
     int gave_up = rc != KOLO_OK &&
                   strstr(mine->msg, GAVE_UP_PREFIX) != NULL;
 

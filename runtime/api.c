@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "agree.h"
 #include "built.h"
 #include "elastic.h"
@@ -334,10 +335,10 @@ static int table_add(kolo__runtime_t *rt, kolo__pset_t *ps, int size)
     int *sizes;
 
     pthread_mutex_lock(&rt->sets_mu);
-    sets = realloc(rt->sets, (size_t)(rt->nsets + 1) * sizeof(*sets));
+    sets = kolo__realloc(rt->sets, (size_t)(rt->nsets + 1) * sizeof(*sets));
     if (sets != NULL)
         rt->sets = sets;
-    sizes = realloc(rt->set_sizes, (size_t)(rt->nsets + 1) * sizeof(*sizes));
+    sizes = kolo__realloc(rt->set_sizes, (size_t)(rt->nsets + 1) * sizeof(*sizes));
     if (sizes != NULL)
         rt->set_sizes = sizes;
     if (sets == NULL || sizes == NULL) {
@@ -389,7 +390,7 @@ static int agree_settings(const kolo__runtime_t *rt, kolo__err_t *err)
     kolo__ops_names(names, sizeof(names));
     snprintf(build, sizeof(build), "%s, messages v%d, backends %s",
              PACKAGE_VERSION, KOLO__MSG_VERSION, names);
-    if ((text = malloc(KOLO__AGREE_MAX)) == NULL)
+    if ((text = kolo__malloc(KOLO__AGREE_MAX)) == NULL)
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
     kolo__config_agreed(&rt->cfg, build, text, KOLO__AGREE_MAX);
     rc = kolo__agree(&rt->cfg, rt->generation, "settings", text,
@@ -447,7 +448,7 @@ int kolo_init(void)
         return kolo__api_failf(KOLO_ERR_ALREADY_INITIALIZED,
                                "kolo_init called twice without kolo_shutdown");
     }
-    rt = calloc(1, sizeof(*rt));
+    rt = kolo__calloc(1, sizeof(*rt));
     if (rt == NULL) {
         rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
         goto unlock;
@@ -522,7 +523,7 @@ int kolo_init(void)
                  g_elastic.update[0] ? g_elastic.update : "start");
         kolo__tl_instant(rt->timeline, "elastic", mark, 0);
     }
-    all = malloc((size_t)rt->size * sizeof(int));
+    all = kolo__malloc((size_t)rt->size * sizeof(int));
     if (all == NULL) {
         rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
         goto free_rt;
@@ -804,7 +805,7 @@ static int add_set(kolo__runtime_t *rt, const int *ranks, int n, int *id,
      * behind, and its keys must not answer the next one. */
     unsigned attempt = rt->set_attempts++;
 
-    if ((text = malloc(KOLO__AGREE_MAX)) == NULL)
+    if ((text = kolo__malloc(KOLO__AGREE_MAX)) == NULL)
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                              "out of memory adding process set %d", new_id);
     text[0] = '\0';
@@ -879,7 +880,7 @@ int kolo_add_process_sets_from_groups(int ngroups, const int *const *groups,
                                "groups, sizes and ids", what);
     if ((rt = kolo__api_enter(what, &err)) == NULL)
         return kolo__api_fail(&err);
-    seen = calloc((size_t)rt->size, sizeof(int));
+    seen = kolo__calloc((size_t)rt->size, sizeof(int));
     if (seen == NULL) {
         rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "%s: out of memory", what);
         goto out;

@@ -16,6 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "alloc.h"
 #include "kolo.h"
 
 #define KOLO__ERR_LEN 1024
@@ -84,8 +85,5 @@ int kolo__log_level_parse(const char *text, int *level);
 /* Monotonic time. */
 int64_t kolo__now_us(void);
 
-/* Allocation helpers that never return NULL silently: they return NULL and
- * the caller reports KOLO_ERR_NO_MEMORY with what it was allocating. */
-char *kolo__strdup(const char *s);
 
 #endif /* KOLO_COMMON_H */

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "alloc.h"
 #include "elastic.h"
 #include "store.h"
 
@@ -81,8 +82,8 @@ static int split_lines(const char *text, lines_t *l)
 
     for (p = text; *p != '\0'; p++)
         cap += *p == '\n';
-    l->at = malloc((size_t)cap * sizeof(*l->at));
-    l->len = malloc((size_t)cap * sizeof(*l->len));
+    l->at = kolo__malloc((size_t)cap * sizeof(*l->at));
+    l->len = kolo__malloc((size_t)cap * sizeof(*l->len));
     l->n = 0;
     if (l->at == NULL || l->len == NULL) {
         free(l->at);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "api.h"
 #include "passes.h"
 #include "reduce.h"
@@ -414,7 +415,7 @@ static int enqueue(int n, const char *const *names, request_t *reqs,
         rc = err.code;
         goto leave;
     }
-    if (n > 64 && (ev = malloc((size_t)n * sizeof(*ev))) == NULL) {
+    if (n > 64 && (ev = kolo__malloc((size_t)n * sizeof(*ev))) == NULL) {
         rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "%s: out of memory for a "
                            "group of %d", reqs[0].coll, n);
         goto leave;
@@ -446,7 +447,7 @@ static int enqueue(int n, const char *const *names, request_t *reqs,
         }
         if (q->params.coll == KOLO__COLL_ALLTOALL) {
             int64_t total = 0;
-            e->splits = malloc((size_t)ps->size * sizeof(int64_t));
+            e->splits = kolo__malloc((size_t)ps->size * sizeof(int64_t));
             if (e->splits == NULL) {
                 built++;
                 rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory "
@@ -660,7 +661,7 @@ static int grouped_shaped(const char *coll, int kind, int n,
         (shapes == NULL &&
          kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT, "grouped %s: shapes is NULL", coll)))
         return kolo__api_fail(&err);
-    reqs = calloc((size_t)n, sizeof(*reqs));
+    reqs = kolo__calloc((size_t)n, sizeof(*reqs));
     if (reqs == NULL)
         return kolo__api_failf(KOLO_ERR_NO_MEMORY, "%s: out of memory", coll);
     for (int i = 0; i < n && rc == KOLO_OK; i++)
@@ -713,7 +714,7 @@ int kolo_grouped_allreduce_async(int n, const char *const *names,
                                names[0]);
     o = *opts;
     o.ndim = 0; /* one shape cannot describe several tensors */
-    reqs = calloc((size_t)n, sizeof(*reqs));
+    reqs = kolo__calloc((size_t)n, sizeof(*reqs));
     if (reqs == NULL)
         return kolo__api_failf(KOLO_ERR_NO_MEMORY, "allreduce: out of memory");
     for (int i = 0; i < n && rc == KOLO_OK; i++) {

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "complete.h"
 #include "connect.h"
 #include "execute.h"
@@ -31,7 +32,7 @@ static int fusion_reserve(kolo__pset_t *ps, size_t bytes)
     if (ps->exec.fusion_cap >= bytes)
         return 0;
     cap = (bytes + FUSION_ALIGN - 1) / FUSION_ALIGN * FUSION_ALIGN;
-    buf = aligned_alloc(FUSION_ALIGN, cap);
+    buf = kolo__aligned_alloc(FUSION_ALIGN, cap);
     if (buf == NULL)
         return -1;
     /* Touch every page now, so that reductions never fault pages in. */
@@ -234,7 +235,7 @@ static int run_allreduce_stream(kolo__pset_t *ps, const size_t *idx, size_t n,
 
     st.esize = kolo_dtype_size(st.wire);
     if (ps->exec.starts_cap < n + 1) { /* kept: no allocation per batch */
-        size_t *p = realloc(ps->exec.starts, (n + 1) * sizeof(size_t));
+        size_t *p = kolo__realloc(ps->exec.starts, (n + 1) * sizeof(size_t));
         if (p == NULL)
             return no_memory(ps, e0, (n + 1) * sizeof(size_t), err);
         ps->exec.starts = p;
@@ -450,12 +451,12 @@ static int new_result(kolo__pset_t *ps, const kolo__entry_t *e, int64_t rows,
                       size_t bytes, const kolo__dev_ops_t *dev,
                       kolo__result_t **out, kolo__err_t *err)
 {
-    kolo__result_t *r = calloc(1, sizeof(*r));
+    kolo__result_t *r = kolo__calloc(1, sizeof(*r));
     char detail[KOLO__ERR_LEN];
     int rc;
 
     *out = NULL;
-    if (r == NULL || (r->splits = calloc((size_t)ps->size,
+    if (r == NULL || (r->splits = kolo__calloc((size_t)ps->size,
                                          sizeof(int64_t))) == NULL) {
         free(r);
         return no_memory(ps, e, bytes, err);
@@ -475,7 +476,7 @@ static int new_result(kolo__pset_t *ps, const kolo__entry_t *e, int64_t rows,
         r->data_free = dev->mem_free;
         r->device_type = KOLO_DEVICE_CUDA;
         r->device = e->device;
-    } else if ((r->data = malloc(bytes ? bytes : 1)) == NULL) {
+    } else if ((r->data = kolo__malloc(bytes ? bytes : 1)) == NULL) {
         kolo__result_free(r);
         return no_memory(ps, e, bytes, err);
     }
@@ -514,8 +515,8 @@ static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e,
 {
     size_t row_bytes = (size_t)e->params.count *
                        kolo_dtype_size((kolo_dtype_t)e->params.dtype);
-    int64_t *rows = calloc((size_t)ps->size, sizeof(int64_t)), total = 0;
-    size_t *bytes = calloc((size_t)ps->size, sizeof(size_t));
+    int64_t *rows = kolo__calloc((size_t)ps->size, sizeof(int64_t)), total = 0;
+    size_t *bytes = kolo__calloc((size_t)ps->size, sizeof(size_t));
     char detail[KOLO__ERR_LEN];
     kolo__result_t *res = NULL;
     int rc;
@@ -558,8 +559,8 @@ static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e,
     size_t n = (size_t)ps->size;
     size_t row_bytes = (size_t)e->params.count *
                        kolo_dtype_size((kolo_dtype_t)e->params.dtype);
-    int64_t *all = calloc(n * n, sizeof(int64_t)), total = 0;
-    size_t *sb = calloc(n, sizeof(size_t)), *rb = calloc(n, sizeof(size_t));
+    int64_t *all = kolo__calloc(n * n, sizeof(int64_t)), total = 0;
+    size_t *sb = kolo__calloc(n, sizeof(size_t)), *rb = kolo__calloc(n, sizeof(size_t));
     char detail[KOLO__ERR_LEN];
     kolo__result_t *res = NULL;
     int rc;
@@ -607,7 +608,7 @@ static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
     kolo_dtype_t dtype = (kolo_dtype_t)p->dtype;
     size_t esize = kolo_dtype_size(dtype);
     int64_t d0 = p->shape[0], row = d0 > 0 ? p->count / d0 : 0;
-    size_t *counts = calloc((size_t)ps->size, sizeof(size_t));
+    size_t *counts = kolo__calloc((size_t)ps->size, sizeof(size_t));
     double post = kolo__postscale_factor(p->op, p->postscale, ps->size);
     char detail[KOLO__ERR_LEN];
     kolo__result_t *res = NULL;
@@ -774,7 +775,7 @@ static int dev_start(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
         device = (int)(rt->cfg.local_rank % count);
     }
     if (rt->host_of != NULL) {
-        hosts = malloc((size_t)ps->size * sizeof(int));
+        hosts = kolo__malloc((size_t)ps->size * sizeof(int));
         if (hosts == NULL) {
             snprintf(detail, KOLO__ERR_LEN, "out of memory for GPU state");
             return KOLO_ERR_NO_MEMORY;
@@ -809,7 +810,7 @@ static int run_allreduce_device(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
         count += (size_t)ps->ready[idx[i]]->params.count;
     if (count == 0)
         return KOLO_OK;
-    ts = malloc(n * sizeof(*ts));
+    ts = kolo__malloc(n * sizeof(*ts));
     if (ts == NULL)
         return no_memory(ps, e0, n * sizeof(*ts), err);
     for (size_t i = 0; i < n; i++) {
@@ -947,7 +948,7 @@ static int run_device(kolo__pset_t *ps, const size_t *idx, size_t n,
         rc = dev->begin(ps->exec.dev_ctx, detail, sizeof(detail));
     if (rc == KOLO_OK) {
         size_t nev = 0;
-        events = malloc(n * sizeof(*events));
+        events = kolo__malloc(n * sizeof(*events));
         if (events == NULL)
             return no_memory(ps, e0, n * sizeof(*events), err);
         nev = last_events(ps, idx, n, events);
@@ -997,9 +998,9 @@ int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
 
     if (n == 0)
         return KOLO_OK;
-    items = malloc(n * sizeof(*items));
-    order = malloc(n * sizeof(*order));
-    batches = malloc(n * sizeof(*batches));
+    items = kolo__malloc(n * sizeof(*items));
+    order = kolo__malloc(n * sizeof(*order));
+    batches = kolo__malloc(n * sizeof(*batches));
     if (items == NULL || order == NULL || batches == NULL) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "rank %d: out of memory planning %zu tensors",

@@ -5,6 +5,7 @@
  * batch, appended at its tail) and then flattened into order[], so that
  * members of a batch are contiguous there and keep their relative order.
  */
+#include "alloc.h"
 #include "fusion.h"
 
 #include <stdlib.h>
@@ -24,10 +25,10 @@ long kolo__fusion_plan(const kolo__fusion_item_t *items, size_t n,
 
     if (n == 0)
         return 0;
-    next = malloc(n * sizeof(*next));
-    head = malloc(n * sizeof(*head));
-    tail = malloc(n * sizeof(*tail));
-    open = malloc(n * sizeof(*open));
+    next = kolo__malloc(n * sizeof(*next));
+    head = kolo__malloc(n * sizeof(*head));
+    tail = kolo__malloc(n * sizeof(*tail));
+    open = kolo__malloc(n * sizeof(*open));
     if (next == NULL || head == NULL || tail == NULL || open == NULL) {
         free(next), free(head), free(tail), free(open);
         return -1;

@@ -1,6 +1,7 @@
 /*
  * handles.c — the handle table (design in handles.h).
  */
+#include "alloc.h"
 #include "handles.h"
 
 #include <stdlib.h>
@@ -55,7 +56,7 @@ void kolo__handles_destroy(kolo__handles_t *h)
 
 int kolo__handles_new(kolo__handles_t *h, kolo_handle_t *id, kolo__err_t *err)
 {
-    handle_rec_t *r = calloc(1, sizeof(*r));
+    handle_rec_t *r = kolo__calloc(1, sizeof(*r));
     kolo_handle_t new_id;
 
     if (r == NULL)

@@ -48,6 +48,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "alloc.h"
 #include "inflight.h"
 
 /* A host wait for a batch sleeps this long at first, doubling up to
@@ -66,7 +67,7 @@ static void nap(long ns)
 
 kolo__done_t *kolo__done_new(const kolo__dev_ops_t *dev, void *event)
 {
-    kolo__done_t *d = calloc(1, sizeof(*d));
+    kolo__done_t *d = kolo__calloc(1, sizeof(*d));
 
     if (d == NULL) {
         dev->event_free(event);
@@ -134,7 +135,7 @@ int kolo__done_settle(kolo__done_t *d, void *stream, int host,
 int kolo__inflight_add(kolo__inflight_list_t *l, kolo__done_t *d,
                        const char *what)
 {
-    kolo__inflight_t *b = malloc(sizeof(*b));
+    kolo__inflight_t *b = kolo__malloc(sizeof(*b));
 
     if (b == NULL)
         return KOLO_ERR_NO_MEMORY;

@@ -4,6 +4,7 @@
  * slot. FNV-1a hashes the key bytes; the full hash is kept per slot so a
  * probe compares key bytes only when hashes match.
  */
+#include "alloc.h"
 #include "map.h"
 
 #include <stdlib.h>
@@ -68,7 +69,7 @@ static int grow(kolo__map_t *m)
     /* Rehashing into the same size only drops tombstones. */
     if (m->count * 2 < m->cap)
         ncap = m->cap;
-    m->slots = calloc(ncap, sizeof(*m->slots));
+    m->slots = kolo__calloc(ncap, sizeof(*m->slots));
     if (m->slots == NULL) {
         m->slots = old;
         return -1;
@@ -111,7 +112,7 @@ int kolo__map_put(kolo__map_t *m, const void *key, size_t len, void *value)
         m->slots[i].value = value;
         return 0;
     }
-    copy = malloc(len ? len : 1);
+    copy = kolo__malloc(len ? len : 1);
     if (copy == NULL)
         return -1;
     memcpy(copy, key, len);

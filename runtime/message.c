@@ -5,6 +5,7 @@
  * bounds, and counts are checked against the bytes that could hold them
  * before anything is allocated.
  */
+#include "alloc.h"
 #include "message.h"
 
 #include <stdlib.h>
@@ -104,7 +105,7 @@ static void put(writer_t *w, const void *p, size_t n)
         uint8_t *nd;
         while (ncap < b->len + n)
             ncap *= 2;
-        nd = realloc(b->data, ncap);
+        nd = kolo__realloc(b->data, ncap);
         if (nd == NULL) {
             w->failed = 1;
             return;
@@ -216,7 +217,7 @@ static int get_str(reader_t *r, size_t max, size_t min, char **out)
         return -1;
     if (memchr(r->p, '\0', n) != NULL)
         return -1;
-    s = malloc((size_t)n + 1);
+    s = kolo__malloc((size_t)n + 1);
     if (s == NULL)
         return -2;
     memcpy(s, r->p, n);
@@ -304,11 +305,11 @@ int kolo__msg_decode(const uint8_t *data, size_t len, int from_rank,
     msg->kind = kind;
     msg->rank = (int32_t)rank;
     if (kind == KOLO__MSG_REQUESTS) {
-        msg->u.requests = calloc(n ? n : 1, sizeof(kolo__request_t));
+        msg->u.requests = kolo__calloc(n ? n : 1, sizeof(kolo__request_t));
         if (msg->u.requests == NULL)
             goto no_memory;
     } else {
-        msg->u.responses = calloc(n ? n : 1, sizeof(kolo__response_t));
+        msg->u.responses = kolo__calloc(n ? n : 1, sizeof(kolo__response_t));
         if (msg->u.responses == NULL)
             goto no_memory;
     }

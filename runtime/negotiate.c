@@ -90,6 +90,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "complete.h"
 #include "negotiate.h"
 #include "reduce.h"
@@ -102,6 +103,29 @@
 #define BIT_GET(words, b) (((words)[(b) / 64] >> ((b) % 64)) & 1ULL)
 #define BIT_SET(words, b) ((words)[(b) / 64] |= 1ULL << ((b) % 64))
 #define BIT_CLR(words, b) ((words)[(b) / 64] &= ~(1ULL << ((b) % 64)))
+
+/* The most bytes carried in a round, times the number of peers: each rank
+ * sends its message to every other, and that stays well within what the
+ * backends move in one step (Gloo's exchange: 64 KiB in all per rank, the
+ * bits included, up to about 100 ranks): 16 KiB with two ranks, 8 KiB
+ * with three, 2 KiB with nine. */
+#define CARRY_MAX_BYTES ((size_t)16 * 1024)
+
+static int bytes_reserve(kolo__bytes_t *b, size_t n)
+{
+    if (b->cap < n) {
+        uint8_t *nd = kolo__realloc(b->data, n);
+        if (nd == NULL)
+            return -1;
+        b->data = nd;
+        b->cap = n;
+    }
+    return 0;
+}
+
+#ifdef KOLO_HAVE_MEM
+void (*kolo__negotiate_test_hook)(kolo__pset_t *ps);
+#endif
 
 static void band64(void *out, const void *a, const void *b, size_t n)
 {
@@ -118,23 +142,42 @@ int kolo__negotiate_init(kolo__pset_t *ps)
 
     if (kolo__cache_init(&ps->neg.cache, cap) != 0)
         return -1;
-    ps->neg.hits = calloc(cap ? cap : 1, sizeof(*ps->neg.hits));
-    ps->neg.joined = calloc((size_t)ps->size, 1);
+    ps->neg.hits = kolo__calloc(cap ? cap : 1, sizeof(*ps->neg.hits));
+    ps->neg.joined = kolo__calloc((size_t)ps->size, 1);
     ps->neg.hit_words = (cap + 63) / 64;
     ps->neg.shut_word = 1;
     ps->neg.join_word = ps->neg.shut_word + rank_words;
     ps->neg.hit_word = ps->neg.join_word + rank_words;
     ps->neg.inv_word = ps->neg.hit_word + ps->neg.hit_words;
-    ps->neg.nwords = ps->neg.inv_word + ps->neg.hit_words;
-    ps->neg.bits = calloc(ps->neg.nwords, sizeof(uint64_t));
-    ps->neg.carry_off = calloc(cap ? cap : 1, sizeof(size_t));
-    ps->neg.carry_bits = calloc(ps->neg.hit_words ? ps->neg.hit_words : 1,
+    ps->neg.check_word = ps->neg.inv_word + ps->neg.hit_words;
+    ps->neg.nwords = ps->neg.check_word + 2;
+    ps->neg.bits = kolo__calloc(ps->neg.nwords, sizeof(uint64_t));
+    ps->neg.carry_off = kolo__calloc(cap ? cap : 1, sizeof(size_t));
+    ps->neg.carry_bits = kolo__calloc(ps->neg.hit_words ? ps->neg.hit_words : 1,
+                                sizeof(uint64_t));
+    ps->neg.lost = kolo__calloc(ps->neg.hit_words ? ps->neg.hit_words : 1,
                                 sizeof(uint64_t));
     kolo__map_init(&ps->neg.sent);
     kolo__map_init(&ps->neg.table);
     if (ps->neg.hits == NULL || ps->neg.bits == NULL || ps->neg.joined == NULL ||
-        ps->neg.carry_off == NULL || ps->neg.carry_bits == NULL)
+        ps->neg.carry_off == NULL || ps->neg.carry_bits == NULL ||
+        ps->neg.lost == NULL)
         return -1;
+    /* What a round needs after its first collective is had now, so that a
+     * rank cannot fail half-way through a steady round (see the essay):
+     * the plan's room for every cached tensor, and the carried area. */
+    ps->ready = kolo__malloc((cap + 1) * sizeof(*ps->ready));
+    if (ps->ready == NULL)
+        return -1;
+    ps->ready_cap = cap + 1;
+    if (ps->size > 1 && cap > 0) {
+        size_t msg = (ps->neg.nwords + ps->neg.hit_words) * sizeof(uint64_t) +
+                     CARRY_MAX_BYTES / (size_t)(ps->size - 1);
+        if (bytes_reserve(&ps->neg.carry_msg, msg) != 0 ||
+            bytes_reserve(&ps->neg.carry_all, msg * (size_t)ps->size) != 0 ||
+            bytes_reserve(&ps->neg.carry_out, CARRY_MAX_BYTES) != 0)
+            return -1;
+    }
     return 0;
 }
 
@@ -186,6 +229,8 @@ void kolo__negotiate_free(kolo__pset_t *ps)
     kolo__bytes_free(&ps->neg.carry_out);
     free(ps->neg.carry_off);
     free(ps->neg.carry_bits);
+    free(ps->neg.lost);
+    ps->neg.lost = NULL;
     ps->neg.carry_off = NULL;
     ps->neg.carry_bits = NULL;
     ps->neg.hits = NULL;
@@ -239,7 +284,7 @@ static kolo__entry_t *standin(const char *name, const kolo__params_t *p)
 
     if (e == NULL)
         return NULL;
-    e->scratch = calloc(bytes ? bytes : 1, 1);
+    e->scratch = kolo__calloc(bytes ? bytes : 1, 1);
     if (e->scratch == NULL) {
         kolo__entry_free(e);
         return NULL;
@@ -291,7 +336,7 @@ static int ready_push(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
     tl_ready(ps, e);
     if (ps->nready == ps->ready_cap) {
         size_t ncap = ps->ready_cap ? ps->ready_cap * 2 : 64;
-        kolo__entry_t **nr = realloc(ps->ready, ncap * sizeof(*nr));
+        kolo__entry_t **nr = kolo__realloc(ps->ready, ncap * sizeof(*nr));
         if (nr == NULL)
             return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                                  "out of memory planning %zu tensors",
@@ -320,9 +365,9 @@ static void unhit(kolo__pset_t *ps, size_t bit)
 static int finish_join(kolo__pset_t *ps, int last_joined, kolo__err_t *err)
 {
     kolo__entry_t *e = ps->neg.join_entry;
-    kolo__result_t *res = calloc(1, sizeof(*res));
+    kolo__result_t *res = kolo__calloc(1, sizeof(*res));
 
-    if (res == NULL || (res->splits = malloc(sizeof(int64_t))) == NULL) {
+    if (res == NULL || (res->splits = kolo__malloc(sizeof(int64_t))) == NULL) {
         free(res);
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                              "rank %d: out of memory completing a join",
@@ -455,7 +500,7 @@ static int resp_push(kolo__pset_t *ps, resp_list_t *l, kolo__pending_name_t *p)
 
     if (l->n == l->cap) {
         uint32_t ncap = l->cap ? l->cap * 2 : 32;
-        kolo__response_t *ni = realloc(l->items, ncap * sizeof(*ni));
+        kolo__response_t *ni = kolo__realloc(l->items, ncap * sizeof(*ni));
         if (ni == NULL)
             return -1;
         l->items = ni;
@@ -576,11 +621,11 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
             kolo__request_t *q = &msg.u.requests[i];
             kolo__pending_name_t *p = kolo__map_gets(&ps->neg.table, q->name);
             if (p == NULL) {
-                p = calloc(1, sizeof(*p));
+                p = kolo__calloc(1, sizeof(*p));
                 if (p == NULL ||
-                    (p->params = calloc((size_t)ps->size, sizeof(*p->params))) == NULL ||
-                    (p->have = calloc((size_t)ps->size, 1)) == NULL ||
-                    (p->at_us = calloc((size_t)ps->size, sizeof(*p->at_us))) == NULL ||
+                    (p->params = kolo__calloc((size_t)ps->size, sizeof(*p->params))) == NULL ||
+                    (p->have = kolo__calloc((size_t)ps->size, 1)) == NULL ||
+                    (p->at_us = kolo__calloc((size_t)ps->size, sizeof(*p->at_us))) == NULL ||
                     kolo__map_puts(&ps->neg.table, q->name, p) != 0) {
                     pending_name_free(p);
                     rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
@@ -650,18 +695,6 @@ free_out:
 
 /* ---- one round ------------------------------------------------------------ */
 
-static int bytes_reserve(kolo__bytes_t *b, size_t n)
-{
-    if (b->cap < n) {
-        uint8_t *nd = realloc(b->data, n);
-        if (nd == NULL)
-            return -1;
-        b->data = nd;
-        b->cap = n;
-    }
-    return 0;
-}
-
 static int backend_failed(kolo__pset_t *ps, int rc, const char *what,
                           char *detail, kolo__err_t *err)
 {
@@ -685,8 +718,8 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
     /* Encode this rank's uncached requests and move them to `sent`. */
     for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next)
         n++;
-    reqs = calloc(n ? n : 1, sizeof(*reqs));
-    lens = calloc((size_t)ps->size, sizeof(*lens));
+    reqs = kolo__calloc(n ? n : 1, sizeof(*reqs));
+    lens = kolo__calloc((size_t)ps->size, sizeof(*lens));
     if (reqs == NULL || lens == NULL) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "out of memory sending %u requests", n);
@@ -701,12 +734,14 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
     }
     for (kolo__entry_t *e = ps->neg.uncached_head, *next; e != NULL; e = next) {
         next = e->next;
-        e->next = NULL;
+        /* Unlinked only once it is in `sent`: where it fails, it and the
+         * rest stay on the list, and fail with the set. */
         if (kolo__map_puts(&ps->neg.sent, e->name, e) != 0) {
             rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                                "out of memory tracking tensor '%s'", e->name);
             goto out;
         }
+        e->next = NULL;
         ps->neg.uncached_head = next;
     }
     ps->neg.uncached_tail = NULL;
@@ -811,7 +846,15 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
          * memory): the evicted bit's waiters must be resent either way.
          * Grouped tensors are not cached (see the essay). */
         if (r->params.group <= 1) {
-            kolo__cache_put(&ps->neg.cache, r->name, &r->params, &bit, &evicted);
+            if (kolo__cache_put(&ps->neg.cache, r->name, &r->params, &bit,
+                                &evicted) == KOLO__CACHE_LOST) {
+                /* Taken but not stored: erased on every rank next round
+                 * (cache.h); the tensor itself goes on. */
+                kolo__log(KOLO__LOG_WARNING, "rank %d: out of memory caching "
+                          "'%s'; it is negotiated in full until cached again",
+                          ps->rank, r->name);
+                BIT_SET(ps->neg.lost, bit);
+            }
             if (evicted)
                 unhit(ps, bit);
         }
@@ -906,14 +949,106 @@ static void stall_check(kolo__pset_t *ps)
     }
 }
 
-/* ---- carrying small tensors with the agreement (see the essay) ---------- */
+/* ---- when the caches disagree -------------------------------------------- */
 
-/* The most bytes carried in a round, times the number of peers: each rank
- * sends its message to every other, and that stays well within what the
- * backends move in one step (Gloo's exchange: 64 KiB in all per rank, the
- * bits included, up to about 100 ranks): 16 KiB with two ranks, 8 KiB
- * with three, 2 KiB with nine. */
-#define CARRY_MAX_BYTES ((size_t)16 * 1024)
+static void bor8(void *out, const void *a, const void *b, size_t n)
+{
+    uint8_t *o = out;
+    const uint8_t *x = a, *y = b;
+    for (size_t i = 0; i < n; i++)
+        o[i] = x[i] | y[i];
+}
+
+/* What this rank's cache holds at bit b, in words. */
+static void slot_text(const kolo__pset_t *ps, size_t b, char *out, size_t len)
+{
+    const kolo__cache_entry_t *c = kolo__cache_at(&ps->neg.cache, b);
+    char shape[96];
+
+    if (c == NULL) {
+        snprintf(out, len, "rank %d holds nothing", ps->ranks[ps->rank]);
+        return;
+    }
+    shape_text(&c->params, shape, sizeof(shape));
+    snprintf(out, len, "rank %d holds %s%.100s%s (%s %s %s)", ps->ranks[ps->rank],
+             c->name ? "'" : "", c->name ? c->name : "a name it could not store",
+             c->name ? "'" : "", kolo__coll_name(c->params.coll),
+             kolo_dtype_name((kolo_dtype_t)c->params.dtype), shape);
+}
+
+/* The round's check words say the ranks' response caches differ (cache.h),
+ * which only a fault of kolo's own can cause: every rank finds the first
+ * bit where they differ and the views of rank 0 and of the first rank
+ * that differs from it, with collectives on fixed buffers (nothing here
+ * may fail on one rank only), and the set stops with that message. */
+static int diverged(kolo__pset_t *ps, kolo__err_t *err)
+{
+    enum { CHUNK = 64, VIEW = 300 };
+    const kolo__ops_t *ops = ps->ctl_ops;
+    size_t cap = ps->neg.cache.capacity, first = SIZE_MAX;
+    uint64_t w[2 * CHUNK], mine = 0;
+    int32_t odd;
+    char detail[KOLO__ERR_LEN], views[2][VIEW];
+    int rc = KOLO_OK;
+
+    /* The first bit whose entries differ: per chunk of bits, the AND of
+     * every rank's hashes and of their complements. */
+    for (size_t at = 0; at < cap && first == SIZE_MAX && rc == KOLO_OK; at += CHUNK) {
+        size_t n = cap - at < CHUNK ? cap - at : CHUNK;
+        for (size_t i = 0; i < n; i++) {
+            const kolo__cache_entry_t *c = kolo__cache_at(&ps->neg.cache, at + i);
+            w[i] = c ? c->hash : 0;
+            w[CHUNK + i] = ~w[i];
+        }
+        rc = ops->allreduce(ps->ctl_ctx, NULL, w, 2 * CHUNK, sizeof(uint64_t),
+                            band64, detail, sizeof(detail));
+        for (size_t i = 0; i < n && rc == KOLO_OK; i++)
+            if (w[i] != ~w[CHUNK + i]) {
+                first = at + i;
+                break;
+            }
+    }
+    if (rc != KOLO_OK)
+        return backend_failed(ps, rc, "comparing the response caches", detail, err);
+    if (first == SIZE_MAX)
+        return kolo__err_set(err, KOLO_ERR_INTERNAL,
+                             "process set %d: the ranks' response caches hold "
+                             "the same entries but disagree on their use "
+                             "counts (kolo's own inconsistency: please report "
+                             "it); the set stops",
+                             ps->id);
+    /* Rank 0's entry there, then the first rank whose entry differs. */
+    {
+        const kolo__cache_entry_t *c = kolo__cache_at(&ps->neg.cache, first);
+        mine = c ? c->hash : 0;
+    }
+    w[0] = mine;
+    rc = ops->broadcast(ps->ctl_ctx, w, sizeof(uint64_t), 0, detail, sizeof(detail));
+    odd = rc == KOLO_OK && w[0] != mine ? ps->rank : INT32_MAX;
+    if (rc == KOLO_OK)
+        rc = ops->allreduce(ps->ctl_ctx, NULL, &odd, 1, sizeof(odd),
+                            kolo__reduce_get(KOLO_INT32, KOLO_OP_MIN), detail,
+                            sizeof(detail));
+    if (rc == KOLO_OK) {
+        memset(views, 0, sizeof(views));
+        if (ps->rank == 0)
+            slot_text(ps, first, views[0], VIEW);
+        else if (ps->rank == odd)
+            slot_text(ps, first, views[1], VIEW);
+        rc = ops->allreduce(ps->ctl_ctx, NULL, views, sizeof(views), 1, bor8,
+                            detail, sizeof(detail));
+    }
+    if (rc != KOLO_OK)
+        return backend_failed(ps, rc, "comparing the response caches", detail, err);
+    views[0][VIEW - 1] = views[1][VIEW - 1] = '\0';
+    return kolo__err_set(err, KOLO_ERR_INTERNAL,
+                         "process set %d: the ranks' response caches differ "
+                         "at bit %zu, where %s and %s (kolo's own "
+                         "inconsistency: please report it); the set stops",
+                         ps->id, first, views[0], views[1]);
+}
+
+/* ---- carrying small tensors with the agreement (see the essay) ---------- */
 
 static int carry_eligible(const kolo__params_t *p)
 {
@@ -940,10 +1075,11 @@ static size_t carry_layout(kolo__pset_t *ps)
         if (c == NULL || !carry_eligible(&c->params))
             continue;
         bytes = (size_t)c->params.count * kolo_dtype_size((kolo_dtype_t)c->params.dtype);
+        bytes = (bytes + 7) & ~(size_t)7; /* total stays within the budget */
         if (bytes > budget - total)
             continue;
         ps->neg.carry_off[b] = total;
-        total += (bytes + 7) & ~(size_t)7;
+        total += bytes;
     }
     return total;
 }
@@ -1025,6 +1161,10 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
 
     ps->nready = 0;
     *stop_rank = -1;
+#ifdef KOLO_HAVE_MEM
+    if (kolo__negotiate_test_hook != NULL)
+        kolo__negotiate_test_hook(ps);
+#endif
     if (kolo__timeline_marks_cycles(ps->rt->timeline))
         kolo__tl_cycle(ps->rt->timeline);
 
@@ -1080,8 +1220,20 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
         /* A joined rank has every cached allreduce, as zeros. */
         if (ps->neg.hits[b] != NULL ||
             (ps->neg.join_entry != NULL && (c = kolo__cache_at(&ps->neg.cache, b)) != NULL &&
-             c->params.coll == KOLO__COLL_ALLREDUCE))
+             c->name != NULL && c->params.coll == KOLO__COLL_ALLREDUCE))
             BIT_SET(v + ps->neg.hit_word, b);
+    }
+    /* Bits this rank could not store last round: erased everywhere. */
+    for (size_t w = 0; w < ps->neg.hit_words; w++) {
+        v[ps->neg.inv_word + w] &= ~ps->neg.lost[w];
+        ps->neg.lost[w] = 0;
+    }
+    {
+        /* The caches' check (cache.h), and its complement: after the AND,
+         * the two are complements only if every rank had the same. */
+        uint64_t check = kolo__cache_check(&ps->neg.cache);
+        v[ps->neg.check_word] = check;
+        v[ps->neg.check_word + 1] = ~check;
     }
     if (ps->neg.join_entry != NULL) {
         BIT_CLR(v + ps->neg.join_word, (size_t)ps->rank);
@@ -1138,6 +1290,8 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
         }
     }
 
+    if (v[ps->neg.check_word] != ~v[ps->neg.check_word + 1])
+        return diverged(ps, err);
     ps->neg.any_pending = !(v[0] & FLAG_NONE_PENDING);
     for (int r = 0; r < ps->size; r++)
         if (!BIT_GET(v + ps->neg.shut_word, (size_t)r)) {
@@ -1175,7 +1329,7 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
             ps->neg.hits[b] = NULL;
             ps->neg.nhits--;
         } else if (ps->neg.joined[ps->rank] &&
-                   (c = kolo__cache_at(&ps->neg.cache, b)) != NULL) {
+                   (c = kolo__cache_at(&ps->neg.cache, b)) != NULL && c->name != NULL) {
             kolo__entry_t *s = standin(c->name, &c->params);
             if (s == NULL)
                 return kolo__err_set(err, KOLO_ERR_NO_MEMORY,

@@ -25,4 +25,11 @@ void kolo__negotiate_drain(kolo__pset_t *ps,
 /* 1 when this rank holds entries that wait for other ranks. */
 int kolo__negotiate_pending(const kolo__pset_t *ps);
 
+#ifdef KOLO_HAVE_MEM
+/* The unit tests' (libkolo_mem only): called on the background thread at
+ * the start of every round, where a test may change this rank's state
+ * (the check of the response caches is tested so). */
+extern void (*kolo__negotiate_test_hook)(kolo__pset_t *ps);
+#endif
+
 #endif /* KOLO_NEGOTIATE_H */

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "map.h"
 #include "passes.h"
 #include "reduce.h"
@@ -68,9 +69,9 @@ int kolo__passes_add(const char *name, const void *input, void *output,
         return rc;
     }
     if (acc == NULL) {
-        acc = calloc(1, sizeof(*acc));
+        acc = kolo__calloc(1, sizeof(*acc));
         if (acc != NULL)
-            acc->sum = calloc(count ? (size_t)count : 1,
+            acc->sum = kolo__calloc(count ? (size_t)count : 1,
                               kolo__accumulator_elem_size(dtype));
         if (acc == NULL || acc->sum == NULL ||
             kolo__map_puts(&g_accumulators, name, acc) != 0) {

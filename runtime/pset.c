@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "background.h"
 #include "complete.h"
 #include "connect.h"
@@ -45,6 +46,7 @@ static void *set_thread(void *arg)
     kolo__pset_t *ps = arg;
     kolo__runtime_t *rt = ps->rt;
 
+    kolo__fault_thread_rank(rt->rank); /* (the unit tests' fault injection) */
     kolo__background_main(ps);
     if (ps->id == KOLO_GLOBAL_PROCESS_SET) {
         pthread_mutex_lock(&rt->sets_mu);
@@ -79,11 +81,11 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
                      kolo__outcome_t *watch, kolo__pset_t **out,
                      kolo__err_t *err)
 {
-    kolo__pset_t *ps = calloc(1, sizeof(*ps));
+    kolo__pset_t *ps = kolo__calloc(1, sizeof(*ps));
     sigset_t pipe_set, saved_mask;
     int rc;
 
-    if (ps == NULL || (ps->ranks = malloc((size_t)size * sizeof(int))) == NULL) {
+    if (ps == NULL || (ps->ranks = kolo__malloc((size_t)size * sizeof(int))) == NULL) {
         free(ps);
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                              "out of memory creating process set %d", id);
@@ -109,7 +111,7 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
                                            rt->cfg.chunk_bytes,
                                            rt->cfg.cycle_time_ms};
     if (rt->cfg.autotune && size > 1) {
-        ps->tune = malloc(sizeof(*ps->tune));
+        ps->tune = kolo__malloc(sizeof(*ps->tune));
         if (ps->tune == NULL) {
             free(ps->ranks);
             free(ps);
@@ -182,7 +184,7 @@ static int exchange_hosts(kolo__runtime_t *rt, kolo__pset_t *ps,
     int me = (int)rt->cfg.cross_rank;
     int rc;
 
-    rt->host_of = calloc((size_t)rt->size, sizeof(int));
+    rt->host_of = kolo__calloc((size_t)rt->size, sizeof(int));
     if (rt->host_of == NULL)
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
     if (rt->size == 1)
@@ -226,7 +228,7 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
     const char *cross = NULL;
     int rc = KOLO_OK, all_local = 1;
 
-    hosts = malloc((size_t)size * sizeof(int));
+    hosts = kolo__malloc((size_t)size * sizeof(int));
     if (hosts == NULL) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "out of memory creating process set %d", id);
@@ -303,7 +305,7 @@ agree:
         pset_free(ps);
         return rc;
     }
-    if (pthread_create(&ps->thread, NULL, set_thread, ps) != 0) {
+    if (kolo__thread_create(&ps->thread, NULL, set_thread, ps) != 0) {
         release_ops(ps);
         pset_free(ps);
         return kolo__err_set(err, KOLO_ERR_INTERNAL,

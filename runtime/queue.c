@@ -1,6 +1,7 @@
 /*
  * queue.c — the tensor queue (design in queue.h).
  */
+#include "alloc.h"
 #include "queue.h"
 
 #include <errno.h>
@@ -10,7 +11,7 @@
 
 kolo__entry_t *kolo__entry_new(const char *name)
 {
-    kolo__entry_t *e = calloc(1, sizeof(*e));
+    kolo__entry_t *e = kolo__calloc(1, sizeof(*e));
     if (e == NULL)
         return NULL;
     e->name = kolo__strdup(name);

@@ -41,6 +41,7 @@
  * the cluster's own network.
  */
 #define _GNU_SOURCE
+#include "alloc.h"
 #include "rdvserver.h"
 
 #include <errno.h>
@@ -127,7 +128,7 @@ static int key_set(rdv_server_t *s, const char *k, size_t klen, const char *v,
                    size_t vlen)
 {
     rdv_key_t *e = key_find(s, k, klen);
-    char *value = malloc(vlen + 1);
+    char *value = kolo__malloc(vlen + 1);
 
     if (value == NULL)
         return -1;
@@ -136,7 +137,7 @@ static int key_set(rdv_server_t *s, const char *k, size_t klen, const char *v,
     if (e == NULL) {
         if (s->nkeys == s->cap) {
             size_t cap = s->cap ? s->cap * 2 : 64;
-            rdv_key_t *keys = realloc(s->keys, cap * sizeof(*keys));
+            rdv_key_t *keys = kolo__realloc(s->keys, cap * sizeof(*keys));
             if (keys == NULL) {
                 free(value);
                 return -1;
@@ -145,7 +146,7 @@ static int key_set(rdv_server_t *s, const char *k, size_t klen, const char *v,
             s->cap = cap;
         }
         e = &s->keys[s->nkeys];
-        if ((e->key = malloc(klen + 1)) == NULL) {
+        if ((e->key = kolo__malloc(klen + 1)) == NULL) {
             free(value);
             return -1;
         }
@@ -305,7 +306,7 @@ static int serve_conn(rdv_server_t *s, rdv_conn_t *c)
     if (c->cap - c->len < 65536) {
         size_t cap = c->cap ? c->cap * 2 : 131072;
         char *in;
-        if (cap > RDV_MAX_REQUEST + 131072 || (in = realloc(c->in, cap)) == NULL)
+        if (cap > RDV_MAX_REQUEST + 131072 || (in = kolo__realloc(c->in, cap)) == NULL)
             return -1;
         c->in = in;
         c->cap = cap;
@@ -343,7 +344,7 @@ static void conn_accept(rdv_server_t *s)
 
     if (fd < 0)
         return;
-    conns = realloc(s->conns, (s->nconns + 1) * sizeof(*conns));
+    conns = kolo__realloc(s->conns, (s->nconns + 1) * sizeof(*conns));
     if (conns == NULL) {
         close(fd);
         return;
@@ -361,7 +362,7 @@ static void *server_main(void *arg)
 
     for (;;) {
         if (cap < s->nconns + 1) {
-            struct pollfd *p = realloc(pfd, (s->nconns + 16) * sizeof(*p));
+            struct pollfd *p = kolo__realloc(pfd, (s->nconns + 16) * sizeof(*p));
             if (p == NULL) {
                 /* Out of memory: serve what fits, wait a moment. */
                 poll(NULL, 0, 100);
@@ -474,7 +475,7 @@ int kolo__rdvserver_start(int port, const char *job, const char *why,
                              port, p < port + KOLO__RDV_PORTS ? p : p - 1, why,
                              strerror(e));
     }
-    if ((s = calloc(1, sizeof(*s))) == NULL) {
+    if ((s = kolo__calloc(1, sizeof(*s))) == NULL) {
         close(fd);
         pthread_mutex_unlock(&g_mu);
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
@@ -486,7 +487,7 @@ int kolo__rdvserver_start(int port, const char *job, const char *why,
     pthread_sigmask(SIG_BLOCK, &all, &old);
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    rc = pthread_create(&tid, &attr, server_main, s);
+    rc = kolo__thread_create(&tid, &attr, server_main, s);
     pthread_attr_destroy(&attr);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc != 0) {

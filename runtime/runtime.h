@@ -92,7 +92,10 @@ typedef struct kolo__pset {
         kolo__map_t sent;      /* name -> entry sent to the coordinator */
         kolo__map_t table;     /* coordinator: name -> kolo__pending_name_t */
         uint64_t *bits;        /* the round's AND vector */
-        size_t nwords, shut_word, join_word, hit_word, inv_word, hit_words;
+        size_t nwords, shut_word, join_word, hit_word, inv_word, hit_words,
+            check_word;
+        uint64_t *lost;        /* [hit_words]: bits this rank could not
+                                  store, erased everywhere next round */
         kolo__bytes_t send_buf, recv_buf, resp_buf;
         /* carrying small tensors with the bit vector (negotiate.c's
          * essay): each cached tensor's offset in the carried area

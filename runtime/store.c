@@ -19,6 +19,7 @@
  * process set's creation, never on a hot path, and never spins.
  */
 #define _GNU_SOURCE
+#include "alloc.h"
 #include "store.h"
 
 #include <errno.h>
@@ -111,7 +112,7 @@ static int redis_connect(kolo__store_t *s, const char *hostport,
 int kolo__store_open(const char *rendezvous, double io_timeout_s,
                      kolo__store_t **out, kolo__err_t *err)
 {
-    kolo__store_t *s = calloc(1, sizeof(*s));
+    kolo__store_t *s = kolo__calloc(1, sizeof(*s));
     int rc = KOLO_OK;
 
     *out = NULL;
@@ -198,7 +199,7 @@ static int file_get(kolo__store_t *s, const char *key, char **value,
         return kolo__err_set(err, KOLO_ERR_BACKEND, "cannot read %s: %s", path,
                              strerror(errno));
     }
-    if (fstat(fileno(f), &st) != 0 || (buf = malloc((size_t)st.st_size + 1)) == NULL) {
+    if (fstat(fileno(f), &st) != 0 || (buf = kolo__malloc((size_t)st.st_size + 1)) == NULL) {
         fclose(f);
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "cannot read %s", path);
     }
@@ -325,7 +326,7 @@ static int redis_get(kolo__store_t *s, const char *key, char **value,
     n = atol(line + 1);
     if (n < 0)
         return 0;
-    if ((buf = malloc((size_t)n + 2)) == NULL)
+    if ((buf = kolo__malloc((size_t)n + 2)) == NULL)
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
     if (redis_read(s, buf, (size_t)n + 2, err) != KOLO_OK) {
         free(buf);

@@ -45,6 +45,7 @@
  * from the job's epoch (start_time_since_epoch_in_micros in the first
  * event), which every rank shares, so per-rank files line up.
  */
+#include "alloc.h"
 #include "timeline.h"
 
 #include <errno.h>
@@ -201,7 +202,7 @@ static void put(text_t *t, const char *s, size_t n)
         char *nb;
         while (ncap < t->len + n + 1)
             ncap *= 2;
-        nb = realloc(t->buf, ncap);
+        nb = kolo__realloc(t->buf, ncap);
         if (nb == NULL)
             return; /* the event is lost; the file stays valid */
         t->buf = nb;
@@ -301,7 +302,7 @@ static void event_sep(kolo__timeline_t *tl, text_t *t)
 {
     if (t->ncuts == t->cuts_cap) {
         size_t ncap = t->cuts_cap ? t->cuts_cap * 2 : 1024;
-        size_t *nc = realloc(t->cuts, ncap * sizeof(*nc));
+        size_t *nc = kolo__realloc(t->cuts, ncap * sizeof(*nc));
         if (nc != NULL) {
             t->cuts = nc;
             t->cuts_cap = ncap;
@@ -349,7 +350,7 @@ static int track_depth(kolo__timeline_t *tl, int pid, ev_type_t type)
         int *nd;
         while (ncap <= pid)
             ncap *= 2;
-        nd = realloc(tl->depth, (size_t)ncap * sizeof(int));
+        nd = kolo__realloc(tl->depth, (size_t)ncap * sizeof(int));
         if (nd == NULL)
             return type != EV_END;
         memset(nd + tl->depth_cap, 0, (size_t)(ncap - tl->depth_cap) * sizeof(int));
@@ -490,7 +491,7 @@ static int copy_head(int from, int to, off_t n)
 static int rewrite(kolo__timeline_t *tl, const char *rest, size_t len, off_t room)
 {
     size_t plen = strlen(tl->path);
-    char *tmp = malloc(plen + 8);
+    char *tmp = kolo__malloc(plen + 8);
     struct stat st;
     off_t end = tl->pos + (off_t)len;
     int fd, e;
@@ -595,7 +596,7 @@ static void flush_locked(kolo__timeline_t *tl, text_t *t)
 {
     size_t n = tl->count, head = tl->head;
     uint64_t dropped = tl->dropped;
-    event_t *batch = malloc((n ? n : 1) * sizeof(*batch));
+    event_t *batch = kolo__malloc((n ? n : 1) * sizeof(*batch));
 
     if (batch == NULL)
         return;
@@ -660,10 +661,10 @@ static void *writer_main(void *arg)
 
 kolo__timeline_t *kolo__timeline_new(int rank, int size, int64_t epoch_us)
 {
-    kolo__timeline_t *tl = calloc(1, sizeof(*tl));
+    kolo__timeline_t *tl = kolo__calloc(1, sizeof(*tl));
     pthread_condattr_t attr;
 
-    if (tl == NULL || (tl->ring = calloc(RING_SIZE, sizeof(event_t))) == NULL) {
+    if (tl == NULL || (tl->ring = kolo__calloc(RING_SIZE, sizeof(event_t))) == NULL) {
         free(tl);
         return NULL;
     }
@@ -729,7 +730,7 @@ int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles
     }
     if (rc == KOLO_OK && !tl->writer_started) {
         tl->quit = 0;
-        if (pthread_create(&tl->writer, NULL, writer_main, tl) != 0) {
+        if (kolo__thread_create(&tl->writer, NULL, writer_main, tl) != 0) {
             __atomic_store_n(&tl->active, 0, __ATOMIC_RELAXED);
             close(tl->fd);
             tl->fd = -1;

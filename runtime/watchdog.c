@@ -22,6 +22,7 @@
  * warning repeats every stall-check period while the wait lasts; a rank
  * that comes back lets the job go on as if nothing happened.
  */
+#include "alloc.h"
 #include "watchdog.h"
 
 #include <errno.h>
@@ -136,7 +137,7 @@ int kolo__watchdog_start(kolo__runtime_t *rt, kolo__err_t *err)
 
     if (rt->cfg.stall_check_s <= 0 || rt->size == 1)
         return KOLO_OK;
-    if ((w = calloc(1, sizeof(*w))) == NULL)
+    if ((w = kolo__calloc(1, sizeof(*w))) == NULL)
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
     pthread_mutex_init(&w->mu, NULL);
     pthread_condattr_init(&ca);
@@ -144,7 +145,7 @@ int kolo__watchdog_start(kolo__runtime_t *rt, kolo__err_t *err)
     pthread_cond_init(&w->cv, &ca);
     pthread_condattr_destroy(&ca);
     rt->watchdog = w;
-    if (pthread_create(&w->thread, NULL, watchdog_main, rt) != 0) {
+    if (kolo__thread_create(&w->thread, NULL, watchdog_main, rt) != 0) {
         rt->watchdog = NULL;
         pthread_cond_destroy(&w->cv);
         pthread_mutex_destroy(&w->mu);

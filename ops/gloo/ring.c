@@ -52,6 +52,7 @@
 
 #include "config.h"
 
+#include "alloc.h"
 #include "ring.h"
 
 #include <arpa/inet.h>
@@ -210,9 +211,9 @@ int kolo__ring_listen(const char *hostname, kolo__ring_t **out,
         close(fd);
         return KOLO_ERR_BACKEND;
     }
-    r = calloc(1, sizeof(*r));
+    r = kolo__calloc(1, sizeof(*r));
     if (r != NULL)
-        r->scratch = malloc(SCRATCH_BYTES + 8);
+        r->scratch = kolo__malloc(SCRATCH_BYTES + 8);
     if (r == NULL || r->scratch == NULL) {
         free(r);
         close(fd);
@@ -1093,7 +1094,7 @@ int kolo__ring_allreduce_stream(kolo__ring_t *r, size_t count, size_t esize,
     if (s->place == NULL && r->work_bytes < count * esize) {
         free(r->work);
         r->work_bytes = 0;
-        r->work = malloc(count * esize);
+        r->work = kolo__malloc(count * esize);
         if (r->work == NULL) {
             snprintf(err, errlen, "ring: out of memory for a work buffer of "
                                   "%zu bytes", count * esize);

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "hosts.h"
 #include "ops.h"
 #include "shm/shm_ops.h"
@@ -76,7 +77,7 @@ static int sub_init(const kolo__ops_t *ops, const kolo__ops_config_t *cfg,
 static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
                      size_t errlen)
 {
-    hier_ctx_t *h = calloc(1, sizeof(*h));
+    hier_ctx_t *h = kolo__calloc(1, sizeof(*h));
     int *lmem = NULL, *lhost = NULL, *xmem = NULL, *xhost = NULL;
     int rc = KOLO_ERR_NO_MEMORY;
     char prefix[256];
@@ -105,10 +106,10 @@ static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
         rc = KOLO_ERR_UNSUPPORTED;
         goto fail;
     }
-    lmem = malloc((size_t)g.nlocal * sizeof(int));
-    lhost = malloc((size_t)g.nlocal * sizeof(int));
-    xmem = malloc((size_t)g.nhosts * sizeof(int));
-    xhost = malloc((size_t)g.nhosts * sizeof(int));
+    lmem = kolo__malloc((size_t)g.nlocal * sizeof(int));
+    lhost = kolo__malloc((size_t)g.nlocal * sizeof(int));
+    xmem = kolo__malloc((size_t)g.nhosts * sizeof(int));
+    xhost = kolo__malloc((size_t)g.nhosts * sizeof(int));
     if (!lmem || !lhost || !xmem || !xhost)
         goto oom;
     /* This rank's host; the member of each host with this local index. */
@@ -139,8 +140,8 @@ static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
         goto fail;
 
     h->me_local = g.me_local;
-    h->counts = calloc((size_t)h->nlocal, sizeof(size_t));
-    h->bytes = calloc((size_t)h->nlocal, sizeof(size_t));
+    h->counts = kolo__calloc((size_t)h->nlocal, sizeof(size_t));
+    h->bytes = kolo__calloc((size_t)h->nlocal, sizeof(size_t));
     if (h->counts == NULL || h->bytes == NULL)
         goto oom;
     free(lmem), free(lhost), free(xmem), free(xhost);
@@ -256,7 +257,7 @@ static int allreduce_piece(hier_ctx_t *h, size_t count, size_t esize,
     /* (a rank whose share is empty touches no buffer: h->shard may stay
      * NULL then) */
     if (h->bytes[h->me_local] > h->shard_cap) {
-        uint8_t *p = realloc(h->shard, h->bytes[h->me_local]);
+        uint8_t *p = kolo__realloc(h->shard, h->bytes[h->me_local]);
         if (p == NULL) {
             snprintf(err, errlen, "out of memory for a %zu-byte share of a "
                      "hierarchical allreduce", h->bytes[h->me_local]);

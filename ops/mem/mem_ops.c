@@ -52,6 +52,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "alloc.h"
 #include "mem_ops.h"
 
 typedef enum mem_kind {
@@ -211,14 +212,14 @@ static mem_group_t *group_find(const char *rendezvous, const char *prefix)
 static mem_group_t *group_new(const char *rendezvous, const char *prefix,
                               int size)
 {
-    mem_group_t *g = calloc(1, sizeof(*g));
+    mem_group_t *g = kolo__calloc(1, sizeof(*g));
     pthread_condattr_t attr;
 
     if (g == NULL)
         return NULL;
-    g->rendezvous = strdup(orempty(rendezvous));
-    g->prefix = strdup(orempty(prefix));
-    g->m = calloc((size_t)size, sizeof(*g->m));
+    g->rendezvous = kolo__strdup(orempty(rendezvous));
+    g->prefix = kolo__strdup(orempty(prefix));
+    g->m = kolo__calloc((size_t)size, sizeof(*g->m));
     if (g->rendezvous == NULL || g->prefix == NULL || g->m == NULL) {
         free(g->rendezvous);
         free(g->prefix);
@@ -289,8 +290,8 @@ static int mem_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
                  "context", cfg->rank, cfg->size);
         return KOLO_ERR_INTERNAL;
     }
-    c = calloc(1, sizeof(*c));
-    if (c == NULL || (c->peer = calloc((size_t)cfg->size, sizeof(*c->peer))) == NULL) {
+    c = kolo__calloc(1, sizeof(*c));
+    if (c == NULL || (c->peer = kolo__calloc((size_t)cfg->size, sizeof(*c->peer))) == NULL) {
         free(c);
         snprintf(err, errlen, "mem: out of memory");
         return KOLO_ERR_NO_MEMORY;
@@ -303,7 +304,7 @@ static int mem_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
     pthread_mutex_init(&c->dmu, NULL);
     pthread_cond_init(&c->dcv, NULL);
     if (c->on_wake != NULL) {
-        if (pthread_create(&c->thread, NULL, delivery_main, c) != 0) {
+        if (kolo__thread_create(&c->thread, NULL, delivery_main, c) != 0) {
             ctx_free(c);
             snprintf(err, errlen, "mem: cannot start the delivery thread");
             return KOLO_ERR_BACKEND;
@@ -412,7 +413,7 @@ static void mem_finalize(void *ctx)
 static int slot_grow(mem_slot_t *s, size_t len)
 {
     if (s->cap < len || s->data == NULL) {
-        uint8_t *d = realloc(s->data, len ? len : 1);
+        uint8_t *d = kolo__realloc(s->data, len ? len : 1);
         if (d == NULL)
             return -1;
         s->data = d;
@@ -507,7 +508,7 @@ static int post_and_gather(mem_ctx_t *c, const mem_slot_t *mine, const void *dat
     slot = &me->slot[s % 2];
     if (slot_grow(slot, mine->len) != 0 ||
         (mine->sizes != NULL && slot->sizes == NULL &&
-         (slot->sizes = malloc((size_t)c->size * sizeof(size_t))) == NULL)) {
+         (slot->sizes = kolo__malloc((size_t)c->size * sizeof(size_t))) == NULL)) {
         snprintf(err, errlen, "mem: out of memory for %zu bytes", mine->len);
         return KOLO_ERR_NO_MEMORY;
     }

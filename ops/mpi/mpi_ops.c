@@ -67,6 +67,7 @@
 
 #include <mpi.h>
 
+#include "alloc.h"
 #include "ops.h"
 
 #define WAKE_MAGIC 0x6b6f6c6f77616b65ULL /* "kolowake" */
@@ -267,7 +268,7 @@ static int wake_start(mpi_ctx_t *c, const kolo__ops_config_t *cfg, char *err,
                  cfg->global_rank, strerror(errno));
         return KOLO_ERR_BACKEND;
     }
-    c->peers = calloc((size_t)c->size, sizeof(*c->peers));
+    c->peers = kolo__calloc((size_t)c->size, sizeof(*c->peers));
     if (c->peers == NULL) {
         snprintf(err, errlen, "out of memory on rank %d", cfg->global_rank);
         return KOLO_ERR_NO_MEMORY;
@@ -280,7 +281,7 @@ static int wake_start(mpi_ctx_t *c, const kolo__ops_config_t *cfg, char *err,
                  strerror(errno));
         return KOLO_ERR_BACKEND;
     }
-    if (pthread_create(&c->listener, NULL, listener_main, c) != 0) {
+    if (kolo__thread_create(&c->listener, NULL, listener_main, c) != 0) {
         snprintf(err, errlen, "rank %d cannot start the MPI backend's wake-up "
                  "thread", cfg->global_rank);
         return KOLO_ERR_INTERNAL;
@@ -394,7 +395,7 @@ static int mpi_init(const kolo__ops_config_t *cfg, void **ctxp, char *err,
             return KOLO_ERR_UNSUPPORTED;
         }
 
-    c = calloc(1, sizeof(*c));
+    c = kolo__calloc(1, sizeof(*c));
     if (c == NULL) {
         snprintf(err, errlen, "out of memory on rank %d", cfg->global_rank);
         return KOLO_ERR_NO_MEMORY;
@@ -545,8 +546,8 @@ static int mpi_allgatherv(void *ctx, const void *in, void *out,
                           const size_t *bytes, char *err, size_t errlen)
 {
     mpi_ctx_t *c = ctx;
-    size_t *off = malloc(((size_t)c->size + 1) * sizeof(size_t));
-    int *counts = malloc(2 * (size_t)c->size * sizeof(int)), *displs;
+    size_t *off = kolo__malloc(((size_t)c->size + 1) * sizeof(size_t));
+    int *counts = kolo__malloc(2 * (size_t)c->size * sizeof(int)), *displs;
     int rc = KOLO_OK, mrc = MPI_SUCCESS;
 
     if (off == NULL || counts == NULL) {
@@ -591,7 +592,7 @@ static int mpi_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
 {
     mpi_ctx_t *c = ctx;
     size_t n = (size_t)c->size;
-    size_t *soff = malloc(2 * (n + 1) * sizeof(size_t)), *roff;
+    size_t *soff = kolo__malloc(2 * (n + 1) * sizeof(size_t)), *roff;
     int rc = KOLO_OK, mrc;
 
     if (soff == NULL) {
@@ -631,8 +632,8 @@ static int mpi_reduce_scatter(void *ctx, void *work, void *out,
                               size_t errlen)
 {
     mpi_ctx_t *c = ctx;
-    size_t *off = malloc(((size_t)c->size + 1) * sizeof(size_t));
-    int *icounts = malloc((size_t)c->size * sizeof(int));
+    size_t *off = kolo__malloc(((size_t)c->size + 1) * sizeof(size_t));
+    int *icounts = kolo__malloc((size_t)c->size * sizeof(int));
     MPI_Datatype t;
     int rc, mrc, fits;
 

@@ -67,6 +67,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "alloc.h"
 #include "gpu_kernels.h"
 #include "hosts.h"
 #include "ops.h"
@@ -285,7 +286,7 @@ static cudaError_t event_get(int device, nccl_event_t **out)
         *out = e;
         return cudaSuccess;
     }
-    if ((e = calloc(1, sizeof(*e))) == NULL)
+    if ((e = kolo__calloc(1, sizeof(*e))) == NULL)
         return cudaErrorMemoryAllocation;
     e->device = device;
     rc = use_device(device, &prev);
@@ -680,7 +681,7 @@ static int ensure_comm(nccl_ctx_t *c)
 
     if (c->comm != NULL)
         return KOLO_OK;
-    ids = calloc((size_t)c->cfg.size, sizeof(*ids));
+    ids = kolo__calloc((size_t)c->cfg.size, sizeof(*ids));
     if (ids == NULL)
         return failf(c, KOLO_ERR_NO_MEMORY, "out of memory for NCCL ids");
     rc = exchange_ids(c, c->cfg.rank == 0, ids);
@@ -708,9 +709,9 @@ static int ensure_hier(nccl_ctx_t *c)
     c->hier = 0;
     if (!c->cfg.hierarchical || hosts == NULL || n == 1)
         return KOLO_OK;
-    xmem = malloc((size_t)n * sizeof(int));
-    xhost = malloc((size_t)n * sizeof(int));
-    ids = calloc((size_t)n, sizeof(*ids));
+    xmem = kolo__malloc((size_t)n * sizeof(int));
+    xhost = kolo__malloc((size_t)n * sizeof(int));
+    ids = kolo__calloc((size_t)n, sizeof(*ids));
     if (!xmem || !xhost || !ids ||
         kolo__hosts_group(hosts, n, c->cfg.rank, &g) != 0) {
         rc = failf(c, KOLO_ERR_NO_MEMORY, "out of memory setting up "
@@ -774,7 +775,7 @@ static void ctx_free(nccl_ctx_t *c)
 static int nccl_init(const kolo__dev_config_t *cfg, void **out, char *err,
                      size_t errlen)
 {
-    nccl_ctx_t *c = calloc(1, sizeof(*c));
+    nccl_ctx_t *c = kolo__calloc(1, sizeof(*c));
     pthread_condattr_t attr;
     int rc;
 
@@ -784,8 +785,8 @@ static int nccl_init(const kolo__dev_config_t *cfg, void **out, char *err,
         return KOLO_ERR_NO_MEMORY;
     }
     c->cfg = *cfg;
-    c->members = malloc((size_t)cfg->size * sizeof(int));
-    c->hosts = cfg->hosts ? malloc((size_t)cfg->size * sizeof(int)) : NULL;
+    c->members = kolo__malloc((size_t)cfg->size * sizeof(int));
+    c->hosts = cfg->hosts ? kolo__malloc((size_t)cfg->size * sizeof(int)) : NULL;
     if (c->members == NULL || (cfg->hosts != NULL && c->hosts == NULL)) {
         ctx_free(c);
         snprintf(err, errlen, "out of memory for GPU state");
@@ -964,7 +965,7 @@ static int move_batch(nccl_ctx_t *c, const kolo__dev_tensor_t *ts, size_t n,
                       int dtype, int wire, int in, double scale)
 {
     size_t esize = kolo_dtype_size((kolo_dtype_t)wire), at = 0, k = 0;
-    kolo__gpu_copy_t *copies = malloc(n * sizeof(*copies));
+    kolo__gpu_copy_t *copies = kolo__malloc(n * sizeof(*copies));
     uint8_t *fusion = c->fusion;
     int rc = KOLO_OK;
 

@@ -76,6 +76,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "alloc.h"
 #include "ops.h"
 #include "shm_ops.h"
 
@@ -315,7 +316,7 @@ static void mark_lost(shm_ctx_t *c, int j)
 static void *listener_main(void *arg)
 {
     shm_ctx_t *c = arg;
-    struct pollfd *fds = calloc((size_t)c->n + 2, sizeof(*fds));
+    struct pollfd *fds = kolo__calloc((size_t)c->n + 2, sizeof(*fds));
     int use_pidfd = 1;
 
     if (fds == NULL)
@@ -570,7 +571,7 @@ static int cores_available(void)
 static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
                     size_t errlen)
 {
-    shm_ctx_t *c = calloc(1, sizeof(*c));
+    shm_ctx_t *c = kolo__calloc(1, sizeof(*c));
     size_t slots_off;
     double deadline = now_s() + cfg->start_timeout_s;
     struct sockaddr_un addr;
@@ -588,8 +589,8 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
     c->timeout_s = cfg->timeout_s;
     c->on_wake = cfg->on_wake;
     c->wake_arg = cfg->wake_arg;
-    c->members = malloc((size_t)c->n * sizeof(int));
-    c->pidfds = malloc((size_t)c->n * sizeof(int));
+    c->members = kolo__malloc((size_t)c->n * sizeof(int));
+    c->pidfds = kolo__malloc((size_t)c->n * sizeof(int));
     if (c->members == NULL || c->pidfds == NULL)
         goto oom;
     for (int j = 0; j < c->n; j++) {
@@ -675,7 +676,7 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
             return KOLO_ERR_RANK_LOST;
         }
     }
-    if (pthread_create(&c->listener, NULL, listener_main, c) != 0) {
+    if (kolo__thread_create(&c->listener, NULL, listener_main, c) != 0) {
         snprintf(err, errlen, "cannot start the shared-memory listener thread");
         shm_finalize(c);
         return KOLO_ERR_BACKEND;
@@ -920,7 +921,7 @@ static int shm_alltoallv(void *ctx, const void *in, const size_t *send_bytes,
 {
     shm_ctx_t *c = ctx;
     size_t part = c->slot / (size_t)c->n & ~(size_t)63;
-    size_t *sent = calloc((size_t)c->n * 4, sizeof(size_t));
+    size_t *sent = kolo__calloc((size_t)c->n * 4, sizeof(size_t));
     size_t *got, *send_off, *recv_off;
     int rc = KOLO_OK;
 
@@ -1029,7 +1030,7 @@ static int rs_common(shm_ctx_t *c, const uint8_t *work,
                      kolo__ops_reduce_fn reduce, char *err, size_t errlen)
 {
     size_t part = (c->slot / (size_t)c->n & ~(size_t)63) / esize;
-    size_t most = 0, *offs = malloc((size_t)c->n * sizeof(size_t));
+    size_t most = 0, *offs = kolo__malloc((size_t)c->n * sizeof(size_t));
     own_runs_t runs;
     int rc = KOLO_OK;
 
@@ -1132,7 +1133,7 @@ int kolo__shm_allgather_stream(void *ctx, const void *mine,
 {
     shm_ctx_t *c = ctx;
     size_t per = c->slot / esize, most = 0, at = 0;
-    size_t *offs = malloc((size_t)c->n * sizeof(size_t));
+    size_t *offs = kolo__malloc((size_t)c->n * sizeof(size_t));
     int rc = KOLO_OK;
 
     if (offs == NULL) {

@@ -60,6 +60,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "alloc.h"
 #include "simdev_ops.h"
 
 #define MAX_RANKS 64 /* global ranks the fault and count tables know */
@@ -194,9 +195,9 @@ void *kolo__simdev_malloc(int device, size_t bytes)
     block_t *b;
 
     if (device < 0 || device >= KOLO__SIMDEV_DEVICES ||
-        (b = calloc(1, sizeof(*b))) == NULL)
+        (b = kolo__calloc(1, sizeof(*b))) == NULL)
         return NULL;
-    if ((b->p = calloc(1, bytes ? bytes : 1)) == NULL) {
+    if ((b->p = kolo__calloc(1, bytes ? bytes : 1)) == NULL) {
         free(b);
         return NULL;
     }
@@ -282,7 +283,7 @@ static void *worker_main(void *arg)
 
 static stream_t *stream_make(int device, sim_ctx_t *owner)
 {
-    stream_t *s = calloc(1, sizeof(*s));
+    stream_t *s = kolo__calloc(1, sizeof(*s));
 
     if (s == NULL)
         return NULL;
@@ -291,7 +292,7 @@ static stream_t *stream_make(int device, sim_ctx_t *owner)
     s->refs = 1;
     s->tailp = &s->head;
     pthread_once(&g_once, init_once);
-    if (pthread_create(&s->thread, NULL, worker_main, s) != 0) {
+    if (kolo__thread_create(&s->thread, NULL, worker_main, s) != 0) {
         free(s);
         return NULL;
     }
@@ -334,7 +335,7 @@ static stream_t *program_stream(void *stream, int device)
 /* Queues fn(arg) on s. Under g_mu. */
 static int enqueue(stream_t *s, void (*fn)(void *), void *arg)
 {
-    task_t *t = calloc(1, sizeof(*t));
+    task_t *t = kolo__calloc(1, sizeof(*t));
 
     if (t == NULL)
         return KOLO_ERR_NO_MEMORY;
@@ -423,7 +424,7 @@ void kolo__simdev_counts(int global_rank, uint64_t *queued, uint64_t *finished)
 /* An event at the current end of s. Under g_mu. */
 static event_t *event_at(stream_t *s)
 {
-    event_t *e = calloc(1, sizeof(*e));
+    event_t *e = kolo__calloc(1, sizeof(*e));
     if (e == NULL)
         return NULL;
     e->s = s;
@@ -479,7 +480,7 @@ static void wait_run(void *arg)
 /* Queues on `on` a wait for e. Under g_mu. */
 static int queue_wait(stream_t *on, const event_t *e, sim_ctx_t *ctx)
 {
-    wait_task_t *w = calloc(1, sizeof(*w));
+    wait_task_t *w = kolo__calloc(1, sizeof(*w));
     int rc;
 
     if (w == NULL)
@@ -612,7 +613,7 @@ static group_t *group_attach(uint64_t id, int size, int me, sim_ctx_t *c)
     if (g == NULL) {
         /* The group and its three arrays in one block, freed at once. */
         size_t n = (size_t)size;
-        g = calloc(1, sizeof(*g) + n * (sizeof(*g->slot) +
+        g = kolo__calloc(1, sizeof(*g) + n * (sizeof(*g->slot) +
                                         sizeof(*g->posted) + sizeof(*g->m)));
         if (g == NULL)
             return NULL;
@@ -654,12 +655,12 @@ static void group_detach(group_t *g, int me)
 static int simdev_init(const kolo__dev_config_t *cfg, void **out, char *err,
                        size_t errlen)
 {
-    sim_ctx_t *c = calloc(1, sizeof(*c));
+    sim_ctx_t *c = kolo__calloc(1, sizeof(*c));
     uint64_t mine = 0, *ids;
     int rc;
 
     *out = NULL;
-    ids = calloc((size_t)cfg->size, sizeof(*ids));
+    ids = kolo__calloc((size_t)cfg->size, sizeof(*ids));
     if (c == NULL || ids == NULL) {
         free(c);
         free(ids);
@@ -848,7 +849,7 @@ static void run_allreduce(coll_t *k)
     const kolo__host_math_t *m = k->c->cfg.math;
     size_t es = kolo_dtype_size((kolo_dtype_t)k->wire), at = 0;
     int size = k->c->g->size;
-    uint8_t *mine = calloc(k->count ? k->count : 1, es), *acc;
+    uint8_t *mine = kolo__calloc(k->count ? k->count : 1, es), *acc;
 
     if (mine == NULL)
         return;
@@ -863,7 +864,7 @@ static void run_allreduce(coll_t *k)
         m->scale(mine, k->count, k->wire, 1.0 / (double)size);
     if (post_and_wait(k, mine, k->count * es, NULL) != 0)
         return;
-    if ((acc = malloc(k->count * es + 1)) == NULL)
+    if ((acc = kolo__malloc(k->count * es + 1)) == NULL)
         return;
     memcpy(acc, peer(k, 0)->data, k->count * es);
     for (int j = 1; j < size; j++)
@@ -885,7 +886,7 @@ static void run_broadcast(coll_t *k)
 {
     uint8_t *mine = NULL;
 
-    if (k->c->me == k->root && (mine = malloc(k->bytes)) != NULL)
+    if (k->c->me == k->root && (mine = kolo__malloc(k->bytes)) != NULL)
         memcpy(mine, k->out, k->bytes);
     if (post_and_wait(k, mine, mine ? k->bytes : 0, NULL) != 0)
         return;
@@ -896,7 +897,7 @@ static void run_broadcast(coll_t *k)
 static void run_allgatherv(coll_t *k)
 {
     size_t len = k->sizes[k->c->me], off = 0;
-    uint8_t *mine = malloc(len + 1);
+    uint8_t *mine = kolo__malloc(len + 1);
 
     if (mine == NULL)
         return;
@@ -913,12 +914,12 @@ static void run_alltoallv(coll_t *k)
 {
     int size = k->c->g->size, me = k->c->me;
     size_t total = 0, roff = 0;
-    size_t *sizes = malloc((size_t)size * sizeof(size_t));
+    size_t *sizes = kolo__malloc((size_t)size * sizeof(size_t));
     uint8_t *mine;
 
     for (int j = 0; j < size; j++)
         total += k->sizes[j];
-    mine = malloc(total + 1);
+    mine = kolo__malloc(total + 1);
     if (mine == NULL || sizes == NULL) {
         free(mine);
         free(sizes);
@@ -950,13 +951,13 @@ static void run_reduce_scatter(coll_t *k)
             off += k->sizes[j];
         total += k->sizes[j];
     }
-    if ((mine = malloc(total * es + 1)) == NULL)
+    if ((mine = kolo__malloc(total * es + 1)) == NULL)
         return;
     memcpy(mine, k->in, total * es);
     k->c->cfg.math->scale(mine, total, k->dtype, k->prescale);
     if (post_and_wait(k, mine, total * es, NULL) != 0)
         return;
-    if ((acc = malloc(n * es + 1)) == NULL)
+    if ((acc = kolo__malloc(n * es + 1)) == NULL)
         return;
     memcpy(acc, peer(k, 0)->data + off * es, n * es);
     for (int j = 1; j < size; j++)
@@ -1009,7 +1010,7 @@ static int queue_coll(sim_ctx_t *c, coll_t k, const size_t *sizes,
                       const size_t *recv)
 {
     size_t nm = (size_t)c->cfg.size * sizeof(size_t);
-    coll_t *q = calloc(1, sizeof(*q));
+    coll_t *q = kolo__calloc(1, sizeof(*q));
     int rc = KOLO_ERR_NO_MEMORY;
 
     if (q == NULL)
@@ -1018,9 +1019,9 @@ static int queue_coll(sim_ctx_t *c, coll_t k, const size_t *sizes,
     q->c = c;
     q->ts = NULL;
     q->sizes = q->recv = NULL;
-    if ((k.ts != NULL && (q->ts = malloc(k.n * sizeof(*k.ts) + 1)) == NULL) ||
-        (sizes != NULL && (q->sizes = malloc(nm)) == NULL) ||
-        (recv != NULL && (q->recv = malloc(nm)) == NULL))
+    if ((k.ts != NULL && (q->ts = kolo__malloc(k.n * sizeof(*k.ts) + 1)) == NULL) ||
+        (sizes != NULL && (q->sizes = kolo__malloc(nm)) == NULL) ||
+        (recv != NULL && (q->recv = kolo__malloc(nm)) == NULL))
         goto out_of_memory;
     if (k.ts != NULL)
         memcpy(q->ts, k.ts, k.n * sizeof(*k.ts));

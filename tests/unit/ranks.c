@@ -107,6 +107,7 @@ static void *rank_main(void *arg)
     kolo__err_t err;
 
     kolo__err_clear(&err);
+    kolo__fault_thread_rank(p->rank); /* a test's faults may be this rank's */
     for (int i = 0; i < p->job->size; i++)
         all[i] = i;
     if (runtime_init(p, &err) != KOLO_OK)
@@ -152,37 +153,47 @@ void run_job_timeout(int size, body_fn body, double timeout_s)
     free(j.ranks);
 }
 
-/* Pushes one tensor onto a set's queue as enqueue.c does; 0 on failure
- * (recorded). */
-kolo_handle_t push(prank_t *p, kolo__pset_t *ps, const char *name,
-                          const kolo__params_t *params, const void *in,
-                          void *out)
+/* Pushes one tensor onto a set's queue as enqueue.c does; 0 on failure,
+ * with the message in err. */
+kolo_handle_t push_try(kolo__pset_t *ps, const char *name,
+                       const kolo__params_t *params, const void *in, void *out,
+                       kolo__err_t *err)
 {
     kolo__entry_t *e = kolo__entry_new(name);
-    kolo__err_t err;
     kolo_handle_t h = 0;
 
-    kolo__err_clear(&err);
-    EXPECT(p, e != NULL, "out of memory");
-    if (e == NULL)
+    kolo__err_clear(err);
+    if (e == NULL) {
+        kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory queueing '%s'", name);
         return 0;
+    }
     e->params = *params;
     e->input = in;
     e->output = out;
     e->enqueued_us = kolo__now_us();
-    if (kolo__handles_new(ps->rt->handles, &e->handle, &err) != KOLO_OK) {
-        EXPECT(p, 0, "handle: %s", err.msg);
+    if (kolo__handles_new(ps->rt->handles, &e->handle, err) != KOLO_OK) {
         kolo__entry_free(e);
         return 0;
     }
     h = e->handle;
-    if (kolo__queue_push(&ps->queue, e, &err) != KOLO_OK) {
-        EXPECT(p, 0, "push of '%s': %s", name, err.msg);
-        kolo__handles_complete(ps->rt->handles, h, err.code, err.msg);
+    if (kolo__queue_push(&ps->queue, e, err) != KOLO_OK) {
+        kolo__handles_complete(ps->rt->handles, h, err->code, err->msg);
         kolo__handles_wait(ps->rt->handles, h, NULL);
         kolo__entry_free(e);
         return 0;
     }
+    return h;
+}
+
+/* Pushes one tensor onto a set's queue as enqueue.c does; 0 on failure
+ * (recorded). */
+kolo_handle_t push(prank_t *p, kolo__pset_t *ps, const char *name,
+                   const kolo__params_t *params, const void *in, void *out)
+{
+    kolo__err_t err;
+    kolo_handle_t h = push_try(ps, name, params, in, out, &err);
+
+    EXPECT(p, h != 0, "push of '%s': %s", name, err.msg);
     return h;
 }
 

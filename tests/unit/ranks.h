@@ -54,8 +54,11 @@ kolo__pset_t *set_start(prank_t *p, int id, const int *ranks, int size);
 void run_job(int size, body_fn body);
 /* The same with KOLO_TIMEOUT_SECONDS = timeout_s on every rank. */
 void run_job_timeout(int size, body_fn body, double timeout_s);
-/* Pushes one tensor onto a set's queue as enqueue.c does; 0 on failure
- * (recorded). */
+/* Pushes one tensor onto a set's queue as enqueue.c does; 0 on failure,
+ * with the message in err (push_try) or recorded (push). */
+kolo_handle_t push_try(kolo__pset_t *ps, const char *name,
+                       const kolo__params_t *params, const void *in, void *out,
+                       kolo__err_t *err);
 kolo_handle_t push(prank_t *p, kolo__pset_t *ps, const char *name,
                    const kolo__params_t *params, const void *in, void *out);
 kolo__params_t params(int coll, kolo_dtype_t dtype, int op, int64_t count);

@@ -1,0 +1,302 @@
+/*
+ * test-faults.c — what a rank cannot do reaches every rank (SQLite's way:
+ * make the n-th allocation fail, for every n).
+ *
+ * A short job of ranks as threads over ops/mem (ranks.h): once every rank's
+ * global set has started, five steps of
+ * six float32 allreduces of mixed sizes, every result checked against the
+ * sum each rank computes itself, then a barrier-like last allreduce. A
+ * clean run counts the allocations (and threads) one rank makes; then the
+ * job runs again once for every n, with that rank's n-th allocation
+ * failing (once, or from then on). (Threads are all started with the
+ * sets, before the fault is armed: a rank that cannot start is kolo_init's
+ * concern, and not swept here.)
+ * Every run must end (the test's timeout would catch a hang) with, on
+ * every rank, either every result right or an error on each handle that
+ * did not complete, whose message says something; a KOLO_ERR_TIMEOUT is a
+ * failure too: it means some rank waited for what would never come
+ * instead of being told (KOLO_TEST_FAULT_STEP=K: every K-th n only, a
+ * sample for slow builds). Prints one line per sweep: runs, clean runs,
+ * runs that ended with errors. And when one rank's response cache loses
+ * an entry the others hold (a test hook erases it), every rank fails its
+ * tensors saying where the caches differ, instead of waiting.
+ */
+#include <check.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "cache.h"
+#include "negotiate.h"
+#include "ranks.h"
+
+/* KOLO_TIMEOUT_SECONDS of the ranks: a rank that waits that long for a
+ * peer was not told what happened to it. */
+enum { STEPS = 5, TENSORS = 6, TIMEOUT_S = 2 };
+static const int64_t g_counts[TENSORS] = {1, 17, 1000, 4096, 70000, 3};
+
+typedef struct outcome {
+    int errors;        /* handles that ended with an error, or pushes refused */
+    int timeouts;      /* of those, KOLO_ERR_TIMEOUT */
+    char first[KOLO__ERR_LEN + 64]; /* the first error's message */
+} outcome_t;
+
+static outcome_t g_out[MAXR];
+
+/* The fault of this run, armed by rank 0 once every rank's set has started
+ * (a rank that cannot start: kolo_init's outcome, tested elsewhere). */
+static struct {
+    kolo__fault_kind_t kind;
+    long nth;
+    int persistent, rank;
+} g_arm;
+
+static void body(prank_t *p)
+{
+    static float in[MAXR][TENSORS][70000], out[MAXR][TENSORS][70000];
+    outcome_t *o = &g_out[p->rank];
+    kolo__params_t pr;
+    kolo__err_t err;
+    char name[64], msg[KOLO__ERR_LEN + 64];
+
+    pthread_barrier_wait(&p->job->bar);
+    if (p->rank == 0)
+        kolo__fault_arm(g_arm.kind, g_arm.nth, g_arm.persistent, g_arm.rank);
+    pthread_barrier_wait(&p->job->bar);
+    for (int s = 0; s < STEPS && o->errors == 0; s++) {
+        kolo_handle_t h[TENSORS] = {0};
+        for (int t = 0; t < TENSORS; t++) {
+            for (int64_t i = 0; i < g_counts[t]; i++)
+                in[p->rank][t][i] = rank_val(p->rank, t, i);
+            snprintf(name, sizeof(name), "grad/%d", t);
+            pr = params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM, g_counts[t]);
+            h[t] = push_try(p->world, name, &pr, in[p->rank][t], out[p->rank][t], &err);
+            if (h[t] == 0) {
+                EXPECT(p, err.msg[0] != '\0', "rank %d: %s refused without a message",
+                       p->rank, name);
+                if (o->errors++ == 0)
+                    snprintf(o->first, sizeof(o->first), "%s", err.msg);
+            }
+        }
+        for (int t = 0; t < TENSORS; t++) {
+            int rc;
+            if (h[t] == 0)
+                continue;
+            rc = wait_h(p, h[t], msg, sizeof(msg));
+            snprintf(name, sizeof(name), "grad/%d", t);
+            if (rc == KOLO_OK) {
+                expect_sum(p, name, t, out[p->rank][t], g_counts[t]);
+                continue;
+            }
+            EXPECT(p, msg[0] != '\0', "rank %d: %s failed (%d) without a message",
+                   p->rank, name, rc);
+            if (rc == KOLO_ERR_TIMEOUT)
+                o->timeouts++;
+            if (o->errors++ == 0)
+                snprintf(o->first, sizeof(o->first), "%s", msg);
+        }
+    }
+}
+
+/* What went wrong in a sweep: the first runs that timed out. */
+static char g_bad[4096];
+static int g_nbad;
+
+/* One run with the fault armed; 1 when it ended in errors, 0 clean. A
+ * rank that timed out is noted in g_bad, naming the run. */
+static int one_run(int size, kolo__fault_kind_t kind, long n, int persistent,
+                   int rank)
+{
+    int errors = 0;
+
+    memset(g_out, 0, sizeof(g_out));
+    g_arm.kind = kind, g_arm.nth = n, g_arm.persistent = persistent, g_arm.rank = rank;
+    run_job_timeout(size, body, TIMEOUT_S);
+    kolo__fault_arm(kind, 0, 0, -1);
+    for (int r = 0; r < size; r++) {
+        if (g_out[r].timeouts > 0 && g_nbad++ < 8) {
+            size_t used = strlen(g_bad);
+            snprintf(g_bad + used, sizeof(g_bad) - used,
+                     "\n  %s %ld of rank %d failing%s: rank %d timed out "
+                     "instead of being told: %.300s",
+                     kind == KOLO__FAULT_ALLOC ? "allocation" : "thread", n, rank,
+                     persistent ? " from then on" : "", r, g_out[r].first);
+        }
+        errors += g_out[r].errors;
+    }
+    return errors > 0;
+}
+
+/* How many of `kind` rank `rank` makes in a clean run. */
+static long count_of(int size, kolo__fault_kind_t kind, int rank)
+{
+    long n;
+    g_arm.kind = kind, g_arm.nth = LONG_MAX, g_arm.persistent = 0, g_arm.rank = rank;
+    memset(g_out, 0, sizeof(g_out));
+    run_job_timeout(size, body, TIMEOUT_S);
+    n = kolo__fault_count(kind);
+    kolo__fault_arm(kind, 0, 0, -1);
+    for (int r = 0; r < size; r++)
+        ck_assert_msg(g_out[r].errors == 0, "clean run: rank %d: %s", r, g_out[r].first);
+    return n;
+}
+
+static void sweep(int size, kolo__fault_kind_t kind, int persistent, int rank)
+{
+    long total = count_of(size, kind, rank), runs = 0, errs = 0, step = 1;
+    const char *every = getenv("KOLO_TEST_FAULT_STEP");
+
+    if (every != NULL && atol(every) > 1)
+        step = atol(every); /* CI's sanitizer runs: a sample */
+    ck_assert_int_gt(total, 0);
+    g_bad[0] = '\0';
+    g_nbad = 0;
+    for (long n = 1; n <= total; n += step) {
+        errs += one_run(size, kind, n, persistent, rank);
+        runs++;
+    }
+    char which[32];
+    if (step > 1)
+        snprintf(which, sizeof(which), "every %ldth", step);
+    else
+        snprintf(which, sizeof(which), "every");
+    printf("%d ranks, %s allocation of rank %d failing%s in turn: %ld runs, "
+           "%ld clean, %ld ended with an error that says why, %d timed out\n",
+           size, which, rank, persistent ? " from then on" : " once", runs,
+           runs - errs, errs, g_nbad);
+    fflush(stdout);
+    ck_assert_msg(g_nbad == 0, "%d ranks: %d runs timed out:%s", size, g_nbad, g_bad);
+}
+
+START_TEST(one_allocation_fails_on_rank_1)
+{
+    sweep(2, KOLO__FAULT_ALLOC, 0, 1);
+}
+END_TEST
+
+START_TEST(allocations_fail_from_then_on_on_rank_0)
+{
+    sweep(2, KOLO__FAULT_ALLOC, 1, 0);
+}
+END_TEST
+
+START_TEST(one_allocation_fails_on_the_last_of_3_ranks)
+{
+    sweep(3, KOLO__FAULT_ALLOC, 0, 2);
+}
+END_TEST
+
+
+/* ---- the ranks' response caches diverge ------------------------------- */
+
+/* Which rank's background thread erases its cache entry of grad/2 at the
+ * start of its next round (-1: none): what a rank that lost an entry
+ * without saying so would hold. */
+static atomic_int g_diverge = -1;
+/* Sizes too large to travel with the readiness bits (negotiate.c's
+ * carrying, up to 16 KiB at 2 ranks): the carried area's layout comes from
+ * the cache too, and where it differs the round's collective itself
+ * differs between the ranks (a gap the check does not cover yet). */
+static const int64_t g_big[TENSORS] = {5000, 8000, 70000, 6000, 9000, 7000};
+
+static void diverge_hook(kolo__pset_t *ps)
+{
+    kolo__params_t pr = params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM,
+                               g_big[2]);
+    size_t bit;
+    int me = ps->rt->rank;
+
+    if (atomic_load(&g_diverge) != me ||
+        !atomic_compare_exchange_strong(&g_diverge, &me, -1))
+        return;
+    if (kolo__cache_lookup(&ps->neg.cache, "grad/2", &pr, &bit) == KOLO__CACHE_HIT)
+        kolo__cache_erase(&ps->neg.cache, bit);
+}
+
+static void body_diverge(prank_t *p)
+{
+    static float in[MAXR][TENSORS][70000], out[MAXR][TENSORS][70000];
+    char name[64], msg[KOLO__ERR_LEN + 64];
+    kolo__err_t err;
+
+    for (int s = 0; s < 2; s++) {
+        kolo_handle_t h[TENSORS] = {0};
+        if (s == 1) {
+            pthread_barrier_wait(&p->job->bar);
+            if (p->rank == 0)
+                atomic_store(&g_diverge, p->job->size - 1);
+            while (atomic_load(&g_diverge) >= 0)
+                usleep(1000);
+        }
+        for (int t = 0; t < TENSORS; t++) {
+            kolo__params_t pr = params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
+                                       KOLO_OP_SUM, g_big[t]);
+            for (int64_t i = 0; i < g_big[t]; i++)
+                in[p->rank][t][i] = rank_val(p->rank, t, i);
+            snprintf(name, sizeof(name), "grad/%d", t);
+            h[t] = push_try(p->world, name, &pr, in[p->rank][t], out[p->rank][t], &err);
+            if (s == 0)
+                EXPECT(p, h[t] != 0, "rank %d: %s: %s", p->rank, name, err.msg);
+            else if (h[t] == 0)
+                EXPECT(p, strstr(err.msg, "response caches differ") != NULL,
+                       "rank %d: %s refused: %s", p->rank, name, err.msg);
+        }
+        for (int t = 0; t < TENSORS; t++) {
+            int rc;
+            if (h[t] == 0)
+                continue;
+            rc = wait_h(p, h[t], msg, sizeof(msg));
+            snprintf(name, sizeof(name), "grad/%d", t);
+            if (s == 0) {
+                EXPECT(p, rc == KOLO_OK, "rank %d: %s: %s", p->rank, name, msg);
+                expect_sum(p, name, t, out[p->rank][t], g_big[t]);
+                continue;
+            }
+            /* Every rank fails every tensor, saying where the caches
+             * differ: rank 0 holds grad/2, the last rank nothing. */
+            EXPECT(p, rc == KOLO_ERR_INTERNAL &&
+                          strstr(msg, "response caches differ") != NULL &&
+                          strstr(msg, "rank 0 holds 'grad/2'") != NULL &&
+                          strstr(msg, "holds nothing") != NULL,
+                   "rank %d: %s after the caches diverged: %d: %s", p->rank,
+                   name, rc, msg);
+        }
+    }
+}
+
+START_TEST(diverged_caches_fail_every_rank_saying_where)
+{
+    kolo__negotiate_test_hook = diverge_hook;
+    run_job_timeout(2, body_diverge, TIMEOUT_S);
+    run_job_timeout(3, body_diverge, TIMEOUT_S);
+    kolo__negotiate_test_hook = NULL;
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("faults");
+    TCase *tc = tcase_create("sweeps");
+    SRunner *sr;
+    int failed;
+
+    TCase *tdiv = tcase_create("divergence");
+
+    tcase_set_timeout(tdiv, 120);
+    tcase_add_test(tdiv, diverged_caches_fail_every_rank_saying_where);
+    suite_add_tcase(s, tdiv);
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, one_allocation_fails_on_rank_1);
+    tcase_add_test(tc, allocations_fail_from_then_on_on_rank_0);
+    tcase_add_test(tc, one_allocation_fails_on_the_last_of_3_ranks);
+    suite_add_tcase(s, tc);
+    sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
