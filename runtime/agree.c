@@ -27,9 +27,11 @@
 #include "alloc.h"
 #include "agree.h"
 
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "mpi/mpienv.h"
 #include "store.h"
@@ -141,6 +143,23 @@ int kolo__agree_settings(char *const *texts, int n, void *arg, kolo__err_t *err)
 
 /* ---- the exchange ----------------------------------------------------------- */
 
+/* "rank R: ", what goes before this rank's message of its own failure,
+ * or "" when the message already begins with "rank R". */
+static const char *who_failed(const kolo__config_t *cfg, const char *msg,
+                              char *buf, size_t len)
+{
+    int n = snprintf(buf, len, "rank %lld", (long long)cfg->rank);
+    if (n > 0 && strncmp(msg, buf, (size_t)n) == 0 &&
+        (msg[n] == ' ' || msg[n] == ':'))
+        return "";
+    snprintf(buf, len, "rank %lld: ", (long long)cfg->rank);
+    return buf;
+}
+
+/* The first byte of a rank's text when it failed instead of taking part:
+ * "!CODE MESSAGE" (no text of a judge starts so). */
+#define FAILED_MARK '!'
+
 static void key_of(char *out, size_t len, unsigned gen, const char *topic,
                    const char *who)
 {
@@ -241,9 +260,13 @@ static int judge_all(const kolo__config_t *cfg, kolo__store_t *st, unsigned gen,
 
     kolo__err_clear(&verdict_err);
     if (texts == NULL || miss == NULL) {
+        /* The others wait for a verdict: this is it. */
         free(texts);
         free(miss);
-        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
+        kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory agreeing "
+                      "on %s", topic);
+        kolo__agree_failed(cfg, gen, topic, err);
+        return err->code;
     }
     for (int r = 0; r < n && rc == KOLO_OK; r++) {
         snprintf(who, sizeof(who), "%d", r);
@@ -257,11 +280,22 @@ static int judge_all(const kolo__config_t *cfg, kolo__store_t *st, unsigned gen,
             rc = KOLO_OK;
         }
     }
-    if (rc == KOLO_OK && m > 0) {
+    for (int r = 0; rc == KOLO_OK && r < n; r++)
+        if (texts[r] != NULL && texts[r][0] == FAILED_MARK) {
+            /* A rank that failed before it could take part (agree.h:
+             * kolo__agree_failed): its reason is every rank's. */
+            const char *sp = strchr(texts[r], ' ');
+            int code = atoi(texts[r] + 1);
+            rc = kolo__err_set(&verdict_err, code != KOLO_OK ? code : KOLO_ERR_INTERNAL,
+                               "%s", sp != NULL ? sp + 1 : texts[r] + 1);
+        }
+    if (rc != KOLO_OK) {
+        /* decided above */
+    } else if (m > 0) {
         char list[160];
         list_ranks(miss, m, list, sizeof(list));
         rc = never_arrived(cfg, list, m, &verdict_err);
-    } else if (rc == KOLO_OK) {
+    } else {
         rc = judge(texts, n, arg, &verdict_err);
     }
     if (rc == KOLO_OK || verdict_err.msg[0] != '\0') {
@@ -365,7 +399,8 @@ int kolo__agree(const kolo__config_t *cfg, unsigned gen, const char *topic,
     if (cfg->size == 1) {
         char *own = kolo__strdup(mine);
         if (own == NULL)
-            return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
+            return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory "
+                                 "agreeing on %s", topic);
         rc = judge(&own, 1, arg, err);
         free(own);
         return rc;
@@ -374,15 +409,67 @@ int kolo__agree(const kolo__config_t *cfg, unsigned gen, const char *topic,
     if (cfg->mpi_launched)
         return agree_mpi(cfg, mine, judge, arg, err);
 #endif
-    KOLO__CHECK(kolo__store_open(cfg->rendezvous, cfg->timeout_s, &st, err));
-    snprintf(who, sizeof(who), "%lld", (long long)cfg->rank);
-    key_of(key, sizeof(key), gen, topic, who);
-    rc = kolo__store_set(st, key, mine, strlen(mine), err);
-    if (rc == KOLO_OK)
-        rc = cfg->rank == 0 ? judge_all(cfg, st, gen, topic, judge, arg, err)
-                            : await_verdict(cfg, st, gen, topic, err);
-    kolo__store_close(st);
+    rc = kolo__store_open(cfg->rendezvous, cfg->timeout_s, &st, err);
+    if (rc == KOLO_OK) {
+        snprintf(who, sizeof(who), "%lld", (long long)cfg->rank);
+        key_of(key, sizeof(key), gen, topic, who);
+        rc = kolo__store_set(st, key, mine, strlen(mine), err);
+        if (rc == KOLO_OK) {
+            rc = cfg->rank == 0 ? judge_all(cfg, st, gen, topic, judge, arg, err)
+                                : await_verdict(cfg, st, gen, topic, err);
+            kolo__store_close(st);
+            return rc;
+        }
+        kolo__store_close(st);
+    }
+    /* This rank's text is not there: the others would wait for it. */
+    kolo__agree_failed(cfg, gen, topic, err);
     return rc;
+}
+
+/* One descriptor kept for telling the others: a rank that failed for
+ * want of descriptors (ulimit -n) could not open the store to say so. */
+static int g_reserve = -1;
+
+void kolo__agree_reserve(void)
+{
+    if (g_reserve < 0)
+        g_reserve = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+void kolo__agree_release(void)
+{
+    if (g_reserve >= 0)
+        close(g_reserve);
+    g_reserve = -1;
+}
+
+void kolo__agree_failed(const kolo__config_t *cfg, unsigned gen,
+                        const char *topic, const kolo__err_t *why)
+{
+    kolo__store_t *st = NULL;
+    char key[256], who[16], text[KOLO__ERR_LEN + 64];
+    kolo__err_t e;
+    int len;
+
+    kolo__agree_release();
+    if (cfg->size == 1 || cfg->mpi_launched || cfg->rendezvous[0] == '\0' ||
+        kolo__store_open(cfg->rendezvous, cfg->timeout_s, &st, &e) != KOLO_OK)
+        return; /* under MPI the launcher ends the job */
+    /* Rank 0 judges: its failure is the verdict itself. */
+    char self[32], mark[2] = {FAILED_MARK, '\0'};
+
+    if (cfg->rank == 0)
+        snprintf(who, sizeof(who), "verdict");
+    else
+        snprintf(who, sizeof(who), "%lld", (long long)cfg->rank);
+    len = snprintf(text, sizeof(text), "%s%d %s%s", cfg->rank == 0 ? "" : mark,
+                   why->code != KOLO_OK ? why->code : KOLO_ERR_INTERNAL,
+                   who_failed(cfg, why->msg, self, sizeof(self)), why->msg);
+    key_of(key, sizeof(key), gen, topic, who);
+    if (len > 0 && kolo__store_set(st, key, text, strlen(text), &e) != KOLO_OK)
+        kolo__debug("cannot tell the other ranks why: %s", e.msg);
+    kolo__store_close(st);
 }
 
 /* ---- the outcome of a connection ------------------------------------------ */
@@ -419,6 +506,18 @@ int kolo__outcome_abandoned(void *arg, char *why, size_t len)
         snprintf(why, len, "%s", e.msg);
         return 1;
     }
+    {
+        /* Rank 0 decided already: it failed before it could connect. */
+        char *text = NULL;
+        key_of(key, sizeof(key), o->gen, o->topic, "verdict");
+        if (kolo__store_get(o->store, key, 0, &text, &e) == KOLO_OK &&
+            atoi(text) != KOLO_OK && strchr(text, ' ') != NULL) {
+            snprintf(why, len, "%s%s", GAVE_UP_PREFIX, strchr(text, ' ') + 1);
+            free(text);
+            return 1;
+        }
+        free(text);
+    }
     for (int i = 0; i < o->n; i++) {
         char *text = NULL, *msg;
         int rc;
@@ -428,6 +527,14 @@ int kolo__outcome_abandoned(void *arg, char *why, size_t len)
         key_of(key, sizeof(key), o->gen, o->topic, who);
         if (kolo__store_get(o->store, key, 0, &text, &e) != KOLO_OK)
             continue;
+        if (text[0] == FAILED_MARK) {
+            /* It failed before it could connect (kolo__agree_failed). */
+            msg = strchr(text, ' ');
+            snprintf(why, len, "%s%s", GAVE_UP_PREFIX,
+                     msg != NULL ? msg + 1 : text + 1);
+            free(text);
+            return 1;
+        }
         rc = atoi(text);
         msg = strchr(text, ' ');
         if (rc != KOLO_OK && msg != NULL && strlen(msg) >= 3) {
@@ -444,20 +551,24 @@ int kolo__outcome_abandoned(void *arg, char *why, size_t len)
 
 static int judge_outcome(char *const *texts, int n, void *arg, kolo__err_t *err)
 {
-    int pick = -1;
+    int pick = -1, best = 0;
 
     (void)arg;
-    /* A member's own failure first; one that only gave up, else. */
+    /* The cause, not its echoes: a member's own failure before one that
+     * lost a peer or timed out waiting (what the others see when one rank
+     * fails and closes its sockets), before one that only gave up. */
     for (int r = 0; r < n; r++) {
         const char *sp = strchr(texts[r], ' ');
-        if (atoi(texts[r]) == KOLO_OK || sp == NULL)
+        int code = atoi(texts[r]), rank;
+        if (code == KOLO_OK || sp == NULL)
             continue;
-        if (sp[1] == '0') {
+        rank = sp[1] == '1' ? 1
+               : code == KOLO_ERR_RANK_LOST || code == KOLO_ERR_TIMEOUT ? 2
+                                                                         : 3;
+        if (rank > best) {
+            best = rank;
             pick = r;
-            break;
         }
-        if (pick < 0)
-            pick = r;
     }
     if (pick < 0)
         return KOLO_OK;
@@ -475,11 +586,25 @@ int kolo__outcome_agree(kolo__outcome_t *o, int rc, const kolo__err_t *mine,
         kolo__store_close(o->store);
         o->store = NULL;
     }
+    if (rc != KOLO_OK)
+        kolo__agree_release();
     o->agreed = 1;
-    if (text == NULL)
-        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
-    snprintf(text, KOLO__AGREE_MAX, "%d %d %s", rc, gave_up,
-             rc == KOLO_OK ? "" : mine->msg);
+    if (text == NULL) {
+        kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory agreeing on %s",
+                      o->topic);
+        kolo__agree_failed(o->cfg, o->gen, o->topic, err);
+        return err->code;
+    }
+    if (rc == KOLO_OK) {
+        snprintf(text, KOLO__AGREE_MAX, "%d 0 ", rc);
+    } else {
+        /* Every rank returns the message that wins: it names the rank it
+         * comes from ("rank 1: out of memory creating process set 0"). */
+        char self[32];
+        snprintf(text, KOLO__AGREE_MAX, "%d %d %s%s", rc, gave_up,
+                 gave_up ? "" : who_failed(o->cfg, mine->msg, self, sizeof(self)),
+                 mine->msg);
+    }
     rc = kolo__agree(o->cfg, o->gen, o->topic, text, judge_outcome, NULL, err);
     free(text);
     return rc;

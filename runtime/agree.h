@@ -23,6 +23,20 @@ int kolo__agree(const kolo__config_t *cfg, unsigned gen, const char *topic,
                 const char *mine, kolo__agree_judge_fn judge, void *arg,
                 kolo__err_t *err);
 
+/* A rank that fails before (or instead of) calling kolo__agree on `topic`
+ * publishes why, so that the others stop at once with its reason ("rank
+ * 1: out of memory ...") instead of waiting out KOLO_START_TIMEOUT for its
+ * text. Best effort (nothing when the store cannot be reached, or under
+ * MPI, where the launcher ends the job). */
+void kolo__agree_failed(const kolo__config_t *cfg, unsigned gen,
+                        const char *topic, const kolo__err_t *why);
+/* Keeps one descriptor (of /dev/null) that kolo__agree_failed and a failed
+ * kolo__outcome_agree give back before they write; kolo_init and
+ * kolo_add_process_set take it while they run, and give it back
+ * (kolo__agree_release) before they return. */
+void kolo__agree_reserve(void);
+void kolo__agree_release(void);
+
 /* The judge of kolo_init: texts are kolo__config_agreed() lines; the first
  * setting that differs fails with KOLO_ERR_CONFIG, naming the variable and
  * which ranks have which value. */

@@ -328,8 +328,10 @@ static int mpi_configure(int *mpi_launched, kolo__err_t *err)
 #endif
 }
 
-/* Adds a set to the table (id = rt->nsets); ps is NULL on non-members. */
-static int table_add(kolo__runtime_t *rt, kolo__pset_t *ps, int size)
+/* Room in the table for one more set, made before the ranks agree that it
+ * connected: once they have, adding it cannot fail on one rank alone
+ * (which would leave that rank without a set the others use). */
+static int table_reserve(kolo__runtime_t *rt)
 {
     kolo__pset_t **sets;
     int *sizes;
@@ -341,15 +343,19 @@ static int table_add(kolo__runtime_t *rt, kolo__pset_t *ps, int size)
     sizes = kolo__realloc(rt->set_sizes, (size_t)(rt->nsets + 1) * sizeof(*sizes));
     if (sizes != NULL)
         rt->set_sizes = sizes;
-    if (sets == NULL || sizes == NULL) {
-        pthread_mutex_unlock(&rt->sets_mu);
-        return -1;
-    }
+    pthread_mutex_unlock(&rt->sets_mu);
+    return sets != NULL && sizes != NULL ? 0 : -1;
+}
+
+/* Adds a set to the table (id = rt->nsets) in the room table_reserve
+ * made; ps is NULL on non-members. */
+static void table_add(kolo__runtime_t *rt, kolo__pset_t *ps, int size)
+{
+    pthread_mutex_lock(&rt->sets_mu);
     rt->sets[rt->nsets] = ps;
     rt->set_sizes[rt->nsets] = size;
     rt->nsets++;
     pthread_mutex_unlock(&rt->sets_mu);
-    return 0;
 }
 
 static void runtime_free(kolo__runtime_t *rt)
@@ -390,8 +396,11 @@ static int agree_settings(const kolo__runtime_t *rt, kolo__err_t *err)
     kolo__ops_names(names, sizeof(names));
     snprintf(build, sizeof(build), "%s, messages v%d, backends %s",
              PACKAGE_VERSION, KOLO__MSG_VERSION, names);
-    if ((text = kolo__malloc(KOLO__AGREE_MAX)) == NULL)
-        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
+    if ((text = kolo__malloc(KOLO__AGREE_MAX)) == NULL) {
+        kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
+        kolo__agree_failed(&rt->cfg, rt->generation, "settings", err);
+        return err->code;
+    }
     kolo__config_agreed(&rt->cfg, build, text, KOLO__AGREE_MAX);
     rc = kolo__agree(&rt->cfg, rt->generation, "settings", text,
                      kolo__agree_settings, NULL, err);
@@ -436,6 +445,7 @@ int kolo_init(void)
     int *all = NULL;
     char prefix[32];
     int rc, mpi_launched = 0, elastic = 0;
+    int told = 1; /* the others need not hear of a failure from here */
     unsigned joined_before = g_elastic.generation;
 
     kolo__err_clear(&err);
@@ -481,6 +491,10 @@ int kolo_init(void)
     kolo__log_set_rank(rt->rank);
     warn_unknown_variables(rt->rank);
     KOLO__CHECK_GOTO(serve_rendezvous(&rt->cfg, &err), rc, free_rt);
+    kolo__agree_reserve();
+    /* From here until the settings are agreed, a failure of this rank is
+     * published where the others wait for its settings (agree.h). */
+    told = 0;
 
     rt->timeline = kolo__timeline_new(rt->rank, rt->size, rt->cfg.job_start_us);
     if (rt->timeline == NULL) {
@@ -532,14 +546,24 @@ int kolo_init(void)
         all[r] = r;
     snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
     kolo__peers_register(&rt->cfg, prefix);
-    KOLO__CHECK_GOTO(agree_settings(rt, &err), rc, free_rt);
+    told = 1;
+    rc = agree_settings(rt, &err);
+    if (rc != KOLO_OK) {
+        /* Where only this rank failed (it could not read the verdict),
+         * the others go on to connect: they learn why from there. */
+        kolo__agree_failed(&rt->cfg, rt->generation, "init.connect", &err);
+        goto free_rt;
+    }
     hold_for_test();
     {
         kolo__outcome_t watch;
         kolo__outcome_init(&watch, &rt->cfg, rt->generation, "init.connect",
                            all, rt->size);
-        rc = kolo__pset_start(rt, KOLO_GLOBAL_PROCESS_SET, all, rt->size,
-                              &watch, &world, &err);
+        rc = table_reserve(rt) == 0
+                 ? kolo__pset_start(rt, KOLO_GLOBAL_PROCESS_SET, all,
+                                    rt->size, &watch, &world, &err)
+                 : kolo__err_set(&err, KOLO_ERR_NO_MEMORY,
+                                 "out of memory in kolo_init");
         if (!watch.agreed) {
             kolo__err_t mine = err;
             rc = kolo__outcome_agree(&watch, rc, &mine, &err);
@@ -547,11 +571,7 @@ int kolo_init(void)
         if (rc != KOLO_OK)
             goto free_rt;
     }
-    if (table_add(rt, world, rt->size) != 0) {
-        rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
-        kolo__pset_stop(world, NULL);
-        goto free_rt;
-    }
+    table_add(rt, world, rt->size);
     free(all);
     all = NULL;
     if (kolo__watchdog_start(rt, &err) != KOLO_OK) {
@@ -571,6 +591,7 @@ int kolo_init(void)
     g_cross_rank = (int)rt->cfg.cross_rank;
     g_cross_size = (int)rt->cfg.cross_size;
     g_rt = rt;
+    kolo__agree_release();
     if (!at_exit_registered)
         at_exit_registered = atexit(shutdown_at_exit) == 0;
     pthread_mutex_unlock(&g_mu);
@@ -579,8 +600,11 @@ int kolo_init(void)
 free_rt:
     /* The registry entry stays: peers still waiting must see that this
      * rank arrived (kolorun removes the directory at the end). */
+    if (!told)
+        kolo__agree_failed(&rt->cfg, rt->generation, "settings", &err);
     free(all);
     runtime_free(rt);
+    kolo__agree_release();
 unlock:
     pthread_mutex_unlock(&g_mu);
     /* An elastic job whose membership moved on while this one formed: the
@@ -793,8 +817,22 @@ static int judge_members(char *const *texts, int n, void *arg, kolo__err_t *err)
  * Every rank of the job takes part: first they agree on the members
  * (before any of them connects), then on whether every member connected
  * (agree.c), so that the set exists everywhere or nowhere. */
+static int add_set_reserved(kolo__runtime_t *rt, const int *ranks, int n,
+                            int *id, kolo__err_t *err);
+
 static int add_set(kolo__runtime_t *rt, const int *ranks, int n, int *id,
                    kolo__err_t *err)
+{
+    int rc;
+
+    kolo__agree_reserve();
+    rc = add_set_reserved(rt, ranks, n, id, err);
+    kolo__agree_release();
+    return rc;
+}
+
+static int add_set_reserved(kolo__runtime_t *rt, const int *ranks, int n,
+                            int *id, kolo__err_t *err)
 {
     kolo__pset_t *ps = NULL;
     kolo__outcome_t watch;
@@ -805,39 +843,45 @@ static int add_set(kolo__runtime_t *rt, const int *ranks, int n, int *id,
      * behind, and its keys must not answer the next one. */
     unsigned attempt = rt->set_attempts++;
 
-    if ((text = kolo__malloc(KOLO__AGREE_MAX)) == NULL)
-        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                             "out of memory adding process set %d", new_id);
+    snprintf(topic, sizeof(topic), "add%u", attempt);
+    if ((text = kolo__malloc(KOLO__AGREE_MAX)) == NULL) {
+        kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                      "out of memory adding process set %d", new_id);
+        kolo__agree_failed(&rt->cfg, rt->generation, topic, err);
+        return err->code;
+    }
     text[0] = '\0';
     for (int i = 0; i < n && used < KOLO__AGREE_MAX - 16; i++)
         used += (size_t)snprintf(text + used, KOLO__AGREE_MAX - used, "%s%d",
                                  i ? "," : "", ranks[i]);
-    snprintf(topic, sizeof(topic), "add%u", attempt);
     rc = kolo__agree(&rt->cfg, rt->generation, topic, text, judge_members,
                      &new_id, err);
     free(text);
-    if (rc != KOLO_OK)
+    snprintf(topic, sizeof(topic), "add%u.connect", attempt);
+    if (rc != KOLO_OK) {
+        /* Where only this rank failed (it could not read the verdict),
+         * the others go on to connect: they learn why from there. */
+        kolo__agree_failed(&rt->cfg, rt->generation, topic, err);
         return rc;
+    }
 
     for (int i = 0; i < n; i++)
         member |= ranks[i] == rt->rank;
-    snprintf(topic, sizeof(topic), "add%u.connect", attempt);
     kolo__outcome_init(&watch, &rt->cfg, rt->generation, topic, ranks, n);
     /* Members connect among themselves; the others only count the id. */
-    rc = member ? kolo__pset_start(rt, new_id, ranks, n, &watch, &ps, err)
-                : KOLO_OK;
+    if (table_reserve(rt) != 0)
+        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                           "out of memory adding process set %d", new_id);
+    else
+        rc = member ? kolo__pset_start(rt, new_id, ranks, n, &watch, &ps, err)
+                    : KOLO_OK;
     if (!watch.agreed) {
         kolo__err_t mine = *err;
         rc = kolo__outcome_agree(&watch, rc, &mine, err);
     }
     if (rc != KOLO_OK)
         return rc;
-    if (table_add(rt, ps, n) != 0) {
-        if (ps != NULL)
-            kolo__pset_stop(ps, NULL);
-        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                             "out of memory adding process set %d", new_id);
-    }
+    table_add(rt, ps, n);
     *id = new_id;
     return KOLO_OK;
 }

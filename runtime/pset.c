@@ -176,24 +176,26 @@ static int choose_ops(const kolo__runtime_t *rt, const char *var,
 }
 
 /* The host index of every rank, exchanged over the global set's controller
- * before its thread starts (the only time the API thread uses a backend). */
-static int exchange_hosts(kolo__runtime_t *rt, kolo__pset_t *ps,
+ * before its thread starts (the only time the API thread uses a backend),
+ * into `placed` (size entries, allocated before the controller connected:
+ * once connected, a rank that fails alone leaves the others waiting in
+ * this allgather). rt->host_of takes it. */
+static int exchange_hosts(kolo__runtime_t *rt, kolo__pset_t *ps, int *placed,
                           kolo__err_t *err)
 {
     char detail[KOLO__ERR_LEN] = "";
     int me = (int)rt->cfg.cross_rank;
-    int rc;
+    int rc = KOLO_OK;
 
-    rt->host_of = kolo__calloc((size_t)rt->size, sizeof(int));
-    if (rt->host_of == NULL)
-        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
     if (rt->size == 1)
-        return KOLO_OK;
-    rc = ps->ctl_ops->allgather(ps->ctl_ctx, &me, rt->host_of, sizeof(int),
-                                detail, sizeof(detail));
+        placed[0] = me;
+    else
+        rc = ps->ctl_ops->allgather(ps->ctl_ctx, &me, placed, sizeof(int),
+                                    detail, sizeof(detail));
     if (rc != KOLO_OK)
         return kolo__err_set(err, rc, "rank %d could not exchange host "
                              "placement: %s", rt->rank, detail);
+    rt->host_of = placed;
     return KOLO_OK;
 }
 
@@ -224,12 +226,15 @@ static int use_hierarchical(const kolo__runtime_t *rt, const kolo__pset_t *ps,
 static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
                          int size, kolo__err_t *err)
 {
-    int *hosts = NULL;
+    int *hosts = NULL, *placed = NULL;
     const char *cross = NULL;
     int rc = KOLO_OK, all_local = 1;
 
     hosts = kolo__malloc((size_t)size * sizeof(int));
-    if (hosts == NULL) {
+    if (id == KOLO_GLOBAL_PROCESS_SET && rt->host_of == NULL)
+        placed = kolo__calloc((size_t)size, sizeof(int));
+    if (hosts == NULL || (placed == NULL && id == KOLO_GLOBAL_PROCESS_SET &&
+                          rt->host_of == NULL)) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "out of memory creating process set %d", id);
         goto agree;
@@ -254,7 +259,9 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
         goto agree;
     }
     if (id == KOLO_GLOBAL_PROCESS_SET && rt->host_of == NULL) {
-        rc = exchange_hosts(rt, ps, err);
+        rc = exchange_hosts(rt, ps, placed, err);
+        if (rc == KOLO_OK)
+            placed = NULL; /* rt->host_of now */
         for (int i = 0; rc == KOLO_OK && i < size; i++) {
             hosts[i] = rt->host_of[ps->ranks[i]];
             if (hosts[i] != hosts[0] && all_local)
@@ -292,6 +299,7 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
         ps->phase = kolo__phase_names(ps->data_ops->name);
 agree:
     free(hosts);
+    free(placed);
     /* Every rank learns whether every member connected, before any thread
      * runs a round on a set that is not whole (agree.c). */
     if (ps->watch != NULL) {

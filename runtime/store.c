@@ -117,7 +117,8 @@ int kolo__store_open(const char *rendezvous, double io_timeout_s,
 
     *out = NULL;
     if (s == NULL)
-        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory opening "
+                             "the rendezvous %s", rendezvous);
     s->fd = -1;
     if (strncmp(rendezvous, "file:", 5) == 0) {
         snprintf(s->dir, sizeof(s->dir), "%s", rendezvous + 5);
@@ -201,7 +202,7 @@ static int file_get(kolo__store_t *s, const char *key, char **value,
     }
     if (fstat(fileno(f), &st) != 0 || (buf = kolo__malloc((size_t)st.st_size + 1)) == NULL) {
         fclose(f);
-        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "cannot read %s", path);
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory reading %s", path);
     }
     got = fread(buf, 1, (size_t)st.st_size, f);
     fclose(f);
@@ -327,7 +328,8 @@ static int redis_get(kolo__store_t *s, const char *key, char **value,
     if (n < 0)
         return 0;
     if ((buf = kolo__malloc((size_t)n + 2)) == NULL)
-        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory");
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory reading "
+                             "%s from %s", full, s->where);
     if (redis_read(s, buf, (size_t)n + 2, err) != KOLO_OK) {
         free(buf);
         return err->code;

@@ -51,6 +51,7 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -146,13 +147,24 @@ void listen_for_tokens(GlooCtx *g)
     }
 }
 
+/* A peer gave up connecting (the ops config's `abandoned` said so): init
+ * stops at once with the peer's reason, as KOLO_ERR_BACKEND. */
+class Abandoned : public std::runtime_error {
+  public:
+    explicit Abandoned(const std::string &why) : std::runtime_error(why) {}
+};
+
 /* A store whose waits are bounded by the start timeout and say which ranks
  * are missing. Gloo's full-mesh connection stores one key per rank, named
- * by the rank number. */
+ * by the rank number. A wait goes in slices of a fifth of a second, and
+ * between them asks whether a peer has already failed to connect (a peer
+ * out of memory or descriptors never publishes its address; the others
+ * would wait out the start timeout for it). */
 class TimedStore : public gloo::rendezvous::Store {
   public:
-    TimedStore(gloo::rendezvous::Store &inner, std::chrono::milliseconds timeout)
-        : inner_(inner), timeout_(timeout) {}
+    TimedStore(gloo::rendezvous::Store &inner, std::chrono::milliseconds timeout,
+               const kolo__ops_config_t *cfg)
+        : inner_(inner), timeout_(timeout), cfg_(cfg) {}
 
     void set(const std::string &key, const std::vector<char> &data) override
     {
@@ -172,23 +184,39 @@ class TimedStore : public gloo::rendezvous::Store {
     void wait(const std::vector<std::string> &keys,
               const std::chrono::milliseconds &) override
     {
-        const std::chrono::milliseconds timeout = timeout_;
-        try {
-            inner_.wait(keys, timeout);
-        } catch (const std::exception &) {
-            /* Which ranks are missing is the runtime's to say (it keeps a
-             * registry); here only how long was waited. */
-            char secs[32];
-            std::snprintf(secs, sizeof(secs), "%.1f", timeout.count() / 1000.0);
-            throw gloo::IoException(
-                std::string("rendezvous timed out after ") + secs +
-                " s (is every rank started, and KOLO_START_TIMEOUT long enough?)");
+        using clock = std::chrono::steady_clock;
+        const auto until = clock::now() + timeout_;
+        const std::chrono::milliseconds slice(200);
+        for (;;) {
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                until - clock::now());
+            if (left.count() < 1)
+                left = std::chrono::milliseconds(1);
+            bool last = cfg_->abandoned == nullptr || left <= slice;
+            try {
+                inner_.wait(keys, last ? left : slice);
+                return;
+            } catch (const std::exception &) {
+                if (last)
+                    break;
+            }
+            char why[512] = "";
+            if (cfg_->abandoned(cfg_->abandoned_arg, why, sizeof(why)))
+                throw Abandoned(why);
         }
+        /* Which ranks are missing is the runtime's to say (it keeps a
+         * registry); here only how long was waited. */
+        char secs[32];
+        std::snprintf(secs, sizeof(secs), "%.1f", timeout_.count() / 1000.0);
+        throw gloo::IoException(
+            std::string("rendezvous timed out after ") + secs +
+            " s (is every rank started, and KOLO_START_TIMEOUT long enough?)");
     }
 
   private:
     gloo::rendezvous::Store &inner_;
     std::chrono::milliseconds timeout_;
+    const kolo__ops_config_t *cfg_;
 };
 
 /* The store of a rendezvous string: file:DIR, or redis:HOST:PORT[/JOB]
@@ -719,8 +747,17 @@ int guarded(const char *what, char *err, size_t errlen, F body) noexcept
     } catch (const std::bad_alloc &) {
         std::snprintf(err, errlen, "Gloo %s: out of memory", what);
         return KOLO_ERR_NO_MEMORY;
+    } catch (const Abandoned &e) {
+        std::snprintf(err, errlen, "%s", e.what());
+        return KOLO_ERR_BACKEND;
     } catch (const std::exception &e) {
-        std::snprintf(err, errlen, "Gloo %s failed: %s", what, e.what());
+        /* Gloo's file store says only that a file "cannot be created";
+         * errno still says why when it is the descriptors. */
+        int e_no = errno;
+        bool fds = (e_no == EMFILE || e_no == ENFILE) &&
+                   std::strstr(e.what(), "open files") == nullptr;
+        std::snprintf(err, errlen, "Gloo %s failed: %s%s%s", what, e.what(),
+                      fds ? ": " : "", fds ? std::strerror(e_no) : "");
         return classify(e.what());
     } catch (...) {
         std::snprintf(err, errlen, "Gloo %s failed with an unknown exception",
@@ -889,6 +926,7 @@ void connect_ring(GlooCtx *g, const kolo__ops_config_t *cfg,
     std::vector<char> right =
         store.get("kolo-ring/" + std::to_string((cfg->rank + 1) % cfg->size));
     right.push_back('\0');
+    kolo__ring_set_gave_up(g->ring, cfg->abandoned, cfg->abandoned_arg);
     rc = kolo__ring_connect(g->ring, cfg->rank, cfg->size, right.data(), secret,
                             cfg->start_timeout_s, cfg->ring_send_buffer,
                             cfg->warn, err, sizeof(err));
@@ -916,7 +954,7 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         gloo::rendezvous::PrefixStore prefix(
             ns.empty() ? std::string(cfg->prefix) : ns + "/" + cfg->prefix,
             *base);
-        TimedStore store(prefix, to_ms(cfg->start_timeout_s));
+        TimedStore store(prefix, to_ms(cfg->start_timeout_s), cfg);
         tcp::attr attr;
         attr.hostname = cfg->hostname;
 #ifdef KOLO_GLOO_PAIR_LISTENS

@@ -99,7 +99,17 @@ struct kolo__ring {
     char why[256];            /* the first failure, for later calls */
     atomic_int waiting;       /* the rank waited for, or -1 */
     int warned;
+    int (*gave_up)(void *arg, char *why, size_t len); /* may be NULL */
+    void *gave_up_arg;
 };
+
+void kolo__ring_set_gave_up(kolo__ring_t *r,
+                            int (*gave_up)(void *arg, char *why, size_t len),
+                            void *arg)
+{
+    r->gave_up = gave_up;
+    r->gave_up_arg = arg;
+}
 
 static double now_s(void)
 {
@@ -367,7 +377,7 @@ static int accept_left(kolo__ring_t *r, const uint8_t *secret, double deadline,
     hello_of(want, secret, (uint32_t)left, (uint32_t)r->rank);
     for (int i = 0; i < MAX_STRANGERS; i++)
         s[i].fd = -1;
-    while (found < 0) {
+    while (found == -1) {
         int np = 0, rc;
         p[np].fd = r->lfd;
         p[np].events = POLLIN;
@@ -379,9 +389,20 @@ static int accept_left(kolo__ring_t *r, const uint8_t *secret, double deadline,
             p[np].events = POLLIN;
             idx[np++] = i;
         }
-        rc = poll(p, (nfds_t)np, ms_left(deadline));
+        int wait_ms = ms_left(deadline);
+        if (r->gave_up != NULL && wait_ms > 200)
+            wait_ms = 200; /* a slice: then ask whether a peer gave up */
+        rc = poll(p, (nfds_t)np, wait_ms);
         if (rc < 0 && errno == EINTR)
             continue;
+        if (rc == 0 && r->gave_up != NULL) {
+            if (r->gave_up(r->gave_up_arg, err, errlen)) {
+                found = -3;
+                break;
+            }
+            if (ms_left(deadline) > 0)
+                continue;
+        }
         if (rc <= 0) {
             snprintf(err, errlen,
                      "ring: rank %d (%s) waited %.1f s for rank %d to connect "
@@ -425,12 +446,23 @@ static int accept_left(kolo__ring_t *r, const uint8_t *secret, double deadline,
                 break;
             }
         }
-        if (found < 0 && (p[0].revents & POLLIN)) {
+        if (found == -1 && (p[0].revents & POLLIN)) {
             for (;;) {
                 struct sockaddr_storage ss;
                 socklen_t len = sizeof(ss);
                 int fd = accept4(r->lfd, (struct sockaddr *)&ss, &len,
                                  SOCK_NONBLOCK | SOCK_CLOEXEC);
+                if (fd < 0 && (errno == EMFILE || errno == ENFILE ||
+                               errno == ENOBUFS || errno == ENOMEM)) {
+                    /* The connection stays queued and the socket readable:
+                     * waiting on would only spin until the deadline. */
+                    snprintf(err, errlen, "ring: rank %d cannot accept "
+                             "rank %d's connection: %s%s", r->rank, left,
+                             strerror(errno),
+                             errno == EMFILE ? " (ulimit -n)" : "");
+                    found = -3;
+                    break;
+                }
                 if (fd < 0)
                     break;
                 int slot = -1;
@@ -509,7 +541,7 @@ int kolo__ring_connect(kolo__ring_t *r, int rank, int size,
     close(r->lfd);
     r->lfd = -1;
     if (r->from_left < 0)
-        return KOLO_ERR_TIMEOUT;
+        return r->from_left == -3 ? KOLO_ERR_BACKEND : KOLO_ERR_TIMEOUT;
     tune(r->to_right, send_buffer);
     tune(r->from_left, send_buffer);
     return KOLO_OK;

@@ -45,6 +45,13 @@ typedef struct kolo__ring kolo__ring_t;
 int kolo__ring_listen(const char *hostname, kolo__ring_t **ring,
                       char addr[KOLO__RING_ADDR_LEN], char *err, size_t errlen);
 
+/* While kolo__ring_connect waits for its left neighbour, it asks
+ * gave_up(arg, why, len) a few times a second (ops.h: abandoned); non-zero
+ * ends the wait at once with KOLO_ERR_BACKEND and `why`. */
+void kolo__ring_set_gave_up(kolo__ring_t *ring,
+                            int (*gave_up)(void *arg, char *why, size_t len),
+                            void *arg);
+
 /* Makes the ring of `size` ranks: connects to rank (rank + 1) % size at
  * right_addr and accepts rank (rank - 1) % size, both within timeout_s.
  * send_buffer (0: the kernel's autotuning) is each socket's SO_SNDBUF,

@@ -127,7 +127,13 @@ typedef struct shm_ctx {
     atomic_int waiting_on; /* member index a wait sleeps on, or -1 */
     kolo__ops_wake_fn on_wake;
     void *wake_arg;
+    struct pollfd *fds; /* the listener's, made before it starts */
+    /* While init waits for the members' first step: the config whose
+     * `abandoned` says a member failed to start (it never posts). */
+    const kolo__ops_config_t *starting;
 } shm_ctx_t;
+
+static int peer_gave_up(const kolo__ops_config_t *cfg, char *err, size_t errlen);
 
 /* ---- small helpers ---------------------------------------------------------- */
 
@@ -245,6 +251,8 @@ static int wait_sleeping(shm_ctx_t *c, int j, uint32_t s, const char *what,
                      atomic_load(&c->lines[lost].pid), what);
             return KOLO_ERR_RANK_LOST;
         }
+        if (c->starting != NULL && peer_gave_up(c->starting, err, errlen))
+            return KOLO_ERR_BACKEND;
         left = deadline - now_s();
         if (left <= 0) {
             snprintf(err, errlen, "shared-memory %s: rank %d (pid %d) made no "
@@ -259,7 +267,8 @@ static int wait_sleeping(shm_ctx_t *c, int j, uint32_t s, const char *what,
             /* The listener wakes every sleeper when a peer dies; the bound
              * covers a death that falls between the check above and the
              * sleep. */
-            double nap = left < 1.0 ? left : 1.0;
+            double most = c->starting != NULL ? 0.05 : 1.0;
+            double nap = left < most ? left : most;
             struct timespec ts = {(time_t)nap,
                                   (long)((nap - (double)(time_t)nap) * 1e9)};
             futex(&l->seq, FUTEX_WAIT, v, &ts);
@@ -316,11 +325,9 @@ static void mark_lost(shm_ctx_t *c, int j)
 static void *listener_main(void *arg)
 {
     shm_ctx_t *c = arg;
-    struct pollfd *fds = kolo__calloc((size_t)c->n + 2, sizeof(*fds));
+    struct pollfd *fds = c->fds;
     int use_pidfd = 1;
 
-    if (fds == NULL)
-        return NULL;
     fds[0] = (struct pollfd){.fd = c->stop_fd, .events = POLLIN};
     fds[1] = (struct pollfd){.fd = c->sock, .events = POLLIN};
     for (int j = 0; j < c->n; j++) {
@@ -356,7 +363,6 @@ static void *listener_main(void *arg)
             }
         }
     }
-    free(fds);
     return NULL;
 }
 
@@ -388,6 +394,7 @@ static void shm_finalize(void *ctx)
             if (c->pidfds[j] >= 0)
                 close(c->pidfds[j]);
     free(c->pidfds);
+    free(c->fds);
     free(c->members);
     free(c);
 }
@@ -489,6 +496,13 @@ static int open_segment(shm_ctx_t *c, const kolo__ops_config_t *cfg,
     for (;;) {
         struct stat st;
         fd = shm_open(c->name, O_RDWR, 0);
+        if (fd < 0 && errno != ENOENT) {
+            /* Not "not there yet": out of descriptors, or not allowed. */
+            snprintf(err, errlen, "rank %d cannot open shared memory %s: %s%s",
+                     c->members[c->me], c->name, strerror(errno),
+                     errno == EMFILE ? " (ulimit -n)" : "");
+            return KOLO_ERR_BACKEND;
+        }
         if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= sizeof(h) &&
             pread(fd, &h, sizeof(h), 0) == (ssize_t)sizeof(h) &&
             h.magic == SEG_MAGIC && (size_t)st.st_size >= h.total_bytes)
@@ -676,14 +690,21 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
             return KOLO_ERR_RANK_LOST;
         }
     }
-    if (kolo__thread_create(&c->listener, NULL, listener_main, c) != 0) {
-        snprintf(err, errlen, "cannot start the shared-memory listener thread");
+    c->fds = kolo__calloc((size_t)c->n + 2, sizeof(*c->fds));
+    if (c->fds == NULL)
+        goto oom;
+    rc = kolo__thread_create(&c->listener, NULL, listener_main, c);
+    if (rc != 0) {
+        snprintf(err, errlen, "cannot start the shared-memory listener "
+                 "thread: %s", strerror(rc));
         shm_finalize(c);
         return KOLO_ERR_BACKEND;
     }
     c->listener_started = 1;
     /* Every member's listener runs before any step starts. */
+    c->starting = cfg;
     rc = step_all(c, "start", err, errlen);
+    c->starting = NULL;
     if (rc != KOLO_OK) {
         shm_finalize(c);
         return rc;

@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# run-faults.sh — one rank of a real job runs out of memory: every
+# allocation libkolo makes on that rank fails in turn (KOLO_TEST_FAIL_ALLOC,
+# runtime/alloc.c), in a 2-rank job of examples/train_mlp (5 steps) under
+# kolorun, from the first allocation of kolo_init to the last of
+# kolo_shutdown:
+#
+#   shm   the default backends of one host (shared memory), rank 1 fails
+#         once; then rank 0 fails from the n-th allocation on
+#   gloo  KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo, rank 1 fails once
+#         (kolo_init's rendezvous, agreement and connection among them)
+#   threads  the n-th thread rank 1 starts cannot be started (each n)
+#
+# and other resources, once each: rank 1 may open only 4..8 files (ulimit
+# -n; shm and Gloo), /dev/shm too small for the segment (as root, in a
+# mount namespace of its own).
+#
+# A clean run first counts the victim's allocations (KOLO_TEST_COUNT_FILE)
+# and gives the reference: the hash of the trained weights. Then for each
+# n, every run must end (`timeout` far above the job's own limits, set to
+# 60 s: a run that needed one of them waited for a rank that was never
+# coming) with either
+#   - success: status 0 and the reference's weights on every rank, or
+#   - a clean error: status non-zero, "out of memory" (or, for threads,
+#     "thread") in the ranks' messages, and no message of a timeout
+#     ("timed out", "never arrived", "KOLO_START_TIMEOUT").
+# Anything else fails the case, with the run's lines.
+#
+# Each n costs a job's start (about 0.4 s here; every n of the four is
+# eight minutes), so make test sweeps every 3rd n, and
+# KOLO_TEST_JOB_FAULT_STEP=K every K-th (1: every n; CI's sanitizer runs
+# 15). KOLO_TEST_FAULT_ONLY=WORD runs only the configurations whose name
+# has WORD. (tests/unit/test-faults sweeps every n of the protocol itself,
+# ranks as threads.)
+# Prints one line per configuration with its runs, successes and clean
+# errors, then "N passed, N failed".
+set -u
+. "$(dirname "$0")/../script-lib.sh"
+multi_job run-faults examples/train_mlp 100 KOLO_TEST_JOB_FAULT_STEP KOLO_TEST_FAULT_ONLY
+case $prog in
+*/examples/train_mlp) [ -x "${prog%/*}/.libs/train_mlp" ] && prog=${prog%/*}/.libs/train_mlp ;;
+esac
+libs=$top/.libs
+case $libs in /*) ;; *) libs=$PWD/$libs ;; esac
+step=${KOLO_TEST_JOB_FAULT_STEP:-3}
+
+passed=0
+failed=0
+
+# job VICTIM VAR VALUE ENV...: one 2-rank run; VAR=VALUE only on VICTIM.
+# Output in $log; the status is kolorun's (124/137: the bound).
+job() {
+    local victim=$1 var=$2 value=$3
+    shift 3
+    env "$@" LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        KOLO_START_TIMEOUT=60 KOLO_TIMEOUT_SECONDS=60 \
+        FAULT_VICTIM="$victim" FAULT_VAR="$var" FAULT_VALUE="$value" \
+        timeout -k 5 "$limit" "$kolorun" -np 2 sh -c \
+        'if [ "$KOLO_RANK" = "$FAULT_VICTIM" ]; then export "$FAULT_VAR=$FAULT_VALUE"; fi
+         exec "$0" --steps 5 --min-accuracy 0' "$prog" >"$log" 2>&1
+}
+
+weights() { grep -o 'hash [0-9a-f]*' "$log" | sort | uniq -c | tr -s ' '; }
+
+# sweep NAME VICTIM KIND SUFFIX ENV...: KIND alloc or thread; SUFFIX "" (the
+# n-th fails) or "+" (it and every later one).
+sweep() {
+    local name=$1 victim=$2 kind=$3 suffix=$4 count ref n rc runs=0 ok=0 errs=0
+    local bad="" word=memory var=KOLO_TEST_FAIL_ALLOC counted=allocations
+    shift 4
+    case $name in *"${KOLO_TEST_FAULT_ONLY:-}"*) ;; *) return ;; esac
+    if [ "$kind" = thread ]; then
+        word=thread
+        var=KOLO_TEST_FAIL_THREAD
+        counted=threads
+    fi
+    job "$victim" KOLO_TEST_COUNT_FILE "$WORK/count" "$@"
+    rc=$?
+    ref=$(weights)
+    count=$(sed -n "s/.*$counted \([0-9]*\).*/\1/p" "$WORK/count" 2>/dev/null)
+    if [ $rc -ne 0 ] || [ -z "$count" ] || [ "$(echo "$ref" | wc -l)" != 1 ]; then
+        failed=$((failed + 1))
+        echo "FAIL $name: the clean run (exit $rc, count '${count}')"
+        sed 's/^/    | /' "$log" | tail -n 20
+        return
+    fi
+    local every=$step
+    [ "$kind" = alloc ] || every=1 # a job starts three threads
+    for ((n = 1; n <= count; n += every)); do
+        job "$victim" "$var" "$n$suffix" "$@"
+        rc=$?
+        runs=$((runs + 1))
+        if [ $rc -eq 0 ] && [ "$(weights)" = "$ref" ]; then
+            ok=$((ok + 1))
+        elif [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] &&
+            grep -qi "$word" "$log" &&
+            ! grep -Eq 'timed out|never arrived|KOLO_START_TIMEOUT' "$log"; then
+            errs=$((errs + 1))
+        else
+            [ -n "$bad" ] || bad=$(echo "    n=$n: exit $rc"; sed 's/^/    | /' "$log" | tail -n 20)
+            [ $rc -ne 124 ] && [ $rc -ne 137 ] || bad="$bad
+    (n=$n reached the ${limit} s bound: a hang)"
+        fi
+    done
+    if [ -z "$bad" ]; then
+        passed=$((passed + 1))
+        echo "PASS $name: $runs runs over $count ${kind}s (every $every): $ok succeeded, $errs clean errors"
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name: $runs runs over $count ${kind}s (every $every): $ok succeeded, $errs clean errors, $((runs - ok - errs)) neither; the first:"
+        echo "$bad"
+    fi
+    smoke_point "$passed" "$failed"
+}
+
+# resource NAME WORD ENV... -- COMMAND...: one run of COMMAND (a job, its
+# status kolorun's); it must succeed with the reference weights, or fail
+# with WORD in the ranks' messages and no timeout.
+resource() {
+    local name=$1 word=$2 ref rc
+    shift 2
+    job 0 X 1 >/dev/null # the reference
+    ref=$(weights)
+    env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        KOLO_START_TIMEOUT=60 KOLO_TIMEOUT_SECONDS=60 \
+        timeout -k 5 "$limit" "$@" >"$log" 2>&1
+    rc=$?
+    if { [ $rc -eq 0 ] && [ "$(weights)" = "$ref" ]; } ||
+        { [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] &&
+            grep -q "$word" "$log" &&
+            ! grep -Eq 'timed out|never arrived|KOLO_START_TIMEOUT' "$log"; }; then
+        passed=$((passed + 1))
+        echo "PASS $name: $([ $rc -eq 0 ] && echo "succeeded" || echo "$(grep -m1 "$word" "$log" | cut -c1-160)")"
+    else
+        failed=$((failed + 1))
+        echo "FAIL $name: exit $rc"
+        sed 's/^/    | /' "$log" | tail -n 20
+    fi
+    smoke_point "$passed" "$failed"
+}
+
+# Other resources: rank 1 with only a few descriptors (ulimit -n), and
+# /dev/shm too small for the segment (as root, in a mount namespace).
+few_fds() { # few_fds N ENV...
+    local n=$1
+    shift
+    resource "descriptors: rank 1 may open $n files ($*)" "Too many open files" \
+        env "$@" FEW="$n" "$kolorun" -np 2 sh -c \
+        '[ "$KOLO_RANK" = 1 ] && ulimit -n "$FEW"; exec "$0" --steps 5 --min-accuracy 0' "$prog"
+}
+case ${KOLO_TEST_FAULT_ONLY:-descriptors} in
+descriptors)
+    for n in 4 5 6 7 8; do
+        few_fds $n KOLO_CONTROLLER=shm
+        few_fds $n KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
+    done ;;
+esac
+if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null 2>&1 &&
+    unshare -m true 2>/dev/null; then
+    case ${KOLO_TEST_FAULT_ONLY:-/dev/shm} in
+    /dev/shm)
+        resource "/dev/shm of 16 KiB (the segment needs 1 MiB)" "/dev/shm" \
+            unshare -m sh -c 'mount -t tmpfs -o size=16k tmpfs /dev/shm &&
+                exec "$0" -np 2 "$1" --steps 5 --min-accuracy 0' "$kolorun" "$prog" ;;
+    esac
+fi
+
+sweep "threads: rank 1, one thread cannot start" 1 thread ""
+sweep "gloo: rank 1, one allocation fails" 1 alloc "" \
+    KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
+sweep "shm: rank 1, one allocation fails" 1 alloc ""
+sweep "shm: rank 0, every allocation from the n-th on fails" 0 alloc "+"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
