@@ -64,6 +64,7 @@ kolo__handles_t *kolo__api_handles(void)
 int kolo__api_fail(const kolo__err_t *err)
 {
     strcpy(t_last_error, err->msg[0] ? err->msg : kolo_strerror(err->code));
+    kolo__peers_note_cause(err->code, t_last_error);
     return err->code;
 }
 
@@ -73,6 +74,7 @@ int kolo__api_failf(int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(t_last_error, sizeof(t_last_error), fmt, ap);
     va_end(ap);
+    kolo__peers_note_cause(code, t_last_error);
     return code;
 }
 
@@ -458,6 +460,7 @@ int kolo_init(void)
         return kolo__api_failf(KOLO_ERR_ALREADY_INITIALIZED,
                                "kolo_init called twice without kolo_shutdown");
     }
+    kolo__peers_forget_cause();
     rt = kolo__calloc(1, sizeof(*rt));
     if (rt == NULL) {
         rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
@@ -492,6 +495,7 @@ int kolo_init(void)
     warn_unknown_variables(rt->rank);
     KOLO__CHECK_GOTO(serve_rendezvous(&rt->cfg, &err), rc, free_rt);
     kolo__agree_reserve();
+    kolo__peers_prepare_why(&rt->cfg);
     /* From here until the settings are agreed, a failure of this rank is
      * published where the others wait for its settings (agree.h). */
     told = 0;
@@ -575,6 +579,11 @@ int kolo_init(void)
     free(all);
     all = NULL;
     if (kolo__watchdog_start(rt, &err) != KOLO_OK) {
+        /* The others are past the agreement: they learn of it from the
+         * set's shutdown, and why from here. */
+        snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
+        kolo__peers_note_cause(err.code, err.msg);
+        kolo__peers_say_why(&rt->cfg, prefix);
         kolo__pset_stop(world, NULL);
         rc = err.code;
         goto free_rt;
@@ -602,6 +611,13 @@ free_rt:
      * rank arrived (kolorun removes the directory at the end). */
     if (!told)
         kolo__agree_failed(&rt->cfg, rt->generation, "settings", &err);
+    if (rt->rank >= 0 && rt->size > 1) {
+        /* Ranks that went on without this one (it alone could not read a
+         * verdict) learn why when they lose it. */
+        snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
+        kolo__peers_note_cause(err.code, err.msg);
+        kolo__peers_say_why(&rt->cfg, prefix);
+    }
     free(all);
     runtime_free(rt);
     kolo__agree_release();
@@ -636,6 +652,13 @@ int kolo_shutdown(void)
                                "initialized");
     }
     kolo__watchdog_stop(rt);
+    {
+        /* What made this rank stop, if it was its own failure: the others
+         * name it beside "rank N has shut down". */
+        char prefix[32];
+        snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
+        kolo__peers_say_why(&rt->cfg, prefix);
+    }
     /* The global set announces the shutdown to the other ranks in its next
      * round, fails what is pending and asks the other sets to stop. */
     kolo__pset_stop(rt->sets[KOLO_GLOBAL_PROCESS_SET], NULL);

@@ -60,6 +60,7 @@
 #include "complete.h"
 #include "execute.h"
 #include "negotiate.h"
+#include "peers.h"
 #include "reduce.h"
 #include "watchdog.h"
 
@@ -140,11 +141,19 @@ static void stop_reason(kolo__pset_t *ps, int stop_rank, kolo__err_t *err)
     if (gstop == ps->rt->rank)
         kolo__err_set(err, KOLO_ERR_SHUTDOWN,
                       "kolo was shut down on this rank (rank %d)", gstop);
-    else if (ps->id == KOLO_GLOBAL_PROCESS_SET)
-        /* In an elastic job a rank that leaves changes the membership. */
+    else if (ps->id == KOLO_GLOBAL_PROCESS_SET) {
+        /* In an elastic job a rank that leaves changes the membership.
+         * A rank that stopped after a failure of its own said which
+         * (peers.h). */
+        char prefix[32], why[KOLO__ERR_LEN / 2];
+        snprintf(prefix, sizeof(prefix), "kolo%u", ps->rt->generation);
+        int told = kolo__peers_why(&ps->rt->cfg, prefix, gstop, why, sizeof(why));
         kolo__err_set(err, ps->rt->cfg.elastic ? KOLO_ERR_MEMBERSHIP
                                                : KOLO_ERR_SHUTDOWN,
-                      "rank %d has shut down, which stops the job", gstop);
+                      "rank %d has shut down, which stops the job%s%s%s",
+                      gstop, told ? " (it had failed: " : "", told ? why : "",
+                      told ? ")" : "");
+    }
     else
         kolo__err_set(err, KOLO_ERR_SHUTDOWN,
                       "process set %d was removed or stopped (by rank %d)",

@@ -94,6 +94,8 @@ void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
                     const char *msg)
 {
     status = kolo__elastic_status(ps->rt, status);
+    if (status != KOLO_OK)
+        kolo__peers_note_cause(status, msg);
     while (e->tl_depth > 0)
         kolo__tl_entry_end(ps, e);
     if (e->handle > 0) {
@@ -139,6 +141,25 @@ void kolo__fail_entry(kolo__pset_t *ps, kolo__entry_t *e,
 }
 
 
+/* Appends "; rank R had failed: WHY" for the first member that stopped
+ * after a failure of its own and said so (peers.h). */
+static void append_why(kolo__pset_t *ps, const char *prefix, char *detail,
+                       size_t len)
+{
+    char why[KOLO__ERR_LEN / 2];
+    size_t used = strlen(detail);
+
+    for (int i = 0; i < ps->size && i < 64; i++) {
+        if (ps->ranks[i] == ps->rt->rank ||
+            !kolo__peers_why(&ps->rt->cfg, prefix, ps->ranks[i], why, sizeof(why)))
+            continue;
+        if (used < len)
+            snprintf(detail + used, len - used, "; rank %d had failed: %s",
+                     ps->ranks[i], why);
+        return;
+    }
+}
+
 int kolo__explain_failure(kolo__pset_t *ps, int rc, char *detail, size_t len)
 {
     char lost[512], prefix[32], copy[KOLO__ERR_LEN];
@@ -153,11 +174,13 @@ int kolo__explain_failure(kolo__pset_t *ps, int rc, char *detail, size_t len)
                              sizeof(lost)) > 0) {
             snprintf(copy, sizeof(copy), "%s", detail);
             snprintf(detail, len, "lost %s (%s)", lost, copy);
+            append_why(ps, prefix, detail, len);
             return KOLO_ERR_RANK_LOST;
         }
         if (rc == KOLO_ERR_TIMEOUT)
             break;
         usleep(20000);
     }
+    append_why(ps, prefix, detail, len);
     return rc;
 }

@@ -22,12 +22,16 @@
 #include "peers.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
 #include <unistd.h>
+
+#include "common.h"
+#include "store.h"
 
 static int registry_path(const kolo__config_t *cfg, const char *prefix, int rank,
                          char *out, size_t len)
@@ -119,5 +123,101 @@ int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
         }
         fclose(f);
     }
+    return found;
+}
+
+/* ---- why a rank stopped ---------------------------------------------------- */
+
+static pthread_mutex_t g_cause_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_cause[KOLO__ERR_LEN + 128];
+
+void kolo__peers_note_cause(int code, const char *msg)
+{
+    /* Only what this rank could not do itself (memory, a thread it could
+     * not start): other failures (a lost or stopped peer, a timeout, a
+     * mismatch all ranks see) are the peers' own to report. */
+    if ((code != KOLO_ERR_NO_MEMORY && code != KOLO_ERR_INTERNAL) ||
+        msg == NULL || msg[0] == '\0')
+        return;
+    pthread_mutex_lock(&g_cause_mu);
+    if (g_cause[0] == '\0')
+        snprintf(g_cause, sizeof(g_cause), "%s", msg);
+    pthread_mutex_unlock(&g_cause_mu);
+}
+
+void kolo__peers_forget_cause(void)
+{
+    pthread_mutex_lock(&g_cause_mu);
+    g_cause[0] = '\0';
+    pthread_mutex_unlock(&g_cause_mu);
+}
+
+static void why_key(char *out, size_t len, const char *prefix, int rank)
+{
+    snprintf(out, len, "%s/why/%d", prefix, rank);
+}
+
+static int has_store(const kolo__config_t *cfg)
+{
+    return strncmp(cfg->rendezvous, "file:", 5) == 0 ||
+           strncmp(cfg->rendezvous, "redis:", 6) == 0;
+}
+
+/* Opened while the rank runs, so that saying why needs no memory: the
+ * cause may be that there is none. */
+static kolo__store_t *g_why_store;
+
+void kolo__peers_prepare_why(const kolo__config_t *cfg)
+{
+    kolo__err_t e;
+
+    /* A file store holds no descriptor while open; a Redis one would hold
+     * a connection for the whole job: that one opens when needed. */
+    if (g_why_store == NULL && cfg->size > 1 &&
+        strncmp(cfg->rendezvous, "file:", 5) == 0 &&
+        kolo__store_open(cfg->rendezvous, cfg->timeout_s, &g_why_store, &e) != KOLO_OK)
+        g_why_store = NULL;
+}
+
+void kolo__peers_say_why(const kolo__config_t *cfg, const char *prefix)
+{
+    char cause[sizeof(g_cause)], key[128];
+    kolo__store_t *st = g_why_store;
+    kolo__err_t e;
+
+    g_why_store = NULL;
+    pthread_mutex_lock(&g_cause_mu);
+    snprintf(cause, sizeof(cause), "%s", g_cause);
+    pthread_mutex_unlock(&g_cause_mu);
+    if (cause[0] == '\0' || cfg->size == 1 || !has_store(cfg) ||
+        (st == NULL &&
+         kolo__store_open(cfg->rendezvous, cfg->timeout_s, &st, &e) != KOLO_OK)) {
+        kolo__store_close(st);
+        return;
+    }
+    why_key(key, sizeof(key), prefix, (int)cfg->rank);
+    if (kolo__store_set(st, key, cause, strlen(cause), &e) != KOLO_OK)
+        kolo__debug("cannot tell the other ranks why this one stops: %s", e.msg);
+    kolo__store_close(st);
+}
+
+int kolo__peers_why(const kolo__config_t *cfg, const char *prefix, int rank,
+                    char *out, size_t len)
+{
+    char key[128], *v = NULL;
+    kolo__store_t *st = NULL;
+    kolo__err_t e;
+    int found = 0;
+
+    if (!has_store(cfg) ||
+        kolo__store_open(cfg->rendezvous, cfg->timeout_s, &st, &e) != KOLO_OK)
+        return 0;
+    why_key(key, sizeof(key), prefix, rank);
+    if (kolo__store_get(st, key, 0, &v, &e) == KOLO_OK && v != NULL) {
+        snprintf(out, len, "%s", v);
+        found = 1;
+    }
+    free(v);
+    kolo__store_close(st);
     return found;
 }

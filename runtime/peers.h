@@ -20,4 +20,20 @@ void kolo__peers_unregister(const kolo__config_t *cfg, const char *prefix);
 int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
                      const int *ranks, int n, char *out, size_t len);
 
+/* Why a rank stopped, for the others' messages. kolo__peers_note_cause
+ * keeps the first failure of this rank that is its own (out of memory, a
+ * thread it could not start: KOLO_ERR_NO_MEMORY, KOLO_ERR_INTERNAL),
+ * from any thread; kolo_shutdown publishes it (kolo__peers_say_why, under
+ * kolo<gen>/why/<rank> in the rendezvous store, before it announces the
+ * shutdown), and a peer told "rank 1 has shut down" reads it
+ * (kolo__peers_why: 1 and the text in out when there is one). */
+void kolo__peers_note_cause(int code, const char *msg);
+void kolo__peers_forget_cause(void);
+/* kolo_init opens the store kolo__peers_say_why will write with (and
+ * close: it is called once per kolo_init, at shutdown or on failure). */
+void kolo__peers_prepare_why(const kolo__config_t *cfg);
+void kolo__peers_say_why(const kolo__config_t *cfg, const char *prefix);
+int kolo__peers_why(const kolo__config_t *cfg, const char *prefix, int rank,
+                    char *out, size_t len);
+
 #endif /* KOLO_PEERS_H */

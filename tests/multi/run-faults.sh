@@ -22,14 +22,15 @@
 # coming) with either
 #   - success: status 0 and the reference's weights on every rank, or
 #   - a clean error: status non-zero, "out of memory" (or, for threads,
-#     "thread") in the ranks' messages, and no message of a timeout
+#     "thread") in the messages of every rank that printed any (the rank
+#     that failed, and the others told why), and no message of a timeout
 #     ("timed out", "never arrived", "KOLO_START_TIMEOUT").
 # Anything else fails the case, with the run's lines.
 #
 # Each n costs a job's start (about 0.4 s here; every n of the four is
-# eight minutes), so make test sweeps every 3rd n, and
+# eight minutes), so make test sweeps every 4th n, and
 # KOLO_TEST_JOB_FAULT_STEP=K every K-th (1: every n; CI's sanitizer runs
-# 15). KOLO_TEST_FAULT_ONLY=WORD runs only the configurations whose name
+# 40). KOLO_TEST_FAULT_ONLY=WORD runs only the configurations whose name
 # has WORD. (tests/unit/test-faults sweeps every n of the protocol itself,
 # ranks as threads.)
 # Prints one line per configuration with its runs, successes and clean
@@ -42,7 +43,7 @@ case $prog in
 esac
 libs=$top/.libs
 case $libs in /*) ;; *) libs=$PWD/$libs ;; esac
-step=${KOLO_TEST_JOB_FAULT_STEP:-3}
+step=${KOLO_TEST_JOB_FAULT_STEP:-4}
 
 passed=0
 failed=0
@@ -61,6 +62,17 @@ job() {
 }
 
 weights() { grep -o 'hash [0-9a-f]*' "$log" | sort | uniq -c | tr -s ' '; }
+
+# named WORD: every rank that reported an error or a warning named the
+# cause (WORD) in one of its lines: the rank that failed, and the others
+# told why.
+named() {
+    local r lines
+    for r in 0 1; do
+        lines=$(grep -E "^(rank $r:|\[kolo rank $r\] (ERROR|WARNING))" "$log")
+        [ -z "$lines" ] || echo "$lines" | grep -qi "$1" || return 1
+    done
+}
 
 # sweep NAME VICTIM KIND SUFFIX ENV...: KIND alloc or thread; SUFFIX "" (the
 # n-th fails) or "+" (it and every later one).
@@ -93,7 +105,7 @@ sweep() {
         if [ $rc -eq 0 ] && [ "$(weights)" = "$ref" ]; then
             ok=$((ok + 1))
         elif [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] &&
-            grep -qi "$word" "$log" &&
+            grep -qi "$word" "$log" && named "$word" &&
             ! grep -Eq 'timed out|never arrived|KOLO_START_TIMEOUT' "$log"; then
             errs=$((errs + 1))
         else
