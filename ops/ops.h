@@ -336,9 +336,13 @@ typedef struct kolo__dev_ops {
                        char *err, size_t errlen);
     void (*mem_free)(void *data);
 
-    /* A set's context, created at its first device batch. finalize is
-     * called once the runtime has seen every batch's event pass (or the
-     * context broken). */
+    /* A set's context, created at its first device batch, on this rank
+     * alone: init meets no other rank (communicators are made later, at
+     * the first batch), so that the runtime can agree over the set's
+     * controller whether every rank's device started and name the rank
+     * whose did not. finalize is called once the runtime has seen every
+     * batch's event pass (or the context broken), and also for a context
+     * whose init failed after setting *ctx. */
     int (*init)(const kolo__dev_config_t *cfg, void **ctx, char *err,
                 size_t errlen);
     void (*finalize)(void *ctx);

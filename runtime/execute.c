@@ -752,15 +752,66 @@ static const kolo__host_math_t host_math = {
     .convert = math_convert, .scale = math_scale, .average = math_average,
     .reduce = math_reduce};
 
+/* Whether every rank's device context started (dev_start), agreed over
+ * the set's controller: `rc` and `detail` are this rank's; on a rank that
+ * started, a failure of another becomes "rank R could not start ...:
+ * why" (the first such rank), so that every rank names the cause instead
+ * of the lost peer it would meet in the device's first collective. */
+static int dev_agree(kolo__pset_t *ps, int rc, char *detail)
+{
+    enum { WHY = 240 };
+    struct {
+        int32_t code;
+        char why[WHY];
+    } mine, *all = kolo__calloc((size_t)ps->size, sizeof(*all));
+    char cdetail[KOLO__ERR_LEN];
+    int crc;
+
+    if (all == NULL) {
+        /* The others meet a lost peer, and learn why from what this rank
+         * says when it stops (peers.c). */
+        if (rc == KOLO_OK) {
+            rc = KOLO_ERR_NO_MEMORY;
+            snprintf(detail, KOLO__ERR_LEN, "out of memory agreeing whether "
+                     "every rank's CUDA device started");
+        }
+        return rc;
+    }
+    memset(&mine, 0, sizeof(mine));
+    mine.code = rc;
+    if (rc != KOLO_OK) {
+        size_t k = strnlen(detail, WHY - 1);
+        memcpy(mine.why, detail, k); /* (cut to fit) */
+    }
+    crc = ps->ctl_ops->allgather(ps->ctl_ctx, &mine, all, sizeof(mine),
+                                 cdetail, sizeof(cdetail));
+    if (crc != KOLO_OK && rc == KOLO_OK) {
+        rc = crc;
+        snprintf(detail, KOLO__ERR_LEN, "%s", cdetail);
+    } else if (crc == KOLO_OK && rc == KOLO_OK) {
+        for (int r = 0; r < ps->size; r++)
+            if (all[r].code != KOLO_OK) {
+                all[r].why[WHY - 1] = '\0';
+                snprintf(detail, KOLO__ERR_LEN,
+                         "rank %d could not start its CUDA device: %s",
+                         ps->ranks[r], all[r].why);
+                rc = KOLO_ERR_BACKEND;
+                break;
+            }
+    }
+    free(all);
+    return rc;
+}
+
 /* The set's device context, at its first device batch: on the device of
  * its tensors (a joined rank's stand-ins only: the device its local rank
- * would use). */
+ * would use). Every rank learns whether every rank's started. */
 static int dev_start(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
                      const size_t *idx, size_t n, char *detail)
 {
     kolo__runtime_t *rt = ps->rt;
     kolo__dev_config_t cfg;
-    int device = -1, count, rc, *hosts = NULL;
+    int device = -1, count, rc = KOLO_OK, *hosts = NULL;
 
     for (size_t i = 0; i < n && device < 0; i++)
         device = ps->ready[idx[i]]->device;
@@ -770,29 +821,32 @@ static int dev_start(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
             snprintf(detail, KOLO__ERR_LEN, "rank %d has joined and must take "
                      "part in a CUDA allreduce, but sees no CUDA device",
                      rt->rank);
-            return KOLO_ERR_UNSUPPORTED;
+            rc = KOLO_ERR_UNSUPPORTED;
         }
-        device = (int)(rt->cfg.local_rank % count);
+        device = count > 0 ? (int)(rt->cfg.local_rank % count) : 0;
     }
-    if (rt->host_of != NULL) {
+    if (rc == KOLO_OK && rt->host_of != NULL) {
         hosts = kolo__malloc((size_t)ps->size * sizeof(int));
         if (hosts == NULL) {
             snprintf(detail, KOLO__ERR_LEN, "out of memory for GPU state");
-            return KOLO_ERR_NO_MEMORY;
+            rc = KOLO_ERR_NO_MEMORY;
+        } else {
+            for (int i = 0; i < ps->size; i++)
+                hosts[i] = rt->host_of[ps->ranks[i]];
         }
-        for (int i = 0; i < ps->size; i++)
-            hosts[i] = rt->host_of[ps->ranks[i]];
     }
-    cfg = (kolo__dev_config_t){
-        .rank = ps->rank, .size = ps->size, .members = ps->ranks,
-        .hosts = hosts, .set_id = ps->id, .device = device,
-        .hierarchical = rt->cfg.hierarchical == 1,
-        .timeout_s = rt->cfg.timeout_s, .allgather = dev_allgather,
-        .connect = dev_connect, .lost = dev_lost, .warn = dev_warn,
-        .arg = ps, .math = &host_math};
-    rc = dev->init(&cfg, &ps->exec.dev_ctx, detail, KOLO__ERR_LEN);
-    free(hosts);
-    return rc;
+    if (rc == KOLO_OK) {
+        cfg = (kolo__dev_config_t){
+            .rank = ps->rank, .size = ps->size, .members = ps->ranks,
+            .hosts = hosts, .set_id = ps->id, .device = device,
+            .hierarchical = rt->cfg.hierarchical == 1,
+            .timeout_s = rt->cfg.timeout_s, .allgather = dev_allgather,
+            .connect = dev_connect, .lost = dev_lost, .warn = dev_warn,
+            .arg = ps, .math = &host_math};
+        rc = dev->init(&cfg, &ps->exec.dev_ctx, detail, KOLO__ERR_LEN);
+        free(hosts);
+    }
+    return dev_agree(ps, rc, detail);
 }
 
 static int run_allreduce_device(kolo__pset_t *ps, const kolo__dev_ops_t *dev,

@@ -26,7 +26,8 @@
  *
  * Collectives. The contexts of one process set form a group, found by an
  * id that member 0 makes and every member learns over the set's
- * controller, as NCCL's unique id travels. A collective is a task on each
+ * controller at the first batch (init meets no one: ops.h), as NCCL's
+ * unique id travels. A collective is a task on each
  * member's stream: it posts its contribution (a copy) for its sequence
  * number s, sleeps until every member has posted s, and computes its own
  * result from the posts in rank order, so every member gets the same
@@ -38,7 +39,10 @@
  * ncclAvg (each contribution of a float multiplied by 1/size in its own
  * type, then summed; integers summed and divided).
  *
- * Failures. kolo__simdev_fail_next makes a rank's next collective fail as
+ * Failures. kolo__simdev_fail_start makes a rank's next context fail to
+ * start, before it meets its group (as cudaSetDevice, a stream or the
+ * fusion buffer failing before NCCL's init), with out of memory or a
+ * device error. kolo__simdev_fail_next makes a rank's next collective fail as
  * an asynchronous NCCL error: it posts nothing, marks its context (watch
  * reports it) and, like a kernel whose peers never come, ends only when
  * the context is aborted. Aborting a context (watch, on any failure) aborts its
@@ -141,6 +145,7 @@ static int g_hold[KOLO__SIMDEV_DEVICES];
 static group_t *g_groups;
 static uint64_t g_next_id;
 static int g_fail_next[MAX_RANKS];
+static int g_fail_start[MAX_RANKS];
 static uint64_t g_queued[MAX_RANKS], g_finished[MAX_RANKS];
 
 static void init_once(void)
@@ -407,6 +412,28 @@ void kolo__simdev_fail_next(int global_rank)
     unlock();
 }
 
+void kolo__simdev_fail_start(int global_rank, int code)
+{
+    if (global_rank < 0 || global_rank >= MAX_RANKS)
+        return;
+    lock();
+    g_fail_start[global_rank] = code;
+    unlock();
+}
+
+/* The failure kolo__simdev_fail_start armed for this rank, taken. */
+static int take_fail_start(int global_rank)
+{
+    int code = 0;
+    if (global_rank < 0 || global_rank >= MAX_RANKS)
+        return 0;
+    lock();
+    code = g_fail_start[global_rank];
+    g_fail_start[global_rank] = 0;
+    unlock();
+    return code;
+}
+
 void kolo__simdev_counts(int global_rank, uint64_t *queued, uint64_t *finished)
 {
     lock();
@@ -652,18 +679,29 @@ static void group_detach(group_t *g, int me)
     free(g);
 }
 
+/* The context, on this rank alone (ops.h: init meets no other rank); the
+ * group is met at the first batch (meet). */
 static int simdev_init(const kolo__dev_config_t *cfg, void **out, char *err,
                        size_t errlen)
 {
-    sim_ctx_t *c = kolo__calloc(1, sizeof(*c));
-    uint64_t mine = 0, *ids;
-    int rc;
+    sim_ctx_t *c;
 
     *out = NULL;
-    ids = kolo__calloc((size_t)cfg->size, sizeof(*ids));
-    if (c == NULL || ids == NULL) {
-        free(c);
-        free(ids);
+    switch (take_fail_start(cfg->members[cfg->rank])) {
+    case KOLO_ERR_NO_MEMORY:
+        snprintf(err, errlen, "out of memory on simulated device %d for "
+                 "kolo's stream and fusion buffer", cfg->device);
+        return KOLO_ERR_NO_MEMORY;
+    case KOLO_ERR_BACKEND:
+        snprintf(err, errlen, "simulated device %d failed to start "
+                 "(cudaErrorDevicesUnavailable, as a GPU in exclusive "
+                 "mode taken by another process)", cfg->device);
+        return KOLO_ERR_BACKEND;
+    default:
+        break;
+    }
+    c = kolo__calloc(1, sizeof(*c));
+    if (c == NULL) {
         snprintf(err, errlen, "out of memory for the simulated device");
         return KOLO_ERR_NO_MEMORY;
     }
@@ -673,33 +711,43 @@ static int simdev_init(const kolo__dev_config_t *cfg, void **out, char *err,
     c->global_rank = cfg->members[cfg->rank];
     c->device = cfg->device;
     c->me = cfg->rank;
-    if (cfg->rank == 0) {
-        lock();
-        mine = ++g_next_id;
-        unlock();
-    }
-    /* The group's id travels over the set's controller, as NCCL's does. */
-    rc = cfg->allgather(cfg->arg, &mine, ids, sizeof(mine), err, errlen);
-    if (rc != KOLO_OK) {
-        free(ids);
-        free(c);
-        return rc;
-    }
     c->stream = stream_make(c->device, c);
-    lock();
-    c->g = c->stream != NULL ? group_attach(ids[0], cfg->size, c->me, c)
-                             : NULL;
-    unlock();
-    free(ids);
-    if (c->g == NULL) {
-        if (c->stream != NULL)
-            stream_release(c->stream);
+    if (c->stream == NULL) {
         free(c);
         snprintf(err, errlen, "out of memory for the simulated device");
         return KOLO_ERR_NO_MEMORY;
     }
     *out = c;
     return KOLO_OK;
+}
+
+/* The group of the set's contexts, met at the first batch: its id travels
+ * over the set's controller, as NCCL's unique id does. */
+static int meet(sim_ctx_t *c)
+{
+    uint64_t mine = 0, *ids = kolo__calloc((size_t)c->cfg.size, sizeof(*ids));
+    int rc;
+
+    if (ids == NULL)
+        return failf(c, KOLO_ERR_NO_MEMORY, "out of memory for the simulated "
+                     "device's group");
+    if (c->me == 0) {
+        lock();
+        mine = ++g_next_id;
+        unlock();
+    }
+    rc = c->cfg.allgather(c->cfg.arg, &mine, ids, sizeof(mine), c->out.err,
+                          c->out.len);
+    if (rc == KOLO_OK) {
+        lock();
+        c->g = group_attach(ids[0], c->cfg.size, c->me, c);
+        unlock();
+        if (c->g == NULL)
+            rc = failf(c, KOLO_ERR_NO_MEMORY, "out of memory for the "
+                       "simulated device's group");
+    }
+    free(ids);
+    return rc;
 }
 
 static void simdev_finalize(void *ctx)
@@ -715,7 +763,8 @@ static void simdev_finalize(void *ctx)
         unlock();
         stream_release(c->stream);
         lock();
-        group_detach(c->g, c->me);
+        if (c->g != NULL)
+            group_detach(c->g, c->me);
         unlock();
         free(c);
     }
@@ -729,7 +778,7 @@ static int simdev_begin(void *ctx, char *err, size_t errlen)
         return failf(c, KOLO_ERR_BACKEND, "an earlier failure aborted this "
                      "process set's communicator on simulated device %d",
                      c->device);
-    return KOLO_OK;
+    return c->g == NULL ? meet(c) : KOLO_OK;
 }
 
 static int simdev_wait_events(void *ctx, void *const *events, size_t n,

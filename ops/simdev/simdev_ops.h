@@ -50,6 +50,11 @@ void kolo__simdev_hold(int device, int on);
  * (in any context) fails as an asynchronous NCCL error would: it moves no
  * bytes, and the context reports the error to watch. */
 void kolo__simdev_fail_next(int global_rank);
+/* The next context that global rank `global_rank` starts (simdev_init,
+ * a set's first device batch) fails before it meets the other members:
+ * KOLO_ERR_NO_MEMORY as device memory that cannot be had, KOLO_ERR_BACKEND
+ * as a CUDA/NCCL error at init; KOLO_OK clears it. */
+void kolo__simdev_fail_start(int global_rank, int code);
 /* Collectives queued and finished so far by global rank `global_rank`'s
  * contexts (either pointer may be NULL). */
 void kolo__simdev_counts(int global_rank, uint64_t *queued,

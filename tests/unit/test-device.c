@@ -635,6 +635,44 @@ START_TEST(a_stuck_device_times_out)
 }
 END_TEST
 
+/* A device that cannot start on one rank (its context, at the set's
+ * first device batch): every rank's handle fails at once, naming the
+ * tensor, that rank and its reason; no rank waits for it to arrive. */
+static int g_start_code;
+
+static void body_start_fails(prank_t *p)
+{
+    float *a = dmalloc(p, 4 * sizeof(float));
+    char msg[KOLO__ERR_LEN];
+    const char *why = g_start_code == KOLO_ERR_NO_MEMORY ? "out of memory"
+                                                         : "failed to start";
+    kolo_handle_t h;
+    int rc;
+
+    h = dpush(p, "start.a", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
+                                   KOLO_OP_SUM, 4), a, a, NULL, 0, NULL);
+    rc = dwait(p, h, NULL, 1, NULL, msg, sizeof(msg));
+    EXPECT(p, rc < 0 && strstr(msg, "'start.a'") != NULL &&
+              strstr(msg, "rank 1") != NULL && strstr(msg, why) != NULL,
+           "rank %d: waiting 'start.a' gave %d, expected an error naming the "
+           "tensor, rank 1 and '%s': %s", p->rank, rc, why, msg);
+    kolo__simdev_free(a);
+}
+
+START_TEST(a_device_that_cannot_start_fails_every_rank)
+{
+    static const int codes[] = {KOLO_ERR_NO_MEMORY, KOLO_ERR_BACKEND};
+    kolo__ops_device_use(dev);
+    for (int n = 2; n <= 3; n++)
+        for (size_t c = 0; c < sizeof(codes) / sizeof(codes[0]); c++) {
+            g_start_code = codes[c];
+            kolo__simdev_fail_start(1, codes[c]);
+            run_job(n, body_start_fails);
+            kolo__simdev_fail_start(1, KOLO_OK);
+        }
+}
+END_TEST
+
 /* Shutdown while the device still works on the last batch: the set's end
  * waits for it (the results are complete afterwards), nothing is freed
  * under it. */
@@ -686,4 +724,5 @@ KOLO_UNIT_MAIN("device", 60,
         completion_is_ordered_on_the_stream,
         inputs_wait_for_the_programs_stream,
         a_failure_after_completion_reaches_the_program,
-        a_stuck_device_times_out, shutdown_waits_for_work_in_flight)
+        a_stuck_device_times_out, a_device_that_cannot_start_fails_every_rank,
+        shutdown_waits_for_work_in_flight)
