@@ -51,7 +51,13 @@
  *
  * Stalls. A tensor that waits on a cache bit for half the stall time
  * invalidates the bit, so that it and its copies on the other ranks go
- * through the full round, where the coordinator sees which ranks have it.
+ * through the full round, where the coordinator sees which ranks have it;
+ * a tensor sent to the coordinator and still unanswered after half the
+ * stall time (30 s with the inspector off) is sent again, which costs the
+ * coordinator nothing when it has it and heals its table when it lost it.
+ * So the coordinator's table holds every tensor every rank has enqueued,
+ * a tensor every rank holds is always scheduled, and the inspector names
+ * as missing only what a rank has not enqueued.
  * The coordinator looks over its table every round: tensors some ranks
  * have enqueued and others not for KOLO_STALL_CHECK_TIME_SECONDS give one
  * warning (at most one per check time) naming each missing rank and what it
@@ -695,6 +701,39 @@ free_out:
 
 /* ---- one round ------------------------------------------------------------ */
 
+/* Half the stall time (the essay's "Stalls"), 0 without a stall check. */
+static int64_t stall_half_us(const kolo__pset_t *ps)
+{
+    const kolo__config_t *cfg = &ps->rt->cfg;
+    double limit = cfg->stall_check_s > 0 ? cfg->stall_check_s
+                                          : cfg->stall_shutdown_s;
+    return limit > 0 ? (int64_t)(limit * 5e5) : 0;
+}
+
+/* How long a tensor sent to the coordinator waits unanswered before it is
+ * sent again: half the stall time, or 30 s with the inspector off (the
+ * essay's "Stalls"). */
+static int64_t reask_us(const kolo__pset_t *ps)
+{
+    int64_t half = stall_half_us(ps);
+    return half > 0 ? half : 30 * 1000000LL;
+}
+
+/* Whether some tensor this rank sent is due to be sent again. */
+static int reask_due(const kolo__pset_t *ps, int64_t now)
+{
+    int64_t half = reask_us(ps);
+    size_t it = 0;
+    void *v;
+
+    if (ps->neg.sent.count == 0)
+        return 0;
+    while (kolo__map_next(&ps->neg.sent, &it, NULL, &v))
+        if (now - ((const kolo__entry_t *)v)->asked_us >= half)
+            return 1;
+    return 0;
+}
+
 static int backend_failed(kolo__pset_t *ps, int rc, const char *what,
                           char *detail, kolo__err_t *err)
 {
@@ -713,21 +752,39 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
     uint64_t mylen, maxlen = 0, resplen;
     uint64_t *lens = NULL;
     kolo__msg_t resp;
+    int64_t now = kolo__now_us(), again = reask_us(ps);
+    size_t it = 0;
+    void *v;
+    uint32_t nnew;
     int rc;
 
-    /* Encode this rank's uncached requests and move them to `sent`. */
+    /* Encode this rank's uncached requests, and those sent long ago and
+     * still unanswered (again: see the essay), and move the new ones to
+     * `sent`. */
+
     for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next)
         n++;
+    nnew = n;
+    n += (uint32_t)ps->neg.sent.count;
     reqs = kolo__calloc(n ? n : 1, sizeof(*reqs));
     lens = kolo__calloc((size_t)ps->size, sizeof(*lens));
     if (reqs == NULL || lens == NULL) {
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                           "out of memory sending %u requests", n);
+                           "out of memory sending %u requests", nnew);
         goto out;
     }
     n = 0;
-    for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next)
+    for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next) {
+        e->asked_us = now;
         reqs[n++] = (kolo__request_t){e->name, e->params};
+    }
+    while (kolo__map_next(&ps->neg.sent, &it, NULL, &v)) {
+        kolo__entry_t *e = v;
+        if (now - e->asked_us < again)
+            continue;
+        e->asked_us = now;
+        reqs[n++] = (kolo__request_t){e->name, e->params};
+    }
     {
         kolo__msg_t m = {KOLO__MSG_REQUESTS, ps->rank, n, {.requests = reqs}};
         KOLO__CHECK_GOTO(kolo__msg_encode(&m, &ps->neg.send_buf, err), rc, out);
@@ -1243,15 +1300,13 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
         if (!ps->neg.joined[ps->rank])
             v[0] &= ~FLAG_NO_UNCACHED;
     }
-    if (ps->rt->cfg.stall_check_s > 0 || ps->rt->cfg.stall_shutdown_s > 0) {
+    if (stall_half_us(ps) > 0) {
         /* Tensors long on a cache bit go to the coordinator, who can tell
          * which ranks are missing (see the essay). */
-        double limit = ps->rt->cfg.stall_check_s > 0 ? ps->rt->cfg.stall_check_s
-                                                     : ps->rt->cfg.stall_shutdown_s;
-        int64_t now = kolo__now_us();
+        int64_t now = kolo__now_us(), half = stall_half_us(ps);
         for (size_t b = 0; b < cap; b++)
             if (ps->neg.hits[b] != NULL &&
-                now - ps->neg.hits[b]->enqueued_us > (int64_t)(limit * 5e5))
+                now - ps->neg.hits[b]->enqueued_us > half)
                 BIT_CLR(v + ps->neg.inv_word, b);
     }
     if (ps->neg.stall_fatal.code != KOLO_OK)
@@ -1262,7 +1317,7 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
             KOLO__CACHE_MISMATCH)
             BIT_CLR(v + ps->neg.inv_word, bit);
     }
-    if (ps->neg.uncached_head != NULL)
+    if (ps->neg.uncached_head != NULL || reask_due(ps, kolo__now_us()))
         v[0] &= ~FLAG_NO_UNCACHED;
     if (kolo__negotiate_pending(ps))
         v[0] &= ~FLAG_NONE_PENDING;

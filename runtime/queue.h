@@ -35,6 +35,7 @@ typedef struct kolo__entry {
     void *output;
     kolo__params_t params;
     int64_t enqueued_us;
+    int64_t asked_us; /* when this rank last sent it to the coordinator */
     int64_t rows;    /* allgather, alltoall: this rank's first dimension */
     int64_t *splits; /* alltoall: rows sent to each rank (owned) */
     void *scratch;   /* a buffer the entry owns (a join's zeros) */

@@ -10,10 +10,14 @@
 #   gloo  KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo, rank 1 fails once
 #         (kolo_init's rendezvous, agreement and connection among them)
 #   threads  the n-th thread rank 1 starts cannot be started (each n)
+#   kolo.torch  a 3-step job of tests/python/faults_torch_main.py
+#         (DistributedOptimizer, broadcasts, a metric), rank 1 fails once
 #
 # and other resources, once each: rank 1 may open only 4..8 files (ulimit
-# -n; shm and Gloo), /dev/shm too small for the segment (as root, in a
-# mount namespace of its own).
+# -n; shm and Gloo), rank 1 cannot bind its socket (Gloo), and as root, in
+# a mount namespace of its own: /dev/shm too small for the segment, the
+# rendezvous directory on a read-only file system (kolorun's, and one
+# named by KOLO_RENDEZVOUS for ranks started by hand: both must fail).
 #
 # A clean run first counts the victim's allocations (KOLO_TEST_COUNT_FILE)
 # and gives the reference: the hash of the trained weights. Then for each
@@ -42,6 +46,7 @@ case $prog in
 */examples/train_mlp) [ -x "${prog%/*}/.libs/train_mlp" ] && prog=${prog%/*}/.libs/train_mlp ;;
 esac
 libs=$top/.libs
+src=${KOLO_TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 case $libs in /*) ;; *) libs=$PWD/$libs ;; esac
 step=${KOLO_TEST_JOB_FAULT_STEP:-6}
 
@@ -58,8 +63,10 @@ job() {
         FAULT_VICTIM="$victim" FAULT_VAR="$var" FAULT_VALUE="$value" \
         timeout -k 5 "$limit" "$kolorun" -np 2 sh -c \
         'if [ "$KOLO_RANK" = "$FAULT_VICTIM" ]; then export "$FAULT_VAR=$FAULT_VALUE"; fi
-         exec "$0" --steps 5 --min-accuracy 0' "$prog" >"$log" 2>&1
+         exec "$@"' run-faults "${cmd[@]}" >"$log" 2>&1
 }
+# What job runs on each rank: train_mlp, or the kolo.torch job.
+cmd=("$prog" --steps 5 --min-accuracy 0)
 
 weights() { grep -o 'hash [0-9a-f]*' "$log" | sort | uniq -c | tr -s ' '; }
 
@@ -98,6 +105,7 @@ sweep() {
     fi
     local every=$step
     [ "$kind" = alloc ] || every=1 # a job starts three threads
+    [ "${cmd[0]}" = "$prog" ] || every=$((step * 7)) # a Python job: 5 s
     for ((n = 1; n <= count; n += every)); do
         job "$victim" "$var" "$n$suffix" "$@"
         rc=$?
@@ -170,6 +178,14 @@ descriptors)
         few_fds $n KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
     done ;;
 esac
+# A socket that cannot be bound: rank 1's transport address is not this
+# host's (TEST-NET-1), over Gloo.
+case ${KOLO_TEST_FAULT_ONLY:-socket} in
+socket)
+    resource "socket: rank 1 cannot bind its address (Gloo)" "cannot bind address" \
+        env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo "$kolorun" -np 2 sh -c \
+        '[ "$KOLO_RANK" = 1 ] && export KOLO_HOSTNAME=192.0.2.7; exec "$0" --steps 5 --min-accuracy 0' "$prog" ;;
+esac
 if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null 2>&1 &&
     unshare -m true 2>/dev/null; then
     case ${KOLO_TEST_FAULT_ONLY:-/dev/shm} in
@@ -178,6 +194,27 @@ if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null 2>&1 &&
             unshare -m sh -c 'mount -t tmpfs -o size=16k tmpfs /dev/shm &&
                 exec "$0" -np 2 "$1" --steps 5 --min-accuracy 0' "$kolorun" "$prog" ;;
     esac
+    # The rendezvous directory on a read-only file system (root writes
+    # anywhere else): kolorun's own (TMPDIR), and one named by
+    # KOLO_RENDEZVOUS for ranks started by hand.
+    case ${KOLO_TEST_FAULT_ONLY:-rendezvous} in
+    rendezvous)
+        ro=$(mktemp -d)
+        resource "rendezvous: kolorun's directory on a read-only file system" \
+            "cannot create the rendezvous directory" \
+            unshare -m sh -c 'mount -t tmpfs -o ro tmpfs "$2" &&
+                TMPDIR=$2 exec "$0" -np 2 "$1" --steps 5 --min-accuracy 0' \
+            "$kolorun" "$prog" "$ro"
+        resource "rendezvous: KOLO_RENDEZVOUS=file:DIR read-only, ranks started by hand" \
+            "in the rendezvous directory" \
+            unshare -m sh -c 'mount -t tmpfs -o ro tmpfs "$1" || exit 2
+                export KOLO_RENDEZVOUS=file:$1 KOLO_SIZE=2 KOLO_LOCAL_SIZE=2
+                KOLO_RANK=0 KOLO_LOCAL_RANK=0 "$0" --steps 5 --min-accuracy 0 & a=$!
+                KOLO_RANK=1 KOLO_LOCAL_RANK=1 "$0" --steps 5 --min-accuracy 0 & b=$!
+                wait $a; ra=$?; wait $b; rb=$?
+                [ $ra -eq 0 ] && [ $rb -eq 0 ]' "$prog" "$ro"
+        rmdir "$ro" ;;
+    esac
 fi
 
 sweep "threads: rank 1, one thread cannot start" 1 thread ""
@@ -185,5 +222,19 @@ sweep "gloo: rank 1, one allocation fails" 1 alloc "" \
     KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
 sweep "shm: rank 1, one allocation fails" 1 alloc ""
 sweep "shm: rank 0, every allocation from the n-th on fails" 0 alloc "+"
+
+# The kolo.torch job (tests/python/faults_torch_main.py): a Python job
+# starts in seconds, so it is sampled 7 times more thinly (every n by
+# hand: KOLO_TEST_JOB_FAULT_STEP=1).
+python=${KOLO_PYTHON-/usr/bin/python3}
+if [ -n "$python" ] && "$python" -c 'import torch' 2>/dev/null &&
+    [ -e "$libs/libkolo.so" ]; then
+    cmd=("$python" "$src/tests/python/faults_torch_main.py" 3)
+    sweep "kolo.torch: rank 1, one allocation fails" 1 alloc "" \
+        KOLO_LIBRARY="$libs/libkolo.so"
+    cmd=("$prog" --steps 5 --min-accuracy 0)
+else
+    echo "NOTE: $python cannot import torch: no kolo.torch sweep"
+fi
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

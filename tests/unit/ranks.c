@@ -41,6 +41,8 @@ static int runtime_init(prank_t *p, kolo__err_t *err)
     snprintf(rt->cfg.controller, sizeof(rt->cfg.controller), "mem");
     snprintf(rt->cfg.cpu_operations, sizeof(rt->cfg.cpu_operations), "mem");
     rt->cfg.timeout_s = p->job->timeout_s > 0 ? p->job->timeout_s : 20;
+    if (p->job->stall_check_s > 0)
+        rt->cfg.stall_check_s = p->job->stall_check_s;
     rt->rank = p->rank;
     rt->size = n;
     if (kolo__handles_init(&p->handles) != 0)
@@ -127,6 +129,12 @@ void run_job(int size, body_fn body)
 
 void run_job_timeout(int size, body_fn body, double timeout_s)
 {
+    run_job_stall(size, body, timeout_s, 0);
+}
+
+void run_job_stall(int size, body_fn body, double timeout_s,
+                   double stall_check_s)
+{
     job_t j;
     pthread_t th[MAXR];
 
@@ -136,6 +144,7 @@ void run_job_timeout(int size, body_fn body, double timeout_s)
     j.size = size;
     j.body = body;
     j.timeout_s = timeout_s;
+    j.stall_check_s = stall_check_s;
     j.ranks = calloc((size_t)size, sizeof(*j.ranks));
     ck_assert_ptr_nonnull(j.ranks);
     ck_assert_int_eq(pthread_barrier_init(&j.bar, NULL, (unsigned)size), 0);

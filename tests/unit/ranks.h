@@ -27,6 +27,7 @@ typedef struct job {
     int size;
     body_fn body;
     double timeout_s; /* KOLO_TIMEOUT_SECONDS of every rank (0: 20) */
+    double stall_check_s; /* KOLO_STALL_CHECK_TIME_SECONDS (0: the default) */
     pthread_barrier_t bar;
     prank_t *ranks;
 } job_t;
@@ -54,6 +55,9 @@ kolo__pset_t *set_start(prank_t *p, int id, const int *ranks, int size);
 void run_job(int size, body_fn body);
 /* The same with KOLO_TIMEOUT_SECONDS = timeout_s on every rank. */
 void run_job_timeout(int size, body_fn body, double timeout_s);
+/* And KOLO_STALL_CHECK_TIME_SECONDS = stall_check_s (0: the default). */
+void run_job_stall(int size, body_fn body, double timeout_s,
+                   double stall_check_s);
 /* Pushes one tensor onto a set's queue as enqueue.c does; 0 on failure,
  * with the message in err (push_try) or recorded (push). */
 kolo_handle_t push_try(kolo__pset_t *ps, const char *name,

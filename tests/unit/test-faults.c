@@ -277,6 +277,66 @@ START_TEST(diverged_caches_fail_every_rank_saying_where)
 }
 END_TEST
 
+/* The coordinator forgets that the last rank asked for a tensor (what a
+ * coordinator that could not record a request would hold): the rank sends
+ * it again after half the stall time, and the tensor completes on every
+ * rank with the right sum, where it would otherwise wait forever while
+ * the stall inspector said that rank was missing it. */
+static atomic_int g_forgot; /* 0: not yet; 1: forgotten; */
+
+static void forget_hook(kolo__pset_t *ps)
+{
+    kolo__pending_name_t *q;
+    int last = ps->size - 1;
+
+    if (ps->rank != 0 || atomic_load(&g_forgot) != 0)
+        return;
+    q = kolo__map_gets(&ps->neg.table, "lost/t");
+    if (q == NULL || !q->have[last])
+        return;
+    q->have[last] = 0;
+    q->nhave--;
+    atomic_store(&g_forgot, 1);
+}
+
+static void body_forget(prank_t *p)
+{
+    static float in[MAXR][64], out[MAXR][64];
+    char msg[KOLO__ERR_LEN + 64];
+    kolo__params_t pr = params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM, 64);
+    kolo__err_t err;
+    kolo_handle_t h = 0;
+    int last = p->job->size - 1, rc;
+
+    for (int64_t i = 0; i < 64; i++)
+        in[p->rank][i] = rank_val(p->rank, 0, i);
+    /* The last rank asks first; the others once the coordinator has
+     * forgotten that it did. */
+    if (p->rank != last)
+        while (atomic_load(&g_forgot) == 0)
+            usleep(1000);
+    h = push_try(p->world, "lost/t", &pr, in[p->rank], out[p->rank], &err);
+    EXPECT(p, h != 0, "rank %d: lost/t: %s", p->rank, err.msg);
+    if (h == 0)
+        return;
+    rc = wait_h(p, h, msg, sizeof(msg));
+    EXPECT(p, rc == KOLO_OK, "rank %d: lost/t: %s", p->rank, msg);
+    if (rc == KOLO_OK)
+        expect_sum(p, "lost/t", 0, out[p->rank], 64);
+}
+
+START_TEST(a_request_the_coordinator_lost_is_sent_again)
+{
+    kolo__negotiate_test_hook = forget_hook;
+    for (int n = 2; n <= 3; n++) {
+        atomic_store(&g_forgot, 0);
+        run_job_stall(n, body_forget, 0, 1.0);
+        ck_assert_int_eq(atomic_load(&g_forgot), 1);
+    }
+    kolo__negotiate_test_hook = NULL;
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("faults");
@@ -288,6 +348,7 @@ int main(void)
 
     tcase_set_timeout(tdiv, 120);
     tcase_add_test(tdiv, diverged_caches_fail_every_rank_saying_where);
+    tcase_add_test(tdiv, a_request_the_coordinator_lost_is_sent_again);
     suite_add_tcase(s, tdiv);
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, one_allocation_fails_on_rank_1);
