@@ -131,9 +131,13 @@ enum {
     KOLO__OPS_MPIRUN = 1 << 3,   /* only in a job that mpirun started */
     KOLO__OPS_HOSTS = 1 << 4,    /* composes one-host and network backends
                                     (hierarchical allreduce) */
-    KOLO__OPS_TESTS = 1 << 5     /* the unit tests' in-memory backend
+    KOLO__OPS_TESTS = 1 << 5,    /* the unit tests' in-memory backend
                                     (ops/mem): named by them only, never
                                     listed, never a default */
+    KOLO__OPS_LEAVES = 1 << 6    /* finalize may run while the others are
+                                    inside a collective, and ends theirs at
+                                    once: they meet a closed connection or
+                                    a member that left (not MPI's) */
 };
 
 /* Slots both tables have (host memory in kolo__ops_t, device memory in

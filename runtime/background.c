@@ -212,7 +212,7 @@ static int autotune_round(kolo__pset_t *ps, int64_t bytes, int64_t busy_us,
     return KOLO_OK;
 }
 
-void kolo__background_main(kolo__pset_t *ps)
+int kolo__background_main(kolo__pset_t *ps)
 {
     int64_t cycle_us = (int64_t)(kolo__tuned(ps)->cycle_ms * 1000.0);
     int64_t sleep_start = cycle_us > 1000 ? cycle_us : 1000;
@@ -250,7 +250,7 @@ void kolo__background_main(kolo__pset_t *ps)
                 fresh = next;
             }
             stop_all(ps, &err);
-            break;
+            return 1;
         }
 
         done_before = ps->completed;
@@ -261,7 +261,7 @@ void kolo__background_main(kolo__pset_t *ps)
         if (rc != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
             stop_all(ps, &err);
-            break;
+            return 1;
         }
         t2 = kolo__now_us();
         if (ps->nready > 0)
@@ -279,7 +279,7 @@ void kolo__background_main(kolo__pset_t *ps)
         if (rc != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
             stop_all(ps, &err);
-            break;
+            return 1;
         }
         progressed = ps->completed != done_before;
         if (progressed && ps->tune != NULL &&
@@ -287,7 +287,7 @@ void kolo__background_main(kolo__pset_t *ps)
                            kolo__now_us() - t1, &err) != KOLO_OK) {
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
             stop_all(ps, &err);
-            break;
+            return 1;
         }
         if (ps->tune != NULL) { /* the autotuner may have moved it */
             cycle_us = (int64_t)(kolo__tuned(ps)->cycle_ms * 1000.0);
@@ -315,7 +315,7 @@ void kolo__background_main(kolo__pset_t *ps)
                 kolo__log(KOLO__LOG_WARNING, "%s; tensors still pending on "
                           "this rank fail", err.msg);
             stop_all(ps, &err);
-            break;
+            return 0;
         }
     }
 }

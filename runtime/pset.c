@@ -21,6 +21,7 @@
 #include "connect.h"
 #include "hosts.h"
 #include "negotiate.h"
+#include "peers.h"
 #include "pset.h"
 
 static void pset_free(kolo__pset_t *ps)
@@ -39,6 +40,39 @@ static void pset_free(kolo__pset_t *ps)
 static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
                          int size, kolo__err_t *err);
 
+static void release_host_ops(kolo__pset_t *ps)
+{
+    if (ps->host_ops_released)
+        return;
+    ps->host_ops_released = 1;
+    if (ps->data_ops != NULL && ps->data_ctx != ps->ctl_ctx)
+        ps->data_ops->finalize(ps->data_ctx);
+    if (ps->ctl_ops != NULL)
+        ps->ctl_ops->finalize(ps->ctl_ctx);
+}
+
+/* The set stopped on a failure of this rank's own while the program may
+ * go on (it caught the error): the other members must not wait for it
+ * until the timeout or its exit. It says why (peers.h), then leaves the
+ * set's contexts where the backends allow it (KOLO__OPS_LEAVES: the
+ * others' collectives fail at once, naming this rank; MPI's cannot be left
+ * while the others are in one). Under sets_mu: the watchdog asks the
+ * contexts whom they wait for. */
+static void leave(kolo__pset_t *ps)
+{
+    kolo__runtime_t *rt = ps->rt;
+    char prefix[32];
+
+    snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
+    kolo__peers_say_why(&rt->cfg, prefix);
+    if (ps->ctl_ops == NULL || !(ps->ctl_ops->caps & KOLO__OPS_LEAVES) ||
+        (ps->data_ops != NULL && !(ps->data_ops->caps & KOLO__OPS_LEAVES)))
+        return;
+    pthread_mutex_lock(&rt->sets_mu);
+    release_host_ops(ps);
+    pthread_mutex_unlock(&rt->sets_mu);
+}
+
 /* The set's thread: its loop (background.c) until the set stops; when the
  * global set stops, every other set of the rank stops with its reason. */
 static void *set_thread(void *arg)
@@ -47,7 +81,8 @@ static void *set_thread(void *arg)
     kolo__runtime_t *rt = ps->rt;
 
     kolo__fault_thread_rank(rt->rank); /* (the unit tests' fault injection) */
-    kolo__background_main(ps);
+    if (kolo__background_main(ps))
+        leave(ps);
     if (ps->id == KOLO_GLOBAL_PROCESS_SET) {
         pthread_mutex_lock(&rt->sets_mu);
         for (int i = 1; i < rt->nsets; i++)
@@ -71,10 +106,7 @@ static void release_ops(kolo__pset_t *ps)
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
         kolo__ops_device()->finalize(ps->exec.dev_ctx);
     }
-    if (ps->data_ops != NULL && ps->data_ctx != ps->ctl_ctx)
-        ps->data_ops->finalize(ps->data_ctx);
-    if (ps->ctl_ops != NULL)
-        ps->ctl_ops->finalize(ps->ctl_ctx);
+    release_host_ops(ps);
 }
 
 int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,

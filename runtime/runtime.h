@@ -64,6 +64,7 @@ typedef struct kolo__pset {
      * backend moves tensors. Often the same backend and context. */
     const kolo__ops_t *ctl_ops, *data_ops;
     void *ctl_ctx, *data_ctx;
+    int host_ops_released; /* the two contexts finalized (pset.c) */
     const char *const *phase; /* timeline names by collective, static */
     kolo__tune_params_t tune_fixed; /* the configuration's settings */
     kolo__autotune_t *tune;         /* KOLO_AUTOTUNE: the search, or NULL

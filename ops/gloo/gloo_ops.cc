@@ -1272,7 +1272,7 @@ int gloo_waiting_for(void *ctx)
 
 extern "C" const kolo__ops_t kolo__ops_gloo = {
     /* .name = */ "gloo",
-    /* .caps = */ KOLO__OPS_USER | KOLO__OPS_NETWORK,
+    /* .caps = */ KOLO__OPS_USER | KOLO__OPS_NETWORK | KOLO__OPS_LEAVES,
     /* .init = */ gloo_init,
     /* .finalize = */ gloo_finalize,
     /* .allreduce = */ gloo_allreduce,

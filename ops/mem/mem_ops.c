@@ -823,7 +823,7 @@ uint64_t kolo__mem_calls(const char *rendezvous, const char *prefix,
 
 const kolo__ops_t kolo__ops_mem = {
     .name = "mem",
-    .caps = KOLO__OPS_USER | KOLO__OPS_TESTS,
+    .caps = KOLO__OPS_USER | KOLO__OPS_TESTS | KOLO__OPS_LEAVES,
     .init = mem_init,
     .finalize = mem_finalize,
     .allreduce = mem_allreduce,

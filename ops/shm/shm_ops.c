@@ -92,6 +92,7 @@ typedef struct line {
     atomic_uint waiters;          /* peers sleeping on seq */
     atomic_int pid;
     atomic_uint more[2];          /* alltoallv: data left, per bank */
+    atomic_int left;              /* 1: finalized, posts nothing more */
 } line_t;
 
 typedef struct header {
@@ -245,6 +246,12 @@ static int wait_sleeping(shm_ctx_t *c, int j, uint32_t s, const char *what,
          * posted is lost. */
         if (reached(l, s))
             return KOLO_OK;
+        if (atomic_load(&l->left)) {
+            snprintf(err, errlen, "rank %d (pid %d) left the shared-memory "
+                     "%s without taking part: kolo stopped on that rank",
+                     c->members[j], atomic_load(&l->pid), what);
+            return KOLO_ERR_RANK_LOST;
+        }
         if (lost >= 0) {
             snprintf(err, errlen, "rank %d (pid %d) exited during a "
                      "shared-memory %s", c->members[lost],
@@ -380,6 +387,15 @@ static void shm_finalize(void *ctx)
             /* an eventfd write of 1 cannot fail short of a full counter */
         }
         pthread_join(c->listener, NULL);
+    }
+    if (c->lines != NULL) {
+        /* Peers waiting for a step this member will never post fail now
+         * (a rank whose set stopped on a failure of its own leaves while
+         * its process goes on). */
+        line_t *l = &c->lines[c->me];
+        atomic_store(&l->left, 1);
+        if (atomic_load(&l->waiters) != 0)
+            futex(&l->seq, FUTEX_WAKE, INT_MAX, NULL);
     }
     if (c->created && !c->unlinked)
         shm_unlink(c->name);
@@ -1231,7 +1247,7 @@ static int shm_waiting_for(void *ctx)
 
 const kolo__ops_t kolo__ops_shm = {
     .name = "shm",
-    .caps = KOLO__OPS_USER | KOLO__OPS_ONE_HOST,
+    .caps = KOLO__OPS_USER | KOLO__OPS_ONE_HOST | KOLO__OPS_LEAVES,
     .init = shm_init,
     .finalize = shm_finalize,
     .allreduce = shm_allreduce,

@@ -12,6 +12,9 @@
 #   threads  the n-th thread rank 1 starts cannot be started (each n)
 #   kolo.torch  a 3-step job of tests/python/faults_torch_main.py
 #         (DistributedOptimizer, broadcasts, a metric), rank 1 fails once
+#   catch  the same script's "catch" mode (shm, Gloo): rank 1 runs out of
+#         memory from halfway on, catches kolo's error and goes on without
+#         kolo; rank 0 must fail at once naming rank 1's cause
 #
 # and other resources, once each: rank 1 may open only 4..8 files (ulimit
 # -n; shm and Gloo), rank 1 cannot bind its socket (Gloo), and as root, in
@@ -105,7 +108,9 @@ sweep() {
     fi
     local every=$step
     [ "$kind" = alloc ] || every=1 # a job starts three threads
-    [ "${cmd[0]}" = "$prog" ] || every=$((step * 7)) # a Python job: 5 s
+    # A Python job takes seconds to start: 7 times more thinly (but every
+    # n by hand, with step 1).
+    [ "${cmd[0]}" = "$prog" ] || [ "$step" -eq 1 ] || every=$((step * 7))
     for ((n = 1; n <= count; n += every)); do
         job "$victim" "$var" "$n$suffix" "$@"
         rc=$?
@@ -117,7 +122,11 @@ sweep() {
             ! grep -Eq 'timed out|never arrived|KOLO_START_TIMEOUT' "$log"; then
             errs=$((errs + 1))
         else
-            [ -n "$bad" ] || bad=$(echo "    n=$n: exit $rc"; sed 's/^/    | /' "$log" | tail -n 20)
+            # (the ranks' own lines and kolo's, then the end of the log)
+            [ -n "$bad" ] || bad=$(echo "    n=$n: exit $rc"
+                grep -E '^(rank [0-9]+:|\[kolo|kolorun:|[A-Za-z_.]*Error)' "$log" |
+                    head -n 20 | sed 's/^/    | /'
+                echo "    (last lines:)"; sed 's/^/    | /' "$log" | tail -n 8)
             [ $rc -ne 124 ] && [ $rc -ne 137 ] || bad="$bad
     (n=$n reached the ${limit} s bound: a hang)"
         fi
@@ -233,6 +242,35 @@ if [ -n "$python" ] && "$python" -c 'import torch' 2>/dev/null &&
     sweep "kolo.torch: rank 1, one allocation fails" 1 alloc "" \
         KOLO_LIBRARY="$libs/libkolo.so"
     cmd=("$prog" --steps 5 --min-accuracy 0)
+    # A program that catches kolo's error and goes on without kolo: rank 1
+    # runs out of memory halfway and sleeps; rank 0 must fail at once,
+    # naming rank 1's cause, not after KOLO_TIMEOUT_SECONDS (60 s here)
+    # or rank 1's exit (never: kolorun stops it once rank 0 has failed).
+    for backend in shm gloo; do
+        case "catch $backend" in *"${KOLO_TEST_FAULT_ONLY:-}"*) ;; *) continue ;; esac
+        env KOLO_CONTROLLER=$backend KOLO_CPU_OPERATIONS=$backend \
+            KOLO_LIBRARY="$libs/libkolo.so" KOLO_TEST_COUNT_FILE="$WORK/count" \
+            LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+            "$kolorun" -np 1 "$python" "$src/tests/python/faults_torch_main.py" catch \
+            >"$log" 2>&1
+        half=$(($(sed -n 's/.*allocations \([0-9]*\).*/\1/p' "$WORK/count") / 2))
+        cmd=("$python" "$src/tests/python/faults_torch_main.py" catch)
+        job 1 KOLO_TEST_FAIL_ALLOC "$half+" KOLO_CONTROLLER=$backend \
+            KOLO_CPU_OPERATIONS=$backend KOLO_LIBRARY="$libs/libkolo.so"
+        rc=$?
+        cmd=("$prog" --steps 5 --min-accuracy 0)
+        if [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] &&
+            grep -q "^rank 1: caught: .*memory" "$log" &&
+            grep "^rank 0: caught: " "$log" | grep -q "rank 1 had failed: .*out of memory" &&
+            ! grep -Eq 'KOLO_TIMEOUT_SECONDS|timed out' "$log"; then
+            passed=$((passed + 1))
+            echo "PASS catch $backend: rank 1 caught out of memory (from allocation $half on) and went on; rank 0: $(grep -m1 "^rank 0: caught" "$log" | cut -c1-140)"
+        else
+            failed=$((failed + 1))
+            echo "FAIL catch $backend: exit $rc"
+            sed 's/^/    | /' "$log" | tail -n 20
+        fi
+    done
 else
     echo "NOTE: $python cannot import torch: no kolo.torch sweep"
 fi

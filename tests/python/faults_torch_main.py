@@ -9,11 +9,18 @@ averaged metric), then each rank prints a hash of its weights:
 run-faults.sh makes one allocation of libkolo fail on one rank and checks
 that the job either ends with the same weights as a clean run or fails on
 every rank with a message naming the cause.
+
+With the argument "catch", each rank runs 200 small allreduces and catches
+kolo's error instead, printing "rank R: caught: MESSAGE"; the rank where
+the test makes allocations fail (KOLO_TEST_FAIL_ALLOC set) then goes on
+without kolo (it sleeps), the others exit 1: a program that handles the
+error itself must not leave the other ranks waiting for it.
 """
 
 import hashlib
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "..", "bindings", "python"))
@@ -23,7 +30,23 @@ import torch  # noqa: E402
 import kolo.torch as hvd  # noqa: E402
 
 
+def catch():
+    hvd.init()
+    try:
+        for i in range(200):
+            hvd.allreduce(torch.ones(10), name="x%d" % (i % 7))
+    except Exception as e:  # what a program that handles it would catch
+        print("rank %d: caught: %s" % (hvd.rank(), e), flush=True)
+        if os.environ.get("KOLO_TEST_FAIL_ALLOC"):
+            time.sleep(600)
+        sys.exit(1)
+    print("rank %d: no error" % hvd.rank(), flush=True)
+
+
 def main():
+    if sys.argv[1:] == ["catch"]:
+        catch()
+        return
     steps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     torch.set_num_threads(1)
     hvd.init()
