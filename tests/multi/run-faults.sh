@@ -235,9 +235,15 @@ sweep "shm: rank 0, every allocation from the n-th on fails" 0 alloc "+"
 # The kolo.torch job (tests/python/faults_torch_main.py): a Python job
 # starts in seconds, so it is sampled 7 times more thinly (every n by
 # hand: KOLO_TEST_JOB_FAULT_STEP=1).
+# (last: a sanitizer build needs its runtime preloaded into Python, which
+# the jobs above must not have)
 python=${KOLO_PYTHON-/usr/bin/python3}
-if [ -n "$python" ] && "$python" -c 'import torch' 2>/dev/null &&
-    [ -e "$libs/libkolo.so" ]; then
+. "$src/tests/python/sanitizer-preload.sh"
+if [ -z "$python" ] || [ ! -e "$libs/libkolo.so" ]; then
+    echo "NOTE: no Python or no $libs/libkolo.so: no kolo.torch cases"
+elif ! kolo_python_preload "$libs/libkolo.so"; then
+    echo "NOTE: no kolo.torch cases: $kolo_preload_why"
+elif "$python" -c 'import torch' 2>/dev/null; then
     cmd=("$python" "$src/tests/python/faults_torch_main.py" 3)
     sweep "kolo.torch: rank 1, one allocation fails" 1 alloc "" \
         KOLO_LIBRARY="$libs/libkolo.so"
