@@ -82,8 +82,16 @@
  * moment, for a killed process that is still being torn down) of the first
  * failure, or until every rank has ended: a rank killed by a signal (it did
  * not choose to end; the others end because of it), else a rank that a
- * survivor names in the runtime's message "lost rank N (pid P)", else the
- * first one reaped. A rank killed by a signal is the cause at once. Ranks
+ * survivor names in the runtime's words ("lost rank N (pid P)", "rank N
+ * (pid P) left ...", "rank N has shut down, which stops the job", "rank N
+ * had failed"), else the first one reaped. A rank killed by a signal is
+ * the cause at once. When no failed rank was killed or named, but the
+ * survivors name a rank that has not ended yet (a Python program printing
+ * its traceback and tearing down, often slower than the survivors that
+ * fail because of it), kolorun waits for it, up to the failure grace: it
+ * is the cause once it fails, or, still running when the grace is over
+ * (it caught the error and went on), is named as "stopped taking part in
+ * the job ... and is still running" (status 1). Ranks
  * that die because kolorun stopped them are not causes; --verbose reports
  * them, and the failed ranks that were not chosen. When every rank is
  * gone and their pipes are at end of file (or, if something the ranks left

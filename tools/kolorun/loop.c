@@ -87,7 +87,8 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
         /* A rank failed a moment ago, or every rank has ended: nothing
          * more is coming that could be the cause. */
         if (k->failed_rank < 0 && k->nsuspects > 0 &&
-            (k->nalive == 0 || now - k->failed_ms >= KOLORUN_BLAME_MS))
+            (k->nalive == 0 || now - k->failed_ms >= KOLORUN_BLAME_MS) &&
+            !kolorun_blame_waits(k, now))
             kolorun_blame(k);
         /* The failure grace is over: stop the others. */
         if (k->failed_rank >= 0 && !k->stopping &&
@@ -157,6 +158,8 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
         if (k->stopping && !k->killed)
             deadline = k->stop_ms + KOLORUN_GRACE_MS;
         else if (k->failed_rank >= 0 && !k->stopping)
+            deadline = k->failed_ms + k->opts.failure_grace_ms;
+        else if (kolorun_blame_waits(k, now))
             deadline = k->failed_ms + k->opts.failure_grace_ms;
         else if (k->nsuspects > 0 && !k->stopping)
             deadline = k->failed_ms + KOLORUN_BLAME_MS;

@@ -8,6 +8,7 @@
 
 #include "config.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -47,25 +48,41 @@ static void kolorun_sink_put(kolorun_sink_t *s, const char *prefix,
         s->buf[s->len++] = '\n';
 }
 
-/* The survivors of a lost rank say so in the runtime's words, "lost rank 1
- * (pid 42) has exited or was killed": note each rank of this job so named,
- * for kolorun_blame. A pid that is not the rank's is someone else's text. */
+/* The survivors of a rank that caused a failure name it in the runtime's
+ * words: "lost rank 1 (pid 42) has exited or was killed", "rank 1 (pid 42)
+ * left the shared-memory allreduce ...", "rank 1 has shut down, which
+ * stops the job", "...; rank 1 had failed: ...". Note each rank of this job
+ * so named, for kolorun_blame. A pid that is not the rank's is someone
+ * else's text. */
 static void kolorun_note_lost(kolorun_t *k, const char *p, size_t n)
 {
-    static const char key[] = "lost rank ";
-    const char *end = p + n;
+    static const char key[] = "rank ";
+    static const char *const tails[] = {" has shut down, which stops the job",
+                                        " had failed"};
+    const char *start = p, *end = p + n;
     while ((p = memmem(p, (size_t)(end - p), key, sizeof key - 1)) != NULL) {
+        int word = p > start && (isalnum((unsigned char)p[-1]) || p[-1] == '_');
         p += sizeof key - 1;
-        char text[64];
+        if (word)
+            continue;
+        char text[96];
         size_t len = (size_t)(end - p) < sizeof text - 1 ? (size_t)(end - p)
                                                           : sizeof text - 1;
         memcpy(text, p, len);
         text[len] = '\0';
-        int r;
+        int r, used = 0;
         long pid;
-        if (sscanf(text, "%d (pid %ld)", &r, &pid) == 2 && r >= 0 &&
-            r < k->nstarted && (long)k->ranks[r].pid == pid)
-            k->ranks[r].named_lost = 1;
+        if (sscanf(text, "%d%n", &r, &used) != 1 || r < 0 || r >= k->nstarted)
+            continue;
+        const char *after = text + used;
+        if (sscanf(after, " (pid %ld)", &pid) == 1) {
+            if ((long)k->ranks[r].pid == pid)
+                k->ranks[r].named_lost = 1;
+            continue;
+        }
+        for (size_t t = 0; t < sizeof tails / sizeof tails[0]; t++)
+            if (strncmp(after, tails[t], strlen(tails[t])) == 0)
+                k->ranks[r].named_lost = 1;
     }
 }
 

@@ -53,7 +53,7 @@ typedef struct kolorun_rank {
     int reaped;
     int status;     /* its wait status, once reaped */
     int failed_seq; /* 1, 2...: it failed before the cause was chosen */
-    int named_lost; /* a survivor's message named it lost */
+    int named_lost; /* a survivor's message named it as the cause */
     kolorun_stream_t streams[2]; /* KOLORUN_OUT, KOLORUN_ERR */
     int files[2]; /* --output-filename: DIR/rank.R/stdout, stderr; -1 none */
     int hold_fd; /* ssh: write end of its stdin; closing it ends the rank */

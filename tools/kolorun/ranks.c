@@ -33,7 +33,7 @@ static void kolorun_rank_say(const kolorun_t *k, int r, const char *hint)
 }
 
 /* How likely rank r, one of the failed, is the cause: killed by a signal
- * beats named lost by a survivor beats exited with an error of its own. */
+ * beats named by a survivor beats exited with an error of its own. */
 static int kolorun_blame_weight(const kolorun_rank_t *rk)
 {
     if (WIFSIGNALED(rk->status))
@@ -41,12 +41,8 @@ static int kolorun_blame_weight(const kolorun_rank_t *rk)
     return rk->named_lost ? 1 : 0;
 }
 
-/* Chooses the cause among the ranks that have failed so far (see "Ending"
- * in kolorun.h) and prints the one line everyone reads. The other ranks
- * are stopped after the failure grace, by the loop: the runtime tells each
- * of them which rank it lost, and a program that reports that and exits
- * should be heard, not killed mid-sentence. */
-void kolorun_blame(kolorun_t *k)
+/* The failed rank most likely the cause, and its weight (-1: none). */
+static int kolorun_best_suspect(const kolorun_t *k, int *weight)
 {
     int cause = -1, best = -1, first = 0;
     for (int r = 0; r < k->nstarted; r++) {
@@ -60,8 +56,54 @@ void kolorun_blame(kolorun_t *k)
             first = rk->failed_seq;
         }
     }
+    *weight = best;
+    return cause;
+}
+
+/* A rank the survivors name as the cause that is still running, or -1. */
+static int kolorun_named_running(const kolorun_t *k)
+{
+    for (int r = 0; r < k->nstarted; r++)
+        if (k->ranks[r].named_lost && !k->ranks[r].reaped && k->ranks[r].pid > 0)
+            return r;
+    return -1;
+}
+
+int kolorun_blame_waits(const kolorun_t *k, int64_t now)
+{
+    int weight;
+    if (k->failed_rank >= 0 || k->nsuspects == 0 || k->stopping ||
+        now - k->failed_ms >= k->opts.failure_grace_ms)
+        return 0;
+    kolorun_best_suspect(k, &weight);
+    return weight <= 0 && kolorun_named_running(k) >= 0;
+}
+
+/* Chooses the cause among the ranks that have failed so far (see "Ending"
+ * in kolorun.h) and prints the one line everyone reads. The other ranks
+ * are stopped after the failure grace, by the loop: the runtime tells each
+ * of them which rank it lost, and a program that reports that and exits
+ * should be heard, not killed mid-sentence. */
+void kolorun_blame(kolorun_t *k)
+{
+    int best, cause = kolorun_best_suspect(k, &best), running;
     if (cause < 0)
         return;
+    if (best <= 0 && (running = kolorun_named_running(k)) >= 0) {
+        /* The others name a rank that stopped taking part but has not
+         * ended (it caught the error and went on, or is stuck): it is the
+         * cause, and the job's status is a failure of its own. */
+        kolorun_say("rank %d (pid %ld) stopped taking part in the job (the "
+                    "other ranks name it) and is still running", running,
+                    (long)k->ranks[running].pid);
+        k->failed_rank = running;
+        k->failed_status = 1 << 8; /* as exit(1) */
+        if (k->opts.verbose)
+            for (int r = 0; r < k->nstarted; r++)
+                if (k->ranks[r].failed_seq)
+                    kolorun_rank_say(k, r, " (not the cause)");
+        return;
+    }
     const kolorun_host_t *h = kolorun_host_of(k, cause);
     int status = k->ranks[cause].status;
     const char *hint = "";

@@ -37,6 +37,10 @@ int kolorun_loop(kolorun_t *k, int wake_rd);
 /* ---- ranks.c */
 void kolorun_reap(kolorun_t *k);
 void kolorun_blame(kolorun_t *k);
+/* Whether kolorun_blame should wait: no failed rank was killed or named by
+ * the others, but a rank they name has not ended yet (a program printing
+ * its traceback, tearing down) and the failure grace is not over. */
+int kolorun_blame_waits(const kolorun_t *k, int64_t now);
 /* Starts rank r (kolorun_spawn); 0, or the status that says why not. */
 int kolorun_rank_start(kolorun_t *k, int r, const kolorun_place_t *place);
 /* Sends rank r alone sig (SIGTERM, then SIGKILL once the caller has
