@@ -1003,6 +1003,16 @@ static void stall_check(kolo__pset_t *ps)
                   "(KOLO_STALL_CHECK_TIME_SECONDS) for tensors other ranks "
                   "have not enqueued: %s",
                   cfg->stall_check_s, list);
+        if (!ps->neg.stall_hinted) /* (after the list, which may be long) */
+            kolo__log(KOLO__LOG_WARNING,
+                      "stall: this usually means that a rank skipped a "
+                      "collective the others ran (a condition true on some "
+                      "ranks only) or ran fewer steps (uneven data: "
+                      "hvd.join() lets the others finish); to end the job "
+                      "instead of waiting, set "
+                      "KOLO_STALL_SHUTDOWN_TIME_SECONDS (kolorun "
+                      "--stall-check-shutdown-time-seconds S)");
+        ps->neg.stall_hinted = 1;
     }
 }
 

@@ -111,6 +111,7 @@ typedef struct kolo__pset {
                                   round (the loop reads it) */
         /* stall inspector (the coordinator) */
         int64_t stall_warned_us;  /* last warning */
+        int stall_hinted;         /* the causes were said (once) */
         kolo__err_t stall_fatal;  /* set: the next round stops the job */
         /* join (global set only) */
         kolo__entry_t *join_entry; /* this rank's pending join */

@@ -233,6 +233,8 @@ for np in 2 3; do
         "$kolorun" --tag-output -np "$np" "$prog" stall-warn; then
         grep_log "np=$np   rank 0 warns: rank $((np - 1)) is missing 'grad.withheld'" \
             "^\[0\]<stderr>:\[kolo rank 0\] WARNING: stall: .*rank $((np - 1)) is missing 'grad\.withheld'"
+        grep_log "np=$np   and says what usually causes it and how to end the job" \
+            "^\[0\]<stderr>:\[kolo rank 0\] WARNING: stall: this usually means .*hvd.join().*--stall-check-shutdown-time-seconds"
     fi
     if run "np=$np stall shutdown (KOLO_STALL_SHUTDOWN_TIME_SECONDS=2)" \
         env KOLO_STALL_SHUTDOWN_TIME_SECONDS=2 TL_STALL_BOUND_S=8 \
