@@ -20,6 +20,7 @@
  * without a kolo meaning are listed below the table (horovod_notes), each
  * with the reason kolo_init gives when one is set.
  */
+#include "edit.h"
 #include "env.h"
 
 #include <arpa/inet.h>
@@ -631,26 +632,6 @@ static const char *const other_names[] = {
     "KOLO_BUILD_CUDA_CC_LIST", "KOLO_BUILD_ARCH_FLAGS", "KOLO_DEBUG",
 };
 
-static size_t edit_distance(const char *a, const char *b)
-{
-    size_t la = strlen(a), lb = strlen(b), prev[64], cur[64];
-
-    if (la >= 63 || lb >= 63)
-        return 99;
-    for (size_t j = 0; j <= lb; j++)
-        prev[j] = j;
-    for (size_t i = 1; i <= la; i++) {
-        cur[0] = i;
-        for (size_t j = 1; j <= lb; j++) {
-            size_t sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
-            size_t del = prev[j] + 1, ins = cur[j - 1] + 1;
-            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-        }
-        memcpy(prev, cur, (lb + 1) * sizeof(size_t));
-    }
-    return prev[lb];
-}
-
 int kolo__config_is_known(const char *name)
 {
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
@@ -671,7 +652,7 @@ const char *kolo__config_closest(const char *name)
     size_t best_d = 99, d;
 
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
-        if ((d = edit_distance(name, rows[i].name)) < best_d) {
+        if ((d = kolo__edit_distance(name, rows[i].name)) < best_d) {
             best_d = d;
             best = rows[i].name;
         }
@@ -786,13 +767,13 @@ static const char *horovod_closest(const char *name)
     size_t best_d = 99, d;
 
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
-        if (rows[i].twin && (d = edit_distance(name, rows[i].twin)) < best_d) {
+        if (rows[i].twin && (d = kolo__edit_distance(name, rows[i].twin)) < best_d) {
             best_d = d;
             best = rows[i].twin;
         }
     for (size_t i = 0; i < sizeof(horovod_notes) / sizeof(horovod_notes[0]); i++) {
         const char *n = horovod_notes[i].name;
-        if (n[strlen(n) - 1] != '*' && (d = edit_distance(name, n)) < best_d) {
+        if (n[strlen(n) - 1] != '*' && (d = kolo__edit_distance(name, n)) < best_d) {
             best_d = d;
             best = n;
         }

@@ -355,7 +355,21 @@ chmod 644 "$WORK/not-executable"
 kr -np 1 "$WORK/not-executable"
 expect "a file that is not executable: status 126 (got $rc)" eq "$rc" 126
 expect "a file that is not executable: one line says why" \
-    eq "$(grep '^kolorun: ' "$ERR")" "kolorun: cannot start rank 0: cannot run '$WORK/not-executable': Permission denied"
+    eq "$(grep '^kolorun: ' "$ERR")" "kolorun: cannot start rank 0: cannot run '$WORK/not-executable': Permission denied (it is not executable: chmod +x $WORK/not-executable)"
+# A Python script named as a command: "kolorun -np 2 train.py" looks it
+# up in PATH; kolorun says what to type instead.
+printf 'print(1)\n' >"$WORK/train.py"
+chmod 755 "$WORK/train.py"
+cd "$WORK" || exit 2
+kr -np 1 train.py
+cd - >/dev/null || exit 2
+expect "train.py from its directory: status 127 (got $rc)" eq "$rc" 127
+expect "train.py from its directory: says to run python3 train.py or ./train.py" \
+    has "not here: run python3 train.py, or ./train.py if it is executable" "$ERR"
+chmod 644 "$WORK/train.py"
+kr -np 1 "$WORK/train.py"
+expect "a script that is not executable: says to run python3 or chmod +x it" \
+    has "(run python3 $WORK/train.py, or chmod +x it" "$ERR"
 end
 
 # Out of file descriptors: from the smallest limit under which kolorun runs
@@ -545,6 +559,13 @@ expect "no command: status 2" eq "$rc" 2
 kr -np 2 --frobnicate true
 expect "unknown option: status 2" eq "$rc" 2
 expect "unknown option: named" has "'--frobnicate'" "$ERR"
+expect "unknown option: nothing near it suggested" eval '! grep -q "did you mean" "$ERR"'
+kr -np 2 --verbos true
+expect "mistyped option: status 2" eq "$rc" 2
+expect "mistyped option: the nearest suggested" has "'--verbos' (did you mean --verbose?)" "$ERR"
+kr -np 2 --stall-check-shutdown-time-second=3 true
+expect "mistyped option with a value: the nearest suggested" \
+    has "(did you mean --stall-check-shutdown-time-seconds?)" "$ERR"
 # --mpi runs the job through mpirun (tests/multi/run-mpi.sh); options that
 # mean nothing there are refused before mpirun starts.
 kr -np 2 --mpi --gloo true

@@ -21,10 +21,9 @@
 #include <unistd.h>
 
 #include "cmdline.h"
+#include "edit.h"
 
-static void kolorun_usage(FILE *f)
-{
-    fputs(
+static const char kolorun_help[] =
         "usage: kolorun -np N [options] [--] command [args...]\n"
         "       kolorun --check-build | --version | --help\n"
         "\n"
@@ -207,8 +206,37 @@ static void kolorun_usage(FILE *f)
         "  127     a rank could not start: command not found (126: not\n"
         "          executable)\n"
         "  1       kolorun itself failed\n"
-        "  2       wrong command line\n",
-        f);
+        "  2       wrong command line\n";
+
+static void kolorun_usage(FILE *f)
+{
+    fputs(kolorun_help, f);
+}
+
+/* The option of --help nearest a mistyped one ("--verbos": "--verbose"),
+ * or NULL when none is within a third of its length. */
+static const char *kolorun_closest_option(const char *typed)
+{
+    static char best[64];
+    char want[64], word[64];
+    size_t best_d = 99;
+    snprintf(want, sizeof want, "%.*s", (int)strcspn(typed, "="), typed);
+    for (const char *p = kolorun_help; (p = strchr(p, '-')) != NULL;) {
+        /* An option starts a word: after a blank, a comma or a '('. */
+        int starts = p > kolorun_help && strchr(" ,(", p[-1]) != NULL;
+        size_t n = strspn(p, "-abcdefghijklmnopqrstuvwxyz0123456789");
+        if (starts && n > 2 && n < sizeof word) {
+            memcpy(word, p, n);
+            word[n] = '\0';
+            size_t d = kolo__edit_distance(want, word);
+            if (d < best_d) {
+                best_d = d;
+                memcpy(best, word, n + 1);
+            }
+        }
+        p += n > 0 ? n : 1;
+    }
+    return best_d > 0 && best_d * 3 <= strlen(want) ? best : NULL;
 }
 
 /* --network-interface(s): a comma list, repeatable. All of them go to NCCL
@@ -646,7 +674,10 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             kolorun_add_nics(o, v, "--network-interface");
             continue;
         }
-        kolorun_say("unknown option '%s' (see kolorun --help)", a);
+        const char *close = kolorun_closest_option(a);
+        kolorun_say("unknown option '%s'%s%s%s (see kolorun --help)", a,
+                    close ? " (did you mean " : "", close ? close : "",
+                    close ? "?)" : "");
         exit(2);
     }
     if (config_file)

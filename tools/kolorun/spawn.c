@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -430,6 +431,35 @@ kolorun_child(const kolorun_t *k, pid_t launcher, int status_w, int in_fd,
  * failed child is reaped here, and kolorun says why it could not start the
  * rank; returns kolorun's exit status then: the shell's 127 (not found) or
  * 126 (found, not runnable) for a command that cannot be run, else 1. */
+/* What a user who typed `kolorun -np 2 train.py` meant: a file here that
+ * the search of PATH does not find, or a script without its execute bit
+ * (or its interpreter). "" when there is nothing to add. */
+static const char *kolorun_run_hint(const char *prog, int err)
+{
+    static char hint[512];
+    struct stat st;
+    size_t n = strlen(prog);
+    int py = n > 3 && strcmp(prog + n - 3, ".py") == 0;
+    if (stat(prog, &st) != 0 || !S_ISREG(st.st_mode))
+        return "";
+    if (err == ENOENT && !strchr(prog, '/') && py)
+        snprintf(hint, sizeof hint, " (a command without a '/' is looked "
+                 "for in PATH, not here: run python3 %s, or ./%s if it is "
+                 "executable)", prog, prog);
+    else if (err == ENOENT && !strchr(prog, '/'))
+        snprintf(hint, sizeof hint, " (a command without a '/' is looked "
+                 "for in PATH, not here: run ./%s)", prog);
+    else if (err == EACCES && py)
+        snprintf(hint, sizeof hint, " (run python3 %s, or chmod +x it and "
+                 "begin it with #!/usr/bin/env python3)", prog);
+    else if (err == EACCES)
+        snprintf(hint, sizeof hint, " (it is not executable: chmod +x %s)",
+                 prog);
+    else
+        return "";
+    return hint;
+}
+
 static int kolorun_child_wait(int r, pid_t pid, int status_r,
                               const char *prog, const char *host)
 {
@@ -458,8 +488,8 @@ static int kolorun_child_wait(int r, pid_t pid, int status_r,
             kolorun_say("cannot start rank %d: cannot run the launch command "
                         "'%s' for host %s: %s", r, prog, host, e);
         else
-            kolorun_say("cannot start rank %d: cannot run '%s': %s", r, prog,
-                        e);
+            kolorun_say("cannot start rank %d: cannot run '%s': %s%s", r, prog,
+                        e, kolorun_run_hint(prog, ce.err));
         return ce.err == ENOENT || ce.err == ENOTDIR ? 127 : 126;
     }
 }
