@@ -434,8 +434,16 @@ static void shutdown_at_exit(void)
 {
     if (kolo_is_initialized()) {
         kolo__debug("the process exits without kolo_shutdown: shutting down");
-        kolo_shutdown();
+        kolo_shutdown_at_exit(NULL);
     }
+}
+
+int kolo_shutdown_at_exit(const char *reason)
+{
+    if (!kolo_is_initialized())
+        return kolo_shutdown(); /* (its refusal) */
+    kolo__peers_note_exit(reason); /* (unless it failed: that says more) */
+    return kolo_shutdown();
 }
 
 int kolo_init(void)

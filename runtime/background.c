@@ -151,7 +151,7 @@ static void stop_reason(kolo__pset_t *ps, int stop_rank, kolo__err_t *err)
         kolo__err_set(err, ps->rt->cfg.elastic ? KOLO_ERR_MEMBERSHIP
                                                : KOLO_ERR_SHUTDOWN,
                       "rank %d has shut down, which stops the job%s%s%s",
-                      gstop, told ? " (it had failed: " : "", told ? why : "",
+                      gstop, told ? " (it " : "", told ? why : "",
                       told ? ")" : "");
     }
     else

@@ -141,7 +141,8 @@ void kolo__fail_entry(kolo__pset_t *ps, kolo__entry_t *e,
 }
 
 
-/* Appends "; rank R had failed: WHY" for the first member that stopped
+/* Appends "; rank R had failed: WHY" (or "; rank R ended its program
+ * ...") for the first member that stopped
  * after a failure of its own and said so (peers.h). */
 static void append_why(kolo__pset_t *ps, const char *prefix, char *detail,
                        size_t len)
@@ -154,7 +155,7 @@ static void append_why(kolo__pset_t *ps, const char *prefix, char *detail,
             !kolo__peers_why(&ps->rt->cfg, prefix, ps->ranks[i], why, sizeof(why)))
             continue;
         if (used < len)
-            snprintf(detail + used, len - used, "; rank %d had failed: %s",
+            snprintf(detail + used, len - used, "; rank %d %s",
                      ps->ranks[i], why);
         return;
     }

@@ -141,7 +141,20 @@ void kolo__peers_note_cause(int code, const char *msg)
         return;
     pthread_mutex_lock(&g_cause_mu);
     if (g_cause[0] == '\0')
-        snprintf(g_cause, sizeof(g_cause), "%s", msg);
+        snprintf(g_cause, sizeof(g_cause), "had failed: %s", msg);
+    pthread_mutex_unlock(&g_cause_mu);
+}
+
+void kolo__peers_note_exit(const char *reason)
+{
+    pthread_mutex_lock(&g_cause_mu);
+    if (g_cause[0] == '\0')
+        snprintf(g_cause, sizeof(g_cause), "ended its program without "
+                 "calling shutdown: %.*s", KOLO__ERR_LEN / 2,
+                 reason != NULL && reason[0] != '\0'
+                     ? reason
+                     : "an uncaught exception, an exit, or fewer steps than "
+                       "the others");
     pthread_mutex_unlock(&g_cause_mu);
 }
 

@@ -26,8 +26,12 @@ int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
  * from any thread; kolo_shutdown publishes it (kolo__peers_say_why, under
  * kolo<gen>/why/<rank> in the rendezvous store, before it announces the
  * shutdown), and a peer told "rank 1 has shut down" reads it
- * (kolo__peers_why: 1 and the text in out when there is one). */
+ * (kolo__peers_why: 1 and the text in out when there is one). The text
+ * follows "rank R " in the others' messages: "had failed: MSG", or, from
+ * kolo__peers_note_exit (a program that ends without kolo_shutdown, at
+ * exit), "ended its program without calling shutdown ...". */
 void kolo__peers_note_cause(int code, const char *msg);
+void kolo__peers_note_exit(const char *reason);
 void kolo__peers_forget_cause(void);
 /* kolo_init opens the store kolo__peers_say_why will write with (and
  * close: it is called once per kolo_init, at shutdown or on failure). */

@@ -211,6 +211,17 @@ KOLO_EXPORT int kolo_init(void);
  * KOLO_ERR_NOT_INITIALIZED if kolo is not initialized. */
 KOLO_EXPORT int kolo_shutdown(void);
 
+/* kolo_shutdown for a program's exit hook, when the program ends without
+ * having called kolo_shutdown: the other ranks, if still running, are told
+ * "rank R has shut down, which stops the job (it ended its program without
+ * calling shutdown: REASON)". reason: what ended it ("an uncaught
+ * RuntimeError: ..."), or NULL (then "an uncaught exception, an exit, or
+ * fewer steps than the others"). A failure of kolo's own on this rank (out
+ * of memory) is said instead when there was one. kolo registers this with
+ * atexit at kolo_init (reason NULL); the Python binding calls it from its
+ * own exit hook with the uncaught exception. Returns as kolo_shutdown. */
+KOLO_EXPORT int kolo_shutdown_at_exit(const char *reason);
+
 /* 1 between a successful kolo_init and kolo_shutdown, else 0. */
 KOLO_EXPORT int kolo_is_initialized(void);
 

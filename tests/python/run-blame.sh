@@ -8,7 +8,10 @@
 # survivors often exit before the victim has finished tearing down).
 # Each job: kolorun's line naming the cause must be the victim's, with how
 # it ended ("exited with status 1", "exited with status 3", "was killed by
-# signal 9"), and kolorun's exit status the victim's (1, 3, 137).
+# signal 9"), and kolorun's exit status the victim's (1, 3, 137); after an
+# exception, the others must name it ("rank V has shut down, which stops
+# the job (it ended its program without calling shutdown: an uncaught
+# RuntimeError: ...)").
 # Prints one line per rank count and "N passed, N failed".
 #
 # Usage: tests/python/run-blame.sh   (from the build directory; `make
@@ -61,6 +64,12 @@ for np in ${KOLO_TEST_NP:-2 3 4}; do
         [ "$rc" = "$want" ] || case $bad in *"run $i:"*) ;; *) bad="$bad
     run $i: victim rank $victim ($kind): kolorun exited $rc, want $want" ;;
         esac
+        # The others say why the victim stopped: its uncaught exception.
+        if [ "$kind" = raise ] &&
+            ! grep -q "rank $victim has shut down, which stops the job (it ended its program without calling shutdown: an uncaught RuntimeError: a bug in rank $victim's training step)" "$WORK/err"; then
+            bad="$bad
+    run $i: victim rank $victim ($kind): no other rank named its exception"
+        fi
     done
     if [ -z "$bad" ]; then
         pass=$((pass + 1))

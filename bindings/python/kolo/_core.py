@@ -9,6 +9,7 @@ waited on (synchronize) or kolo is shut down.
 """
 
 import atexit
+import sys
 import ctypes
 import os
 import itertools
@@ -174,10 +175,14 @@ def init(comm=None, process_sets=None):
 def shutdown():
     """Stops kolo on this rank. The first rank to shut down stops the job:
     operations pending anywhere fail with KOLO_ERR_SHUTDOWN."""
+    _shutdown(lib.kolo_shutdown)
+
+
+def _shutdown(stop):
     with _lock:
         if not lib.kolo_is_initialized():
             return
-        rc = lib.kolo_shutdown()
+        rc = stop()
         _drop_pending()
         for ps in list(_registered_sets.values()):
             ps.process_set_id = None
@@ -187,8 +192,15 @@ def shutdown():
 
 
 def _atexit_shutdown():
+    # The program ends without having called shutdown(): the other ranks,
+    # if still running, are told why (the uncaught exception, if any).
+    exc = getattr(sys, "last_value", None)
+    reason = None
+    if exc is not None:
+        reason = "an uncaught %s: %s" % (type(exc).__name__, exc)
+        reason = reason.encode("utf-8", "replace")[:400]
     try:
-        shutdown()
+        _shutdown(lambda: lib.kolo_shutdown_at_exit(reason))
     except Exception:  # the process is going away: nothing to report to
         pass
 

@@ -160,6 +160,7 @@ _POPTS = ctypes.POINTER(Opts)
 _PROTOTYPES = {
     "kolo_init": (_I, []),
     "kolo_shutdown": (_I, []),
+    "kolo_shutdown_at_exit": (_I, [ctypes.c_char_p]),
     "kolo_is_initialized": (_I, []),
     "kolo_rank": (_I, []),
     "kolo_size": (_I, []),
