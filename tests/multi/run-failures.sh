@@ -20,8 +20,8 @@
 # For each run it checks: kolorun's exit status (non-zero, except exit and
 # cycles), that kolorun names the victim and how it died, that every
 # survivor printed its PASS line (the program checks the error codes,
-# messages and delays itself), that the run ended well within its bound (no
-# hang), that no rank is left running, and that neither the rendezvous
+# messages and delays itself), that the run ended within its limit (no
+# hang; a run slower than usual is said), that no rank is left running, and that neither the rendezvous
 # directory (TMPDIR is ours) nor /dev/shm/kolo* leaks. Every run is bounded
 # by `timeout -k 10`. Prints one line per run and "N passed, N failed".
 #
@@ -101,9 +101,10 @@ stop_case() {
 # run DESC EXPECT BOUND NP VICTIM MODE [kolorun options --] [ENV...]
 #   EXPECT: killed (the victim is killed by SIGKILL), exit0 (every rank
 #   exits 0), stopped (the stop mode), cycles (no victim)
-#   BOUND: seconds the whole run may take (well below `limit`)
+#   BOUND: seconds the whole run usually takes at most (said, not failed:
+#   the hang bound is `limit`)
 run() {
-    local desc=$1 expect=$2 bound=$3 np=$4 victim=$5 mode=$6 start rc t
+    local desc=$1 expect=$2 bound=$3 np=$4 victim=$5 mode=$6 start rc t slow
     local opts=() shm_before shm_after left r f pid line
     shift 6
     while [ $# -gt 0 ] && [ "$1" != -- ]; do
@@ -131,8 +132,13 @@ run() {
     if [ "$rc" -eq 124 ] || awk -v t="$t" -v l="$limit" 'BEGIN{exit !(t >= l)}'; then
         note "timed out after ${limit}s (exit $rc)"
     fi
+    # Slow is not wrong (a sanitizer build on a loaded machine takes
+    # several times longer): a hang is the limit above, a survivor that
+    # waits for a timeout instead of seeing the loss fails its own check
+    # (test-failures.c: bound_s) and prints no PASS line.
+    slow=
     awk -v t="$t" -v b="$bound" 'BEGIN{exit !(t > b)}' &&
-        note "took ${t}s, more than the ${bound}s it may"
+        slow=" (slower than the ${bound}s it usually takes)"
 
     # kolorun's status and what it says about the first failure (with
     # --verbose it also says how every other rank ended).
@@ -193,7 +199,7 @@ run() {
 
     if [ -z "$why" ]; then
         pass=$((pass + 1))
-        printf 'PASS %-58s %ss\n' "$desc" "$t"
+        printf 'PASS %-58s %ss%s\n' "$desc" "$t" "$slow"
     else
         fail=$((fail + 1))
         printf 'FAIL %s (exit %d, %ss)%s\n' "$desc" "$rc" "$t" "$why"
