@@ -29,6 +29,7 @@ Every file is read with json.load, a real JSON parser.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -661,6 +662,13 @@ def check_numbers(s, what, steps, size, straggler=None, complete=False):
     if complete and st["complete_rounds"] != st["rounds"]:
         fail("%s: every rank's ready time known in %d of %d rounds, want all"
              % (what, st["complete_rounds"], st["rounds"]))
+    # The start-up broadcasts stay out of the table (bcast.w's rounds).
+    if complete and st.get("broadcast_rounds_left_out") != steps:
+        fail("%s: %r broadcast negotiations left out of the straggler table, "
+             "want bcast.w's %d" % (what, st.get("broadcast_rounds_left_out"), steps))
+    if 0 < st["complete_rounds"] < 5 and st["usual_last_rank"] is not None:
+        fail("%s: a usual last rank named from %d negotiations"
+             % (what, st["complete_rounds"]))
     if straggler is not None:
         last = st["last_ready"].get(str(straggler), 0)
         if st["usual_last_rank"] != straggler or last < 0.8 * st["complete_rounds"] \
@@ -698,8 +706,15 @@ def cmd_summary(args):
                  "stragglers", "bus bandwidth"):
         if word not in text:
             fail("the text summary lacks %r" % word)
-    if straggler is not None and "usually last: rank %d" % straggler not in text:
-        fail("the text summary does not say 'usually last: rank %d'" % straggler)
+    if straggler is not None and not re.search(
+            r"usually last: rank %d \(last in \d+ of these \d+ negotiations\)"
+            % straggler, text):
+        fail("the text summary does not say 'usually last: rank %d (last in K of "
+             "these N negotiations)'" % straggler)
+    st = s["stragglers"]
+    if 0 < st["complete_rounds"] < 5 and "too few to tell" not in text:
+        fail("the text summary names no shortage of negotiations (%d)"
+             % st["complete_rounds"])
     ok("text summary of %s (%d lines)" % (" ".join(files), text.count("\n")))
 
 
