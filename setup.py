@@ -14,12 +14,13 @@ pip needs, nothing more. A build:
    for (below), then make of what the package needs. A configure that
    fails stops pip with configure's own message.
 3. puts into the package, beside the Python sources of kolo (and
-   kolo.torch): kolo/_native/ with libkolo.so.0, kolorun, kolo-timeline
+   kolo.torch): kolo/_native/ with libkolo.so.0, kolorun, kolo-timeline,
+   kolo-bench
    and the extension module _fastpath.so (built where Python's headers are
    installed: python3-dev), and kolo/_build_config.py saying so. kolo finds
    its library there without KOLO_LIBRARY (kolo/_lib.py), kolo.run its
    kolorun, and kolorun --check-build both.
-4. installs the commands `kolorun` and `kolo-timeline` into the
+4. installs the commands `kolorun`, `kolo-timeline` and `kolo-bench` into the
    environment's bin (console scripts of _kolo_commands.py, which run the
    programs in kolo/_native/).
 
@@ -346,7 +347,8 @@ def native_build(build_temp, environ):
         raise BuildError("GPU operations on NCCL were asked for, but "
                          "./configure cannot build them:\n  %s"
                          % "\n  ".join(summary))
-    targets = ["libkolo.la", "kolorun", "bindings/python/kolo/_build_config.py"]
+    targets = ["libkolo.la", "kolorun", "kolo-bench",
+               "bindings/python/kolo/_build_config.py"]
     with open(os.path.join(src, "Makefile")) as f:
         if re.search(r"^kolopyext_LTLIBRARIES = _fastpath\.la", f.read(), re.M):
             targets.append("_fastpath.la")
@@ -365,6 +367,9 @@ def fill_package(src, pkg):
     shutil.copy2(lib, os.path.join(native, "libkolo.so.0"))
     shutil.copy2(os.path.join(src, "kolorun"), native)
     shutil.copy2(os.path.join(src, "tools", "kolo-timeline"), native)
+    # (libtool's real program, not its wrapper script: the command sets
+    # LD_LIBRARY_PATH to _native for libkolo.so.0)
+    shutil.copy2(os.path.join(src, ".libs", "kolo-bench"), native)
     fast = os.path.join(src, ".libs", "_fastpath.so")
     if os.path.exists(fast):
         shutil.copy2(fast, native)
@@ -418,6 +423,7 @@ setup(
     entry_points={"console_scripts": [
         "kolorun = _kolo_commands:kolorun",
         "kolo-timeline = _kolo_commands:kolo_timeline",
+        "kolo-bench = _kolo_commands:kolo_bench",
     ]},
     cmdclass={"build_py": BuildWithNative},
     distclass=NativeDistribution,

@@ -1,5 +1,5 @@
-"""The commands `pip install` puts on the environment's PATH: kolorun and
-kolo-timeline. Each runs the program of that name that the package keeps in
+"""The commands `pip install` puts on the environment's PATH: kolorun,
+kolo-timeline and kolo-bench. Each runs the program of that name that the package keeps in
 kolo/_native/ (see setup.py), in place of this process: same arguments,
 same exit status, same signals.
 
@@ -31,6 +31,15 @@ def kolorun():
     path = _native("kolorun")
     os.environ.setdefault("KOLO_PYTHON", sys.executable)
     os.execv(path, ["kolorun"] + sys.argv[1:])
+
+
+def kolo_bench():
+    path = _native("kolo-bench")
+    # It links libkolo.so.0, which is beside it.
+    here = os.path.dirname(path)
+    old = os.environ.get("LD_LIBRARY_PATH")
+    os.environ["LD_LIBRARY_PATH"] = here + (":" + old if old else "")
+    os.execv(path, ["kolo-bench"] + sys.argv[1:])
 
 
 def kolo_timeline():

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run-bench.sh — the Python benchmark (python3 -m kolo.bench) runs a short
 # configuration at 2 ranks and reports in its format: exit status 0, a table
-# on rank 0's stdout with both workloads, and a JSON file naming 2 ranks with
+# on rank 0's stdout with both workloads (each ratio saying which way is
+# better), and a JSON file naming 2 ranks with
 # "small" (torch and capi ops_per_s) and "resnet50" (torch and capi ms), every
 # side correct, and a numeric ratio each. A bad workload name exits 2.
 # Timings are not checked. Bounded in time; prints one line per run and a
@@ -41,8 +42,9 @@ timeout -k 10 "$limit" "$kolorun" -np 2 "$python" -m kolo.bench \
     --json "$tmp/np2.json" >"$tmp/log" 2>&1
 rc=$?
 ok=1
-if [ $rc -eq 0 ] && grep -q '^small ' "$tmp/log" &&
-    grep -q '^resnet50 ' "$tmp/log" && ! grep -q WRONG "$tmp/log" &&
+if [ $rc -eq 0 ] && grep -q '^small .*(torch/capi: higher is better)$' "$tmp/log" &&
+    grep -q '^resnet50 .*(torch/capi: lower is better)$' "$tmp/log" &&
+    ! grep -q WRONG "$tmp/log" &&
     "$python" - "$tmp/np2.json" >>"$tmp/log" 2>&1 <<'PY'
 import json, math, sys
 doc = json.load(open(sys.argv[1]))

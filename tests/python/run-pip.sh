@@ -11,7 +11,8 @@
 #   - the environment's kolorun (on its bin, as PATH gives it) runs a
 #     2-rank kolo.torch job whose every rank checks its results against
 #     its own reference, with a timeline that the environment's
-#     kolo-timeline summarizes; kolorun --check-build names that library;
+#     kolo-timeline summarizes; the environment's kolo-bench runs a short
+#     benchmark under it; kolorun --check-build names that library;
 #   - pip uninstall kolo leaves the environment as it was, file for file.
 #
 # The wheel is built with HOROVOD_WITHOUT_MPI=1 and must show no MPI in
@@ -101,6 +102,11 @@ print(p)'
                [ "$(grep -c "^rank [01] of 2 ok " "$0.out")" = 2 ] &&
                kolo-timeline summary "$0.json" | grep -q "pip.sum" ||
                { cat "$0.out"; exit 1; }' "$WORK/$name"
+    run "$name: kolorun -np 2 kolo-bench --workload small --quick (the environment's)" \
+        env -C "$WORK" PATH="$venv/bin:$PATH" sh -c \
+        'kolorun -np 2 kolo-bench --workload small --quick >"$0.bench" 2>&1 &&
+         grep -q "small" "$0.bench" && ! grep -q WRONG "$0.bench" ||
+         { cat "$0.bench"; exit 1; }' "$WORK/$name"
     run "$name: kolorun --check-build names the installed library" \
         env -C "$WORK" sh -c '"$0/bin/kolorun" --check-build >"$1" 2>&1 &&
             grep -qF "(libkolo: $("$0/bin/python" -c "import sys; print(sys.prefix)")/lib/" "$1" &&

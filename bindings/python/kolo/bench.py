@@ -327,6 +327,8 @@ def main(argv=None):
               % (size, iters, warmup, _lib.path))
         print("%-9s %-22s %14s %14s %8s" % ("workload", "size", "torch",
                                             "capi", "ratio"))
+        # (the ratio is torch over capi: for allreduces a second, near 1 or
+        # above is good; for milliseconds a step, near 1 or below)
         for r in results:
             if r["workload"] == "small":
                 f = lambda s: ("%.0f/s" % r[s]["ops_per_s"]
@@ -336,9 +338,11 @@ def main(argv=None):
                 f = lambda s: ("%.2f ms" % r[s]["ms"]
                                if r[s]["correct"] else "WRONG")
                 what = "%d t, %d el" % (r["tensors"], r["elements"])
-            print("%-9s %-22s %14s %14s %8.3f" % (r["workload"], what,
-                                                  f("torch"), f("capi"),
-                                                  r["ratio"]))
+            better = ("higher is better" if r["workload"] == "small"
+                      else "lower is better")
+            print("%-9s %-22s %14s %14s %8.3f  (torch/capi: %s)"
+                  % (r["workload"], what, f("torch"), f("capi"), r["ratio"],
+                     better))
         if args.json:
             doc = {"tool": "kolo.bench", "ranks": size, "iters": iters,
                    "warmup": warmup, "library": _lib.path,
