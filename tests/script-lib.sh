@@ -127,6 +127,18 @@ python_env() {
     kolorun=${KOLO_TEST_LAUNCHER:-$top/kolorun}
 }
 
+# python_kolo: the tree's kolo for the interpreter (PYTHONPATH, and
+# KOLO_LIBRARY unless the caller set one); a sanitizer build of libkolo
+# gets its runtime preloaded (tests/python/sanitizer-preload.sh), or the
+# test skips where Python cannot load it (ThreadSanitizer).
+python_kolo() {
+    export PYTHONPATH=$src/bindings/python${PYTHONPATH:+:$PYTHONPATH}
+    export KOLO_LIBRARY=${KOLO_LIBRARY:-$top/.libs/libkolo.so}
+    # shellcheck source=tests/python/sanitizer-preload.sh
+    . "$src/tests/python/sanitizer-preload.sh"
+    kolo_python_preload "$KOLO_LIBRARY" || skip_test "$kolo_preload_why"
+}
+
 # python_needs MODULE TAIL: skips without an interpreter, or when it cannot
 # import MODULE ("... cannot import MODULE" TAIL).
 python_needs() {

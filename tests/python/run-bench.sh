@@ -17,12 +17,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 python_env
 limit=${KOLO_TEST_TIMEOUT:-300}
 python_needs torch ": kolo.bench needs it"
-export PYTHONPATH=$src/bindings/python${PYTHONPATH:+:$PYTHONPATH}
-export KOLO_LIBRARY=${KOLO_LIBRARY:-$top/.libs/libkolo.so}
-# A sanitizer build of libkolo: preload its runtime (ThreadSanitizer: skip).
-# shellcheck source=tests/python/sanitizer-preload.sh
-. "$here/sanitizer-preload.sh"
-kolo_python_preload "$KOLO_LIBRARY" || skip_test "$kolo_preload_why"
+python_kolo
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass=0

@@ -19,16 +19,11 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../script-lib.sh"
-clear_kolo_env
 python_env
 limit=${KOLO_TEST_TIMEOUT:-300}
 python_needs torch ": the examples are kolo.torch scripts"
 python_needs torchvision " (python3-torchvision): the benchmark's models"
-export PYTHONPATH=$src/bindings/python${PYTHONPATH:+:$PYTHONPATH}
-export KOLO_LIBRARY=${KOLO_LIBRARY:-$top/.libs/libkolo.so}
-# shellcheck source=tests/python/sanitizer-preload.sh
-. "$here/sanitizer-preload.sh"
-kolo_python_preload "$KOLO_LIBRARY" || skip_test "$kolo_preload_why"
+python_kolo
 make_work run-examples
 export TMPDIR=$WORK/tmp
 mkdir -p "$TMPDIR"
