@@ -453,10 +453,13 @@ typedef struct kolo__ops_need {
 } kolo__ops_need_t;
 
 /* The one place the backend is chosen: the one named (when this build has
- * it and it can serve), else the default — kolo__ops_local for one member,
- * a one-host backend (shared memory) when every member is on this host,
- * MPI when mpirun started the job, else the first network backend (Gloo,
- * then MPI). KOLO_OK, or KOLO_ERR_UNSUPPORTED with a sentence in err. */
+ * it and it can serve), else the default — kolo__ops_local for one member;
+ * MPI when mpirun (or kolorun --mpi) started the job, as Horovod under
+ * mpirun negotiates and reduces with MPI; else a one-host backend (shared
+ * memory) when every member is on this host, else the first network
+ * backend (Gloo, then MPI). (kolorun --gloo names Gloo through
+ * KOLO_CONTROLLER and KOLO_CPU_OPERATIONS.) KOLO_OK, or
+ * KOLO_ERR_UNSUPPORTED with a sentence in err. */
 int kolo__ops_choose(const kolo__ops_need_t *need, const kolo__ops_t **out,
                      char *err, size_t errlen);
 /* The backend that composes a one-host backend with a network one across

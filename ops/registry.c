@@ -93,10 +93,10 @@ int kolo__ops_choose(const kolo__ops_need_t *need, const kolo__ops_t **out,
         *out = ops;
         return KOLO_OK;
     }
-    if (need->all_local)
-        ops = first_with(KOLO__OPS_USER | KOLO__OPS_ONE_HOST);
-    if (ops == NULL && need->mpi_launched)
+    if (need->mpi_launched)
         ops = first_with(KOLO__OPS_USER | KOLO__OPS_MPIRUN);
+    if (ops == NULL && need->all_local)
+        ops = first_with(KOLO__OPS_USER | KOLO__OPS_ONE_HOST);
     if (ops == NULL)
         ops = first_with(KOLO__OPS_USER | KOLO__OPS_NETWORK);
     if (ops == NULL) {

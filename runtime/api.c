@@ -597,10 +597,15 @@ int kolo_init(void)
         goto free_rt;
     }
 
-    kolo__debug("initialised: rank %d of %d, %s backend, fusion threshold "
-                "%lld bytes, cycle time %.3g ms",
-                rt->rank, rt->size, world->data_ops->name,
-                (long long)rt->cfg.fusion_threshold, rt->cfg.cycle_time_ms);
+    /* What carries the job (KOLO_LOG_LEVEL=info): the same names as
+     * kolorun --check-build, hvd.mpi_enabled() and hvd.gloo_enabled(). */
+    if (rt->rank == 0)
+        kolo__log(KOLO__LOG_INFO, "%d ranks: negotiation over %s, host "
+                  "tensors over %s%s; fusion threshold %lld bytes, cycle "
+                  "time %.3g ms", rt->size, world->ctl_ops->name,
+                  world->data_ops->name,
+                  rt->cfg.mpi_launched ? " (started by mpirun)" : "",
+                  (long long)rt->cfg.fusion_threshold, rt->cfg.cycle_time_ms);
     g_rank = rt->rank;
     g_size = rt->size;
     g_local_rank = (int)rt->cfg.local_rank;

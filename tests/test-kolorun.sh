@@ -568,6 +568,15 @@ expect "mistyped option with a value: the nearest suggested" \
     has "(did you mean --stall-check-shutdown-time-seconds?)" "$ERR"
 # --mpi runs the job through mpirun (tests/multi/run-mpi.sh); options that
 # mean nothing there are refused before mpirun starts.
+# --gloo means horovodrun's: Gloo negotiates and moves the tensors, unless
+# the user named the backends.
+kr -np 1 --gloo sh -c 'echo "$KOLO_CONTROLLER $KOLO_CPU_OPERATIONS"'
+expect "--gloo: the ranks get KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo" \
+    eq "$(cat "$OUT")" "gloo gloo"
+KOLO_CPU_OPERATIONS=shm kr -np 1 --gloo sh -c 'echo "$KOLO_CONTROLLER $KOLO_CPU_OPERATIONS"'
+expect "--gloo: a backend the user named stays" eq "$(cat "$OUT")" "gloo shm"
+kr -np 1 sh -c 'echo "${KOLO_CONTROLLER:-unset}"'
+expect "no --gloo: kolo's choice (KOLO_CONTROLLER unset)" eq "$(cat "$OUT")" "unset"
 kr -np 2 --mpi --gloo true
 expect "--mpi --gloo: status 2 (got $rc)" eq "$rc" 2
 expect "--mpi --gloo: named" has "choose different launchers" "$ERR"
@@ -959,6 +968,12 @@ if [ -r "$CONFIG_H" ]; then
     fi
     expect "tensor operations as built" has "^    \[$(built GLOO)\] Gloo\$" "$OUT"
     expect "whether a GPU is visible now" has '^GPU visible now: \(yes, [0-9]* device\|no (\)' "$OUT"
+    if [ "$(built SHM)" = X ] && [ "$(built GLOO)" = X ]; then
+        expect "what carries a job: shm on one host" has '^    kolorun -np N, one host: *shm$' "$OUT"
+        expect "what carries a job: --gloo" has '^    kolorun --gloo: *Gloo$' "$OUT"
+    fi
+    [ "$(built MPI)" = X ] &&
+        expect "what carries a job: MPI under mpirun" has '^    kolorun --mpi, mpirun: *MPI$' "$OUT"
     py=${KOLO_PYTHON:-/usr/bin/python3}
     if "$py" -c 'import torch' 2>/dev/null; then
         expect "PyTorch with its version" has "^    \[X\] PyTorch $("$py" -c 'import torch; print(torch.__version__)')\$" "$OUT"

@@ -125,6 +125,15 @@ expect_fail "KOLO_CONTROLLER=mpi under plain kolorun: clear error" 1 \
 expect_fail "kolo-bench --backend mpi under plain kolorun: clear error" 2 \
     "needs the job started by MPI" \
     "$top/kolorun" -np 2 "$top/kolo-bench" --backend mpi --quick
+# Under mpirun MPI negotiates and moves the tensors unless told otherwise,
+# as Horovod under mpirun; rank 0 says so at start (KOLO_LOG_LEVEL=info).
+for launcher in "$mpirun_sh" "$top/kolorun --mpi"; do
+    # shellcheck disable=SC2086
+    run "np=2 $(basename "${launcher%% *}")${launcher#* --mpi}: MPI carries the job by default" \
+        sh -c 'KOLO_LOG_LEVEL=info "$@" 2>&1 | tee /dev/stderr |
+               grep -q "negotiation over mpi, host tensors over mpi"' run-mpi \
+        $launcher -np 2 "$top/tests/multi/test-mpi" placement
+done
 run "np=2 kolo-bench --backend mpi --quick (latency, small)" \
     "$top/kolorun" --mpi -np 2 "$top/kolo-bench" --backend mpi --quick \
     --workload latency,small

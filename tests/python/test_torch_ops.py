@@ -755,10 +755,13 @@ def test_timeline_start_stop(rank, size, tmp_path):
     assert "allreduce.tl.inside" in names, names
     assert not any("tl.after" in n for n in names)
     phases = {e.get("name") for e in events if e.get("ph") == "B"}
-    # The data backend's phase: SHM_ALLREDUCE on one host, unless
-    # KOLO_CPU_OPERATIONS names another (GLOO_ALLREDUCE, MPI_ALLREDUCE).
+    # The data backend's phase: SHM_ALLREDUCE on one host (MPI_ALLREDUCE
+    # when MPI started the job, as Horovod), unless KOLO_CPU_OPERATIONS
+    # names another (GLOO_ALLREDUCE, MPI_ALLREDUCE).
     backend = os.environ.get("KOLO_CPU_OPERATIONS", "auto")
-    backend = "SHM" if backend == "auto" else backend.upper()
+    if backend == "auto":
+        backend = "MPI" if hvd.mpi_enabled() else "SHM"
+    backend = backend.upper()
     assert ({"NEGOTIATE_ALLREDUCE", "ALLREDUCE", backend + "_ALLREDUCE"}
             <= phases or size == 1), phases
     assert events[0]["args"]["start_time_since_epoch_in_micros"] > 0

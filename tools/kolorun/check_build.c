@@ -259,6 +259,15 @@ __attribute__((noreturn)) void kolorun_check_build(void)
     printf("    [%c] Gloo\n", have_gloo ? 'X' : ' ');
     printf("    [%c] MPI\n", have_mpi ? 'X' : ' ');
     printf("    [%c] CUDA\n", have_cuda ? 'X' : ' ');
+    /* What a job uses when KOLO_CONTROLLER and KOLO_CPU_OPERATIONS are
+     * not set (ops/registry.c chooses; --gloo sets both to gloo). */
+    const char *net = have_gloo ? "Gloo" : have_mpi ? "MPI (under mpirun)" : "none";
+    printf("\nWhat negotiates and moves host tensors (KOLO_CONTROLLER,\n"
+           "KOLO_CPU_OPERATIONS unset):\n");
+    printf("    kolorun -np N, one host:     %s\n", have_shm ? "shm" : net);
+    printf("    kolorun across hosts:        %s\n", net);
+    printf("    kolorun --gloo:              %s\n", have_gloo ? "Gloo" : "(no Gloo)");
+    printf("    kolorun --mpi, mpirun:       %s\n", have_mpi ? "MPI" : "(no MPI)");
     printf("\nGPU visible now: %s\n", gpu);
     if (built)
         printf("(libkolo: %s)\n", libpath);

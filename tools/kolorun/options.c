@@ -66,14 +66,19 @@ static const char kolorun_help[] =
         "  -h, --help               show this help\n"
         "\n"
         "Controller arguments:\n"
-        "  --gloo                   kolorun starts the ranks (the default; on one\n"
-        "                           host they use shared memory, see README.md)\n"
-        "  --mpi                    run the job through mpirun (Open MPI): the\n"
-        "                           ranks take their places from MPI and use the\n"
-        "                           mpi backend (KOLO_CONTROLLER and\n"
-        "                           KOLO_CPU_OPERATIONS still choose); every\n"
-        "                           KOLO_* and HOROVOD_* variable is passed on\n"
-        "                           with -x; KOLO_MPIRUN names another mpirun\n"
+        "  (what negotiates and moves the tensors; without either, kolo's\n"
+        "  choice: shared memory on one host, Gloo across hosts)\n"
+        "  --gloo                   Gloo, as horovodrun --gloo: sets\n"
+        "                           KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo\n"
+        "                           (unless set); kolorun starts the ranks\n"
+        "  --mpi                    MPI, as horovodrun --mpi: the job runs\n"
+        "                           through mpirun (Open MPI), the ranks take\n"
+        "                           their places from MPI and use the mpi\n"
+        "                           backend (as under plain mpirun;\n"
+        "                           KOLO_CONTROLLER and KOLO_CPU_OPERATIONS\n"
+        "                           still choose); every KOLO_* and HOROVOD_*\n"
+        "                           variable is passed on with -x; KOLO_MPIRUN\n"
+        "                           names another mpirun\n"
         "\n"
         "Tuneable parameter arguments:\n"
         "  --fusion-threshold-mb MB KOLO_FUSION_THRESHOLD=MB*1048576 (default 128;\n"
@@ -500,7 +505,7 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             continue;
         }
         if (strcmp(a, "--gloo") == 0) {
-            o->gloo = 1; /* the only controller kolorun has on one machine */
+            o->gloo = 1;
             continue;
         }
         if (strcmp(a, "--mpi") == 0) {
@@ -741,6 +746,18 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
         kolorun_say("--gloo and --mpi choose different launchers: give one "
                     "(under --mpi, KOLO_CONTROLLER=gloo negotiates over Gloo)");
         exit(2);
+    }
+    /* --gloo (or the configuration file's "controller: gloo") means what
+     * it means to horovodrun: Gloo negotiates and moves the tensors, unless
+     * the user named the backends. */
+    if (o->gloo) {
+        static const char *const pairs[][2] = {
+            {"KOLO_CONTROLLER", "HOROVOD_CONTROLLER"},
+            {"KOLO_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS"}};
+        for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
+            if (!getenv(pairs[p][0]) && !getenv(pairs[p][1]))
+                kolorun_setting_put(o, pairs[p][0], pairs[p][1],
+                                    kolorun_strdupf("gloo"));
     }
     if (o->mpi && o->grace_given) {
         kolorun_say("--failure-grace has no effect with --mpi: mpirun stops "

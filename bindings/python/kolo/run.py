@@ -175,7 +175,9 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None,
     :param output_filename: also write each rank's output to
         DIR/rank.R/stdout and stderr.
     :param verbose: kolorun says what it does.
-    :param use_gloo, use_mpi: kolorun --gloo (the default) or --mpi.
+    :param use_gloo, use_mpi: kolorun --gloo (Gloo negotiates and reduces,
+        as horovodrun --gloo) or --mpi (through mpirun, MPI does); neither:
+        kolo's choice (shared memory on one host, Gloo across hosts).
     :param mpi_args: more arguments for mpirun (with use_mpi).
     :param network_interface: interfaces, comma-separated
         (kolorun --network-interfaces).
