@@ -597,6 +597,10 @@ int kolo_init(void)
         goto free_rt;
     }
 
+    kolo__debug("initialised: rank %d of %d, %s backend, fusion threshold "
+                "%lld bytes, cycle time %.3g ms",
+                rt->rank, rt->size, world->data_ops->name,
+                (long long)rt->cfg.fusion_threshold, rt->cfg.cycle_time_ms);
     /* What carries the job (KOLO_LOG_LEVEL=info): the same names as
      * kolorun --check-build, hvd.mpi_enabled() and hvd.gloo_enabled(). */
     if (rt->rank == 0)
