@@ -54,7 +54,11 @@ START_TEST(defaults)
             const char *auto_names[] = {NULL, "", "auto"};
             for (int a = 0; a < 3; a++) {
                 kolo__ops_need_t n = need(4, all_local, mpi, auto_names[a]);
-                want = all_local && kolo__ops_find("shm") != NULL
+                /* Under mpirun MPI, as Horovod; else shared memory on
+                 * one host; else the network. */
+                want = mpi && kolo__ops_find("mpi") != NULL
+                           ? kolo__ops_find("mpi")
+                       : all_local && kolo__ops_find("shm") != NULL
                            ? kolo__ops_find("shm")
                            : first_network(mpi);
                 if (want == NULL) {
