@@ -186,20 +186,31 @@ void kolo__peers_prepare_why(const kolo__config_t *cfg)
 
     /* A file store holds no descriptor while open; a Redis one would hold
      * a connection for the whole job: that one opens when needed. */
-    if (g_why_store == NULL && cfg->size > 1 &&
-        strncmp(cfg->rendezvous, "file:", 5) == 0 &&
-        kolo__store_open(cfg->rendezvous, cfg->timeout_s, &g_why_store, &e) != KOLO_OK)
-        g_why_store = NULL;
+    kolo__store_t *st = NULL;
+
+    if (cfg->size > 1 && strncmp(cfg->rendezvous, "file:", 5) == 0 &&
+        kolo__store_open(cfg->rendezvous, cfg->timeout_s, &st, &e) != KOLO_OK)
+        st = NULL;
+    /* (under g_cause_mu: a set's thread and kolo_shutdown may say why at
+     * once, and the unit tests' ranks share this process) */
+    pthread_mutex_lock(&g_cause_mu);
+    if (g_why_store == NULL) {
+        g_why_store = st;
+        st = NULL;
+    }
+    pthread_mutex_unlock(&g_cause_mu);
+    kolo__store_close(st);
 }
 
 void kolo__peers_say_why(const kolo__config_t *cfg, const char *prefix)
 {
     char cause[sizeof(g_cause)], key[128];
-    kolo__store_t *st = g_why_store;
+    kolo__store_t *st;
     kolo__err_t e;
 
-    g_why_store = NULL;
     pthread_mutex_lock(&g_cause_mu);
+    st = g_why_store;
+    g_why_store = NULL;
     snprintf(cause, sizeof(cause), "%s", g_cause);
     pthread_mutex_unlock(&g_cause_mu);
     if (cause[0] == '\0' || cfg->size == 1 || !has_store(cfg) ||
