@@ -177,9 +177,8 @@ static int autotune_round(kolo__pset_t *ps, int64_t bytes, int64_t busy_us,
                                 kolo__reduce_get(KOLO_FLOAT64, KOLO_OP_MAX),
                                 detail, sizeof(detail));
     if (rc != KOLO_OK) {
-        rc = kolo__explain_failure(ps, rc, detail, sizeof(detail));
-        return kolo__err_set(err, rc, "rank %d: autotune could not agree on "
-                             "a window's time: %s", ps->rank, detail);
+        return kolo__fail_backend(ps, rc, detail, err,
+                                  "autotune's agreement on a window's time");
     }
     kolo__autotune_window(ps->tune, busy, &row);
     if (kolo__autotune_settled(ps->tune) && ps->rank == 0)
@@ -240,9 +239,8 @@ int kolo__background_main(kolo__pset_t *ps)
             (reason != KOLO__WOKE_WORK || ps->others_waiting) &&
             (rc = ps->ctl_ops->wake_peers(ps->ctl_ctx, (uint64_t)ps->cycles, detail,
                                           sizeof(detail))) != KOLO_OK) {
-            rc = kolo__explain_failure(ps, rc, detail, sizeof(detail));
-            kolo__err_set(&err, rc, "rank %d: cannot wake the other ranks: %s",
-                          ps->rank, detail);
+            rc = kolo__fail_backend(ps, rc, detail, &err,
+                                    "wake-up of the other ranks");
             kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
             while (fresh != NULL) {
                 kolo__entry_t *next = fresh->next;

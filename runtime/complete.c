@@ -9,6 +9,7 @@
  */
 #include "config.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -134,6 +135,10 @@ void kolo__fail_entry(kolo__pset_t *ps, kolo__entry_t *e,
     char msg[KOLO__ERR_LEN + KOLO_MAX_NAME_LEN + 64];
     if (strstr(why->msg, e->name) != NULL)
         snprintf(msg, sizeof(msg), "%s", why->msg);
+    else if (strstr(why->msg, "; so rank ") != NULL) /* kolo__fail_backend's:
+                                                       who first */
+        snprintf(msg, sizeof(msg), "%s, and %s of tensor '%s' did not complete",
+                 why->msg, kolo__coll_name(e->params.coll), e->name);
     else
         snprintf(msg, sizeof(msg), "%s of tensor '%s' did not complete: %s",
                  kolo__coll_name(e->params.coll), e->name, why->msg);
@@ -141,47 +146,60 @@ void kolo__fail_entry(kolo__pset_t *ps, kolo__entry_t *e,
 }
 
 
-/* Appends "; rank R had failed: WHY" (or "; rank R ended its program
- * ...") for the first member that stopped
- * after a failure of its own and said so (peers.h). */
-static void append_why(kolo__pset_t *ps, const char *prefix, char *detail,
-                       size_t len)
+/* Writes "rank R had failed: WHY" (or "rank R ended its program ...") for
+ * the first member that stopped after a failure of its own and said so
+ * (peers.h), after `sep`; 0 (nothing written) when none did. */
+static int member_why(kolo__pset_t *ps, const char *prefix, const char *sep,
+                      char *out, size_t len)
 {
-    char why[KOLO__ERR_LEN / 2];
-    size_t used = strlen(detail);
+    char why[KOLO__ERR_LEN / 2 - 64];
 
     for (int i = 0; i < ps->size && i < 64; i++) {
         if (ps->ranks[i] == ps->rt->rank ||
             !kolo__peers_why(&ps->rt->cfg, prefix, ps->ranks[i], why, sizeof(why)))
             continue;
-        if (used < len)
-            snprintf(detail + used, len - used, "; rank %d %s",
-                     ps->ranks[i], why);
-        return;
+        snprintf(out, len, "%srank %d %s", sep, ps->ranks[i], why);
+        return 1;
     }
+    return 0;
 }
 
-int kolo__explain_failure(kolo__pset_t *ps, int rc, char *detail, size_t len)
+int kolo__fail_backend(kolo__pset_t *ps, int rc, const char *detail,
+                       kolo__err_t *err, const char *fmt, ...)
 {
-    char lost[512], prefix[32], copy[KOLO__ERR_LEN];
+    char what[KOLO__ERR_LEN / 2], lost[512] = "", why[KOLO__ERR_LEN / 2] = "";
+    char prefix[32];
+    va_list ap;
 
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof(what), fmt, ap);
+    va_end(ap);
     if (rc != KOLO_ERR_RANK_LOST && rc != KOLO_ERR_BACKEND && rc != KOLO_ERR_TIMEOUT)
-        return rc;
+        return kolo__err_set(err, rc, "rank %d: %s failed: %s", ps->rank,
+                             what, detail);
     snprintf(prefix, sizeof(prefix), "kolo%u", ps->rt->generation);
     /* A peer's sockets close while its process is still being torn down:
      * give it a moment to be gone before deciding nobody died. */
     for (int tries = 0; tries < 10; tries++) {
         if (kolo__peers_lost(&ps->rt->cfg, prefix, ps->ranks, ps->size, lost,
                              sizeof(lost)) > 0) {
-            snprintf(copy, sizeof(copy), "%s", detail);
-            snprintf(detail, len, "lost %s (%s)", lost, copy);
-            append_why(ps, prefix, detail, len);
-            return KOLO_ERR_RANK_LOST;
+            rc = KOLO_ERR_RANK_LOST;
+            break;
         }
+        lost[0] = '\0';
         if (rc == KOLO_ERR_TIMEOUT)
             break;
         usleep(20000);
     }
-    append_why(ps, prefix, detail, len);
-    return rc;
+    /* What happened to whom first, then what it did here. */
+    if (lost[0] != '\0') {
+        member_why(ps, prefix, "; ", why, sizeof(why));
+        return kolo__err_set(err, rc, "lost %s%s; so rank %d's %s failed (%s)",
+                             lost, why, ps->rank, what, detail);
+    }
+    if (member_why(ps, prefix, "", why, sizeof(why)))
+        return kolo__err_set(err, rc, "%s; so rank %d's %s failed (%s)", why,
+                             ps->rank, what, detail);
+    return kolo__err_set(err, rc, "rank %d: %s failed: %s", ps->rank, what,
+                         detail);
 }

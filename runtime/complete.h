@@ -36,9 +36,17 @@ const char *const *kolo__phase_names(const char *backend);
 /* The phase of collective `coll` on the set's data backend. */
 const char *kolo__backend_phase(const kolo__pset_t *ps, int coll);
 
-/* After a backend failure (rc, detail): if a peer's process is gone, names
- * it in `detail` (rewritten) and returns KOLO_ERR_RANK_LOST; else returns
- * rc unchanged. */
-int kolo__explain_failure(kolo__pset_t *ps, int rc, char *detail, size_t len);
+/* Sets err after a backend failure (rc, the backend's detail) of what
+ * this rank was doing (fmt...: "allreduce of tensor 'x' (10 float32)").
+ * Where a peer's process is gone, or a peer said why it stopped (peers.h),
+ * the sentence leads with that, and a lost peer makes the code
+ * KOLO_ERR_RANK_LOST: "lost rank 2 (pid 1234) has exited or was killed; so
+ * rank 0's allreduce of tensor 'x' (10 float32) failed (connection closed
+ * by peer)", "rank 2 had failed: out of memory ...; so rank 0's ...";
+ * else "rank 0: allreduce of tensor 'x' (10 float32) failed: DETAIL".
+ * Returns the code. */
+int kolo__fail_backend(kolo__pset_t *ps, int rc, const char *detail,
+                       kolo__err_t *err, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
 
 #endif /* KOLO_COMPLETE_H */

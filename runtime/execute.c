@@ -52,22 +52,19 @@ static int backend_error(kolo__pset_t *ps, int rc, const kolo__entry_t *e,
     int cuda = e->params.device_type == KOLO_DEVICE_CUDA;
     char dev[32] = "";
 
-    rc = kolo__explain_failure(ps, rc, detail, KOLO__ERR_LEN);
     if (nfused > 1)
-        return kolo__err_set(err, rc,
-                             "rank %d: %s of %stensor '%s' fused with %zu "
-                             "others failed: %s",
-                             ps->rank, kolo__coll_name(e->params.coll),
-                             cuda ? "CUDA " : "", e->name, nfused - 1, detail);
+        return kolo__fail_backend(ps, rc, detail, err,
+                                  "%s of %stensor '%s' fused with %zu others",
+                                  kolo__coll_name(e->params.coll),
+                                  cuda ? "CUDA " : "", e->name, nfused - 1);
     if (cuda)
         snprintf(dev, sizeof(dev), ", device %d", e->device);
-    return kolo__err_set(err, rc, "rank %d: %s of %stensor '%s' (%lld %s%s) "
-                         "failed: %s",
-                         ps->rank, kolo__coll_name(e->params.coll),
-                         cuda ? "CUDA " : "", e->name,
-                         (long long)e->params.count,
-                         kolo_dtype_name((kolo_dtype_t)e->params.dtype), dev,
-                         detail);
+    return kolo__fail_backend(ps, rc, detail, err,
+                              "%s of %stensor '%s' (%lld %s%s)",
+                              kolo__coll_name(e->params.coll),
+                              cuda ? "CUDA " : "", e->name,
+                              (long long)e->params.count,
+                              kolo_dtype_name((kolo_dtype_t)e->params.dtype), dev);
 }
 
 static int no_memory(kolo__pset_t *ps, const kolo__entry_t *e, size_t bytes,

@@ -737,9 +737,7 @@ static int reask_due(const kolo__pset_t *ps, int64_t now)
 static int backend_failed(kolo__pset_t *ps, int rc, const char *what,
                           char *detail, kolo__err_t *err)
 {
-    rc = kolo__explain_failure(ps, rc, detail, KOLO__ERR_LEN);
-    return kolo__err_set(err, rc, "rank %d: negotiation (%s) failed: %s",
-                         ps->rank, what, detail);
+    return kolo__fail_backend(ps, rc, detail, err, "negotiation (%s)", what);
 }
 
 /* The full round (step 2 of the essay). */
