@@ -179,7 +179,9 @@ int kolo__fail_backend(kolo__pset_t *ps, int rc, const char *detail,
                              what, detail);
     snprintf(prefix, sizeof(prefix), "kolo%u", ps->rt->generation);
     /* A peer's sockets close while its process is still being torn down:
-     * give it a moment to be gone before deciding nobody died. */
+     * give it a moment to be gone before deciding nobody died; not where
+     * no peer's process can be watched from here (other hosts, no
+     * registry: ranks as threads), nor where a peer said why it stopped. */
     for (int tries = 0; tries < 10; tries++) {
         if (kolo__peers_lost(&ps->rt->cfg, prefix, ps->ranks, ps->size, lost,
                              sizeof(lost)) > 0) {
@@ -187,10 +189,14 @@ int kolo__fail_backend(kolo__pset_t *ps, int rc, const char *detail,
             break;
         }
         lost[0] = '\0';
-        if (rc == KOLO_ERR_TIMEOUT)
+        if (rc == KOLO_ERR_TIMEOUT ||
+            (tries == 0 &&
+             (kolo__peers_on_host(&ps->rt->cfg, prefix, ps->ranks, ps->size) == 0 ||
+              member_why(ps, prefix, "", why, sizeof(why)))))
             break;
         usleep(20000);
     }
+    why[0] = '\0';
     /* What happened to whom first, then what it did here. */
     if (lost[0] != '\0') {
         member_why(ps, prefix, "; ", why, sizeof(why));

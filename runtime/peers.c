@@ -126,6 +126,29 @@ int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
     return found;
 }
 
+int kolo__peers_on_host(const kolo__config_t *cfg, const char *prefix,
+                        const int *ranks, int n)
+{
+    char host[256] = "", path[4200], theirs[256];
+    int count = 0;
+
+    gethostname(host, sizeof(host) - 1);
+    for (int i = 0; i < n; i++) {
+        long pid;
+        FILE *f;
+
+        if (ranks[i] == (int)cfg->rank ||
+            registry_path(cfg, prefix, ranks[i], path, sizeof(path)) != 0 ||
+            (f = fopen(path, "r")) == NULL)
+            continue;
+        if (fscanf(f, "%255s %ld", theirs, &pid) == 2 &&
+            strcmp(theirs, host) == 0 && pid != (long)getpid())
+            count++;
+        fclose(f);
+    }
+    return count;
+}
+
 /* ---- why a rank stopped ---------------------------------------------------- */
 
 static pthread_mutex_t g_cause_mu = PTHREAD_MUTEX_INITIALIZER;
