@@ -16,6 +16,8 @@
 #include "alloc.h"
 #include "api.h"
 #include "passes.h"
+#include "peers.h"
+#include "pset.h"
 #include "reduce.h"
 #include "runtime.h"
 
@@ -222,6 +224,25 @@ static int push(kolo__pset_t *ps, kolo__entry_t **es, int n,
     return KOLO_OK;
 }
 
+/* An enqueue this rank could not do for want of memory (or a thread):
+ * the other ranks would wait for the tensor until the stall inspector or
+ * a timeout ends the job. The set stops on this rank instead, which tells
+ * the others at its next round, with the cause: "rank 1 has shut down,
+ * which stops the job (it had failed: out of memory enqueuing tensor
+ * 'x')"; this rank's later calls fail with it. */
+static void stop_on_own_failure(kolo__pset_t *ps, int rc, const kolo__err_t *err)
+{
+    char prefix[32];
+
+    if (ps == NULL || (rc != KOLO_ERR_NO_MEMORY && rc != KOLO_ERR_INTERNAL) ||
+        atomic_exchange(&ps->own_stop, 1))
+        return;
+    snprintf(prefix, sizeof(prefix), "kolo%u", ps->rt->generation);
+    kolo__peers_note_cause(rc, err->msg);
+    kolo__peers_say_why(&ps->rt->cfg, prefix);
+    kolo__pset_request_stop(ps, err);
+}
+
 static kolo__entry_t *new_entry(const char *name, kolo__err_t *err)
 {
     kolo__entry_t *e = kolo__entry_new(name);
@@ -367,6 +388,7 @@ int kolo_allreduce_async_opts(const char *name, const void *input,
     }
     rc = push(ps, &e, 1, handle, &err);
 leave:
+    stop_on_own_failure(ps, rc, &err);
     kolo__api_leave();
     return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
 }
@@ -488,6 +510,7 @@ static int enqueue(int n, const char *const *names, request_t *reqs,
     make_group(ev, n);
     rc = push(ps, ev, n, handles, &err);
 leave:
+    stop_on_own_failure(ps, rc, &err);
     kolo__api_leave();
     if (ev != es)
         free(ev);

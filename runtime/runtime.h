@@ -138,6 +138,8 @@ typedef struct kolo__pset {
     uint64_t completed;    /* entries completed, for progress detection */
     int64_t bytes_done;    /* bytes of completed entries (autotune) */
     int others_waiting;    /* ranks may sleep waiting for this rank's work */
+    atomic_int own_stop;   /* an enqueue failed for want of memory: the set
+                              stops on this rank (enqueue.c) */
     kolo__err_t stopped;   /* why the loop ended (set before it returns) */
 } kolo__pset_t;
 
