@@ -16,6 +16,8 @@
 #   smoke_point PASSED FAILED      # a smoke run (KOLO_TEST_SMOKE) ends
 #                                  # the script after its first case
 #   make_work NAME                 # WORK: a new directory, removed at exit
+#   skip_if_sanitized [KIND] WHY   # skip in a build of libkolo with
+#                                  # --enable-sanitizers (of KIND: thread)
 #   multi_job NAME PROG LIMIT [KEEP...]   # the multi-rank scripts' setup
 #                                  # (below)
 #   python_env, python_needs MODULE TAIL   # the Python tests' setup (below)
@@ -88,6 +90,19 @@ smoke_point() {
     echo "SMOKE: KOLO_TEST_SMOKE is set: the first case ran, not the others"
     echo "$1 passed, $2 failed"
     exit $(($2 > 0))
+}
+
+# skip_if_sanitized [KIND] WHY: CI runs the suite again in sanitizer
+# builds (.ci/run); a test that gives a sanitizer nothing to see (a
+# program built the same in every build, or with no thread of its own
+# under ThreadSanitizer) skips there, saying why. KIND: only a build with
+# that sanitizer (address, undefined, thread).
+skip_if_sanitized() {
+    local kind=
+    [ $# -lt 2 ] || { kind=$1; shift; }
+    grep -Eq "^SANITIZER_CFLAGS = .*-fsanitize=[a-z,]*$kind" \
+        "${KOLO_TOP_BUILDDIR:-.}/Makefile" 2>/dev/null || return 0
+    skip_test --counted "a ${kind:-sanitizer} build: $*"
 }
 
 make_work() {

@@ -18,6 +18,7 @@
 set -u
 
 . "$(dirname "$0")/script-lib.sh"
+skip_if_sanitized thread "kolorun has one thread and these ranks are shell commands: nothing for ThreadSanitizer to see (the plain and ASan suites run this)"
 kolorun_cases test-kolorun-elastic "${1:-}"
 unset KOLO_HOSTNAME KOLO_RENDEZVOUS HOROVOD_ELASTIC_TIMEOUT
 # D: what the workers leave for the checks: log, env

@@ -15,6 +15,7 @@
 set -u
 
 . "$(dirname "$0")/script-lib.sh"
+skip_if_sanitized thread "kolorun has one thread and these ranks are shell commands: nothing for ThreadSanitizer to see (the plain and ASan suites run this)"
 kolorun_cases test-kolorun "${1:-}"
 
 # The ranks must see only what kolorun gives them.
@@ -256,7 +257,7 @@ SLEEPERS='echo $$ >"$D/pid.$KOLO_RANK"
     while [ "$(ls "$D" | wc -l)" -lt $n ]; do sleep 0.05; done'
 
 begin "a rank exits with status 3: named, others stopped at once, status 3"
-FAILING=1 kr -np 3 sh -c "$SLEEPERS"'
+FAILING=1 kr --failure-grace 1 -np 3 sh -c "$SLEEPERS"'
     echo "rank 1 says goodbye" >&2; exit 3'
 expect "exit status 3 (got $rc)" eq "$rc" 3
 expect "one line names rank 1, its pid and status 3" \
@@ -269,7 +270,7 @@ expect "no rank or child of a rank survives" all_gone "$D"/pid.* "$D"/child.*
 end
 
 begin "a rank killed by SIGKILL: the message names the signal, status 137"
-FAILING=0 kr -np 2 sh -c "$SLEEPERS"'
+FAILING=0 kr --failure-grace 1 -np 2 sh -c "$SLEEPERS"'
     kill -KILL $$'
 expect "exit status 137 (got $rc)" eq "$rc" 137
 expect "one line names rank 0 and signal 9" \
@@ -337,7 +338,7 @@ expect "no rank or child of a rank survives" all_gone "$D"/pid.* "$D"/child.*
 end
 
 begin "ranks that ignore SIGTERM are killed after the grace period"
-FAILING=2 kr -np 3 sh -c 'trap "" TERM; '"$SLEEPERS"'
+FAILING=2 kr --failure-grace 1 -np 3 sh -c 'trap "" TERM; '"$SLEEPERS"'
     exit 5'
 expect "exit status 5 (got $rc)" eq "$rc" 5
 expect "only the failing rank is named" eq "$(grep -c '^kolorun: rank' "$ERR")" 1

@@ -38,9 +38,7 @@ case $top in /*) ;; *) top=$PWD/$top ;; esac
 limit=${KOLO_TEST_TIMEOUT:-300}
 readme=$src/README.md
 [ -f "$readme" ] || { echo "no README.md in $src" >&2; exit 2; }
-if grep -q '^SANITIZER_CFLAGS = .*-fsanitize' "$top/Makefile" 2>/dev/null; then
-    skip_test --counted "a sanitizer build: the README's commands are the plain build's"
-fi
+skip_if_sanitized "the README's commands are the plain build's (the plain suite runs them)"
 python_needs torch ": the README's examples are kolo.torch scripts"
 python_needs torchvision " (python3-torchvision): the benchmark's models"
 require_executables test-readme "$top/kolorun" "$top/kolo-bench" "$src/tools/kolo-timeline"

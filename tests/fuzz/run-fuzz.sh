@@ -6,6 +6,8 @@
 # fails the run; the input that did it is saved as crash-* in the work dir.
 # A smoke run (KOLO_TEST_SMOKE: the tarball's make check in CI) fuzzes 3 s.
 set -u
+. "$(dirname "$0")/../script-lib.sh"
+skip_if_sanitized "the fuzz target is built with its own sanitizers in every build: the same program the plain suite runs"
 top=${KOLO_TOP_BUILDDIR:-.}
 src=${KOLO_TOP_SRCDIR:-.}
 seconds=${KOLO_FUZZ_SECONDS:-30}

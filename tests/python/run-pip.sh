@@ -36,9 +36,7 @@ python_needs ensurepip " (apt-get install python3-venv)"
 python_needs setuptools " (apt-get install python3-setuptools)"
 python_needs wheel " (apt-get install python3-wheel)"
 python_needs torch ": the job is a kolo.torch job"
-if grep -q '^SANITIZER_CFLAGS = .*-fsanitize' "$top/Makefile" 2>/dev/null; then
-    skip_test "a sanitizer build: pip builds its own plain copy (the plain suite runs this)"
-fi
+skip_if_sanitized "pip builds its own plain copy (the plain suite runs this)"
 smoke_auto=0 # a smoke run (KOLO_TEST_SMOKE) ends after the tree's section
 . "$here/../run-lib.sh"
 limit=${KOLO_TEST_TIMEOUT:-900}
