@@ -94,7 +94,13 @@ int kolo__queue_push_many(kolo__queue_t *q, kolo__entry_t **es, size_t n,
 
     pthread_mutex_lock(&q->mu);
     if (q->closed) {
-        rc = kolo__err_set(err, q->close_err.code, "%s", q->close_err.msg);
+        /* The reason names the tensor that failed first; say which one
+         * this refusal is about, unless it is the same. */
+        if (n == 0 || strstr(q->close_err.msg, es[0]->name) != NULL)
+            rc = kolo__err_set(err, q->close_err.code, "%s", q->close_err.msg);
+        else
+            rc = kolo__err_set(err, q->close_err.code, "tensor '%s' cannot be "
+                               "enqueued: %s", es[0]->name, q->close_err.msg);
         goto unlock;
     }
     for (i = 0; i < n; i++) {
