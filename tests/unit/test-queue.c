@@ -6,7 +6,7 @@
  * and the background thread meet, and what kolo.h promises about enqueuing
  * is decided here: pushes come out in order, a name in flight is refused,
  * a released name may come back, a closed queue refuses with the error that
- * closed it. Its waits are what keep the background thread from spinning,
+ * closed it (naming the tensor refused). Its waits are what keep the background thread from spinning,
  * so the tests also check that a take with no work sleeps (for roughly its
  * timeout) and that a push or a shutdown request from another thread wakes
  * a sleeping take. Timings are only bounded below, plus a generous upper
@@ -348,7 +348,9 @@ START_TEST(close_makes_push_fail_with_close_error)
     kolo__err_clear(&err);
     ck_assert_int_eq(kolo__queue_push(&q, e, &err), KOLO_ERR_SHUTDOWN);
     ck_assert_int_eq(err.code, KOLO_ERR_SHUTDOWN);
-    ck_assert_str_eq(err.msg, "rank 2 shut down: no more tensors can be enqueued");
+    /* It names the tensor refused, and why the queue closed. */
+    ck_assert_str_eq(err.msg, "tensor 'after' cannot be enqueued: rank 2 shut "
+                              "down: no more tensors can be enqueued");
     /* A name already in flight gets the close error too, not a duplicate. */
     kolo__entry_t *dup = entry("before", 3);
     ck_assert_int_eq(kolo__queue_push(&q, dup, &err), KOLO_ERR_SHUTDOWN);
