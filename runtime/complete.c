@@ -169,6 +169,7 @@ int kolo__fail_backend(kolo__pset_t *ps, int rc, const char *detail,
 {
     char what[KOLO__ERR_LEN / 2], lost[512] = "", why[KOLO__ERR_LEN / 2] = "";
     char prefix[32];
+    int said, watched = 0;
     va_list ap;
 
     va_start(ap, fmt);
@@ -178,34 +179,30 @@ int kolo__fail_backend(kolo__pset_t *ps, int rc, const char *detail,
         return kolo__err_set(err, rc, "rank %d: %s failed: %s", ps->rank,
                              what, detail);
     snprintf(prefix, sizeof(prefix), "kolo%u", ps->rt->generation);
+    said = member_why(ps, prefix, "; ", why, sizeof(why));
     /* A peer's sockets close while its process is still being torn down:
      * give it a moment to be gone before deciding nobody died; not where
      * no peer's process can be watched from here (other hosts, no
      * registry: ranks as threads), nor where a peer said why it stopped. */
     for (int tries = 0; tries < 10; tries++) {
         if (kolo__peers_lost(&ps->rt->cfg, prefix, ps->ranks, ps->size, lost,
-                             sizeof(lost)) > 0) {
+                             sizeof(lost), &watched) > 0) {
             rc = KOLO_ERR_RANK_LOST;
             break;
         }
-        lost[0] = '\0';
-        if (rc == KOLO_ERR_TIMEOUT ||
-            (tries == 0 &&
-             (kolo__peers_on_host(&ps->rt->cfg, prefix, ps->ranks, ps->size) == 0 ||
-              member_why(ps, prefix, "", why, sizeof(why)))))
+        if (rc == KOLO_ERR_TIMEOUT || watched == 0 || said)
             break;
         usleep(20000);
     }
-    why[0] = '\0';
+    if (!said && watched > 0) /* it may have said so while we waited */
+        said = member_why(ps, prefix, "; ", why, sizeof(why));
     /* What happened to whom first, then what it did here. */
-    if (lost[0] != '\0') {
-        member_why(ps, prefix, "; ", why, sizeof(why));
+    if (lost[0] != '\0')
         return kolo__err_set(err, rc, "lost %s%s; so rank %d's %s failed (%s)",
                              lost, why, ps->rank, what, detail);
-    }
-    if (member_why(ps, prefix, "", why, sizeof(why)))
-        return kolo__err_set(err, rc, "%s; so rank %d's %s failed (%s)", why,
-                             ps->rank, what, detail);
+    if (said) /* why + 2: without its "; " */
+        return kolo__err_set(err, rc, "%s; so rank %d's %s failed (%s)",
+                             why + 2, ps->rank, what, detail);
     return kolo__err_set(err, rc, "rank %d: %s failed: %s", ps->rank, what,
                          detail);
 }

@@ -705,7 +705,7 @@ static int dev_lost(void *arg, char *who, size_t len)
 
     snprintf(prefix, sizeof(prefix), "kolo%u", ps->rt->generation);
     return kolo__peers_lost(&ps->rt->cfg, prefix, ps->ranks, ps->size, who,
-                            len);
+                            len, NULL);
 }
 
 static void dev_warn(const char *msg)

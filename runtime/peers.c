@@ -93,13 +93,16 @@ static const char *process_trouble(long pid)
 }
 
 int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
-                     const int *ranks, int n, char *out, size_t len)
+                     const int *ranks, int n, char *out, size_t len,
+                     int *watched)
 {
     char host[256] = "", path[4200], theirs[256];
     size_t used = 0;
     int found = 0;
 
     out[0] = '\0';
+    if (watched != NULL)
+        *watched = 0;
     gethostname(host, sizeof(host) - 1);
     for (int i = 0; i < n; i++) {
         long pid;
@@ -113,8 +116,11 @@ int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
         if (f == NULL)
             continue; /* shut down cleanly, or never arrived */
         const char *trouble;
-        if (fscanf(f, "%255s %ld", theirs, &pid) == 2 &&
-            strcmp(theirs, host) == 0 && (trouble = process_trouble(pid)) != NULL) {
+        int here = fscanf(f, "%255s %ld", theirs, &pid) == 2 &&
+                   strcmp(theirs, host) == 0;
+        if (here && watched != NULL && pid != (long)getpid())
+            (*watched)++;
+        if (here && (trouble = process_trouble(pid)) != NULL) {
             int k = snprintf(out + used, len - used, "%srank %d (pid %ld) %s",
                              found ? "; " : "", r, pid, trouble);
             if (k > 0 && (size_t)k < len - used)
@@ -124,29 +130,6 @@ int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
         fclose(f);
     }
     return found;
-}
-
-int kolo__peers_on_host(const kolo__config_t *cfg, const char *prefix,
-                        const int *ranks, int n)
-{
-    char host[256] = "", path[4200], theirs[256];
-    int count = 0;
-
-    gethostname(host, sizeof(host) - 1);
-    for (int i = 0; i < n; i++) {
-        long pid;
-        FILE *f;
-
-        if (ranks[i] == (int)cfg->rank ||
-            registry_path(cfg, prefix, ranks[i], path, sizeof(path)) != 0 ||
-            (f = fopen(path, "r")) == NULL)
-            continue;
-        if (fscanf(f, "%255s %ld", theirs, &pid) == 2 &&
-            strcmp(theirs, host) == 0 && pid != (long)getpid())
-            count++;
-        fclose(f);
-    }
-    return count;
 }
 
 /* ---- why a rank stopped ---------------------------------------------------- */

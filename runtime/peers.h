@@ -16,16 +16,13 @@ void kolo__peers_unregister(const kolo__config_t *cfg, const char *prefix);
 
 /* Writes "rank 2 (pid 1234) has exited or was killed; ..." for the peers
  * among ranks[n] (global ranks) whose process on this host is gone or
- * stopped; returns how many. */
+ * stopped; returns how many. `watched` (may be NULL) gets how many of them
+ * are registered as other processes of this host: those it could ever find
+ * gone (0 where the registry is elsewhere, or there is none, or the ranks
+ * are threads of this process). */
 int kolo__peers_lost(const kolo__config_t *cfg, const char *prefix,
-                     const int *ranks, int n, char *out, size_t len);
-
-/* How many peers among ranks[n] (global ranks) are registered as other
- * processes of this host: those kolo__peers_lost could ever find gone (0
- * where the registry is elsewhere, or there is none, or the ranks are
- * threads of this process). */
-int kolo__peers_on_host(const kolo__config_t *cfg, const char *prefix,
-                        const int *ranks, int n);
+                     const int *ranks, int n, char *out, size_t len,
+                     int *watched);
 
 /* Why a rank stopped, for the others' messages. kolo__peers_note_cause
  * keeps the first failure of this rank that is its own (out of memory, a

@@ -71,7 +71,7 @@ static void warn(kolo__runtime_t *rt, kolo__pset_t *ps, int64_t waited_us)
     snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
     if (kolo__peers_lost(&rt->cfg, prefix, peer >= 0 ? &peer : ps->ranks,
                          peer >= 0 ? 1 : ps->size, trouble + 2,
-                         sizeof(trouble) - 4) > 0) {
+                         sizeof(trouble) - 4, NULL) > 0) {
         trouble[0] = ':';
         trouble[1] = ' ';
     }
