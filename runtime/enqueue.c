@@ -414,6 +414,7 @@ typedef struct request {
     void *output;
     int64_t rows;
     const int64_t *splits; /* alltoall, or NULL */
+    int64_t into; /* reducescatter into a buffer: elements per rank */
 } request_t;
 
 /* Checks what every non-allreduce collective checks and enqueues n of them
@@ -463,6 +464,25 @@ static int enqueue(int n, const char *const *names, request_t *reqs,
         e->input = q->input;
         e->output = q->output;
         e->rows = q->rows;
+        if (q->into > 0 &&
+            q->into > INT64_MAX / ps->size /
+                          (int64_t)kolo_dtype_size((kolo_dtype_t)q->params.dtype)) {
+            rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
+                               "%s of tensor '%s': %lld elements per rank "
+                               "overflow for %d ranks", q->coll, e->name,
+                               (long long)q->into, ps->size);
+            built++;
+            break;
+        }
+        if (q->into > 0) {
+            /* The set's size is known now: one block of `into` elements
+             * per rank, as rows of the tensor (so that the ranks agree on
+             * the count per rank in negotiation). */
+            e->params.ndim = 2;
+            e->params.shape[0] = ps->size;
+            e->params.shape[1] = q->into;
+            e->params.count = q->into * ps->size;
+        }
         if ((rc = place_entry(ps, e, opts, &err)) != KOLO_OK) {
             built++;
             break;
@@ -631,6 +651,67 @@ int kolo_reducescatter_async(const char *name, const void *input, int ndim,
     const int64_t *shapes[1] = {shape};
     return kolo_grouped_reducescatter_async(1, &name, &input, &ndim, shapes,
                                             dtype, opts, handle);
+}
+
+/* Checks what both collectives into a caller's buffer check. */
+static int into_request(const char *coll, int kind, const char *name,
+                        const void *input, void *output, int64_t count,
+                        kolo_dtype_t dtype, const kolo_opts_t *opts,
+                        request_t *q, kolo__err_t *err)
+{
+    int64_t shape[2] = {1, count};
+
+    KOLO__CHECK(shaped_request(coll, kind, name, input, 2, shape, dtype, opts,
+                               q, err));
+    if (count < 1)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s of tensor '%s': %lld elements per rank (1 "
+                             "or more)", coll, name, (long long)count);
+    KOLO__CHECK(check_buffer(coll, name, output, count, "output", err));
+    q->output = output;
+    if (kind == KOLO__COLL_ALLGATHER) {
+        /* One row of `count` elements per rank, known to every rank: the
+         * runtime need not exchange the rows, and negotiation checks that
+         * the ranks agree on the count. */
+        q->params.shape[0] = 1;
+        q->rows = 1;
+    } else {
+        q->into = count;
+    }
+    return KOLO_OK;
+}
+
+int kolo_reducescatter_into_async(const char *name, const void *input,
+                                  void *output, int64_t count,
+                                  kolo_dtype_t dtype, const kolo_opts_t *opts,
+                                  kolo_handle_t *handle)
+{
+    kolo_opts_t defaults;
+    kolo__err_t err;
+    request_t q;
+
+    kolo__err_clear(&err);
+    opts = opts_or_defaults(opts, &defaults);
+    if (into_request("reducescatter", KOLO__COLL_REDUCESCATTER, name, input,
+                     output, count, dtype, opts, &q, &err) != KOLO_OK)
+        return kolo__api_fail(&err);
+    return enqueue(1, &name, &q, opts, handle);
+}
+
+int kolo_allgather_into_async(const char *name, const void *input,
+                              void *output, int64_t count, kolo_dtype_t dtype,
+                              const kolo_opts_t *opts, kolo_handle_t *handle)
+{
+    kolo_opts_t defaults;
+    kolo__err_t err;
+    request_t q;
+
+    kolo__err_clear(&err);
+    opts = opts_or_defaults(opts, &defaults);
+    if (into_request("allgather", KOLO__COLL_ALLGATHER, name, input, output,
+                     count, dtype, opts, &q, &err) != KOLO_OK)
+        return kolo__api_fail(&err);
+    return enqueue(1, &name, &q, opts, handle);
 }
 
 /* ---- grouped collectives -------------------------------------------------- */

@@ -522,15 +522,47 @@ static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e,
         rc = no_memory(ps, e, (size_t)ps->size * 16, err);
         goto out;
     }
-    /* The first dimension may differ: exchange it first. */
-    rc = exchange(ps, dev, &e->rows, rows, sizeof(int64_t), detail);
-    if (rc != KOLO_OK) {
-        rc = backend_error(ps, rc, e, 1, detail, err);
-        goto out;
+    if (e->params.shape[0] > 0) {
+        /* Into the caller's buffer (kolo_allgather_into_async): the ranks
+         * agreed on the rows in negotiation. */
+        for (int r = 0; r < ps->size; r++)
+            rows[r] = e->params.shape[0];
+    } else {
+        /* The first dimension may differ: exchange it first. */
+        rc = exchange(ps, dev, &e->rows, rows, sizeof(int64_t), detail);
+        if (rc != KOLO_OK) {
+            rc = backend_error(ps, rc, e, 1, detail, err);
+            goto out;
+        }
     }
     for (int r = 0; r < ps->size; r++) {
         bytes[r] = (size_t)rows[r] * row_bytes;
         total += rows[r];
+    }
+    if (e->output != NULL) {
+        const void *in = e->input;
+        size_t mine = bytes[ps->rank];
+        if (dev == NULL && (const uint8_t *)in < (uint8_t *)e->output +
+                                                   (size_t)total * row_bytes &&
+            (const uint8_t *)in + mine > (uint8_t *)e->output) {
+            /* The input lies in the output (in place): the backends read
+             * and write distinct buffers. */
+            if (fusion_reserve(ps, mine) != 0) {
+                rc = no_memory(ps, e, mine, err);
+                goto out;
+            }
+            memcpy(ps->exec.fusion, in, mine);
+            in = ps->exec.fusion;
+        }
+        if (dev != NULL)
+            rc = dev->allgatherv(ps->exec.dev_ctx, in, e->output, bytes,
+                                 detail, sizeof(detail));
+        else
+            rc = ps->data_ops->allgatherv(ps->data_ctx, in, e->output, bytes,
+                                          detail, sizeof(detail));
+        rc = rc == KOLO_OK ? KOLO_OK
+                           : backend_error(ps, rc, e, 1, detail, err);
+        goto out;
     }
     rc = new_result(ps, e, total, (size_t)total * row_bytes, dev, &res, err);
     if (rc != KOLO_OK)
@@ -610,12 +642,13 @@ static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
     char detail[KOLO__ERR_LEN];
     kolo__result_t *res = NULL;
     int64_t mine = 0;
+    void *out;
     int rc = KOLO_OK;
 
     if (counts == NULL || (dev == NULL &&
                            fusion_reserve(ps, (size_t)p->count * esize) != 0)) {
         rc = no_memory(ps, e, (size_t)p->count * esize, err);
-        goto out;
+        goto done;
     }
     /* The first dimension is shared out: the first d0 % size ranks get one
      * row more. */
@@ -625,13 +658,19 @@ static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
         if (r == ps->rank)
             mine = rows;
     }
-    rc = new_result(ps, e, mine, counts[ps->rank] * esize, dev, &res, err);
-    if (rc != KOLO_OK)
-        goto out;
-    for (int r = 0; r < ps->size; r++)
-        res->splits[r] = row > 0 ? (int64_t)counts[r] / row : 0;
+    if (e->output != NULL) {
+        /* Into the caller's buffer (kolo_reducescatter_into_async). */
+        out = e->output;
+    } else {
+        rc = new_result(ps, e, mine, counts[ps->rank] * esize, dev, &res, err);
+        if (rc != KOLO_OK)
+            goto done;
+        for (int r = 0; r < ps->size; r++)
+            res->splits[r] = row > 0 ? (int64_t)counts[r] / row : 0;
+        out = res->data;
+    }
     if (dev != NULL) {
-        rc = dev->reduce_scatter(ps->exec.dev_ctx, e->input, res->data,
+        rc = dev->reduce_scatter(ps->exec.dev_ctx, e->input, out,
                                  counts, p->dtype,
                                  p->op == KOLO_OP_AVERAGE ? KOLO_OP_SUM
                                                           : p->op,
@@ -643,13 +682,16 @@ static int run_reducescatter(kolo__pset_t *ps, kolo__entry_t *e,
         if (p->prescale != 1.0)
             kolo__scale(ps->exec.fusion, (size_t)p->count, dtype, p->prescale);
         rc = ps->data_ops->reduce_scatter(
-            ps->data_ctx, ps->exec.fusion, res->data, counts, esize,
+            ps->data_ctx, ps->exec.fusion, out, counts, esize,
             kolo__reduce_get(dtype, (kolo_op_t)p->op), detail, sizeof(detail));
         if (rc == KOLO_OK)
-            kolo__scale(res->data, counts[ps->rank], dtype, post);
+            kolo__scale(out, counts[ps->rank], dtype, post);
     }
-    rc = attach(ps, e, rc, &res, detail, err);
-out:
+    if (res != NULL)
+        rc = attach(ps, e, rc, &res, detail, err);
+    else if (rc != KOLO_OK)
+        rc = backend_error(ps, rc, e, 1, detail, err);
+done:
     kolo__result_free(res);
     free(counts);
     return rc;

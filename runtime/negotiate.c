@@ -396,7 +396,8 @@ static void shape_text(const kolo__params_t *p, char *out, size_t len)
     for (int i = 0; i < p->ndim && n < len; i++)
         n += (size_t)snprintf(out + n, len - n, i ? ", %lld" : "%lld",
                               (p->coll == KOLO__COLL_ALLGATHER ||
-                               p->coll == KOLO__COLL_ALLTOALL) && i == 0
+                               p->coll == KOLO__COLL_ALLTOALL) && i == 0 &&
+                                      p->shape[0] == 0
                                   ? -1LL : (long long)p->shape[i]);
     if (n < len)
         snprintf(out + n, len - n, "]");
@@ -434,7 +435,8 @@ static void describe_mismatch(const char *name, int ra, const kolo__params_t *a,
                  "%s of tensor '%s': ranks disagree on the shape%s: rank %d "
                  "has %s, rank %d has %s",
                  kolo__coll_name(a->coll), name,
-                 a->coll == KOLO__COLL_ALLGATHER || a->coll == KOLO__COLL_ALLTOALL
+                 (a->coll == KOLO__COLL_ALLGATHER ||
+                  a->coll == KOLO__COLL_ALLTOALL) && a->shape[0] == 0
                      ? " (beyond the first dimension)" : "",
                  ra, sa, rb, sb);
     } else if (a->count != b->count)

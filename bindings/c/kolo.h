@@ -476,6 +476,40 @@ KOLO_EXPORT int kolo_reducescatter_async(const char *name, const void *input,
                                          const kolo_opts_t *opts,
                                          kolo_handle_t *handle);
 
+/* ---- Collectives into the caller's buffers ------------------------------ */
+
+/* A reducescatter and an allgather of blocks of the same size on every rank,
+ * written into the caller's memory instead of a result to copy out: what
+ * a sharded optimizer (ZeRO) does with a fused bucket of gradients and the
+ * bucket's parameters. Wait for them with kolo_wait (or kolo_wait_result,
+ * which hands over an empty result). The ranks must agree on `count`, the
+ * dtype and the options, else KOLO_ERR_MISMATCH on every rank naming the
+ * values; they meet like the other collectives (by name, as soon as every
+ * rank has enqueued it), and CUDA tensors go to NCCL as elsewhere.
+ *
+ * kolo_reducescatter_into_async: `input` holds count * n elements (n: the
+ * process set's size), rank r's block being elements [r * count,
+ * (r + 1) * count); the blocks of every rank are reduced with opts->op (SUM
+ * or AVERAGE, with prescale and postscale as for allreduce) and `output`
+ * (count elements) receives this rank's. `input` is not modified; `output`
+ * may not overlap it.
+ *
+ * kolo_allgather_into_async: every rank contributes `count` elements
+ * (`input`); `output` (count * n elements) receives them in rank order. In
+ * place: `input` may be this rank's block of `output` (output + rank *
+ * count elements), as a shard updated where it lies. */
+KOLO_EXPORT int kolo_reducescatter_into_async(const char *name,
+                                              const void *input, void *output,
+                                              int64_t count,
+                                              kolo_dtype_t dtype,
+                                              const kolo_opts_t *opts,
+                                              kolo_handle_t *handle);
+KOLO_EXPORT int kolo_allgather_into_async(const char *name, const void *input,
+                                          void *output, int64_t count,
+                                          kolo_dtype_t dtype,
+                                          const kolo_opts_t *opts,
+                                          kolo_handle_t *handle);
+
 /* Like kolo_wait, and on success hands over the output of an allgather,
  * alltoall or reducescatter (for other collectives *result is zeroed). A
  * CUDA result is handed over once the device has written it (the calling

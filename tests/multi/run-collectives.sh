@@ -19,7 +19,7 @@ nps=${KOLO_TEST_NP:-2 3 4}
 wrap=${KOLO_TEST_WRAP:-}
 . "$(dirname "$0")/../run-lib.sh"
 modes="allreduce-matrix allreduce-sizes compression broadcast allgather alltoall
-reducescatter grouped barrier join process-sets mismatch"
+reducescatter into grouped barrier join process-sets mismatch"
 modes=${KOLO_TEST_MODES:-$modes}
 [ $# -gt 0 ] && modes="$*"
 

@@ -13,6 +13,8 @@
  *   test-collectives allgather         first dimension differs per rank
  *   test-collectives alltoall          random splits, NULL splits
  *   test-collectives reducescatter     uneven shares, SUM and AVERAGE
+ *   test-collectives into              reducescatter and allgather into the
+ *                                      caller's buffers (a ZeRO bucket)
  *   test-collectives grouped           grouped allreduce/allgather/
  *                                      reducescatter; a failing member
  *   test-collectives barrier           nobody leaves before the last arrives
@@ -1410,6 +1412,153 @@ static void mode_reducescatter(int steps)
 }
 
 /* ======================================================================== */
+/* into: kolo_reducescatter_into_async / kolo_allgather_into_async           */
+/* ======================================================================== */
+
+static const rscase_t into_cases[] = {
+    {{1, 0, 0}, 1, KOLO_FLOAT32, KOLO_OP_SUM, 1, 1},
+    {{37, 0, 0}, 1, KOLO_FLOAT32, KOLO_OP_AVERAGE, 1, 1},
+    {{1000, 0, 0}, 1, KOLO_FLOAT32, KOLO_OP_SUM, 0.5, 2},
+    {{65536, 0, 0}, 1, KOLO_FLOAT32, KOLO_OP_AVERAGE, 1, 1},
+    {{301, 0, 0}, 1, KOLO_FLOAT64, KOLO_OP_SUM, 1, 1},
+    {{64, 0, 0}, 1, KOLO_FLOAT16, KOLO_OP_SUM, 1, 1},
+    {{50, 0, 0}, 1, KOLO_INT32, KOLO_OP_AVERAGE, 1, 1},
+};
+
+/* What a sharded optimizer does with a bucket: every rank's bucket of
+ * count * size elements reduce-scattered into its shard, the shard changed
+ * where it lies in the bucket, and the bucket allgathered in place; and
+ * the same out of place. Each rank checks its shard and the whole bucket
+ * against values it computes for every rank. */
+static void mode_into(int steps)
+{
+    enum { N = NELEM(into_cases) };
+    int *order = identity(N);
+
+    rng_state = mix(0x1a7 + (uint64_t)rank);
+    for (int step = 0; step < steps; step++) {
+        void *in[N], *shard[N], *all[N];
+        kolo_handle_t h[N];
+        shuffle(order, N);
+        for (int j = 0; j < N; j++) {
+            int t = order[j];
+            const rscase_t *c = &into_cases[t];
+            int64_t count = c->shape[0];
+            char name[64];
+            kolo_opts_t o;
+            int rc;
+            in[t] = xmalloc((size_t)(count * size) * esize(c->dtype));
+            all[t] = xmalloc((size_t)(count * size) * esize(c->dtype));
+            shard[t] = xmalloc((size_t)count * esize(c->dtype));
+            for (int64_t i = 0; i < count * size; i++)
+                put(c->dtype, in[t], i, rs_value(c, rank, t, step, i));
+            rs_opts(&o, c);
+            snprintf(name, sizeof(name), "into/rs%d", t);
+            rc = grab(kolo_reducescatter_into_async(name, in[t], shard[t], count,
+                                                    c->dtype, &o, &h[t]));
+            CHECK(rc == KOLO_OK, "enqueue %s: %d %s", name, rc, lastmsg);
+            if (rc != KOLO_OK)
+                exit(1);
+        }
+        shuffle(order, N);
+        for (int j = 0; j < N; j++) {
+            int t = order[j];
+            const rscase_t *c = &into_cases[t];
+            int64_t count = c->shape[0];
+            kolo_result_t res;
+            int rc = grab(kolo_wait_result(h[t], &res)), bad = 0;
+            CHECK(rc == KOLO_OK, "into/rs%d: %d %s", t, rc, lastmsg);
+            CHECK(res.data == NULL && res.bytes == 0,
+                  "into/rs%d: a result of %zu bytes", t, res.bytes);
+            kolo_result_free(&res);
+            for (int64_t i = 0; i < count && bad < 3; i++) {
+                double e = rs_expect(c, t, step, rank * count + i);
+                double g = tu_get(c->dtype, shard[t], i);
+                double tol = c->op == KOLO_OP_AVERAGE && is_float(c->dtype)
+                                 ? avg_tolerance(c->dtype) * fabs(e) : 0;
+                nchecks++;
+                if (!(fabs(g - e) <= tol)) {
+                    CHECK(0, "step %d into/rs%d element %lld of the shard: "
+                             "got %.17g, expected %.17g", step, t,
+                          (long long)i, g, e);
+                    bad++;
+                }
+            }
+            /* The shard updated: every element plus the rank, then the
+             * bucket gathered, in place for even steps. */
+            for (int64_t i = 0; i < count; i++)
+                put(c->dtype, shard[t], i, (double)(rank + (int)(i % 7)));
+            {
+                char name[64];
+                void *src = shard[t];
+                if (step % 2 == 0) {
+                    src = (uint8_t *)all[t] +
+                          (size_t)(rank * count) * esize(c->dtype);
+                    memcpy(src, shard[t], (size_t)count * esize(c->dtype));
+                }
+                snprintf(name, sizeof(name), "into/ag%d", t);
+                rc = grab(kolo_allgather_into_async(name, src, all[t], count,
+                                                    c->dtype, NULL, &h[t]));
+                CHECK(rc == KOLO_OK, "enqueue %s: %d %s", name, rc, lastmsg);
+                if (rc != KOLO_OK)
+                    exit(1);
+            }
+        }
+        for (int t = 0; t < N; t++) {
+            const rscase_t *c = &into_cases[t];
+            int64_t count = c->shape[0];
+            int bad = 0;
+            if (!wait_ok(h[t], "into/ag"))
+                exit(1);
+            for (int64_t i = 0; i < count * size && bad < 3; i++) {
+                double e = (double)(i / count + (int)(i % count % 7));
+                double g = tu_get(c->dtype, all[t], i);
+                nchecks++;
+                if (g != e) {
+                    CHECK(0, "step %d into/ag%d element %lld: got %.17g, "
+                             "expected %.17g", step, t, (long long)i, g, e);
+                    bad++;
+                }
+            }
+            free(in[t]);
+            free(all[t]);
+            free(shard[t]);
+        }
+    }
+    /* Ranks that disagree on the count per rank are told so, with both
+     * values; a count of 0 and a NULL output are refused at once. */
+    {
+        float x[16] = {0}, y[16];
+        kolo_handle_t h;
+        int64_t count = rank == 0 ? 2 : 3;
+        expect_error("into/rs-count",
+                     finish(kolo_reducescatter_into_async(
+                                "into/rs-count", x, y, count, KOLO_FLOAT32,
+                                NULL, &h), &h),
+                     KOLO_ERR_MISMATCH, 0, "into/rs-count", "rank 0", NULL);
+        expect_error("into/ag-count",
+                     finish(kolo_allgather_into_async(
+                                "into/ag-count", x, y, count, KOLO_FLOAT32,
+                                NULL, &h), &h),
+                     KOLO_ERR_MISMATCH, 0, "into/ag-count", "rank 0", NULL);
+        expect_error("into/zero",
+                     finish(kolo_allgather_into_async("into/zero", x, y, 0,
+                                                      KOLO_FLOAT32, NULL, &h),
+                            &h),
+                     KOLO_ERR_INVALID_ARGUMENT, 0, "into/zero",
+                     "0 elements per rank", NULL);
+        expect_error("into/null",
+                     finish(kolo_reducescatter_into_async(
+                                "into/null", x, NULL, 1, KOLO_FLOAT32, NULL,
+                                &h), &h),
+                     KOLO_ERR_INVALID_ARGUMENT, 0, "into/null", "output",
+                     NULL);
+        expect_ok("into/after-refusals");
+    }
+    free(order);
+}
+
+/* ======================================================================== */
 /* grouped                                                                  */
 /* ======================================================================== */
 
@@ -2783,6 +2932,8 @@ int main(int argc, char **argv)
         mode_alltoall(3);
     else if (strcmp(mode, "reducescatter") == 0)
         mode_reducescatter(3);
+    else if (strcmp(mode, "into") == 0)
+        mode_into(4);
     else if (strcmp(mode, "grouped") == 0)
         mode_grouped(2);
     else if (strcmp(mode, "barrier") == 0)
