@@ -885,6 +885,27 @@ def grouped_reducescatter_async(keys, inps, shapes, dtype, opts):
                            "reducescatter", keys, inps, shapes, dtype, opts)
 
 
+def reducescatter_into_async(key, inp, out, count, dtype, opts):
+    """kolo_reducescatter_into_async: `inp` holds count * set size
+    elements, `out` receives this rank's block of the reduction."""
+    h = _lib.handle_t(0)
+    check(lib.kolo_reducescatter_into_async(encode(key), inp, out, count,
+                                            dtype, ctypes.byref(opts),
+                                            ctypes.byref(h)),
+          "reducescatter of '%s'" % key)
+    return h.value
+
+
+def allgather_into_async(key, inp, out, count, dtype, opts):
+    """kolo_allgather_into_async: `count` elements of every rank into
+    `out` in rank order (`inp` may be this rank's block of `out`)."""
+    h = _lib.handle_t(0)
+    check(lib.kolo_allgather_into_async(encode(key), inp, out, count, dtype,
+                                        ctypes.byref(opts), ctypes.byref(h)),
+          "allgather of '%s'" % key)
+    return h.value
+
+
 def alltoall_async(key, inp, shape, dtype, splits, opts):
     arr, nd = _shape_array(shape)
     sp = None

@@ -11,6 +11,8 @@ KOLO_TIMELINE before the job (rank 0 writes it, as Horovod's coordinator).
 Horovod's submodules import by the same names: kolo.torch.mpi_ops,
 .compression, .optimizer, .functions, .sync_batch_norm, and .elastic
 (hvd.elastic.run, TorchState, ElasticSampler: elastic training).
+ZeroRedundancyOptimizer (kolo's own, kolo.torch.zero) shards the optimizer's
+state over the ranks where DistributedOptimizer copies it.
 """
 
 from .._core import *  # noqa: F401,F403  (the API kolo shares)
@@ -26,6 +28,7 @@ from .functions import (  # noqa: F401
 )
 from .mixed_precision import GradScaler, DynamicLossScaler  # noqa: F401
 from .sync_batch_norm import SyncBatchNorm  # noqa: F401
+from .zero import ZeroRedundancyOptimizer  # noqa: F401
 
 # Horovod's name for a failed collective (horovod.common.exceptions), and
 # kolo's own spelling of it.
@@ -40,5 +43,5 @@ __all__ = _shared_all + _mpi_ops_all + [
     "broadcast_object", "allgather_object", "allreduce_gradients",
     "clip_by_global_norm", "GradScaler", "DynamicLossScaler",
     "HorovodInternalError", "KoloInternalError", "SyncBatchNorm",
-    "elastic"
+    "ZeroRedundancyOptimizer", "elastic"
 ]

@@ -109,9 +109,19 @@ def broadcast_optimizer_state(optimizer, root_rank,
     Adam step counter is 1 after it) and moves the parameters where the
     update of a zero gradient is not zero (weight decay); the gradients are
     left zero. An optimizer that has no state even then (stateless) is left
-    as it is, hyper-parameters included."""
+    as it is, hyper-parameters included.
+
+    A ZeroRedundancyOptimizer (whose state is sharded) gets root_rank's
+    hyper-parameters and the consolidated state of every parameter,
+    re-sharded, without taking a step; it communicates in its own process
+    set, which must hold root_rank."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    from .zero import ZeroRedundancyOptimizer
+    if isinstance(optimizer, ZeroRedundancyOptimizer):
+        # Sharded: root_rank's view of the state is the consolidated one.
+        optimizer._kolo_broadcast_state(root_rank)
+        return
     if not optimizer.state_dict()["state"]:
         _create_state(optimizer)
     is_root = _core.rank() == root_rank  # a global rank, as in Horovod

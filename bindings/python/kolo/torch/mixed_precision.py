@@ -9,6 +9,9 @@ tensors. What it adds for distributed training:
    allreduce MAX of the flag, so if any rank saw an overflow, every rank
    skips the update and lowers the scale the same way; the scales never
    diverge.
+ * With a ZeroRedundancyOptimizer, unscale_() synchronizes it and
+   checks this rank's blocks of the averaged gradients; the agreement
+   below makes every rank skip or take the step together.
  * With a DistributedOptimizer, unscale_() first synchronizes it (the
    gradients are allreduced while still scaled: build the optimizer with
    compression=Compression.fp16 to allreduce the scaled gradients in
@@ -43,6 +46,7 @@ from .._core import global_process_set
 from . import mpi_ops
 from .adasum import _DistributedAdasum
 from .optimizer import _Distributed
+from .zero import ZeroRedundancyOptimizer
 
 _READY, _UNSCALED, _STEPPED = 0, 1, 2
 
@@ -119,25 +123,31 @@ class GradScaler:
                                "optimizer since the last update().")
         if state["stage"] == _STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
-        if isinstance(optimizer, _Distributed):
+        if isinstance(optimizer, (_Distributed, ZeroRedundancyOptimizer)):
             optimizer.synchronize()
         inv = 1.0 / self._scale
         finite = []
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            # The averaged gradients are this rank's blocks; the agreement
+            # below makes an overflow in any rank's blocks skip the step
+            # on every rank.
+            grads = [(None, g) for g in optimizer._kolo_block_grads()]
+        else:
+            grads = [(p, p.grad) for group in optimizer.param_groups
+                     for p in group["params"]]
         with torch.no_grad():
-            for group in optimizer.param_groups:
-                for p in group["params"]:
-                    g = p.grad
-                    if g is None:
-                        continue
-                    if g.is_sparse:
-                        g = g.coalesce()
-                        p.grad = g
-                        vals = g._values()
-                        vals.mul_(inv)
-                        finite.append(torch.isfinite(vals).all())
-                    else:
-                        g.mul_(inv)
-                        finite.append(torch.isfinite(g).all())
+            for p, g in grads:
+                if g is None:
+                    continue
+                if g.is_sparse:
+                    g = g.coalesce()
+                    p.grad = g
+                    vals = g._values()
+                    vals.mul_(inv)
+                    finite.append(torch.isfinite(vals).all())
+                else:
+                    g.mul_(inv)
+                    finite.append(torch.isfinite(g).all())
         local_inf = bool(finite) and not bool(torch.stack(finite).all())
         state["found_inf"] = self._agree(local_inf)
         state["stage"] = _UNSCALED
@@ -159,11 +169,13 @@ class GradScaler:
             self.unscale_(optimizer)
         ret = None
         if not state["found_inf"]:
-            if isinstance(optimizer, _Distributed):
+            if isinstance(optimizer, (_Distributed, ZeroRedundancyOptimizer)):
                 with optimizer.skip_synchronize():
                     ret = optimizer.step(*args, **kwargs)
             else:
                 ret = optimizer.step(*args, **kwargs)
+        elif isinstance(optimizer, ZeroRedundancyOptimizer):
+            optimizer._kolo_skip_step()  # on every rank: the flag agreed
         elif isinstance(optimizer, _Distributed):
             optimizer._synchronized = False  # the skipped step consumed it
         state["stage"] = _STEPPED

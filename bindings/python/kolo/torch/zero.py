@@ -1,0 +1,872 @@
+"""ZeroRedundancyOptimizer: the optimizer's state sharded over the ranks
+(ZeRO stage 2: gradients and optimizer state sharded, parameters whole).
+
+Horovod gives every rank all of the optimizer's state; here each rank of
+the process set keeps the state of a 1/n share of every parameter and
+updates only that share, so a model whose optimizer state does not fit in
+one rank's memory can still be trained.
+
+How a step goes:
+
+ * Layout. The parameters that require gradients are laid out, group by
+   group and in the reverse of the optimizer's order (the order in which
+   backward produces their gradients), in buckets of about bucket_cap_mb
+   of one dtype and device. A bucket's elements are split in n equal
+   blocks (the last padded with zeros): rank r owns block r of every
+   bucket. So every rank owns 1/n of the bytes, whatever the parameters'
+   sizes, and a parameter may be cut between two ranks.
+ * The parameters become views of their bucket (param.data is re-pointed
+   at construction; their values are kept). The wrapped optimizer, `.optim`,
+   is built by this class on this rank's blocks: one 1-D tensor per bucket,
+   a view of the bucket, in a parameter group with the hyper-parameters of
+   the parameters' group. Elementwise optimizers (every torch.optim
+   optimizer except LBFGS and SparseAdam, which are refused) compute on a
+   block exactly what they compute on the whole parameters.
+ * Backward. A hook on each parameter's gradient accumulator copies the
+   gradient into the bucket's gradient buffer at its last backward pass and
+   frees p.grad; when every parameter of a bucket has its gradient, the
+   bucket is reduce-scattered (kolo_reducescatter_into_async) through the
+   background thread while backward goes on: each rank receives the
+   averaged gradient of its block only, in place in the buffer.
+ * step(): waits for the reduce-scatters, runs the wrapped optimizer on the
+   blocks, then allgathers every bucket in place (kolo_allgather_into_async),
+   which writes every rank's updated block into the parameters. Every
+   element is computed by one rank and copied to the others: the
+   parameters are bit for bit the same on every rank after every step.
+
+After step() the parameters' .grad are None: the averaged gradients exist
+only as blocks. Clip with opt.clip_grad_norm_(max_norm) (the global norm,
+computed over the blocks and allreduced), not torch.nn.utils'.
+"""
+
+import contextlib
+import itertools
+
+import torch
+
+from .. import _core
+from .._core import Average, Sum, global_process_set
+from . import mpi_ops
+from .compression import Compression
+from .optimizer_base import TOO_MANY_PASSES, ZERO_GRAD_PENDING, Wrapper
+
+_instances = itertools.count()
+
+NOT_CONSOLIDATED = (
+    "ZeroRedundancyOptimizer.state_dict(): the state of every parameter is "
+    "held by rank %d only after consolidate_state_dict(to=%d) on every rank "
+    "(this rank is %d%s)")
+
+
+class _Bucket:
+    """Parameters of one group, dtype and device, flattened: `flat` holds
+    their values (n blocks of `block` elements), `grad` their gradients
+    (in the wire dtype), `mine` is this rank's block of `flat`."""
+
+    def __init__(self, index, group, dtype, device):
+        self.index = index
+        self.group = group
+        self.dtype = dtype
+        self.device = device
+        self.params = []   # (param, offset, numel), in backward order
+        self.total = 0
+        self.block = 0
+        self.flat = self.grad = self.mine = self.mine_grad = None
+        self.wire_grad32 = None  # float32 copy of a float16 block
+        self.filled = 0
+        self.handle = None
+
+
+def _elementwise_check(optimizer_class):
+    if not (isinstance(optimizer_class, type) and
+            issubclass(optimizer_class, torch.optim.Optimizer)):
+        raise TypeError("ZeroRedundancyOptimizer: optimizer_class must be a "
+                        "torch.optim.Optimizer subclass (torch.optim.Adam, "
+                        "say), not %r" % (optimizer_class,))
+    if issubclass(optimizer_class, (torch.optim.LBFGS, torch.optim.SparseAdam)):
+        raise ValueError(
+            "ZeroRedundancyOptimizer cannot shard %s: each rank updates a "
+            "block of the parameters, which needs an optimizer that updates "
+            "every element from that element's gradient and state alone "
+            "(SGD, Adam, AdamW, Adagrad, RMSprop, ...); LBFGS needs the "
+            "whole parameters, SparseAdam sparse gradients"
+            % optimizer_class.__name__)
+
+
+class ZeroRedundancyOptimizer(torch.optim.Optimizer):
+    """Wraps optimizer_class so that each rank of process_set keeps and
+    updates 1/n of the optimizer's state, with gradients reduce-scattered
+    during backward and parameters allgathered after the update (see the
+    module's docstring). Used in place of DistributedOptimizer (it reduces
+    the gradients itself: no DDP):
+
+        opt = hvd.ZeroRedundancyOptimizer(model.parameters(),
+                                          torch.optim.Adam, lr=1e-3)
+
+    params: parameters or parameter groups, as for any torch optimizer.
+    optimizer_class: the torch.optim class to shard; **defaults are its
+      arguments (lr=..., betas=..., weight_decay=...).
+    process_set: the ranks that share the state.
+    named_parameters: (name, parameter) pairs, for messages.
+    compression: Compression.fp16 reduces float32 gradients as float16.
+    backward_passes_per_step, op (Average or Sum),
+      gradient_predivide_factor, average_aggregated_gradients: as for
+      DistributedOptimizer.
+    bucket_cap_mb: the size of a bucket (25 MB by default, as DDP).
+    parameters_as_bucket_view: accepted for torch's signature; kolo always
+      makes the parameters views of their buckets.
+    """
+
+    def __init__(self, params, optimizer_class, process_set=global_process_set,
+                 *, named_parameters=None, compression=Compression.none,
+                 backward_passes_per_step=1, op=Average,
+                 gradient_predivide_factor=1.0,
+                 average_aggregated_gradients=False, bucket_cap_mb=25,
+                 parameters_as_bucket_view=True, overlap_with_ddp=False,
+                 process_group=None, **defaults):
+        _elementwise_check(optimizer_class)
+        if process_group is not None:
+            raise ValueError("ZeroRedundancyOptimizer: kolo takes "
+                             "process_set= (a kolo ProcessSet), not "
+                             "torch.distributed's process_group")
+        if overlap_with_ddp:
+            raise ValueError("ZeroRedundancyOptimizer: overlap_with_ddp is "
+                             "torch's coupling with DDP; kolo's overlaps "
+                             "the gradients' reduction with backward by "
+                             "itself, without DDP")
+        op = _core.check_op(op)
+        if op not in (Average, Sum):
+            raise ValueError("ZeroRedundancyOptimizer reduces gradients with "
+                             "Average or Sum, not %s" % _core.op_name(op))
+        if gradient_predivide_factor != 1.0 and op != Average:
+            raise ValueError("gradient_predivide_factor not supported with "
+                             "op != Average")
+        if not (isinstance(bucket_cap_mb, (int, float)) and bucket_cap_mb > 0):
+            raise ValueError("bucket_cap_mb must be a positive number, not %r"
+                             % (bucket_cap_mb,))
+        self._kolo_ready = False
+        super().__init__(params, defaults)
+        self.optimizer_class = optimizer_class
+        self.process_set = process_set
+        self._kolo_id = next(_instances)
+        self._kolo_op = op
+        self._kolo_compression = compression
+        self._kolo_predivide = float(gradient_predivide_factor)
+        self._kolo_average_passes = bool(average_aggregated_gradients)
+        self._kolo_cap = int(bucket_cap_mb * 1024 * 1024)
+        self.backward_passes_per_step = Wrapper._kolo_check_passes(
+            backward_passes_per_step)
+        self._kolo_included = process_set.included()
+        self._kolo_n = _core.set_size(process_set) if self._kolo_included \
+            else 1
+        self._kolo_rank = _core.set_rank(process_set) if \
+            self._kolo_included else 0
+        self._kolo_buckets = []
+        self._kolo_slot = {}      # id(p) -> (bucket, offset, numel)
+        self._kolo_passes = {}    # id(p) -> hook calls since the last step
+        self._kolo_fired = False
+        self._synchronized = False
+        self._should_synchronize = True
+        self._kolo_checked = False
+        self._kolo_consolidated = None  # (to, state dict) after consolidate
+        self._kolo_grad_accs = []
+        all_params = [p for g in self.param_groups for p in g["params"]]
+        if named_parameters is None:
+            named_parameters = [("param.%d.%d" % (i, j), p)
+                                for i, g in enumerate(self.param_groups)
+                                for j, p in enumerate(g["params"])]
+        self._kolo_names = Wrapper._kolo_name_parameters(
+            self, named_parameters, all_params)
+        self.optim = None
+        local_groups = []
+        for gi in range(len(self.param_groups)):
+            local_groups.append(self._kolo_layout(gi))
+        self._kolo_check_layout(0)
+        self.optim = optimizer_class(local_groups, **defaults)
+        self._kolo_pull_hyper()
+        self._kolo_ready = True
+
+    # ---- layout ------------------------------------------------------------
+
+    def _kolo_layout(self, gi):
+        """Lays out group gi's parameters in buckets; returns the local
+        group (this rank's blocks, the group's hyper-parameters)."""
+        group = self.param_groups[gi]
+        trained = [p for p in group["params"] if p.requires_grad]
+        for p in trained:
+            if id(p) in self._kolo_slot:
+                raise ValueError("parameter '%s' is in two parameter groups"
+                                 % self._kolo_names[id(p)])
+            if p.is_sparse:
+                raise ValueError("ZeroRedundancyOptimizer: parameter '%s' is "
+                                 "sparse" % self._kolo_names[id(p)])
+        open_ = {}
+        made = []
+        for p in reversed(trained):
+            key = (p.dtype, p.device)
+            b = open_.get(key)
+            nbytes = p.numel() * p.element_size()
+            if b is not None and b.params and \
+                    (b.total * p.element_size()) + nbytes > self._kolo_cap:
+                b = None
+            if b is None:
+                b = _Bucket(len(self._kolo_buckets) + len(made), gi, p.dtype,
+                            p.device)
+                open_[key] = b
+                made.append(b)
+            b.params.append((p, b.total, p.numel()))
+            b.total += p.numel()
+        for b in made:
+            self._kolo_make_bucket(b)
+            self._kolo_buckets.append(b)
+        if self._kolo_included:
+            self._kolo_hook(trained)
+        local = {k: v for k, v in group.items() if k != "params"}
+        local["params"] = [b.mine for b in made]
+        return local
+
+    def _kolo_make_bucket(self, b):
+        n = self._kolo_n
+        b.block = -(-b.total // n) if b.total else 1
+        size = b.block * n
+        b.flat = torch.zeros(size, dtype=b.dtype, device=b.device)
+        wire = b.dtype
+        if (self._kolo_compression is Compression.fp16 and
+                b.dtype == torch.float32):
+            wire = torch.float16
+        elif self._kolo_compression not in (Compression.none,
+                                            Compression.fp16):
+            raise ValueError("ZeroRedundancyOptimizer: compression must be "
+                             "Compression.none or Compression.fp16")
+        b.grad = torch.zeros(size, dtype=wire, device=b.device)
+        lo, hi = self._kolo_rank * b.block, (self._kolo_rank + 1) * b.block
+        b.mine = b.flat[lo:hi]
+        b.mine_grad = b.grad[lo:hi]
+        if wire != b.dtype:
+            b.wire_grad32 = torch.zeros(b.block, dtype=b.dtype,
+                                        device=b.device)
+        with torch.no_grad():
+            for p, off, k in b.params:
+                view = b.flat[off:off + k]
+                view.copy_(p.detach().reshape(-1))
+                p.data = view.view_as(p)
+                self._kolo_slot[id(p)] = (b, off, k)
+
+    def _kolo_hook(self, params):
+        with torch.enable_grad():
+            for p in params:
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                acc.register_hook(self._kolo_make_hook(p))
+                self._kolo_grad_accs.append(acc)
+
+    def _kolo_make_hook(self, p):
+        def hook(*_ignored):
+            self._kolo_on_grad(p)
+        return hook
+
+    def _kolo_describe(self):
+        return [(gi, [(self._kolo_names[id(p)], tuple(p.shape),
+                       str(p.dtype), p.device.type) for p in g["params"]
+                      if p.requires_grad])
+                for gi, g in enumerate(self.param_groups)]
+
+    def _kolo_check_layout(self, first_group):
+        """The ranks must shard the same parameters the same way: every
+        rank compares its description with every other's, and all raise
+        the same error naming the first difference."""
+        if not self._kolo_included or self._kolo_n == 1:
+            return
+        mine = self._kolo_describe()[first_group:]
+        all_ = _core_allgather_object(
+            mine, "zero%d.layout.%d" % (self._kolo_id, first_group),
+            self.process_set)
+        ranks = self.process_set.ranks
+        for r, other in enumerate(all_):
+            if _shapes(other) == _shapes(all_[0]):
+                continue
+            raise ValueError(
+                "ZeroRedundancyOptimizer: the ranks do not have the same "
+                "parameters: %s" % _first_difference(ranks[0], all_[0],
+                                                     ranks[r], other))
+
+    # ---- backward ----------------------------------------------------------
+
+    def _kolo_on_grad(self, p):
+        pid = id(p)
+        n = self._kolo_passes.get(pid, 0) + 1
+        if n > self.backward_passes_per_step:
+            raise AssertionError(TOO_MANY_PASSES)
+        self._kolo_passes[pid] = n
+        self._kolo_fired = True
+        if p.grad is not None and p.grad.is_sparse:
+            raise ValueError(
+                "ZeroRedundancyOptimizer: parameter '%s' has a sparse "
+                "gradient; sharding needs dense gradients (build the "
+                "embedding with sparse=False, or use DistributedOptimizer)"
+                % self._kolo_names[pid])
+        if n == self.backward_passes_per_step:
+            self._kolo_fill(p)
+
+    def _kolo_fill(self, p):
+        """Copies p's gradient (zeros without one) into its bucket, frees
+        p.grad, and starts the bucket's reduction once it is full."""
+        b, off, k = self._kolo_slot[id(p)]
+        with torch.no_grad():
+            view = b.grad[off:off + k]
+            if p.grad is None:
+                view.zero_()
+            else:
+                view.copy_(p.grad.reshape(-1))
+        p.grad = None
+        b.filled += 1
+        if b.filled == len(b.params):
+            self._kolo_reduce(b)
+
+    def _kolo_scales(self):
+        pre, post = 1.0, 1.0
+        if self._kolo_op == Average and self._kolo_predivide != 1.0:
+            pre, post = 1.0 / self._kolo_predivide, self._kolo_predivide
+        if self._kolo_average_passes and self.backward_passes_per_step > 1:
+            pre /= self.backward_passes_per_step
+        return pre, post
+
+    def _kolo_enqueue(self, what, b, fn, src, dst):
+        t = b.grad if what == "rs" else b.flat
+        kd = mpi_ops._kdtype(t, "ZeroRedundancyOptimizer")
+        place = mpi_ops._place(t)
+        if what == "rs":
+            pre, post = self._kolo_scales()
+            opts, _ = _core.make_opts(self._kolo_op, pre, post,
+                                      self.process_set, place=place)
+        else:
+            opts, _ = _core.make_opts(process_set=self.process_set,
+                                      place=place)
+        name = "zero%d.%s.%d" % (self._kolo_id, what, b.index)
+        h = fn(name, src.data_ptr(), dst.data_ptr(), b.block, kd, opts)
+        return _core.register([h], (b,), None, what=name,
+                              stream=mpi_ops._order_on(t))
+
+    def _kolo_reduce(self, b):
+        b.handle = self._kolo_enqueue("rs", b, _core.reducescatter_into_async,
+                                      b.grad, b.mine_grad)
+
+    # ---- synchronize -------------------------------------------------------
+
+    def synchronize(self):
+        """Waits for the reduction of every bucket: afterwards each rank's
+        blocks hold their averaged gradients (step() calls it unless inside
+        skip_synchronize())."""
+        if not self._kolo_included:
+            self._synchronized = True
+            return
+        if not self._kolo_fired and self._synchronized:
+            return
+        self._kolo_check_views()
+        if not self._kolo_fired:
+            self._kolo_drain()
+            raise ValueError(
+                "No gradients provided for any parameter: none of the "
+                "parameters of the ZeroRedundancyOptimizer got a gradient on "
+                "rank %d since the last step (was loss.backward() called?)"
+                % _core.rank())
+        try:
+            for b in self._kolo_buckets:
+                if b.handle is None:
+                    # What backward did not fill: the passes so far, or
+                    # zeros (a parameter without a gradient on this rank
+                    # contributes zeros, as with DistributedOptimizer).
+                    for p, _, _ in b.params:
+                        if self._kolo_passes.get(id(p), 0) < \
+                                self.backward_passes_per_step:
+                            self._kolo_fill(p)
+            error = None
+            for b in self._kolo_buckets:
+                h, b.handle = b.handle, None
+                try:
+                    _core.synchronize(h)
+                except Exception as e:  # wait for the others first
+                    if error is None:
+                        error = e
+            if error is not None:
+                raise error
+            for b in self._kolo_buckets:
+                if b.wire_grad32 is not None:
+                    b.wire_grad32.copy_(b.mine_grad)
+                    b.mine.grad = b.wire_grad32
+                else:
+                    b.mine.grad = b.mine_grad
+        finally:
+            self._kolo_reset()
+        self._synchronized = True
+
+    def _kolo_reset(self):
+        self._kolo_passes.clear()
+        self._kolo_fired = False
+        for b in self._kolo_buckets:
+            b.filled = 0
+
+    def _kolo_drain(self):
+        for b in self._kolo_buckets:
+            h, b.handle = b.handle, None
+            if h is not None:
+                try:
+                    _core.synchronize(h)
+                except Exception:
+                    pass
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() inside this context uses the gradients of an earlier
+        synchronize() (to clip them, say) without waiting again."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def _kolo_block_grads(self):
+        """This rank's averaged gradient blocks (after synchronize)."""
+        return [b.mine.grad for b in self._kolo_buckets
+                if b.mine.grad is not None]
+
+    def _kolo_skip_step(self):
+        """A step that was skipped (GradScaler found Inf/NaN): the
+        gradients are consumed, the parameters stay."""
+        self._synchronized = False
+        for b in self._kolo_buckets:
+            b.mine.grad = None
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0,
+                        error_if_nonfinite=False):
+        """Clips the averaged gradients by their global norm, as
+        torch.nn.utils.clip_grad_norm_ would clip the whole gradients (the
+        norm is computed over this rank's blocks and combined with the
+        other ranks'); synchronizes first if needed. Returns the norm
+        before clipping (a tensor). Call it between backward and step()."""
+        if self._kolo_fired or not self._synchronized:
+            self.synchronize()
+        norm_type = float(norm_type)
+        grads = self._kolo_block_grads()
+        dev = grads[0].device if grads else torch.device("cpu")
+        if norm_type == float("inf"):
+            local = max([float(g.detach().abs().max()) for g in grads] +
+                        [0.0])
+            op = _core.Max
+        else:
+            local = sum(float(torch.sum(g.detach().double().abs() **
+                                        norm_type)) for g in grads)
+            op = Sum
+        total = local
+        if self._kolo_included and self._kolo_n > 1:
+            t = torch.tensor([local], dtype=torch.float64)
+            mpi_ops.allreduce_(t, op=op, name="zero%d.clip" % self._kolo_id,
+                               process_set=self.process_set)
+            total = float(t.item())
+        if norm_type != float("inf"):
+            total = total ** (1.0 / norm_type)
+        norm = torch.tensor(total, dtype=grads[0].dtype if grads else
+                            torch.float32, device=dev)
+        if error_if_nonfinite and not torch.isfinite(norm):
+            raise RuntimeError(
+                "The total norm of order %s for gradients from the "
+                "ZeroRedundancyOptimizer is non-finite, so it cannot be "
+                "clipped" % norm_type)
+        coef = float(max_norm) / (total + 1e-6)
+        if coef < 1.0:
+            for g in grads:
+                g.mul_(coef)
+        return norm
+
+    # ---- step --------------------------------------------------------------
+
+    def _kolo_push_hyper(self):
+        for g, lg in zip(self.param_groups, self.optim.param_groups):
+            for k, v in g.items():
+                if k != "params":
+                    lg[k] = v
+
+    def _kolo_pull_hyper(self):
+        for g, lg in zip(self.param_groups, self.optim.param_groups):
+            for k, v in lg.items():
+                if k != "params":
+                    g[k] = v
+
+    def step(self, closure=None):
+        """Synchronizes (unless inside skip_synchronize()), updates this
+        rank's blocks with the wrapped optimizer, and allgathers the
+        parameters. Returns the closure's loss."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if not self._kolo_included:
+            # Outside the process set: a local step on this rank's own
+            # gradients (as DistributedOptimizer takes), laid out in the
+            # buckets (one block: the whole bucket), zeros where a
+            # parameter has none.
+            with torch.no_grad():
+                for b in self._kolo_buckets:
+                    for p, off, k in b.params:
+                        view = b.grad[off:off + k]
+                        if p.grad is None:
+                            view.zero_()
+                        else:
+                            view.copy_(p.grad.reshape(-1))
+                    b.mine.grad = b.wire_grad32 if b.wire_grad32 is not None \
+                        else b.mine_grad
+                    if b.wire_grad32 is not None:
+                        b.wire_grad32.copy_(b.mine_grad)
+            self._kolo_push_hyper()
+            self.optim.step()
+            self._kolo_pull_hyper()
+            return loss
+        if self._should_synchronize or not self._synchronized:
+            self.synchronize()
+        if not self._kolo_checked:
+            self._kolo_check_values()
+        self._kolo_push_hyper()
+        self.optim.step()
+        self._kolo_pull_hyper()
+        self._synchronized = False
+        for b in self._kolo_buckets:
+            b.mine.grad = None
+        self._kolo_gather()
+        return loss
+
+    def _kolo_gather(self):
+        if self._kolo_n == 1:
+            return
+        handles = [self._kolo_enqueue("ag", b, _core.allgather_into_async,
+                                      b.mine, b.flat)
+                   for b in self._kolo_buckets]
+        error = None
+        for h in handles:
+            try:
+                _core.synchronize(h)
+            except Exception as e:
+                if error is None:
+                    error = e
+        if error is not None:
+            raise error
+
+    def _kolo_check_views(self):
+        """The parameters must still be views of their buckets: a model
+        moved or converted after the optimizer was built (model.to(),
+        .half(), p.data = ...) would silently stop being updated."""
+        for b in self._kolo_buckets:
+            base = b.flat.data_ptr()
+            esize = b.flat.element_size()
+            for p, off, _ in b.params:
+                if p.data_ptr() != base + off * esize or p.dtype != b.dtype:
+                    raise RuntimeError(
+                        "ZeroRedundancyOptimizer: parameter '%s' was moved or "
+                        "replaced after the optimizer was built (model.to(), "
+                        ".half(), an assignment to .data): the optimizer "
+                        "updates the memory it laid out; build it after "
+                        "moving or converting the model"
+                        % self._kolo_names[id(p)])
+
+    def _kolo_check_values(self):
+        """Before the first update: the parameters must be the same on
+        every rank (each rank updates its blocks from its own values), so
+        the ranks compare a checksum of every bucket."""
+        self._kolo_checked = True
+        if self._kolo_n == 1:
+            return
+        sums = []
+        for b in self._kolo_buckets:
+            raw = b.flat.detach()
+            if raw.element_size() == 8:
+                raw = raw.view(torch.int64)
+                sums.append(int((raw & 0xffffffff).sum()) +
+                            int((raw >> 32).sum()) * 7)
+            elif raw.element_size() == 4:
+                sums.append(int(raw.view(torch.int32).to(torch.int64).sum()))
+            elif raw.element_size() == 2:
+                sums.append(int(raw.view(torch.int16).to(torch.int64).sum()))
+            else:
+                sums.append(int(raw.view(torch.uint8).to(torch.int64).sum()))
+        all_ = _core_allgather_object(sums, "zero%d.values" % self._kolo_id,
+                                      self.process_set)
+        ranks = self.process_set.ranks
+        for r, other in enumerate(all_):
+            diff = [i for i, (a, c) in enumerate(zip(all_[0], other))
+                    if a != c]
+            if diff:
+                b = self._kolo_buckets[diff[0]]
+                names = [self._kolo_names[id(p)] for p, _, _ in b.params]
+                raise ValueError(
+                    "ZeroRedundancyOptimizer: the parameters differ between "
+                    "rank %d and rank %d at the first step (%s%s); each rank "
+                    "updates its share from its own values, so they must "
+                    "start the same: call kolo.torch.broadcast_parameters("
+                    "model.state_dict(), root_rank=0) before training"
+                    % (ranks[0], ranks[r], ", ".join(names[:4]),
+                       ", ..." if len(names) > 4 else ""))
+
+    def zero_grad(self, set_to_none=True):
+        if self._kolo_fired:
+            raise AssertionError(ZERO_GRAD_PENDING)
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.detach_()
+                    p.grad.zero_()
+
+    def set_backward_passes_per_step(self, passes):
+        passes = Wrapper._kolo_check_passes(passes)
+        if any(self._kolo_passes.values()):
+            raise ValueError("set_backward_passes_per_step: backward passes "
+                             "are pending; call step() or synchronize() "
+                             "first")
+        self.backward_passes_per_step = passes
+
+    def add_param_group(self, param_group):
+        """Adds a parameter group (on every rank, like the constructor):
+        its parameters get buckets of their own, sharded like the others."""
+        if not self._kolo_ready:
+            return super().add_param_group(param_group)
+        if self._kolo_fired:
+            raise ValueError("add_param_group between steps, not while "
+                             "backward passes are pending")
+        super().add_param_group(param_group)
+        gi = len(self.param_groups) - 1
+        for j, p in enumerate(self.param_groups[gi]["params"]):
+            self._kolo_names.setdefault(id(p), "param.%d.%d" % (gi, j))
+        local = self._kolo_layout(gi)
+        self._kolo_check_layout(gi)
+        self.optim.add_param_group(local)
+        self._kolo_pull_hyper()
+
+    # ---- state -------------------------------------------------------------
+
+    def _kolo_index(self):
+        """Every parameter of the groups -> its index in a state dict (the
+        numbering of torch.optim.Optimizer.state_dict)."""
+        out, i = {}, 0
+        for g in self.param_groups:
+            for p in g["params"]:
+                if id(p) not in out:
+                    out[id(p)] = i
+                    i += 1
+        return out
+
+    def consolidate_state_dict(self, to=0):
+        """Gathers the state of every parameter on rank `to` (a global
+        rank, as Horovod's root_rank; every rank of the set calls it), where
+        state_dict() then returns it in the format of the wrapped
+        optimizer's own state_dict(): the same as a DistributedOptimizer's
+        or a single process's, loadable into either or into a
+        ZeroRedundancyOptimizer of any number of ranks."""
+        ranks = self.process_set.ranks
+        if self._kolo_included and to not in ranks:
+            raise ValueError("consolidate_state_dict(to=%d): rank %d is not "
+                             "in the process set %s" % (to, to, ranks))
+        local = self.optim.state_dict()
+        index = self._kolo_index()
+        me = _core.rank() == to
+        state = {}
+        for b in self._kolo_buckets:
+            # The local index of b's block: buckets in order, as built.
+            bstate = local["state"].get(self._kolo_local_index(b), {})
+            keys = sorted(bstate)
+            full = {}
+            for key in keys:
+                v = bstate[key]
+                if torch.is_tensor(v) and v.dim() == 1 and \
+                        v.numel() == b.block and self._kolo_n > 1:
+                    out = torch.empty(b.block * self._kolo_n, dtype=v.dtype,
+                                      device=v.device)
+                    v = v.contiguous()
+                    opts, _ = _core.make_opts(process_set=self.process_set,
+                                              place=mpi_ops._place(v))
+                    h = _core.allgather_into_async(
+                        "zero%d.state.%d.%s" % (self._kolo_id, b.index, key),
+                        v.data_ptr(), out.data_ptr(), b.block,
+                        mpi_ops._kdtype(v, "consolidate_state_dict"), opts)
+                    _core.synchronize(_core.register([h], (v, out), None))
+                    full[key] = out
+                elif torch.is_tensor(v) and v.dim() == 1 and \
+                        v.numel() == b.block:
+                    full[key] = v
+                else:
+                    full[key] = v
+            if me:
+                for p, off, k in b.params:
+                    st = {}
+                    for key, v in full.items():
+                        if torch.is_tensor(v) and v.dim() == 1 and \
+                                v.numel() == b.block * self._kolo_n:
+                            st[key] = v[off:off + k].clone().view_as(p)
+                        elif torch.is_tensor(v):
+                            st[key] = v.clone()
+                        else:
+                            st[key] = v
+                    if st:
+                        state[index[id(p)]] = st
+        if not me:
+            self._kolo_consolidated = (to, None)
+            return
+        groups = []
+        for g, lg in zip(self.param_groups, local["param_groups"]):
+            d = {k: v for k, v in lg.items() if k != "params"}
+            d["params"] = [index[id(p)] for p in g["params"]]
+            groups.append(d)
+        self._kolo_consolidated = (to, {"state": state,
+                                        "param_groups": groups})
+
+    def _kolo_broadcast_state(self, root_rank):
+        """broadcast_optimizer_state: root_rank's hyper-parameters and the
+        state of every parameter, on every rank of the set."""
+        if not self._kolo_included:
+            return
+        from .functions import broadcast_object
+        self.consolidate_state_dict(to=root_rank)
+        sd = self.state_dict() if _core.rank() == root_rank else None
+        sd = broadcast_object(sd, root_rank, "zero%d.broadcast" %
+                              self._kolo_id, self.process_set)
+        self.load_state_dict(sd)
+
+    def _kolo_local_index(self, b):
+        i = 0
+        for lg_index, lg in enumerate(self.optim.param_groups):
+            for t in lg["params"]:
+                if t is b.mine:
+                    return i
+                i += 1
+        raise AssertionError("bucket %d has no block in the optimizer"
+                             % b.index)
+
+    def state_dict(self):
+        """The state of every parameter, on the rank that
+        consolidate_state_dict(to) named; an error elsewhere (as torch's
+        ZeroRedundancyOptimizer)."""
+        c = self._kolo_consolidated
+        if c is None or c[1] is None:
+            to = 0 if c is None else c[0]
+            raise RuntimeError(NOT_CONSOLIDATED % (
+                to, to, _core.rank(),
+                "" if c is None else
+                ", which consolidated on rank %d" % c[0]))
+        return c[1]
+
+    def load_state_dict(self, state_dict):
+        """Loads a full state dict (consolidated by a ZeroRedundancyOptimizer
+        of any number of ranks, or the state_dict() of the plain optimizer
+        or a DistributedOptimizer) on every rank: each keeps the state of
+        its blocks, and the hyper-parameters of every group."""
+        self._kolo_drain()
+        self._kolo_reset()
+        self._synchronized = False
+        groups = state_dict["param_groups"]
+        if len(groups) != len(self.param_groups):
+            raise ValueError("loaded state dict has %d parameter groups, the "
+                             "optimizer %d" % (len(groups),
+                                               len(self.param_groups)))
+        index = self._kolo_index()
+        by_index = {}
+        for g, sg in zip(self.param_groups, groups):
+            if len(g["params"]) != len(sg["params"]):
+                raise ValueError("loaded state dict contains a parameter "
+                                 "group that doesn't match the size of "
+                                 "optimizer's group")
+            for p, i in zip(g["params"], sg["params"]):
+                by_index[index[id(p)]] = i
+        full_state = state_dict["state"]
+        local_state = {}
+        for b in self._kolo_buckets:
+            lo, hi = self._kolo_rank * b.block, (self._kolo_rank + 1) * b.block
+            block = {}
+            states = []
+            for p, off, k in b.params:
+                st = full_state.get(by_index[index[id(p)]])
+                if st is None:
+                    st = full_state.get(str(by_index[index[id(p)]]))
+                if st:
+                    states.append((p, off, k, st))
+            per_element = _per_element_keys(states)
+            for p, off, k, st in states:
+                a, z = max(off, lo), min(off + k, hi)
+                for key, v in st.items():
+                    if key in per_element:
+                        t = block.get(key)
+                        if t is None:
+                            t = block[key] = torch.zeros(
+                                b.block, dtype=v.dtype, device=b.device)
+                        if a < z:
+                            t[a - lo:z - lo].copy_(
+                                v.reshape(-1)[a - off:z - off])
+                    elif key not in block:
+                        block[key] = v.clone() if torch.is_tensor(v) else v
+            if block:
+                local_state[self._kolo_local_index(b)] = block
+        local_groups = []
+        i = 0
+        for sg, lg in zip(groups, self.optim.param_groups):
+            d = {k: v for k, v in sg.items() if k != "params"}
+            d["params"] = list(range(i, i + len(lg["params"])))
+            i += len(lg["params"])
+            local_groups.append(d)
+        self.optim.load_state_dict({"state": local_state,
+                                    "param_groups": local_groups})
+        self._kolo_pull_hyper()
+
+    def __repr__(self):
+        return "ZeroRedundancyOptimizer(%s, %d ranks, %d buckets)" % (
+            self.optimizer_class.__name__, self._kolo_n,
+            len(self._kolo_buckets))
+
+
+def _core_allgather_object(obj, name, process_set):
+    from .functions import allgather_object
+    return allgather_object(obj, name=name, process_set=process_set)
+
+
+def _per_element_keys(states):
+    """The state keys that hold one value per element of the parameter
+    (exp_avg, momentum_buffer...), as opposed to one per parameter (step):
+    a tensor shaped like its parameter, judged on parameters of at least
+    one dimension; for 0-dimensional parameters alone, every key but
+    "step"."""
+    keys, seen_shaped = set(), False
+    for p, _, _, st in states:
+        if p.dim() == 0:
+            continue
+        seen_shaped = True
+        for key, v in st.items():
+            if torch.is_tensor(v) and v.shape == p.shape:
+                keys.add(key)
+    if not seen_shaped:
+        for p, _, _, st in states:
+            for key, v in st.items():
+                if torch.is_tensor(v) and v.shape == p.shape and \
+                        key != "step":
+                    keys.add(key)
+    return keys
+
+
+def _shapes(described):
+    return [(gi, [x[1:] for x in ps]) for gi, ps in described]
+
+
+def _first_difference(ra, a, rb, b):
+    if len(a) != len(b):
+        return "rank %d has %d parameter groups, rank %d has %d" % (
+            ra, len(a), rb, len(b))
+    for (gi, pa), (_, pb) in zip(a, b):
+        if len(pa) != len(pb):
+            return ("group %d: rank %d has %d parameters that require "
+                    "gradients, rank %d has %d" % (gi, ra, len(pa), rb,
+                                                   len(pb)))
+        for x, y in zip(pa, pb):
+            if x[1:] != y[1:]:
+                return ("group %d: parameter '%s' is %s %s on rank %d, "
+                        "parameter '%s' is %s %s on rank %d"
+                        % (gi, x[0], x[2], list(x[1]), ra, y[0], y[2],
+                           list(y[1]), rb))
+    return "(no difference found)"
+
