@@ -491,8 +491,9 @@ KOLO_EXPORT int kolo_reducescatter_async(const char *name, const void *input,
  * process set's size), rank r's block being elements [r * count,
  * (r + 1) * count); the blocks of every rank are reduced with opts->op (SUM
  * or AVERAGE, with prescale and postscale as for allreduce) and `output`
- * (count elements) receives this rank's. `input` is not modified; `output`
- * may not overlap it.
+ * (count elements) receives this rank's. `output` may be this rank's block
+ * of `input` (in place: the rest of `input` is then left as it was), and may
+ * not overlap `input` otherwise; out of place, `input` is not modified.
  *
  * kolo_allgather_into_async: every rank contributes `count` elements
  * (`input`); `output` (count * n elements) receives them in rank order. In
