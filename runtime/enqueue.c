@@ -143,6 +143,7 @@ static void params_from_opts(kolo__params_t *p, const kolo_opts_t *o)
 {
     p->prescale = o->prescale;
     p->postscale = o->postscale;
+    p->own = o->while_joined != 0;
 }
 
 /* Where the tensor lives (opts->device_type): a CUDA tensor is checked and

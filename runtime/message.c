@@ -67,7 +67,7 @@ int kolo__params_equal(const kolo__params_t *a, const kolo__params_t *b)
 {
     if (a->coll != b->coll || a->dtype != b->dtype || a->op != b->op ||
         a->count != b->count || a->wire != b->wire || a->ndim != b->ndim ||
-        a->device_type != b->device_type ||
+        a->device_type != b->device_type || a->own != b->own ||
         a->group != b->group || a->root != b->root ||
         /* The scales are compared bit for bit: the same code computes
          * them on every rank. */
@@ -145,7 +145,8 @@ static void put_params(writer_t *w, const kolo__params_t *p, uint8_t last)
     put_i64(w, p->count);
     put_u8(w, p->wire);
     put_u8(w, p->ndim);
-    put_u8(w, p->device_type);
+    /* own rides in the device byte's top bit */
+    put_u8(w, (uint8_t)(p->device_type | (p->own ? 0x80 : 0)));
     put_u16(w, p->group);
     put_u32(w, (uint32_t)p->root);
     put(w, &p->prescale, 8);
@@ -242,8 +243,10 @@ static int get_params(reader_t *r, kolo__params_t *p, uint8_t *last)
     if (p->coll >= KOLO__COLL_COUNT_ || p->dtype >= KOLO_DTYPE_COUNT_ ||
         p->op >= KOLO_OP_COUNT_ || p->count < 0 ||
         p->wire >= KOLO_DTYPE_COUNT_ || p->ndim > KOLO_MAX_DIMS ||
-        p->device_type > KOLO_DEVICE_CUDA)
+        (p->device_type & 0x7f) > KOLO_DEVICE_CUDA)
         return -1;
+    p->own = p->device_type >> 7;
+    p->device_type &= 0x7f;
     for (int i = 0; i < p->ndim; i++)
         if (get(r, &p->shape[i], 8) || p->shape[i] < 0)
             return -1;

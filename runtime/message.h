@@ -15,6 +15,7 @@
  *             u8 wire | u8 ndim | u8 device_type | u16 group | i32 root | f64 prescale |
  *             f64 postscale | i64 shape[ndim] |
  *             [group > 1: u16 key_len | group key]
+ *   (device_type's top bit is params.own)
  * Decoding checks every length against what is left of the buffer, so a
  * truncated or hostile message is refused, never read past its end.
  */
@@ -62,6 +63,8 @@ typedef struct kolo__params {
     uint8_t ndim;  /* shape[0] is 0 for allgather and alltoall */
     uint8_t device_type; /* KOLO_DEVICE_HOST or KOLO_DEVICE_CUDA (the device
                             number may differ between ranks) */
+    uint8_t own;    /* every rank enqueues it, joined ranks too
+                       (kolo_opts_t.while_joined): no stand-in for them */
     uint16_t group; /* members of the tensor's group; 0 or 1: no group */
     int32_t root;   /* broadcast */
     double prescale, postscale;

@@ -571,11 +571,19 @@ static void fail_groups_together(resp_list_t *l)
     }
 }
 
-/* A name is complete when every rank has asked for it or has joined. */
+/* A name is complete when every rank has asked for it or has joined
+ * (unless the name is one that joined ranks enqueue too: params.own). */
 static int complete(const kolo__pset_t *ps, const kolo__pending_name_t *p)
 {
+    int own = 0;
+
     for (int r = 0; r < ps->size; r++)
-        if (!p->have[r] && !ps->neg.joined[r])
+        if (p->have[r]) {
+            own = p->params[r].own;
+            break;
+        }
+    for (int r = 0; r < ps->size; r++)
+        if (!p->have[r] && (own || !ps->neg.joined[r]))
             return 0;
     return p->nhave > 0;
 }
@@ -1287,7 +1295,8 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
         /* A joined rank has every cached allreduce, as zeros. */
         if (ps->neg.hits[b] != NULL ||
             (ps->neg.join_entry != NULL && (c = kolo__cache_at(&ps->neg.cache, b)) != NULL &&
-             c->name != NULL && c->params.coll == KOLO__COLL_ALLREDUCE))
+             c->name != NULL && c->params.coll == KOLO__COLL_ALLREDUCE &&
+             !c->params.own))
             BIT_SET(v + ps->neg.hit_word, b);
     }
     /* Bits this rank could not store last round: erased everywhere. */

@@ -382,6 +382,15 @@ typedef struct kolo_opts {
      * the handle was done is returned by kolo_wait, and stops the process
      * set, so every later call on it fails with the same message. */
     void *stream;
+
+    /* Nonzero: every rank of the set enqueues this collective itself, also
+     * a rank that has joined (kolo_join): it completes once every rank has
+     * enqueued it, a joined rank neither standing in with zeros (allreduce)
+     * nor failing it (the others). For a program that keeps taking part in
+     * some collectives after it joined, as a sharded optimizer's rank that
+     * ran out of data updates its share for the others. The ranks must
+     * agree on it. Default 0. */
+    int while_joined;
 } kolo_opts_t;
 
 KOLO_EXPORT void kolo_opts_init(kolo_opts_t *opts);

@@ -16,6 +16,9 @@ discovery scripts of the tests read how many lines there are): epoch,
 batch, commits, hostname, start_rank, rank, size, rendezvous, lr. At the
 end every rank appends its final weights to LOGFILE.weights.
 
+--zero: a ZeroRedundancyOptimizer of SGD with momentum 0.9 (its state is
+sharded over the ranks and must survive the failures and re-forms).
+
 --exit-schedule '{"1,0": [0]}': the worker first started as rank 0 fails
 at epoch 1, batch 0, before the step: --exit-mode exception raises,
 --exit-mode kill SIGKILLs itself.
@@ -34,6 +37,7 @@ import kolo.torch as hvd
 from kolo import _core  # kolo_hosts_updated(), for the wait below
 
 LR = 0.01
+MOMENTUM = 0.9  # --zero
 EPOCHS = 3
 BATCHES = 10
 
@@ -51,6 +55,9 @@ def main():
                    choices=["exception", "kill"])
     p.add_argument("--step-sleep", type=float, default=0,
                    help="seconds each step lasts at least")
+    p.add_argument("--zero", action="store_true",
+                   help="kolo.torch.ZeroRedundancyOptimizer (SGD with "
+                        "momentum) instead of DistributedOptimizer")
     p.add_argument("--wait-update", default="",
                    help="epochs after which rank 0 waits for a new membership")
     args = p.parse_args()
@@ -66,9 +73,16 @@ def main():
 
     torch.manual_seed(7)
     model = torch.nn.Linear(2, 2).double()
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR * hvd.size())
-    optimizer = hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters())
+    if args.zero:
+        # The state sharded: momentum buffers the job must keep across
+        # failures and re-forms.
+        optimizer = hvd.ZeroRedundancyOptimizer(
+            model.parameters(), torch.optim.SGD, lr=LR * hvd.size(),
+            momentum=MOMENTUM)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=LR * hvd.size())
+        optimizer = hvd.DistributedOptimizer(
+            optimizer, named_parameters=model.named_parameters())
 
     state = hvd.elastic.TorchState(model, optimizer, batch=0, epoch=0,
                                    commits=0, rendezvous=0)

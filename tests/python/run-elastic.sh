@@ -10,6 +10,10 @@
 #          its host is left out whole, the two workers of 127.0.0.1 go on as
 #          ranks 0 and 1 and redo epoch 1 from its last commit
 #   discovery-exception, discovery-kill   the same with a discovery script
+#   fixed-kill-zero, added-removed-zero   fixed-kill and added-removed with
+#          a ZeroRedundancyOptimizer (SGD, momentum 0.9): its sharded state
+#          survives the loss of a rank and the changes of size (the replay
+#          applies the momentum)
 #   added-removed   discovery: localhost:2 at first, 127.0.0.1:2 added after
 #          epoch 0, localhost removed after epoch 1: sizes 2, 4, 2 and rank
 #          0 moving to the 127.0.0.1 host
@@ -89,7 +93,7 @@ EOF
 # commits, and equal to the replay at the given size per epoch.
 check_weights() {
     "$python" - "$@" <<'EOF'
-import json, sys
+import json, os, sys
 import torch
 log, nranks, sizes = sys.argv[1], int(sys.argv[2]), [int(s) for s in sys.argv[3:]]
 rows = [json.loads(l) for l in open(log + ".weights")]
@@ -102,6 +106,8 @@ for r in rows:
         sys.exit("rank %d's weights differ from rank %d's" % (r["rank"], rows[0]["rank"]))
 torch.manual_seed(7)
 model = torch.nn.Linear(2, 2).double()
+momentum = float(os.environ.get("KOLO_CHECK_MOMENTUM", "0"))
+bufs = {}
 for epoch, size in enumerate(sizes):
     for batch in range(10):
         g = torch.Generator().manual_seed(1000 * epoch + batch)
@@ -109,8 +115,13 @@ for epoch, size in enumerate(sizes):
         model.zero_grad()
         model(x).pow(2).sum().backward()
         with torch.no_grad():
-            for p in model.parameters():
-                p -= 0.01 * size * p.grad
+            for i, p in enumerate(model.parameters()):
+                step = p.grad
+                if momentum:
+                    b = bufs.get(i)
+                    bufs[i] = step = (p.grad.clone() if b is None else
+                                      b.mul_(momentum).add_(p.grad))
+                p -= 0.01 * size * step
 want = [v.tolist() for v in model.state_dict().values()]
 def flatten(w):
     out = []
@@ -185,16 +196,17 @@ discovery() {
 }
 
 failure_case() { # NAME MODE HOSTS-ARGS...
-    local name=$1 mode=$2
+    local name=$1 mode=$2 zero=
     shift 2
+    case $name in *-zero) zero=--zero ;; esac
     local d=$work/$name ok=1
     mkdir -p "$d"
     run "$name" "$@" "$python" "$main" --logfile "$d/log" \
-        --exit-schedule '{"1,0": [0]}' --exit-mode "$mode"
+        --exit-schedule '{"1,0": [0]}' --exit-mode "$mode" $zero
     [ "$(cat "$d/status")" = 0 ] || { ok=0; echo "kolorun: status $(cat "$d/status")" >"$d/why"; }
     [ $ok = 1 ] && { check_log "$d/log" "4 localhost 0 1" "2 127.0.0.1 2 2" \
         "2 127.0.0.1 2 2" >"$d/why" 2>&1 || ok=0; }
-    [ $ok = 1 ] && { check_weights "$d/log" 2 4 2 2 >"$d/why" 2>&1 || ok=0; }
+    [ $ok = 1 ] && { KOLO_CHECK_MOMENTUM=${zero:+0.9} check_weights "$d/log" 2 4 2 2 >"$d/why" 2>&1 || ok=0; }
     report "$name" $ok "$d" "recovery $(recovery "$d/log")"
 }
 
@@ -206,22 +218,26 @@ failure_case discovery-exception exception -np 4 --min-np 2 --max-np 4 \
     --host-discovery-script "$work/disc/discover.sh"
 failure_case discovery-kill kill -np 4 --min-np 2 --max-np 4 \
     --host-discovery-script "$work/disc/discover.sh"
+# The same with the optimizer's state sharded (ZeroRedundancyOptimizer):
+# the killed rank's share comes back from the rank before it.
+failure_case fixed-kill-zero kill -np 4 --min-np 2 -H localhost:2,127.0.0.1:2
 
 # Hosts added after epoch 0, the first host removed after epoch 1.
 scale_case() { # NAME EXPECT-OK EXTRA-ARGS...
-    local name=$1 expect=$2
+    local name=$1 expect=$2 zero=
     shift 2
+    case $name in *-zero) zero=--zero ;; esac
     local d=$work/$name ok=1
     mkdir -p "$d"
     discovery "$d" "$d/log" "localhost:2" "localhost:2 127.0.0.1:2" "127.0.0.1:2"
     run "$name" -np 2 --min-np 2 --max-np 4 "$@" \
         --host-discovery-script "$d/discover.sh" \
-        "$python" "$main" --logfile "$d/log" --wait-update 0,1
+        "$python" "$main" --logfile "$d/log" --wait-update 0,1 $zero
     if [ "$expect" = ok ]; then
         [ "$(cat "$d/status")" = 0 ] || { ok=0; echo "kolorun: status $(cat "$d/status")" >"$d/why"; }
         [ $ok = 1 ] && { check_log "$d/log" "2 localhost 0 1" "4 localhost 0 2" \
             "2 127.0.0.1 2 3" >"$d/why" 2>&1 || ok=0; }
-        [ $ok = 1 ] && { check_weights "$d/log" 2 2 4 2 >"$d/why" 2>&1 || ok=0; }
+        [ $ok = 1 ] && { KOLO_CHECK_MOMENTUM=${zero:+0.9} check_weights "$d/log" 2 2 4 2 >"$d/why" 2>&1 || ok=0; }
     else
         [ "$(cat "$d/status")" != 0 ] || ok=0
         grep -q -- "--reset-limit 1 allows no more" "$d/out" || ok=0
@@ -229,6 +245,7 @@ scale_case() { # NAME EXPECT-OK EXTRA-ARGS...
     report "$name" $ok "$d"
 }
 scale_case added-removed ok
+scale_case added-removed-zero ok
 scale_case reset-limit fail --reset-limit 1
 
 # Every worker fails.

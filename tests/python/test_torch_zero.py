@@ -474,3 +474,100 @@ def test_broadcast_optimizer_state():
     loss_of(model, 0).backward()
     opt.step()
     assert same_on_every_rank(model)
+
+
+def _uneven(model, opt, steps, clip=None, scaler=None, inf_at=None):
+    """Rank r trains steps + r steps, then joins; returns join()'s answer."""
+    for step in range(steps + hvd.rank()):
+        opt.zero_grad()
+        loss = loss_of(model, step)
+        if scaler is not None:
+            if step == inf_at and hvd.rank() == hvd.size() - 1:
+                loss = loss * float("inf")
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+        else:
+            loss.backward()
+        if clip is not None:
+            clip(model, opt)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        elif clip is not None and isinstance(opt,
+                                             hvd.ZeroRedundancyOptimizer):
+            opt.step()
+        elif clip is not None:
+            with opt.skip_synchronize():
+                opt.step()
+        else:
+            opt.step()
+    return hvd.join()
+
+
+def test_join_with_uneven_data():
+    """Ranks that run out of data join (hvd.join) while the others go on:
+    the joined ranks stand in for the steps of the others (their blocks
+    updated with zero gradients, as DistributedOptimizer's joined ranks
+    contribute zeros), gradient clipping included, and the result is
+    DistributedOptimizer's under the same join."""
+    def clip_dist(model, opt):
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+
+    def clip_zero(model, opt):
+        opt.clip_grad_norm_(0.5)
+
+    m1, m2 = make_model(), make_model()
+    o1 = hvd.DistributedOptimizer(torch.optim.Adam(m1.parameters(), lr=0.01),
+                                  named(m1))
+    last1 = _uneven(m1, o1, 3, clip=clip_dist)
+    o2 = hvd.ZeroRedundancyOptimizer(m2.parameters(), torch.optim.Adam,
+                                     lr=0.01, bucket_cap_mb=TINY)
+    last2 = _uneven(m2, o2, 3, clip=clip_zero)
+    assert last1 == last2 == hvd.size() - 1
+    assert same_on_every_rank(m2)
+    # A joined rank's DistributedOptimizer stops updating its replica and
+    # its state; the rank that trained longest has every update, and the
+    # reference goes on from it.
+    hvd.broadcast_parameters(m1.state_dict(), root_rank=hvd.size() - 1)
+    hvd.broadcast_optimizer_state(o1, root_rank=hvd.size() - 1)
+    assert_close(m1, m2, 1e-12)
+    # and the sharded optimizer goes on afterwards, every rank training
+    for step in range(2):
+        for m, o in ((m1, o1), (m2, o2)):
+            o.zero_grad()
+            loss_of(m, 50 + step).backward()
+            o.step()
+    assert same_on_every_rank(m2)
+    assert_close(m1, m2, 1e-12)
+
+
+def test_join_with_grad_scaler_and_scheduler():
+    """While ranks are joined, an overflow on one training rank skips the
+    step on every rank, joined ones included, and a learning rate changed
+    by a scheduler on the training ranks reaches the joined ones."""
+    m1, m2 = make_model(), make_model()
+    o1 = hvd.DistributedOptimizer(torch.optim.SGD(m1.parameters(), lr=0.1),
+                                  named(m1))
+    o2 = hvd.ZeroRedundancyOptimizer(m2.parameters(), torch.optim.SGD,
+                                     lr=0.1, bucket_cap_mb=TINY)
+    results = []
+    for m, o in ((m1, o1), (m2, o2)):
+        sched = torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5)
+        scaler = hvd.GradScaler(init_scale=2.0 ** 4)
+        # the scheduler steps after every optimizer step of this rank
+        original = scaler.update
+
+        def update(new_scale=None, original=original, sched=sched):
+            original(new_scale)
+            sched.step()
+        scaler.update = update
+        results.append(_uneven(m, o, 2, scaler=scaler,
+                               inf_at=hvd.size()))
+        results.append(scaler.get_scale())
+    assert results[0] == results[2] == hvd.size() - 1
+    if hvd.rank() == hvd.size() - 1:
+        assert results[1] == results[3] == 2.0 ** 3
+    assert same_on_every_rank(m2)
+    hvd.broadcast_parameters(m1.state_dict(), root_rank=hvd.size() - 1)
+    assert_close(m1, m2, 1e-12)

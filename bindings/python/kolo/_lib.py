@@ -86,6 +86,7 @@ class Opts(ctypes.Structure):
         ("device_type", ctypes.c_int),
         ("device", ctypes.c_int),
         ("stream", ctypes.c_void_p),
+        ("while_joined", ctypes.c_int),
     ]
 
 

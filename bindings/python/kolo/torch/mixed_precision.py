@@ -149,7 +149,12 @@ class GradScaler:
                     g.mul_(inv)
                     finite.append(torch.isfinite(g).all())
         local_inf = bool(finite) and not bool(torch.stack(finite).all())
-        state["found_inf"] = self._agree(local_inf)
+        if isinstance(optimizer, ZeroRedundancyOptimizer):
+            # (a rank that has joined unscales and checks its blocks too)
+            state["found_inf"] = optimizer._kolo_agree_inf(
+                local_inf, self._agree, inv)
+        else:
+            state["found_inf"] = self._agree(local_inf)
         state["stage"] = _UNSCALED
 
     def step(self, optimizer, *args, **kwargs):

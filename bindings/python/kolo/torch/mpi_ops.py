@@ -1401,8 +1401,14 @@ def join(device=-1):
     joined; meanwhile the allreduces of the others go on, this rank
     contributing zeros. Returns the rank that joined last. `device` is
     accepted for Horovod's signature: the runtime makes the zeros a joined
-    rank contributes where each tensor lives, CPU or CUDA."""
-    return _core.join()
+    rank contributes where each tensor lives, CPU or CUDA.
+
+    With a ZeroRedundancyOptimizer, this rank owns blocks of the
+    parameters that the others still update: it first stands in for their
+    steps (zero gradients, the update of its blocks, the allgather; see
+    kolo.torch.zero) until every rank has joined."""
+    from .zero import join_sharded
+    return join_sharded(_core.join)
 
 
 def barrier(process_set=global_process_set):

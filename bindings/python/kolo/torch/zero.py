@@ -41,6 +41,8 @@ computed over the blocks and allreduced), not torch.nn.utils'.
 
 import contextlib
 import itertools
+import threading
+import weakref
 
 import torch
 
@@ -51,6 +53,7 @@ from .compression import Compression
 from .optimizer_base import TOO_MANY_PASSES, ZERO_GRAD_PENDING, Wrapper
 
 _instances = itertools.count()
+_live = weakref.WeakValueDictionary()  # instance number -> optimizer
 
 NOT_CONSOLIDATED = (
     "ZeroRedundancyOptimizer.state_dict(): the state of every parameter is "
@@ -147,6 +150,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._kolo_ready = False
         super().__init__(params, defaults)
         self.optimizer_class = optimizer_class
+        self._kolo_defaults = dict(defaults)
         self.process_set = process_set
         self._kolo_id = next(_instances)
         self._kolo_op = op
@@ -170,6 +174,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._kolo_checked = False
         self._kolo_consolidated = None  # (to, state dict) after consolidate
         self._kolo_grad_accs = []
+        self._kolo_round = None    # handle of this step's round flag
+        self._kolo_everyone = True  # every rank of the set trained in it
+        self._kolo_last = None     # ranks that trained in the last round
+        self._kolo_need_state = False  # re-laid out, state not rebuilt
         all_params = [p for g in self.param_groups for p in g["params"]]
         if named_parameters is None:
             named_parameters = [("param.%d.%d" % (i, j), p)
@@ -185,6 +193,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self.optim = optimizer_class(local_groups, **defaults)
         self._kolo_pull_hyper()
         self._kolo_ready = True
+        _live[self._kolo_id] = self
 
     # ---- layout ------------------------------------------------------------
 
@@ -260,8 +269,16 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 self._kolo_grad_accs.append(acc)
 
     def _kolo_make_hook(self, p):
+        # A weak reference: no cycle through the accumulators' hooks, so an
+        # optimizer the program drops is gone at once, on every rank alike
+        # (hvd.join() stands in for the live ones), and its hooks do
+        # nothing afterwards.
+        me = weakref.ref(self)
+
         def hook(*_ignored):
-            self._kolo_on_grad(p)
+            opt = me()
+            if opt is not None:
+                opt._kolo_on_grad(p)
         return hook
 
     def _kolo_describe(self):
@@ -297,6 +314,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         if n > self.backward_passes_per_step:
             raise AssertionError(TOO_MANY_PASSES)
         self._kolo_passes[pid] = n
+        if not self._kolo_fired:
+            if self._kolo_need_state:
+                # re-formed without a sync (elastic, skip_sync): every
+                # rank re-laid out, and rebuilds the committed state before
+                # its first bucket
+                self._kolo_rebuild_state()
+            self._kolo_start_round()
         self._kolo_fired = True
         if p.grad is not None and p.grad.is_sparse:
             raise ValueError(
@@ -341,6 +365,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         else:
             opts, _ = _core.make_opts(process_set=self.process_set,
                                       place=place)
+        # A rank that has joined still takes part (hvd.join() below).
+        opts.while_joined = 1
         name = "zero%d.%s.%d" % (self._kolo_id, what, b.index)
         h = fn(name, src.data_ptr(), dst.data_ptr(), b.block, kd, opts)
         return _core.register([h], (b,), None, what=name,
@@ -387,6 +413,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 except Exception as e:  # wait for the others first
                     if error is None:
                         error = e
+            try:
+                self._kolo_end_round()
+            except Exception as e:
+                if error is None:
+                    error = e
             if error is not None:
                 raise error
             for b in self._kolo_buckets:
@@ -406,13 +437,171 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             b.filled = 0
 
     def _kolo_drain(self):
+        handles = [b.handle for b in self._kolo_buckets]
+        handles.append(self._kolo_round)
+        self._kolo_round = None
         for b in self._kolo_buckets:
-            h, b.handle = b.handle, None
+            b.handle = None
+        for h in handles:
             if h is not None:
                 try:
                     _core.synchronize(h)
                 except Exception:
                     pass
+
+    # ---- rounds: what lets a rank that ran out of data (hvd.join) stand in
+
+    def _kolo_allreduce(self, what, t, op):
+        """An allreduce of the optimizer's own in place (every rank of the
+        set takes part, a joined one too: while_joined)."""
+        opts, _ = _core.make_opts(op, process_set=self.process_set)
+        opts.while_joined = 1
+        key = "zero%d.%s" % (self._kolo_id, what)
+        h = _core.allreduce_async(key, t.data_ptr(), t.data_ptr(), t.numel(),
+                                  mpi_ops._kdtype(t, key), opts)
+        return _core.register([h], (t,), None, what=key)
+
+    def _kolo_flag(self, what, values):
+        t = torch.tensor(values, dtype=torch.float64)
+        return t, self._kolo_allreduce(what, t, _core.Max)
+
+    def _kolo_start_round(self):
+        """Every step of a rank that trains begins with a round flag, an
+        allreduce (Max) of one entry per rank, 1 where the rank trains: a
+        rank that has joined sends zeros and learns from it whether anyone
+        still trains, and so whether to stand in for this step. It is
+        negotiated with the first bucket."""
+        if self._kolo_round is None and self._kolo_n > 1:
+            v = [0.0] * self._kolo_n
+            v[self._kolo_rank] = 1.0
+            self._kolo_round = self._kolo_flag("round", v)
+
+    def _kolo_end_round(self):
+        if self._kolo_round is None:
+            self._kolo_start_round()
+            if self._kolo_round is None:
+                return
+        (t, h), self._kolo_round = self._kolo_round, None
+        _core.synchronize(h)
+        trained = [i for i, x in enumerate(t.tolist()) if x > 0]
+        self._kolo_last = trained
+        self._kolo_everyone = len(trained) == self._kolo_n
+
+    def _kolo_hyper_values(self):
+        """The numeric hyper-parameters of every group, flattened in a fixed
+        order (a rank that stands in takes the others' learning rate)."""
+        out = []
+        for g in self.param_groups:
+            for k in sorted(g):
+                v = g[k]
+                if k == "params":
+                    continue
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    out.append(float(v))
+                elif isinstance(v, (tuple, list)) and v and all(
+                        isinstance(x, (int, float)) and
+                        not isinstance(x, bool) for x in v):
+                    out.extend(float(x) for x in v)
+        return out
+
+    def _kolo_set_hyper_values(self, values):
+        it = iter(values)
+        for g in self.param_groups:
+            for k in sorted(g):
+                v = g[k]
+                if k == "params":
+                    continue
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    g[k] = type(v)(next(it))
+                elif isinstance(v, (tuple, list)) and v and all(
+                        isinstance(x, (int, float)) and
+                        not isinstance(x, bool) for x in v):
+                    g[k] = type(v)(type(x)(next(it)) for x in v)
+
+    # What the ranks that train announce in a round where some rank has
+    # joined (the joined rank follows, doing its part of each).
+    _INF, _CLIP, _STEP, _SKIP = 1.0, 2.0, 3.0, 4.0
+
+    def _kolo_announce(self, code, x=0.0, y=0.0, joined=False):
+        """An allreduce (Max) of [code, x, y, hyper-parameters...]: the
+        ranks that train send what they do next; a joined rank sends -inf
+        everywhere and gets it."""
+        hyper = self._kolo_hyper_values()
+        if joined:
+            v = [float("-inf")] * (3 + len(hyper))
+        else:
+            v = [code, float(x), float(y)] + hyper
+        t, h = self._kolo_flag("announce", v)
+        _core.synchronize(h)
+        return t.tolist()
+
+    def _kolo_partial(self):
+        return self._kolo_n > 1 and not self._kolo_everyone
+
+    def _kolo_agree_inf(self, found_inf, agree, inv_scale):
+        """GradScaler's decision, made after it unscaled this rank's blocks
+        by inv_scale: where a rank has joined, it unscales and checks its
+        blocks too, and the ranks agree over the round's flags; otherwise
+        with the scaler's own allreduce `agree`."""
+        if not self._kolo_partial():
+            return agree(found_inf)
+        self._kolo_announce(self._INF, inv_scale)
+        t, h = self._kolo_flag("inf", [1.0 if found_inf else 0.0])
+        _core.synchronize(h)
+        return t.tolist()[0] > 0
+
+    def _kolo_stand_in(self):
+        """One round of a rank that has joined: returns False when every
+        rank of the set has joined, else takes part in the step of the
+        ranks that train: zeros for gradients, then what they announce
+        (unscaling and checking its blocks for GradScaler, clipping them,
+        the update of its blocks with their hyper-parameters and the
+        allgather, or nothing for a skipped step)."""
+        t, h = self._kolo_flag("round", [0.0] * self._kolo_n)
+        _core.synchronize(h)
+        trained = [i for i, x in enumerate(t.tolist()) if x > 0]
+        if not trained:
+            return False
+        self._kolo_last = trained
+        self._kolo_everyone = False
+        for b in self._kolo_buckets:
+            b.grad.zero_()
+            self._kolo_reduce(b)
+        for b in self._kolo_buckets:
+            h, b.handle = b.handle, None
+            _core.synchronize(h)
+        for b in self._kolo_buckets:
+            if b.wire_grad32 is not None:
+                b.wire_grad32.copy_(b.mine_grad)
+                b.mine.grad = b.wire_grad32
+            else:
+                b.mine.grad = b.mine_grad
+        while True:
+            got = self._kolo_announce(0, joined=True)
+            code = got[0]
+            if code == self._INF:
+                grads = self._kolo_block_grads()
+                with torch.no_grad():
+                    for g in grads:
+                        g.mul_(got[1])
+                bad = any(not bool(torch.isfinite(g).all()) for g in grads)
+                t, h = self._kolo_flag("inf", [1.0 if bad else 0.0])
+                _core.synchronize(h)
+            elif code == self._CLIP:
+                self._kolo_clip(got[1], got[2])
+            elif code == self._STEP:
+                self._kolo_set_hyper_values(got[3:])
+                break
+            else:
+                for b in self._kolo_buckets:
+                    b.mine.grad = None
+                return True  # the others skipped the step (GradScaler)
+        self._kolo_push_hyper()
+        self.optim.step()
+        for b in self._kolo_buckets:
+            b.mine.grad = None
+        self._kolo_gather()
+        return True
 
     @contextlib.contextmanager
     def skip_synchronize(self):
@@ -432,6 +621,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _kolo_skip_step(self):
         """A step that was skipped (GradScaler found Inf/NaN): the
         gradients are consumed, the parameters stay."""
+        if self._kolo_partial():
+            self._kolo_announce(self._SKIP)
         self._synchronized = False
         for b in self._kolo_buckets:
             b.mine.grad = None
@@ -445,6 +636,11 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         before clipping (a tensor). Call it between backward and step()."""
         if self._kolo_fired or not self._synchronized:
             self.synchronize()
+        if self._kolo_partial():
+            self._kolo_announce(self._CLIP, max_norm, norm_type)
+        return self._kolo_clip(max_norm, norm_type, error_if_nonfinite)
+
+    def _kolo_clip(self, max_norm, norm_type, error_if_nonfinite=False):
         norm_type = float(norm_type)
         grads = self._kolo_block_grads()
         dev = grads[0].device if grads else torch.device("cpu")
@@ -459,8 +655,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         total = local
         if self._kolo_included and self._kolo_n > 1:
             t = torch.tensor([local], dtype=torch.float64)
-            mpi_ops.allreduce_(t, op=op, name="zero%d.clip" % self._kolo_id,
-                               process_set=self.process_set)
+            _core.synchronize(self._kolo_allreduce("clip", t, op))
             total = float(t.item())
         if norm_type != float("inf"):
             total = total ** (1.0 / norm_type)
@@ -522,7 +717,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             return loss
         if self._should_synchronize or not self._synchronized:
             self.synchronize()
-        if not self._kolo_checked:
+        if self._kolo_partial():
+            self._kolo_announce(self._STEP)  # the joined rank steps too
+        elif not self._kolo_checked:
             self._kolo_check_values()
         self._kolo_push_hyper()
         self.optim.step()
@@ -815,10 +1012,255 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                                     "param_groups": local_groups})
         self._kolo_pull_hyper()
 
+    # ---- elastic training (TorchState: kolo/torch/elastic/state.py) ------
+
+    def _kolo_block_state(self):
+        """bucket index -> (per-element state of this rank's block: {key:
+        tensor}, the rest: {key: value})."""
+        local = self.optim.state_dict()["state"]
+        out = {}
+        for b in self._kolo_buckets:
+            st = local.get(self._kolo_local_index(b), {})
+            elem, rest = {}, {}
+            for k, v in st.items():
+                if torch.is_tensor(v) and v.dim() == 1 and \
+                        v.numel() == b.block:
+                    elem[k] = v.detach().clone()
+                else:
+                    rest[k] = v.clone() if torch.is_tensor(v) else v
+            out[b.index] = (elem, rest)
+        return out
+
+    def _kolo_snapshot(self, exchange):
+        """A commit: a copy of this rank's blocks' state, and (exchange:
+        a collective every rank makes) of the next rank's, so that the
+        state committed survives the loss of any one rank."""
+        if not self._kolo_included:
+            return
+        self._kolo_drain()
+        own = self._kolo_block_state()
+        succ = None
+        n, r = self._kolo_n, self._kolo_rank
+        if exchange and n > 1:
+            succ = {}
+            for b in self._kolo_buckets:
+                elem = own[b.index][0]
+                got = {}
+                for k in sorted(elem):
+                    v = elem[k]
+                    rows = v.reshape(-1, 1)
+                    splits = [0] * n
+                    splits[(r - 1) % n] = b.block
+                    h = mpi_ops.alltoall_async(
+                        rows, splits, name="zero%d.commit.%d.%s" % (
+                            self._kolo_id, b.index, k),
+                        process_set=self.process_set)
+                    out, _ = _core.synchronize(h)
+                    got[k] = out.reshape(-1)
+                succ[b.index] = got
+        self._kolo_snap = {"n": n, "rank": r, "own": own, "succ": succ,
+                           "committed": exchange,
+                           "totals": [b.total for b in self._kolo_buckets]}
+        self._kolo_need_state = False
+
+    def _kolo_relayout(self):
+        """After the job re-formed with another number of ranks (or this
+        worker another rank): buckets, blocks and the wrapped optimizer
+        laid out anew (the parameters keep their values; the state comes
+        back with _kolo_rebuild_state)."""
+        self._kolo_drain()
+        self._kolo_reset()
+        self._synchronized = False
+        self._kolo_n = _core.set_size(self.process_set)
+        self._kolo_rank = _core.set_rank(self.process_set)
+        self._kolo_everyone, self._kolo_last = True, None
+        self._kolo_checked = True  # the model is synchronized by the state
+        for b in self._kolo_buckets:
+            self._kolo_make_bucket(b)
+        self._kolo_push_hyper()
+        groups = []
+        for gi, g in enumerate(self.optim.param_groups):
+            d = {k: v for k, v in g.items() if k != "params"}
+            d["params"] = [b.mine for b in self._kolo_buckets
+                           if b.group == gi]
+            groups.append(d)
+        self.optim = self.optimizer_class(groups, **self._kolo_defaults)
+        self._kolo_need_state = True
+
+    def _kolo_rebuild_state(self):
+        """Every rank of the new job (a collective): the committed state of
+        every block, gathered from the ranks that hold it (each kept its
+        own and the next rank's at the last commit), laid out in this job's
+        blocks; the hyper-parameters are rank 0's now (as
+        broadcast_optimizer_state from rank 0 would give)."""
+        from .functions import allgather_object
+        self._kolo_drain()
+        snap = getattr(self, "_kolo_snap", None)
+        meta = None
+        if snap is not None:
+            meta = {"n": snap["n"], "rank": snap["rank"],
+                    "committed": snap["committed"],
+                    "totals": snap["totals"],
+                    "keys": {i: sorted(e) for i, (e, _) in
+                             snap["own"].items()},
+                    "rest": {i: r for i, (_, r) in snap["own"].items()}}
+        hyper = [{k: v for k, v in g.items() if k != "params"}
+                 for g in self.param_groups]
+        every = allgather_object((meta, hyper),
+                                 name="zero%d.rebuild" % self._kolo_id,
+                                 process_set=self.process_set)
+        hyper0 = every[0][1]
+        for g, h in zip(self.param_groups, hyper0):
+            g.update(h)
+        metas = [m for m, _ in every if m is not None]
+        # Committed snapshots win; a worker's first (taken when its state
+        # was made, before any commit) counts only where none was
+        # committed (the job's first start, maybe from a checkpoint).
+        if any(m["committed"] for m in metas):
+            metas = [m for m in metas if m["committed"]]
+        local = {}
+        if metas:
+            old_n = metas[0]["n"]
+            if any(m["n"] != old_n for m in metas):
+                raise RuntimeError(
+                    "ZeroRedundancyOptimizer: the workers' committed states "
+                    "come from jobs of different sizes (%s)"
+                    % sorted({m["n"] for m in metas}))
+            totals = metas[0]["totals"]
+            keys = metas[0]["keys"]
+            for b in self._kolo_buckets:
+                if b.total != totals[b.index]:
+                    raise RuntimeError(
+                        "ZeroRedundancyOptimizer: bucket %d holds %d elements "
+                        "here and %d in the committed state"
+                        % (b.index, b.total, totals[b.index]))
+                old_block = -(-b.total // old_n) if b.total else 1
+                elem = {}
+                for k in keys.get(b.index, []):
+                    elem[k] = self._kolo_gather_committed(
+                        b, k, old_n, old_block, snap, metas[0]["committed"])
+                rest = metas[0]["rest"].get(b.index, {})
+                st = dict(rest)
+                lo = self._kolo_rank * b.block
+                for k, full in elem.items():
+                    t = torch.zeros(b.block, dtype=full.dtype,
+                                    device=b.device)
+                    z = min(lo + b.block, b.total)
+                    if lo < z:
+                        t[:z - lo].copy_(full[lo:z])
+                    st[k] = t
+                if st:
+                    local[self._kolo_local_index(b)] = st
+        groups, i = [], 0
+        for g, lg in zip(self.param_groups, self.optim.param_groups):
+            d = {k: v for k, v in g.items() if k != "params"}
+            d["params"] = list(range(i, i + len(lg["params"])))
+            i += len(lg["params"])
+            groups.append(d)
+        self.optim.load_state_dict({"state": local, "param_groups": groups})
+        self._kolo_pull_hyper()
+        self._kolo_need_state = False
+        # the state now laid out is committed: the snapshot follows it
+        self._kolo_snapshot(exchange=True)
+
+    def _kolo_gather_committed(self, b, key, old_n, old_block, snap,
+                               committed):
+        """Bucket b's per-element state `key` as committed, all of it: each
+        rank adds the old blocks it holds and says which (an allreduce of
+        both); a block held twice is the same twice, so the sum divided by
+        the count is exact."""
+        values = torch.zeros(old_n * old_block, dtype=torch.float64)
+        have = torch.zeros(old_n, dtype=torch.float64)
+        dtype = None
+        if snap is not None and snap["n"] == old_n and \
+                snap["committed"] == committed:
+            blocks = [(snap["rank"], snap["own"].get(b.index, ({}, {}))[0])]
+            if snap["succ"] is not None:
+                blocks.append(((snap["rank"] + 1) % old_n,
+                               snap["succ"].get(b.index, {})))
+            for r, held in blocks:
+                v = held.get(key)
+                if v is None:
+                    continue
+                dtype = v.dtype
+                values[r * old_block:(r + 1) * old_block] += \
+                    v.double().cpu()
+                have[r] += 1
+        both = torch.cat([values, have])
+        mpi_ops.allreduce_(both, op=Sum,
+                           name="zero%d.rebuild.%d.%s" % (self._kolo_id,
+                                                          b.index, key),
+                           process_set=self.process_set)
+        values, have = both[:-old_n], both[-old_n:]
+        lost = [r for r in range(old_n) if have[r] == 0]
+        if lost:
+            raise RuntimeError(
+                "ZeroRedundancyOptimizer: the committed optimizer state of "
+                "the blocks of the job's former rank(s) %s is lost (each "
+                "rank's block is kept by it and by the rank before it; both "
+                "are gone): restart from a checkpoint"
+                % ", ".join(str(r) for r in lost))
+        counts = have.repeat_interleave(old_block)
+        full = (values / counts)[:b.total]
+        like = dtype or b.dtype
+        return full.to(dtype=like, device=b.device)
+
     def __repr__(self):
         return "ZeroRedundancyOptimizer(%s, %d ranks, %d buckets)" % (
             self.optimizer_class.__name__, self._kolo_n,
             len(self._kolo_buckets))
+
+
+def join_sharded(runtime_join):
+    """hvd.join() on a rank that has sharded optimizers: the rank joins in
+    the runtime (the others' allreduces get its zeros) and, at the same
+    time, each of its sharded optimizers stands in for the steps the others
+    still take (one thread each: the others may step them in any order),
+    until every rank has joined. Returns runtime_join()'s answer."""
+    active = [o for _, o in sorted(_live.items())
+              if o._kolo_included and o._kolo_n > 1 and _registered(o)]
+    if not active:
+        return runtime_join()
+    out, errors = {}, []
+
+    def joined():
+        try:
+            out["last"] = runtime_join()
+        except BaseException as e:  # noqa: B902 (re-raised below)
+            errors.append(e)
+
+    def stand_in(o):
+        try:
+            if o._kolo_fired:
+                raise ValueError("join() while backward passes are pending "
+                                 "on a ZeroRedundancyOptimizer: call step() "
+                                 "first")
+            while o._kolo_stand_in():
+                pass
+            o._kolo_everyone = True
+        except BaseException as e:  # noqa: B902
+            errors.append(e)
+
+    threads = [threading.Thread(target=joined, daemon=True)]
+    threads += [threading.Thread(target=stand_in, args=(o,), daemon=True)
+                for o in active]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out["last"]
+
+
+def _registered(opt):
+    """The optimizer's process set is still registered (a removed set's
+    optimizers cannot take part in a join: removal is collective, so every
+    rank leaves them out alike)."""
+    try:
+        return _core.set_size(opt.process_set) > 0
+    except Exception:
+        return False
 
 
 def _core_allgather_object(obj, name, process_set):

@@ -10,6 +10,10 @@ handler; every other value is a plain attribute of the ObjectState beneath.
  * save (commit): a deep copy of model.state_dict(), optimizer.state_dict(),
    sampler.state_dict() and scheduler.state_dict() (so a commit costs a
    copy of the model and its optimizer state: commit every few batches).
+ * A ZeroRedundancyOptimizer's state is sharded: a commit copies this
+   rank's share and the next rank's (so the loss of any one rank loses
+   nothing), and after the job re-forms every rank lays the optimizer out
+   for the new number of ranks and rebuilds its share from the copies.
  * restore: load_state_dict of those copies (a DistributedOptimizer's
    load_state_dict also forgets the allreduces in flight and the counted
    backward passes, as Horovod's).
@@ -29,8 +33,10 @@ import torch
 
 from ... import elastic as _elastic
 from ..._core import rank
+from ..._core import size as hvd_size
 from ..functions import (broadcast_object, broadcast_optimizer_state,
                          broadcast_parameters)
+from ..zero import ZeroRedundancyOptimizer
 from .sampler import ElasticSampler
 
 
@@ -81,6 +87,42 @@ class OptimizerStateHandler(StateHandler):
         broadcast_optimizer_state(self.value, root_rank=0)
 
 
+class ZeroOptimizerStateHandler(StateHandler):
+    """A ZeroRedundancyOptimizer, whose state is sharded: a commit keeps a
+    copy of this rank's blocks' state and of the next rank's (an alltoall
+    of one block per rank), so that the committed state survives the loss
+    of any one rank; after the job re-forms, the optimizer is laid out for
+    the new number of ranks and every rank rebuilds its blocks' state from
+    the copies the ranks hold (see kolo.torch.zero)."""
+
+    def __init__(self, value, name):
+        if value.process_set.ranks != list(range(hvd_size())):
+            raise ValueError("elastic training shards a "
+                             "ZeroRedundancyOptimizer over every rank: "
+                             "build it with the global process set")
+        self._first = True
+        super().__init__(value, name)
+
+    def save(self):
+        # The first copy is made when the state is made, maybe on one
+        # worker alone (a worker added to a running job): no collective.
+        self.value._kolo_snapshot(exchange=not self._first)
+        self._first = False
+
+    def restore(self):
+        # The copies are the committed state; the optimizer forgets the
+        # step in flight and takes its state back from them after the
+        # job re-forms.
+        self.value._kolo_drain()
+        self.value._kolo_reset()
+
+    def on_reset(self):
+        self.value._kolo_relayout()
+
+    def sync(self):
+        self.value._kolo_rebuild_state()
+
+
 class _StateDictHandler(StateHandler):
     """A value with state_dict/load_state_dict whose state is small and
     picklable: synchronized by broadcasting rank 0's state_dict."""
@@ -112,6 +154,7 @@ _LRScheduler = getattr(torch.optim.lr_scheduler, "LRScheduler",
 
 _handler_registry = [
     (torch.nn.Module, ModelStateHandler),
+    (ZeroRedundancyOptimizer, ZeroOptimizerStateHandler),
     (torch.optim.Optimizer, OptimizerStateHandler),
     (ElasticSampler, SamplerStateHandler),
     (_LRScheduler, LRSchedulerStateHandler),
@@ -165,6 +208,15 @@ class TorchState(_elastic.ObjectState):
         for handler in self._handlers.values():
             handler.restore()
         super().restore()
+
+    def reset(self):
+        """After the job re-formed, before the reset callbacks: handlers
+        that lay out something by the number of ranks (a
+        ZeroRedundancyOptimizer) do it again."""
+        for handler in self._handlers.values():
+            if hasattr(handler, "on_reset"):
+                handler.on_reset()
+        super().reset()
 
     def sync(self):
         handlers = list(self._handlers.values())
