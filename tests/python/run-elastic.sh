@@ -106,7 +106,7 @@ for r in rows:
         sys.exit("rank %d's weights differ from rank %d's" % (r["rank"], rows[0]["rank"]))
 torch.manual_seed(7)
 model = torch.nn.Linear(2, 2).double()
-momentum = float(os.environ.get("KOLO_CHECK_MOMENTUM", "0"))
+momentum = float(os.environ.get("KOLO_CHECK_MOMENTUM") or "0")
 bufs = {}
 for epoch, size in enumerate(sizes):
     for batch in range(10):

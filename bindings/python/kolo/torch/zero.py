@@ -293,6 +293,12 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         the same error naming the first difference."""
         if not self._kolo_included or self._kolo_n == 1:
             return
+        if _core.elastic():
+            # A worker added to a running elastic job builds its optimizer
+            # alone; the layouts are compared when the state is rebuilt
+            # (TorchState's sync), and the model comes from rank 0.
+            self._kolo_checked = True
+            return
         mine = self._kolo_describe()[first_group:]
         all_ = _core_allgather_object(
             mine, "zero%d.layout.%d" % (self._kolo_id, first_group),
@@ -1033,7 +1039,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
 
     def _kolo_snapshot(self, exchange):
         """A commit: a copy of this rank's blocks' state, and (exchange:
-        a collective every rank makes) of the next rank's, so that the
+        a collective every rank makes) of its partner's (_partner_offset:
+        the same local rank on the next host), so that the
         state committed survives the loss of any one rank."""
         if not self._kolo_included:
             return
@@ -1041,6 +1048,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         own = self._kolo_block_state()
         succ = None
         n, r = self._kolo_n, self._kolo_rank
+        partner = _partner_offset(self.process_set, n)
         if exchange and n > 1:
             succ = {}
             for b in self._kolo_buckets:
@@ -1050,7 +1058,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                     v = elem[k]
                     rows = v.reshape(-1, 1)
                     splits = [0] * n
-                    splits[(r - 1) % n] = b.block
+                    splits[(r - partner) % n] = b.block
                     h = mpi_ops.alltoall_async(
                         rows, splits, name="zero%d.commit.%d.%s" % (
                             self._kolo_id, b.index, k),
@@ -1059,7 +1067,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                     got[k] = out.reshape(-1)
                 succ[b.index] = got
         self._kolo_snap = {"n": n, "rank": r, "own": own, "succ": succ,
-                           "committed": exchange,
+                           "committed": exchange, "partner": partner,
                            "totals": [b.total for b in self._kolo_buckets]}
         self._kolo_need_state = False
 
@@ -1090,7 +1098,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _kolo_rebuild_state(self):
         """Every rank of the new job (a collective): the committed state of
         every block, gathered from the ranks that hold it (each kept its
-        own and the next rank's at the last commit), laid out in this job's
+        own and its partner's at the last commit), laid out in this job's
         blocks; the hyper-parameters are rank 0's now (as
         broadcast_optimizer_state from rank 0 would give)."""
         from .functions import allgather_object
@@ -1176,7 +1184,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 snap["committed"] == committed:
             blocks = [(snap["rank"], snap["own"].get(b.index, ({}, {}))[0])]
             if snap["succ"] is not None:
-                blocks.append(((snap["rank"] + 1) % old_n,
+                blocks.append(((snap["rank"] + snap["partner"]) % old_n,
                                snap["succ"].get(b.index, {})))
             for r, held in blocks:
                 v = held.get(key)
@@ -1197,8 +1205,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             raise RuntimeError(
                 "ZeroRedundancyOptimizer: the committed optimizer state of "
                 "the blocks of the job's former rank(s) %s is lost (each "
-                "rank's block is kept by it and by the rank before it; both "
-                "are gone): restart from a checkpoint"
+                "rank's block is kept by it and by the rank with the same "
+                "local rank on the host before it; both are gone): restart "
+                "from a checkpoint"
                 % ", ".join(str(r) for r in lost))
         counts = have.repeat_interleave(old_block)
         full = (values / counts)[:b.total]
@@ -1251,6 +1260,19 @@ def join_sharded(runtime_join):
     if errors:
         raise errors[0]
     return out["last"]
+
+
+def _partner_offset(process_set, n):
+    """Which rank keeps a copy of rank r's share at a commit: r - k, k being
+    the number of ranks per host when every host has as many and there are
+    several hosts (so the copy is on another host: a host lost whole loses
+    nothing), else 1."""
+    if process_set.ranks != list(range(_core.size())):
+        return 1
+    local = _core.local_size()
+    if 1 <= local < n and n % local == 0 and _core.is_homogeneous():
+        return local
+    return 1
 
 
 def _registered(opt):

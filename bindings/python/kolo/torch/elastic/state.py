@@ -11,8 +11,8 @@ handler; every other value is a plain attribute of the ObjectState beneath.
    sampler.state_dict() and scheduler.state_dict() (so a commit costs a
    copy of the model and its optimizer state: commit every few batches).
  * A ZeroRedundancyOptimizer's state is sharded: a commit copies this
-   rank's share and the next rank's (so the loss of any one rank loses
-   nothing), and after the job re-forms every rank lays the optimizer out
+   rank's share and that of the same local rank on the next host (so the
+   loss of any one host loses nothing), and after the job re-forms every rank lays the optimizer out
    for the new number of ranks and rebuilds its share from the copies.
  * restore: load_state_dict of those copies (a DistributedOptimizer's
    load_state_dict also forgets the allreduces in flight and the counted
@@ -89,9 +89,9 @@ class OptimizerStateHandler(StateHandler):
 
 class ZeroOptimizerStateHandler(StateHandler):
     """A ZeroRedundancyOptimizer, whose state is sharded: a commit keeps a
-    copy of this rank's blocks' state and of the next rank's (an alltoall
-    of one block per rank), so that the committed state survives the loss
-    of any one rank; after the job re-forms, the optimizer is laid out for
+    copy of this rank's blocks' state and of another rank's (the same
+    local rank on the next host; an alltoall of one block per rank), so
+    that the committed state survives the loss of any one host; after the job re-forms, the optimizer is laid out for
     the new number of ranks and every rank rebuilds its blocks' state from
     the copies the ranks hold (see kolo.torch.zero)."""
 
