@@ -200,16 +200,20 @@ def test_clip_grad_norm():
     assert_close(m1, m2, 1e-12)
 
 
-def test_fp16_compression():
-    m1, _, m2, _ = train_pair(
+@pytest.mark.parametrize("kind", ["fp16", "bf16"])
+def test_16_bit_compression(kind):
+    comp = getattr(hvd.Compression, kind)
+    m1, _, m2, o2 = train_pair(
         lambda m: hvd.DistributedOptimizer(
-            torch.optim.SGD(m.parameters(), lr=0.05), named(m),
-            compression=hvd.Compression.fp16),
+            torch.optim.SGD(m.parameters(), lr=0.05),
+            [(kind + n, p) for n, p in named(m)], compression=comp),
         lambda m: hvd.ZeroRedundancyOptimizer(
             m.parameters(), torch.optim.SGD, lr=0.05, bucket_cap_mb=TINY,
-            compression=hvd.Compression.fp16),
+            compression=comp),
         steps=10, dtype=torch.float32)
-    assert_close(m1, m2, 2e-3)
+    assert o2._kolo_buckets[0].grad.dtype == (
+        torch.float16 if kind == "fp16" else torch.bfloat16)
+    assert_close(m1, m2, 2e-3 if kind == "fp16" else 2e-2)
 
 
 def test_grad_scaler_skips_on_every_rank():

@@ -111,7 +111,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
       arguments (lr=..., betas=..., weight_decay=...).
     process_set: the ranks that share the state.
     named_parameters: (name, parameter) pairs, for messages.
-    compression: Compression.fp16 reduces float32 gradients as float16.
+    compression: Compression.fp16 (bf16) reduces float32 gradients as
+      float16 (bfloat16).
     backward_passes_per_step, op (Average or Sum),
       gradient_predivide_factor, average_aggregated_gradients: as for
       DistributedOptimizer.
@@ -240,13 +241,15 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         size = b.block * n
         b.flat = torch.zeros(size, dtype=b.dtype, device=b.device)
         wire = b.dtype
-        if (self._kolo_compression is Compression.fp16 and
-                b.dtype == torch.float32):
-            wire = torch.float16
-        elif self._kolo_compression not in (Compression.none,
-                                            Compression.fp16):
+        comp = self._kolo_compression
+        if comp not in (Compression.none, Compression.fp16, Compression.bf16):
             raise ValueError("ZeroRedundancyOptimizer: compression must be "
-                             "Compression.none or Compression.fp16")
+                             "Compression.none, Compression.fp16 or "
+                             "Compression.bf16")
+        if comp is not Compression.none and b.dtype == torch.float32:
+            # float32 gradients reduced in 16 bits; updates in float32
+            wire = (torch.float16 if comp is Compression.fp16
+                    else torch.bfloat16)
         b.grad = torch.zeros(size, dtype=wire, device=b.device)
         lo, hi = self._kolo_rank * b.block, (self._kolo_rank + 1) * b.block
         b.mine = b.flat[lo:hi]
