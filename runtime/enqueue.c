@@ -682,10 +682,10 @@ static int into_request(const char *coll, int kind, const char *name,
     return KOLO_OK;
 }
 
-int kolo_reducescatter_into_async(const char *name, const void *input,
-                                  void *output, int64_t count,
-                                  kolo_dtype_t dtype, const kolo_opts_t *opts,
-                                  kolo_handle_t *handle)
+static int enqueue_into(const char *coll, int kind, const char *name,
+                        const void *input, void *output, int64_t count,
+                        kolo_dtype_t dtype, const kolo_opts_t *opts,
+                        kolo_handle_t *handle)
 {
     kolo_opts_t defaults;
     kolo__err_t err;
@@ -693,26 +693,27 @@ int kolo_reducescatter_into_async(const char *name, const void *input,
 
     kolo__err_clear(&err);
     opts = opts_or_defaults(opts, &defaults);
-    if (into_request("reducescatter", KOLO__COLL_REDUCESCATTER, name, input,
-                     output, count, dtype, opts, &q, &err) != KOLO_OK)
+    if (into_request(coll, kind, name, input, output, count, dtype, opts, &q,
+                     &err) != KOLO_OK)
         return kolo__api_fail(&err);
     return enqueue(1, &name, &q, opts, handle);
+}
+
+int kolo_reducescatter_into_async(const char *name, const void *input,
+                                  void *output, int64_t count,
+                                  kolo_dtype_t dtype, const kolo_opts_t *opts,
+                                  kolo_handle_t *handle)
+{
+    return enqueue_into("reducescatter", KOLO__COLL_REDUCESCATTER, name, input,
+                        output, count, dtype, opts, handle);
 }
 
 int kolo_allgather_into_async(const char *name, const void *input,
                               void *output, int64_t count, kolo_dtype_t dtype,
                               const kolo_opts_t *opts, kolo_handle_t *handle)
 {
-    kolo_opts_t defaults;
-    kolo__err_t err;
-    request_t q;
-
-    kolo__err_clear(&err);
-    opts = opts_or_defaults(opts, &defaults);
-    if (into_request("allgather", KOLO__COLL_ALLGATHER, name, input, output,
-                     count, dtype, opts, &q, &err) != KOLO_OK)
-        return kolo__api_fail(&err);
-    return enqueue(1, &name, &q, opts, handle);
+    return enqueue_into("allgather", KOLO__COLL_ALLGATHER, name, input, output,
+                        count, dtype, opts, handle);
 }
 
 /* ---- grouped collectives -------------------------------------------------- */

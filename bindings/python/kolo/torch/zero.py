@@ -414,30 +414,26 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                         if self._kolo_passes.get(id(p), 0) < \
                                 self.backward_passes_per_step:
                             self._kolo_fill(p)
-            error = None
+            handles = [b.handle for b in self._kolo_buckets]
             for b in self._kolo_buckets:
-                h, b.handle = b.handle, None
-                try:
-                    _core.synchronize(h)
-                except Exception as e:  # wait for the others first
-                    if error is None:
-                        error = e
-            try:
-                self._kolo_end_round()
-            except Exception as e:
-                if error is None:
-                    error = e
-            if error is not None:
-                raise error
-            for b in self._kolo_buckets:
-                if b.wire_grad32 is not None:
-                    b.wire_grad32.copy_(b.mine_grad)
-                    b.mine.grad = b.wire_grad32
-                else:
-                    b.mine.grad = b.mine_grad
+                b.handle = None
+            # every bucket and the round's flag waited for, even after an
+            # error (then the first is raised)
+            _wait_all(handles, self._kolo_end_round)
+            self._kolo_set_block_grads()
         finally:
             self._kolo_reset()
         self._synchronized = True
+
+    def _kolo_set_block_grads(self):
+        """The reduced gradient blocks become the blocks' .grad (a float32
+        copy of a 16-bit wire)."""
+        for b in self._kolo_buckets:
+            if b.wire_grad32 is not None:
+                b.wire_grad32.copy_(b.mine_grad)
+                b.mine.grad = b.wire_grad32
+            else:
+                b.mine.grad = b.mine_grad
 
     def _kolo_reset(self):
         self._kolo_passes.clear()
@@ -496,36 +492,36 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._kolo_last = trained
         self._kolo_everyone = len(trained) == self._kolo_n
 
-    def _kolo_hyper_values(self):
-        """The numeric hyper-parameters of every group, flattened in a fixed
-        order (a rank that stands in takes the others' learning rate)."""
-        out = []
+    def _kolo_hyper_slots(self):
+        """(group, key) of every numeric hyper-parameter (a number or a
+        tuple of numbers), in a fixed order: what a rank that stands in
+        takes from the others (their learning rate)."""
+        def numeric(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool)
         for g in self.param_groups:
             for k in sorted(g):
                 v = g[k]
-                if k == "params":
-                    continue
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    out.append(float(v))
-                elif isinstance(v, (tuple, list)) and v and all(
-                        isinstance(x, (int, float)) and
-                        not isinstance(x, bool) for x in v):
-                    out.extend(float(x) for x in v)
+                if k != "params" and (numeric(v) or (
+                        isinstance(v, (tuple, list)) and v and
+                        all(numeric(x) for x in v))):
+                    yield g, k
+
+    def _kolo_hyper_values(self):
+        out = []
+        for g, k in self._kolo_hyper_slots():
+            v = g[k]
+            out.extend(float(x) for x in (v if isinstance(v, (tuple, list))
+                                          else [v]))
         return out
 
     def _kolo_set_hyper_values(self, values):
         it = iter(values)
-        for g in self.param_groups:
-            for k in sorted(g):
-                v = g[k]
-                if k == "params":
-                    continue
-                if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    g[k] = type(v)(next(it))
-                elif isinstance(v, (tuple, list)) and v and all(
-                        isinstance(x, (int, float)) and
-                        not isinstance(x, bool) for x in v):
-                    g[k] = type(v)(type(x)(next(it)) for x in v)
+        for g, k in list(self._kolo_hyper_slots()):
+            v = g[k]
+            if isinstance(v, (tuple, list)):
+                g[k] = type(v)(type(x)(next(it)) for x in v)
+            else:
+                g[k] = type(v)(next(it))
 
     # What the ranks that train announce in a round where some rank has
     # joined (the joined rank follows, doing its part of each).
@@ -576,15 +572,10 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         for b in self._kolo_buckets:
             b.grad.zero_()
             self._kolo_reduce(b)
+        _wait_all([b.handle for b in self._kolo_buckets])
         for b in self._kolo_buckets:
-            h, b.handle = b.handle, None
-            _core.synchronize(h)
-        for b in self._kolo_buckets:
-            if b.wire_grad32 is not None:
-                b.wire_grad32.copy_(b.mine_grad)
-                b.mine.grad = b.wire_grad32
-            else:
-                b.mine.grad = b.mine_grad
+            b.handle = None
+        self._kolo_set_block_grads()
         while True:
             got = self._kolo_announce(0, joined=True)
             code = got[0]
@@ -716,10 +707,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                             view.zero_()
                         else:
                             view.copy_(p.grad.reshape(-1))
-                    b.mine.grad = b.wire_grad32 if b.wire_grad32 is not None \
-                        else b.mine_grad
-                    if b.wire_grad32 is not None:
-                        b.wire_grad32.copy_(b.mine_grad)
+            self._kolo_set_block_grads()
             self._kolo_push_hyper()
             self.optim.step()
             self._kolo_pull_hyper()
@@ -742,18 +730,9 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _kolo_gather(self):
         if self._kolo_n == 1:
             return
-        handles = [self._kolo_enqueue("ag", b, _core.allgather_into_async,
+        _wait_all([self._kolo_enqueue("ag", b, _core.allgather_into_async,
                                       b.mine, b.flat)
-                   for b in self._kolo_buckets]
-        error = None
-        for h in handles:
-            try:
-                _core.synchronize(h)
-            except Exception as e:
-                if error is None:
-                    error = e
-        if error is not None:
-            raise error
+                   for b in self._kolo_buckets])
 
     def _kolo_check_views(self):
         """The parameters must still be views of their buckets: a model
@@ -1263,6 +1242,26 @@ def join_sharded(runtime_join):
     if errors:
         raise errors[0]
     return out["last"]
+
+
+def _wait_all(handles, then=None):
+    """Waits for every handle (and runs then()), even after one failed, so
+    that nothing stays in flight; then raises the first error."""
+    error = None
+    for h in handles:
+        try:
+            _core.synchronize(h)
+        except Exception as e:
+            if error is None:
+                error = e
+    if then is not None:
+        try:
+            then()
+        except Exception as e:
+            if error is None:
+                error = e
+    if error is not None:
+        raise error
 
 
 def _partner_offset(process_set, n):
