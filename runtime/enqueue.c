@@ -465,20 +465,19 @@ static int enqueue(int n, const char *const *names, request_t *reqs,
         e->input = q->input;
         e->output = q->output;
         e->rows = q->rows;
-        if (q->into > 0 &&
-            q->into > INT64_MAX / ps->size /
-                          (int64_t)kolo_dtype_size((kolo_dtype_t)q->params.dtype)) {
-            rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
-                               "%s of tensor '%s': %lld elements per rank "
-                               "overflow for %d ranks", q->coll, e->name,
-                               (long long)q->into, ps->size);
-            built++;
-            break;
-        }
         if (q->into > 0) {
             /* The set's size is known now: one block of `into` elements
              * per rank, as rows of the tensor (so that the ranks agree on
              * the count per rank in negotiation). */
+            if (q->into > INT64_MAX / ps->size /
+                              (int64_t)kolo_dtype_size((kolo_dtype_t)q->params.dtype)) {
+                rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
+                                   "%s of tensor '%s': %lld elements per rank "
+                                   "overflow for %d ranks", q->coll, e->name,
+                                   (long long)q->into, ps->size);
+                built++;
+                break;
+            }
             e->params.ndim = 2;
             e->params.shape[0] = ps->size;
             e->params.shape[1] = q->into;

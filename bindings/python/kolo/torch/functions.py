@@ -46,14 +46,8 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         except Exception as e:
             error = e
             break
-    for h in handles:  # wait for what was enqueued, even after an error
-        try:
-            _core.synchronize(h)
-        except Exception as e:
-            if error is None:
-                error = e
-    if error is not None:
-        raise error
+    # wait for what was enqueued, even after an error
+    mpi_ops._wait_all(handles, error=error)
 
 
 class _TensorSlot:

@@ -1396,6 +1396,26 @@ def synchronize(handle):
     return _core.synchronize(handle)
 
 
+def _wait_all(handles, then=None, error=None):
+    """Waits for every handle (then runs then()), even after one failed or
+    after `error` (an enqueue that failed), so that nothing stays in
+    flight; then raises the first error."""
+    for h in handles:
+        try:
+            _core.synchronize(h)
+        except Exception as e:
+            if error is None:
+                error = e
+    if then is not None:
+        try:
+            then()
+        except Exception as e:
+            if error is None:
+                error = e
+    if error is not None:
+        raise error
+
+
 def join(device=-1):
     """For a rank that has run out of data: blocks until every rank has
     joined; meanwhile the allreduces of the others go on, this rank

@@ -50,6 +50,7 @@ from .. import _core
 from .._core import Average, Sum, global_process_set
 from . import mpi_ops
 from .compression import Compression
+from .functions import allgather_object, broadcast_object
 from .optimizer_base import TOO_MANY_PASSES, ZERO_GRAD_PENDING, Wrapper
 
 _instances = itertools.count()
@@ -177,7 +178,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._kolo_grad_accs = []
         self._kolo_round = None    # handle of this step's round flag
         self._kolo_everyone = True  # every rank of the set trained in it
-        self._kolo_last = None     # ranks that trained in the last round
         self._kolo_need_state = False  # re-laid out, state not rebuilt
         all_params = [p for g in self.param_groups for p in g["params"]]
         if named_parameters is None:
@@ -303,7 +303,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
             self._kolo_checked = True
             return
         mine = self._kolo_describe()[first_group:]
-        all_ = _core_allgather_object(
+        all_ = allgather_object(
             mine, "zero%d.layout.%d" % (self._kolo_id, first_group),
             self.process_set)
         ranks = self.process_set.ranks
@@ -419,7 +419,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 b.handle = None
             # every bucket and the round's flag waited for, even after an
             # error (then the first is raised)
-            _wait_all(handles, self._kolo_end_round)
+            mpi_ops._wait_all(handles, self._kolo_end_round)
             self._kolo_set_block_grads()
         finally:
             self._kolo_reset()
@@ -488,9 +488,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 return
         (t, h), self._kolo_round = self._kolo_round, None
         _core.synchronize(h)
-        trained = [i for i, x in enumerate(t.tolist()) if x > 0]
-        self._kolo_last = trained
-        self._kolo_everyone = len(trained) == self._kolo_n
+        self._kolo_everyone = all(x > 0 for x in t.tolist())
 
     def _kolo_hyper_slots(self):
         """(group, key) of every numeric hyper-parameter (a number or a
@@ -564,15 +562,13 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         allgather, or nothing for a skipped step)."""
         t, h = self._kolo_flag("round", [0.0] * self._kolo_n)
         _core.synchronize(h)
-        trained = [i for i, x in enumerate(t.tolist()) if x > 0]
-        if not trained:
-            return False
-        self._kolo_last = trained
+        if not any(x > 0 for x in t.tolist()):
+            return False  # every rank has joined
         self._kolo_everyone = False
         for b in self._kolo_buckets:
             b.grad.zero_()
             self._kolo_reduce(b)
-        _wait_all([b.handle for b in self._kolo_buckets])
+        mpi_ops._wait_all([b.handle for b in self._kolo_buckets])
         for b in self._kolo_buckets:
             b.handle = None
         self._kolo_set_block_grads()
@@ -730,7 +726,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
     def _kolo_gather(self):
         if self._kolo_n == 1:
             return
-        _wait_all([self._kolo_enqueue("ag", b, _core.allgather_into_async,
+        mpi_ops._wait_all([self._kolo_enqueue("ag", b, _core.allgather_into_async,
                                       b.mine, b.flat)
                    for b in self._kolo_buckets])
 
@@ -771,8 +767,8 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                 sums.append(int(raw.view(torch.int16).to(torch.int64).sum()))
             else:
                 sums.append(int(raw.view(torch.uint8).to(torch.int64).sum()))
-        all_ = _core_allgather_object(sums, "zero%d.values" % self._kolo_id,
-                                      self.process_set)
+        all_ = allgather_object(sums, name="zero%d.values" % self._kolo_id,
+                                process_set=self.process_set)
         ranks = self.process_set.ranks
         for r, other in enumerate(all_):
             diff = [i for i, (a, c) in enumerate(zip(all_[0], other))
@@ -875,9 +871,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
                         mpi_ops._kdtype(v, "consolidate_state_dict"), opts)
                     _core.synchronize(_core.register([h], (v, out), None))
                     full[key] = out
-                elif torch.is_tensor(v) and v.dim() == 1 and \
-                        v.numel() == b.block:
-                    full[key] = v
                 else:
                     full[key] = v
             if me:
@@ -909,7 +902,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         state of every parameter, on every rank of the set."""
         if not self._kolo_included:
             return
-        from .functions import broadcast_object
         self.consolidate_state_dict(to=root_rank)
         sd = self.state_dict() if _core.rank() == root_rank else None
         sd = broadcast_object(sd, root_rank, "zero%d.broadcast" %
@@ -1063,7 +1055,7 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._kolo_n = _core.set_size(self.process_set)
         self._kolo_rank = _core.set_rank(self.process_set)
-        self._kolo_everyone, self._kolo_last = True, None
+        self._kolo_everyone = True
         self._kolo_checked = True  # the model is synchronized by the state
         for b in self._kolo_buckets:
             self._kolo_make_bucket(b)
@@ -1083,7 +1075,6 @@ class ZeroRedundancyOptimizer(torch.optim.Optimizer):
         own and its partner's at the last commit), laid out in this job's
         blocks; the hyper-parameters are rank 0's now (as
         broadcast_optimizer_state from rank 0 would give)."""
-        from .functions import allgather_object
         self._kolo_drain()
         snap = getattr(self, "_kolo_snap", None)
         meta = None
@@ -1244,26 +1235,6 @@ def join_sharded(runtime_join):
     return out["last"]
 
 
-def _wait_all(handles, then=None):
-    """Waits for every handle (and runs then()), even after one failed, so
-    that nothing stays in flight; then raises the first error."""
-    error = None
-    for h in handles:
-        try:
-            _core.synchronize(h)
-        except Exception as e:
-            if error is None:
-                error = e
-    if then is not None:
-        try:
-            then()
-        except Exception as e:
-            if error is None:
-                error = e
-    if error is not None:
-        raise error
-
-
 def _partner_offset(process_set, n):
     """Which rank keeps a copy of rank r's share at a commit: r - k, k being
     the number of ranks per host when every host has as many and there are
@@ -1287,9 +1258,6 @@ def _registered(opt):
         return False
 
 
-def _core_allgather_object(obj, name, process_set):
-    from .functions import allgather_object
-    return allgather_object(obj, name=name, process_set=process_set)
 
 
 def _per_element_keys(states):
