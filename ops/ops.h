@@ -120,6 +120,10 @@ typedef struct kolo__ops_config {
     int (*abandoned)(void *arg, char *why, size_t len);
     void *abandoned_arg;
     kolo__ops_warn_fn warn;    /* NULL: the backend's warnings are dropped */
+    /* The job's key (KOLO__KEY_BYTES, auth.h), from which each context's
+     * connections prove they belong; NULL: the job has no secret (the Gloo
+     * backend then shares a random one through the rendezvous store). */
+    const uint8_t *job_key;
 } kolo__ops_config_t;
 
 /* What a backend can do, for the one chooser (ops/registry.c). */

@@ -483,6 +483,9 @@ int kolo_init(void)
         goto free_rt;
     }
     KOLO__CHECK_GOTO(kolo__config_load(&rt->cfg, env_get, &err), rc, free_rt);
+    KOLO__CHECK_GOTO(kolo__auth_job_key(env_get, rt->job_key, &rt->have_job_key,
+                                        &err),
+                     rc, free_rt);
     rt->cfg.mpi_launched = mpi_launched;
     if (!mpi_launched && strncmp(rt->cfg.rendezvous, "mpi:", 4) == 0) {
         rc = kolo__err_set(&err, KOLO_ERR_CONFIG,

@@ -70,7 +70,8 @@ int kolo__connect(kolo__pset_t *ps, const kolo__ops_t *ops,
         .cross_ops = cross_ops,
         .shm_slot_bytes = (size_t)rt->cfg.shm_slot_bytes,
         .shm_spin_us = (int)rt->cfg.shm_spin_us,
-        .ring_send_buffer = (size_t)rt->cfg.ring_send_buffer};
+        .ring_send_buffer = (size_t)rt->cfg.ring_send_buffer,
+        .job_key = rt->have_job_key ? rt->job_key : NULL};
     detail[0] = '\0';
     rc = ops->init(&ocfg, ctx, detail, sizeof(detail));
     if (rc != KOLO_OK)

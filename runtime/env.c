@@ -630,6 +630,8 @@ static const char *const other_names[] = {
     "KOLO_GPU_ALLTOALL", "KOLO_GPU_REDUCESCATTER", "KOLO_CUDA_HOME",
     "KOLO_NCCL_HOME", "KOLO_NCCL_INCLUDE", "KOLO_NCCL_LIB",
     "KOLO_BUILD_CUDA_CC_LIST", "KOLO_BUILD_ARCH_FLAGS", "KOLO_DEBUG",
+    /* The job's secret (auth.c): never a setting, never printed. */
+    "KOLO_SECRET", "KOLO_REQUIRE_SECRET",
 };
 
 int kolo__config_is_known(const char *name)

@@ -31,6 +31,7 @@
 #include <stdio.h>
 
 #include "agree.h"
+#include "auth.h"
 #include "autotune.h"
 #include "cache.h"
 #include "common.h"
@@ -158,6 +159,10 @@ struct kolo__runtime {
     unsigned set_attempts; /* kolo_add_process_set calls that got as far as
                               agreeing (the same count on every rank) */
     struct kolo__watchdog *watchdog; /* watchdog.c, or NULL */
+    /* The job's key (auth.h: from KOLO_SECRET or HOROVOD_SECRET_KEY),
+     * which every context's connections prove; have_job_key 0: none. */
+    uint8_t job_key[KOLO__KEY_BYTES];
+    int have_job_key;
 };
 
 /* The settings in force: the autotuner's while it runs, else the

@@ -25,11 +25,13 @@
  * runs a round at once and the backend names the failure.
  *
  * Strangers: while Gloo's pairs listen for each other, anyone may connect
- * to their ports. Each pair's connecting side first sends a hello with the
- * job's identity (32 random bytes rank 0 draws and puts in the rendezvous
- * store); the listening side takes the first connection whose hello is
- * right and drops, with a warning, every other one (see "Strangers"
- * below).
+ * to their ports. Both sides of each pair prove the context's key, derived
+ * from the job's secret (auth.h), by challenge and response before Gloo
+ * sees the connection; the listening side takes the first connection that
+ * proves it and drops, with a warning, every other one (see "Strangers"
+ * below). Without a job secret (KOLO_SECRET unset: kolorun did not start
+ * the job) the key comes from 32 random bytes rank 0 draws and puts in the
+ * rendezvous store: then whoever can read the store can connect.
  *
  * Small allreduces (each rank sending at most 64 KiB in all) are one
  * exchange of the whole buffers, every rank reducing them in rank order,
@@ -64,7 +66,6 @@
 #include <netinet/in.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -87,6 +88,7 @@
 #include <gloo/transport/tcp/pair.h>
 #endif
 
+#include "auth.h"
 #include "ops.h"
 #include "ring.h"
 
@@ -277,17 +279,20 @@ namespace tcp = gloo::transport::tcp;
  * So kolo's pairs screen what they accept. GuardedDevice creates
  * GuardedContexts, which create GuardedPairs; a GuardedPair takes over
  * Gloo's event handling while it listens and connects:
- *  - the connecting side, once its connection is made, first writes a
- *    hello: a magic, the job's identity (32 random bytes rank 0 puts in
- *    the rendezvous store under this context's prefix; never on a command
- *    line) and the two ranks; then Gloo's own code finishes the connection;
+ *  - both sides prove the context's key (derived from the job's secret,
+ *    auth.h) in auth.c's handshake before Gloo sees the connection;
+ *  - the connecting side, once its connection is made, writes its hello
+ *    (a magic, the two ranks, a fresh nonce), reads the listening side's
+ *    reply and checks its proof, and writes its own; then Gloo's own code
+ *    finishes the connection. A reply that proves nothing fails the pair,
+ *    naming the address: nothing of the job goes to a stranger;
  *  - the listening side accepts every connection as a Stranger, an epoll
- *    handler of its own, and reads its first bytes without blocking. The
- *    first Stranger whose hello matches (identity, and the ranks of this
- *    pair) becomes the pair's socket, through Gloo's handleConnected, and
- *    the listening socket is closed; one that closes, sends other bytes,
- *    or has not said its hello when the pair connects is dropped, with a
- *    warning. Nothing a stranger sends reaches Gloo, nothing waits on a
+ *    handler of its own, and reads its first bytes without blocking. It
+ *    answers a hello for this pair (magic and ranks) with its nonce and
+ *    proof; the first Stranger whose proof is right becomes the pair's
+ *    socket, through Gloo's handleConnected, and the listening socket is
+ *    closed; one that closes, sends other bytes, proves nothing or has not
+ *    finished when the pair connects is dropped, with a warning. Nothing a stranger sends reaches Gloo, nothing waits on a
  *    stranger, and a stranger that holds a connection open costs a socket
  *    until the pair connects (at most kMaxStrangers at once per pair: past
  *    that the oldest is dropped).
@@ -297,37 +302,15 @@ namespace tcp = gloo::transport::tcp;
  * Once the pair is connected, events go straight to Gloo's handler.
  */
 
-constexpr size_t kSecretBytes = KOLO__RING_SECRET_BYTES;
-constexpr size_t kHelloBytes = 8 + kSecretBytes + 4 + 4;
 constexpr char kHelloMagic[8] = {'K', 'O', 'L', 'O', 'P', 'A', 'I', 'R'};
 constexpr size_t kMaxStrangers = 16;
 constexpr int kMaxStrangerWarnings = 5;
 
-/* What every pair of one context shares: the identity and the warnings. */
+/* What every pair of one context shares: its key and the warnings. */
 struct Guard {
-    uint8_t secret[kSecretBytes];
+    uint8_t key[KOLO__KEY_BYTES];
     kolo__ops_warn_fn warn = nullptr;
     std::atomic<int> warned{0};
-
-    /* The hello of the pair from rank `from` to rank `to`. */
-    void hello(uint8_t *out, uint32_t from, uint32_t to) const
-    {
-        uint32_t f = htonl(from), t = htonl(to);
-        std::memcpy(out, kHelloMagic, sizeof(kHelloMagic));
-        std::memcpy(out + 8, secret, kSecretBytes);
-        std::memcpy(out + 8 + kSecretBytes, &f, 4);
-        std::memcpy(out + 12 + kSecretBytes, &t, 4);
-    }
-
-    /* Compares every byte, whatever the first difference. */
-    bool matches(const uint8_t *got, uint32_t from, uint32_t to) const
-    {
-        uint8_t want[kHelloBytes], diff = 0;
-        hello(want, from, to);
-        for (size_t i = 0; i < kHelloBytes; i++)
-            diff |= static_cast<uint8_t>(want[i] ^ got[i]);
-        return diff == 0;
-    }
 
     /* The first few dropped strangers are reported, then no more. */
     void dropped(const std::string &what)
@@ -439,8 +422,8 @@ class GuardedPair : public tcp::Pair {
         std::lock_guard<std::mutex> lock(m_);
         for (auto &s : strangers_)
             if (s->open)
-                drop(*s, "it had not presented the job's identity when the "
-                         "pair connected");
+                drop(*s, "it had not proved the job's secret when the pair "
+                         "connected");
         screening_.store(false);
     }
 
@@ -460,7 +443,7 @@ class GuardedPair : public tcp::Pair {
                 accept_strangers();
                 return;
             }
-            if (state_ == CONNECTING && hello_sent_ < kHelloBytes &&
+            if (state_ == CONNECTING && !proved_ &&
                 !(events & (EPOLLERR | EPOLLHUP)) && !introduce())
                 return;
         } catch (...) {
@@ -477,8 +460,10 @@ class GuardedPair : public tcp::Pair {
         int fd = -1;
         bool open = false;
         uint64_t seq = 0;
+        int stage = 0; /* 0: reading its hello, 1: its proof */
         size_t got = 0;
-        uint8_t buf[kHelloBytes];
+        uint8_t buf[KOLO__HELLO_BYTES];
+        kolo__handshake_t hs;
         std::string from;
 
         void handleEvents(int) override
@@ -488,8 +473,8 @@ class GuardedPair : public tcp::Pair {
                 if (!lock || !open)
                     return;
                 if (pair->closing_ || pair->state_ != LISTENING)
-                    pair->drop(*this, "it had not presented the job's "
-                                      "identity when the pair connected");
+                    pair->drop(*this, "it had not proved the job's secret "
+                                      "when the pair connected");
                 else
                     pair->screen(*this);
             } catch (...) {
@@ -498,27 +483,89 @@ class GuardedPair : public tcp::Pair {
         }
     };
 
-    /* The connecting side's hello; false until all of it is written (or
-     * when writing failed: then the pair has its exception). m_ held. */
+    /* The connecting side's handshake: writes the hello, then (on the
+     * next events) reads the reply, checks it and writes the proof. False
+     * until the proof is written (or when a step failed: then the pair has
+     * its exception). m_ held. */
     bool introduce()
     {
-        uint8_t hello[kHelloBytes];
-        guard_->hello(hello, static_cast<uint32_t>(context_->rank),
-                      static_cast<uint32_t>(rank_));
-        while (hello_sent_ < kHelloBytes) {
-            ssize_t n = ::send(fd_, hello + hello_sent_, kHelloBytes - hello_sent_,
-                               MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (hello_sent_ == 0 && !hello_ready_) {
+            kolo__handshake_init(&hs_, kHelloMagic,
+                                 static_cast<uint32_t>(context_->rank),
+                                 static_cast<uint32_t>(rank_), guard_->key);
+            if (kolo__handshake_hello(&hs_, hello_) != 0) {
+                signalException(GLOO_ERROR_MSG("connect ", peer_.str(),
+                                               ": no random bytes for the "
+                                               "handshake: ",
+                                               std::strerror(errno)));
+                return false;
+            }
+            hello_ready_ = true;
+        }
+        if (hello_sent_ < KOLO__HELLO_BYTES) {
+            if (!send_some(hello_, KOLO__HELLO_BYTES, hello_sent_,
+                           "sending its hello"))
+                return false;
+            /* Only the reply matters now: stop the writable events, which
+             * would come back at once, level-triggered. */
+            device_->registerDescriptor(fd_, EPOLLIN, this);
+            return false;
+        }
+        while (reply_got_ < KOLO__REPLY_BYTES) {
+            ssize_t n = ::recv(fd_, reply_ + reply_got_,
+                               KOLO__REPLY_BYTES - reply_got_, MSG_DONTWAIT);
             if (n > 0) {
-                hello_sent_ += static_cast<size_t>(n);
+                reply_got_ += static_cast<size_t>(n);
                 continue;
             }
             if (n < 0 && errno == EINTR)
                 continue;
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                return false; /* epoll says when it can go on */
-            signalException(GLOO_ERROR_MSG("connect ", peer_.str(),
-                                           ": sending the job's identity: ",
-                                           std::strerror(errno)));
+                return false;
+            signalException(GLOO_ERROR_MSG(
+                "connect ", peer_.str(), ": rank ", rank_, "'s side ",
+                n == 0 ? std::string("closed the connection")
+                       : std::string(std::strerror(errno)),
+                " during the handshake (is it alive, with the same "
+                "KOLO_SECRET?)"));
+            return false;
+        }
+        if (proof_sent_ == 0 &&
+            kolo__handshake_prove(&hs_, reply_, proof_) != 0) {
+            signalException(GLOO_ERROR_MSG(
+                "what answered at ", peer_.str(), " (rank ", rank_,
+                "'s address) did not prove the job's secret: another "
+                "program on that port, or a rank with another KOLO_SECRET"));
+            return false;
+        }
+        if (!send_some(proof_, KOLO__PROOF_BYTES, proof_sent_,
+                       "sending its proof"))
+            return false;
+        proved_ = true;
+        return true;
+    }
+
+    /* Writes what is left of buf (n bytes, `sent` so far) without
+     * blocking: true when all of it is out. m_ held. */
+    bool send_some(const uint8_t *buf, size_t n, size_t &sent, const char *what)
+    {
+        while (sent < n) {
+            ssize_t w = ::send(fd_, buf + sent, n - sent,
+                               MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w > 0) {
+                sent += static_cast<size_t>(w);
+                continue;
+            }
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+                /* Wait until it can go on (a fresh socket takes these few
+                 * bytes at once: this is not expected). */
+                device_->registerDescriptor(fd_, EPOLLIN | EPOLLOUT, this);
+                return false;
+            }
+            signalException(GLOO_ERROR_MSG("connect ", peer_.str(), ": ",
+                                           what, ": ", std::strerror(errno)));
             return false;
         }
         return true;
@@ -544,7 +591,12 @@ class GuardedPair : public tcp::Pair {
             s.fd = fd;
             s.open = true;
             s.seq = ++accepted_;
+            s.stage = 0;
             s.got = 0;
+            kolo__handshake_init(&s.hs, kHelloMagic,
+                                 static_cast<uint32_t>(rank_),
+                                 static_cast<uint32_t>(context_->rank),
+                                 guard_->key);
             s.from = sockaddr_text(ss);
             try {
                 device_->registerDescriptor(fd, EPOLLIN, &s);
@@ -579,35 +631,51 @@ class GuardedPair : public tcp::Pair {
         }
         drop(*oldest, ("it was the oldest of more than " +
                        std::to_string(kMaxStrangers) +
-                       " connections waiting to present the job's identity")
+                       " connections waiting to prove the job's secret")
                           .c_str());
         return *oldest;
     }
 
-    /* Reads what a Stranger has sent so far; adopts it as the pair's
-     * connection once its hello is complete and right. m_ held. */
+    /* Reads what a Stranger has sent so far and takes its handshake a
+     * step further (its hello answered, its proof checked); adopts it as
+     * the pair's connection once it has proved the key. m_ held. */
     void screen(Stranger &s)
     {
-        while (s.got < kHelloBytes) {
-            ssize_t n = ::recv(s.fd, s.buf + s.got, kHelloBytes - s.got,
-                               MSG_DONTWAIT);
-            if (n > 0) {
-                s.got += static_cast<size_t>(n);
-                continue;
-            }
+        for (;;) {
+            size_t want = s.stage == 0 ? KOLO__HELLO_BYTES : KOLO__PROOF_BYTES;
+            ssize_t n = ::recv(s.fd, s.buf + s.got, want - s.got, MSG_DONTWAIT);
             if (n < 0 && errno == EINTR)
                 continue;
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
                 return; /* wait for more */
-            drop(s, n == 0 ? "it closed the connection before presenting the "
-                             "job's identity"
-                           : (std::string("reading its identity: ") +
-                              std::strerror(errno)).c_str());
-            return;
+            if (n <= 0) {
+                drop(s, n == 0 ? "it closed the connection before proving the "
+                                 "job's secret"
+                               : (std::string("reading its handshake: ") +
+                                  std::strerror(errno)).c_str());
+                return;
+            }
+            s.got += static_cast<size_t>(n);
+            if (s.got < want)
+                continue;
+            s.got = 0;
+            if (s.stage == 1)
+                break;
+            uint8_t reply[KOLO__REPLY_BYTES];
+            if (kolo__handshake_reply(&s.hs, s.buf, reply) != 0) {
+                drop(s, "what it sent is not a hello for this pair");
+                return;
+            }
+            /* A fresh connection's send buffer takes the reply whole. */
+            if (::send(s.fd, reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+                static_cast<ssize_t>(sizeof(reply))) {
+                drop(s, "answering its hello failed");
+                return;
+            }
+            s.stage = 1;
         }
-        if (!guard_->matches(s.buf, static_cast<uint32_t>(rank_),
-                             static_cast<uint32_t>(context_->rank))) {
-            drop(s, "what it sent is not the job's identity");
+        if (kolo__handshake_check(&s.hs, s.buf) != 0) {
+            drop(s, "it did not prove the job's secret");
             return;
         }
         /* The peer: its socket replaces the listening one, and Gloo's
@@ -621,8 +689,8 @@ class GuardedPair : public tcp::Pair {
         handleConnected();
         for (auto &o : strangers_)
             if (o->open)
-                drop(*o, "it had not presented the job's identity when the "
-                         "pair connected");
+                drop(*o, "it had not proved the job's secret when the pair "
+                         "connected");
     }
 
     /* Closes a Stranger's connection, saying why (why == NULL: silently).
@@ -647,7 +715,12 @@ class GuardedPair : public tcp::Pair {
     std::shared_ptr<Guard> guard_;
     std::vector<std::unique_ptr<Stranger>> strangers_;
     uint64_t accepted_ = 0;
-    size_t hello_sent_ = 0;
+    /* The connecting side's handshake. */
+    kolo__handshake_t hs_;
+    uint8_t hello_[KOLO__HELLO_BYTES], reply_[KOLO__REPLY_BYTES],
+        proof_[KOLO__PROOF_BYTES];
+    bool hello_ready_ = false, proved_ = false;
+    size_t hello_sent_ = 0, reply_got_ = 0, proof_sent_ = 0;
     bool closing_ = false;
     std::atomic<bool> screening_{true};
 };
@@ -691,33 +764,33 @@ class GuardedDevice : public tcp::Device {
 
 #endif /* KOLO_GLOO_PAIR_LISTENS */
 
-/* This context's identity: rank 0 draws it and puts it in the store, the
- * others wait for it there (bounded by the start timeout, as rendezvous). */
-void share_identity(gloo::rendezvous::Store &store, int rank,
-                    uint8_t (&secret)[KOLO__RING_SECRET_BYTES])
+/* This context's key (auth.h): derived from the job's key and the
+ * context's prefix, or, in a job without a secret, from 32 random bytes
+ * rank 0 draws and puts in the store, where the others wait for them
+ * (bounded by the start timeout, as rendezvous). */
+void context_key(gloo::rendezvous::Store &store, const kolo__ops_config_t *cfg,
+                 const std::string &prefix, uint8_t (&key)[KOLO__KEY_BYTES])
 {
-    static const char key[] = "kolo-identity";
-    if (rank == 0) {
-        size_t have = 0;
-        while (have < KOLO__RING_SECRET_BYTES) {
-            ssize_t n = getrandom(secret + have, KOLO__RING_SECRET_BYTES - have, 0);
-            if (n < 0 && errno == EINTR)
-                continue;
-            if (n <= 0)
-                throw gloo::IoException(std::string("getrandom: ") +
-                                        std::strerror(errno));
-            have += static_cast<size_t>(n);
-        }
-        store.set(key, std::vector<char>(secret, secret + KOLO__RING_SECRET_BYTES));
-        return;
+    static const char name[] = "kolo-identity";
+    uint8_t base[KOLO__KEY_BYTES];
+    if (cfg->job_key != nullptr) {
+        std::memcpy(base, cfg->job_key, KOLO__KEY_BYTES);
+    } else if (cfg->rank == 0) {
+        if (kolo__auth_random(base, sizeof(base)) != 0)
+            throw gloo::IoException(std::string("no random bytes: ") +
+                                    std::strerror(errno));
+        store.set(name, std::vector<char>(base, base + sizeof(base)));
+    } else {
+        std::vector<char> got = store.get(name);
+        if (got.size() != sizeof(base))
+            throw gloo::IoException("the job's identity in the rendezvous "
+                                    "store has " + std::to_string(got.size()) +
+                                    " bytes, not " + std::to_string(sizeof(base)));
+        std::memcpy(base, got.data(), sizeof(base));
     }
-    std::vector<char> got = store.get(key);
-    if (got.size() != KOLO__RING_SECRET_BYTES)
-        throw gloo::IoException("the job's identity in the rendezvous store "
-                                "has " + std::to_string(got.size()) +
-                                " bytes, not " + std::to_string(KOLO__RING_SECRET_BYTES));
-    std::memcpy(secret, got.data(), KOLO__RING_SECRET_BYTES);
+    kolo__auth_derive(key, base, "kolo context", prefix.data(), prefix.size());
 }
+
 std::chrono::milliseconds to_ms(double seconds)
 {
     return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
@@ -919,7 +992,7 @@ void listen_ring(GlooCtx *g, const kolo__ops_config_t *cfg,
 
 void connect_ring(GlooCtx *g, const kolo__ops_config_t *cfg,
                   gloo::rendezvous::Store &store,
-                  const uint8_t (&secret)[KOLO__RING_SECRET_BYTES])
+                  const uint8_t (&key)[KOLO__KEY_BYTES])
 {
     char err[512];
     int rc;
@@ -927,7 +1000,7 @@ void connect_ring(GlooCtx *g, const kolo__ops_config_t *cfg,
         store.get("kolo-ring/" + std::to_string((cfg->rank + 1) % cfg->size));
     right.push_back('\0');
     kolo__ring_set_gave_up(g->ring, cfg->abandoned, cfg->abandoned_arg);
-    rc = kolo__ring_connect(g->ring, cfg->rank, cfg->size, right.data(), secret,
+    rc = kolo__ring_connect(g->ring, cfg->rank, cfg->size, right.data(), key,
                             cfg->start_timeout_s, cfg->ring_send_buffer,
                             cfg->warn, err, sizeof(err));
     if (rc != KOLO_OK)
@@ -951,9 +1024,9 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         std::string ns;
         std::unique_ptr<gloo::rendezvous::Store> base =
             open_store(cfg->rendezvous, self, ns);
-        gloo::rendezvous::PrefixStore prefix(
-            ns.empty() ? std::string(cfg->prefix) : ns + "/" + cfg->prefix,
-            *base);
+        const std::string where =
+            ns.empty() ? std::string(cfg->prefix) : ns + "/" + cfg->prefix;
+        gloo::rendezvous::PrefixStore prefix(where, *base);
         TimedStore store(prefix, to_ms(cfg->start_timeout_s), cfg);
         tcp::attr attr;
         attr.hostname = cfg->hostname;
@@ -961,11 +1034,11 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         auto guard = std::make_shared<Guard>();
         guard->warn = cfg->warn;
 #endif
-        uint8_t secret[KOLO__RING_SECRET_BYTES] = {0};
+        uint8_t key[KOLO__KEY_BYTES] = {0};
         if (cfg->size > 1)
-            share_identity(store, cfg->rank, secret);
+            context_key(store, cfg, where, key);
 #ifdef KOLO_GLOO_PAIR_LISTENS
-        std::memcpy(guard->secret, secret, sizeof(secret));
+        std::memcpy(guard->key, key, sizeof(key));
 #endif
         try {
 #ifdef KOLO_GLOO_PAIR_LISTENS
@@ -996,7 +1069,7 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
             g->members.assign(cfg->members, cfg->members + cfg->size);
 #ifndef KOLO_GLOO_RING_ONLY
         if (cfg->size > 1)
-            connect_ring(g, cfg, store, secret);
+            connect_ring(g, cfg, store, key);
 #endif
         if (g->size > 1 && cfg->on_wake != nullptr) {
             g->on_wake = cfg->on_wake;

@@ -42,17 +42,19 @@
  * trip is larger wants a larger buffer (or 0, the kernel's).
  *
  * Strangers. The listening socket is open only while the ring connects.
- * The connecting side first writes a hello (a magic, the job's identity,
- * its rank and the rank it connects to); the listening side reads the
- * hello of every connection it accepts, without blocking, keeps the first
- * that is right and drops every other with a warning, as Gloo's pairs do
- * in gloo_ops.cc.
+ * Each connection proves the context's key in auth.c's handshake: the
+ * connecting side writes its hello, the listening side answers every
+ * connection it accepts, without blocking, keeps the first that proves
+ * the key and drops every other with a warning, as Gloo's pairs do in
+ * gloo_ops.cc; the connecting side sends nothing more before the right
+ * neighbour has proved the key too.
  */
 #define _GNU_SOURCE
 
 #include "config.h"
 
 #include "alloc.h"
+#include "auth.h"
 #include "ring.h"
 
 #include <arpa/inet.h>
@@ -75,7 +77,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HELLO_BYTES (8 + KOLO__RING_SECRET_BYTES + 4 + 4)
 #define MAX_STRANGERS 16
 #define MAX_WARNINGS 5
 /* Received bytes of a reduce-scatter step land here before they are
@@ -125,16 +126,6 @@ static int ms_left(double deadline)
     if (left <= 0)
         return 0;
     return left > 2e9 ? 2000000000 : (int)left + 1;
-}
-
-static void hello_of(uint8_t out[HELLO_BYTES], const uint8_t *secret,
-                     uint32_t from, uint32_t to)
-{
-    uint32_t f = htonl(from), t = htonl(to);
-    memcpy(out, hello_magic, 8);
-    memcpy(out + 8, secret, KOLO__RING_SECRET_BYTES);
-    memcpy(out + 8 + KOLO__RING_SECRET_BYTES, &f, 4);
-    memcpy(out + 12 + KOLO__RING_SECRET_BYTES, &t, 4);
 }
 
 static void addr_text(const struct sockaddr_storage *ss, char *out, size_t len)
@@ -336,10 +327,15 @@ static int write_all(int fd, const uint8_t *buf, size_t n, double deadline)
     return 0;
 }
 
+/* A connection accepted while the ring connects, until it has proved the
+ * job's secret: `got` bytes of its hello (stage 0), then of its proof
+ * (stage 1, after this rank's reply went out). */
 typedef struct {
     int fd;
+    int stage;
     size_t got;
-    uint8_t buf[HELLO_BYTES];
+    uint8_t buf[KOLO__HELLO_BYTES];
+    kolo__handshake_t hs;
     char from[INET6_ADDRSTRLEN + 8];
 } stranger_t;
 
@@ -361,28 +357,127 @@ static void drop(kolo__ring_t *r, stranger_t *s, kolo__ops_warn_fn warn,
     warn(msg);
 }
 
-/* Accepts connections until one presents the left neighbour's hello;
- * returns its socket or -1 with err written. */
-static int accept_left(kolo__ring_t *r, const uint8_t *secret, double deadline,
-                       double timeout_s, kolo__ops_warn_fn warn, char *err,
-                       size_t errlen)
+/* Reads what a stranger has sent so far and takes the handshake a step
+ * further: its hello answered, its proof checked. Returns 1 once it has
+ * proved the secret (it is the left neighbour), 0 while it has more to
+ * send, -1 when it was dropped. */
+static int screen(kolo__ring_t *r, stranger_t *c, kolo__ops_warn_fn warn)
+{
+    for (;;) {
+        size_t want = c->stage == 0 ? KOLO__HELLO_BYTES : KOLO__PROOF_BYTES;
+        ssize_t n = recv(c->fd, c->buf + c->got, want - c->got, MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n <= 0) {
+            drop(r, c, warn,
+                 n == 0 ? "it closed the connection before proving the "
+                          "job's secret"
+                        : "reading its handshake failed");
+            return -1;
+        }
+        c->got += (size_t)n;
+        if (c->got < want)
+            continue;
+        c->got = 0;
+        if (c->stage == 1) {
+            if (kolo__handshake_check(&c->hs, c->buf) != 0) {
+                drop(r, c, warn, "it did not prove the job's secret");
+                return -1;
+            }
+            return 1;
+        }
+        uint8_t reply[KOLO__REPLY_BYTES];
+        if (kolo__handshake_reply(&c->hs, c->buf, reply) != 0) {
+            drop(r, c, warn, "what it sent is not the left neighbour's hello");
+            return -1;
+        }
+        /* A fresh connection's send buffer takes the reply whole. */
+        if (send(c->fd, reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT) !=
+            (ssize_t)sizeof(reply)) {
+            drop(r, c, warn, "answering its hello failed");
+            return -1;
+        }
+        c->stage = 1;
+    }
+}
+
+/* The connecting side's half: reads the right neighbour's reply to this
+ * rank's hello and sends the proof. Returns 1 when done, 0 while the
+ * reply is incomplete, -1 with err written. */
+static int answer_right(kolo__ring_t *r, kolo__handshake_t *hs, uint8_t *buf,
+                        size_t *got, double deadline, char *err, size_t errlen)
+{
+    for (;;) {
+        ssize_t n = recv(r->to_right, buf + *got, KOLO__REPLY_BYTES - *got,
+                         MSG_DONTWAIT);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+            return 0;
+        if (n <= 0) {
+            snprintf(err, errlen,
+                     "ring: rank %d's connection to rank %d at %s %s before "
+                     "the handshake ended (is rank %d alive, with the same "
+                     "KOLO_SECRET?)",
+                     r->rank, (r->rank + 1) % r->size, r->right,
+                     n == 0 ? "was closed" : strerror(errno),
+                     (r->rank + 1) % r->size);
+            return -1;
+        }
+        *got += (size_t)n;
+        if (*got < KOLO__REPLY_BYTES)
+            continue;
+        uint8_t proof[KOLO__PROOF_BYTES];
+        if (kolo__handshake_prove(hs, buf, proof) != 0) {
+            snprintf(err, errlen,
+                     "ring: what answered rank %d at %s (rank %d's address) "
+                     "did not prove the job's secret: another program on "
+                     "that port, or a rank with another KOLO_SECRET",
+                     r->rank, r->right, (r->rank + 1) % r->size);
+            return -1;
+        }
+        if (write_all(r->to_right, proof, sizeof(proof), deadline) != 0) {
+            snprintf(err, errlen, "ring: rank %d cannot send its proof to "
+                     "rank %d at %s: %s", r->rank, (r->rank + 1) % r->size,
+                     r->right, strerror(errno));
+            return -1;
+        }
+        return 1;
+    }
+}
+
+/* Accepts connections until one proves to be the left neighbour, while
+ * answering the right neighbour's handshake on to_right; returns the left
+ * socket (-2: timed out, -3: failed; err written). */
+static int meet(kolo__ring_t *r, const uint8_t *key, kolo__handshake_t *right,
+                double deadline, double timeout_s, kolo__ops_warn_fn warn,
+                char *err, size_t errlen)
 {
     stranger_t s[MAX_STRANGERS];
-    struct pollfd p[MAX_STRANGERS + 1];
-    int idx[MAX_STRANGERS + 1];
-    uint8_t want[HELLO_BYTES];
+    struct pollfd p[MAX_STRANGERS + 2];
+    int idx[MAX_STRANGERS + 2];
+    uint8_t reply[KOLO__REPLY_BYTES];
+    size_t reply_got = 0;
     const int left = (r->rank - 1 + r->size) % r->size;
-    int found = -1;
+    int found = -1, right_done = 0;
 
-    hello_of(want, secret, (uint32_t)left, (uint32_t)r->rank);
     for (int i = 0; i < MAX_STRANGERS; i++)
         s[i].fd = -1;
-    while (found == -1) {
+    while (found < 0 || !right_done) {
         int np = 0, rc;
-        p[np].fd = r->lfd;
-        p[np].events = POLLIN;
-        idx[np++] = -1;
-        for (int i = 0; i < MAX_STRANGERS; i++) {
+        if (found < 0) {
+            p[np].fd = r->lfd;
+            p[np].events = POLLIN;
+            idx[np++] = -1;
+        }
+        if (!right_done) {
+            p[np].fd = r->to_right;
+            p[np].events = POLLIN;
+            idx[np++] = -2;
+        }
+        for (int i = 0; i < MAX_STRANGERS && found < 0; i++) {
             if (s[i].fd < 0)
                 continue;
             p[np].fd = s[i].fd;
@@ -404,80 +499,94 @@ static int accept_left(kolo__ring_t *r, const uint8_t *secret, double deadline,
                 continue;
         }
         if (rc <= 0) {
-            snprintf(err, errlen,
-                     "ring: rank %d (%s) waited %.1f s for rank %d to connect "
-                     "its ring socket (is rank %d alive, and KOLO_START_TIMEOUT "
-                     "long enough?)",
-                     r->rank, r->self, timeout_s, left, left);
+            if (found < 0)
+                snprintf(err, errlen,
+                         "ring: rank %d (%s) waited %.1f s for rank %d to "
+                         "connect its ring socket (is rank %d alive, and "
+                         "KOLO_START_TIMEOUT long enough?)",
+                         r->rank, r->self, timeout_s, left, left);
+            else
+                snprintf(err, errlen,
+                         "ring: rank %d waited %.1f s for rank %d at %s to "
+                         "answer its hello (is rank %d alive, and "
+                         "KOLO_START_TIMEOUT long enough?)",
+                         r->rank, timeout_s, (r->rank + 1) % r->size,
+                         r->right, (r->rank + 1) % r->size);
+            if (found >= 0)
+                close(found);
             found = -2;
             break;
         }
-        for (int k = 1; k < np && found < 0; k++) {
-            stranger_t *c = &s[idx[k]];
+        int accept_now = 0;
+        for (int k = 0; k < np; k++) {
             if (p[k].revents == 0)
                 continue;
-            for (;;) {
-                ssize_t n = recv(c->fd, c->buf + c->got, HELLO_BYTES - c->got,
-                                 MSG_DONTWAIT);
-                if (n > 0) {
-                    c->got += (size_t)n;
-                    if (c->got < HELLO_BYTES)
-                        continue;
-                    uint8_t diff = 0;
-                    for (size_t i = 0; i < HELLO_BYTES; i++)
-                        diff |= (uint8_t)(c->buf[i] ^ want[i]);
-                    if (diff == 0) {
-                        found = c->fd;
-                        c->fd = -1;
-                        snprintf(r->left, sizeof(r->left), "%s", c->from);
-                    } else {
-                        drop(r, c, warn, "what it sent is not the job's identity");
-                    }
-                    break;
-                }
-                if (n < 0 && errno == EINTR)
-                    continue;
-                if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-                    break;
-                drop(r, c, warn,
-                     n == 0 ? "it closed the connection before presenting "
-                              "the job's identity"
-                            : "reading its identity failed");
-                break;
+            if (idx[k] == -1) {
+                accept_now = 1;
+                continue;
             }
-        }
-        if (found == -1 && (p[0].revents & POLLIN)) {
-            for (;;) {
-                struct sockaddr_storage ss;
-                socklen_t len = sizeof(ss);
-                int fd = accept4(r->lfd, (struct sockaddr *)&ss, &len,
-                                 SOCK_NONBLOCK | SOCK_CLOEXEC);
-                if (fd < 0 && (errno == EMFILE || errno == ENFILE ||
-                               errno == ENOBUFS || errno == ENOMEM)) {
-                    /* The connection stays queued and the socket readable:
-                     * waiting on would only spin until the deadline. */
-                    snprintf(err, errlen, "ring: rank %d cannot accept "
-                             "rank %d's connection: %s%s", r->rank, left,
-                             strerror(errno),
-                             errno == EMFILE ? " (ulimit -n)" : "");
+            if (idx[k] == -2) {
+                int a = answer_right(r, right, reply, &reply_got, deadline,
+                                     err, errlen);
+                if (a < 0) {
+                    if (found >= 0)
+                        close(found);
                     found = -3;
                     break;
                 }
-                if (fd < 0)
-                    break;
-                int slot = -1;
-                for (int i = 0; i < MAX_STRANGERS && slot < 0; i++)
-                    if (s[i].fd < 0)
-                        slot = i;
-                if (slot < 0) { /* full: the first held goes */
-                    slot = 0;
-                    drop(r, &s[0], warn,
-                         "more connections were waiting to present the "
-                         "job's identity than the ring holds");
-                }
-                s[slot].fd = fd;
-                s[slot].got = 0;
-                addr_text(&ss, s[slot].from, sizeof(s[slot].from));
+                right_done = a;
+                continue;
+            }
+            stranger_t *c = &s[idx[k]];
+            if (found >= 0 || c->fd < 0)
+                continue;
+            if (screen(r, c, warn) == 1) {
+                found = c->fd;
+                c->fd = -1;
+                snprintf(r->left, sizeof(r->left), "%s", c->from);
+            }
+        }
+        if (found == -3)
+            break;
+        while (accept_now && found < 0) {
+            struct sockaddr_storage ss;
+            socklen_t len = sizeof(ss);
+            int fd = accept4(r->lfd, (struct sockaddr *)&ss, &len,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0 && (errno == EMFILE || errno == ENFILE ||
+                           errno == ENOBUFS || errno == ENOMEM)) {
+                /* The connection stays queued and the socket readable:
+                 * waiting on would only spin until the deadline. */
+                snprintf(err, errlen, "ring: rank %d cannot accept "
+                         "rank %d's connection: %s%s", r->rank, left,
+                         strerror(errno),
+                         errno == EMFILE ? " (ulimit -n)" : "");
+                found = -3;
+                break;
+            }
+            if (fd < 0)
+                break;
+            int slot = -1;
+            for (int i = 0; i < MAX_STRANGERS && slot < 0; i++)
+                if (s[i].fd < 0)
+                    slot = i;
+            if (slot < 0) { /* full: the first held goes */
+                slot = 0;
+                drop(r, &s[0], warn,
+                     "more connections were waiting to prove the job's "
+                     "secret than the ring holds");
+            }
+            s[slot].fd = fd;
+            s[slot].stage = 0;
+            s[slot].got = 0;
+            kolo__handshake_init(&s[slot].hs, hello_magic, (uint32_t)left,
+                                 (uint32_t)r->rank, key);
+            addr_text(&ss, s[slot].from, sizeof(s[slot].from));
+            /* Its hello may be there already. */
+            if (screen(r, &s[slot], warn) == 1) {
+                found = s[slot].fd;
+                s[slot].fd = -1;
+                snprintf(r->left, sizeof(r->left), "%s", s[slot].from);
             }
         }
     }
@@ -493,27 +602,24 @@ static int accept_left(kolo__ring_t *r, const uint8_t *secret, double deadline,
             break;
         addr_text(&ss, late.from, sizeof(late.from));
         drop(r, &late, warn,
-             recv(late.fd, late.buf, HELLO_BYTES, MSG_DONTWAIT) > 0
-                 ? "what it sent is not the job's identity"
-                 : "it had not presented the job's identity when the ring "
-                   "connected");
+             "it had not proved the job's secret when the ring connected");
     }
     for (int i = 0; i < MAX_STRANGERS; i++)
         if (s[i].fd >= 0)
             drop(r, &s[i], warn,
-                 "it had not presented the job's identity when the ring "
-                 "connected");
+                 "it had not proved the job's secret when the ring connected");
     return found;
 }
 
 int kolo__ring_connect(kolo__ring_t *r, int rank, int size,
                        const char *right_addr,
-                       const uint8_t secret[KOLO__RING_SECRET_BYTES],
+                       const uint8_t key[KOLO__KEY_BYTES],
                        double timeout_s, size_t send_buffer,
                        kolo__ops_warn_fn warn, char *err, size_t errlen)
 {
     const double deadline = now_s() + timeout_s;
-    uint8_t hello[HELLO_BYTES];
+    uint8_t hello[KOLO__HELLO_BYTES];
+    kolo__handshake_t right;
 
     char host[INET6_ADDRSTRLEN + 1] = "?";
     unsigned port = 0;
@@ -525,19 +631,21 @@ int kolo__ring_connect(kolo__ring_t *r, int rank, int size,
              host, port);
     /* Connecting first cannot deadlock: the kernel completes a connection
      * to a listening socket, and the hello fits its buffers, before the
-     * peer accepts. */
+     * peer accepts; the rest of both handshakes goes on in meet(), which
+     * answers the left neighbour while it waits for the right one. */
     r->to_right = dial(r, right_addr, deadline, err, errlen);
     if (r->to_right < 0)
         return KOLO_ERR_BACKEND;
-    hello_of(hello, secret, (uint32_t)rank, (uint32_t)((rank + 1) % size));
-    if (write_all(r->to_right, hello, sizeof(hello), deadline) != 0) {
+    kolo__handshake_init(&right, hello_magic, (uint32_t)rank,
+                         (uint32_t)((rank + 1) % size), key);
+    if (kolo__handshake_hello(&right, hello) != 0 ||
+        write_all(r->to_right, hello, sizeof(hello), deadline) != 0) {
         snprintf(err, errlen,
                  "ring: rank %d cannot present itself to rank %d at %s: %s",
                  rank, (rank + 1) % size, right_addr, strerror(errno));
         return KOLO_ERR_BACKEND;
     }
-    r->from_left =
-        accept_left(r, secret, deadline, timeout_s, warn, err, errlen);
+    r->from_left = meet(r, key, &right, deadline, timeout_s, warn, err, errlen);
     close(r->lfd);
     r->lfd = -1;
     if (r->from_left < 0)

@@ -15,10 +15,11 @@
  *                        and says the address to publish;
  *   (the caller publishes it, e.g. in the rendezvous store, and reads its
  *    right neighbour's)
- *   kolo__ring_connect   connects to the right neighbour, presenting the
- *                        job's identity, and accepts the left one, dropping
+ *   kolo__ring_connect   connects to the right neighbour and accepts the
+ *                        left one, each side of each connection proving
+ *                        the context's key (auth.h's handshake), dropping
  *                        with a warning every connection that does not
- *                        present it; then closes the listening socket.
+ *                        prove it; then closes the listening socket.
  *
  * Every call returns KOLO_OK or a KOLO_ERR_* code with one sentence in err
  * (ops.h's contract); waits block in poll(2), bounded by the timeout given.
@@ -29,13 +30,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "auth.h"
 #include "ops.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-#define KOLO__RING_SECRET_BYTES 32
 #define KOLO__RING_ADDR_LEN 96 /* "ADDRESS PORT", NUL-terminated */
 
 typedef struct kolo__ring kolo__ring_t;
@@ -56,10 +57,11 @@ void kolo__ring_set_gave_up(kolo__ring_t *ring,
  * right_addr and accepts rank (rank - 1) % size, both within timeout_s.
  * send_buffer (0: the kernel's autotuning) is each socket's SO_SNDBUF,
  * which bounds the bytes in flight to a neighbour (ring.c says why).
+ * key is the context's key (auth.h): both neighbours prove they hold it.
  * warn (may be NULL) reports each stranger's connection dropped. */
 int kolo__ring_connect(kolo__ring_t *ring, int rank, int size,
                        const char *right_addr,
-                       const uint8_t secret[KOLO__RING_SECRET_BYTES],
+                       const uint8_t key[KOLO__KEY_BYTES],
                        double timeout_s, size_t send_buffer,
                        kolo__ops_warn_fn warn, char *err, size_t errlen);
 

@@ -27,10 +27,11 @@
 # bandwidth of the largest tensor. Logs go to $OUT (./gpu-out by default).
 #
 # DEBS_DIR (optional): Debian packages unpacked into /tmp/deb for what such
-# a machine may lack (Check for the unit tests, Gloo for the hierarchical
-# case), as `apt-get download check libsubunit-dev libsubunit0 libgloo0
-# libgloo-dev libhiredis0.14 libhiredis-dev libibverbs1 libibverbs-dev
-# libnl-3-200 libnl-route-3-200` gives them.
+# a machine may lack (libsodium, which kolo needs; Check for the unit tests,
+# Gloo for the hierarchical case), as `apt-get download libsodium23
+# libsodium-dev check libsubunit-dev libsubunit0 libgloo0 libgloo-dev
+# libhiredis0.14 libhiredis-dev libibverbs1 libibverbs-dev libnl-3-200
+# libnl-route-3-200` gives them.
 # Exit status: 0 when every step passed, 1 otherwise, 2 on a wrong call.
 set -u
 if [ $# -lt 1 ] || [ ! -f "$1" ]; then
@@ -89,6 +90,9 @@ if [ -n "$debs" ]; then
     for f in "$debs"/*.deb; do dpkg -x "$f" /tmp/deb; done
     export LD_LIBRARY_PATH=/tmp/deb/usr/lib:/tmp/deb/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     [ -d /tmp/deb/usr/include/gloo ] && deb_opts+=(--with-gloo=/tmp/deb/usr)
+    [ -f /tmp/deb/usr/include/sodium.h ] && ! pkg-config --exists libsodium 2>/dev/null &&
+        deb_opts+=(SODIUM_CFLAGS="-I/tmp/deb/usr/include"
+                   SODIUM_LIBS="-L/tmp/deb/usr/lib/x86_64-linux-gnu -lsodium")
     [ -f /tmp/deb/usr/include/check.h ] && deb_opts+=(
         CHECK_CFLAGS="-I/tmp/deb/usr/include -pthread"
         CHECK_LIBS="-L/tmp/deb/usr/lib/x86_64-linux-gnu -lcheck_pic -lsubunit -lrt -lm -pthread")

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "auth.h"
 #include "env.h"
 #include "bench.h"
 
@@ -124,6 +125,15 @@ void bench_raw_init(const char *backend)
         /* The raw side runs as the runtime's does (env.c checked these). */
         .shm_slot_bytes = raw_slot_bytes(),
         .shm_spin_us = atoi(bench_env_or("KOLO_SHM_SPIN_US", "50"))};
+    {
+        /* Its connections prove the job's secret, as the runtime's do. */
+        static uint8_t key[KOLO__KEY_BYTES];
+        int have = 0;
+        kolo__err_t e;
+        if (kolo__auth_job_key(env_get, key, &have, &e) != KOLO_OK)
+            bench_die("%s", e.msg);
+        cfg.job_key = have ? key : NULL;
+    }
     rc = bench_raw->init(&cfg, &g_raw_ctx, err, sizeof(err));
     if (rc != KOLO_OK)
         bench_die("raw %s backend: init failed: %s (%s)", bench_raw->name, err,
