@@ -12,8 +12,10 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -83,6 +85,43 @@ static void kolorun_raise_default(int sig)
     raise(sig);
 }
 
+/* The job's secret (runtime/auth.c): drawn here, from the system's random
+ * source, unless KOLO_SECRET is set already (the user's, to share with
+ * ranks kolorun does not start). It goes into kolorun's own environment,
+ * which every rank started here inherits (and mpirun's -x KOLO_SECRET
+ * carries by name); ranks on other hosts read it from their stdin, never
+ * from a command line (spawn.c). 0, or 1 when no random bytes came. */
+static int kolorun_job_secret(void)
+{
+    const char *set = getenv("KOLO_SECRET");
+    unsigned char raw[32];
+    char hex[2 * sizeof raw + 1];
+    size_t have = 0;
+
+    if (set != NULL && set[0] != '\0')
+        return 0;
+    while (have < sizeof raw) {
+        ssize_t n = getrandom(raw + have, sizeof raw - have, 0);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            kolorun_say("cannot draw the job's secret: getrandom: %s",
+                        strerror(errno));
+            return 1;
+        }
+        have += (size_t)n;
+    }
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(hex + 2 * i, 3, "%02x", raw[i]);
+    memset(raw, 0, sizeof raw);
+    if (setenv("KOLO_SECRET", hex, 1) != 0) {
+        kolorun_say("out of memory");
+        return 1;
+    }
+    memset(hex, 0, sizeof hex);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     kolorun_t k;
@@ -96,6 +135,8 @@ int main(int argc, char **argv)
     kolorun_std_fds();
     kolorun_parse(argc, argv, &k.opts);
     kolorun_settings_apply(&k.opts);
+    if (kolorun_job_secret() != 0)
+        return 1;
     if (k.opts.mpi) {
         return kolorun_exec_mpirun(&k.opts, k.job_start_us);
     }

@@ -160,25 +160,40 @@ static int kolorun_env_has(char **env, int n, const char *var)
     return 0;
 }
 
+/* Whether "NAME=..." (or NAME) is a job secret, which never goes on a
+ * command line: KOLO_SECRET, Horovod's HOROVOD_SECRET_KEY. */
+static int kolorun_is_secret(const char *var)
+{
+    size_t len = strcspn(var, "=");
+    return (len == 11 && strncmp(var, "KOLO_SECRET", len) == 0) ||
+           (len == 18 && strncmp(var, "HOROVOD_SECRET_KEY", len) == 0);
+}
+
 /* What runs on the other host: env VAR=value... command args..., as words.
  * The environment the rank needs goes on this command line because
  * nothing says the launch command carries any (ssh does not): kolorun's
  * KOLO_* variables for the rank, every other KOLO_* set here (the user's
- * KOLO_LOG_LEVEL, KOLO_TIMEOUT_SECONDS, ...) and what -x names. */
+ * KOLO_LOG_LEVEL, KOLO_TIMEOUT_SECONDS, ...) and what -x names; but not
+ * the job's secret, which anyone on either host could read there (ps):
+ * a shell on the other side reads it from its stdin (kolorun_launch_argv),
+ * a launcher without one inherits it in its environment. */
 static void kolorun_remote_command(const kolorun_t *k, char **env, int nenv,
                                    kolorun_words_t *out)
 {
     extern char **environ;
     kolorun_words_add(out, strdup("env"));
     for (int i = 0; i < nenv; i++)
-        kolorun_words_add(out, strdup(env[i]));
+        if (!kolorun_is_secret(env[i]))
+            kolorun_words_add(out, strdup(env[i]));
     for (char **e = environ; *e; e++)
-        if (kolorun_passed_on(&k->opts, *e) && !kolorun_env_has(env, nenv, *e))
+        if (kolorun_passed_on(&k->opts, *e) && !kolorun_is_secret(*e) &&
+            !kolorun_env_has(env, nenv, *e))
             kolorun_words_add(out, strdup(*e));
     for (int i = 0; i < k->opts.nxenv; i++) {
         const char *x = k->opts.xenv[i], *val;
-        if (strchr(x, '=') || kolorun_env_has(env, nenv, x))
-            continue; /* NAME=VALUE is in env already */
+        if (strchr(x, '=') || kolorun_env_has(env, nenv, x) ||
+            kolorun_is_secret(x))
+            continue; /* NAME=VALUE is in env already; no secret here */
         if ((val = getenv(x)) != NULL)
             kolorun_words_add(out, kolorun_strdupf("%s=%s", x, val));
     }
@@ -294,9 +309,13 @@ static int kolorun_launch_argv(const kolorun_t *k, int r,
      * rank SIGTERM. Otherwise it waits for the rank and exits with its
      * status. In sh -c, whatever the login shell on that host is. The
      * same goes for every template with {command}; a template without it
-     * (ip netns exec {host}) execs the rank itself, which gets signals. */
+     * (ip netns exec {host}) execs the rank itself, which gets signals.
+     * The first line on that stdin is the job's secret (kolorun_spawn
+     * writes it there): it travels inside ssh's own encrypted channel,
+     * on no command line. */
     if (kolorun_remote_shell(k)) {
         char *script = kolorun_strdupf(
+            "IFS= read -r KOLO_SECRET || exit 1; export KOLO_SECRET; "
             "%s </dev/null & p=$!; exec 3<&0; "
             "(read _ <&3; kill -TERM $p 2>/dev/null) & w=$!; exec 3<&-; "
             "wait $p; s=$?; kill $w 2>/dev/null; exit $s",
@@ -514,9 +533,20 @@ int kolorun_spawn(kolorun_t *k, int r, const kolorun_place_t *place)
     }
     /* ssh: the rank's stdin is a pipe that kolorun keeps open; the remote
      * side ends the rank when it closes (see kolorun_launch_argv). */
-    if (remote && kolorun_remote_shell(k) && pipe2(hold, O_CLOEXEC) != 0) {
-        kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
-        goto close_pipes;
+    if (remote && kolorun_remote_shell(k)) {
+        /* Its first line: the secret, for the wrapper's read (a pipe takes
+         * these few bytes without blocking). */
+        const char *secret = getenv("KOLO_SECRET");
+        if (pipe2(hold, O_CLOEXEC) != 0) {
+            kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
+            goto close_pipes;
+        }
+        if (kolorun_write_all(hold[1], secret ? secret : "", secret ? strlen(secret) : 0) != 0 ||
+            kolorun_write_all(hold[1], "\n", 1) != 0) {
+            kolorun_say("cannot start rank %d: writing to its stdin pipe: %s",
+                        r, strerror(errno));
+            goto close_pipes;
+        }
     }
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
         pipe2(status, O_CLOEXEC) != 0) {
