@@ -937,6 +937,28 @@ bad "bad.yaml:1: controller: nccl is not a controller" -np 1 --config-file "$WOR
 bad "--config-file $WORK/none.yaml: No such file" -np 1 --config-file "$WORK/none.yaml"
 end
 
+begin "the job's secret: drawn per job, in every rank's environment, on no command line"
+# Rank 1 starts through a launch command that runs a shell (as ssh does)
+# under env -i: its secret can only come from its stdin.
+kr -H localhost:1,far:1 --redis 127.0.0.1:1 -x KOLO_SECRET \
+    --launch-command 'env -i /bin/sh -c {command}' \
+    sh -c 'printf %s "$KOLO_SECRET" >"$1/secret.$KOLO_RANK"
+        for f in /proc/[0-9]*/cmdline; do tr "\0" " " <"$f"; echo; done |
+            grep -c -F -f "$1/secret.$KOLO_RANK" >"$1/seen.$KOLO_RANK"
+        echo "$KOLO_SECRET"' x "$D"
+expect "exit status 0 (got $rc)" eq "$rc" 0
+expect "both ranks, one secret of 64 hex digits (got $(cat "$OUT"))" \
+    eq "$(grep -c '^[0-9a-f]\{64\}$' "$OUT") $(sort -u "$OUT" | wc -l)" "2 1"
+expect "in no process's command line" eq "$(cat "$D/seen.0" "$D/seen.1")" "0
+0"
+first=$(head -n 1 "$OUT")
+kr -np 1 sh -c 'echo "$KOLO_SECRET"'
+expect "another job, another secret" test "$(cat "$OUT")" != "$first"
+KOLO_SECRET=the-users-own-secret kr -H far:1 --redis 127.0.0.1:1 \
+    --launch-command 'env -i /bin/sh -c {command}' sh -c 'echo "$KOLO_SECRET"'
+expect "one set already is the job's, also on other hosts" eq "$(cat "$OUT")" "the-users-own-secret"
+end
+
 begin "HOROVOD_* variables and the flags' variables reach ranks on other hosts"
 HOROVOD_CYCLE_TIME=4 kr -H far:1 --redis 127.0.0.1:1 --tcp --fusion-threshold-mb 1 \
     --launch-command 'env -i /bin/sh -c {command}' \

@@ -7,9 +7,24 @@
 #
 #   scan      connect and close (a port scanner)
 #   garbage   connect, send 3 bytes, hold the connection
-#   impostor  connect, send 64 bytes shaped like kolo's hello with another
-#             identity, hold
+#   impostor  connect, send 64 bytes shaped like kolo's old hello with
+#             another identity, hold
+#   hello     connect, send a well-formed hello (the right magic and ranks,
+#             a fresh nonce), read the reply, answer with a made-up proof
 #   flood     20 silent connections to every port, held
+#   replay    send each rank the handshakes the last rank sent it in an
+#             earlier job with the same secret, captured on the wire
+#
+# Run as root, the stranger strikes as the user nobody, and as that user
+# also looks for the job's secret (which it read, as root, in rank 0's
+# environment: kolorun gave it) in every command line and environment it
+# can read, and tries to list the rendezvous directory; it fails the run
+# on any byte the job sends back beyond a handshake's reply.
+#
+# Before the replay, tests/multi/wire.py captures a 3-rank job's traffic
+# on loopback (root only; skipped otherwise) and checks every pair's and
+# ring's handshake: whole, no bytes repeated across connections, neither
+# the secret nor the key derived from it anywhere on the wire.
 #
 # To give the stranger a listening socket to find, the last rank waits in
 # kolo_init, after the ranks have agreed on their settings and before it
@@ -30,6 +45,7 @@ top=${KOLO_TOP_BUILDDIR:-.}
 kolorun=$top/kolorun
 prog=$top/tests/multi/test-allreduce
 stranger=${KOLO_TOP_SRCDIR:-$here/../..}/tests/multi/stranger.py
+wire=${KOLO_TOP_SRCDIR:-$here/../..}/tests/multi/wire.py
 limit=${KOLO_TEST_TIMEOUT:-120}
 
 if ! grep -q '^#define KOLO_HAVE_GLOO 1' "$top/config.h" 2>/dev/null; then
@@ -64,9 +80,11 @@ run() {
     desc="np=$np $mode: the job completes"
     rm -rf "$d"
     mkdir -p "$d"
+    chmod 755 "$d" "$WORK" # the stranger, as nobody, reads its replays
     mkfifo "$d/go"
-    timeout -k 10 "$limit" "$python" "$stranger" "$mode" "$d" "$np" \
-        >"$d/stranger" 2>&1 </dev/null &
+    [ "$mode" = replay ] && cp "$WORK/replay" "$d/replay"
+    STRANGER_REPLAY=$d/replay timeout -k 10 "$limit" "$python" "$stranger" \
+        "$mode" "$d" "$np" >"$d/stranger" 2>&1 </dev/null &
     src=$!
     # Rank NP-1 waits for the stranger's go before it starts.
     # shellcheck disable=SC2016 # the ranks expand these
@@ -96,6 +114,12 @@ run() {
     grep -q "^\[kolo rank [0-9]*\] WARNING: Gloo: dropped a connection from .* to rank [0-9]*'s ring socket: " "$log" ||
         why="$why
     - no rank warned that its ring socket dropped the stranger's connection"
+    case $mode in
+    hello|replay)
+        grep -q "^\[kolo rank [0-9]*\] WARNING: Gloo: dropped a connection from .*: it did not prove the job's secret" "$log" ||
+            why="$why
+    - no rank said that the $mode stranger did not prove the job's secret" ;;
+    esac
 
     if [ -z "$why" ]; then
         pass=$((pass + 1))
@@ -108,10 +132,43 @@ run() {
 }
 
 for np in 2 3; do
-    for mode in scan garbage impostor flood; do
+    for mode in scan garbage impostor hello flood; do
         run "$np" "$mode"
     done
 done
+
+# The wire of a 3-rank job with a secret of the test's, then a job with the
+# same secret and the captured handshakes replayed to it.
+secret=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+export KOLO_SECRET=$secret
+w=$WORK/wire
+mkdir -p "$w"
+WIRE_SECRET=$secret timeout -k 10 "$limit" "$python" "$wire" "$w" \
+    >"$w/out" 2>&1 </dev/null &
+wpid=$!
+for _ in $(seq 100); do
+    [ -e "$w/capturing" ] || ! kill -0 "$wpid" 2>/dev/null && break
+    sleep 0.1
+done
+timeout -k 10 "$limit" env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
+    "$kolorun" -np 3 "$prog" random 3 >"$w/log" 2>&1 </dev/null
+jrc=$?
+touch "$w/stop"
+wait "$wpid"
+wrc=$?
+if [ "$wrc" -eq 77 ]; then
+    echo "SKIP wire: $(cat "$w/out")"
+elif [ "$jrc" -eq 0 ] && [ "$wrc" -eq 0 ]; then
+    pass=$((pass + 1))
+    echo "PASS np=3 on the wire: every handshake whole, none repeats, no secret ($(cat "$w/out"))"
+    cp "$w/replay" "$WORK/replay"
+    run 3 replay
+else
+    fail=$((fail + 1))
+    echo "FAIL np=3 on the wire: the job exited $jrc, the capture $wrc: $(cat "$w/out")"
+    head -n 20 "$w/log" | sed 's/^/    | /'
+fi
+unset KOLO_SECRET
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -13,24 +13,43 @@ port, strikes every such port, then lets the last rank go. MODE:
 
   scan      connect and close at once (a port scanner)
   garbage   connect, send 3 bytes and hold the connection
-  impostor  connect, send 64 bytes that look like kolo's hello but carry
+  impostor  connect, send 64 bytes that look like kolo's old hello with
             another identity, and hold
+  hello     connect, send a well-formed hello for the pair of the last
+            rank and the struck one (magic, ranks, a fresh nonce), read
+            the reply, send a proof made up of random bytes, and hold
+  replay    connect to every port of rank R once for each handshake that
+            a rank sent rank R in an earlier job with the same secret, as
+            captured on the wire (STRANGER_REPLAY: a file of lines "TO
+            HEX", written by wire.py), send it, and hold
   flood     open 20 connections to every port, send nothing, hold them
 
+Where it runs as root it finds the ranks' ports, reads rank 0's secret
+(KOLO_SECRET, which kolorun gave it) and opens DIR/go first, then strikes
+as another user (nobody): as that user it also looks for the secret in
+every process's command line and environment it can read, and tries to
+list the rendezvous directory; each one found or listed fails the run.
+
 Held connections are kept until the job closes them (the connection phase
-is over) or until the bound; it reports how many the job closed. Prints
-one line "stranger: MODE: N listening port(s) found, rank(s) R struck ..."
-and exits 0 when it struck every rank but the last (and, when it held
+is over) or until the bound; it reports how many the job closed, and
+whether any byte beyond a handshake reply came back. Prints one line
+"stranger: MODE: N listening port(s) found, rank(s) R struck ..." and
+exits 0 when it struck every rank but the last (and, when it held
 connections, the job closed them all), 1 otherwise. It never leaves the
 last rank waiting: it writes DIR/go whatever happens (while the rank
 reads it, within the bound, STRANGER_BOUND seconds, 60 by default).
 """
 import errno
 import os
+import pwd
 import select
 import socket
+import struct
 import sys
 import time
+
+# auth.h: the hello (magic, from, to, nonce) and what answers it.
+HELLO_BYTES, REPLY_BYTES, PROOF_BYTES = 48, 64, 32
 
 BOUND = float(os.environ.get("STRANGER_BOUND", "60"))
 
@@ -84,25 +103,80 @@ def read_pid(d, rank):
         return None
 
 
-def release(d, deadline):
-    """Writes a line to DIR/go once the last rank reads it (bounded)."""
+def open_go(d, deadline):
+    """The write end of DIR/go once the last rank reads it (bounded), or
+    None."""
     path = os.path.join(d, "go")
     while True:
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
         except OSError as e:
             if e.errno != errno.ENXIO or time.monotonic() > deadline:
-                return False
+                return None
             time.sleep(0.05)  # no reader yet
-            continue
-        try:
-            os.write(fd, b"go\n")
-        finally:
-            os.close(fd)
+
+
+def release(fd):
+    """Lets the last rank go."""
+    if fd is None:
+        return False
+    try:
+        os.write(fd, b"go\n")
         return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
-def strike(mode, targets, held, struck):
+def become_nobody():
+    """Drops root for the user nobody; the name of the user it runs as."""
+    if os.geteuid() != 0:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    pw = pwd.getpwnam("nobody")
+    os.setgroups([])
+    os.setgid(pw.pw_gid)
+    os.setuid(pw.pw_uid)
+    return "nobody"
+
+
+def look_for_secret(secret, rdv_dir):
+    """What another user finds of the job: the secret in a readable
+    command line or environment, the rendezvous directory's entries."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        for what in ("cmdline", "environ"):
+            try:
+                with open("/proc/%s/%s" % (pid, what), "rb") as f:
+                    data = f.read()
+            except OSError:
+                continue
+            if secret and secret.encode() in data:
+                found.append("the secret in /proc/%s/%s" % (pid, what))
+    if rdv_dir:
+        try:
+            found.append("the rendezvous directory's entries %s"
+                         % os.listdir(rdv_dir)[:3])
+        except OSError:
+            pass
+    return found
+
+
+def replays_for(rank):
+    """The captured handshakes to send to `rank` (STRANGER_REPLAY)."""
+    out = []
+    path = os.environ.get("STRANGER_REPLAY", "")
+    with open(path) as f:
+        for line in f:
+            to, hexa = line.split()
+            if int(to) == rank:
+                out.append(bytes.fromhex(hexa))
+    return out
+
+
+def strike(mode, targets, held, struck, np):
     """Hits every (rank, family, addr, port) of targets as MODE says,
     appending the connections it holds to held and the ranks it reached
     to struck."""
@@ -112,7 +186,9 @@ def strike(mode, targets, held, struck):
     # the first send. Only the ports of the pairs with the last rank listen
     # until it is released, and every early rank has some.
     for rank, family, addr, port in sorted(set(targets)):
-        for _ in range(20 if mode == "flood" else 1):
+        replays = replays_for(rank) if mode == "replay" else []
+        times = {"flood": 20, "replay": len(replays)}.get(mode, 1)
+        for i in range(times):
             try:
                 s = socket.create_connection((addr, port), timeout=10)
             except OSError:
@@ -122,6 +198,22 @@ def strike(mode, targets, held, struck):
                     s.sendall(b"GET")
                 elif mode == "impostor":
                     s.sendall(b"KOLOPAIR" + bytes(range(56)))
+                elif mode == "hello":
+                    s.sendall(b"KOLOPAIR" + struct.pack(">II", np - 1, rank) +
+                              os.urandom(32))
+                    s.settimeout(5)
+                    reply = b""
+                    while len(reply) < REPLY_BYTES:
+                        part = s.recv(REPLY_BYTES - len(reply))
+                        if not part:
+                            break
+                        reply += part
+                    # The ring's socket answers only its left neighbour's
+                    # hello (KOLORING): nothing comes back there.
+                    if len(reply) == REPLY_BYTES:
+                        s.sendall(os.urandom(PROOF_BYTES))
+                elif mode == "replay":
+                    s.sendall(replays[i])  # one handshake per connection
             except OSError:
                 s.close()  # reset: that listener had closed
                 break
@@ -156,12 +248,37 @@ def main():
         targets = []
     held = []
     struck = set()
+    found = []
+    # What rank 0 was given (read as root, before becoming the stranger):
+    # its secret, which kolorun drew, and its rendezvous directory.
+    secret = ""
+    rdv_dir = ""
+    pid0 = read_pid(d, 0)
     try:
-        strike(mode, targets, held, struck)
+        with open("/proc/%d/environ" % pid0, "rb") as f:
+            for var in f.read().split(b"\0"):
+                if var.startswith(b"KOLO_RENDEZVOUS=file:"):
+                    rdv_dir = var.split(b":", 1)[1].decode()
+                elif var.startswith(b"KOLO_SECRET="):
+                    secret = var.split(b"=", 1)[1].decode()
+    except (OSError, TypeError):
+        pass
+    if os.geteuid() == 0 and len(secret) < 16:
+        found.append("no KOLO_SECRET in rank 0's environment")
+    go = None
+    try:
+        go = open_go(d, deadline)
+        user = become_nobody()
+        found = look_for_secret(secret, rdv_dir)
+        strike(mode, targets, held, struck, np)
     finally:
         # Whatever happened above, the last rank must not wait for us.
-        released = release(d, deadline)
+        released = release(go)
     closed = 0
+    leaked = 0
+    # A hello for the pair (hello, replay) is answered: a nonce and a MAC,
+    # nothing of the job. Anything more is a leak.
+    allowed = {s: REPLY_BYTES if mode == "replay" else 0 for s in held}
     open_socks = list(held)
     while open_socks and time.monotonic() < deadline:
         ready, _, _ = select.select(open_socks, [], [],
@@ -174,17 +291,27 @@ def main():
             if not data:
                 closed += 1
                 open_socks.remove(s)
+            else:
+                ok_bytes = min(len(data), allowed[s])
+                allowed[s] -= ok_bytes
+                leaked += len(data) - ok_bytes
     for s in held:
         s.close()
-    line = "stranger: %s: %d listening port(s) found, rank(s) %s struck" % (
-        mode, len(set(targets)), ",".join(map(str, sorted(struck))) or "no")
+    line = "stranger (%s): %s: %d listening port(s) found, rank(s) %s " \
+        "struck" % (user, mode, len(set(targets)),
+                    ",".join(map(str, sorted(struck))) or "no")
     if held:
         line += "; the job closed %d of %d held connection(s)" % (closed,
                                                                  len(held))
+    if leaked:
+        line += "; %d byte(s) came back beyond the handshake" % leaked
+    if found:
+        line += "; found " + ", ".join(found)
     if not released:
         line += "; could not release the last rank"
     print(line, flush=True)
-    ok = struck == set(early) and released and closed == len(held)
+    ok = (struck == set(early) and released and closed == len(held) and
+          not leaked and not found)
     return 0 if ok else 1
 
 

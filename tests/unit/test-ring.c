@@ -9,6 +9,8 @@
  * rank got the same bits where the order matters (random floats). The
  * failures a user can cause are checked by what the message says: a
  * stranger on the ring's port (dropped with a warning, the job goes on),
+ * a captured handshake replayed (refused), a rank with another key (its
+ * neighbour refuses it, naming the address),
  * a rank that goes away (RANK_LOST, naming it), a rank that never comes
  * to the allreduce (TIMEOUT, naming it).
  */
@@ -17,6 +19,7 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -30,7 +33,7 @@
 
 #define MAX_RANKS 4
 
-static const uint8_t secret[KOLO__RING_SECRET_BYTES] = {1, 2, 3, 4, 5, 6, 7};
+static const uint8_t secret[KOLO__KEY_BYTES] = {1, 2, 3, 4, 5, 6, 7};
 
 static void sum_f32(void *o, const void *a, const void *b, size_t n)
 {
@@ -86,10 +89,29 @@ typedef struct {
     char err[512];
 } rank_t;
 
+/* A relay between a rank and its right neighbour that forwards both ways
+ * and keeps the first bytes of each direction: what a stranger on the
+ * wire would see of the handshake. */
+#define SEEN_BYTES (KOLO__HELLO_BYTES + KOLO__PROOF_BYTES)
+typedef struct {
+    int lfd;
+    char addr[KOLO__RING_ADDR_LEN]; /* where the left rank connects */
+    const char *target;             /* the right rank's address */
+    uint8_t out[SEEN_BYTES], back[KOLO__REPLY_BYTES]; /* left -> right, back */
+    size_t nout, nback;
+    pthread_t thread;
+} relay_t;
+
 struct job {
     int n;
     pthread_barrier_t listening;
     char addr[MAX_RANKS][KOLO__RING_ADDR_LEN];
+    const char *dial[MAX_RANKS]; /* where rank r - 1 connects: addr or a relay */
+    relay_t relay[MAX_RANKS];
+    int relayed;                 /* every connection through a relay */
+    int odd_key_rank;            /* this rank holds another key (-1: none) */
+    const uint8_t *stranger_bytes; /* what the stranger sends (NULL: noise) */
+    size_t stranger_len;
     rank_t ranks[MAX_RANKS];
     void (*body)(rank_t *);
     double timeout_s;
@@ -99,14 +121,12 @@ struct job {
 /* The send buffer of the next job's sockets (0: the kernel's). */
 static size_t cur_send_buffer;
 
-/* A stranger: connects to "ADDRESS PORT", sends 48 bytes of noise, and
- * keeps the socket open (closed after the job). */
-static int strike(const char *addr)
+/* A connected socket to "ADDRESS PORT" (loopback). */
+static int dial_to(const char *addr)
 {
     char host[64];
     unsigned port;
     struct sockaddr_in a = {.sin_family = AF_INET};
-    uint8_t noise[48];
     int fd;
 
     ck_assert_int_eq(sscanf(addr, "%63s %u", host, &port), 2);
@@ -115,9 +135,72 @@ static int strike(const char *addr)
     fd = socket(AF_INET, SOCK_STREAM, 0);
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
-    memset(noise, 'x', sizeof(noise));
-    ck_assert_int_eq(send(fd, noise, sizeof(noise), 0), (ssize_t)sizeof(noise));
     return fd;
+}
+
+/* A stranger: connects to "ADDRESS PORT", sends `bytes` (NULL: 48 bytes
+ * of noise), and keeps the socket open (closed after the job). */
+static int strike(const char *addr, const uint8_t *bytes, size_t len)
+{
+    uint8_t noise[48];
+    int fd = dial_to(addr);
+
+    if (bytes == NULL) {
+        memset(noise, 'x', sizeof(noise));
+        bytes = noise;
+        len = sizeof(noise);
+    }
+    ck_assert_int_eq(send(fd, bytes, len, 0), (ssize_t)len);
+    return fd;
+}
+
+/* Forwards between the left rank's connection and the right rank until
+ * either closes, keeping the first bytes of each direction. */
+static void *relay_main(void *arg)
+{
+    relay_t *rl = arg;
+    int a = accept(rl->lfd, NULL, NULL), b = a >= 0 ? dial_to(rl->target) : -1;
+    static __thread uint8_t buf[65536];
+
+    while (a >= 0 && b >= 0) {
+        struct pollfd p[2] = {{.fd = a, .events = POLLIN}, {.fd = b, .events = POLLIN}};
+        if (poll(p, 2, -1) < 0)
+            break;
+        int from = p[0].revents ? a : b, to = from == a ? b : a;
+        ssize_t n = recv(from, buf, sizeof(buf), 0);
+        if (n <= 0)
+            break;
+        uint8_t *keep = from == a ? rl->out : rl->back;
+        size_t *kept = from == a ? &rl->nout : &rl->nback;
+        size_t cap = from == a ? sizeof(rl->out) : sizeof(rl->back);
+        size_t take = (size_t)n < cap - *kept ? (size_t)n : cap - *kept;
+        memcpy(keep + *kept, buf, take);
+        *kept += take;
+        if (send(to, buf, (size_t)n, MSG_NOSIGNAL) != n)
+            break;
+    }
+    if (a >= 0)
+        close(a);
+    if (b >= 0)
+        close(b);
+    return NULL;
+}
+
+static void relay_start(relay_t *rl, const char *target)
+{
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    socklen_t len = sizeof(a);
+
+    memset(rl, 0, sizeof(*rl));
+    rl->target = target;
+    rl->lfd = socket(AF_INET, SOCK_STREAM, 0);
+    ck_assert_int_ge(rl->lfd, 0);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ck_assert_int_eq(bind(rl->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+    ck_assert_int_eq(listen(rl->lfd, 4), 0);
+    ck_assert_int_eq(getsockname(rl->lfd, (struct sockaddr *)&a, &len), 0);
+    snprintf(rl->addr, sizeof(rl->addr), "127.0.0.1 %u", ntohs(a.sin_port));
+    ck_assert_int_eq(pthread_create(&rl->thread, NULL, relay_main, rl), 0);
 }
 
 static void *rank_main(void *arg)
@@ -132,14 +215,20 @@ static void *rank_main(void *arg)
     pthread_barrier_wait(&job->listening); /* the stranger has struck */
     if (me->rc != 0 || job->ranks[(me->rank + 1) % n].ring == NULL)
         return NULL;
-    me->rc = kolo__ring_connect(me->ring, me->rank, n,
-                                job->addr[(me->rank + 1) % n], secret,
+    static const uint8_t other[KOLO__KEY_BYTES] = {7, 6, 5, 4, 3, 2, 1};
+    me->rc = kolo__ring_connect(me->ring, me->rank, n, job->dial[(me->rank + 1) % n],
+                                me->rank == job->odd_key_rank ? other : secret,
                                 job->timeout_s, job->send_buffer, on_warn,
                                 me->err, sizeof(me->err));
     if (me->rc == 0)
         job->body(me);
     return NULL;
 }
+
+/* How the next job is set up beyond run_job's arguments (reset by it). */
+static int next_relayed, next_odd_key_rank = -1;
+static const uint8_t *next_stranger_bytes;
+static size_t next_stranger_len;
 
 /* Runs body on n ranks; returns once every rank is done, with their
  * codes and messages in the job. */
@@ -151,6 +240,13 @@ static job_t *run_job(int n, void (*body)(rank_t *), double timeout_s,
     int fd = -1;
 
     memset(&job, 0, sizeof(job));
+    job.relayed = next_relayed;
+    job.odd_key_rank = next_odd_key_rank;
+    job.stranger_bytes = next_stranger_bytes;
+    job.stranger_len = next_stranger_len;
+    next_relayed = 0;
+    next_odd_key_rank = -1;
+    next_stranger_bytes = NULL;
     job.n = n;
     job.body = body;
     job.timeout_s = timeout_s;
@@ -162,8 +258,15 @@ static job_t *run_job(int n, void (*body)(rank_t *), double timeout_s,
         ck_assert_int_eq(pthread_create(&t[r], NULL, rank_main, &job.ranks[r]), 0);
     }
     pthread_barrier_wait(&job.listening);
+    for (int r = 0; r < n; r++) {
+        job.dial[r] = job.addr[r];
+        if (job.relayed) {
+            relay_start(&job.relay[r], job.addr[r]);
+            job.dial[r] = job.relay[r].addr;
+        }
+    }
     if (stranger)
-        fd = strike(job.addr[0]);
+        fd = strike(job.addr[0], job.stranger_bytes, job.stranger_len);
     pthread_barrier_wait(&job.listening);
     for (int r = 0; r < n; r++)
         pthread_join(t[r], NULL);
@@ -172,6 +275,10 @@ static job_t *run_job(int n, void (*body)(rank_t *), double timeout_s,
     pthread_barrier_destroy(&job.listening);
     for (int r = 0; r < n; r++)
         kolo__ring_close(job.ranks[r].ring);
+    for (int r = 0; r < n && job.relayed; r++) {
+        pthread_join(job.relay[r].thread, NULL);
+        close(job.relay[r].lfd);
+    }
     return &job;
 }
 
@@ -550,8 +657,88 @@ START_TEST(a_stranger_is_dropped_with_a_warning)
     ck_assert_int_eq(warnings, 1);
     ck_assert_msg(strstr(last_warning, "Gloo: dropped a connection from 127.0.0.1:") &&
                       strstr(last_warning, "to rank 0's ring socket: ") &&
-                      strstr(last_warning, "the job's identity"),
+                      strstr(last_warning, "is not the left neighbour's hello"),
                   "warning: %s", last_warning);
+}
+END_TEST
+
+/* Whether the n bytes at a occur anywhere in the len bytes at hay. */
+static int occurs(const uint8_t *a, size_t n, const uint8_t *hay, size_t len)
+{
+    for (size_t i = 0; i + n <= len; i++)
+        if (memcmp(hay + i, a, n) == 0)
+            return 1;
+    return 0;
+}
+
+/* What crosses the wire of each connection of a 3-rank ring, seen by a
+ * relay: beyond the fixed head of the hello (magic and ranks), no 8 bytes
+ * of one connection's handshake appear in another's, nor the key. Then
+ * the handshake rank 2 sent rank 0, replayed to rank 0 of a new ring
+ * with the same key, is refused and that ring connects all the same. */
+START_TEST(handshakes_never_repeat_and_a_replay_is_refused)
+{
+    enum { M = SEEN_BYTES - 16 + KOLO__REPLY_BYTES };
+    uint8_t seen[MAX_RANKS][M];
+    uint8_t replay[SEEN_BYTES];
+    job_t *job;
+
+    cur_n = 3;
+    cur_count = 1000;
+    next_relayed = 1;
+    job = run_job(3, body_sum_f32, 10.0, 0);
+    expect_ok(job, "through relays");
+    for (int r = 0; r < 3; r++) {
+        ck_assert_uint_eq(job->relay[r].nout, SEEN_BYTES);
+        ck_assert_uint_eq(job->relay[r].nback, KOLO__REPLY_BYTES);
+        ck_assert_msg(memcmp(job->relay[r].out, "KOLORING", 8) == 0,
+                      "connection to rank %d: no hello", r);
+        /* The part that changes: the nonce, the reply, the proof. */
+        memcpy(seen[r], job->relay[r].out + 16, SEEN_BYTES - 16);
+        memcpy(seen[r] + SEEN_BYTES - 16, job->relay[r].back, KOLO__REPLY_BYTES);
+        ck_assert_msg(!occurs(secret, 8, job->relay[r].out, SEEN_BYTES) &&
+                          !occurs(secret, 8, job->relay[r].back, KOLO__REPLY_BYTES),
+                      "the key crossed the wire to rank %d", r);
+    }
+    for (int r = 0; r < 3; r++)
+        for (int q = 0; q < 3; q++)
+            for (size_t i = 0; q != r && i + 8 <= M; i++)
+                ck_assert_msg(!occurs(seen[r] + i, 8, seen[q], M),
+                              "bytes %zu.. of the handshake into rank %d "
+                              "appear in the one into rank %d", i, r, q);
+    memcpy(replay, job->relay[0].out, SEEN_BYTES); /* rank 2 -> rank 0 */
+
+    warnings = 0;
+    next_stranger_bytes = replay;
+    next_stranger_len = sizeof(replay);
+    expect_ok(run_job(3, body_sum_f32, 10.0, 1), "with a replayed handshake");
+    ck_assert_int_eq(warnings, 1);
+    ck_assert_msg(strstr(last_warning, "to rank 0's ring socket: it did not "
+                                       "prove the job's secret") != NULL,
+                  "warning: %s", last_warning);
+}
+END_TEST
+
+/* A rank that holds another key: its right neighbour does not prove the
+ * key it holds, and the connection is refused, naming the address. */
+START_TEST(a_rank_with_another_key_is_refused)
+{
+    job_t *job;
+
+    warnings = 0;
+    cur_n = 2;
+    cur_count = 10;
+    next_odd_key_rank = 1;
+    job = run_job(2, body_sum_f32, 2.0, 0);
+    for (int r = 0; r < 2; r++) {
+        ck_assert_int_ne(job->ranks[r].rc, 0);
+        ck_assert_msg(strstr(job->ranks[r].err, "did not prove the job's secret") ||
+                          strstr(job->ranks[r].err, "before the handshake ended"),
+                      "rank %d: %s", r, job->ranks[r].err);
+    }
+    ck_assert_msg(strstr(job->ranks[0].err, "did not prove the job's secret") ||
+                      strstr(job->ranks[1].err, "did not prove the job's secret"),
+                  "%s / %s", job->ranks[0].err, job->ranks[1].err);
 }
 END_TEST
 
@@ -689,7 +876,9 @@ KOLO_UNIT_MAIN("ring", 120,
         every_rank_gets_the_same_bits, streams_a_batch_of_tensors,
         streams_through_small_send_buffers,
         an_allgather_brings_every_ranks_bytes,
-        a_stranger_is_dropped_with_a_warning, a_rank_that_leaves_is_named,
+        a_stranger_is_dropped_with_a_warning,
+        handshakes_never_repeat_and_a_replay_is_refused,
+        a_rank_with_another_key_is_refused, a_rank_that_leaves_is_named,
         a_rank_that_never_comes_is_named,
         an_exchange_a_rank_abandoned_fails_everywhere,
         a_neighbour_that_finished_and_left_is_no_failure,
