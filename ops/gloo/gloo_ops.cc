@@ -48,10 +48,12 @@
 
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <atomic>
@@ -156,6 +158,24 @@ class Abandoned : public std::runtime_error {
     explicit Abandoned(const std::string &why) : std::runtime_error(why) {}
 };
 
+/* Asks the ops config's `abandoned` whether a peer gave up, one caller at a
+ * time (init's thread and, while Gloo's pairs connect, its watcher). */
+class AbandonCheck {
+  public:
+    explicit AbandonCheck(const kolo__ops_config_t *cfg) : cfg_(cfg) {}
+    bool can() const { return cfg_->abandoned != nullptr; }
+    bool operator()(char *why, size_t len)
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        return cfg_->abandoned != nullptr &&
+               cfg_->abandoned(cfg_->abandoned_arg, why, len) != 0;
+    }
+
+  private:
+    const kolo__ops_config_t *cfg_;
+    std::mutex mu_;
+};
+
 /* A store whose waits are bounded by the start timeout and say which ranks
  * are missing. Gloo's full-mesh connection stores one key per rank, named
  * by the rank number. A wait goes in slices of a fifth of a second, and
@@ -165,8 +185,8 @@ class Abandoned : public std::runtime_error {
 class TimedStore : public gloo::rendezvous::Store {
   public:
     TimedStore(gloo::rendezvous::Store &inner, std::chrono::milliseconds timeout,
-               const kolo__ops_config_t *cfg)
-        : inner_(inner), timeout_(timeout), cfg_(cfg) {}
+               AbandonCheck &abandoned)
+        : inner_(inner), timeout_(timeout), abandoned_(abandoned) {}
 
     void set(const std::string &key, const std::vector<char> &data) override
     {
@@ -194,7 +214,7 @@ class TimedStore : public gloo::rendezvous::Store {
                 until - clock::now());
             if (left.count() < 1)
                 left = std::chrono::milliseconds(1);
-            bool last = cfg_->abandoned == nullptr || left <= slice;
+            bool last = !abandoned_.can() || left <= slice;
             try {
                 inner_.wait(keys, last ? left : slice);
                 return;
@@ -203,7 +223,7 @@ class TimedStore : public gloo::rendezvous::Store {
                     break;
             }
             char why[512] = "";
-            if (cfg_->abandoned(cfg_->abandoned_arg, why, sizeof(why)))
+            if (abandoned_(why, sizeof(why)))
                 throw Abandoned(why);
         }
         /* Which ranks are missing is the runtime's to say (it keeps a
@@ -218,7 +238,7 @@ class TimedStore : public gloo::rendezvous::Store {
   private:
     gloo::rendezvous::Store &inner_;
     std::chrono::milliseconds timeout_;
-    const kolo__ops_config_t *cfg_;
+    AbandonCheck &abandoned_;
 };
 
 /* The store of a rendezvous string: file:DIR, or redis:HOST:PORT[/JOB]
@@ -425,6 +445,15 @@ class GuardedPair : public tcp::Pair {
                 drop(*s, "it had not proved the job's secret when the pair "
                          "connected");
         screening_.store(false);
+    }
+
+    /* Ends a wait for the peer at once, with `why` (a peer gave up): Gloo's
+     * connect throws it. From init's watcher thread (watch_pairs). */
+    void abandon(const std::string &why)
+    {
+        std::lock_guard<std::mutex> lock(m_);
+        if (state_ != CONNECTED && state_ != CLOSED)
+            signalException(why);
     }
 
     void handleEvents(int events) override
@@ -735,13 +764,24 @@ class GuardedContext : public tcp::Context {
 
     std::unique_ptr<gloo::transport::Pair> &createPair(int rank) override
     {
+        std::lock_guard<std::mutex> lock(pairs_mu_);
         pairs_[rank] = std::unique_ptr<gloo::transport::Pair>(new GuardedPair(
             this, device_.get(), rank, getTimeout(), guard_));
         return pairs_[rank];
     }
 
+    /* Every pair still waiting for its peer gives up with `why`. */
+    void abandon(const std::string &why)
+    {
+        std::lock_guard<std::mutex> lock(pairs_mu_);
+        for (auto &p : pairs_)
+            if (p)
+                static_cast<GuardedPair *>(p.get())->abandon(why);
+    }
+
   private:
     std::shared_ptr<Guard> guard_;
+    std::mutex pairs_mu_;
 };
 
 class GuardedDevice : public tcp::Device {
@@ -754,12 +794,96 @@ class GuardedDevice : public tcp::Device {
     std::shared_ptr<gloo::transport::Context> createContext(int rank,
                                                             int size) override
     {
-        return std::make_shared<GuardedContext>(shared_from_this(), rank, size,
-                                                guard_);
+        auto c = std::make_shared<GuardedContext>(shared_from_this(), rank,
+                                                  size, guard_);
+        std::lock_guard<std::mutex> lock(mu_);
+        last_ = c;
+        return c;
+    }
+
+    /* The pairs of the context made last give up with `why`. */
+    void abandon(const std::string &why)
+    {
+        std::shared_ptr<GuardedContext> c;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            c = last_.lock();
+        }
+        if (c)
+            c->abandon(why);
     }
 
   private:
     std::shared_ptr<Guard> guard_;
+    std::mutex mu_;
+    std::weak_ptr<GuardedContext> last_;
+};
+
+/* While Gloo's pairs connect, init's thread waits inside Gloo for each
+ * peer, bounded only by the start timeout, where it cannot ask whether a
+ * peer has given up (one that failed to connect: out of descriptors, or
+ * holding another job secret, whose peers refuse it). A watcher thread
+ * asks a few times a second instead and, when one has, ends every pair's
+ * wait with that peer's reason: the job fails at once, saying why,
+ * instead of at the start timeout. */
+class PairWatch {
+  public:
+    PairWatch(std::shared_ptr<GuardedDevice> device, AbandonCheck &abandoned)
+        : device_(std::move(device)), abandoned_(abandoned)
+    {
+        if (abandoned_.can())
+            thread_ = std::thread([this] { run(); });
+    }
+    ~PairWatch()
+    {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            done_ = true;
+        }
+        cv_.notify_all();
+        if (thread_.joinable())
+            thread_.join();
+    }
+    /* The peer's reason, once the watcher has acted on it ("": not). */
+    std::string gave_up()
+    {
+        std::lock_guard<std::mutex> lock(mu_);
+        return why_;
+    }
+
+  private:
+    void run()
+    {
+        std::unique_lock<std::mutex> lock(mu_);
+        while (!done_) {
+            cv_.wait_for(lock, std::chrono::milliseconds(200));
+            if (done_)
+                break;
+            lock.unlock();
+            char why[512] = "";
+            bool gone = false;
+            try {
+                gone = abandoned_(why, sizeof(why));
+                if (gone)
+                    device_->abandon(why);
+            } catch (...) {
+                /* Nothing may escape a thread; init goes on waiting. */
+            }
+            lock.lock();
+            if (gone) {
+                why_ = why;
+                break;
+            }
+        }
+    }
+
+    std::shared_ptr<GuardedDevice> device_;
+    AbandonCheck &abandoned_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::string why_;
+    std::thread thread_;
 };
 
 #endif /* KOLO_GLOO_PAIR_LISTENS */
@@ -1027,12 +1151,16 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         const std::string where =
             ns.empty() ? std::string(cfg->prefix) : ns + "/" + cfg->prefix;
         gloo::rendezvous::PrefixStore prefix(where, *base);
-        TimedStore store(prefix, to_ms(cfg->start_timeout_s), cfg);
+        AbandonCheck abandoned(cfg);
+        TimedStore store(prefix, to_ms(cfg->start_timeout_s), abandoned);
         tcp::attr attr;
         attr.hostname = cfg->hostname;
 #ifdef KOLO_GLOO_PAIR_LISTENS
         auto guard = std::make_shared<Guard>();
         guard->warn = cfg->warn;
+#endif
+#ifdef KOLO_GLOO_PAIR_LISTENS
+        std::shared_ptr<GuardedDevice> guarded_device;
 #endif
         uint8_t key[KOLO__KEY_BYTES] = {0};
         if (cfg->size > 1)
@@ -1042,8 +1170,9 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
 #endif
         try {
 #ifdef KOLO_GLOO_PAIR_LISTENS
-            g->device = std::make_shared<GuardedDevice>(
+            guarded_device = std::make_shared<GuardedDevice>(
                 tcp::CreateDeviceAttr(attr), guard);
+            g->device = guarded_device;
 #else
             g->device = tcp::CreateDevice(attr);
 #endif
@@ -1062,7 +1191,21 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         if (cfg->size > 1)
             listen_ring(g, cfg, store);
 #endif
+#ifdef KOLO_GLOO_PAIR_LISTENS
+        {
+            PairWatch watch(guarded_device, abandoned);
+            try {
+                g->context->connectFullMesh(store, g->device);
+            } catch (const std::exception &) {
+                std::string why = watch.gave_up();
+                if (!why.empty())
+                    throw Abandoned(why);
+                throw;
+            }
+        }
+#else
         g->context->connectFullMesh(store, g->device);
+#endif
         g->context->setTimeout(to_ms(cfg->timeout_s));
         g->timeout_s = cfg->timeout_s;
         if (cfg->members != nullptr)

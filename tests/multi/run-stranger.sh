@@ -170,5 +170,45 @@ else
 fi
 unset KOLO_SECRET
 
+# check DESCRIPTION RC WANT_RC PATTERN FILE: one verdict on a job's end
+check() {
+    local desc=$1 got=$2 want=$3 pattern=$4 file=$5
+    if { [ "$want" = 0 ] && [ "$got" -eq 0 ]; } || { [ "$want" != 0 ] && [ "$got" -ne 0 ] && [ "$got" -ne 124 ]; } &&
+        grep -q -e "$pattern" "$file"; then
+        pass=$((pass + 1))
+        echo "PASS $desc"
+    else
+        fail=$((fail + 1))
+        echo "FAIL $desc (exit $got, wanted ${want/1/non-zero}, and /$pattern/ in:)"
+        head -n 20 "$file" | cut -c1-400 | sed 's/^/    | /'
+    fi
+}
+
+# A rank started with another secret: its peers refuse it, and the whole
+# job fails at once (not after the start timeout) saying why.
+o=$WORK/odd.log
+# shellcheck disable=SC2016 # the ranks expand these
+timeout -k 10 "$limit" env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
+    "$kolorun" -np 3 bash -c '[ "$KOLO_RANK" = 1 ] &&
+        export KOLO_SECRET=another-secret-of-the-wrong-kind; exec "$@"' \
+    rank "$prog" random 3 >"$o" 2>&1 </dev/null
+check "np=3, rank 1 with another secret: the job fails at once, saying why" $? 1 \
+    "did not prove the job's secret: another program on that port, or a rank with another KOLO_SECRET" "$o"
+
+# KOLO_REQUIRE_SECRET=1: no job without one; kolorun's is one.
+env -u KOLO_SECRET -u HOROVOD_SECRET_KEY KOLO_REQUIRE_SECRET=1 \
+    timeout -k 10 "$limit" "$prog" random 3 >"$o" 2>&1 </dev/null
+check "KOLO_REQUIRE_SECRET=1 without a secret: refused" $? 1 \
+    "KOLO_REQUIRE_SECRET=1, and no job secret is set" "$o"
+KOLO_REQUIRE_SECRET=1 KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
+    timeout -k 10 "$limit" "$kolorun" -np 2 "$prog" random 3 >"$o" 2>&1 </dev/null
+check "KOLO_REQUIRE_SECRET=1 under kolorun: runs" $? 0 "^rank 1 of 2: PASS random" "$o"
+KOLO_SECRET=too-short timeout -k 10 "$limit" "$prog" random 3 >"$o" 2>&1 </dev/null
+check "a secret of 9 characters: refused" $? 1 \
+    "KOLO_SECRET has 9 characters; a job secret needs at least 16" "$o"
+HOROVOD_SECRET_KEY=short env -u KOLO_SECRET timeout -k 10 "$limit" "$prog" random 3 >"$o" 2>&1 </dev/null
+check "Horovod's HOROVOD_SECRET_KEY is read too" $? 1 \
+    "HOROVOD_SECRET_KEY has 5 characters" "$o"
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
