@@ -214,7 +214,8 @@ static int launcher_configure(kolo__err_t *err)
  * others wait until it answers, for at most KOLO_START_TIMEOUT. Where the
  * launcher's port was taken, rank 0 serves on one of the next ones
  * (rdvserver.c), and every rank's KOLO_RENDEZVOUS says the one found. */
-static int serve_rendezvous(kolo__config_t *cfg, kolo__err_t *err)
+static int serve_rendezvous(kolo__config_t *cfg, const uint8_t *job_key,
+                            kolo__err_t *err)
 {
     const kolo__launchenv_t *le = &g_serve;
     int port = 0;
@@ -222,8 +223,8 @@ static int serve_rendezvous(kolo__config_t *cfg, kolo__err_t *err)
     if (le->port == 0)
         return KOLO_OK;
     if (cfg->rank == 0)
-        KOLO__CHECK(kolo__rdvserver_start(le->port, le->job, le->where, &port,
-                                          err));
+        KOLO__CHECK(kolo__rdvserver_start(le->port, le->job, job_key,
+                                          le->where, &port, err));
     else
         KOLO__CHECK(kolo__rdvserver_wait(le->host, le->port, le->job,
                                          cfg->start_timeout_s, le->where,
@@ -504,7 +505,10 @@ int kolo_init(void)
     rt->generation = elastic ? g_elastic.generation : g_generation++;
     kolo__log_set_rank(rt->rank);
     warn_unknown_variables(rt->rank);
-    KOLO__CHECK_GOTO(serve_rendezvous(&rt->cfg, &err), rc, free_rt);
+    KOLO__CHECK_GOTO(serve_rendezvous(&rt->cfg,
+                                      rt->have_job_key ? rt->job_key : NULL,
+                                      &err),
+                     rc, free_rt);
     kolo__agree_reserve();
     kolo__peers_prepare_why(&rt->cfg);
     /* From here until the settings are agreed, a failure of this rank is

@@ -105,6 +105,15 @@ void kolo__auth_derive(uint8_t out[KOLO__KEY_BYTES],
     sodium_memzero(&st, sizeof(st));
 }
 
+void kolo__auth_redis_password(const uint8_t key[KOLO__KEY_BYTES],
+                               char out[2 * KOLO__KEY_BYTES + 1])
+{
+    uint8_t pw[KOLO__KEY_BYTES];
+    kolo__auth_derive(pw, key, "kolo redis password", "", 0);
+    sodium_bin2hex(out, 2 * KOLO__KEY_BYTES + 1, pw, sizeof(pw));
+    sodium_memzero(pw, sizeof(pw));
+}
+
 int kolo__auth_random(void *out, size_t n)
 {
     if (!sodium_ready()) {

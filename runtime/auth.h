@@ -42,6 +42,11 @@ void kolo__auth_derive(uint8_t out[KOLO__KEY_BYTES],
                        const uint8_t key[KOLO__KEY_BYTES], const char *label,
                        const void *data, size_t len);
 
+/* The password of the Redis server kolorun starts for a job
+ * (--start-redis), derived from the job's key: 64 hex digits and a NUL. */
+void kolo__auth_redis_password(const uint8_t key[KOLO__KEY_BYTES],
+                               char out[2 * KOLO__KEY_BYTES + 1]);
+
 /* n bytes from the operating system's random source; 0, or -1 when it
  * cannot give them (errno says why). */
 int kolo__auth_random(void *out, size_t n);

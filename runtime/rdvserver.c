@@ -36,14 +36,26 @@
  * read their last key, and a later kolo_init finds the server still there
  * (its keys are under a new prefix).
  *
- * Anyone who reaches the port can read and write the keys, as with
- * torchrun's own store and a Redis server without a password: it is for
- * the cluster's own network.
+ * Strangers. When the job has a secret (KOLO_SECRET, auth.c), a
+ * connection must prove it before anything else: every command but
+ * KOLO.SERVES is answered NOAUTH until the client has run auth.c's
+ * handshake through two commands of its own,
+ *
+ *   KOLO.HELLO hello job   its nonce and the server's proof (64 bytes)
+ *   KOLO.PROVE proof       +OK, and the connection may read and write
+ *
+ * keyed by a key derived from the job's key and the job's name (store.c
+ * is the client). A proof that is wrong closes the connection with a
+ * warning naming its address (the first few). Without a secret anyone
+ * who reaches the port can read and write the keys, as with torchrun's
+ * own store: the README says so.
  */
 #define _GNU_SOURCE
 #include "alloc.h"
+#include "auth.h"
 #include "rdvserver.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -73,6 +85,10 @@ typedef struct rdv_conn {
     int fd;
     char *in; /* bytes received, not yet a whole request */
     size_t len, cap;
+    int proved;           /* it proved the job's secret (or none is needed) */
+    int hello_seen;       /* KOLO.HELLO answered: hs holds the nonces */
+    kolo__handshake_t hs;
+    char from[INET6_ADDRSTRLEN + 8];
 } rdv_conn_t;
 
 typedef struct rdv_server {
@@ -88,7 +104,11 @@ static int g_port; /* the port served, 0 when none */
 /* The jobs served (one per kolo_init of this process, at most a few). */
 #define RDV_MAX_JOBS 16
 static char g_jobs[RDV_MAX_JOBS][128];
+static uint8_t g_keys[RDV_MAX_JOBS][KOLO__KEY_BYTES]; /* each job's store key */
+static int g_keyed[RDV_MAX_JOBS];                     /* it has one */
 static int g_njobs;
+static int g_warned; /* dropped connections reported so far */
+#define RDV_MAX_WARNINGS 5
 
 static int serves_job(const char *job, size_t len)
 {
@@ -100,17 +120,70 @@ static int serves_job(const char *job, size_t len)
     return yes;
 }
 
-/* Called with g_mu held. */
-static void add_job(const char *job)
+/* The store key of a job served (store.c derives the same), into key:
+ * 1, or 0 when the job is not served or has no secret. */
+static int job_key_of(const char *job, size_t len, uint8_t key[KOLO__KEY_BYTES])
 {
-    for (int i = 0; i < g_njobs; i++)
+    int found = 0;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < g_njobs && !found; i++)
+        if (strlen(g_jobs[i]) == len && memcmp(g_jobs[i], job, len) == 0 &&
+            g_keyed[i]) {
+            memcpy(key, g_keys[i], KOLO__KEY_BYTES);
+            found = 1;
+        }
+    pthread_mutex_unlock(&g_mu);
+    return found;
+}
+
+/* Whether a connection must prove a secret: some job served has one. */
+static int needs_proof(void)
+{
+    int yes = 0;
+    pthread_mutex_lock(&g_mu);
+    for (int i = 0; i < g_njobs && !yes; i++)
+        yes = g_keyed[i];
+    pthread_mutex_unlock(&g_mu);
+    return yes;
+}
+
+/* Called with g_mu held. */
+static void add_job(const char *job, const uint8_t *job_key)
+{
+    int i;
+    for (i = 0; i < g_njobs; i++)
         if (strcmp(g_jobs[i], job) == 0)
-            return;
-    if (g_njobs == RDV_MAX_JOBS) { /* the oldest goes */
-        memmove(g_jobs[0], g_jobs[1], sizeof(g_jobs[0]) * (RDV_MAX_JOBS - 1));
-        g_njobs--;
+            break;
+    if (i == g_njobs) {
+        if (g_njobs == RDV_MAX_JOBS) { /* the oldest goes */
+            memmove(g_jobs[0], g_jobs[1], sizeof(g_jobs[0]) * (RDV_MAX_JOBS - 1));
+            memmove(g_keys[0], g_keys[1], sizeof(g_keys[0]) * (RDV_MAX_JOBS - 1));
+            memmove(g_keyed, g_keyed + 1, sizeof(g_keyed[0]) * (RDV_MAX_JOBS - 1));
+            g_njobs--;
+        }
+        i = g_njobs++;
+        snprintf(g_jobs[i], sizeof(g_jobs[0]), "%s", job);
     }
-    snprintf(g_jobs[g_njobs++], sizeof(g_jobs[0]), "%s", job);
+    g_keyed[i] = job_key != NULL;
+    if (job_key != NULL)
+        kolo__auth_derive(g_keys[i], job_key, "kolo store", job, strlen(job));
+}
+
+/* One warning for a connection dropped, the first few only. */
+static void warn_dropped(const rdv_conn_t *c, const char *why)
+{
+    int n;
+    pthread_mutex_lock(&g_mu);
+    n = ++g_warned;
+    pthread_mutex_unlock(&g_mu);
+    if (n <= RDV_MAX_WARNINGS)
+        kolo__log(KOLO__LOG_WARNING,
+                  "rendezvous: dropped a connection from %s to rank 0's "
+                  "rendezvous server: %s; the job goes on%s",
+                  c->from, why,
+                  n == RDV_MAX_WARNINGS
+                      ? " (further dropped connections are not reported)"
+                      : "");
 }
 
 /* ---- keys ----------------------------------------------------------------- */
@@ -226,6 +299,11 @@ static int send_all(int fd, const char *p, size_t n)
     return 0;
 }
 
+static int send_str(int fd, const char *text)
+{
+    return send_all(fd, text, strlen(text));
+}
+
 static int reply_int(int fd, long long v)
 {
     char line[32];
@@ -238,12 +316,59 @@ static int is_cmd(const char *arg, size_t len, const char *name)
     return len == strlen(name) && strncasecmp(arg, name, len) == 0;
 }
 
+/* The handshake's two commands (the file's head); -1 when the connection
+ * should close. */
+static int serve_proof(rdv_conn_t *c, int argc, const char **argv,
+                       const size_t *alen)
+{
+    static const char magic[8] = {'K', 'O', 'L', 'O', 'S', 'T', 'O', 'R'};
+    int fd = c->fd;
+
+    if (is_cmd(argv[0], alen[0], "KOLO.HELLO") && argc == 3 &&
+        alen[1] == KOLO__HELLO_BYTES) {
+        uint8_t key[KOLO__KEY_BYTES], reply[KOLO__REPLY_BYTES];
+        if (!job_key_of(argv[2], alen[2], key)) {
+            warn_dropped(c, "it asked for a job this server does not serve");
+            send_str(fd, "-ERR kolo's rendezvous does not serve that job\r\n");
+            return -1;
+        }
+        kolo__handshake_init(&c->hs, magic, 0, 0, key);
+        if (kolo__handshake_reply(&c->hs, (const uint8_t *)argv[1], reply) != 0) {
+            warn_dropped(c, "what it sent is not kolo's hello");
+            send_str(fd, "-ERR not kolo's hello\r\n");
+            return -1;
+        }
+        c->hello_seen = 1;
+        if (send_str(fd, "$64\r\n") != 0 ||
+            send_all(fd, (const char *)reply, sizeof(reply)) != 0)
+            return -1;
+        return send_str(fd, "\r\n");
+    }
+    if (is_cmd(argv[0], alen[0], "KOLO.PROVE") && argc == 2 && c->hello_seen &&
+        alen[1] == KOLO__PROOF_BYTES) {
+        if (kolo__handshake_check(&c->hs, (const uint8_t *)argv[1]) != 0) {
+            warn_dropped(c, "it did not prove the job's secret");
+            send_str(fd, "-ERR that does not prove the job's secret\r\n");
+            return -1;
+        }
+        c->proved = 1;
+        return send_str(fd, "+OK\r\n");
+    }
+    return send_str(fd, "-NOAUTH kolo's rendezvous: prove the job's secret "
+                        "with KOLO.HELLO\r\n");
+}
+
 /* Answers one request; -1 when the connection should close. */
-static int serve_request(rdv_server_t *s, int fd, int argc, const char **argv,
-                         const size_t *alen)
+static int serve_request(rdv_server_t *s, rdv_conn_t *c, int argc,
+                         const char **argv, const size_t *alen)
 {
     char head[48];
+    int fd = c->fd;
 
+    if (is_cmd(argv[0], alen[0], "KOLO.SERVES") && argc == 2)
+        return reply_int(fd, serves_job(argv[1], alen[1]));
+    if (!c->proved && !(c->proved = !needs_proof()))
+        return serve_proof(c, argc, argv, alen);
     if (is_cmd(argv[0], alen[0], "PING") && argc == 1)
         return send_all(fd, "+PONG\r\n", 7);
     if (is_cmd(argv[0], alen[0], "SET") && argc == 3) {
@@ -269,8 +394,6 @@ static int serve_request(rdv_server_t *s, int fd, int argc, const char **argv,
             return -1;
         return send_all(fd, "\r\n", 2);
     }
-    if (is_cmd(argv[0], alen[0], "KOLO.SERVES") && argc == 2)
-        return reply_int(fd, serves_job(argv[1], alen[1]));
     if ((is_cmd(argv[0], alen[0], "EXISTS") || is_cmd(argv[0], alen[0], "DEL")) &&
         argc >= 2) {
         int del = is_cmd(argv[0], alen[0], "DEL");
@@ -318,12 +441,14 @@ static int serve_conn(rdv_server_t *s, rdv_conn_t *c)
         return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? 0 : -1;
     c->len += (size_t)n;
     while ((used = parse_request(c->in, c->len, &argc, argv, alen)) > 0) {
-        if (serve_request(s, c->fd, argc, argv, alen) != 0)
+        if (serve_request(s, c, argc, argv, alen) != 0)
             return -1;
         memmove(c->in, c->in + used, c->len - (size_t)used);
         c->len -= (size_t)used;
     }
     if (used < 0) {
+        if (!c->proved)
+            warn_dropped(c, "what it sent is not a request of Redis's protocol");
         send_all(c->fd, "-ERR kolo's rendezvous reads RESP arrays only\r\n", 47);
         return -1;
     }
@@ -339,11 +464,25 @@ static void conn_close(rdv_server_t *s, size_t i)
 
 static void conn_accept(rdv_server_t *s)
 {
-    int fd = accept4(s->listen_fd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    struct sockaddr_storage ss;
+    socklen_t sslen = sizeof(ss);
+    int fd = accept4(s->listen_fd, (struct sockaddr *)&ss, &sslen,
+                     SOCK_CLOEXEC | SOCK_NONBLOCK);
     rdv_conn_t *conns;
+    char host[INET6_ADDRSTRLEN] = "?";
+    unsigned port = 0;
 
     if (fd < 0)
         return;
+    if (ss.ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
+        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+        port = ntohs(a->sin6_port);
+    } else if (ss.ss_family == AF_INET) {
+        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
+        inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+        port = ntohs(a->sin_port);
+    }
     conns = kolo__realloc(s->conns, (s->nconns + 1) * sizeof(*conns));
     if (conns == NULL) {
         close(fd);
@@ -351,6 +490,8 @@ static void conn_accept(rdv_server_t *s)
     }
     s->conns = conns;
     memset(&s->conns[s->nconns], 0, sizeof(s->conns[0]));
+    snprintf(s->conns[s->nconns].from, sizeof(s->conns[0].from),
+             strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
     s->conns[s->nconns++].fd = fd;
 }
 
@@ -432,8 +573,8 @@ static int listen_any(int port, int *err_no)
     return fd;
 }
 
-int kolo__rdvserver_start(int port, const char *job, const char *why,
-                          int *served, kolo__err_t *err)
+int kolo__rdvserver_start(int port, const char *job, const uint8_t *job_key,
+                          const char *why, int *served, kolo__err_t *err)
 {
     rdv_server_t *s;
     pthread_t tid;
@@ -451,7 +592,7 @@ int kolo__rdvserver_start(int port, const char *job, const char *why,
                                  "(%s)",
                                  g_port, port, port + KOLO__RDV_PORTS - 1, why);
         if (rc == KOLO_OK) {
-            add_job(job);
+            add_job(job, job_key);
             *served = g_port;
         }
         pthread_mutex_unlock(&g_mu);
@@ -499,7 +640,7 @@ int kolo__rdvserver_start(int port, const char *job, const char *why,
                              strerror(rc));
     }
     g_port = p;
-    add_job(job);
+    add_job(job, job_key);
     *served = p;
     pthread_mutex_unlock(&g_mu);
     kolo__debug("serving the job's rendezvous on port %d (%s)", p, why);

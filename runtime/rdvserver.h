@@ -18,9 +18,10 @@
  * `job`, from a thread that lives until the process exits (the keys of
  * one kolo_init are under their own prefix, so a later kolo_init reuses
  * it, and the server answers for that job too). `why` says in a message
- * where the port comes from. */
-int kolo__rdvserver_start(int port, const char *job, const char *why,
-                          int *served, kolo__err_t *err);
+ * where the port comes from. job_key (auth.h; NULL: the job has no
+ * secret): every connection must prove it first (rdvserver.c). */
+int kolo__rdvserver_start(int port, const char *job, const uint8_t *job_key,
+                          const char *why, int *served, kolo__err_t *err);
 
 /* Waits until the server of job `job` answers at host, on one of the
  * ports port .. port + KOLO__RDV_PORTS - 1 (connecting and asking each

@@ -17,11 +17,23 @@
  * Waiting for a key polls it, sleeping 1 ms at first and doubling up to
  * 50 ms between looks: this runs on the API thread during kolo_init or a
  * process set's creation, never on a hot path, and never spins.
+ *
+ * Logging in. A connection first sends PING. A server that wants more
+ * answers NOAUTH: rank 0's rendezvous server (rdvserver.c), when the job
+ * has a secret, asks for auth.c's handshake (KOLO.HELLO with this side's
+ * hello, KOLO.PROVE with its proof, after checking the server's), keyed
+ * by a key derived from the job's key and the job's name; a Redis server
+ * takes AUTH with KOLO_REDIS_PASSWORD (and KOLO_REDIS_USER, an ACL user),
+ * or else with the password derived from the job's secret that kolorun
+ * gives the server it starts (--start-redis). The job's key comes from
+ * the environment (KOLO_SECRET, auth.c), read at the first open.
  */
 #define _GNU_SOURCE
 #include "alloc.h"
+#include "auth.h"
 #include "store.h"
 
+#include <pthread.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -56,6 +68,22 @@ static void sleep_ms(double ms)
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR)
         ;
 }
+
+/* The job's key, read from the environment once. */
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+static uint8_t job_key[KOLO__KEY_BYTES];
+static int have_job_key;
+static kolo__err_t key_err;
+
+static const char *env_of(const char *name) { return getenv(name); }
+
+static void load_key(void)
+{
+    if (kolo__auth_job_key(env_of, job_key, &have_job_key, &key_err) != KOLO_OK)
+        have_job_key = -1;
+}
+
+static int redis_login(kolo__store_t *s, kolo__err_t *err);
 
 static int redis_connect(kolo__store_t *s, const char *hostport,
                          double io_timeout_s, kolo__err_t *err)
@@ -106,7 +134,7 @@ static int redis_connect(kolo__store_t *s, const char *hostport,
     if (s->fd < 0)
         return kolo__err_set(err, KOLO_ERR_BACKEND, "cannot reach the rendezvous "
                              "at %s: %s", s->where, strerror(errno));
-    return KOLO_OK;
+    return redis_login(s, err);
 }
 
 int kolo__store_open(const char *rendezvous, double io_timeout_s,
@@ -182,9 +210,10 @@ static int file_set(kolo__store_t *s, const char *key, const char *value,
     return KOLO_OK;
 }
 
-/* 1 and the value when the key is there, 0 when not, or an error. */
+/* 1 and the value (len bytes) when the key is there, 0 when not, or an
+ * error. */
 static int file_get(kolo__store_t *s, const char *key, char **value,
-                    kolo__err_t *err)
+                    size_t *len, kolo__err_t *err)
 {
     char path[4400];
     FILE *f;
@@ -208,6 +237,7 @@ static int file_get(kolo__store_t *s, const char *key, char **value,
     fclose(f);
     buf[got] = '\0';
     *value = buf;
+    *len = got;
     return 1;
 }
 
@@ -309,7 +339,7 @@ static int redis_set(kolo__store_t *s, const char *key, const char *value,
 }
 
 static int redis_get(kolo__store_t *s, const char *key, char **value,
-                     kolo__err_t *err)
+                     size_t *len, kolo__err_t *err)
 {
     char full[4600], line[512], *buf;
     const char *args[2] = {"GET", full};
@@ -336,7 +366,147 @@ static int redis_get(kolo__store_t *s, const char *key, char **value,
     }
     buf[n] = '\0';
     *value = buf;
+    *len = (size_t)n;
     return 1;
+}
+
+/* ---- logging in ----------------------------------------------------------- */
+
+/* Sends one command; reads a bulk reply of exactly want bytes into out
+ * (want 0: a status line, into line). Returns KOLO_OK; 1 when the server
+ * answered something else (its reply's first line in line); or a failure
+ * to talk to it (err written). */
+static int redis_call(kolo__store_t *s, const char *const *args,
+                      const size_t *lens, int n, char *line, size_t linelen,
+                      uint8_t *out, size_t want, kolo__err_t *err)
+{
+    KOLO__CHECK(redis_send(s, args, lens, n, err));
+    KOLO__CHECK(redis_line(s, line, linelen, err));
+    if (want == 0)
+        return line[0] == '+' ? KOLO_OK : 1;
+    if (line[0] != '$' || atol(line + 1) != (long)want)
+        return 1;
+    {
+        char tail[2];
+        KOLO__CHECK(redis_read(s, (char *)out, want, err));
+        KOLO__CHECK(redis_read(s, tail, 2, err));
+    }
+    return KOLO_OK;
+}
+
+/* Rank 0's rendezvous server: auth.c's handshake over two commands. */
+static int kolo_login(kolo__store_t *s, kolo__err_t *err)
+{
+    static const char magic[8] = {'K', 'O', 'L', 'O', 'S', 'T', 'O', 'R'};
+    uint8_t key[KOLO__KEY_BYTES], hello[KOLO__HELLO_BYTES],
+        reply[KOLO__REPLY_BYTES], proof[KOLO__PROOF_BYTES];
+    kolo__handshake_t hs;
+    char line[512];
+    size_t joblen = s->job[0] ? strlen(s->job) - 1 : 0;
+
+    if (have_job_key != 1)
+        return kolo__err_set(err, KOLO_ERR_CONFIG, "the rendezvous at %s wants "
+                             "the job's secret, and this rank has none: set the "
+                             "same KOLO_SECRET on every rank", s->where);
+    kolo__auth_derive(key, job_key, "kolo store", s->job, joblen);
+    kolo__handshake_init(&hs, magic, 0, 0, key);
+    if (kolo__handshake_hello(&hs, hello) != 0)
+        return kolo__err_set(err, KOLO_ERR_BACKEND, "no random bytes for the "
+                             "handshake with %s", s->where);
+    {
+        const char *args[3] = {"KOLO.HELLO", (const char *)hello, s->job};
+        size_t lens[3] = {10, sizeof(hello), joblen};
+        int rc = redis_call(s, args, lens, 3, line, sizeof(line), reply,
+                            sizeof(reply), err);
+        if (rc < 0)
+            return rc;
+        if (rc > 0)
+            return kolo__err_set(err, KOLO_ERR_BACKEND, "the rendezvous at %s "
+                                 "did not answer kolo's hello: %s", s->where,
+                                 line);
+    }
+    if (kolo__handshake_prove(&hs, reply, proof) != 0)
+        return kolo__err_set(err, KOLO_ERR_BACKEND, "the rendezvous at %s did "
+                             "not prove the job's secret: another program on "
+                             "that port, or a rank 0 with another KOLO_SECRET",
+                             s->where);
+    {
+        const char *args[2] = {"KOLO.PROVE", (const char *)proof};
+        size_t lens[2] = {10, sizeof(proof)};
+        int rc = redis_call(s, args, lens, 2, line, sizeof(line), NULL, 0, err);
+        if (rc < 0)
+            return rc;
+        if (rc > 0)
+            return kolo__err_set(err, KOLO_ERR_BACKEND, "the rendezvous at %s "
+                                 "refused this rank's proof: %s (is KOLO_SECRET "
+                                 "the same on every rank?)", s->where, line);
+    }
+    return KOLO_OK;
+}
+
+/* A Redis server that wants a password: KOLO_REDIS_PASSWORD (with
+ * KOLO_REDIS_USER), else the one derived from the job's secret. */
+static int auth_login(kolo__store_t *s, kolo__err_t *err)
+{
+    const char *pw = getenv("KOLO_REDIS_PASSWORD"), *user = getenv("KOLO_REDIS_USER");
+    char derived[2 * KOLO__KEY_BYTES + 1], line[512];
+    const char *args[3];
+    size_t lens[3];
+    int n = 0;
+
+    if (pw == NULL || pw[0] == '\0') {
+        if (have_job_key != 1)
+            return kolo__err_set(err, KOLO_ERR_CONFIG, "the rendezvous at %s "
+                                 "wants a password: give kolorun "
+                                 "--redis-password (or set "
+                                 "KOLO_REDIS_PASSWORD)", s->where);
+        kolo__auth_redis_password(job_key, derived);
+        pw = derived;
+    }
+    args[n] = "AUTH";
+    lens[n++] = 4;
+    if (user != NULL && user[0] != '\0') {
+        args[n] = user;
+        lens[n++] = strlen(user);
+    }
+    args[n] = pw;
+    lens[n++] = strlen(pw);
+    int rc = redis_call(s, args, lens, n, line, sizeof(line), NULL, 0, err);
+    if (rc <= 0)
+        return rc;
+    if (pw == derived)
+        return kolo__err_set(err, KOLO_ERR_CONFIG, "the rendezvous at %s wants "
+                             "a password and refused the one derived from the "
+                             "job's secret (kolorun --start-redis's): for a "
+                             "server of your own give kolorun --redis-password "
+                             "(or KOLO_REDIS_PASSWORD) (%s)", s->where, line);
+    return kolo__err_set(err, KOLO_ERR_CONFIG, "the rendezvous at %s refused "
+                         "KOLO_REDIS_PASSWORD%s (%s)", s->where,
+                         user != NULL && user[0] != '\0'
+                             ? " for KOLO_REDIS_USER"
+                             : "",
+                         line);
+}
+
+static int redis_login(kolo__store_t *s, kolo__err_t *err)
+{
+    const char *args[1] = {"PING"};
+    size_t lens[1] = {4};
+    char line[512];
+
+    pthread_once(&key_once, load_key);
+    if (have_job_key < 0) {
+        *err = key_err;
+        return err->code;
+    }
+    int rc = redis_call(s, args, lens, 1, line, sizeof(line), NULL, 0, err);
+    if (rc <= 0)
+        return rc; /* +PONG: nothing to prove; or no answer */
+    if (strncmp(line, "-NOAUTH", 7) != 0)
+        return kolo__err_set(err, KOLO_ERR_BACKEND, "the rendezvous at %s "
+                             "answered PING with: %s", s->where, line);
+    return strstr(line, "KOLO.HELLO") != NULL ? kolo_login(s, err)
+                                             : auth_login(s, err);
 }
 
 /* ---- both ----------------------------------------------------------------- */
@@ -351,12 +521,20 @@ int kolo__store_set(kolo__store_t *s, const char *key, const char *value,
 int kolo__store_get(kolo__store_t *s, const char *key, double wait_s,
                     char **value, kolo__err_t *err)
 {
+    size_t len;
+    return kolo__store_get_bytes(s, key, wait_s, value, &len, err);
+}
+
+int kolo__store_get_bytes(kolo__store_t *s, const char *key, double wait_s,
+                          char **value, size_t *len, kolo__err_t *err)
+{
     double deadline = now_s() + wait_s, pause_ms = 1;
 
     *value = NULL;
+    *len = 0;
     for (;;) {
-        int rc = s->fd >= 0 ? redis_get(s, key, value, err)
-                            : file_get(s, key, value, err);
+        int rc = s->fd >= 0 ? redis_get(s, key, value, len, err)
+                            : file_get(s, key, value, len, err);
         if (rc == 1)
             return KOLO_OK;
         if (rc < 0)

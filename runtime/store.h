@@ -9,10 +9,16 @@
 
 #include "common.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct kolo__store kolo__store_t;
 
 /* Opens the store of a rendezvous string: file:DIR or
- * redis:HOST:PORT[/JOB]. Every call on it is bounded by io_timeout_s. */
+ * redis:HOST:PORT[/JOB] (a Redis server or rank 0's rendezvous server,
+ * logged in as the job's secret says: store.c). Every call on it is
+ * bounded by io_timeout_s. */
 int kolo__store_open(const char *rendezvous, double io_timeout_s,
                      kolo__store_t **out, kolo__err_t *err);
 void kolo__store_close(kolo__store_t *s);
@@ -27,5 +33,13 @@ int kolo__store_set(kolo__store_t *s, const char *key, const char *value,
  * NULL and no message), or another error with a message. */
 int kolo__store_get(kolo__store_t *s, const char *key, double wait_s,
                     char **value, kolo__err_t *err);
+
+/* The same, for values that may hold any byte: their length in *len. */
+int kolo__store_get_bytes(kolo__store_t *s, const char *key, double wait_s,
+                          char **value, size_t *len, kolo__err_t *err);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KOLO_STORE_H */

@@ -81,9 +81,6 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
-/* Debian's hiredis headers live in <hiredis/>: tell redis_store.h. */
-#define HIREDIS_NESTED_INCLUDE 1
-#include <gloo/rendezvous/redis_store.h>
 #include <gloo/transport/tcp/device.h>
 #ifdef KOLO_GLOO_PAIR_LISTENS
 #include <gloo/transport/tcp/context.h>
@@ -93,6 +90,7 @@
 #include "auth.h"
 #include "ops.h"
 #include "ring.h"
+#include "store.h"
 
 namespace {
 
@@ -241,11 +239,75 @@ class TimedStore : public gloo::rendezvous::Store {
     AbandonCheck &abandoned_;
 };
 
+/* Gloo's store over kolo's (store.c) for redis:HOST:PORT/JOB: one client
+ * that logs in as the job's secret says (a Redis password, or the
+ * handshake of rank 0's rendezvous server), which Gloo's own RedisStore
+ * cannot. Keys go under JOB/ as before; values may hold any byte. */
+class KoloStore : public gloo::rendezvous::Store {
+  public:
+    KoloStore(const std::string &rdv, double io_timeout_s)
+    {
+        kolo__err_t e;
+        if (kolo__store_open(rdv.c_str(), io_timeout_s, &s_, &e) != KOLO_OK)
+            throw gloo::IoException(e.msg);
+    }
+    ~KoloStore() override { kolo__store_close(s_); }
+
+    void set(const std::string &key, const std::vector<char> &data) override
+    {
+        kolo__err_t e;
+        if (kolo__store_set(s_, key.c_str(), data.data(), data.size(), &e) !=
+            KOLO_OK)
+            throw gloo::IoException(e.msg);
+    }
+    std::vector<char> get(const std::string &key) override
+    {
+        return fetch(key, std::chrono::milliseconds(kDefaultTimeout));
+    }
+    void wait(const std::vector<std::string> &keys) override
+    {
+        wait(keys, std::chrono::milliseconds(kDefaultTimeout));
+    }
+    void wait(const std::vector<std::string> &keys,
+              const std::chrono::milliseconds &timeout) override
+    {
+        const auto until = std::chrono::steady_clock::now() + timeout;
+        for (const auto &k : keys) {
+            auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                until - std::chrono::steady_clock::now());
+            fetch(k, left.count() > 0 ? left : std::chrono::milliseconds(0));
+        }
+    }
+
+  private:
+    std::vector<char> fetch(const std::string &key,
+                            std::chrono::milliseconds within)
+    {
+        kolo__err_t e;
+        char *v = nullptr;
+        size_t n = 0;
+        int rc = kolo__store_get_bytes(s_, key.c_str(), within.count() / 1000.0,
+                                       &v, &n, &e);
+        if (rc == KOLO_ERR_TIMEOUT)
+            throw gloo::IoException("waited " +
+                                    std::to_string(within.count()) +
+                                    " ms for key " + key);
+        if (rc != KOLO_OK)
+            throw gloo::IoException(e.msg);
+        std::vector<char> out(v, v + n);
+        free(v);
+        return out;
+    }
+
+    kolo__store_t *s_ = nullptr;
+};
+
 /* The store of a rendezvous string: file:DIR, or redis:HOST:PORT[/JOB]
  * (HOST may be [IPv6]; env.c has checked the form). Sets `ns` to the
  * namespace the keys go under. */
 std::unique_ptr<gloo::rendezvous::Store> open_store(const std::string &rdv,
                                                     const char *self,
+                                                    double io_timeout_s,
                                                     std::string &ns)
 {
     if (rdv.compare(0, 5, "file:") == 0) {
@@ -265,11 +327,12 @@ std::unique_ptr<gloo::rendezvous::Store> open_store(const std::string &rdv,
     if (host.size() > 2 && host.front() == '[' && host.back() == ']')
         host = host.substr(1, host.size() - 2);
     try {
-        return std::unique_ptr<gloo::rendezvous::Store>(
-            new gloo::rendezvous::RedisStore(host, std::stoi(port)));
+        /* KoloStore puts the keys under JOB/ itself. */
+        return std::unique_ptr<gloo::rendezvous::Store>(new KoloStore(
+            slash == std::string::npos ? rdv + "/kolo" : rdv, io_timeout_s));
     } catch (const std::exception &e) {
-        throw gloo::IoException("cannot reach the Redis server " + host + ":" +
-                                port + " from host " + self + ": " + e.what());
+        throw gloo::IoException("from host " + std::string(self) + ": " +
+                                e.what());
     }
 }
 
@@ -1147,10 +1210,11 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         gethostname(self, sizeof(self) - 1);
         std::string ns;
         std::unique_ptr<gloo::rendezvous::Store> base =
-            open_store(cfg->rendezvous, self, ns);
+            open_store(cfg->rendezvous, self, cfg->start_timeout_s, ns);
         const std::string where =
             ns.empty() ? std::string(cfg->prefix) : ns + "/" + cfg->prefix;
-        gloo::rendezvous::PrefixStore prefix(where, *base);
+        /* Keys under the context's prefix (KoloStore adds JOB/ itself). */
+        gloo::rendezvous::PrefixStore prefix(cfg->prefix, *base);
         AbandonCheck abandoned(cfg);
         TimedStore store(prefix, to_ms(cfg->start_timeout_s), abandoned);
         tcp::attr attr;
