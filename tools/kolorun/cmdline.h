@@ -48,6 +48,8 @@ typedef struct kolorun_opts {
     const char *redis;          /* --redis HOST:PORT */
     int start_redis;            /* --start-redis */
     const char *redis_bind;     /* --redis-bind ADDR */
+    const char *redis_password; /* --redis-password PW (else KOLO_REDIS_PASSWORD) */
+    const char *redis_user;     /* --redis-user USER (else KOLO_REDIS_USER) */
     const char *rdv_base;       /* --rendezvous-dir: shared parent directory */
     char *network_interface; /* the first of --network-interface(s) */
     char *nics;              /* all of them, comma-separated */

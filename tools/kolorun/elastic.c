@@ -580,7 +580,7 @@ static void el_discovery_start(kolorun_t *k, int64_t now)
         return;
     }
     char *argv[] = {"sh", "-c", (char *)k->opts.discovery, NULL};
-    pid_t pid = kolorun_start_helper(k, "/bin/sh", argv, p[1], -1, NULL);
+    pid_t pid = kolorun_start_helper(k, "/bin/sh", argv, -1, p[1], -1, NULL);
     int fork_errno = errno;
     close(p[1]);
     if (pid < 0) {

@@ -184,6 +184,11 @@ static const char kolorun_help[] =
         "  --redis-bind ADDR        the address --start-redis listens on (default:\n"
         "                           this host's address on --network-interface, or\n"
         "                           its first non-loopback IPv4 address)\n"
+        "  --redis-password PW      the password of --redis's server (better: export\n"
+        "                           KOLO_REDIS_PASSWORD, which ps does not show);\n"
+        "                           --start-redis's has one derived from the job's\n"
+        "                           secret\n"
+        "  --redis-user USER        with --redis-password: a Redis ACL user\n"
         "  --rendezvous-dir DIR     ranks meet in a fresh directory under DIR, a\n"
         "                           file system every host shares\n"
         "  --network-interfaces IF,...  (or --network-interface IF, repeatable)\n"
@@ -658,6 +663,14 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             o->redis_bind = v;
             continue;
         }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis-password"))) {
+            o->redis_password = v;
+            continue;
+        }
+        if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis-user"))) {
+            o->redis_user = v;
+            continue;
+        }
         if ((v = kolorun_opt_value(argc, argv, &i, a, "--rendezvous-dir"))) {
             struct stat st;
             int bad = stat(v, &st) != 0      ? errno
@@ -718,6 +731,12 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
     }
     if (o->redis_bind && !o->start_redis) {
         kolorun_say("--redis-bind only goes with --start-redis");
+        exit(2);
+    }
+    if ((o->redis_password || o->redis_user) && !o->redis) {
+        kolorun_say("--redis-password and --redis-user go with --redis "
+                    "HOST:PORT (--start-redis's server has a password of "
+                    "its own)");
         exit(2);
     }
     if ((o->redis || o->start_redis) && o->rdv_base) {

@@ -107,6 +107,10 @@ typedef struct kolorun {
     int *rank_host;        /* host index of every rank (NULL: one host) */
     char redis_addr[300];  /* "HOST:PORT" of the Redis rendezvous, or "" */
     char job_id[200];      /* namespace of this job's keys in Redis */
+    /* What kolorun says to its Redis server first: AUTH [user] password
+     * (--redis-password, KOLO_REDIS_PASSWORD, or --start-redis's, derived
+     * from the job's secret); "" when none. */
+    char redis_password[256], redis_user[128];
     pid_t redis_pid;       /* --start-redis: the server; 0 when none */
     int redis_reaped;
 
@@ -167,14 +171,14 @@ void kolorun_child_signals(const kolorun_t *k);
 int kolorun_spawn(kolorun_t *k, int r, const kolorun_place_t *place);
 int kolorun_spawn_holder(kolorun_t *k, int wake_rd);
 /* Starts a helper of kolorun's (the host discovery script, redis-server)
- * in a process group of its own, stdin /dev/null, stdout out_fd (stderr
+ * in a process group of its own, stdin in_fd (-1: /dev/null), stdout out_fd (stderr
  * err_fd too, when >= 0), dying with kolorun, with the signals and mask
  * the ranks get: execvp(file, argv); if that fails, with fail_hint, it
  * says "cannot run FILE: why" and the hint on its stderr. Its pid, or -1
  * (errno: fork's). */
 pid_t kolorun_start_helper(const kolorun_t *k, const char *file,
-                           char *const argv[], int out_fd, int err_fd,
-                           const char *fail_hint);
+                           char *const argv[], int in_fd, int out_fd,
+                           int err_fd, const char *fail_hint);
 void kolorun_end_holder(kolorun_t *k);
 
 /* ---- output.c */

@@ -10,6 +10,13 @@
  * dies with kolorun, on a free port of an address the other hosts reach,
  * and stops it once the ranks are gone. kolorun_hosts_setup, which sets up
  * a job over several hosts, starts it.
+ *
+ * Strangers. The server kolorun starts wants a password, derived from the
+ * job's secret (runtime/auth.c: the ranks derive the same one), and runs
+ * in protected mode; the password reaches it on its stdin, as its
+ * configuration, never on its command line. A server of the user's takes
+ * --redis-password (or KOLO_REDIS_PASSWORD) and --redis-user, which the
+ * ranks get in their environment. kolorun itself says AUTH first.
  */
 #define _GNU_SOURCE
 
@@ -35,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "auth.h"
 #include "procs.h"
 
 /* The IPv4 address of interface iface, or (iface NULL) the first up,
@@ -58,6 +66,8 @@ static int kolorun_ipv4(const char *iface, char *out, size_t n)
     freeifaddrs(all);
     return rc;
 }
+
+static const char *kolorun_getenv(const char *name) { return getenv(name); }
 
 static void kolorun_sleep_ms(long ms)
 {
@@ -128,13 +138,35 @@ static int kolorun_redis_start(kolorun_t *k)
     unlink(logpath);
     free(logpath);
 
-    char *argv[] = {"redis-server", "--bind", addr, "--port", port,
-                    "--save", "", "--appendonly", "no", "--protected-mode",
-                    "no", "--daemonize", "no", NULL};
-    pid_t pid = kolorun_start_helper(k, "redis-server", argv, log, log,
+    /* "-": its configuration from stdin, first: the password. */
+    int conf[2];
+    if (pipe2(conf, O_CLOEXEC) != 0) {
+        kolorun_say("--start-redis: pipe: %s", strerror(errno));
+        close(log);
+        return -1;
+    }
+    char *text = kolorun_strdupf("requirepass %s\nprotected-mode yes\n",
+                                 k->redis_password);
+    int wrote = text && kolorun_write_all(conf[1], text, strlen(text)) == 0;
+    if (text) {
+        memset(text, 0, strlen(text));
+        free(text);
+    }
+    close(conf[1]);
+    if (!wrote) {
+        kolorun_say("--start-redis: cannot pass redis-server its configuration");
+        close(conf[0]);
+        close(log);
+        return -1;
+    }
+    char *argv[] = {"redis-server", "-", "--bind", addr, "--port", port,
+                    "--save", "", "--appendonly", "no", "--daemonize", "no",
+                    NULL};
+    pid_t pid = kolorun_start_helper(k, "redis-server", argv, conf[0], log, log,
                                      " (install it: apt-get install "
                                      "redis-server)");
     int fork_errno = errno;
+    close(conf[0]);
     if (pid > 0)
         k->redis_pid = pid;
     if (pid < 0) {
@@ -246,6 +278,39 @@ static const char *kolorun_redis_eval(const kolorun_t *k, const char *script,
     if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)
         why = strerror(errno);
     freeaddrinfo(ai);
+    /* The password first, where there is one: AUTH [user] password. */
+    if (!why && k->redis_password[0]) {
+        const char *u = k->redis_user, *p = k->redis_password;
+        char *auth = u[0] ? kolorun_strdupf("*3\r\n$4\r\nAUTH\r\n$%zu\r\n%s\r\n"
+                                            "$%zu\r\n%s\r\n",
+                                            strlen(u), u, strlen(p), p)
+                          : kolorun_strdupf("*2\r\n$4\r\nAUTH\r\n$%zu\r\n%s\r\n",
+                                            strlen(p), p);
+        char line[256];
+        size_t n = 0;
+        if (!auth || kolorun_write_all(fd, auth, strlen(auth)) != 0)
+            why = auth ? strerror(errno) : "out of memory";
+        if (auth) {
+            memset(auth, 0, strlen(auth));
+            free(auth);
+        }
+        /* Its reply, one line, a byte at a time (what follows is EVAL's). */
+        while (!why && n < sizeof line - 1) {
+            ssize_t r = read(fd, line + n, 1);
+            if (r <= 0) {
+                why = r < 0 ? strerror(errno) : "no reply";
+                break;
+            }
+            if (line[n++] == '\n')
+                break;
+        }
+        line[n] = '\0';
+        if (!why && strncmp(line, "+OK", 3) != 0) {
+            line[strcspn(line, "\r\n")] = '\0';
+            snprintf(out, outlen, "%s", line);
+            why = "the server refused the password";
+        }
+    }
     char *req = why ? NULL
                     : kolorun_strdupf("*5\r\n$4\r\nEVAL\r\n$%zu\r\n%s\r\n"
                                       "$1\r\n0\r\n$%zu\r\n%s\r\n$%zu\r\n%s\r\n",
@@ -255,7 +320,8 @@ static const char *kolorun_redis_eval(const kolorun_t *k, const char *script,
         why = req ? strerror(errno) : "out of memory";
     free(req);
     size_t got = 0;
-    out[0] = '\0';
+    if (!why)
+        out[0] = '\0';
     /* Until the first line, and for a bulk string its bytes, are in. */
     while (!why) {
         ssize_t n = read(fd, out + got, outlen - 1 - got);
@@ -398,8 +464,37 @@ int kolorun_hosts_setup(kolorun_t *k)
     }
     if (o->redis)
         snprintf(k->redis_addr, sizeof k->redis_addr, "%s", o->redis);
-    if (o->start_redis)
+    if (o->redis) {
+        /* The user's server: its password goes to the ranks in their
+         * environment (spawn.c keeps it off command lines). */
+        const char *pw = o->redis_password ? o->redis_password
+                                           : getenv("KOLO_REDIS_PASSWORD");
+        const char *user = o->redis_user ? o->redis_user : getenv("KOLO_REDIS_USER");
+        snprintf(k->redis_password, sizeof k->redis_password, "%s", pw ? pw : "");
+        snprintf(k->redis_user, sizeof k->redis_user, "%s", user ? user : "");
+        if ((o->redis_password && setenv("KOLO_REDIS_PASSWORD", pw, 1) != 0) ||
+            (o->redis_user && setenv("KOLO_REDIS_USER", user, 1) != 0)) {
+            kolorun_say("out of memory");
+            return -1;
+        }
+    }
+    if (o->start_redis) {
+        /* The password the ranks derive from the job's secret (store.c). */
+        uint8_t key[KOLO__KEY_BYTES];
+        int have = 0;
+        kolo__err_t e;
+        if (kolo__auth_job_key(kolorun_getenv, key, &have, &e) != KOLO_OK ||
+            !have) {
+            kolorun_say("--start-redis: %s", have ? e.msg : "no job secret");
+            return -1;
+        }
+        kolo__auth_redis_password(key, k->redis_password);
+        memset(key, 0, sizeof key);
+        /* Not the user's: the ranks must not take it for theirs. */
+        unsetenv("KOLO_REDIS_PASSWORD");
+        unsetenv("KOLO_REDIS_USER");
         return kolorun_redis_start(k);
+    }
     return 0;
 }
 

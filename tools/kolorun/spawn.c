@@ -160,13 +160,14 @@ static int kolorun_env_has(char **env, int n, const char *var)
     return 0;
 }
 
-/* Whether "NAME=..." (or NAME) is a job secret, which never goes on a
- * command line: KOLO_SECRET, Horovod's HOROVOD_SECRET_KEY. */
+/* Whether "NAME=..." (or NAME) is a secret, which never goes on a command
+ * line: KOLO_SECRET, Horovod's HOROVOD_SECRET_KEY, KOLO_REDIS_PASSWORD. */
 static int kolorun_is_secret(const char *var)
 {
     size_t len = strcspn(var, "=");
     return (len == 11 && strncmp(var, "KOLO_SECRET", len) == 0) ||
-           (len == 18 && strncmp(var, "HOROVOD_SECRET_KEY", len) == 0);
+           (len == 18 && strncmp(var, "HOROVOD_SECRET_KEY", len) == 0) ||
+           (len == 19 && strncmp(var, "KOLO_REDIS_PASSWORD", len) == 0);
 }
 
 /* What runs on the other host: env VAR=value... command args..., as words.
@@ -310,12 +311,14 @@ static int kolorun_launch_argv(const kolorun_t *k, int r,
      * status. In sh -c, whatever the login shell on that host is. The
      * same goes for every template with {command}; a template without it
      * (ip netns exec {host}) execs the rank itself, which gets signals.
-     * The first line on that stdin is the job's secret (kolorun_spawn
-     * writes it there): it travels inside ssh's own encrypted channel,
-     * on no command line. */
+     * The first lines on that stdin are the job's secret and the Redis
+     * password, if any (kolorun_spawn writes them there): they travel
+     * inside ssh's own encrypted channel, on no command line. */
     if (kolorun_remote_shell(k)) {
         char *script = kolorun_strdupf(
             "IFS= read -r KOLO_SECRET || exit 1; export KOLO_SECRET; "
+            "IFS= read -r KOLO_REDIS_PASSWORD || exit 1; "
+            "[ -n \"$KOLO_REDIS_PASSWORD\" ] && export KOLO_REDIS_PASSWORD; "
             "%s </dev/null & p=$!; exec 3<&0; "
             "(read _ <&3; kill -TERM $p 2>/dev/null) & w=$!; exec 3<&-; "
             "wait $p; s=$?; kill $w 2>/dev/null; exit $s",
@@ -534,14 +537,17 @@ int kolorun_spawn(kolorun_t *k, int r, const kolorun_place_t *place)
     /* ssh: the rank's stdin is a pipe that kolorun keeps open; the remote
      * side ends the rank when it closes (see kolorun_launch_argv). */
     if (remote && kolorun_remote_shell(k)) {
-        /* Its first line: the secret, for the wrapper's read (a pipe takes
-         * these few bytes without blocking). */
+        /* Its first lines: the secret and the Redis password, for the
+         * wrapper's reads (a pipe takes these few bytes without blocking). */
         const char *secret = getenv("KOLO_SECRET");
+        const char *pw = getenv("KOLO_REDIS_PASSWORD");
         if (pipe2(hold, O_CLOEXEC) != 0) {
             kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
             goto close_pipes;
         }
         if (kolorun_write_all(hold[1], secret ? secret : "", secret ? strlen(secret) : 0) != 0 ||
+            kolorun_write_all(hold[1], "\n", 1) != 0 ||
+            kolorun_write_all(hold[1], pw ? pw : "", pw ? strlen(pw) : 0) != 0 ||
             kolorun_write_all(hold[1], "\n", 1) != 0) {
             kolorun_say("cannot start rank %d: writing to its stdin pipe: %s",
                         r, strerror(errno));
@@ -634,8 +640,8 @@ free_env:
 }
 
 pid_t kolorun_start_helper(const kolorun_t *k, const char *file,
-                           char *const argv[], int out_fd, int err_fd,
-                           const char *fail_hint)
+                           char *const argv[], int in_fd, int out_fd,
+                           int err_fd, const char *fail_hint)
 {
     sigset_t old;
     pid_t launcher = getpid();
@@ -643,7 +649,7 @@ pid_t kolorun_start_helper(const kolorun_t *k, const char *file,
     if (pid == 0) {
         kolorun_child_signals(k);
         setpgid(0, 0); /* its own group: one kill ends all it started */
-        int in = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        int in = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
         if (in < 0 || dup2(in, 0) < 0 || dup2(out_fd, 1) < 0 ||
             (err_fd >= 0 && dup2(err_fd, 2) < 0))
             _exit(127);
