@@ -49,7 +49,11 @@
  * whose step never came.
  *
  * Wake tokens travel as datagrams over abstract Unix sockets named like
- * the segment, one per member.
+ * the segment, one per member. Any local process can send to such a
+ * socket: a token is taken only from a process of the job's members (its
+ * pid, from the kernel's credentials of the datagram, among the pids the
+ * members put in the segment, and this process's user); others are
+ * dropped, the first with a warning.
  */
 #define _GNU_SOURCE
 #include "config.h"
@@ -128,6 +132,8 @@ typedef struct shm_ctx {
     atomic_int waiting_on; /* member index a wait sleeps on, or -1 */
     kolo__ops_wake_fn on_wake;
     void *wake_arg;
+    kolo__ops_warn_fn warn; /* NULL: dropped datagrams go unreported */
+    int warned;             /* a stranger's datagram was reported */
     struct pollfd *fds; /* the listener's, made before it starts */
     /* While init waits for the members' first step: the config whose
      * `abandoned` says a member failed to start (it never posts). */
@@ -329,6 +335,49 @@ static void mark_lost(shm_ctx_t *c, int j)
         c->on_wake(c->wake_arg, UINT64_MAX);
 }
 
+/* Takes every datagram waiting on the wake socket; hands on the tokens
+ * that come from a member's process (the file's head). */
+static void take_tokens(shm_ctx_t *c)
+{
+    for (;;) {
+        uint64_t round;
+        char ctl[CMSG_SPACE(sizeof(struct ucred))];
+        struct iovec iov = {.iov_base = &round, .iov_len = sizeof(round)};
+        struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1,
+                           .msg_control = ctl, .msg_controllen = sizeof(ctl)};
+        struct cmsghdr *cm;
+        const struct ucred *who = NULL;
+        int member = 0;
+        ssize_t n = recvmsg(c->sock, &m, MSG_DONTWAIT);
+
+        if (n < 0)
+            return;
+        for (cm = CMSG_FIRSTHDR(&m); cm != NULL; cm = CMSG_NXTHDR(&m, cm))
+            if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_CREDENTIALS)
+                who = (const struct ucred *)CMSG_DATA(cm);
+        for (int j = 0; who != NULL && j < c->n && !member; j++)
+            member = j != c->me && who->uid == getuid() &&
+                     who->pid == atomic_load(&c->lines[j].pid);
+        if (!member) {
+            if (c->warn != NULL && !c->warned) {
+                char msg[256];
+                c->warned = 1;
+                snprintf(msg, sizeof(msg),
+                         "shared memory: dropped a datagram to rank %d's wake "
+                         "socket from pid %ld (uid %ld), not a rank of this "
+                         "job; the job goes on (further ones are not "
+                         "reported)",
+                         c->members[c->me], who ? (long)who->pid : -1L,
+                         who ? (long)who->uid : -1L);
+                c->warn(msg);
+            }
+            continue;
+        }
+        if (n == (ssize_t)sizeof(round) && c->on_wake != NULL)
+            c->on_wake(c->wake_arg, round);
+    }
+}
+
 static void *listener_main(void *arg)
 {
     shm_ctx_t *c = arg;
@@ -349,13 +398,8 @@ static void *listener_main(void *arg)
             break;
         if (fds[0].revents)
             break;
-        if (fds[1].revents & POLLIN) {
-            uint64_t round;
-            while (recv(c->sock, &round, sizeof(round), MSG_DONTWAIT) ==
-                   (ssize_t)sizeof(round))
-                if (c->on_wake != NULL)
-                    c->on_wake(c->wake_arg, round);
-        }
+        if (fds[1].revents & POLLIN)
+            take_tokens(c);
         for (int j = 0; j < c->n; j++) {
             int gone;
             if (j == c->me)
@@ -619,6 +663,7 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
     c->timeout_s = cfg->timeout_s;
     c->on_wake = cfg->on_wake;
     c->wake_arg = cfg->wake_arg;
+    c->warn = cfg->warn;
     c->members = kolo__malloc((size_t)c->n * sizeof(int));
     c->pidfds = kolo__malloc((size_t)c->n * sizeof(int));
     if (c->members == NULL || c->pidfds == NULL)
@@ -652,6 +697,12 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
     c->sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     c->stop_fd = eventfd(0, EFD_CLOEXEC);
     sock_name(c, c->me, &addr, &alen);
+    {
+        /* Each datagram comes with its sender's credentials. */
+        int one = 1;
+        if (c->sock >= 0)
+            setsockopt(c->sock, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
+    }
     if (c->sock < 0 || c->stop_fd < 0 ||
         bind(c->sock, (struct sockaddr *)&addr, alen) != 0) {
         snprintf(err, errlen, "cannot open the wake socket of rank %d: %s",
