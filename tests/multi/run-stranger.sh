@@ -14,6 +14,11 @@
 #   flood     20 silent connections to every port, held
 #   replay    send each rank the handshakes the last rank sent it in an
 #             earlier job with the same secret, captured on the wire
+#   redis     (kolorun --start-redis) PING, KEYS, GET, SET, CONFIG and a
+#             made-up AUTH to the job's Redis server: every one refused
+#   rdv       (torchrun, KOLO_SECRET set) the same to the rendezvous rank
+#             0 serves, then a well-formed KOLO.HELLO for a job it guesses:
+#             refused, dropped with a warning
 #
 # Run as root, the stranger strikes as the user nobody, and as that user
 # also looks for the job's secret (which it read, as root, in rank 0's
@@ -86,15 +91,24 @@ run() {
     STRANGER_REPLAY=$d/replay timeout -k 10 "$limit" "$python" "$stranger" \
         "$mode" "$d" "$np" >"$d/stranger" 2>&1 </dev/null &
     src=$!
-    # Rank NP-1 waits for the stranger's go before it starts.
+    # Rank NP-1 waits for the stranger's go before it starts. The launcher:
+    # kolorun (--start-redis in mode redis), or torchrun (mode rdv: rank 0
+    # serves the rendezvous).
+    local launch=("$kolorun" --start-timeout 60 -np "$np")
+    [ "$mode" = redis ] && launch+=(--start-redis)
+    [ "$mode" = rdv ] && launch=(torchrun --nnodes 1 --nproc_per_node "$np"
+        --master_addr 127.0.0.1 --master_port "$((20000 + RANDOM % 20000))"
+        --redirects 1 --tee 1 --no_python)
+    # (In a file: torchrun would read $$ on a command line as its own.)
     # shellcheck disable=SC2016 # the ranks expand these
+    echo 'r=${KOLO_RANK:-$RANK}; echo $$ >"$STRANGER_DIR/pid.$r"
+        [ "$r" = "$STRANGER_LAST" ] &&
+            export KOLO_TEST_HOLD_CONNECT=$STRANGER_DIR/go
+        exec "$@"' >"$d/rank.sh"
     timeout -k 10 "$limit" env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
         KOLO_TIMEOUT_SECONDS=20 STRANGER_DIR="$d" STRANGER_LAST=$((np - 1)) \
-        "$kolorun" --start-timeout 60 -np "$np" \
-        bash -c 'echo $$ >"$STRANGER_DIR/pid.$KOLO_RANK"
-            [ "$KOLO_RANK" = "$STRANGER_LAST" ] &&
-                export KOLO_TEST_HOLD_CONNECT=$STRANGER_DIR/go
-            exec "$@"' rank "$prog" random 3 >"$log" 2>&1 </dev/null
+        "${launch[@]}" \
+        bash "$d/rank.sh" "$prog" random 3 >"$log" 2>&1 </dev/null
     rc=$?
     wait "$src"
     src=$?
@@ -102,18 +116,26 @@ run() {
     [ "$rc" -eq 0 ] || why="$why
     - kolorun exited $rc$([ "$rc" -eq 124 ] && echo " (timed out after ${limit}s)")"
     for r in $(seq 0 $((np - 1))); do
-        grep -q "^rank $r of $np: PASS random\$" "$log" || why="$why
+        grep -q "^\(\[default[0-9]*\]:\)\?rank $r of $np: PASS random\$" "$log" || why="$why
     - rank $r did not pass"
     done
     [ "$src" -eq 0 ] || why="$why
     - the stranger failed (exit $src): $(cat "$d/stranger")"
-    grep -q '^\[kolo rank [0-9]*\] WARNING: Gloo: dropped a connection from ' "$log" ||
-        why="$why
+    case $mode in
+    redis) ;; # the stranger's report says what Redis answered
+    rdv)
+        grep -q "WARNING: rendezvous: dropped a connection from .* to rank 0's rendezvous server: " "$log" ||
+            why="$why
+    - rank 0 did not warn that its rendezvous server dropped the stranger" ;;
+    *)
+        grep -q '^\[kolo rank [0-9]*\] WARNING: Gloo: dropped a connection from ' "$log" ||
+            why="$why
     - no rank warned that it dropped the stranger's connection"
-    # kolo's ring (ops/gloo/ring.c) listens while the ranks meet, too.
-    grep -q "^\[kolo rank [0-9]*\] WARNING: Gloo: dropped a connection from .* to rank [0-9]*'s ring socket: " "$log" ||
-        why="$why
-    - no rank warned that its ring socket dropped the stranger's connection"
+        # kolo's ring (ops/gloo/ring.c) listens while the ranks meet, too.
+        grep -q "^\[kolo rank [0-9]*\] WARNING: Gloo: dropped a connection from .* to rank [0-9]*'s ring socket: " "$log" ||
+            why="$why
+    - no rank warned that its ring socket dropped the stranger's connection" ;;
+    esac
     case $mode in
     hello|replay)
         grep -q "^\[kolo rank [0-9]*\] WARNING: Gloo: dropped a connection from .*: it did not prove the job's secret" "$log" ||
@@ -136,6 +158,17 @@ for np in 2 3; do
         run "$np" "$mode"
     done
 done
+# The rendezvous: the Redis server kolorun starts, rank 0's under torchrun.
+if command -v redis-server >/dev/null; then
+    run 2 redis
+else
+    echo "SKIP redis: no redis-server"
+fi
+if command -v torchrun >/dev/null; then
+    KOLO_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n') run 2 rdv
+else
+    echo "SKIP rdv: no torchrun"
+fi
 
 # The wire of a 3-rank job with a secret of the test's, then a job with the
 # same secret and the captured handshakes replayed to it.
@@ -169,6 +202,29 @@ else
     head -n 20 "$w/log" | sed 's/^/    | /'
 fi
 unset KOLO_SECRET
+
+# Datagrams to the shared-memory wake sockets of a job on one host, from
+# another user (nobody, when root runs this): the job's sums stay right,
+# and a rank says it dropped one.
+o=$WORK/datagrams.log
+as_nobody=()
+[ "$(id -u)" = 0 ] && command -v setpriv >/dev/null &&
+    as_nobody=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
+"${as_nobody[@]}" "$python" "${KOLO_TOP_SRCDIR:-$here/../..}/tests/multi/datagrams.py" 20 \
+    >"$WORK/datagrams.out" 2>&1 </dev/null &
+dpid=$!
+timeout -k 10 "$limit" "$kolorun" -np 3 "$prog" soak 20000 >"$o" 2>&1 </dev/null
+jrc=$?
+wait "$dpid"
+if [ "$jrc" -eq 0 ] && [ "$(grep -c ' PASS soak$' "$o")" = 3 ] &&
+    grep -q "WARNING: shared memory: dropped a datagram to rank [0-9]*'s wake socket from pid" "$o"; then
+    pass=$((pass + 1))
+    echo "PASS np=3 on shared memory, a stranger's datagrams to the wake sockets: right sums, dropped ($(cat "$WORK/datagrams.out"))"
+else
+    fail=$((fail + 1))
+    echo "FAIL np=3 on shared memory with a stranger's datagrams (exit $jrc): $(cat "$WORK/datagrams.out")"
+    head -n 20 "$o" | cut -c1-300 | sed 's/^/    | /'
+fi
 
 # check DESCRIPTION RC WANT_RC PATTERN FILE: one verdict on a job's end
 check() {

@@ -176,6 +176,57 @@ def replays_for(rank):
     return out
 
 
+def resp(*args):
+    """A request in Redis's protocol."""
+    out = b"*%d\r\n" % len(args)
+    for a in args:
+        a = a if isinstance(a, bytes) else a.encode()
+        out += b"$%d\r\n%s\r\n" % (len(a), a)
+    return out
+
+
+def ask(f, s, *args):
+    """Sends one request; its reply's first line (b"" when closed)."""
+    try:
+        s.sendall(resp(*args))
+        line = f.readline()
+        if line.startswith(b"$") and int(line[1:]) >= 0:
+            f.read(int(line[1:]) + 2)
+        return line.strip()
+    except (OSError, ValueError):
+        return b""
+
+
+def rendezvous_strike(mode, host, port):
+    """What a stranger gets from the job's rendezvous (the Redis server
+    kolorun started, or rank 0's): a list of what should not have
+    happened (an answer that is not a refusal)."""
+    bad = []
+    try:
+        s = socket.create_connection((host, port), timeout=10)
+    except OSError as e:
+        return ["cannot reach the rendezvous at %s:%d: %s" % (host, port, e)]
+    f = s.makefile("rb")
+    for cmd in (["PING"], ["KEYS", "*"], ["GET", "x"],
+                ["SET", "kolo-stranger", "x"], ["EXISTS", "x"],
+                ["CONFIG", "GET", "requirepass"],
+                ["AUTH", "guess-" + os.urandom(4).hex()], ["KEYS", "*"]):
+        reply = ask(f, s, *cmd)
+        if not reply.startswith(b"-") and reply != b"":
+            bad.append("%s answered %r" % (cmd[0], reply[:40]))
+    s.close()
+    if mode == "rdv":
+        # A well-formed hello, for a job it has to guess.
+        s = socket.create_connection((host, port), timeout=10)
+        f = s.makefile("rb")
+        hello = b"KOLOSTOR" + struct.pack(">II", 0, 0) + os.urandom(32)
+        reply = ask(f, s, b"KOLO.HELLO", hello, b"torchrun-guess")
+        if not reply.startswith(b"-"):
+            bad.append("KOLO.HELLO for a guessed job answered %r" % reply[:40])
+        s.close()
+    return bad
+
+
 def strike(mode, targets, held, struck, np):
     """Hits every (rank, family, addr, port) of targets as MODE says,
     appending the connections it holds to held and the ranks it reached
@@ -253,16 +304,26 @@ def main():
     # its secret, which kolorun drew, and its rendezvous directory.
     secret = ""
     rdv_dir = ""
+    rdv = None  # (host, port) of the job's Redis server or rank 0's
+    master = {}
     pid0 = read_pid(d, 0)
     try:
         with open("/proc/%d/environ" % pid0, "rb") as f:
             for var in f.read().split(b"\0"):
                 if var.startswith(b"KOLO_RENDEZVOUS=file:"):
                     rdv_dir = var.split(b":", 1)[1].decode()
+                elif var.startswith(b"KOLO_RENDEZVOUS=redis:"):
+                    hp = var.split(b":", 1)[1].decode().split("/")[0]
+                    rdv = (hp.rsplit(":", 1)[0], int(hp.rsplit(":", 1)[1]))
                 elif var.startswith(b"KOLO_SECRET="):
                     secret = var.split(b"=", 1)[1].decode()
+                elif var.startswith((b"MASTER_ADDR=", b"MASTER_PORT=")):
+                    k, v = var.decode().split("=", 1)
+                    master[k] = v
     except (OSError, TypeError):
         pass
+    if mode == "rdv" and len(master) == 2:
+        rdv = (master["MASTER_ADDR"], int(master["MASTER_PORT"]) + 1)
     if os.geteuid() == 0 and len(secret) < 16:
         found.append("no KOLO_SECRET in rank 0's environment")
     go = None
@@ -270,7 +331,14 @@ def main():
         go = open_go(d, deadline)
         user = become_nobody()
         found = look_for_secret(secret, rdv_dir)
-        strike(mode, targets, held, struck, np)
+        if mode in ("redis", "rdv"):
+            if rdv is None:
+                found.append("no rendezvous server in rank 0's environment")
+            else:
+                found += rendezvous_strike(mode, *rdv)
+                struck.update(r for r, _, _, _ in targets)
+        else:
+            strike(mode, targets, held, struck, np)
     finally:
         # Whatever happened above, the last rank must not wait for us.
         released = release(go)

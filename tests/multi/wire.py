@@ -18,6 +18,11 @@ back together and looks at those that begin with one of kolo's hellos
   - the job's secret (WIRE_SECRET) appears nowhere in any captured byte,
     nor the key kolo derives from it (its SHA-256, auth.c).
 
+Only the job's own connections count: other jobs may run on the same
+loopback (make -j2 test runs two tests at once). While it captures, it
+notes every TCP port held by a process whose environment holds the job's
+secret, and keeps the connections with such a port at either end.
+
 It writes DIR/replay: one line "TO HEX" per handshake, the bytes the
 connecting rank sent (hello and proof), for stranger.py's replay mode.
 Prints "wire: N handshake(s) (P pair(s), R ring), ..." and exits 0 when
@@ -91,6 +96,35 @@ def streams(segments):
     return out
 
 
+def job_ports(secret):
+    """The local TCP ports of every socket held by a process whose
+    environment holds the job's secret."""
+    inode_port = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                for line in f.read().splitlines()[1:]:
+                    fields = line.split()
+                    inode_port[fields[9]] = int(fields[1].split(":")[1], 16)
+        except OSError:
+            pass
+    ports = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/environ" % pid, "rb") as f:
+                if b"KOLO_SECRET=" + secret not in f.read():
+                    continue
+            for fd in os.listdir("/proc/%s/fd" % pid):
+                link = os.readlink("/proc/%s/fd/%s" % (pid, fd))
+                if link.startswith("socket:[") and link[8:-1] in inode_port:
+                    ports.add(inode_port[link[8:-1]])
+        except OSError:
+            pass
+    return ports
+
+
 def main():
     d = sys.argv[1]
     bound = float(os.environ.get("WIRE_BOUND", "120"))
@@ -105,14 +139,22 @@ def main():
     except OSError as e:
         print("wire: cannot capture on lo: %s" % e)
         return 77
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32 << 20)
+    try:  # as root, past net.core.rmem_max: no frame of the job lost
+        sock.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE
+    except OSError:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 20)
     with open(os.path.join(d, "capturing"), "w") as f:
         f.write("yes\n")
     segments = []
     raw = []
     deadline = time.monotonic() + bound
     stop = os.path.join(d, "stop")
+    ours = set()
+    looked = 0.0
     while time.monotonic() < deadline:
+        if secret and time.monotonic() - looked > 0.05:
+            ours |= job_ports(secret)
+            looked = time.monotonic()
         ready, _, _ = select.select([sock], [], [], 0.1)
         if ready:
             frame, addr = sock.recvfrom(1 << 16)
@@ -121,12 +163,12 @@ def main():
             seg = parse(frame)
             if seg is not None:
                 segments.append(seg)
-                if seg[6]:
-                    raw.append(seg[6])
         elif os.path.exists(stop):
             break
     sock.close()
 
+    segments = [g for g in segments if g[1] in ours or g[3] in ours]
+    raw = [g[6] for g in segments if g[6]]
     flows = streams(segments)
     problems = []
     shakes = []  # (kind, to, sent, reply)
