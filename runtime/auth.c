@@ -114,6 +114,24 @@ void kolo__auth_redis_password(const uint8_t key[KOLO__KEY_BYTES],
     sodium_memzero(pw, sizeof(pw));
 }
 
+void kolo__auth_entry_mac(const uint8_t key[KOLO__KEY_BYTES], const char *job,
+                          size_t joblen, const char *name, const void *value,
+                          size_t len, char out[KOLO__ENTRY_MAC_CHARS + 1])
+{
+    uint8_t k[KOLO__KEY_BYTES], mac[KOLO__MAC_BYTES];
+    crypto_auth_hmacsha256_state st;
+
+    kolo__auth_derive(k, key, "kolo store entry", job, joblen);
+    crypto_auth_hmacsha256_init(&st, k, sizeof(k));
+    crypto_auth_hmacsha256_update(&st, (const unsigned char *)name,
+                                  strlen(name) + 1);
+    crypto_auth_hmacsha256_update(&st, value, len);
+    crypto_auth_hmacsha256_final(&st, mac);
+    sodium_bin2hex(out, KOLO__ENTRY_MAC_CHARS + 1, mac, sizeof(mac));
+    sodium_memzero(&st, sizeof(st));
+    sodium_memzero(k, sizeof(k));
+}
+
 int kolo__auth_random(void *out, size_t n)
 {
     if (!sodium_ready()) {

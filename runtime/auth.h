@@ -47,6 +47,15 @@ void kolo__auth_derive(uint8_t out[KOLO__KEY_BYTES],
 void kolo__auth_redis_password(const uint8_t key[KOLO__KEY_BYTES],
                                char out[2 * KOLO__KEY_BYTES + 1]);
 
+/* The MAC of one rendezvous entry of job `job` (joblen bytes): key and
+ * value under a key derived from the job's key and the job's name, as 64
+ * hex digits and a NUL. A job with a secret appends it to every value it
+ * puts in a Redis rendezvous, and checks it on every value it reads. */
+#define KOLO__ENTRY_MAC_CHARS (2 * KOLO__MAC_BYTES)
+void kolo__auth_entry_mac(const uint8_t key[KOLO__KEY_BYTES], const char *job,
+                          size_t joblen, const char *name, const void *value,
+                          size_t len, char out[KOLO__ENTRY_MAC_CHARS + 1]);
+
 /* n bytes from the operating system's random source; 0, or -1 when it
  * cannot give them (errno says why). */
 int kolo__auth_random(void *out, size_t n);

@@ -631,7 +631,8 @@ static const char *const other_names[] = {
     "KOLO_NCCL_HOME", "KOLO_NCCL_INCLUDE", "KOLO_NCCL_LIB",
     "KOLO_BUILD_CUDA_CC_LIST", "KOLO_BUILD_ARCH_FLAGS", "KOLO_DEBUG",
     /* The job's secret (auth.c): never a setting, never printed. */
-    "KOLO_SECRET", "KOLO_REQUIRE_SECRET",
+    "KOLO_SECRET", "KOLO_REQUIRE_SECRET", "KOLO_REDIS_PASSWORD",
+    "KOLO_REDIS_USER",
 };
 
 int kolo__config_is_known(const char *name)

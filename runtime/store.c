@@ -27,6 +27,13 @@
  * or else with the password derived from the job's secret that kolorun
  * gives the server it starts (--start-redis). The job's key comes from
  * the environment (KOLO_SECRET, auth.c), read at the first open.
+ *
+ * Entries. With a secret, every value put in Redis ends with the MAC of
+ * its key and bytes (auth.c's entry MAC, 64 hex digits; kolorun adds the
+ * same to what it writes), checked and taken off on every read: whoever
+ * can write to the server but lacks the secret cannot make a rank read an
+ * address or a setting of theirs; such an entry fails the read, naming
+ * it.
  */
 #define _GNU_SOURCE
 #include "alloc.h"
@@ -319,18 +326,37 @@ static int redis_line(kolo__store_t *s, char *line, size_t len, kolo__err_t *err
     }
 }
 
+/* The job's name, as the entry MACs and the handshake know it. */
+static size_t job_len(const kolo__store_t *s)
+{
+    return s->job[0] ? strlen(s->job) - 1 : 0;
+}
+
 static int redis_set(kolo__store_t *s, const char *key, const char *value,
                      size_t len, kolo__err_t *err)
 {
-    char full[4600], line[512];
+    char full[4600], line[512], *macd = NULL;
     const char *args[3] = {"SET", full, value};
     size_t lens[3];
+    int rc;
 
     snprintf(full, sizeof(full), "%s%s", s->job, key);
     lens[0] = 3;
     lens[1] = strlen(full);
     lens[2] = len;
-    KOLO__CHECK(redis_send(s, args, lens, 3, err));
+    if (have_job_key == 1) {
+        if ((macd = kolo__malloc(len + KOLO__ENTRY_MAC_CHARS + 1)) == NULL)
+            return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory "
+                                 "writing %s to %s", full, s->where);
+        memcpy(macd, value, len);
+        kolo__auth_entry_mac(job_key, s->job, job_len(s), key, value, len,
+                             macd + len);
+        args[2] = macd;
+        lens[2] = len + KOLO__ENTRY_MAC_CHARS;
+    }
+    rc = redis_send(s, args, lens, 3, err);
+    free(macd);
+    KOLO__CHECK(rc);
     KOLO__CHECK(redis_line(s, line, sizeof(line), err));
     if (line[0] != '+')
         return kolo__err_set(err, KOLO_ERR_BACKEND, "the rendezvous at %s "
@@ -363,6 +389,23 @@ static int redis_get(kolo__store_t *s, const char *key, char **value,
     if (redis_read(s, buf, (size_t)n + 2, err) != KOLO_OK) {
         free(buf);
         return err->code;
+    }
+    if (have_job_key == 1) {
+        char want[KOLO__ENTRY_MAC_CHARS + 1];
+        int right = n >= KOLO__ENTRY_MAC_CHARS;
+        if (right) {
+            n -= KOLO__ENTRY_MAC_CHARS;
+            kolo__auth_entry_mac(job_key, s->job, job_len(s), key, buf,
+                                 (size_t)n, want);
+            right = kolo__auth_equal(want, buf + n, KOLO__ENTRY_MAC_CHARS);
+        }
+        if (!right) {
+            free(buf);
+            return kolo__err_set(err, KOLO_ERR_BACKEND, "the rendezvous at %s "
+                                 "holds %s without the job's MAC: something "
+                                 "without the job's secret wrote it (or a rank "
+                                 "with another KOLO_SECRET)", s->where, full);
+        }
     }
     buf[n] = '\0';
     *value = buf;
@@ -402,7 +445,7 @@ static int kolo_login(kolo__store_t *s, kolo__err_t *err)
         reply[KOLO__REPLY_BYTES], proof[KOLO__PROOF_BYTES];
     kolo__handshake_t hs;
     char line[512];
-    size_t joblen = s->job[0] ? strlen(s->job) - 1 : 0;
+    size_t joblen = job_len(s);
 
     if (have_job_key != 1)
         return kolo__err_set(err, KOLO_ERR_CONFIG, "the rendezvous at %s wants "

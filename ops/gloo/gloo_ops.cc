@@ -156,6 +156,13 @@ class Abandoned : public std::runtime_error {
     explicit Abandoned(const std::string &why) : std::runtime_error(why) {}
 };
 
+/* A store that answered, and said no (an entry without the job's MAC, a
+ * refused password): not a wait to go on with. */
+class StoreFailure : public gloo::IoException {
+  public:
+    explicit StoreFailure(const std::string &why) : gloo::IoException(why) {}
+};
+
 /* Asks the ops config's `abandoned` whether a peer gave up, one caller at a
  * time (init's thread and, while Gloo's pairs connect, its watcher). */
 class AbandonCheck {
@@ -216,6 +223,8 @@ class TimedStore : public gloo::rendezvous::Store {
             try {
                 inner_.wait(keys, last ? left : slice);
                 return;
+            } catch (const StoreFailure &) {
+                throw;
             } catch (const std::exception &) {
                 if (last)
                     break;
@@ -293,7 +302,7 @@ class KoloStore : public gloo::rendezvous::Store {
                                     std::to_string(within.count()) +
                                     " ms for key " + key);
         if (rc != KOLO_OK)
-            throw gloo::IoException(e.msg);
+            throw StoreFailure(e.msg);
         std::vector<char> out(v, v + n);
         free(v);
         return out;

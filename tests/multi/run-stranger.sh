@@ -96,6 +96,7 @@ run() {
     # serves the rendezvous).
     local launch=("$kolorun" --start-timeout 60 -np "$np")
     [ "$mode" = redis ] && launch+=(--start-redis)
+    [ "$mode" = overwrite ] && launch+=(--redis "127.0.0.1:$redis_port")
     [ "$mode" = rdv ] && launch=(torchrun --nnodes 1 --nproc_per_node "$np"
         --master_addr 127.0.0.1 --master_port "$((20000 + RANDOM % 20000))"
         --redirects 1 --tee 1 --no_python)
@@ -121,8 +122,20 @@ run() {
     done
     [ "$src" -eq 0 ] || why="$why
     - the stranger failed (exit $src): $(cat "$d/stranger")"
+    if [ "$mode" = overwrite ]; then
+        # The job must fail, saying why, rather than meet the stranger.
+        why=
+        [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] || why="$why
+    - kolorun exited $rc, not a failure of the job's own"
+        grep -q "without the job's MAC: something without the job's secret wrote it" "$log" ||
+            why="$why
+    - no rank said that an entry lacks the job's MAC"
+        [ "$src" -eq 0 ] || why="$why
+    - the stranger failed (exit $src): $(cat "$d/stranger")"
+        desc="np=$np overwrite: entries rewritten by a holder of the Redis password fail the job, named"
+    fi
     case $mode in
-    redis) ;; # the stranger's report says what Redis answered
+    redis|overwrite) ;; # the stranger's report says what Redis answered
     rdv)
         grep -q "WARNING: rendezvous: dropped a connection from .* to rank 0's rendezvous server: " "$log" ||
             why="$why
@@ -163,6 +176,19 @@ if command -v redis-server >/dev/null; then
     run 2 redis
 else
     echo "SKIP redis: no redis-server"
+fi
+# A Redis server of the user's, with a password the stranger has too.
+if command -v redis-server >/dev/null; then
+    redis_port=$((40000 + RANDOM % 20000))
+    printf 'requirepass the-users-redis-password\n' |
+        redis-server - --port "$redis_port" --bind 127.0.0.1 --save '' \
+            --appendonly no --daemonize no >"$WORK/redis.log" 2>&1 &
+    redis_pid=$!
+    sleep 0.5
+    KOLO_REDIS_PASSWORD=the-users-redis-password \
+        STRANGER_REDIS_PASSWORD=the-users-redis-password run 3 overwrite
+    kill "$redis_pid" 2>/dev/null
+    wait "$redis_pid" 2>/dev/null
 fi
 if command -v torchrun >/dev/null; then
     KOLO_SECRET=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n') run 2 rdv

@@ -23,6 +23,13 @@ port, strikes every such port, then lets the last rank go. MODE:
             captured on the wire (STRANGER_REPLAY: a file of lines "TO
             HEX", written by wire.py), send it, and hold
   flood     open 20 connections to every port, send nothing, hold them
+  redis     (kolorun --start-redis) PING, KEYS, GET, SET, CONFIG and a
+            made-up AUTH to the job's Redis server: every one refused
+  rdv       (torchrun, KOLO_SECRET set) the same to the rendezvous rank
+            0 serves, then a well-formed KOLO.HELLO for a guessed job
+  overwrite (kolorun --redis, a server with a password the stranger has
+            too: STRANGER_REDIS_PASSWORD) writes an address of its own over
+            every entry of the job, while the last rank waits to read them
 
 Where it runs as root it finds the ranks' ports, reads rank 0's secret
 (KOLO_SECRET, which kolorun gave it) and opens DIR/go first, then strikes
@@ -197,6 +204,29 @@ def ask(f, s, *args):
         return b""
 
 
+def overwrite(host, port, password, job):
+    """Someone who has the Redis server's password but not the job's
+    secret: writes an address of theirs over every entry of the job.
+    Returns what went wrong (a list)."""
+    try:
+        s = socket.create_connection((host, port), timeout=10)
+    except OSError as e:
+        return ["cannot reach Redis at %s:%d: %s" % (host, port, e)]
+    f = s.makefile("rb")
+    if ask(f, s, "AUTH", password) != b"+OK":
+        return ["the Redis server refused the password"]
+    s.sendall(resp("KEYS", job + "/*"))
+    n = int(f.readline()[1:])
+    keys = []
+    for _ in range(n):
+        ln = int(f.readline()[1:])
+        keys.append(f.read(ln + 2)[:-2])
+    for k in keys:
+        ask(f, s, b"SET", k, b"127.0.0.1 9")
+    s.close()
+    return [] if keys else ["no entry of job %s to overwrite" % job]
+
+
 def rendezvous_strike(mode, host, port):
     """What a stranger gets from the job's rendezvous (the Redis server
     kolorun started, or rank 0's): a list of what should not have
@@ -305,6 +335,7 @@ def main():
     secret = ""
     rdv_dir = ""
     rdv = None  # (host, port) of the job's Redis server or rank 0's
+    job = ""
     master = {}
     pid0 = read_pid(d, 0)
     try:
@@ -313,7 +344,7 @@ def main():
                 if var.startswith(b"KOLO_RENDEZVOUS=file:"):
                     rdv_dir = var.split(b":", 1)[1].decode()
                 elif var.startswith(b"KOLO_RENDEZVOUS=redis:"):
-                    hp = var.split(b":", 1)[1].decode().split("/")[0]
+                    hp, job = var.split(b":", 1)[1].decode().split("/", 1)
                     rdv = (hp.rsplit(":", 1)[0], int(hp.rsplit(":", 1)[1]))
                 elif var.startswith(b"KOLO_SECRET="):
                     secret = var.split(b"=", 1)[1].decode()
@@ -331,7 +362,12 @@ def main():
         go = open_go(d, deadline)
         user = become_nobody()
         found = look_for_secret(secret, rdv_dir)
-        if mode in ("redis", "rdv"):
+        if mode == "overwrite":
+            found += overwrite(rdv[0], rdv[1],
+                               os.environ.get("STRANGER_REDIS_PASSWORD", ""),
+                               job)
+            struck.update(r for r, _, _, _ in targets)
+        elif mode in ("redis", "rdv"):
             if rdv is None:
                 found.append("no rendezvous server in rank 0's environment")
             else:

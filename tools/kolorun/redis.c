@@ -430,16 +430,34 @@ void kolorun_redis_clean(const kolorun_t *k)
                     k->redis_addr);
 }
 
-/* SET JOB/key value on the job's server (elastic.c's records). NULL, or
- * why it failed. */
+/* SET JOB/key value on the job's server (elastic.c's records), with the
+ * MAC of the job's secret the ranks check (runtime/store.c). NULL, or why
+ * it failed. */
 const char *kolorun_redis_set(const kolorun_t *k, const char *key,
                               const char *value)
 {
     static const char script[] =
         "redis.call('SET', ARGV[1], ARGV[2]) return 1";
     char full[512], reply[64];
+    uint8_t job_key[KOLO__KEY_BYTES];
+    int have = 0;
+    kolo__err_t e;
     snprintf(full, sizeof full, "%s/%s", k->job_id, key);
-    return kolorun_redis_eval(k, script, full, value, reply, sizeof reply);
+    if (kolo__auth_job_key(kolorun_getenv, job_key, &have, &e) != KOLO_OK)
+        return "no job secret for the entry's MAC";
+    if (!have)
+        return kolorun_redis_eval(k, script, full, value, reply, sizeof reply);
+    char *macd = malloc(strlen(value) + KOLO__ENTRY_MAC_CHARS + 1);
+    if (!macd)
+        return "out of memory";
+    strcpy(macd, value);
+    kolo__auth_entry_mac(job_key, k->job_id, strlen(k->job_id), key, value,
+                         strlen(value), macd + strlen(value));
+    memset(job_key, 0, sizeof job_key);
+    const char *why = kolorun_redis_eval(k, script, full, macd, reply,
+                                         sizeof reply);
+    free(macd);
+    return why;
 }
 
 /* Sets up the job over several hosts: which host each rank is on, the
