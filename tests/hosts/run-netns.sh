@@ -6,7 +6,8 @@
 #     root namespace: bridge kb<pid> 10.A.B.1/24, redis-server on it
 #        |-- veth --> namespace kolo<pid>-h0: kolo0 10.A.B.10
 #        |-- veth --> namespace kolo<pid>-h1: kolo0 10.A.B.11
-#        '-- veth --> namespace kolo<pid>-h2: kolo0 10.A.B.12
+#        |-- veth --> namespace kolo<pid>-h2: kolo0 10.A.B.12
+#        '-- veth --> namespace kolo<pid>-h3: kolo0 10.A.B.13, a stranger's
 #
 # kolorun's launch command runs every rank inside its host's namespace
 # (--launch-command 'ip netns exec {host}'), the ranks bind the address of
@@ -14,8 +15,11 @@
 # only the veth network connects them) and meet through Redis. Checked: the
 # placement every rank sees (local and cross ranks, the address it runs
 # at), the multi-rank test programs of tests/multi across 2 and 3 hosts,
-# two jobs at once on one Redis server, and start-up failures naming the
-# host. Needs root, iproute2 and redis-server; skips with a message (exit
+# two jobs at once on one Redis server, start-up failures naming the
+# host, and a stranger in a namespace of its own (h3), as the user nobody,
+# on every port of a job's ranks and on its Redis server
+# (tests/multi/stranger.py: well-formed hellos with made-up proofs, and
+# every Redis command refused), the job ending with the right sums. Needs root, iproute2 and redis-server; skips with a message (exit
 # 77, "0 passed, 0 failed") where it cannot run. The namespaces, links and
 # the Redis server go away at the end, also on failure or interrupt.
 #
@@ -36,7 +40,7 @@ require_executables run-netns "$kolorun" "$multi/test-allreduce" "$multi/test-co
 tag=$$
 net=10.$((100 + tag % 100)).$((tag / 100 % 250))
 br=kb$tag
-hosts=("kolo$tag-h0" "kolo$tag-h1" "kolo$tag-h2")
+hosts=("kolo$tag-h0" "kolo$tag-h1" "kolo$tag-h2" "kolo$tag-h3")
 redis_pid=
 work=$(mktemp -d)
 
@@ -46,7 +50,7 @@ cleanup() {
         ip netns pids "$h" 2>/dev/null | xargs -r kill -9 2>/dev/null
         ip netns del "$h" 2>/dev/null # its end of the veth goes with it
     done
-    for i in 0 1 2; do ip link del "kv${tag}h$i" 2>/dev/null; done
+    for i in 0 1 2 3; do ip link del "kv${tag}h$i" 2>/dev/null; done
     ip link del "$br" 2>/dev/null
     # run_log: run-lib.sh's, whose EXIT trap this one replaces.
     # shellcheck disable=SC2154
@@ -59,7 +63,7 @@ setup() {
     ip link add "$br" type bridge &&
         ip addr add "$net.1/24" dev "$br" &&
         ip link set "$br" up || return 1
-    for i in 0 1 2; do
+    for i in 0 1 2 3; do
         local h=${hosts[$i]} v=kv${tag}h$i
         ip netns add "$h" &&
             ip link add "$v" type veth peer name kolo0 netns "$h" &&
@@ -82,13 +86,13 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 
-H0=${hosts[0]} H1=${hosts[1]} H2=${hosts[2]}
+H0=${hosts[0]} H1=${hosts[1]} H2=${hosts[2]} H3=${hosts[3]}
 # kolorun over the namespaces: every test below goes through this.
 kn=$work/kn
 printf '#!/bin/sh\nexec "%s" --launch-command "ip netns exec {host}" --network-interface kolo0 "$@"\n' \
     "$kolorun" >"$kn"
 chmod +x "$kn"
-export kn net work port multi H0 H1 H2
+export kn net work port multi H0 H1 H2 H3
 
 # Placement: 5 ranks on 3 hosts (2, 1, 2). Each rank prints what it sees
 # and the address of kolo0 in its namespace: the host it really runs on.
@@ -235,6 +239,46 @@ run_fail "a host that never arrives at the rendezvous is named" \
     -H "$H0:2,$H1:2" --start-redis --redis-bind "$net.1" --start-timeout 3 \
     --failure-grace 0 --launch-command "$work/launch {host}" \
     "$multi/test-allreduce" random 1
+
+# A stranger on host h3, as nobody, while a job of 3 ranks on h0 and h1
+# meets over Gloo: rank 2 waits (KOLO_TEST_HOLD_CONNECT) until the
+# stranger has struck every port ranks 0 and 1 listen on (MODE hello) or
+# the job's Redis server (MODE redis); the job must end with the right
+# sums, and the stranger must have got nothing.
+stranger_netns() {
+    local mode=$1 d=$work/stranger-$1 rc src
+    rm -rf "$d" && mkdir -p "$d" && chmod 755 "$d" "$work" && mkfifo "$d/go"
+    # shellcheck disable=SC2016 # the ranks expand these
+    echo 'echo $$ >"$STRANGER_DIR/pid.$KOLO_RANK"
+        [ "$KOLO_RANK" = 2 ] && export KOLO_TEST_HOLD_CONNECT=$STRANGER_DIR/go
+        exec "$@"' >"$d/rank.sh"
+    ip netns exec "$H3" timeout -k 5 90 /usr/bin/python3 "$stranger" "$mode" "$d" 3 \
+        >"$d/out" 2>&1 </dev/null &
+    src=$!
+    STRANGER_DIR=$d KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
+        "$kn" -H "$H0:2,$H1:1" --start-redis --redis-bind "$net.1" \
+        bash "$d/rank.sh" "$multi/test-allreduce" random 3 >"$d/log" 2>&1
+    rc=$?
+    wait "$src"
+    src=$?
+    cat "$d/out"
+    [ "$rc" = 0 ] && [ "$src" = 0 ] &&
+        [ "$(grep -c '^rank [0-2] of 3: PASS random$' "$d/log")" = 3 ] ||
+        { echo "kolorun $rc, stranger $src"; head -n 20 "$d/log"; return 1; }
+    [ "$mode" != hello ] ||
+        grep -q "WARNING: Gloo: dropped a connection from $net.13:[0-9]* .*: it did not prove the job's secret" "$d/log" ||
+        { echo "no rank said it dropped the stranger's connection"; head -n 20 "$d/log"; return 1; }
+}
+stranger=${KOLO_TOP_SRCDIR:-$(dirname "$0")/../..}/tests/multi/stranger.py
+stranger=$(cd "$(dirname "$stranger")" && pwd)/stranger.py
+export stranger
+export -f stranger_netns
+if [ -x /usr/bin/python3 ]; then
+    run "a stranger on a host of its own (nobody): hellos with made-up proofs on every port" \
+        bash -c 'stranger_netns hello'
+    run "a stranger on a host of its own (nobody): the job's Redis server refuses it" \
+        bash -c 'stranger_netns redis'
+fi
 
 # SIGTERM to kolorun reaches the ranks in the namespaces at once.
 signals() {

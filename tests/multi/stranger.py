@@ -61,11 +61,12 @@ HELLO_BYTES, REPLY_BYTES, PROOF_BYTES = 48, 64, 32
 BOUND = float(os.environ.get("STRANGER_BOUND", "60"))
 
 
-def listening_inodes():
-    """inode -> (address, port) of every TCP socket in LISTEN state."""
+def listening_inodes(pid):
+    """inode -> (address, port) of every TCP socket in LISTEN state in the
+    network namespace of process pid (the stranger may be in another)."""
     out = {}
-    for path, family in (("/proc/net/tcp", socket.AF_INET),
-                         ("/proc/net/tcp6", socket.AF_INET6)):
+    for path, family in (("/proc/%d/net/tcp" % pid, socket.AF_INET),
+                         ("/proc/%d/net/tcp6" % pid, socket.AF_INET6)):
         try:
             with open(path) as f:
                 lines = f.read().splitlines()[1:]
@@ -284,11 +285,14 @@ def strike(mode, targets, held, struck, np):
                               os.urandom(32))
                     s.settimeout(5)
                     reply = b""
-                    while len(reply) < REPLY_BYTES:
-                        part = s.recv(REPLY_BYTES - len(reply))
-                        if not part:
-                            break
-                        reply += part
+                    try:
+                        while len(reply) < REPLY_BYTES:
+                            part = s.recv(REPLY_BYTES - len(reply))
+                            if not part:
+                                break
+                            reply += part
+                    except OSError:
+                        pass  # dropped as soon as it read the hello
                     # The ring's socket answers only its left neighbour's
                     # hello (KOLORING): nothing comes back there.
                     if len(reply) == REPLY_BYTES:
@@ -310,21 +314,24 @@ def main():
     deadline = time.monotonic() + BOUND
     early = list(range(np - 1))
     targets = []
+    stable = None
     # Wait until every early rank listens (Gloo creates its pairs, and
     # their listening sockets, before it waits for the last rank's address).
     while time.monotonic() < deadline:
-        inodes = listening_inodes()
         targets = []
         ready = True
         for r in early:
             pid = read_pid(d, r)
-            ports = ports_of(pid, inodes) if pid else []
+            ports = ports_of(pid, listening_inodes(pid)) if pid else []
             if not ports:
                 ready = False
             targets += [(r,) + p for p in ports]
-        if ready:
+        # Ready when every early rank listens and the ports have not
+        # changed for a moment (Gloo's pairs listen just after kolo's ring).
+        if ready and stable == sorted(targets):
             break
-        time.sleep(0.05)
+        stable = sorted(targets) if ready else None
+        time.sleep(0.2 if ready else 0.05)
     else:
         targets = []
     held = []
