@@ -544,6 +544,16 @@ class GuardedPair : public tcp::Pair {
                 accept_strangers();
                 return;
             }
+            if (state_ == CONNECTING && !proved_ && hello_sent_ > 0 &&
+                (events & (EPOLLERR | EPOLLHUP))) {
+                /* Connected, then dropped before the peer proved the key:
+                 * Gloo would take it for a connection. */
+                signalException(GLOO_ERROR_MSG(
+                    "connect ", peer_.str(), ": rank ", rank_, "'s side "
+                    "closed the connection during the handshake (is it "
+                    "alive, with the same KOLO_SECRET?)"));
+                return;
+            }
             if (state_ == CONNECTING && !proved_ &&
                 !(events & (EPOLLERR | EPOLLHUP)) && !introduce())
                 return;
