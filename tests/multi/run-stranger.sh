@@ -177,16 +177,43 @@ if command -v redis-server >/dev/null; then
 else
     echo "SKIP redis: no redis-server"
 fi
+# check_run DESCRIPTION RC WANT_RC PATTERN FILE: one verdict on a job's end
+check_run() {
+    local desc=$1 got=$2 want=$3 pattern=$4 file=$5
+    if { [ "$want" = 0 ] && [ "$got" -eq 0 ]; } || { [ "$want" != 0 ] && [ "$got" -ne 0 ] && [ "$got" -ne 124 ]; } &&
+        grep -q -e "$pattern" "$file"; then
+        pass=$((pass + 1))
+        echo "PASS $desc"
+    else
+        fail=$((fail + 1))
+        echo "FAIL $desc (exit $got, wanted ${want/1/non-zero}, and /$pattern/ in:)"
+        head -n 20 "$file" | cut -c1-400 | sed 's/^/    | /'
+    fi
+}
+
 # A Redis server of the user's, with a password the stranger has too.
 if command -v redis-server >/dev/null; then
     redis_port=$((40000 + RANDOM % 20000))
-    printf 'requirepass the-users-redis-password\n' |
+    printf 'requirepass the-users-redis-password\nuser kolo on >kolos-own-pw ~* &* +@all\n' |
         redis-server - --port "$redis_port" --bind 127.0.0.1 --save '' \
             --appendonly no --daemonize no >"$WORK/redis.log" 2>&1 &
     redis_pid=$!
     sleep 0.5
     KOLO_REDIS_PASSWORD=the-users-redis-password \
         STRANGER_REDIS_PASSWORD=the-users-redis-password run 3 overwrite
+    # The server's password and an ACL user, as a URL; a wrong password.
+    o=$WORK/url.log
+    timeout -k 10 "$limit" "$kolorun" -np 2 \
+        --redis "redis://kolo:kolos-own-pw@127.0.0.1:$redis_port/0" \
+        "$prog" random 3 >"$o" 2>&1 </dev/null
+    check_run "--redis redis://USER:PASSWORD@HOST:PORT (an ACL user): runs" $? 0 "^rank 1 of 2: PASS random" "$o"
+    timeout -k 10 "$limit" "$kolorun" -np 2 --redis "127.0.0.1:$redis_port" \
+        --redis-password not-the-password "$prog" random 3 >"$o" 2>&1 </dev/null
+    check_run "a wrong --redis-password: refused, named" $? 1 "refused KOLO_REDIS_PASSWORD" "$o"
+    timeout -k 10 "$limit" "$kolorun" -np 2 --redis "127.0.0.1:$redis_port" \
+        "$prog" random 3 >"$o" 2>&1 </dev/null
+    check_run "no password for a server that wants one: refused, saying what to give" $? 1 \
+        "wants a password and refused the one derived from the job's secret" "$o"
     kill "$redis_pid" 2>/dev/null
     wait "$redis_pid" 2>/dev/null
 fi
@@ -252,19 +279,6 @@ else
     head -n 20 "$o" | cut -c1-300 | sed 's/^/    | /'
 fi
 
-# check DESCRIPTION RC WANT_RC PATTERN FILE: one verdict on a job's end
-check() {
-    local desc=$1 got=$2 want=$3 pattern=$4 file=$5
-    if { [ "$want" = 0 ] && [ "$got" -eq 0 ]; } || { [ "$want" != 0 ] && [ "$got" -ne 0 ] && [ "$got" -ne 124 ]; } &&
-        grep -q -e "$pattern" "$file"; then
-        pass=$((pass + 1))
-        echo "PASS $desc"
-    else
-        fail=$((fail + 1))
-        echo "FAIL $desc (exit $got, wanted ${want/1/non-zero}, and /$pattern/ in:)"
-        head -n 20 "$file" | cut -c1-400 | sed 's/^/    | /'
-    fi
-}
 
 # A rank started with another secret: its peers refuse it, and the whole
 # job fails at once (not after the start timeout) saying why.
@@ -274,22 +288,22 @@ timeout -k 10 "$limit" env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
     "$kolorun" -np 3 bash -c '[ "$KOLO_RANK" = 1 ] &&
         export KOLO_SECRET=another-secret-of-the-wrong-kind; exec "$@"' \
     rank "$prog" random 3 >"$o" 2>&1 </dev/null
-check "np=3, rank 1 with another secret: the job fails at once, saying why" $? 1 \
+check_run "np=3, rank 1 with another secret: the job fails at once, saying why" $? 1 \
     "did not prove the job's secret: another program on that port, or a rank with another KOLO_SECRET" "$o"
 
 # KOLO_REQUIRE_SECRET=1: no job without one; kolorun's is one.
 env -u KOLO_SECRET -u HOROVOD_SECRET_KEY KOLO_REQUIRE_SECRET=1 \
     timeout -k 10 "$limit" "$prog" random 3 >"$o" 2>&1 </dev/null
-check "KOLO_REQUIRE_SECRET=1 without a secret: refused" $? 1 \
+check_run "KOLO_REQUIRE_SECRET=1 without a secret: refused" $? 1 \
     "KOLO_REQUIRE_SECRET=1, and no job secret is set" "$o"
 KOLO_REQUIRE_SECRET=1 KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
     timeout -k 10 "$limit" "$kolorun" -np 2 "$prog" random 3 >"$o" 2>&1 </dev/null
-check "KOLO_REQUIRE_SECRET=1 under kolorun: runs" $? 0 "^rank 1 of 2: PASS random" "$o"
+check_run "KOLO_REQUIRE_SECRET=1 under kolorun: runs" $? 0 "^rank 1 of 2: PASS random" "$o"
 KOLO_SECRET=too-short timeout -k 10 "$limit" "$prog" random 3 >"$o" 2>&1 </dev/null
-check "a secret of 9 characters: refused" $? 1 \
+check_run "a secret of 9 characters: refused" $? 1 \
     "KOLO_SECRET has 9 characters; a job secret needs at least 16" "$o"
 HOROVOD_SECRET_KEY=short env -u KOLO_SECRET timeout -k 10 "$limit" "$prog" random 3 >"$o" 2>&1 </dev/null
-check "Horovod's HOROVOD_SECRET_KEY is read too" $? 1 \
+check_run "Horovod's HOROVOD_SECRET_KEY is read too" $? 1 \
     "HOROVOD_SECRET_KEY has 5 characters" "$o"
 
 echo "$pass passed, $fail failed"

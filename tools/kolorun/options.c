@@ -178,7 +178,8 @@ static const char kolorun_help[] =
         "                           ranks on other hosts; KOLO_* and HOROVOD_*\n"
         "                           always go\n"
         "  --redis HOST:PORT        ranks meet through this Redis server (keys\n"
-        "                           under a name of this job, deleted at the end)\n"
+        "                           under a name of this job, deleted at the end);\n"
+        "                           or redis://[[USER]:PASSWORD@]HOST[:PORT]\n"
         "  --start-redis            start redis-server here for the job, on a free\n"
         "                           port, and stop it at the end\n"
         "  --redis-bind ADDR        the address --start-redis listens on (default:\n"
@@ -640,6 +641,37 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
             continue;
         }
         if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis"))) {
+            if (strncmp(v, "redis://", 8) == 0) {
+                /* redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]: the user and
+                 * password as --redis-user and --redis-password. */
+                char *url = strdup(v + 8), *at, *slash;
+                if (!url) {
+                    kolorun_say("out of memory");
+                    exit(1);
+                }
+                if ((at = strrchr(url, '@')) != NULL) {
+                    char *colon;
+                    *at = '\0';
+                    if ((colon = strchr(url, ':')) != NULL) {
+                        *colon = '\0';
+                        o->redis_password = colon + 1;
+                        if (url[0])
+                            o->redis_user = url;
+                    } else {
+                        o->redis_password = url;
+                    }
+                }
+                v = at ? at + 1 : url;
+                if ((slash = strchr(v, '/')) != NULL)
+                    *slash = '\0';
+                if (!strrchr(v, ':') || (v[0] == '[' && strrchr(v, ']') >
+                                                          strrchr(v, ':')))
+                    v = kolorun_strdupf("%s:6379", v);
+                if (!v) {
+                    kolorun_say("out of memory");
+                    exit(1);
+                }
+            }
             const char *c = strrchr(v, ':');
             if (!c || c == v || kolorun_parse_long(c + 1, 1, 65535) < 0) {
                 kolorun_say("--redis wants HOST:PORT (port from 1 to 65535), "
