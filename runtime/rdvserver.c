@@ -60,6 +60,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -474,6 +475,10 @@ static void conn_accept(rdv_server_t *s)
 
     if (fd < 0)
         return;
+    {
+        int one = 1; /* a reply in pieces must not wait for the client's ACK */
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    }
     if (ss.ss_family == AF_INET6) {
         const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
         inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));

@@ -44,12 +44,15 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -130,6 +133,10 @@ static int redis_connect(kolo__store_t *s, const char *hostport,
             continue;
         setsockopt(s->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         setsockopt(s->fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+        {
+            int one = 1; /* requests are small and each waits for its reply */
+            setsockopt(s->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+        }
         if (connect(s->fd, a->ai_addr, a->ai_addrlen) != 0) {
             e = errno;
             close(s->fd);
@@ -278,16 +285,35 @@ static int redis_send(kolo__store_t *s, const char *const *args,
         parts[np++] = (struct part){args[i], lens[i]};
         parts[np++] = (struct part){"\r\n", 2};
     }
-    for (int i = 0; i < np; i++) {
-        size_t done = 0;
-        while (done < parts[i].n) {
-            ssize_t w = send(s->fd, parts[i].p + done, parts[i].n - done,
-                             MSG_NOSIGNAL);
+    /* One call for the whole request: sent piece by piece, Nagle's
+     * algorithm held each later piece for the server's delayed ACK, 40 ms
+     * a request. */
+    {
+        struct iovec iov[16];
+        struct msghdr m;
+        int first = 0;
+        for (int i = 0; i < np; i++) {
+            iov[i].iov_base = (void *)parts[i].p;
+            iov[i].iov_len = parts[i].n;
+        }
+        while (first < np) {
+            ssize_t w;
+            memset(&m, 0, sizeof(m));
+            m.msg_iov = iov + first;
+            m.msg_iovlen = (size_t)(np - first);
+            w = sendmsg(s->fd, &m, MSG_NOSIGNAL);
             if (w < 0 && errno == EINTR)
                 continue;
             if (w <= 0)
                 return redis_fail(s, "cannot send", err);
-            done += (size_t)w;
+            while (first < np && (size_t)w >= iov[first].iov_len) {
+                w -= (ssize_t)iov[first].iov_len;
+                first++;
+            }
+            if (first < np) {
+                iov[first].iov_base = (char *)iov[first].iov_base + w;
+                iov[first].iov_len -= (size_t)w;
+            }
         }
     }
     return KOLO_OK;
