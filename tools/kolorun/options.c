@@ -643,11 +643,14 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
         if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis"))) {
             if (strncmp(v, "redis://", 8) == 0) {
                 /* redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]: the user and
-                 * password as --redis-user and --redis-password. */
-                char *url = strdup(v + 8), *at, *slash;
-                if (!url) {
-                    kolorun_say("out of memory");
-                    exit(1);
+                 * password as --redis-user and --redis-password. Parsed in
+                 * place in a copy that lives as long as kolorun. */
+                static char url[1024], hostport[1100];
+                char *at, *slash;
+                if ((size_t)snprintf(url, sizeof url, "%s", v + 8) >= sizeof url) {
+                    kolorun_say("--redis: the URL is longer than %zu characters",
+                                sizeof url - 1);
+                    exit(2);
                 }
                 if ((at = strrchr(url, '@')) != NULL) {
                     char *colon;
@@ -665,11 +668,9 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
                 if ((slash = strchr(v, '/')) != NULL)
                     *slash = '\0';
                 if (!strrchr(v, ':') || (v[0] == '[' && strrchr(v, ']') >
-                                                          strrchr(v, ':')))
-                    v = kolorun_strdupf("%s:6379", v);
-                if (!v) {
-                    kolorun_say("out of memory");
-                    exit(1);
+                                                          strrchr(v, ':'))) {
+                    snprintf(hostport, sizeof hostport, "%s:6379", v);
+                    v = hostport;
                 }
             }
             const char *c = strrchr(v, ':');
