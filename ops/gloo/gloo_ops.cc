@@ -547,11 +547,13 @@ class GuardedPair : public tcp::Pair {
             if (state_ == CONNECTING && !proved_ && hello_sent_ > 0 &&
                 (events & (EPOLLERR | EPOLLHUP))) {
                 /* Connected, then dropped before the peer proved the key:
-                 * Gloo would take it for a connection. */
+                 * Gloo would take it for a connection. Worded as Gloo's
+                 * lost peer (classify): the peer's own failure is the
+                 * cause the job reports, not this echo. */
                 signalException(GLOO_ERROR_MSG(
-                    "connect ", peer_.str(), ": rank ", rank_, "'s side "
-                    "closed the connection during the handshake (is it "
-                    "alive, with the same KOLO_SECRET?)"));
+                    "connect ", peer_.str(), ": Connection closed by peer "
+                    "(rank ", rank_, ") during the handshake (is it alive, "
+                    "with the same KOLO_SECRET?)"));
                 return;
             }
             if (state_ == CONNECTING && !proved_ &&
@@ -634,11 +636,11 @@ class GuardedPair : public tcp::Pair {
             if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
                 return false;
             signalException(GLOO_ERROR_MSG(
-                "connect ", peer_.str(), ": rank ", rank_, "'s side ",
-                n == 0 ? std::string("closed the connection")
+                "connect ", peer_.str(), ": ",
+                n == 0 ? std::string("Connection closed by peer")
                        : std::string(std::strerror(errno)),
-                " during the handshake (is it alive, with the same "
-                "KOLO_SECRET?)"));
+                " (rank ", rank_, ") during the handshake (is it alive, with "
+                "the same KOLO_SECRET?)"));
             return false;
         }
         if (proof_sent_ == 0 &&

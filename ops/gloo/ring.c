@@ -424,7 +424,7 @@ static int answer_right(kolo__ring_t *r, kolo__handshake_t *hs, uint8_t *buf,
                      r->rank, (r->rank + 1) % r->size, r->right,
                      n == 0 ? "was closed" : strerror(errno),
                      (r->rank + 1) % r->size);
-            return -1;
+            return -2; /* the peer is gone: an echo of its own failure */
         }
         *got += (size_t)n;
         if (*got < KOLO__REPLY_BYTES)
@@ -450,7 +450,8 @@ static int answer_right(kolo__ring_t *r, kolo__handshake_t *hs, uint8_t *buf,
 
 /* Accepts connections until one proves to be the left neighbour, while
  * answering the right neighbour's handshake on to_right; returns the left
- * socket (-2: timed out, -3: failed; err written). */
+ * socket (-2: timed out, -3: failed, -4: the right neighbour went away
+ * mid-handshake; err written). */
 static int meet(kolo__ring_t *r, const uint8_t *key, kolo__handshake_t *right,
                 double deadline, double timeout_s, kolo__ops_warn_fn warn,
                 char *err, size_t errlen)
@@ -531,7 +532,7 @@ static int meet(kolo__ring_t *r, const uint8_t *key, kolo__handshake_t *right,
                 if (a < 0) {
                     if (found >= 0)
                         close(found);
-                    found = -3;
+                    found = a == -2 ? -4 : -3;
                     break;
                 }
                 right_done = a;
@@ -546,7 +547,7 @@ static int meet(kolo__ring_t *r, const uint8_t *key, kolo__handshake_t *right,
                 snprintf(r->left, sizeof(r->left), "%s", c->from);
             }
         }
-        if (found == -3)
+        if (found == -3 || found == -4)
             break;
         while (accept_now && found < 0) {
             struct sockaddr_storage ss;
@@ -649,7 +650,9 @@ int kolo__ring_connect(kolo__ring_t *r, int rank, int size,
     close(r->lfd);
     r->lfd = -1;
     if (r->from_left < 0)
-        return r->from_left == -3 ? KOLO_ERR_BACKEND : KOLO_ERR_TIMEOUT;
+        return r->from_left == -3   ? KOLO_ERR_BACKEND
+               : r->from_left == -4 ? KOLO_ERR_RANK_LOST
+                                    : KOLO_ERR_TIMEOUT;
     tune(r->to_right, send_buffer);
     tune(r->from_left, send_buffer);
     return KOLO_OK;
