@@ -9,6 +9,10 @@
 #include <strings.h>
 #include <time.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 int kolo__log_threshold = KOLO__LOG_WARNING;
 static int log_rank = -1;
 
@@ -77,4 +81,22 @@ int64_t kolo__now_us(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+void kolo__addr_text(const void *sockaddr_storage, char *out, size_t len)
+{
+    const struct sockaddr_storage *ss = sockaddr_storage;
+    char host[INET6_ADDRSTRLEN] = "?";
+
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+        snprintf(out, len, "%s:%u", host, (unsigned)ntohs(in->sin_port));
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+        snprintf(out, len, "[%s]:%u", host, (unsigned)ntohs(in6->sin6_port));
+    } else {
+        snprintf(out, len, "?");
+    }
 }

@@ -19,6 +19,10 @@
 #include "alloc.h"
 #include "kolo.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define KOLO__ERR_LEN 1024
 
 typedef struct kolo__err {
@@ -85,5 +89,14 @@ int kolo__log_level_parse(const char *text, int *level);
 /* Monotonic time. */
 int64_t kolo__now_us(void);
 
+
+/* "ADDRESS:PORT" ("[ADDRESS]:PORT" for IPv6, "?" for another family) of
+ * a socket address (a struct sockaddr_storage), for messages naming
+ * where a connection came from. */
+void kolo__addr_text(const void *sockaddr_storage, char *out, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* KOLO_COMMON_H */

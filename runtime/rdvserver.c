@@ -470,23 +470,12 @@ static void conn_accept(rdv_server_t *s)
     int fd = accept4(s->listen_fd, (struct sockaddr *)&ss, &sslen,
                      SOCK_CLOEXEC | SOCK_NONBLOCK);
     rdv_conn_t *conns;
-    char host[INET6_ADDRSTRLEN] = "?";
-    unsigned port = 0;
 
     if (fd < 0)
         return;
     {
         int one = 1; /* a reply in pieces must not wait for the client's ACK */
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    }
-    if (ss.ss_family == AF_INET6) {
-        const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&ss;
-        inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
-        port = ntohs(a->sin6_port);
-    } else if (ss.ss_family == AF_INET) {
-        const struct sockaddr_in *a = (const struct sockaddr_in *)&ss;
-        inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-        port = ntohs(a->sin_port);
     }
     conns = kolo__realloc(s->conns, (s->nconns + 1) * sizeof(*conns));
     if (conns == NULL) {
@@ -495,8 +484,7 @@ static void conn_accept(rdv_server_t *s)
     }
     s->conns = conns;
     memset(&s->conns[s->nconns], 0, sizeof(s->conns[0]));
-    snprintf(s->conns[s->nconns].from, sizeof(s->conns[0].from),
-             strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
+    kolo__addr_text(&ss, s->conns[s->nconns].from, sizeof(s->conns[0].from));
     s->conns[s->nconns++].fd = fd;
 }
 

@@ -419,20 +419,9 @@ struct Guard {
 
 std::string sockaddr_text(const struct sockaddr_storage &ss)
 {
-    char host[INET6_ADDRSTRLEN] = "?";
-    unsigned port = 0;
-    if (ss.ss_family == AF_INET) {
-        const auto *in = reinterpret_cast<const struct sockaddr_in *>(&ss);
-        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-        port = ntohs(in->sin_port);
-        return std::string(host) + ":" + std::to_string(port);
-    }
-    if (ss.ss_family == AF_INET6) {
-        const auto *in6 = reinterpret_cast<const struct sockaddr_in6 *>(&ss);
-        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-        port = ntohs(in6->sin6_port);
-    }
-    return "[" + std::string(host) + "]:" + std::to_string(port);
+    char text[INET6_ADDRSTRLEN + 16];
+    kolo__addr_text(&ss, text, sizeof(text));
+    return text;
 }
 
 /* One loop tick: returns once the device's loop thread has finished the

@@ -128,25 +128,6 @@ static int ms_left(double deadline)
     return left > 2e9 ? 2000000000 : (int)left + 1;
 }
 
-static void addr_text(const struct sockaddr_storage *ss, char *out, size_t len)
-{
-    char host[INET6_ADDRSTRLEN] = "?";
-    unsigned port = 0;
-    if (ss->ss_family == AF_INET) {
-        const struct sockaddr_in *in = (const struct sockaddr_in *)ss;
-        inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
-        port = ntohs(in->sin_port);
-        snprintf(out, len, "%s:%u", host, port);
-    } else if (ss->ss_family == AF_INET6) {
-        const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)ss;
-        inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
-        port = ntohs(in6->sin6_port);
-        snprintf(out, len, "[%s]:%u", host, port);
-    } else {
-        snprintf(out, len, "?");
-    }
-}
-
 static int set_nonblocking(int fd)
 {
     int flags = fcntl(fd, F_GETFL);
@@ -582,7 +563,7 @@ static int meet(kolo__ring_t *r, const uint8_t *key, kolo__handshake_t *right,
             s[slot].got = 0;
             kolo__handshake_init(&s[slot].hs, hello_magic, (uint32_t)left,
                                  (uint32_t)r->rank, key);
-            addr_text(&ss, s[slot].from, sizeof(s[slot].from));
+            kolo__addr_text(&ss, s[slot].from, sizeof(s[slot].from));
             /* Its hello may be there already. */
             if (screen(r, &s[slot], warn) == 1) {
                 found = s[slot].fd;
@@ -601,7 +582,7 @@ static int meet(kolo__ring_t *r, const uint8_t *key, kolo__handshake_t *right,
                           SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (late.fd < 0)
             break;
-        addr_text(&ss, late.from, sizeof(late.from));
+        kolo__addr_text(&ss, late.from, sizeof(late.from));
         drop(r, &late, warn,
              "it had not proved the job's secret when the ring connected");
     }
