@@ -263,7 +263,11 @@ o=$WORK/datagrams.log
 as_nobody=()
 [ "$(id -u)" = 0 ] && command -v setpriv >/dev/null &&
     as_nobody=(setpriv --reuid=nobody --regid=nogroup --clear-groups)
-"${as_nobody[@]}" "$python" "${KOLO_TOP_SRCDIR:-$here/../..}/tests/multi/datagrams.py" 20 \
+# A copy the user nobody can read (the tree may be in a private directory).
+chmod 755 "$WORK"
+cp "${KOLO_TOP_SRCDIR:-$here/../..}/tests/multi/datagrams.py" "$WORK/datagrams.py"
+chmod 644 "$WORK/datagrams.py"
+"${as_nobody[@]}" "$python" "$WORK/datagrams.py" 20 \
     >"$WORK/datagrams.out" 2>&1 </dev/null &
 dpid=$!
 timeout -k 10 "$limit" "$kolorun" -np 3 "$prog" soak 20000 >"$o" 2>&1 </dev/null
