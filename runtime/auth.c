@@ -59,6 +59,13 @@ int kolo__auth_job_key(const char *(*getenv_fn)(const char *name),
         strcmp(require, "1") != 0)
         return kolo__err_set(err, KOLO_ERR_CONFIG,
                              "KOLO_REQUIRE_SECRET='%s' is not 0 or 1", require);
+    /* Horovod's launchers put their key in _HOROVOD_SECRET_KEY (the
+     * constant horovod.runner.common.util.secret.HOROVOD_SECRET_KEY names
+     * it); HOROVOD_SECRET_KEY is read too. */
+    if (secret == NULL || secret[0] == '\0') {
+        name = "_HOROVOD_SECRET_KEY";
+        secret = getenv_fn(name);
+    }
     if (secret == NULL || secret[0] == '\0') {
         name = "HOROVOD_SECRET_KEY";
         secret = getenv_fn(name);

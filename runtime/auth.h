@@ -27,7 +27,8 @@ extern "C" {
 #define KOLO__REPLY_BYTES (KOLO__NONCE_BYTES + KOLO__MAC_BYTES)
 #define KOLO__PROOF_BYTES KOLO__MAC_BYTES
 
-/* The job's key, from KOLO_SECRET, else Horovod's HOROVOD_SECRET_KEY:
+/* The job's key, from KOLO_SECRET, else Horovod's _HOROVOD_SECRET_KEY or
+ * HOROVOD_SECRET_KEY:
  * KOLO_OK with *have = 1 and the key in key (a hash of the secret), or
  * *have = 0 when neither is set, unless KOLO_REQUIRE_SECRET=1 (then
  * KOLO_ERR_CONFIG), or KOLO_ERR_CONFIG for a secret too short to be one.

@@ -167,6 +167,7 @@ static int kolorun_is_secret(const char *var)
     size_t len = strcspn(var, "=");
     return (len == 11 && strncmp(var, "KOLO_SECRET", len) == 0) ||
            (len == 18 && strncmp(var, "HOROVOD_SECRET_KEY", len) == 0) ||
+           (len == 19 && strncmp(var, "_HOROVOD_SECRET_KEY", len) == 0) ||
            (len == 19 && strncmp(var, "KOLO_REDIS_PASSWORD", len) == 0);
 }
 
