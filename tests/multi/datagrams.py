@@ -2,7 +2,7 @@
 """datagrams.py -- a stranger's datagrams to a job's shared-memory wake
 sockets, for tests/multi/run-stranger.sh.
 
-    datagrams.py SECONDS
+    datagrams.py SECONDS [READY_FILE]
 
 Until the job's sockets are gone (at most SECONDS), sends datagrams to
 every abstract Unix socket named
@@ -31,6 +31,9 @@ def wake_sockets():
 
 def main():
     until = time.monotonic() + float(sys.argv[1])
+    if len(sys.argv) > 2:  # READY_FILE: say that it is looking
+        with open(sys.argv[2], "w") as f:
+            f.write("ready\n")
     tokens = [struct.pack("=Q", v) for v in (0, 1, 1 << 40, (1 << 64) - 1)]
     tokens += [b"", b"x", os.urandom(64)]
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

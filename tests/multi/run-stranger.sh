@@ -79,6 +79,24 @@ log=$WORK/log
 pass=0
 fail=0
 
+# A port that is free now, and the next one too (torchrun's store and rank
+# 0's rendezvous), from the kernel rather than a guess.
+free_port_pair() {
+    "$python" -c '
+import socket
+while True:
+    a = socket.socket()
+    a.bind(("127.0.0.1", 0))
+    p = a.getsockname()[1]
+    b = socket.socket()
+    try:
+        b.bind(("127.0.0.1", p + 1))
+    except OSError:
+        continue
+    print(p)
+    break'
+}
+
 # run NP MODE
 run() {
     local np=$1 mode=$2 d=$WORK/job rc src why='' desc
@@ -98,7 +116,7 @@ run() {
     [ "$mode" = redis ] && launch+=(--start-redis)
     [ "$mode" = overwrite ] && launch+=(--redis "127.0.0.1:$redis_port")
     [ "$mode" = rdv ] && launch=(torchrun --nnodes 1 --nproc_per_node "$np"
-        --master_addr 127.0.0.1 --master_port "$((20000 + RANDOM % 20000))"
+        --master_addr 127.0.0.1 --master_port "$(free_port_pair)"
         --redirects 1 --tee 1 --no_python)
     # (In a file: torchrun would read $$ on a command line as its own.)
     # shellcheck disable=SC2016 # the ranks expand these
@@ -193,7 +211,7 @@ check_run() {
 
 # A Redis server of the user's, with a password the stranger has too.
 if command -v redis-server >/dev/null; then
-    redis_port=$((40000 + RANDOM % 20000))
+    redis_port=$(free_port_pair)
     printf 'requirepass the-users-redis-password\nuser kolo on >kolos-own-pw ~* &* +@all\n' |
         redis-server - --port "$redis_port" --bind 127.0.0.1 --save '' \
             --appendonly no --daemonize no >"$WORK/redis.log" 2>&1 &
@@ -267,10 +285,16 @@ as_nobody=()
 chmod 755 "$WORK"
 cp "${KOLO_TOP_SRCDIR:-$here/../..}/tests/multi/datagrams.py" "$WORK/datagrams.py"
 chmod 644 "$WORK/datagrams.py"
-"${as_nobody[@]}" "$python" "$WORK/datagrams.py" 20 \
+mkdir -p "$WORK/open" && chmod 1777 "$WORK/open" # where nobody may write
+"${as_nobody[@]}" "$python" "$WORK/datagrams.py" 60 "$WORK/open/datagrams.ready" \
     >"$WORK/datagrams.out" 2>&1 </dev/null &
 dpid=$!
-timeout -k 10 "$limit" "$kolorun" -np 3 "$prog" soak 20000 >"$o" 2>&1 </dev/null
+# The job starts once the stranger looks, and lasts a few seconds.
+for _ in $(seq 200); do
+    [ -e "$WORK/open/datagrams.ready" ] && break
+    sleep 0.05
+done
+timeout -k 10 "$limit" "$kolorun" -np 3 "$prog" soak 60000 >"$o" 2>&1 </dev/null
 jrc=$?
 wait "$dpid"
 if [ "$jrc" -eq 0 ] && [ "$(grep -c ' PASS soak$' "$o")" = 3 ] &&
@@ -309,6 +333,9 @@ check_run "a secret of 9 characters: refused" $? 1 \
 HOROVOD_SECRET_KEY=short env -u KOLO_SECRET timeout -k 10 "$limit" "$prog" random 3 >"$o" 2>&1 </dev/null
 check_run "Horovod's HOROVOD_SECRET_KEY is read too" $? 1 \
     "HOROVOD_SECRET_KEY has 5 characters" "$o"
+_HOROVOD_SECRET_KEY=short6 env -u KOLO_SECRET timeout -k 10 "$limit" "$prog" random 3 >"$o" 2>&1 </dev/null
+check_run "and _HOROVOD_SECRET_KEY, where Horovod's launchers put their key" $? 1 \
+    "_HOROVOD_SECRET_KEY has 6 characters" "$o"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
