@@ -890,17 +890,19 @@ static int reserve(nccl_ctx_t *c, void **buf, size_t *cap, size_t bytes,
     return KOLO_OK;
 }
 
-/* kolo's stream waits for the program's work on every input. */
+/* kolo's stream waits for the program's work on every input. The events
+ * are prepare's: entries of the pool, each holding its CUDA event. */
 static int nccl_wait_events(void *ctx, void *const *events, size_t n,
                             char *err, size_t errlen)
 {
     nccl_ctx_t *c = enter(ctx, err, errlen);
 
-    for (size_t i = 0; i < n; i++)
-        if (events[i] != NULL)
-            CHECK(cuda_ok(c, cudaStreamWaitEvent(c->stream,
-                                                 (cudaEvent_t)events[i], 0),
+    for (size_t i = 0; i < n; i++) {
+        const nccl_event_t *e = events[i];
+        if (e != NULL)
+            CHECK(cuda_ok(c, cudaStreamWaitEvent(c->stream, e->ev, 0),
                           "waiting for the program's stream"));
+    }
     return KOLO_OK;
 }
 
