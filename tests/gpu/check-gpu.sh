@@ -15,12 +15,14 @@
 #              host's reference
 #  device      tests/unit/test-device and test-protocol (where Check is
 #              there: DEBS_DIR, below)
-#  run-gpu     tests/gpu/run-gpu.sh: every collective on CUDA tensors
-#  pytest      tests/python/run-pytest.sh: kolo.torch's suites at 2 ranks,
-#              the CUDA suite at 1 rank per GPU
+#  run-gpu     tests/gpu/run-gpu.sh: every collective on CUDA tensors, a
+#              rank killed in a large allreduce
 #  bench       kolo-bench --backend nccl, kolo against NCCL called directly
 #  resnet50    tests/gpu/train_resnet50.py: a training step of plain torch,
 #              kolo.torch's DistributedOptimizer and DDP, fp32 and bf16
+#  pytest      tests/python/run-pytest.sh: kolo.torch's suites at 2 ranks,
+#              the CUDA suite at 1 rank per GPU, torch.compile (last: the
+#              longest step, after the figures)
 # The summary gives each step's PASS or FAIL and the figures: kolo's
 # ResNet-50 step against plain torch and DDP, 4-byte latency against raw
 # NCCL, small allreduces per second, the ResNet-50 gradient set, and the
@@ -32,6 +34,10 @@
 # libsodium-dev check libsubunit-dev libsubunit0 libgloo0 libgloo-dev
 # libhiredis0.14 libhiredis-dev libibverbs1 libibverbs-dev libnl-3-200
 # libnl-route-3-200` gives them.
+# A shorter round: KOLO_GPU_RESNET_MODES (default "plain kolo ddp"),
+# KOLO_GPU_PYTEST_FILES (run-pytest.sh's files; all by default) and
+# KOLO_PYTEST_RANKS (2). KOLO_RESNET_PROFILE=DIR profiles each ResNet-50
+# run into DIR (train_resnet50.py).
 # Exit status: 0 when every step passed, 1 otherwise, 2 on a wrong call.
 set -u
 if [ $# -lt 1 ] || [ ! -f "$1" ]; then
@@ -144,14 +150,6 @@ KOLO_TOP_BUILDDIR=. KOLO_TOP_SRCDIR=. timeout -k 5 200 bash tests/gpu/run-gpu.sh
 tail -12 "$OUT/run-gpu.log"
 verdict "CUDA collectives (run-gpu.sh)" $rc "$(tail -1 "$OUT/run-gpu.log")"
 
-step pytest
-rc=0
-KOLO_TOP_BUILDDIR=. KOLO_TOP_SRCDIR=. KOLO_PYTHON="$py" KOLO_PYTEST_RANKS=2 \
-    KOLO_PYTEST_CUDA_RANKS=1 timeout -k 5 300 bash tests/python/run-pytest.sh \
-    >"$OUT/pytest.log" 2>&1 || rc=$?
-grep -E '^(PASS|FAIL)|passed, [0-9]+ failed$' "$OUT/pytest.log" | tail -25
-verdict "kolo.torch on torch $("$py" -c 'import torch; print(torch.__version__)') (run-pytest.sh)" $rc "$(tail -1 "$OUT/pytest.log")"
-
 step bench
 rc=0
 timeout -k 5 150 ./kolorun -np 1 ./kolo-bench --backend nccl --workload all \
@@ -188,10 +186,11 @@ step resnet50
 declare -A ms
 rc=0
 for prec in fp32 bf16; do
-    for mode in plain kolo ddp; do
+    for mode in ${KOLO_GPU_RESNET_MODES:-plain kolo ddp}; do
         cmd=("$py" "$here/train_resnet50.py" "$mode" "$prec")
         [ "$mode" = kolo ] && cmd=(./kolorun -np 1 "${cmd[@]}")
-        line=$(timeout -k 5 120 "${cmd[@]}" 2>>"$OUT/resnet50.err" | grep '^RESULT')
+        line=$(timeout -k 5 120 "${cmd[@]}" 2>>"$OUT/resnet50.err" |
+            tee "$OUT/resnet50-$mode-$prec.txt" | grep '^RESULT')
         echo "$mode $prec: ${line:-no result}"
         v=$(echo "$line" | sed -n 's/.*"ms_median": \([0-9.]*\).*/\1/p')
         [ -n "$v" ] || rc=1
@@ -200,10 +199,22 @@ for prec in fp32 bf16; do
 done
 res=""
 for prec in fp32 bf16; do
-    res+=$(awk -v p="${ms[plain.$prec]}" -v k="${ms[kolo.$prec]}" -v d="${ms[ddp.$prec]}" -v n="$prec" \
-        'BEGIN { if (p > 0) printf "%s: plain %.2f ms, kolo %.2f ms = %.3fx, DDP %.2f ms = %.3fx; ", n, p, k, k / p, d, d / p }')
+    res+=$(awk -v p="${ms[plain.$prec]:-0}" -v k="${ms[kolo.$prec]:-0}" -v d="${ms[ddp.$prec]:-0}" -v n="$prec" \
+        'BEGIN { if (p > 0) printf "%s: plain %.2f ms, kolo %.2f ms = %.3fx", n, p, k, k / p
+                 if (p > 0 && d > 0) printf ", DDP %.2f ms = %.3fx", d, d / p
+                 if (p > 0) printf "; " }')
 done
 verdict "ResNet-50 step, batch 128 (median of 5x10 steps)" $rc "$res"
+
+step pytest
+rc=0
+# shellcheck disable=SC2086 # KOLO_GPU_PYTEST_FILES: file names
+KOLO_TOP_BUILDDIR=. KOLO_TOP_SRCDIR=. KOLO_PYTHON="$py" \
+    KOLO_PYTEST_RANKS=${KOLO_PYTEST_RANKS:-2} KOLO_PYTEST_CUDA_RANKS=1 \
+    timeout -k 5 300 bash tests/python/run-pytest.sh ${KOLO_GPU_PYTEST_FILES:-} \
+    >"$OUT/pytest.log" 2>&1 || rc=$?
+grep -E '^(PASS|FAIL)|passed, [0-9]+ failed$' "$OUT/pytest.log" | tail -25
+verdict "kolo.torch on torch $("$py" -c 'import torch; print(torch.__version__)') (run-pytest.sh)" $rc "$(tail -1 "$OUT/pytest.log")"
 
 echo
 echo "=== summary (t=$((SECONDS - t_start)) s; logs in $OUT)"

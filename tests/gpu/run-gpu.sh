@@ -10,7 +10,10 @@
 # at 2 ranks (negotiation refuses it before NCCL runs); hierarchical
 # allreduce (KOLO_HIERARCHICAL_ALLREDUCE=1) with 2 "hosts" of one rank each
 # (tests/multi/fake-hosts.sh): NCCL within each host, Gloo between them,
-# which one GPU can carry; with 4 GPUs, 2 hosts of 2 ranks.
+# which one GPU can carry; with 4 GPUs, 2 hosts of 2 ranks. On that same
+# hierarchical job, rank 1 SIGKILLs itself in the middle of a 256 MiB
+# allreduce: kolorun fails the job, rank 0's handle fails in bounded time
+# naming the tensor and rank 1, its stream completes (test-gpu lost).
 set -u
 top=${KOLO_TOP_BUILDDIR:-.}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,6 +44,15 @@ done
 run "np=2 mismatch (host against CUDA)" "$kolorun" -np 2 "$prog" mismatch
 run "np=2 hierarchical, 2 hosts x 1 rank" env KOLO_HIERARCHICAL_ALLREDUCE=1 \
     KOLO_TEST_HOSTS=2 "$kolorun" -np 2 "$fake" "$prog" allreduce
+# shellcheck disable=SC2016 # expanded by the inner shell
+run "np=2 hierarchical, rank 1 killed in a 256 MiB allreduce" \
+    env KOLO_HIERARCHICAL_ALLREDUCE=1 KOLO_TEST_HOSTS=2 KOLO_TIMEOUT_SECONDS=20 \
+    bash -c 'out=$("$0" -np 2 "$1" "$2" lost 2>&1); rc=$?; echo "$out"
+        echo "kolorun exited $rc (a rank was killed: must not be 0)"
+        [ "$rc" -ne 0 ] &&
+            echo "$out" | grep -q "^rank 0: lost: [0-9]* passed, 0 failed$"' \
+    "$kolorun" "$fake" "$prog"
+grep -E '^rank 0: lost:|killed|lost' "$run_log" | head -8 | sed 's/^/    /'
 if [ "$gpus" -ge 4 ]; then
     run "np=4 hierarchical, 2 hosts x 2 ranks" env KOLO_HIERARCHICAL_ALLREDUCE=1 \
         KOLO_TEST_HOSTS=2 "$kolorun" -np 4 "$fake" "$prog" allreduce

@@ -22,6 +22,14 @@
  *   test-gpu mismatch    rank 0 enqueues a CUDA tensor, the others a host
  *                        tensor of the same name: KOLO_ERR_MISMATCH
  *                        everywhere, naming both places
+ *   test-gpu lost        after two 256 MiB allreduces of CUDA tensors, the
+ *                        last rank SIGKILLs itself a quarter of the way
+ *                        into the third: every other rank's handle fails
+ *                        (KOLO_ERR_RANK_LOST) within KOLO_TIMEOUT_SECONDS
+ *                        and a margin, naming the tensor and the lost
+ *                        rank; its stream still completes, and
+ *                        kolo_shutdown returns (the hierarchical job runs it:
+ *                        one GPU carries it)
  *
  * Rank r uses CUDA device KOLO_LOCAL_RANK mod the device count. Prints
  * "rank R: N passed, N failed" and exits 0 when nothing failed.
@@ -581,10 +589,89 @@ static void mismatch(void)
         CUDA_MUST(cudaFree(d));
 }
 
+/* The last rank dies in the middle of a large allreduce on the device. */
+static void lost(void)
+{
+    const int64_t count = 64 * 1024 * 1024;
+    const size_t bytes = (size_t)count * sizeof(float);
+    const int victim = size - 1;
+    float *h = malloc(bytes);
+    void *din, *dout;
+    kolo_opts_t o;
+    kolo_handle_t hd;
+    double t_step = 0, t0, dt, bound = env_double("KOLO_TIMEOUT_SECONDS", 30) + 15;
+    char want[32];
+    int rc;
+
+    if (h == NULL) {
+        fprintf(stderr, "rank %d: FAIL out of host memory\n", rank);
+        exit(1);
+    }
+    for (int64_t i = 0; i < count; i++)
+        h[i] = (float)(rank + 1);
+    din = dev_copy(h, bytes);
+    CUDA_MUST(cudaMalloc(&dout, bytes));
+    opts_cuda(&o);
+    for (int step = 0; step < 2; step++) {
+        int64_t bad = 0;
+        CUDA_MUST(cudaMemsetAsync(dout, 0, bytes, stream));
+        t0 = now();
+        MUST(kolo_allreduce_async_opts("big", din, dout, count, KOLO_FLOAT32,
+                                       &o, &hd));
+        MUST(kolo_wait(hd));
+        host_copy(h, dout, bytes);
+        t_step = now() - t0;
+        for (int64_t i = 0; i < count; i++)
+            bad += h[i] != (float)(size * (size + 1) / 2);
+        EXPECT(bad == 0, "big, step %d: %lld of %lld wrong", step,
+               (long long)bad, (long long)count);
+    }
+    printf("rank %d: lost: one 256 MiB allreduce took %.1f ms\n", rank,
+           t_step * 1e3);
+    fflush(stdout);
+    if (rank == victim) {
+        MUST(kolo_allreduce_async_opts("big", din, dout, count, KOLO_FLOAT32,
+                                       &o, &hd));
+        usleep((useconds_t)(t_step * 0.25 * 1e6));
+        printf("rank %d: victim: SIGKILL to myself in the third allreduce\n",
+               rank);
+        fflush(stdout);
+        raise(SIGKILL);
+    }
+    t0 = now();
+    rc = kolo_allreduce_async_opts("big", din, dout, count, KOLO_FLOAT32, &o,
+                                   &hd);
+    if (rc == KOLO_OK)
+        rc = kolo_wait(hd);
+    dt = now() - t0;
+    snprintf(want, sizeof want, "rank %d", victim);
+    printf("rank %d: lost: %s (%d) after %.2f s: %s\n", rank,
+           kolo_strerror(rc), rc, dt, kolo_last_error());
+    EXPECT(rc == KOLO_ERR_RANK_LOST, "expected KOLO_ERR_RANK_LOST, got %d",
+           rc);
+    EXPECT(strstr(kolo_last_error(), want) != NULL &&
+               strstr(kolo_last_error(), "big") != NULL,
+           "the message names neither '%s' nor the tensor 'big': %s", want,
+           kolo_last_error());
+    EXPECT(dt < bound, "the error came after %.1f s (bound %.0f s)", dt,
+           bound);
+    /* The program's stream is not left waiting for kolo. */
+    t0 = now();
+    alarm(20);
+    CUDA_MUST(cudaStreamSynchronize(stream));
+    alarm(0);
+    EXPECT(now() - t0 < 10, "the stream took %.1f s to complete",
+           now() - t0);
+    CUDA_MUST(cudaFree(dout));
+    CUDA_MUST(cudaFree(din));
+    free(h);
+}
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "all";
-    int count = 0;
+    int count = 0, rc;
+    double t0;
 
     if (strcmp(mode, "count") == 0) {
         if (cudaGetDeviceCount(&count) != cudaSuccess)
@@ -627,6 +714,17 @@ int main(int argc, char **argv)
             MUST(kolo_barrier(KOLO_GLOBAL_PROCESS_SET));
         } else if (strcmp(mode, "mismatch") == 0) {
             mismatch();
+        } else if (strcmp(mode, "lost") == 0) {
+            lost();
+            CUDA_MUST(cudaStreamDestroy(stream));
+            t0 = now();
+            rc = kolo_shutdown();
+            printf("rank %d: lost: kolo_shutdown returned %d after %.2f s\n",
+                   rank, rc, now() - t0);
+            EXPECT(now() - t0 < 10, "kolo_shutdown took %.1f s", now() - t0);
+            printf("rank %d: %s: %d passed, %d failed\n", rank, mode, passes,
+                   failures);
+            return failures ? 1 : 0;
         } else {
             fprintf(stderr, "test-gpu: unknown mode '%s'\n", mode);
             return 2;

@@ -15,6 +15,10 @@ torch.cuda.synchronize) and prints one line
 with the median and the fastest round's time per step. DDP runs a process
 group of one rank over NCCL (MASTER_ADDR/MASTER_PORT default to a local
 address), as kolo runs one rank under kolorun.
+
+With KOLO_RESNET_PROFILE=DIR it then runs 3 more steps under
+torch.profiler, prints the operators that took the most device and host
+time, and writes the Chrome trace to DIR/prof-MODE-PRECISION.json.gz.
 """
 
 import json
@@ -84,10 +88,39 @@ def main():
         "mode": mode, "precision": precision,
         "ms_median": round(times[ROUNDS // 2] * 1e3, 2),
         "ms_min": round(times[0] * 1e3, 2)}), flush=True)
+    if os.environ.get("KOLO_RESNET_PROFILE"):
+        profile(step, os.path.join(os.environ["KOLO_RESNET_PROFILE"],
+                                   "prof-%s-%s.json.gz" % (mode, precision)))
     if mode == "kolo":
         hvd.shutdown()
     elif mode == "ddp":
         dist.destroy_process_group()
+
+
+def profile(step, path):
+    from torch.profiler import ProfilerActivity
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU,
+                                            ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            step()
+        torch.cuda.synchronize()
+    avg = prof.key_averages()
+    for key in ("self_cuda_time_total", "self_cpu_time_total"):
+        try:
+            print(avg.table(sort_by=key, row_limit=22, max_name_column_width=60),
+                  flush=True)
+        except Exception as e:  # a column another torch names otherwise
+            print("profile table by %s: %s" % (key, e), flush=True)
+    if path.endswith(".gz"):
+        import gzip
+        import shutil
+        raw = path[:-3]
+        prof.export_chrome_trace(raw)
+        with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        os.unlink(raw)
+    else:
+        prof.export_chrome_trace(path)
 
 
 if __name__ == "__main__":

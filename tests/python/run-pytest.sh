@@ -65,7 +65,7 @@ else
            test_torch_mixed_precision.py test_torch_scaling.py
            test_torch_cuda.py test_lifecycle.py test_torch_horovod_api.py
            test_torch_adasum.py test_torch_sync_batch_norm.py
-           test_elastic.py)
+           test_elastic.py test_torch_compile.py)
 fi
 
 # A sanitizer build of libkolo: preload its runtime (ThreadSanitizer: skip).
@@ -178,6 +178,7 @@ run() {
 ranks_of() {
     case $1 in
     test_torch_cuda.py) echo "$cuda_ranks" ;;
+    test_torch_compile.py) echo "$ranks $cuda_ranks" ;;
     *) echo "$ranks" ;;
     esac
 }

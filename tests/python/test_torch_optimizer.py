@@ -571,6 +571,8 @@ def test_sparse_adam(rank, size, mode):
 
 
 def test_process_set(rank, size):
+    if size < 2:
+        pytest.skip("a set of all ranks but the last needs 2 ranks or more")
     members = [r for r in range(size) if r != size - 1]  # all but the last
     ps = hvd.add_process_set(members)
     try:
@@ -633,6 +635,16 @@ def state_loss(net, r, size):
     return (net(x) * c).sum()
 
 
+def _state_counts(opt):
+    """How many parameters of StateNet torch keeps state for: the three
+    trained ones; an SGD without momentum keeps None buffers in torch 1.13
+    and nothing in torch 2.11."""
+    if (isinstance(opt, torch.optim.SGD)
+            and not opt.param_groups[0]["momentum"]):
+        return (0, 3)
+    return (3,)
+
+
 @pytest.mark.parametrize("make", [
     lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=5e-5),
     lambda p: torch.optim.SGD(p, lr=0.1, weight_decay=0.25),
@@ -676,7 +688,10 @@ def test_broadcast_optimizer_state_as_horovod(rank, size, make):
         ropt.step()
     for (name, p), q in zip(net.named_parameters(), ref.parameters()):
         assert torch.equal(p, q), name
-    assert len(opt.state) == len(ropt.state) == 3  # not the frozen one
+    # State for the three trained parameters (not the frozen one), where
+    # torch keeps any.
+    assert len(opt.state) == len(ropt.state)
+    assert len(ropt.state) in _state_counts(ropt)
     for p, q in zip(net.parameters(), ref.parameters()):
         st, rst = opt.state.get(p, {}), ropt.state.get(q, {})
         assert st.keys() == rst.keys()
