@@ -396,6 +396,15 @@ typedef struct kolo__dev_ops {
      * stream drain and returns the failure, naming `what` (the batch). */
     int (*watch)(void *ctx, const char *what, int expired, char *err,
                  size_t errlen);
+    /* The timeline's device side (NULL where the backend cannot time its
+     * work; called only while a timeline records). mark: a timed event at
+     * the current end of kolo's stream (ctx, from the background thread) or,
+     * with ctx NULL, of the program's `stream` on `device` (any thread);
+     * released with event_free. event_time: once the device has passed a
+     * timed event, the host's monotonic clock (kolo__now_us) when it did:
+     * 1 and *us; 0 while it has not; a negative code on an error. */
+    int (*mark)(void *ctx, int device, void *stream, void **event);
+    int (*event_time)(void *event, int64_t *us);
 } kolo__dev_ops_t;
 
 /* The device backend this build has, or NULL (ops/registry.c). */

@@ -72,7 +72,7 @@
 /* Watches the device batches in flight (inflight.c). */
 static int watch_device(kolo__pset_t *ps, kolo__err_t *err)
 {
-    if (ps->exec.inflight.head == NULL)
+    if (ps->exec.inflight.head == NULL && ps->exec.inflight.timed == NULL)
         return KOLO_OK;
     return kolo__inflight_watch(&ps->exec.inflight, kolo__ops_device(),
                                 ps->exec.dev_ctx, ps->rt->rank,
@@ -88,7 +88,7 @@ static void drain_device(kolo__pset_t *ps, const kolo__err_t *why)
     double limit = ps->rt->cfg.timeout_s;
     kolo__err_t err;
 
-    if (ps->exec.inflight.head == NULL)
+    if (ps->exec.inflight.head == NULL && ps->exec.inflight.timed == NULL)
         return;
     if (why->code != KOLO_ERR_SHUTDOWN && limit > STOP_GRACE_S)
         limit = STOP_GRACE_S;
@@ -222,7 +222,8 @@ int kolo__background_main(kolo__pset_t *ps)
     for (;;) {
         int pending = kolo__negotiate_pending(ps), shutdown, stop_rank, rc;
         int64_t timeout = pending && progressed ? 0 : sleep_us;
-        if (ps->exec.inflight.head != NULL && timeout > WATCH_US)
+        if ((ps->exec.inflight.head != NULL ||
+             ps->exec.inflight.timed != NULL) && timeout > WATCH_US)
             timeout = WATCH_US;
         kolo__wake_reason_t reason;
         uint64_t done_before;

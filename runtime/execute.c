@@ -21,6 +21,7 @@
 #include "half.h"
 #include "inflight.h"
 #include "reduce.h"
+#include "timeline.h"
 
 #define FUSION_ALIGN 64
 
@@ -980,6 +981,41 @@ static int track_device(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
     return KOLO_OK;
 }
 
+/* A timed batch's completion gets its marks (taking them), the tensors'
+ * names for their lanes, and the set's list the timeline (inflight.c). */
+static int time_batch(kolo__pset_t *ps, kolo__done_t *d, const size_t *idx,
+                      size_t n, void *marks[2], int64_t queued_us)
+{
+    const kolo__entry_t *e0 = ps->ready[idx[0]];
+    size_t len = 1;
+    char *p;
+
+    for (size_t i = 0; i < n; i++)
+        len += strlen(ps->ready[idx[i]]->name) + 1;
+    if ((d->lanes = kolo__malloc(len)) == NULL)
+        return KOLO_ERR_NO_MEMORY;
+    p = d->lanes;
+    d->bytes = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kolo__entry_t *e = ps->ready[idx[i]];
+        size_t l = strlen(e->name) + 1;
+        memcpy(p, e->name, l);
+        p += l;
+        d->bytes += e->params.count *
+                    (int64_t)kolo_dtype_size((kolo_dtype_t)e->params.dtype);
+    }
+    *p = '\0';
+    d->ntensors = (int)n;
+    d->device = e0->device;
+    d->queued_us = queued_us;
+    d->phase = kolo__phase_names("nccl")[e0->params.coll];
+    d->t_start = marks[0];
+    d->t_end = marks[1];
+    marks[0] = marks[1] = NULL;
+    ps->exec.inflight.tl = ps->rt->timeline;
+    return KOLO_OK;
+}
+
 /* The ready events kolo's stream must wait for: per program stream only
  * the last one recorded (the entry enqueued last: handles grow), since the
  * events of one stream pass in the order they were recorded. A batch of a
@@ -1027,7 +1063,10 @@ static int run_device(kolo__pset_t *ps, const size_t *idx, size_t n,
     const kolo__dev_ops_t *dev = kolo__ops_device();
     kolo__entry_t *e0 = ps->ready[idx[0]];
     char detail[KOLO__ERR_LEN];
-    void **events;
+    void **events, *marks[2] = {NULL, NULL};
+    int64_t queued_us = kolo__now_us();
+    int timed = dev != NULL && dev->mark != NULL && dev->event_time != NULL &&
+                kolo__timeline_active(ps->rt->timeline);
     int rc;
 
     *done = NULL;
@@ -1051,8 +1090,23 @@ static int run_device(kolo__pset_t *ps, const size_t *idx, size_t n,
     }
     if (rc != KOLO_OK)
         return backend_error(ps, rc, e0, n, detail, err);
-    KOLO__CHECK(run_device_coll(ps, dev, idx, n, err));
-    return track_device(ps, dev, idx, n, done, err);
+    /* The timeline's device side: timed events around the work. A mark
+     * that fails leaves the batch untimed, nothing else. */
+    if (timed && dev->mark(ps->exec.dev_ctx, 0, NULL, &marks[0]) != KOLO_OK)
+        marks[0] = NULL;
+    rc = run_device_coll(ps, dev, idx, n, err);
+    if (rc == KOLO_OK && marks[0] != NULL &&
+        dev->mark(ps->exec.dev_ctx, 0, NULL, &marks[1]) != KOLO_OK)
+        marks[1] = NULL;
+    if (rc == KOLO_OK)
+        rc = track_device(ps, dev, idx, n, done, err);
+    if (rc == KOLO_OK && marks[1] != NULL &&
+        time_batch(ps, *done, idx, n, marks, queued_us) == KOLO_OK)
+        return KOLO_OK;
+    for (int i = 0; i < 2; i++)
+        if (marks[i] != NULL)
+            dev->event_free(marks[i]);
+    return rc;
 }
 
 /* The fusion key: allreduces fuse only with the same place (host or

@@ -35,6 +35,15 @@
  * failure is seen within that time. When a set stops for any reason, what
  * is in flight is drained first: it finishes, or fails the same way.
  *
+ * The timeline's device side. While a timeline records (and the backend
+ * keeps time: the device table's mark and event_time), a batch gets timed
+ * events on kolo's stream before and after its work, and the first wait
+ * for it marks the program's stream where it waits. A passed batch moves
+ * to a second list until its times are known, and the program has waited
+ * for it (or TIMED_WAIT_US went by); then its spans go on its tensors'
+ * lanes (write_times): how long the device waited before starting it, how
+ * long it ran, and how long the program's stream waited for it.
+ *
  * Lifetimes. A completion is freed (and its event released) when its last
  * reference goes: the list's, once the batch has passed or failed, and each
  * handle's, once waited. Its fields other than the counts are written
@@ -50,6 +59,7 @@
 
 #include "alloc.h"
 #include "inflight.h"
+#include "timeline.h"
 
 /* A host wait for a batch sleeps this long at first, doubling up to
  * SETTLE_MAX_NS: short results are seen soon, long ones cost a wake-up a
@@ -58,6 +68,9 @@
 #define SETTLE_MAX_NS 1000000L
 /* A drain looks at the device this often. */
 #define DRAIN_NS 5000000L
+/* A passed batch's device times wait at most this long for the program to
+ * wait for it (and so to learn how long its stream waited). */
+#define TIMED_WAIT_US 10000000
 
 static void nap(long ns)
 {
@@ -75,6 +88,7 @@ kolo__done_t *kolo__done_new(const kolo__dev_ops_t *dev, void *event)
     }
     atomic_init(&d->refs, 1);
     atomic_init(&d->failed, 0);
+    atomic_init(&d->t_reach, NULL);
     d->dev = dev;
     d->event = event;
     return d;
@@ -89,11 +103,37 @@ void kolo__done_release(void *done)
 {
     kolo__done_t *d = done;
 
+    void *reach;
+
     if (d == NULL ||
         atomic_fetch_sub_explicit(&d->refs, 1, memory_order_acq_rel) != 1)
         return;
     d->dev->event_free(d->event);
+    if (d->t_start != NULL)
+        d->dev->event_free(d->t_start);
+    if (d->t_end != NULL)
+        d->dev->event_free(d->t_end);
+    reach = atomic_load_explicit(&d->t_reach, memory_order_acquire);
+    if (reach != NULL)
+        d->dev->event_free(reach);
+    free(d->lanes);
     free(d);
+}
+
+/* The program's stream waits here for a timed batch: a timed event marks
+ * where, the first time (a fused batch's other handles find it there). */
+static void mark_reach(kolo__done_t *d, void *stream)
+{
+    void *ev = NULL, *none = NULL;
+
+    if (d->t_end == NULL ||
+        atomic_load_explicit(&d->t_reach, memory_order_acquire) != NULL ||
+        d->dev->mark(NULL, d->device, stream, &ev) != KOLO_OK)
+        return;
+    if (!atomic_compare_exchange_strong_explicit(&d->t_reach, &none, ev,
+                                                 memory_order_acq_rel,
+                                                 memory_order_acquire))
+        d->dev->event_free(ev);
 }
 
 /* The batch's late failure, if one is known. */
@@ -113,6 +153,7 @@ int kolo__done_settle(kolo__done_t *d, void *stream, int host,
     int rc;
 
     if (!host) {
+        mark_reach(d, stream);
         rc = d->dev->order(d->event, stream, detail, sizeof(detail));
         if (rc != KOLO_OK)
             return kolo__err_set(err, rc, "%s", detail);
@@ -153,7 +194,9 @@ int kolo__inflight_add(kolo__inflight_list_t *l, kolo__done_t *d,
     return KOLO_OK;
 }
 
-static void pop(kolo__inflight_list_t *l)
+/* Takes the oldest batch off the list; a timed one that passed (keep)
+ * moves to the timed list. */
+static void pop(kolo__inflight_list_t *l, int keep)
 {
     kolo__inflight_t *b = l->head;
 
@@ -161,8 +204,78 @@ static void pop(kolo__inflight_list_t *l)
     if (l->head == NULL)
         l->tail = NULL;
     l->n--;
+    if (keep && b->done->t_end != NULL && l->tl != NULL) {
+        b->next = l->timed;
+        l->timed = b;
+        l->ntimed++;
+        return;
+    }
     kolo__done_release(b->done);
     free(b);
+}
+
+/* Writes one passed batch's device side on each of its tensors' lanes,
+ * in their "device" rows: WAIT_FOR_DATA from when the host began to queue
+ * it until the device started it (the device waited for the program's
+ * work on the inputs, or for kolo's earlier batches), the collective under
+ * Horovod's name (NCCL_ALLREDUCE, ...) while the device ran it, and
+ * PROGRAM_STREAM_WAIT where the program's stream reached its wait for the
+ * batch before the batch had finished. */
+static void write_times(kolo__timeline_t *tl, const kolo__done_t *d,
+                        int64_t start, int64_t end, int64_t reach)
+{
+    char args[160];
+
+    snprintf(args, sizeof(args), "\"device\":%d,\"tensors\":%d,\"bytes\":%lld",
+             d->device, d->ntensors, (long long)d->bytes);
+    if (start < d->queued_us)
+        start = d->queued_us; /* the clocks agree to a few microseconds */
+    if (end < start)
+        end = start;
+    for (const char *name = d->lanes; *name != '\0';
+         name += strlen(name) + 1) {
+        if (start > d->queued_us)
+            kolo__tl_device(tl, name, "WAIT_FOR_DATA", NULL, d->queued_us,
+                            start - d->queued_us);
+        kolo__tl_device(tl, name, d->phase, args, start, end - start);
+        if (reach > 0 && reach < end)
+            kolo__tl_device(tl, name, "PROGRAM_STREAM_WAIT", NULL, reach,
+                            end - reach);
+    }
+}
+
+/* The timed batches whose times are known: written and dropped. Unless
+ * `all`, one whose handles the program has not all waited for yet (or
+ * whose wait its stream has not reached) stays, for TIMED_WAIT_US at most;
+ * with `all` every one goes, with what is known. */
+static void write_timed(kolo__inflight_list_t *l, int all)
+{
+    kolo__inflight_t **link = &l->timed;
+    int64_t now = kolo__now_us();
+
+    while (*link != NULL) {
+        kolo__inflight_t *b = *link;
+        kolo__done_t *d = b->done;
+        const kolo__dev_ops_t *dev = d->dev;
+        void *reach = atomic_load_explicit(&d->t_reach, memory_order_acquire);
+        int64_t start = 0, end = 0, at = 0;
+        int late = all || now - b->queued_us > TIMED_WAIT_US;
+        int waited = atomic_load_explicit(&d->refs, memory_order_acquire) == 1;
+        int qe = dev->event_time(d->t_end, &end);
+        int qr = reach != NULL ? dev->event_time(reach, &at) : 0;
+
+        if (!late && (qe == 0 || (reach != NULL && qr == 0) ||
+                      (reach == NULL && !waited))) {
+            link = &b->next;
+            continue;
+        }
+        if (qe > 0 && dev->event_time(d->t_start, &start) > 0)
+            write_times(l->tl, d, start, end, qr > 0 ? at : 0);
+        *link = b->next;
+        l->ntimed--;
+        kolo__done_release(d);
+        free(b);
+    }
 }
 
 /* Every batch still listed fails with `detail`; the first one's message
@@ -180,7 +293,7 @@ static int fail_all(kolo__inflight_list_t *l, int rc, int rank,
             kolo__err_set(err, rc, "%s", d->err.msg);
         first = 0;
         atomic_store_explicit(&d->failed, rc, memory_order_release);
-        pop(l);
+        pop(l, 0);
     }
     return rc;
 }
@@ -196,7 +309,7 @@ static int reap(kolo__inflight_list_t *l, char *detail, size_t len)
             return q;
         if (q == 0)
             return 1;
-        pop(l);
+        pop(l, 1);
     }
     return 0;
 }
@@ -208,6 +321,8 @@ int kolo__inflight_watch(kolo__inflight_list_t *l, const kolo__dev_ops_t *dev,
     char fault[KOLO__ERR_LEN], detail[KOLO__ERR_LEN];
     int q, rc, expired;
 
+    if (l->timed != NULL)
+        write_timed(l, 0);
     if (l->head == NULL)
         return KOLO_OK;
     q = reap(l, fault, sizeof(fault));
@@ -238,5 +353,6 @@ int kolo__inflight_drain(kolo__inflight_list_t *l, const kolo__dev_ops_t *dev,
         if (rc == KOLO_OK && l->head != NULL)
             nap(DRAIN_NS);
     }
+    write_timed(l, 1);
     return rc;
 }

@@ -22,6 +22,18 @@ typedef struct kolo__done {
     const kolo__dev_ops_t *dev;
     void *event;
     kolo__err_t err;
+    /* The timeline's device side: set when a timeline recorded as the
+     * batch was queued (and the backend keeps time), else NULL. Timed
+     * events on kolo's stream before and after the batch's work, and on
+     * the program's stream where it first waited for the batch (order). */
+    void *t_start, *t_end;
+    _Atomic(void *) t_reach;
+    int device;
+    int64_t queued_us;   /* when the host began to queue the batch */
+    const char *phase;   /* NCCL_ALLREDUCE, ... (static) */
+    char *lanes;         /* the tensors' names, each ended by '\0', then "" */
+    int ntensors;
+    int64_t bytes;
 } kolo__done_t;
 
 /* One batch in flight, in the set's list (background thread only). */
@@ -35,6 +47,12 @@ typedef struct kolo__inflight {
 typedef struct kolo__inflight_list {
     kolo__inflight_t *head, *tail;
     size_t n;
+    /* Passed batches whose device times wait to be written to the
+     * timeline (until the program has waited for them, to know how long
+     * its stream waited), and that timeline. */
+    kolo__inflight_t *timed;
+    size_t ntimed;
+    struct kolo__timeline *tl;
 } kolo__inflight_list_t;
 
 /* A new completion holding one reference, for the event `event` of `dev`;

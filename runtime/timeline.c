@@ -63,7 +63,7 @@
 #define RING_SIZE 65536
 #define FLUSH_EVERY_MS 100
 
-typedef enum ev_type { EV_BEGIN, EV_END, EV_INSTANT, EV_CYCLE } ev_type_t;
+typedef enum ev_type { EV_BEGIN, EV_END, EV_INSTANT, EV_CYCLE, EV_DEVICE } ev_type_t;
 
 typedef struct event {
     ev_type_t type;
@@ -71,6 +71,7 @@ typedef struct event {
     char *tensor; /* owned; NULL for the job lane */
     const char *phase; /* static string (NULL for an instant) */
     char *args;   /* owned, may be NULL; an instant's name */
+    int64_t dur;  /* EV_DEVICE: the span's length */
 } event_t;
 
 struct kolo__timeline {
@@ -96,6 +97,8 @@ struct kolo__timeline {
     int next_pid;
     int *depth;       /* [depth_cap]: spans open on each lane */
     int depth_cap;
+    unsigned char *dev_named; /* [dev_cap]: the lane's device row named */
+    int dev_cap;
     kolo__err_t error;
 };
 
@@ -123,9 +126,10 @@ int kolo__timeline_marks_cycles(const kolo__timeline_t *tl)
 /* ---- recording -------------------------------------------------------------- */
 
 static void record(kolo__timeline_t *tl, ev_type_t type, const char *tensor,
-                   const char *phase, const char *args, int64_t ts)
+                   const char *phase, const char *args, int64_t ts,
+                   int64_t dur)
 {
-    event_t ev = {type, ts ? ts : kolo__now_us(), NULL, phase, NULL};
+    event_t ev = {type, ts ? ts : kolo__now_us(), NULL, phase, NULL, dur};
     int active;
 
     if (!kolo__timeline_active(tl))
@@ -158,12 +162,12 @@ static void record(kolo__timeline_t *tl, ev_type_t type, const char *tensor,
 void kolo__tl_begin(kolo__timeline_t *tl, const char *tensor, const char *phase,
                     const char *args, int64_t ts_us)
 {
-    record(tl, EV_BEGIN, tensor, phase, args, ts_us);
+    record(tl, EV_BEGIN, tensor, phase, args, ts_us, 0);
 }
 
 void kolo__tl_end(kolo__timeline_t *tl, const char *tensor, int64_t ts_us)
 {
-    record(tl, EV_END, tensor, NULL, NULL, ts_us);
+    record(tl, EV_END, tensor, NULL, NULL, ts_us, 0);
 }
 
 void kolo__tl_instant(kolo__timeline_t *tl, const char *tensor,
@@ -171,12 +175,19 @@ void kolo__tl_instant(kolo__timeline_t *tl, const char *tensor,
 {
     /* The name may live on the caller's stack: it travels as the owned
      * args string. */
-    record(tl, EV_INSTANT, tensor, NULL, name, ts_us);
+    record(tl, EV_INSTANT, tensor, NULL, name, ts_us, 0);
+}
+
+void kolo__tl_device(kolo__timeline_t *tl, const char *tensor,
+                     const char *phase, const char *args, int64_t ts_us,
+                     int64_t dur_us)
+{
+    record(tl, EV_DEVICE, tensor, phase, args, ts_us, dur_us > 0 ? dur_us : 0);
 }
 
 void kolo__tl_cycle(kolo__timeline_t *tl)
 {
-    record(tl, EV_CYCLE, NULL, "CYCLE_START", NULL, 0);
+    record(tl, EV_CYCLE, NULL, "CYCLE_START", NULL, 0, 0);
 }
 
 /* ---- writing ---------------------------------------------------------------- */
@@ -367,6 +378,29 @@ static int track_depth(kolo__timeline_t *tl, int pid, ev_type_t type)
     return 1;
 }
 
+/* A lane's device row (tid 1) is named "device" before its first span. */
+static void name_device_row(kolo__timeline_t *tl, text_t *t, int pid)
+{
+    if (pid >= tl->dev_cap) {
+        int ncap = tl->dev_cap ? tl->dev_cap * 2 : 256;
+        unsigned char *nd;
+        while (ncap <= pid)
+            ncap *= 2;
+        nd = kolo__realloc(tl->dev_named, (size_t)ncap);
+        if (nd == NULL)
+            return; /* unnamed: the viewer shows its number */
+        memset(nd + tl->dev_cap, 0, (size_t)(ncap - tl->dev_cap));
+        tl->dev_named = nd;
+        tl->dev_cap = ncap;
+    }
+    if (tl->dev_named[pid])
+        return;
+    tl->dev_named[pid] = 1;
+    event_sep(tl, t);
+    putf(t, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,"
+            "\"args\":{\"name\":\"device\"}}", pid);
+}
+
 static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
 {
     int pid = lane(tl, t, ev->tensor);
@@ -374,6 +408,8 @@ static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
 
     if (!track_depth(tl, pid, ev->type))
         return;
+    if (ev->type == EV_DEVICE)
+        name_device_row(tl, t, pid);
     event_sep(tl, t);
     switch (ev->type) {
     case EV_BEGIN:
@@ -389,6 +425,18 @@ static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
         break;
     case EV_END:
         putf(t, "{\"ph\":\"E\",\"ts\":%lld,\"pid\":%d,\"tid\":0}", ts, pid);
+        break;
+    case EV_DEVICE:
+        put(t, "{\"name\":", 8);
+        put_json_string(t, ev->phase);
+        putf(t, ",\"cat\":\"device\",\"ph\":\"X\",\"ts\":%lld,\"dur\":%lld,"
+                "\"pid\":%d,\"tid\":1", ts, (long long)ev->dur, pid);
+        if (ev->args != NULL) {
+            put(t, ",\"args\":{", 9);
+            put(t, ev->args, strlen(ev->args));
+            put(t, "}", 1);
+        }
+        put(t, "}", 1);
         break;
     case EV_INSTANT:
     case EV_CYCLE:
@@ -708,6 +756,8 @@ int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles
     tl->next_pid = 0;
     if (tl->depth != NULL)
         memset(tl->depth, 0, (size_t)tl->depth_cap * sizeof(int));
+    if (tl->dev_named != NULL)
+        memset(tl->dev_named, 0, (size_t)tl->dev_cap);
     /* The header: the array and its first events, already closed, in one
      * write within the first page (all or nothing, see the top). The first
      * events' room comes with the first rewrite. */
@@ -810,6 +860,7 @@ void kolo__timeline_free(kolo__timeline_t *tl)
     }
     free(tl->ring);
     free(tl->depth);
+    free(tl->dev_named);
     free(tl->path);
     kolo__map_free(&tl->pids);
     pthread_cond_destroy(&tl->cv);

@@ -40,6 +40,12 @@ void kolo__tl_begin(kolo__timeline_t *tl, const char *tensor, const char *phase,
 void kolo__tl_end(kolo__timeline_t *tl, const char *tensor, int64_t ts_us);
 void kolo__tl_instant(kolo__timeline_t *tl, const char *tensor,
                       const char *name, int64_t ts_us);
+/* A device span on the tensor's lane, in its "device" row (tid 1): a
+ * Chrome-trace complete event ("ph":"X", "cat":"device") from ts_us,
+ * lasting dur_us, measured by the device's events (inflight.c). */
+void kolo__tl_device(kolo__timeline_t *tl, const char *tensor,
+                     const char *phase, const char *args, int64_t ts_us,
+                     int64_t dur_us);
 /* A CYCLE_START marker. */
 void kolo__tl_cycle(kolo__timeline_t *tl);
 

@@ -68,6 +68,7 @@
 #include <nccl.h>
 
 #include "alloc.h"
+#include "common.h"
 #include "gpu_kernels.h"
 #include "hosts.h"
 #include "ops.h"
@@ -86,8 +87,18 @@
 typedef struct nccl_event {
     cudaEvent_t ev;
     int device;
+    int timed; /* made with timing (the timeline's marks) */
     struct nccl_event *next; /* in the pool */
 } nccl_event_t;
+
+/* The timeline's clock per device: a timed event the device passed at
+ * host time base_us; re-made every BASE_SPAN_MS, so that the float
+ * milliseconds of cudaEventElapsedTime keep microseconds. */
+#define MAX_DEVICES 64
+#define BASE_SPAN_MS 10000.0f
+static pthread_mutex_t g_base_mu = PTHREAD_MUTEX_INITIALIZER;
+static cudaEvent_t g_base[MAX_DEVICES];
+static int64_t g_base_us[MAX_DEVICES];
 
 static _Atomic int g_device_count; /* 0: not known yet */
 static pthread_mutex_t g_pool_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -266,9 +277,9 @@ static void restore_device(int device, int prev)
         cudaSetDevice(prev);
 }
 
-/* An event of `device` from the pool, or a new one (the device is made
- * current for it, and restored). */
-static cudaError_t event_get(int device, nccl_event_t **out)
+/* An event of `device` from the pool (timed: one that keeps time), or a
+ * new one (the device is made current for it, and restored). */
+static cudaError_t event_get(int device, int timed, nccl_event_t **out)
 {
     nccl_event_t *e, **link;
     cudaError_t rc;
@@ -276,7 +287,7 @@ static cudaError_t event_get(int device, nccl_event_t **out)
 
     pthread_mutex_lock(&g_pool_mu);
     for (link = &g_pool; *link != NULL; link = &(*link)->next)
-        if ((*link)->device == device)
+        if ((*link)->device == device && (*link)->timed == timed)
             break;
     e = *link;
     if (e != NULL)
@@ -289,9 +300,11 @@ static cudaError_t event_get(int device, nccl_event_t **out)
     if ((e = kolo__calloc(1, sizeof(*e))) == NULL)
         return cudaErrorMemoryAllocation;
     e->device = device;
+    e->timed = timed;
     rc = use_device(device, &prev);
     if (rc == cudaSuccess)
-        rc = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming);
+        rc = cudaEventCreateWithFlags(&e->ev, timed ? cudaEventDefault
+                                                    : cudaEventDisableTiming);
     restore_device(device, prev);
     if (rc != cudaSuccess) {
         free(e);
@@ -421,7 +434,7 @@ static int nccl_prepare(const kolo__dev_check_t *t, void **event, char *err,
 
     /* The program's stream gets an event now; kolo's stream waits for it
      * before reading the input. */
-    crc = event_get(t->device, &ev);
+    crc = event_get(t->device, 0, &ev);
     if (crc == cudaSuccess) {
         crc = use_device(t->device, &prev);
         if (crc == cudaSuccess)
@@ -624,13 +637,109 @@ static int nccl_record(void *ctx, void **event, char *err, size_t errlen)
     nccl_event_t *e = NULL;
 
     *event = NULL;
-    CHECK(cuda_ok(c, event_get(c->device, &e), "creating a CUDA event"));
+    CHECK(cuda_ok(c, event_get(c->device, 0, &e), "creating a CUDA event"));
     if (cudaEventRecord(e->ev, c->stream) != cudaSuccess) {
         nccl_event_free(e);
         return cuda_ok(c, cudaGetLastError(), "recording the batch's event");
     }
     *event = e;
     return KOLO_OK;
+}
+
+/* ---- the timeline's device side ------------------------------------------ */
+
+static int nccl_mark(void *ctx, int device, void *stream, void **event)
+{
+    nccl_ctx_t *c = ctx;
+    nccl_event_t *e = NULL;
+    cudaError_t rc;
+    int prev = -1;
+
+    *event = NULL;
+    if (c != NULL) {
+        device = c->device;
+        stream = c->stream;
+    }
+    if (event_get(device, 1, &e) != cudaSuccess) {
+        cudaGetLastError();
+        return KOLO_ERR_BACKEND;
+    }
+    rc = use_device(device, &prev);
+    if (rc == cudaSuccess)
+        rc = cudaEventRecord(e->ev, (cudaStream_t)stream);
+    restore_device(device, prev);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        nccl_event_free(e);
+        return KOLO_ERR_BACKEND;
+    }
+    *event = e;
+    return KOLO_OK;
+}
+
+/* A new base for `device`: a timed event on an idle stream of its own,
+ * waited for, and the host's time right then. Under g_base_mu. */
+static cudaError_t new_base(int device)
+{
+    cudaStream_t s = NULL;
+    cudaEvent_t ev = NULL;
+    cudaError_t rc;
+    int prev = -1;
+
+    rc = use_device(device, &prev);
+    if (rc == cudaSuccess)
+        rc = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    if (rc == cudaSuccess)
+        rc = cudaEventCreate(&ev);
+    if (rc == cudaSuccess)
+        rc = cudaEventRecord(ev, s);
+    if (rc == cudaSuccess)
+        rc = cudaEventSynchronize(ev);
+    if (rc == cudaSuccess) {
+        if (g_base[device] != NULL)
+            cudaEventDestroy(g_base[device]);
+        g_base[device] = ev;
+        g_base_us[device] = kolo__now_us();
+        ev = NULL;
+    }
+    if (ev != NULL)
+        cudaEventDestroy(ev);
+    if (s != NULL)
+        cudaStreamDestroy(s);
+    restore_device(device, prev);
+    return rc;
+}
+
+static int nccl_event_time(void *event, int64_t *us)
+{
+    nccl_event_t *e = event;
+    cudaError_t rc;
+    float ms = 0;
+    int d = e->device;
+
+    if (!e->timed || d < 0 || d >= MAX_DEVICES)
+        return KOLO_ERR_INVALID_ARGUMENT;
+    rc = cudaEventQuery(e->ev);
+    if (rc == cudaErrorNotReady)
+        return 0;
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        return KOLO_ERR_BACKEND;
+    }
+    pthread_mutex_lock(&g_base_mu);
+    rc = g_base[d] == NULL ? new_base(d) : cudaSuccess;
+    if (rc == cudaSuccess)
+        rc = cudaEventElapsedTime(&ms, g_base[d], e->ev);
+    if (rc == cudaSuccess && ms > BASE_SPAN_MS && new_base(d) == cudaSuccess)
+        rc = cudaEventElapsedTime(&ms, g_base[d], e->ev);
+    if (rc == cudaSuccess)
+        *us = g_base_us[d] + (int64_t)((double)ms * 1000.0);
+    pthread_mutex_unlock(&g_base_mu);
+    if (rc != cudaSuccess) {
+        cudaGetLastError();
+        return KOLO_ERR_BACKEND;
+    }
+    return 1;
 }
 
 /* ---- set-up --------------------------------------------------------------- */
@@ -1241,4 +1350,6 @@ const kolo__dev_ops_t kolo__dev_ops_nccl = {
     .reduce_scatter = nccl_reduce_scatter,
     .record = nccl_record,
     .watch = nccl_watch,
+    .mark = nccl_mark,
+    .event_time = nccl_event_time,
 };

@@ -65,6 +65,7 @@
 #include <time.h>
 
 #include "alloc.h"
+#include "common.h"
 #include "simdev_ops.h"
 
 #define MAX_RANKS 64 /* global ranks the fault and count tables know */
@@ -101,10 +102,18 @@ typedef struct stream {
     int stop, refs;   /* refs: its owner or program, and each event */
 } stream_t;
 
+/* When a stream reached a timed event (the timeline's marks): shared by
+ * the event and the task that stamps it, freed by the last of them. */
+typedef struct stamp {
+    int refs, set;
+    int64_t us;
+} stamp_t;
+
 typedef struct event {
     stream_t *s;
     uint64_t seq;
     int device;
+    stamp_t *stamp; /* timed events only */
 } event_t;
 
 /* One member's contribution to one collective. */
@@ -461,11 +470,18 @@ static event_t *event_at(stream_t *s)
     return e;
 }
 
+static void stamp_unref(stamp_t *st)
+{
+    if (st != NULL && --st->refs == 0)
+        free(st);
+}
+
 static void simdev_event_free(void *event)
 {
     if (event != NULL) {
         lock();
         stream_unref(((event_t *)event)->s);
+        stamp_unref(((event_t *)event)->stamp);
         unlock();
         free(event);
     }
@@ -1215,6 +1231,64 @@ static int simdev_watch(void *ctx, const char *what, int expired, char *err,
     return KOLO_OK;
 }
 
+/* ---- the timeline's device side ------------------------------------------- */
+
+static void stamp_run(void *arg)
+{
+    stamp_t *st = arg;
+
+    lock();
+    st->us = kolo__now_us();
+    st->set = 1;
+    stamp_unref(st);
+    unlock();
+}
+
+static int simdev_mark(void *ctx, int device, void *stream, void **event)
+{
+    sim_ctx_t *c = ctx;
+    stamp_t *st = kolo__calloc(1, sizeof(*st));
+    stream_t *on;
+    event_t *e = NULL;
+    int rc = KOLO_ERR_NO_MEMORY;
+
+    *event = NULL;
+    if (st == NULL)
+        return rc;
+    st->refs = 2;
+    lock();
+    on = c != NULL ? c->stream : program_stream(stream, device);
+    if (on != NULL && (rc = enqueue(on, stamp_run, st)) == KOLO_OK) {
+        e = event_at(on);
+        if (e != NULL)
+            e->stamp = st;
+        else
+            stamp_unref(st); /* the task keeps its reference */
+    } else {
+        free(st);
+    }
+    unlock();
+    if (rc == KOLO_OK && e == NULL)
+        rc = KOLO_ERR_NO_MEMORY;
+    *event = e;
+    return rc;
+}
+
+static int simdev_event_time(void *event, int64_t *us)
+{
+    event_t *e = event;
+    int r;
+
+    if (e->stamp == NULL)
+        return KOLO_ERR_INVALID_ARGUMENT;
+    lock();
+    r = e->stamp->set;
+    if (r)
+        *us = e->stamp->us;
+    unlock();
+    return r;
+}
+
 const kolo__dev_ops_t kolo__dev_ops_simdev = {
     .name = "simdev", .device_count = simdev_device_count,
     .version = simdev_version, .prepare = simdev_prepare,
@@ -1226,4 +1300,5 @@ const kolo__dev_ops_t kolo__dev_ops_simdev = {
     .allreduce = simdev_allreduce, .broadcast = simdev_broadcast,
     .allgatherv = simdev_allgatherv, .alltoallv = simdev_alltoallv,
     .reduce_scatter = simdev_reduce_scatter, .record = simdev_record,
-    .watch = simdev_watch};
+    .watch = simdev_watch, .mark = simdev_mark,
+    .event_time = simdev_event_time};

@@ -23,6 +23,10 @@
 #   a full disk       the timeline written to a 64 KiB tmpfs (mounted here;
 #                     skipped unless root): the file loads, the failed write
 #                     is said once, and kolo_stop_timeline reports it
+#   device spans      tests/unit/test-device's timeline test on the
+#                     simulated device: kolo-timeline summary's per-step
+#                     device time, the device's wait for the program's
+#                     inputs and the program's stream's wait for kolo
 #   stall inspector   one rank withholds a tensor: rank 0 warns naming the
 #                     rank and the tensor (KOLO_STALL_CHECK_TIME_SECONDS=1);
 #                     KOLO_STALL_SHUTDOWN_TIME_SECONDS=2 fails every rank's
@@ -290,6 +294,44 @@ if [ -f "$d/env.json" ]; then
         $py "$check" bad-input "$tool" "$d/bad" "$d/env.json" --steps $steps
     run "kolo-timeline: a Horovod-style timeline" \
         $py "$check" horovod "$tool" "$d/bad" "$d/env.json" --steps $steps --size 2
+fi
+
+# The device side, on the unit tests' simulated device (a real job needs a
+# GPU): tests/unit/test-device's timeline test leaves its files here, 3
+# steps in which the program's stream works 30 ms before kolo may read an
+# input and waits 40 ms for a batch while kolo's stream is held.
+dev=$top/tests/unit/test-device
+if [ -x "$dev" ]; then
+    d=$work/device
+    mkdir -p "$d"
+    if run "device spans on the simulated device (test-device)" \
+        env KOLO_TEST_TIMELINE_DIR="$d" "$dev"; then
+        run "kolo-timeline summary: per step, the device's time and the stream's wait" \
+            $py - "$tool" "$d/rank0.json" <<'PY'
+import json, subprocess, sys
+out = subprocess.run([sys.executable, sys.argv[1], "summary", "--json", sys.argv[2]],
+                     capture_output=True, text=True, check=True).stdout
+dev = json.loads(out)["device"]
+assert len(dev) == 1, dev
+d = dev[0]
+assert d["step_tensor"] == "grad.a", d["step_tensor"]
+steps = d["steps"]
+assert len(steps) == 3, steps
+for k, st in enumerate(steps):
+    assert st["batches"] == 2, (k, st)          # grad.a and grad.b
+    assert st["stream_waits"] >= 1, (k, st)     # grad.b's, maybe grad.a's
+    assert st["stream_wait_us"] >= 30000, (k, st)  # held 40 ms
+    assert st["data_wait_us"] >= 22500, (k, st)   # 30 ms of the program's work
+assert d["stream_wait_per_step"]["count"] == 3, d
+text = subprocess.run([sys.executable, sys.argv[1], "summary", sys.argv[2]],
+                      capture_output=True, text=True, check=True).stdout
+assert "stream waited for kolo ms" in text and "per step of 'grad.a'" in text, text
+print("steps:", [(round(s["device_us"]), round(s["data_wait_us"]),
+                  round(s["stream_wait_us"])) for s in steps])
+PY
+    fi
+else
+    echo "SKIP device spans: tests/unit/test-device is not built (Check is needed)"
 fi
 
 echo "$pass passed, $fail failed"

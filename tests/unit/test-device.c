@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include "half.h"
+#include "timeline.h"
 #include "ranks.h"
 #include "simdev/simdev_ops.h"
 #include "unit.h"
@@ -505,6 +506,16 @@ static void fill_run(void *arg)
         f->at[i] = f->v;
 }
 
+/* The same after TL_FILL_US (the timeline test). */
+#define TL_FILL_US 30000
+static void fill_run_us(void *arg)
+{
+    fill_t *f = arg;
+    usleep(TL_FILL_US);
+    for (int i = 0; i < f->n; i++)
+        f->at[i] = f->v;
+}
+
 static void body_ready(prank_t *p)
 {
     int n = p->job->size;
@@ -719,10 +730,202 @@ START_TEST(shutdown_waits_for_work_in_flight)
 }
 END_TEST
 
+/* ---- the timeline's device side ------------------------------------------ */
+
+/* The timeline files of the timeline test, one per rank. */
+static char g_tl_dir[512];
+
+/* The value of the number after `"key":` in the event `ev` (up to its
+ * closing brace), or -1. */
+static long long json_num(const char *ev, const char *key)
+{
+    char pat[64];
+    const char *end = strchr(ev, '}'), *at;
+
+    snprintf(pat, sizeof(pat), "\"%s\":", key);
+    at = strstr(ev, pat);
+    if (at == NULL || (end != NULL && at > end))
+        return -1;
+    return strtoll(at + strlen(pat), NULL, 10);
+}
+
+/* The pid of the lane of `tensor` in the file's text, or -1. */
+static int lane_of(const char *text, const char *tensor)
+{
+    char pat[160];
+    const char *at;
+
+    snprintf(pat, sizeof(pat), "\"args\":{\"name\":\"%s\"}}", tensor);
+    for (at = strstr(text, pat); at != NULL; at = strstr(at + 1, pat)) {
+        const char *ev = at;
+        while (ev > text && *ev != '{')
+            ev--;
+        if (strncmp(ev, "{\"name\":\"process_name\"", 22) == 0)
+            return (int)json_num(ev, "pid");
+    }
+    return -1;
+}
+
+/* Over the device spans `phase` on the lane `pid`: how many, the
+ * shortest and the longest (microseconds). */
+static int device_spans(const char *text, int pid, const char *phase,
+                        long long *min_dur, long long *max_dur)
+{
+    char pat[96];
+    int n = 0;
+
+    snprintf(pat, sizeof(pat), "{\"name\":\"%s\",\"cat\":\"device\",\"ph\":\"X\"",
+             phase);
+    *min_dur = -1;
+    *max_dur = -1;
+    for (const char *at = strstr(text, pat); at != NULL;
+         at = strstr(at + 1, pat)) {
+        long long d = json_num(at, "dur");
+        if (json_num(at, "pid") != pid || json_num(at, "tid") != 1)
+            continue;
+        n++;
+        if (*min_dur < 0 || d < *min_dur)
+            *min_dur = d;
+        if (d > *max_dur)
+            *max_dur = d;
+    }
+    return n;
+}
+
+#define TL_STEPS 3
+#define TL_HOLD_US 40000 /* the device held while the program's stream waits */
+
+/* Three steps of two tensors with the timeline recording. Each step, the
+ * program's stream works 30 ms on the first tensor's input before kolo
+ * may read it (the device waits: WAIT_FOR_DATA); the second tensor is
+ * queued while kolo's stream is held, and the program's stream, waiting
+ * for it, waits 40 ms until the device goes on (PROGRAM_STREAM_WAIT). */
+static void body_timeline(prank_t *p)
+{
+    int n = p->job->size, me = p->rank;
+    void *stream = kolo__simdev_stream_new(device_of(p));
+    float *a = dmalloc(p, 8 * sizeof(float)), *b = dmalloc(p, 8 * sizeof(float));
+    char path[600];
+    kolo__err_t err;
+
+    snprintf(path, sizeof(path), "%s/rank%d.json", g_tl_dir, me);
+    EXPECT(p, kolo__timeline_start(p->rt.timeline, path, 0, &err) == KOLO_OK,
+           "rank %d: the timeline did not start: %s", me, err.msg);
+    for (int step = 0; step < TL_STEPS; step++) {
+        fill_t f = {a, 8, (float)(me + step)};
+        kolo_handle_t ha, hb;
+
+        usleep(TL_FILL_US / 3); /* the step's host work */
+        kolo__simdev_launch(stream, device_of(p), fill_run_us, &f);
+        ha = dpush(p, "grad.a", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
+                                       KOLO_OP_SUM, 8),
+                   a, a, stream, 0, NULL);
+        dexpect_ok(p, ha, stream, "grad.a");
+        kolo__simdev_sync(stream, device_of(p));
+        pthread_barrier_wait(&p->job->bar);
+        kolo__simdev_hold(device_of(p), 1);
+        for (int i = 0; i < 8; i++)
+            b[i] = (float)(me * step + i);
+        hb = dpush(p, "grad.b", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
+                                       KOLO_OP_SUM, 8),
+                   b, b, stream, 0, NULL);
+        EXPECT(p, poll_done(p, hb) == KOLO_OK, "rank %d: grad.b did not "
+               "complete while the device was held", me);
+        dexpect_ok(p, hb, stream, "grad.b");
+        pthread_barrier_wait(&p->job->bar);
+        usleep(TL_HOLD_US);
+        kolo__simdev_hold(device_of(p), 0);
+        kolo__simdev_sync(stream, device_of(p));
+        for (int i = 0; i < 8; i++) {
+            float wa = 0, wb = 0;
+            for (int r = 0; r < n; r++) {
+                wa += (float)(r + step);
+                wb += (float)(r * step + i);
+            }
+            EXPECT(p, a[i] == wa && b[i] == wb, "rank %d step %d: [%d] = %g "
+                   "and %g, expected %g and %g", me, step, i, (double)a[i],
+                   (double)b[i], (double)wa, (double)wb);
+        }
+    }
+    kolo__simdev_stream_free(stream);
+    kolo__simdev_free(a);
+    kolo__simdev_free(b);
+    /* The harness shuts the rank down: the set writes what the device
+     * passed, then the timeline is closed. */
+}
+
+START_TEST(device_times_in_the_timeline)
+{
+    const char *keep = getenv("KOLO_TEST_TIMELINE_DIR");
+    int n = 2;
+
+    if (keep != NULL && keep[0] != '\0') {
+        snprintf(g_tl_dir, sizeof(g_tl_dir), "%s", keep);
+    } else {
+        snprintf(g_tl_dir, sizeof(g_tl_dir), "%s/kolo-devtl.XXXXXX",
+                 getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+        ck_assert_ptr_nonnull(mkdtemp(g_tl_dir));
+    }
+    kolo__ops_device_use(dev);
+    run_job(n, body_timeline);
+    for (int r = 0; r < n; r++) {
+        char path[600], *text;
+        long long lo, hi;
+        int pa, pb, k;
+        FILE *f;
+        long len;
+
+        snprintf(path, sizeof(path), "%s/rank%d.json", g_tl_dir, r);
+        f = fopen(path, "r");
+        ck_assert_msg(f != NULL, "rank %d wrote no timeline at %s", r, path);
+        fseek(f, 0, SEEK_END);
+        len = ftell(f);
+        rewind(f);
+        text = calloc(1, (size_t)len + 1);
+        ck_assert(fread(text, 1, (size_t)len, f) == (size_t)len);
+        fclose(f);
+        pa = lane_of(text, "grad.a");
+        pb = lane_of(text, "grad.b");
+        ck_assert_msg(pa > 0 && pb > 0, "rank %d: no lanes for grad.a (%d) "
+                      "and grad.b (%d)", r, pa, pb);
+        /* Every step's collective ran on the device, under Horovod's
+         * name, with its size. */
+        k = device_spans(text, pa, "NCCL_ALLREDUCE", &lo, &hi);
+        ck_assert_msg(k == TL_STEPS, "rank %d: %d device NCCL_ALLREDUCE "
+                      "spans of grad.a, expected %d", r, k, TL_STEPS);
+        ck_assert_msg(device_spans(text, pb, "NCCL_ALLREDUCE", &lo, &hi) ==
+                          TL_STEPS, "rank %d: grad.b's device spans", r);
+        ck_assert_msg(strstr(text, "\"tensors\":1,\"bytes\":32") != NULL,
+                      "rank %d: the device span's args", r);
+        /* grad.a: the device waited for the program's 30 ms of work. */
+        k = device_spans(text, pa, "WAIT_FOR_DATA", &lo, &hi);
+        ck_assert_msg(k == TL_STEPS && lo >= TL_FILL_US * 3 / 4,
+                      "rank %d: grad.a's WAIT_FOR_DATA: %d spans, the "
+                      "shortest %lld us (the program worked %d us first)",
+                      r, k, lo, TL_FILL_US);
+        /* grad.b: the program's stream waited while the device was held. */
+        k = device_spans(text, pb, "PROGRAM_STREAM_WAIT", &lo, &hi);
+        ck_assert_msg(k == TL_STEPS && lo >= TL_HOLD_US * 3 / 4,
+                      "rank %d: grad.b's PROGRAM_STREAM_WAIT: %d spans, the "
+                      "shortest %lld us (the device was held %d us)", r, k,
+                      lo, TL_HOLD_US);
+        ck_assert_msg(strstr(text, "\"name\":\"thread_name\",\"ph\":\"M\","
+                                   "\"pid\":") != NULL &&
+                          strstr(text, "\"args\":{\"name\":\"device\"}") != NULL,
+                      "rank %d: the device rows are not named", r);
+        free(text);
+        if (keep == NULL || keep[0] == '\0')
+            unlink(path);
+    }
+    if (keep == NULL || keep[0] == '\0')
+        rmdir(g_tl_dir);
+}
+END_TEST
+
 KOLO_UNIT_MAIN("device", 60,
         allreduce_on_the_device, other_collectives_on_the_device,
         completion_is_ordered_on_the_stream,
         inputs_wait_for_the_programs_stream,
         a_failure_after_completion_reaches_the_program,
         a_stuck_device_times_out, a_device_that_cannot_start_fails_every_rank,
-        shutdown_waits_for_work_in_flight)
+        shutdown_waits_for_work_in_flight, device_times_in_the_timeline)
