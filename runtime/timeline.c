@@ -378,6 +378,17 @@ static int track_depth(kolo__timeline_t *tl, int pid, ev_type_t type)
     return 1;
 }
 
+/* An event's args object, if any, and its closing brace. */
+static void end_with_args(text_t *t, const char *args)
+{
+    if (args != NULL) {
+        put(t, ",\"args\":{", 9);
+        put(t, args, strlen(args));
+        put(t, "}", 1);
+    }
+    put(t, "}", 1);
+}
+
 /* A lane's device row (tid 1) is named "device" before its first span. */
 static void name_device_row(kolo__timeline_t *tl, text_t *t, int pid)
 {
@@ -416,12 +427,7 @@ static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
         put(t, "{\"name\":", 8);
         put_json_string(t, ev->phase);
         putf(t, ",\"ph\":\"B\",\"ts\":%lld,\"pid\":%d,\"tid\":0", ts, pid);
-        if (ev->args != NULL) {
-            put(t, ",\"args\":{", 9);
-            put(t, ev->args, strlen(ev->args));
-            put(t, "}", 1);
-        }
-        put(t, "}", 1);
+        end_with_args(t, ev->args);
         break;
     case EV_END:
         putf(t, "{\"ph\":\"E\",\"ts\":%lld,\"pid\":%d,\"tid\":0}", ts, pid);
@@ -431,12 +437,7 @@ static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
         put_json_string(t, ev->phase);
         putf(t, ",\"cat\":\"device\",\"ph\":\"X\",\"ts\":%lld,\"dur\":%lld,"
                 "\"pid\":%d,\"tid\":1", ts, (long long)ev->dur, pid);
-        if (ev->args != NULL) {
-            put(t, ",\"args\":{", 9);
-            put(t, ev->args, strlen(ev->args));
-            put(t, "}", 1);
-        }
-        put(t, "}", 1);
+        end_with_args(t, ev->args);
         break;
     case EV_INSTANT:
     case EV_CYCLE:

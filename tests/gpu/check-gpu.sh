@@ -20,6 +20,8 @@
 #  bench       kolo-bench --backend nccl, kolo against NCCL called directly
 #  resnet50    tests/gpu/train_resnet50.py: a training step of plain torch,
 #              kolo.torch's DistributedOptimizer and DDP, fp32 and bf16
+#  timeline    a kolo bf16 ResNet-50 run with KOLO_TIMELINE: kolo-timeline
+#              summary's per-step device table, and a plot
 #  pytest      tests/python/run-pytest.sh: kolo.torch's suites at 2 ranks,
 #              the CUDA suite at 1 rank per GPU, torch.compile (last: the
 #              longest step, after the figures)
@@ -205,6 +207,23 @@ for prec in fp32 bf16; do
                  if (p > 0) printf "; " }')
 done
 verdict "ResNet-50 step, batch 128 (median of 5x10 steps)" $rc "$res"
+
+step timeline
+# One kolo bf16 ResNet-50 run with the timeline on (its step time is not a
+# figure: the timeline costs events): the device rows and kolo-timeline's
+# per-step table of the device's time and the stream's wait, and a picture.
+rc=0
+KOLO_TIMELINE="$OUT/timeline-resnet50.json" timeout -k 5 120 ./kolorun -np 1 \
+    "$py" "$here/train_resnet50.py" kolo bf16 >"$OUT/timeline-run.txt" 2>&1 || rc=$?
+if [ $rc -eq 0 ]; then
+    "$py" ./tools/kolo-timeline summary "$OUT/timeline-resnet50.json" \
+        >"$OUT/timeline-summary.txt" 2>&1 || rc=$?
+    "$py" ./tools/kolo-timeline plot "$OUT/timeline-resnet50.json" \
+        -o "$OUT/timeline-resnet50.svg" >/dev/null 2>&1 || rc=$?
+    sed -n '/^device/,/median/p' "$OUT/timeline-summary.txt" | tail -8
+fi
+verdict "the timeline of a ResNet-50 run (device rows, kolo-timeline)" $rc \
+    "$(grep -m1 '^ *median' "$OUT/timeline-summary.txt" 2>/dev/null | tr -s ' ')"
 
 step pytest
 rc=0

@@ -496,22 +496,13 @@ typedef struct fill {
     float *at;
     int n;
     float v;
+    useconds_t us; /* the program's work first (0: 50 ms) */
 } fill_t;
 
 static void fill_run(void *arg)
 {
     fill_t *f = arg;
-    usleep(50000);
-    for (int i = 0; i < f->n; i++)
-        f->at[i] = f->v;
-}
-
-/* The same after TL_FILL_US (the timeline test). */
-#define TL_FILL_US 30000
-static void fill_run_us(void *arg)
-{
-    fill_t *f = arg;
-    usleep(TL_FILL_US);
+    usleep(f->us ? f->us : 50000);
     for (int i = 0; i < f->n; i++)
         f->at[i] = f->v;
 }
@@ -521,7 +512,7 @@ static void body_ready(prank_t *p)
     int n = p->job->size;
     void *stream = kolo__simdev_stream_new(device_of(p));
     float *buf = dmalloc(p, 8 * sizeof(float));
-    fill_t f = {buf, 8, (float)(p->rank + 1)};
+    fill_t f = {buf, 8, (float)(p->rank + 1), 0};
     kolo_handle_t h;
 
     kolo__simdev_launch(stream, device_of(p), fill_run, &f);
@@ -793,6 +784,7 @@ static int device_spans(const char *text, int pid, const char *phase,
 }
 
 #define TL_STEPS 3
+#define TL_FILL_US 30000 /* the program's work before each step's input */
 #define TL_HOLD_US 40000 /* the device held while the program's stream waits */
 
 /* Three steps of two tensors with the timeline recording. Each step, the
@@ -812,11 +804,11 @@ static void body_timeline(prank_t *p)
     EXPECT(p, kolo__timeline_start(p->rt.timeline, path, 0, &err) == KOLO_OK,
            "rank %d: the timeline did not start: %s", me, err.msg);
     for (int step = 0; step < TL_STEPS; step++) {
-        fill_t f = {a, 8, (float)(me + step)};
+        fill_t f = {a, 8, (float)(me + step), TL_FILL_US};
         kolo_handle_t ha, hb;
 
         usleep(TL_FILL_US / 3); /* the step's host work */
-        kolo__simdev_launch(stream, device_of(p), fill_run_us, &f);
+        kolo__simdev_launch(stream, device_of(p), fill_run, &f);
         ha = dpush(p, "grad.a", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
                                        KOLO_OP_SUM, 8),
                    a, a, stream, 0, NULL);
