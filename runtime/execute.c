@@ -1006,7 +1006,10 @@ static int time_batch(kolo__pset_t *ps, kolo__done_t *d, const size_t *idx,
     }
     *p = '\0';
     d->ntensors = (int)n;
+    /* (a joined rank's stand-in has no device) */
     d->device = e0->device;
+    for (size_t i = 0; i < n && d->device < 0; i++)
+        d->device = ps->ready[idx[i]]->device;
     d->queued_us = queued_us;
     d->phase = kolo__phase_names("nccl")[e0->params.coll];
     d->t_start = marks[0];

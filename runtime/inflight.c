@@ -39,10 +39,13 @@
  * keeps time: the device table's mark and event_time), a batch gets timed
  * events on kolo's stream before and after its work, and the first wait
  * for it marks the program's stream where it waits. A passed batch moves
- * to a second list until its times are known, and the program has waited
- * for it (or TIMED_WAIT_US went by); then its spans go on its tensors'
- * lanes (write_times): how long the device waited before starting it, how
- * long it ran, and how long the program's stream waited for it.
+ * to a second list, in order, until its times are known and the program
+ * has waited for it (or TIMED_WAIT_US went by); then its spans go on its
+ * tensors' lanes (write_times): how long the device waited before starting
+ * it (counted from the end of kolo's batch before it, if later than its
+ * queuing), how long it ran, and how long the program's stream waited for
+ * it. Spans of batches still in flight when the timeline stops are lost;
+ * those queued before the current file began are dropped.
  *
  * Lifetimes. A completion is freed (and its event released) when its last
  * reference goes: the list's, once the batch has passed or failed, and each
@@ -195,7 +198,7 @@ int kolo__inflight_add(kolo__inflight_list_t *l, kolo__done_t *d,
 }
 
 /* Takes the oldest batch off the list; a timed one that passed (keep)
- * moves to the timed list. */
+ * moves to the end of the timed list. */
 static void pop(kolo__inflight_list_t *l, int keep)
 {
     kolo__inflight_t *b = l->head;
@@ -205,8 +208,12 @@ static void pop(kolo__inflight_list_t *l, int keep)
         l->tail = NULL;
     l->n--;
     if (keep && b->done->t_end != NULL && l->tl != NULL) {
-        b->next = l->timed;
-        l->timed = b;
+        b->next = NULL;
+        if (l->timed_tail != NULL)
+            l->timed_tail->next = b;
+        else
+            l->timed = b;
+        l->timed_tail = b;
         l->ntimed++;
         return;
     }
@@ -214,64 +221,79 @@ static void pop(kolo__inflight_list_t *l, int keep)
     free(b);
 }
 
-/* Writes one passed batch's device side on each of its tensors' lanes,
- * in their "device" rows: WAIT_FOR_DATA from when the host began to queue
- * it until the device started it (the device waited for the program's
- * work on the inputs, or for kolo's earlier batches), the collective under
- * Horovod's name (NCCL_ALLREDUCE, ...) while the device ran it, and
- * PROGRAM_STREAM_WAIT where the program's stream reached its wait for the
- * batch before the batch had finished. */
+/* Writes one passed batch's device side on each of its tensors' lanes:
+ * in their "device" row, WAIT_FOR_DATA from when the host began to queue
+ * it, or kolo's batch before it finished, until the device started it (the
+ * device waited for the program's work on the inputs), and the collective
+ * under Horovod's name (NCCL_ALLREDUCE, ...) while the device ran it; in
+ * their "program stream" row, PROGRAM_STREAM_WAIT from where the
+ * program's stream reached its wait for the batch until the batch was
+ * done, when that was later. */
 static void write_times(kolo__timeline_t *tl, const kolo__done_t *d,
-                        int64_t start, int64_t end, int64_t reach)
+                        int64_t from, int64_t start, int64_t end,
+                        int64_t reach)
 {
     char args[160];
 
     snprintf(args, sizeof(args), "\"device\":%d,\"tensors\":%d,\"bytes\":%lld",
              d->device, d->ntensors, (long long)d->bytes);
-    if (start < d->queued_us)
-        start = d->queued_us; /* the clocks agree to a few microseconds */
+    if (start < from)
+        start = from; /* the clocks agree to a few microseconds */
     if (end < start)
         end = start;
     for (const char *name = d->lanes; *name != '\0';
          name += strlen(name) + 1) {
-        if (start > d->queued_us)
-            kolo__tl_device(tl, name, "WAIT_FOR_DATA", NULL, d->queued_us,
-                            start - d->queued_us);
-        kolo__tl_device(tl, name, d->phase, args, start, end - start);
+        if (start > from)
+            kolo__tl_device(tl, name, KOLO__TL_ROW_DEVICE, "WAIT_FOR_DATA",
+                            NULL, from, start - from);
+        kolo__tl_device(tl, name, KOLO__TL_ROW_DEVICE, d->phase, args, start,
+                        end - start);
         if (reach > 0 && reach < end)
-            kolo__tl_device(tl, name, "PROGRAM_STREAM_WAIT", NULL, reach,
-                            end - reach);
+            kolo__tl_device(tl, name, KOLO__TL_ROW_STREAM,
+                            "PROGRAM_STREAM_WAIT", NULL, reach, end - reach);
     }
 }
 
-/* The timed batches whose times are known: written and dropped. Unless
- * `all`, one whose handles the program has not all waited for yet (or
- * whose wait its stream has not reached) stays, for TIMED_WAIT_US at most;
- * with `all` every one goes, with what is known. */
+/* The timed batches whose times are known, oldest first: written and
+ * dropped. Unless `all`, the oldest one stays (and the ones after it) while
+ * the program has not waited for all its handles, or its stream has not
+ * reached its wait, for TIMED_WAIT_US at most; with `all` every one goes,
+ * with what is known. A batch queued before the timeline's file began is
+ * dropped unwritten. */
 static void write_timed(kolo__inflight_list_t *l, int all)
 {
-    kolo__inflight_t **link = &l->timed;
     int64_t now = kolo__now_us();
+    int64_t since = kolo__timeline_started_us(l->tl);
 
-    while (*link != NULL) {
-        kolo__inflight_t *b = *link;
+    while (l->timed != NULL) {
+        kolo__inflight_t *b = l->timed;
         kolo__done_t *d = b->done;
         const kolo__dev_ops_t *dev = d->dev;
+        /* refs first: the wait that marks t_reach drops its reference
+         * afterwards, so refs == 1 means t_reach is there if it ever is. */
+        int waited = atomic_load_explicit(&d->refs, memory_order_acquire) == 1;
         void *reach = atomic_load_explicit(&d->t_reach, memory_order_acquire);
         int64_t start = 0, end = 0, at = 0;
         int late = all || now - b->queued_us > TIMED_WAIT_US;
-        int waited = atomic_load_explicit(&d->refs, memory_order_acquire) == 1;
-        int qe = dev->event_time(d->t_end, &end);
-        int qr = reach != NULL ? dev->event_time(reach, &at) : 0;
+        int qe, qr = 0;
 
-        if (!late && (qe == 0 || (reach != NULL && qr == 0) ||
-                      (reach == NULL && !waited))) {
-            link = &b->next;
-            continue;
+        if (!late && reach == NULL && !waited)
+            break;
+        qe = dev->event_time(d->t_end, &end);
+        if (reach != NULL)
+            qr = dev->event_time(reach, &at);
+        if (!late && (qe == 0 || (reach != NULL && qr == 0)))
+            break;
+        if (qe > 0 && dev->event_time(d->t_start, &start) > 0) {
+            int64_t from = d->queued_us > l->last_end_us ? d->queued_us
+                                                         : l->last_end_us;
+            if (since > 0 && d->queued_us >= since)
+                write_times(l->tl, d, from, start, end, qr > 0 ? at : 0);
+            l->last_end_us = end;
         }
-        if (qe > 0 && dev->event_time(d->t_start, &start) > 0)
-            write_times(l->tl, d, start, end, qr > 0 ? at : 0);
-        *link = b->next;
+        l->timed = b->next;
+        if (l->timed == NULL)
+            l->timed_tail = NULL;
         l->ntimed--;
         kolo__done_release(d);
         free(b);

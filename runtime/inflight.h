@@ -48,11 +48,12 @@ typedef struct kolo__inflight_list {
     kolo__inflight_t *head, *tail;
     size_t n;
     /* Passed batches whose device times wait to be written to the
-     * timeline (until the program has waited for them, to know how long
-     * its stream waited), and that timeline. */
-    kolo__inflight_t *timed;
+     * timeline, oldest first (until the program has waited for them, to
+     * know how long its stream waited), and that timeline. */
+    kolo__inflight_t *timed, *timed_tail;
     size_t ntimed;
     struct kolo__timeline *tl;
+    int64_t last_end_us; /* when the device finished the last one written */
 } kolo__inflight_list_t;
 
 /* A new completion holding one reference, for the event `event` of `dev`;

@@ -72,6 +72,7 @@ typedef struct event {
     const char *phase; /* static string (NULL for an instant) */
     char *args;   /* owned, may be NULL; an instant's name */
     int64_t dur;  /* EV_DEVICE: the span's length */
+    int row;      /* EV_DEVICE: the lane's row (tid) */
 } event_t;
 
 struct kolo__timeline {
@@ -95,9 +96,10 @@ struct kolo__timeline {
     char *path;
     kolo__map_t pids; /* tensor name -> pid */
     int next_pid;
+    int64_t started_us; /* when this file began (kolo__now_us) */
     int *depth;       /* [depth_cap]: spans open on each lane */
     int depth_cap;
-    unsigned char *dev_named; /* [dev_cap]: the lane's device row named */
+    unsigned char *dev_named; /* [dev_cap]: bit r: the lane's row r named */
     int dev_cap;
     kolo__err_t error;
 };
@@ -127,9 +129,9 @@ int kolo__timeline_marks_cycles(const kolo__timeline_t *tl)
 
 static void record(kolo__timeline_t *tl, ev_type_t type, const char *tensor,
                    const char *phase, const char *args, int64_t ts,
-                   int64_t dur)
+                   int64_t dur, int row)
 {
-    event_t ev = {type, ts ? ts : kolo__now_us(), NULL, phase, NULL, dur};
+    event_t ev = {type, ts ? ts : kolo__now_us(), NULL, phase, NULL, dur, row};
     int active;
 
     if (!kolo__timeline_active(tl))
@@ -162,12 +164,12 @@ static void record(kolo__timeline_t *tl, ev_type_t type, const char *tensor,
 void kolo__tl_begin(kolo__timeline_t *tl, const char *tensor, const char *phase,
                     const char *args, int64_t ts_us)
 {
-    record(tl, EV_BEGIN, tensor, phase, args, ts_us, 0);
+    record(tl, EV_BEGIN, tensor, phase, args, ts_us, 0, 0);
 }
 
 void kolo__tl_end(kolo__timeline_t *tl, const char *tensor, int64_t ts_us)
 {
-    record(tl, EV_END, tensor, NULL, NULL, ts_us, 0);
+    record(tl, EV_END, tensor, NULL, NULL, ts_us, 0, 0);
 }
 
 void kolo__tl_instant(kolo__timeline_t *tl, const char *tensor,
@@ -175,19 +177,26 @@ void kolo__tl_instant(kolo__timeline_t *tl, const char *tensor,
 {
     /* The name may live on the caller's stack: it travels as the owned
      * args string. */
-    record(tl, EV_INSTANT, tensor, NULL, name, ts_us, 0);
+    record(tl, EV_INSTANT, tensor, NULL, name, ts_us, 0, 0);
 }
 
-void kolo__tl_device(kolo__timeline_t *tl, const char *tensor,
+void kolo__tl_device(kolo__timeline_t *tl, const char *tensor, int row,
                      const char *phase, const char *args, int64_t ts_us,
                      int64_t dur_us)
 {
-    record(tl, EV_DEVICE, tensor, phase, args, ts_us, dur_us > 0 ? dur_us : 0);
+    record(tl, EV_DEVICE, tensor, phase, args, ts_us, dur_us > 0 ? dur_us : 0,
+           row);
+}
+
+int64_t kolo__timeline_started_us(const kolo__timeline_t *tl)
+{
+    return kolo__timeline_active(tl)
+               ? __atomic_load_n(&tl->started_us, __ATOMIC_RELAXED) : 0;
 }
 
 void kolo__tl_cycle(kolo__timeline_t *tl)
 {
-    record(tl, EV_CYCLE, NULL, "CYCLE_START", NULL, 0, 0);
+    record(tl, EV_CYCLE, NULL, "CYCLE_START", NULL, 0, 0, 0);
 }
 
 /* ---- writing ---------------------------------------------------------------- */
@@ -389,8 +398,9 @@ static void end_with_args(text_t *t, const char *args)
     put(t, "}", 1);
 }
 
-/* A lane's device row (tid 1) is named "device" before its first span. */
-static void name_device_row(kolo__timeline_t *tl, text_t *t, int pid)
+/* A lane's rows of device spans are named before their first span: tid 1
+ * "device", tid 2 "program stream". */
+static void name_row(kolo__timeline_t *tl, text_t *t, int pid, int row)
 {
     if (pid >= tl->dev_cap) {
         int ncap = tl->dev_cap ? tl->dev_cap * 2 : 256;
@@ -404,12 +414,13 @@ static void name_device_row(kolo__timeline_t *tl, text_t *t, int pid)
         tl->dev_named = nd;
         tl->dev_cap = ncap;
     }
-    if (tl->dev_named[pid])
+    if (tl->dev_named[pid] & (1u << row))
         return;
-    tl->dev_named[pid] = 1;
+    tl->dev_named[pid] |= (unsigned char)(1u << row);
     event_sep(tl, t);
-    putf(t, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":1,"
-            "\"args\":{\"name\":\"device\"}}", pid);
+    putf(t, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,"
+            "\"args\":{\"name\":\"%s\"}}", pid, row,
+         row == KOLO__TL_ROW_STREAM ? "program stream" : "device");
 }
 
 static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
@@ -420,7 +431,7 @@ static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
     if (!track_depth(tl, pid, ev->type))
         return;
     if (ev->type == EV_DEVICE)
-        name_device_row(tl, t, pid);
+        name_row(tl, t, pid, ev->row);
     event_sep(tl, t);
     switch (ev->type) {
     case EV_BEGIN:
@@ -436,7 +447,7 @@ static void format_event(kolo__timeline_t *tl, text_t *t, const event_t *ev)
         put(t, "{\"name\":", 8);
         put_json_string(t, ev->phase);
         putf(t, ",\"cat\":\"device\",\"ph\":\"X\",\"ts\":%lld,\"dur\":%lld,"
-                "\"pid\":%d,\"tid\":1", ts, (long long)ev->dur, pid);
+                "\"pid\":%d,\"tid\":%d", ts, (long long)ev->dur, pid, ev->row);
         end_with_args(t, ev->args);
         break;
     case EV_INSTANT:
@@ -755,6 +766,7 @@ int kolo__timeline_start(kolo__timeline_t *tl, const char *path, int mark_cycles
     tl->path = kolo__strdup(path);
     kolo__map_free(&tl->pids);
     tl->next_pid = 0;
+    __atomic_store_n(&tl->started_us, kolo__now_us(), __ATOMIC_RELAXED);
     if (tl->depth != NULL)
         memset(tl->depth, 0, (size_t)tl->depth_cap * sizeof(int));
     if (tl->dev_named != NULL)

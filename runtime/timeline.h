@@ -40,12 +40,18 @@ void kolo__tl_begin(kolo__timeline_t *tl, const char *tensor, const char *phase,
 void kolo__tl_end(kolo__timeline_t *tl, const char *tensor, int64_t ts_us);
 void kolo__tl_instant(kolo__timeline_t *tl, const char *tensor,
                       const char *name, int64_t ts_us);
-/* A device span on the tensor's lane, in its "device" row (tid 1): a
- * Chrome-trace complete event ("ph":"X", "cat":"device") from ts_us,
- * lasting dur_us, measured by the device's events (inflight.c). */
-void kolo__tl_device(kolo__timeline_t *tl, const char *tensor,
+/* A span measured by the device's events (inflight.c) on the tensor's
+ * lane, in one of its rows: KOLO__TL_ROW_DEVICE (tid 1, "device": kolo's
+ * stream) or KOLO__TL_ROW_STREAM (tid 2, "program stream": the program's
+ * stream waiting for kolo). A Chrome-trace complete event ("ph":"X",
+ * "cat":"device") from ts_us, lasting dur_us. */
+#define KOLO__TL_ROW_DEVICE 1
+#define KOLO__TL_ROW_STREAM 2
+void kolo__tl_device(kolo__timeline_t *tl, const char *tensor, int row,
                      const char *phase, const char *args, int64_t ts_us,
                      int64_t dur_us);
+/* When the file being written was started (kolo__now_us); 0 when none. */
+int64_t kolo__timeline_started_us(const kolo__timeline_t *tl);
 /* A CYCLE_START marker. */
 void kolo__tl_cycle(kolo__timeline_t *tl);
 

@@ -757,9 +757,9 @@ static int lane_of(const char *text, const char *tensor)
     return -1;
 }
 
-/* Over the device spans `phase` on the lane `pid`: how many, the
- * shortest and the longest (microseconds). */
-static int device_spans(const char *text, int pid, const char *phase,
+/* Over the device spans `phase` on the lane `pid`, row `tid`: how many,
+ * the shortest and the longest (microseconds). */
+static int device_spans(const char *text, int pid, int tid, const char *phase,
                         long long *min_dur, long long *max_dur)
 {
     char pat[96];
@@ -772,7 +772,7 @@ static int device_spans(const char *text, int pid, const char *phase,
     for (const char *at = strstr(text, pat); at != NULL;
          at = strstr(at + 1, pat)) {
         long long d = json_num(at, "dur");
-        if (json_num(at, "pid") != pid || json_num(at, "tid") != 1)
+        if (json_num(at, "pid") != pid || json_num(at, "tid") != tid)
             continue;
         n++;
         if (*min_dur < 0 || d < *min_dur)
@@ -882,28 +882,29 @@ START_TEST(device_times_in_the_timeline)
                       "and grad.b (%d)", r, pa, pb);
         /* Every step's collective ran on the device, under Horovod's
          * name, with its size. */
-        k = device_spans(text, pa, "NCCL_ALLREDUCE", &lo, &hi);
+        k = device_spans(text, pa, 1, "NCCL_ALLREDUCE", &lo, &hi);
         ck_assert_msg(k == TL_STEPS, "rank %d: %d device NCCL_ALLREDUCE "
                       "spans of grad.a, expected %d", r, k, TL_STEPS);
-        ck_assert_msg(device_spans(text, pb, "NCCL_ALLREDUCE", &lo, &hi) ==
+        ck_assert_msg(device_spans(text, pb, 1, "NCCL_ALLREDUCE", &lo, &hi) ==
                           TL_STEPS, "rank %d: grad.b's device spans", r);
         ck_assert_msg(strstr(text, "\"tensors\":1,\"bytes\":32") != NULL,
                       "rank %d: the device span's args", r);
         /* grad.a: the device waited for the program's 30 ms of work. */
-        k = device_spans(text, pa, "WAIT_FOR_DATA", &lo, &hi);
+        k = device_spans(text, pa, 1, "WAIT_FOR_DATA", &lo, &hi);
         ck_assert_msg(k == TL_STEPS && lo >= TL_FILL_US * 3 / 4,
                       "rank %d: grad.a's WAIT_FOR_DATA: %d spans, the "
                       "shortest %lld us (the program worked %d us first)",
                       r, k, lo, TL_FILL_US);
         /* grad.b: the program's stream waited while the device was held. */
-        k = device_spans(text, pb, "PROGRAM_STREAM_WAIT", &lo, &hi);
+        k = device_spans(text, pb, 2, "PROGRAM_STREAM_WAIT", &lo, &hi);
         ck_assert_msg(k == TL_STEPS && lo >= TL_HOLD_US * 3 / 4,
                       "rank %d: grad.b's PROGRAM_STREAM_WAIT: %d spans, the "
                       "shortest %lld us (the device was held %d us)", r, k,
                       lo, TL_HOLD_US);
         ck_assert_msg(strstr(text, "\"name\":\"thread_name\",\"ph\":\"M\","
                                    "\"pid\":") != NULL &&
-                          strstr(text, "\"args\":{\"name\":\"device\"}") != NULL,
+                          strstr(text, "\"args\":{\"name\":\"device\"}") != NULL &&
+                          strstr(text, "\"args\":{\"name\":\"program stream\"}") != NULL,
                       "rank %d: the device rows are not named", r);
         free(text);
         if (keep == NULL || keep[0] == '\0')
