@@ -22,6 +22,8 @@
 #              kolo.torch's DistributedOptimizer and DDP, fp32 and bf16
 #  timeline    a kolo bf16 ResNet-50 run with KOLO_TIMELINE: kolo-timeline
 #              summary's per-step device table, and a plot
+#  bench-timeline  kolo-bench's latency and large workloads with the
+#              timeline: each tensor's device spans, median and max
 #  pytest      tests/python/run-pytest.sh: kolo.torch's suites at 2 ranks,
 #              the CUDA suite at 1 rank per GPU, torch.compile (last: the
 #              longest step, after the figures)
@@ -224,6 +226,29 @@ if [ $rc -eq 0 ]; then
 fi
 verdict "the timeline of a ResNet-50 run (device rows, kolo-timeline)" $rc \
     "$(grep -m1 '^ *median' "$OUT/timeline-summary.txt" 2>/dev/null | tr -s ' ')"
+
+step bench-timeline
+# kolo-bench's latency and large workloads again with the timeline on: the
+# device rows say where a 4 B and a 256 MiB allreduce spend their time
+# (waiting to start, on the device, the bench's stream waiting).
+rc=0
+KOLO_TIMELINE="$OUT/timeline-bench.json" timeout -k 5 120 ./kolorun -np 1 \
+    ./kolo-bench --backend nccl --workload latency,large --max-bytes 256M \
+    >"$OUT/bench-timeline.txt" 2>&1 || rc=$?
+[ $rc -eq 0 ] && "$py" - "$OUT/timeline-bench.json" <<'EOF' || rc=$?
+import json, statistics, sys
+ev = json.load(open(sys.argv[1]))
+names = {e["pid"]: e["args"]["name"] for e in ev
+         if e.get("ph") == "M" and e.get("name") == "process_name"}
+rows = {}
+for e in ev:
+    if e.get("cat") == "device":
+        rows.setdefault((names.get(e["pid"], "?"), e["name"]), []).append(e["dur"])
+for (tensor, phase), d in sorted(rows.items()):
+    print("%-28s %-20s n=%4d median %9.1f us  max %9.1f us"
+          % (tensor[:28], phase, len(d), statistics.median(d), max(d)))
+EOF
+verdict "where latency and large go on the device (timeline of kolo-bench)" $rc
 
 step pytest
 rc=0
