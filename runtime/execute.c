@@ -1067,9 +1067,9 @@ static int run_device(kolo__pset_t *ps, const size_t *idx, size_t n,
     kolo__entry_t *e0 = ps->ready[idx[0]];
     char detail[KOLO__ERR_LEN];
     void **events, *marks[2] = {NULL, NULL};
-    int64_t queued_us = kolo__now_us();
     int timed = dev != NULL && dev->mark != NULL && dev->event_time != NULL &&
                 kolo__timeline_active(ps->rt->timeline);
+    int64_t queued_us = timed ? kolo__now_us() : 0; /* (the timeline's) */
     int rc;
 
     *done = NULL;
