@@ -50,6 +50,7 @@ from . import adasum_ops
 from .optimizer_base import (TOO_MANY_PASSES, ZERO_GRAD_PENDING, Wrapper,
                              forget_pending, wrap)
 
+
 class _DistributedAdasum(Wrapper):
     """Mixed into a subclass of the wrapped optimizer's class (see the
     module's docstring)."""

@@ -1,4 +1,4 @@
-"""op=Adasum on torch tensors: the allreduce that mpi_ops.allreduce(...,
+"""op=Adasum on torch tensors: the allreduce that allreduce(...,
 op=Adasum) and the Adasum optimizer (adasum.py) enqueue.
 
 The reduction itself (what it computes, in which order, at a size that is

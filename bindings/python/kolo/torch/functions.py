@@ -1,20 +1,20 @@
-"""Broadcasting model and optimizer state, and Python objects."""
+"""Broadcasting model and optimizer state, and Python objects (from
+_objects.py); the explicit allreduce of a custom training loop's
+gradients."""
 
-import ctypes
-import io
-import pickle
 import warnings
 
 import torch
 
-from .. import _core, _lib
+from .. import _core
 from .._core import global_process_set
-from . import mpi_ops
-
-try:  # closures and lambdas travel too when cloudpickle is there
-    import cloudpickle as _pickler
-except ImportError:
-    _pickler = pickle
+from ._allreduce import grouped_allreduce
+from ._broadcast import broadcast_async_
+from ._completion import _wait_all
+from ._objects import allgather_object, broadcast_object  # noqa: F401
+from .compression import Compression
+from .optimizer import _Distributed
+from .zero import ZeroRedundancyOptimizer
 
 
 def broadcast_parameters(params, root_rank, process_set=global_process_set):
@@ -39,7 +39,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
         if not isinstance(p, torch.Tensor):
             continue
         try:
-            handles.append(mpi_ops.broadcast_async_(
+            handles.append(broadcast_async_(
                 p.data if isinstance(p, torch.nn.Parameter) else p,
                 root_rank, None if name is None else "parameters." + str(name),
                 process_set))
@@ -47,7 +47,7 @@ def broadcast_parameters(params, root_rank, process_set=global_process_set):
             error = e
             break
     # wait for what was enqueued, even after an error
-    mpi_ops._wait_all(handles, error=error)
+    _wait_all(handles, error=error)
 
 
 class _TensorSlot:
@@ -111,7 +111,6 @@ def broadcast_optimizer_state(optimizer, root_rank,
     set, which must hold root_rank."""
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    from .zero import ZeroRedundancyOptimizer
     if isinstance(optimizer, ZeroRedundancyOptimizer):
         # Sharded: root_rank's view of the state is the consolidated one.
         optimizer._kolo_broadcast_state(root_rank)
@@ -135,8 +134,8 @@ def broadcast_optimizer_state(optimizer, root_rank,
                    for s, owner in slots]
     else:
         tensors = [t.detach().contiguous() for t in tensors]
-    handles = [mpi_ops.broadcast_async_(t, root_rank,
-                                        "optimizer_state.%d" % i, process_set)
+    handles = [broadcast_async_(t, root_rank, "optimizer_state.%d" % i,
+                                process_set)
                for i, t in enumerate(tensors)]
     for h in handles:
         _core.synchronize(h)
@@ -150,7 +149,6 @@ def _create_state(optimizer):
     for every parameter that requires one, then one step of the optimizer
     itself; a DistributedOptimizer takes the step of the optimizer it wraps,
     which communicates nothing."""
-    from .optimizer import _Distributed
     for group in optimizer.param_groups:
         for p in group["params"]:
             if p.requires_grad:
@@ -197,57 +195,6 @@ def _slot_device(slot, owner, params):
     return torch.device("cuda", torch.cuda.current_device())
 
 
-def _bytes_of(t):
-    """The bytes of a contiguous uint8 CPU tensor (without NumPy)."""
-    return ctypes.string_at(t.data_ptr(), t.numel()) if t.numel() else b""
-
-
-def _dumps(obj):
-    buf = io.BytesIO()
-    _pickler.dump(obj, buf)
-    return buf.getvalue()
-
-
-def broadcast_object(obj, root_rank=0, name=None,
-                     process_set=global_process_set):
-    """root_rank's `obj` (any picklable object) on every rank of the set."""
-    key = name or "broadcast_object"
-    is_root = _core.rank() == root_rank  # a global rank, as in Horovod
-    payload = _dumps(obj) if is_root else b""
-    n = torch.tensor([len(payload)], dtype=torch.int64)
-    mpi_ops.broadcast_(n, root_rank, key + ".size", process_set)
-    if is_root:
-        data = torch.frombuffer(bytearray(payload), dtype=torch.uint8) \
-            if payload else torch.empty(0, dtype=torch.uint8)
-    else:
-        data = torch.empty(int(n.item()), dtype=torch.uint8)
-    mpi_ops.broadcast_(data, root_rank, key + ".data", process_set)
-    if is_root:
-        return obj
-    return pickle.loads(_bytes_of(data))
-
-
-def allgather_object(obj, name=None, process_set=global_process_set):
-    """The list of every rank's `obj` (picklable), in rank order."""
-    key = name or "allgather_object"
-    payload = _dumps(obj)
-    data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-    opts, _ = _core.make_opts(process_set=process_set)
-    hs = _core.grouped_allgather_async(["allgather." + key], [data.data_ptr()],
-                                       [tuple(data.shape)], _lib.UINT8, opts)
-
-    def finish(rs):
-        out = mpi_ops._tensor_from_result(rs[0], torch.uint8)
-        raw = _bytes_of(out)
-        objs, off = [], 0
-        for n in _core.result_splits(rs[0]):
-            objs.append(pickle.loads(raw[off:off + n]))
-            off += n
-        return objs
-    return _core.synchronize(_core.register(hs, data, finish, results=True,
-                                            what=key))
-
-
 # ---- explicit gradient allreduce (a custom training loop) ------------------
 
 
@@ -286,7 +233,6 @@ def allreduce_gradients(grads, names=None, op=_core.Average,
     gradients by their global norm before they are reduced.
 
     Returns the list of reduced gradients, None where the input was None."""
-    from .compression import Compression
     grads = list(grads)
     if names is None:
         names = ["gradient.%d" % i for i in range(len(grads))]
@@ -307,7 +253,7 @@ def allreduce_gradients(grads, names=None, op=_core.Average,
         out = hook(work)
         if isinstance(out, (list, tuple)):
             work = list(out)
-    reduced = mpi_ops.grouped_allreduce(
+    reduced = grouped_allreduce(
         work, name="allreduce_gradients." + names[live[0]], op=op,
         compression=compression or Compression.none, process_set=process_set)
     for hook in post_hooks:

@@ -32,7 +32,7 @@ growth_interval steps without one.
         scaler.scale(loss).backward()
         scaler.unscale_(opt)                     # optional: to clip
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        scaler.step(opt)                         # skipped on every rank or none
+        scaler.step(opt)                    # skipped on every rank or none
         scaler.update()
 """
 

@@ -7,9 +7,10 @@ How a gradient travels:
    at once, so communication overlaps the rest of the backward pass.
  * backward_passes_per_step = N: the runtime accumulates host gradients
    (kolo_opts_t .backward_passes; CUDA gradients are left to autograd's
-   accumulation in p.grad and allreduced at their last pass). Passes 1..N-1 hand the gradient to the runtime, which
-   adds it to a private accumulator and completes at once; the hook then
-   clears p.grad so that the next pass starts from nothing. Pass N writes
+   accumulation in p.grad and allreduced at their last pass). Passes
+   1..N-1 hand the gradient to the runtime, which adds it to a private
+   accumulator and completes at once; the hook then clears p.grad so that
+   the next pass starts from nothing. Pass N writes
    the sum (or, with average_aggregated_gradients=True, the mean) into
    p.grad and allreduces it in place. As in Horovod, the passes are summed
    by default: divide the loss by N to average them.
@@ -37,9 +38,14 @@ import warnings
 
 import torch
 
-from .. import _core
+from .. import _core, _lib
 from .._core import Average, Sum, Adasum, global_process_set
-from . import adasum, mpi_ops
+from . import adasum
+from ._allreduce import _allreduce_async
+from ._completion import synchronize
+from ._inflight import _held, _write_back
+from ._sparse import sparse_allreduce_async
+from ._tensors import _by_dtype_and_place, _contig, _order_on, _spec
 from .compression import Compression, wire_for
 from .optimizer_base import (TOO_MANY_PASSES, ZERO_GRAD_PENDING, Wrapper,
                              forget_pending, wrap)
@@ -204,12 +210,12 @@ class _Distributed(Wrapper):
         else:
             tensor, cctx = grad, _WIRE
         pre, post = self._kolo_scales(runtime_average=in_runtime)
-        h = mpi_ops._allreduce_async(
+        h = _allreduce_async(
             tensor, tensor, None, self._kolo_op, pre, post, self.process_set,
             wire, passes=n, average_passes=self._kolo_average_passes,
             key=self._kolo_key(p))
         if not last:
-            mpi_ops.synchronize(h)  # completed at once: nothing was sent
+            synchronize(h)  # completed at once: nothing was sent
             p.grad = None         # the runtime holds the sum so far
             return
         self._kolo_handles[id(p)] = ("dense", h, p, cctx, grad)
@@ -244,34 +250,33 @@ class _Distributed(Wrapper):
         self._kolo_handles[("group", gi)] = ("group", h, members, cctxs, grads)
 
     def _kolo_grouped_async(self, tensors, keys, pre, post, wire):
-        # mpi_ops._grouped_allreduce_async names members base.i; the
+        # _allreduce._grouped_allreduce_async names members base.i; the
         # optimizer wants each member's own name, so it calls the core.
-        groups = mpi_ops._by_dtype_and_place(tensors, "DistributedOptimizer")
-        ins = [mpi_ops._contig(t) for t in tensors]
+        groups = _by_dtype_and_place(tensors, "DistributedOptimizer")
+        ins = [_contig(t) for t in tensors]
 
         def enqueue(handles):
             for (kd, place), idx in groups.items():
                 opts, _ = _core.make_opts(
                     self._kolo_op, pre, post, self.process_set,
-                    wire if kd == mpi_ops._lib.FLOAT32 else None,
+                    wire if kd == _lib.FLOAT32 else None,
                     place=place)
                 handles += _core.grouped_allreduce_async(
                     [keys[i] for i in idx], [ins[i].data_ptr() for i in idx],
                     [ins[i].data_ptr() for i in idx],
                     [ins[i].numel() for i in idx], kd, opts)
         # The memory stays the runtime's until synchronized, whatever
-        # happens to the gradients meanwhile (mpi_ops, "memory in flight").
-        held, handles = mpi_ops._held(keys[0], ins, enqueue)
-        back = [(t, a, mpi_ops._spec(t)) for t, a in zip(tensors,
-                                                         held.aliases)]
+        # happens to the gradients meanwhile (_inflight.py).
+        held, handles = _held(keys[0], ins, enqueue)
+        back = [(t, a, _spec(t)) for t, a in zip(tensors, held.aliases)]
 
         def finish(_r):
             held.check()
-            mpi_ops._write_back(keys[0], back)
+            _write_back(keys[0], back)
             return tensors
         return _core.register(handles, (tensors, ins, held), finish,
                               what=keys[0], release=held.release,
-                              stream=mpi_ops._order_on(tensors[0]))
+                              stream=_order_on(tensors[0]))
 
     def _kolo_enqueue_sparse(self, p):
         grad = p.grad
@@ -280,12 +285,12 @@ class _Distributed(Wrapper):
             grad = grad * (pre * post)
         op = self._kolo_op
         if op not in (Sum, Average):
-            raise ValueError("sparse gradient of '%s': op %s; sparse gradients "
-                             "are reduced with Sum or Average (or pass "
-                             "sparse_as_dense=True)"
+            raise ValueError("sparse gradient of '%s': op %s; sparse "
+                             "gradients are reduced with Sum or Average (or "
+                             "pass sparse_as_dense=True)"
                              % (self._kolo_names[id(p)], _core.op_name(op)))
-        h = mpi_ops.sparse_allreduce_async(grad, self._kolo_names[id(p)], op,
-                                           self.process_set)
+        h = sparse_allreduce_async(grad, self._kolo_names[id(p)], op,
+                                   self.process_set)
         self._kolo_handles[id(p)] = ("sparse", h, p, None, None)
 
     # ---- synchronize -------------------------------------------------------
@@ -389,9 +394,8 @@ class _Distributed(Wrapper):
         else:
             tensor, cctx = grad, _WIRE
         pre, post = self._kolo_scales()
-        h = mpi_ops._allreduce_async(tensor, tensor, None, self._kolo_op, pre,
-                                     post, self.process_set, wire,
-                                     key=self._kolo_key(p))
+        h = _allreduce_async(tensor, tensor, None, self._kolo_op, pre, post,
+                             self.process_set, wire, key=self._kolo_key(p))
         self._kolo_handles[id(p)] = ("dense", h, p, cctx, grad)
 
     def _kolo_set_grad(self, p, out):
@@ -420,7 +424,7 @@ class _Distributed(Wrapper):
         for entry in list(self._kolo_handles.values()):
             kind, h, target, cctx, grad = entry
             try:
-                out = mpi_ops.synchronize(h)
+                out = synchronize(h)
             except Exception as e:  # wait for the others before raising
                 if error is None:
                     error = e
@@ -444,7 +448,7 @@ class _Distributed(Wrapper):
     def _kolo_drain(self):
         for entry in list(self._kolo_handles.values()):
             try:
-                mpi_ops.synchronize(entry[1])
+                synchronize(entry[1])
             except Exception:
                 pass
 
@@ -498,8 +502,9 @@ class _Distributed(Wrapper):
         """Changes backward_passes_per_step between steps."""
         passes = self._kolo_check_passes(passes)
         if any(self._kolo_passes.values()):
-            raise ValueError("set_backward_passes_per_step: %d backward passes "
-                             "are pending; call step() or synchronize() first"
+            raise ValueError("set_backward_passes_per_step: %d backward "
+                             "passes are pending; call step() or "
+                             "synchronize() first"
                              % max(self._kolo_passes.values()))
         self.backward_passes_per_step = passes
 
@@ -511,8 +516,8 @@ class _Distributed(Wrapper):
         With a pre-allreduce hook, communication starts after the backward
         pass instead of overlapping it."""
         if any(self._kolo_passes.values()):
-            raise ValueError("register hooks between steps, not while backward "
-                             "passes are pending")
+            raise ValueError("register hooks between steps, not while "
+                             "backward passes are pending")
         self._kolo_pre_hooks.append(hook)
         return hook
 

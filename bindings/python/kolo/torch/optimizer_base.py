@@ -7,7 +7,7 @@ accumulators, and forgetting the handles of an abandoned step.
 
 import torch
 
-from . import mpi_ops
+from ._completion import synchronize
 
 TOO_MANY_PASSES = (
     "Gradients were computed more than backward_passes_per_step times before "
@@ -105,6 +105,6 @@ def forget_pending(handles):
         if h is None:
             continue
         try:
-            mpi_ops.synchronize(h)
+            synchronize(h)
         except Exception:  # the step is abandoned: its errors with it
             pass

@@ -87,12 +87,12 @@ class _SyncBatchNormFunction(torch.autograd.Function):
         if total <= 1:
             raise ValueError("Expected more than 1 value per channel when "
                              "training, got %d in the global batch (input "
-                             "size %s on this rank)" % (total,
-                                                         list(input.shape)))
+                             "size %s on this rank)"
+                             % (total, list(input.shape)))
         means, m2s = every[:, 1:c + 1], every[:, c + 1:]
         gmean = (counts[:, None] * means).sum(0) / total
         gm2 = m2s.sum(0) + (counts[:, None] *
-                             (means - gmean).square()).sum(0)
+                            (means - gmean).square()).sum(0)
         var = gm2 / total
         invstd = (var + eps).rsqrt()
         if running_mean is not None and momentum:

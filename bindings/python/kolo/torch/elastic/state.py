@@ -12,8 +12,9 @@ handler; every other value is a plain attribute of the ObjectState beneath.
    copy of the model and its optimizer state: commit every few batches).
  * A ZeroRedundancyOptimizer's state is sharded: a commit copies this
    rank's share and that of the same local rank on the next host (so the
-   loss of any one host loses nothing), and after the job re-forms every rank lays the optimizer out
-   for the new number of ranks and rebuilds its share from the copies.
+   loss of any one host loses nothing), and after the job re-forms every
+   rank lays the optimizer out for the new number of ranks and rebuilds
+   its share from the copies.
  * restore: load_state_dict of those copies (a DistributedOptimizer's
    load_state_dict also forgets the allreduces in flight and the counted
    backward passes, as Horovod's).
@@ -91,9 +92,10 @@ class ZeroOptimizerStateHandler(StateHandler):
     """A ZeroRedundancyOptimizer, whose state is sharded: a commit keeps a
     copy of this rank's blocks' state and of another rank's (the same
     local rank on the next host; an alltoall of one block per rank), so
-    that the committed state survives the loss of any one host; after the job re-forms, the optimizer is laid out for
-    the new number of ranks and every rank rebuilds its blocks' state from
-    the copies the ranks hold (see kolo.torch.zero)."""
+    that the committed state survives the loss of any one host; after the
+    job re-forms, the optimizer is laid out for the new number of ranks and
+    every rank rebuilds its blocks' state from the copies the ranks hold
+    (see kolo.torch.zero)."""
 
     def __init__(self, value, name):
         if value.process_set.ranks != list(range(hvd_size())):
