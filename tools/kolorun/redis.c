@@ -86,50 +86,69 @@ static int kolorun_tcp_open(const struct sockaddr_in *sa)
     return ok;
 }
 
-static int kolorun_redis_start(kolorun_t *k)
+/* What --start-redis sets up, step by step (kolorun_redis_start). */
+typedef struct kolorun_redis_boot {
+    char addr[INET_ADDRSTRLEN]; /* the address it listens on */
+    char port[16];
+    struct sockaddr_in sa; /* addr:port, to see when it accepts */
+    int log;               /* its output: an unlinked file */
+    pid_t pid;
+} kolorun_redis_boot_t;
+
+/* The address the server listens on: --redis-bind, else that of
+ * --network-interface, else loopback when every rank is here, else this
+ * host's first non-loopback IPv4 address. 0, or -1 having said why. */
+static int kolorun_redis_pick_addr(const kolorun_opts_t *o, char *addr,
+                                   size_t n)
 {
-    char addr[INET_ADDRSTRLEN] = "";
-    const kolorun_opts_t *o = &k->opts;
-
-    if (o->redis_bind)
-        snprintf(addr, sizeof addr, "%s", o->redis_bind);
-    else if (o->network_interface &&
-             kolorun_ipv4(o->network_interface, addr, sizeof addr) == 0)
-        ;
-    else if (!o->any_remote)
-        snprintf(addr, sizeof addr, "127.0.0.1");
-    else if (kolorun_ipv4(NULL, addr, sizeof addr) != 0) {
-        kolorun_say("--start-redis: this host has no non-loopback IPv4 "
-                    "address that the other hosts could reach; give "
-                    "--redis-bind ADDR");
-        return -1;
+    if (o->redis_bind) {
+        snprintf(addr, n, "%s", o->redis_bind);
+        return 0;
     }
+    if (o->network_interface &&
+        kolorun_ipv4(o->network_interface, addr, n) == 0)
+        return 0;
+    if (!o->any_remote) {
+        snprintf(addr, n, "127.0.0.1");
+        return 0;
+    }
+    if (kolorun_ipv4(NULL, addr, n) == 0)
+        return 0;
+    kolorun_say("--start-redis: this host has no non-loopback IPv4 "
+                "address that the other hosts could reach; give "
+                "--redis-bind ADDR");
+    return -1;
+}
 
-    /* A free port: the kernel picks one for a socket bound to port 0. */
-    struct sockaddr_in sa;
-    socklen_t salen = sizeof sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sin_family = AF_INET;
-    inet_pton(AF_INET, addr, &sa.sin_addr);
+/* A free port: the kernel picks one for a socket bound to port 0. */
+static int kolorun_redis_pick_port(kolorun_redis_boot_t *b)
+{
+    socklen_t salen = sizeof b->sa;
+    memset(&b->sa, 0, sizeof b->sa);
+    b->sa.sin_family = AF_INET;
+    inet_pton(AF_INET, b->addr, &b->sa.sin_addr);
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
-        getsockname(fd, (struct sockaddr *)&sa, &salen) != 0) {
-        kolorun_say("--start-redis: cannot bind %s on this host: %s", addr,
+    if (fd < 0 || bind(fd, (struct sockaddr *)&b->sa, sizeof b->sa) != 0 ||
+        getsockname(fd, (struct sockaddr *)&b->sa, &salen) != 0) {
+        kolorun_say("--start-redis: cannot bind %s on this host: %s", b->addr,
                     strerror(errno));
         if (fd >= 0)
             close(fd);
         return -1;
     }
     close(fd);
-    char port[16];
-    snprintf(port, sizeof port, "%d", ntohs(sa.sin_port));
+    snprintf(b->port, sizeof b->port, "%d", ntohs(b->sa.sin_port));
+    return 0;
+}
 
-    /* The server's output goes to an unlinked file, shown if it fails. */
+/* The server's output goes to an unlinked file, shown if it fails. */
+static int kolorun_redis_open_log(kolorun_redis_boot_t *b)
+{
     const char *tmp = getenv("TMPDIR");
     char *logpath = kolorun_strdupf("%s/kolorun-redis-XXXXXX",
                                     tmp && *tmp ? tmp : "/tmp");
-    int log = logpath ? mkostemp(logpath, O_CLOEXEC) : -1;
-    if (log < 0) {
+    b->log = logpath ? mkostemp(logpath, O_CLOEXEC) : -1;
+    if (b->log < 0) {
         kolorun_say("--start-redis: cannot create a log file: %s",
                     strerror(errno));
         free(logpath);
@@ -137,12 +156,16 @@ static int kolorun_redis_start(kolorun_t *k)
     }
     unlink(logpath);
     free(logpath);
+    return 0;
+}
 
-    /* "-": its configuration from stdin, first: the password. */
+/* Starts redis-server with "-": its configuration from stdin, first the
+ * password, so that it is on no command line. 0, or -1 having said why. */
+static int kolorun_redis_launch(kolorun_t *k, kolorun_redis_boot_t *b)
+{
     int conf[2];
     if (pipe2(conf, O_CLOEXEC) != 0) {
         kolorun_say("--start-redis: pipe: %s", strerror(errno));
-        close(log);
         return -1;
     }
     char *text = kolorun_strdupf("requirepass %s\nprotected-mode yes\n",
@@ -156,67 +179,93 @@ static int kolorun_redis_start(kolorun_t *k)
     if (!wrote) {
         kolorun_say("--start-redis: cannot pass redis-server its configuration");
         close(conf[0]);
-        close(log);
         return -1;
     }
-    char *argv[] = {"redis-server", "-", "--bind", addr, "--port", port,
+    char *argv[] = {"redis-server", "-", "--bind", b->addr, "--port", b->port,
                     "--save", "", "--appendonly", "no", "--daemonize", "no",
                     NULL};
-    pid_t pid = kolorun_start_helper(k, "redis-server", argv, conf[0], log, log,
-                                     " (install it: apt-get install "
-                                     "redis-server)");
+    b->pid = kolorun_start_helper(k, "redis-server", argv, conf[0], b->log,
+                                  b->log, " (install it: apt-get install "
+                                  "redis-server)");
     int fork_errno = errno;
     close(conf[0]);
-    if (pid > 0)
-        k->redis_pid = pid;
-    if (pid < 0) {
+    if (b->pid < 0) {
         kolorun_say("--start-redis: fork: %s", strerror(fork_errno));
-        close(log);
         return -1;
     }
+    k->redis_pid = b->pid;
+    return 0;
+}
 
-    /* Ready when it accepts a connection; a short sleep between tries
-     * (redis-server starts in milliseconds), bounded by the start timeout. */
+/* The server ended at its start: what it said, on one line. */
+static void kolorun_redis_ended(const kolorun_redis_boot_t *b)
+{
+    char buf[2048];
+    ssize_t n = pread(b->log, buf, sizeof buf - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    for (char *c = buf; *c; c++)
+        if (*c == '\n' && c[1])
+            *c = ' ';
+    buf[strcspn(buf, "\n")] = '\0';
+    kolorun_say("--start-redis: redis-server on %s:%s ended at start: %s",
+                b->addr, b->port, buf[0] ? buf : "(no output)");
+}
+
+/* Whether a signal that stops the job has come (the loop handles it). */
+static int kolorun_stop_pending(void)
+{
+    int stop = 0;
+    for (int i = 0; i < KOLORUN_N_STOP_SIGNALS; i++)
+        stop |= kolorun_pending[kolorun_stop_signals[i]];
+    return stop;
+}
+
+/* Ready when it accepts a connection; a short sleep between tries
+ * (redis-server starts in milliseconds), bounded by the start timeout.
+ * 0, or -1: it ended, a signal came (no job to start), or time is up. */
+static int kolorun_redis_wait_ready(kolorun_t *k, const kolorun_redis_boot_t *b)
+{
+    const kolorun_opts_t *o = &k->opts;
     long limit_ms = (o->start_timeout ? atol(o->start_timeout) : 60) * 1000L;
     int64_t t0 = kolorun_now_ms();
-    int rc = -1;
     for (;;) {
         int status;
-        if (waitpid(pid, &status, WNOHANG) == pid) {
-            char buf[2048];
-            ssize_t n = pread(log, buf, sizeof buf - 1, 0);
-            buf[n > 0 ? n : 0] = '\0';
-            for (char *c = buf; *c; c++)
-                if (*c == '\n' && c[1])
-                    *c = ' ';
-            buf[strcspn(buf, "\n")] = '\0';
-            kolorun_say("--start-redis: redis-server on %s:%s ended at start: "
-                        "%s",
-                        addr, port, buf[0] ? buf : "(no output)");
+        if (waitpid(b->pid, &status, WNOHANG) == b->pid) {
+            kolorun_redis_ended(b);
             k->redis_reaped = 1;
-            break;
+            return -1;
         }
-        if (kolorun_tcp_open(&sa)) {
-            snprintf(k->redis_addr, sizeof k->redis_addr, "%s:%s", addr, port);
-            rc = 0;
-            break;
+        if (kolorun_tcp_open(&b->sa)) {
+            snprintf(k->redis_addr, sizeof k->redis_addr, "%s:%s", b->addr,
+                     b->port);
+            return 0;
         }
-        int stop = 0;
-        for (int i = 0; i < KOLORUN_N_STOP_SIGNALS; i++)
-            stop |= kolorun_pending[kolorun_stop_signals[i]];
-        if (stop) /* the loop handles the signal; no job to start */
-            break;
+        if (kolorun_stop_pending())
+            return -1;
         if (kolorun_now_ms() - t0 > limit_ms) {
             kolorun_say("--start-redis: redis-server on %s:%s did not accept "
                         "connections within %ld s",
-                        addr, port, limit_ms / 1000);
-            break;
+                        b->addr, b->port, limit_ms / 1000);
+            return -1;
         }
         kolorun_sleep_ms(20);
     }
-    close(log);
-    if (rc == 0 && o->verbose)
-        kolorun_say("started redis-server (pid %ld) on %s", (long)pid,
+}
+
+/* --start-redis: redis-server here, with the job's password, on a free
+ * port; 0 once it accepts connections, or -1 having said why. */
+static int kolorun_redis_start(kolorun_t *k)
+{
+    kolorun_redis_boot_t b = {.addr = "", .log = -1};
+    if (kolorun_redis_pick_addr(&k->opts, b.addr, sizeof b.addr) != 0 ||
+        kolorun_redis_pick_port(&b) != 0 || kolorun_redis_open_log(&b) != 0)
+        return -1;
+    int rc = kolorun_redis_launch(k, &b);
+    if (rc == 0)
+        rc = kolorun_redis_wait_ready(k, &b);
+    close(b.log);
+    if (rc == 0 && k->opts.verbose)
+        kolorun_say("started redis-server (pid %ld) on %s", (long)b.pid,
                     k->redis_addr);
     return rc;
 }
@@ -244,18 +293,14 @@ void kolorun_redis_stop(kolorun_t *k)
         kolorun_say("stopped redis-server (pid %ld)", (long)k->redis_pid);
 }
 
-/* Runs a Lua script on the job's Redis server (EVAL script 0 arg1 arg2),
- * in Redis's own protocol (RESP) over a plain socket, each step bounded
- * by 2 s. The reply: an integer (":N") or a bulk string ("$LEN" and the
- * bytes) into out. Returns NULL, or why it failed. */
-static const char *kolorun_redis_eval(const kolorun_t *k, const char *script,
-                                      const char *arg1, const char *arg2,
-                                      char *out, size_t outlen)
+/* Connects to the job's Redis server ("HOST:PORT" or "[IPv6]:PORT"), each
+ * later send and receive bounded by 2 s: *fd, or (-1) why not. NULL, or
+ * why it failed. */
+static const char *kolorun_redis_connect(const char *addr, int *fd)
 {
     char host[256], port[16];
-    const char *colon = strrchr(k->redis_addr, ':');
-    snprintf(host, sizeof host, "%.*s", (int)(colon - k->redis_addr),
-             k->redis_addr);
+    const char *colon = strrchr(addr, ':');
+    snprintf(host, sizeof host, "%.*s", (int)(colon - addr), addr);
     snprintf(port, sizeof port, "%s", colon + 1);
     if (host[0] == '[') { /* [IPv6] */
         memmove(host, host + 1, strlen(host));
@@ -265,70 +310,86 @@ static const char *kolorun_redis_eval(const kolorun_t *k, const char *script,
     struct addrinfo hints, *ai = NULL;
     memset(&hints, 0, sizeof hints);
     hints.ai_socktype = SOCK_STREAM;
-    int fd = -1, e = getaddrinfo(host, port, &hints, &ai);
+    int e = getaddrinfo(host, port, &hints, &ai);
     if (e)
         return gai_strerror(e);
-    fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
+    *fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, 0);
     struct timeval tv = {2, 0};
-    if (fd >= 0) {
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (*fd >= 0) {
+        setsockopt(*fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(*fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     }
     const char *why = NULL;
-    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) != 0)
+    if (*fd < 0 || connect(*fd, ai->ai_addr, ai->ai_addrlen) != 0)
         why = strerror(errno);
     freeaddrinfo(ai);
-    /* The password first, where there is one: AUTH [user] password. */
-    if (!why && k->redis_password[0]) {
-        const char *u = k->redis_user, *p = k->redis_password;
-        char *auth = u[0] ? kolorun_strdupf("*3\r\n$4\r\nAUTH\r\n$%zu\r\n%s\r\n"
-                                            "$%zu\r\n%s\r\n",
-                                            strlen(u), u, strlen(p), p)
-                          : kolorun_strdupf("*2\r\n$4\r\nAUTH\r\n$%zu\r\n%s\r\n",
-                                            strlen(p), p);
-        char line[256];
-        size_t n = 0;
-        if (!auth || kolorun_write_all(fd, auth, strlen(auth)) != 0)
-            why = auth ? strerror(errno) : "out of memory";
-        if (auth) {
-            memset(auth, 0, strlen(auth));
-            free(auth);
-        }
-        /* Its reply, one line, a byte at a time (what follows is EVAL's). */
-        while (!why && n < sizeof line - 1) {
-            ssize_t r = read(fd, line + n, 1);
-            if (r <= 0) {
-                why = r < 0 ? strerror(errno) : "no reply";
-                break;
-            }
-            if (line[n++] == '\n')
-                break;
-        }
-        line[n] = '\0';
-        if (!why && strncmp(line, "+OK", 3) != 0) {
-            line[strcspn(line, "\r\n")] = '\0';
-            snprintf(out, outlen, "%s", line);
-            why = "the server refused the password";
-        }
+    return why;
+}
+
+/* The password first: AUTH [user] password, and its reply, one line read
+ * a byte at a time (what follows is EVAL's). A refusal leaves the
+ * server's line in out. NULL, or why it failed. */
+static const char *kolorun_redis_auth(const kolorun_t *k, int fd, char *out,
+                                      size_t outlen)
+{
+    const char *u = k->redis_user, *p = k->redis_password, *why = NULL;
+    char *auth = u[0] ? kolorun_strdupf("*3\r\n$4\r\nAUTH\r\n$%zu\r\n%s\r\n"
+                                        "$%zu\r\n%s\r\n",
+                                        strlen(u), u, strlen(p), p)
+                      : kolorun_strdupf("*2\r\n$4\r\nAUTH\r\n$%zu\r\n%s\r\n",
+                                        strlen(p), p);
+    char line[256];
+    size_t n = 0;
+    if (!auth || kolorun_write_all(fd, auth, strlen(auth)) != 0)
+        why = auth ? strerror(errno) : "out of memory";
+    if (auth) {
+        memset(auth, 0, strlen(auth));
+        free(auth);
     }
-    char *req = why ? NULL
-                    : kolorun_strdupf("*5\r\n$4\r\nEVAL\r\n$%zu\r\n%s\r\n"
-                                      "$1\r\n0\r\n$%zu\r\n%s\r\n$%zu\r\n%s\r\n",
-                                      strlen(script), script, strlen(arg1),
-                                      arg1, strlen(arg2), arg2);
-    if (!why && (!req || kolorun_write_all(fd, req, strlen(req)) != 0))
-        why = req ? strerror(errno) : "out of memory";
-    free(req);
-    size_t got = 0;
-    if (!why)
-        out[0] = '\0';
-    /* Until the first line, and for a bulk string its bytes, are in. */
-    while (!why) {
-        ssize_t n = read(fd, out + got, outlen - 1 - got);
-        if (n <= 0) {
-            why = n < 0 ? strerror(errno) : "no reply";
+    while (!why && n < sizeof line - 1) {
+        ssize_t r = read(fd, line + n, 1);
+        if (r <= 0) {
+            why = r < 0 ? strerror(errno) : "no reply";
             break;
         }
+        if (line[n++] == '\n')
+            break;
+    }
+    line[n] = '\0';
+    if (!why && strncmp(line, "+OK", 3) != 0) {
+        line[strcspn(line, "\r\n")] = '\0';
+        snprintf(out, outlen, "%s", line);
+        why = "the server refused the password";
+    }
+    return why;
+}
+
+/* Sends EVAL script 0 arg1 arg2. NULL, or why it failed. */
+static const char *kolorun_redis_send_eval(int fd, const char *script,
+                                           const char *arg1, const char *arg2)
+{
+    const char *why = NULL;
+    char *req = kolorun_strdupf("*5\r\n$4\r\nEVAL\r\n$%zu\r\n%s\r\n"
+                                "$1\r\n0\r\n$%zu\r\n%s\r\n$%zu\r\n%s\r\n",
+                                strlen(script), script, strlen(arg1), arg1,
+                                strlen(arg2), arg2);
+    if (!req || kolorun_write_all(fd, req, strlen(req)) != 0)
+        why = req ? strerror(errno) : "out of memory";
+    free(req);
+    return why;
+}
+
+/* Reads the reply into out: until the first line, and for a bulk string
+ * its bytes, are in. An integer stays ":N"; a bulk string becomes its
+ * bytes. NULL, or why it failed. */
+static const char *kolorun_redis_reply(int fd, char *out, size_t outlen)
+{
+    size_t got = 0;
+    out[0] = '\0';
+    for (;;) {
+        ssize_t n = read(fd, out + got, outlen - 1 - got);
+        if (n <= 0)
+            return n < 0 ? strerror(errno) : "no reply";
         got += (size_t)n;
         out[got] = '\0';
         char *eol = strstr(out, "\r\n");
@@ -336,25 +397,40 @@ static const char *kolorun_redis_eval(const kolorun_t *k, const char *script,
             continue;
         if (!eol || (out[0] != ':' && out[0] != '$')) {
             out[strcspn(out, "\r\n")] = '\0';
-            why = "unexpected reply";
-            break;
+            return "unexpected reply";
         }
         if (out[0] == ':') {
             *eol = '\0';
-            break;
+            return NULL;
         }
         long len = atol(out + 1);
         size_t head = (size_t)(eol + 2 - out);
-        if (len < 0 || head + (size_t)len + 2 > outlen - 1) {
-            why = "reply too long";
-            break;
-        }
+        if (len < 0 || head + (size_t)len + 2 > outlen - 1)
+            return "reply too long";
         if (got >= head + (size_t)len) {
             memmove(out, out + head, (size_t)len);
             out[len] = '\0';
-            break;
+            return NULL;
         }
     }
+}
+
+/* Runs a Lua script on the job's Redis server (EVAL script 0 arg1 arg2),
+ * in Redis's own protocol (RESP) over a plain socket, each step bounded
+ * by 2 s. The reply: an integer (":N") or a bulk string ("$LEN" and the
+ * bytes) into out. Returns NULL, or why it failed. */
+static const char *kolorun_redis_eval(const kolorun_t *k, const char *script,
+                                      const char *arg1, const char *arg2,
+                                      char *out, size_t outlen)
+{
+    int fd = -1;
+    const char *why = kolorun_redis_connect(k->redis_addr, &fd);
+    if (!why && k->redis_password[0])
+        why = kolorun_redis_auth(k, fd, out, outlen);
+    if (!why)
+        why = kolorun_redis_send_eval(fd, script, arg1, arg2);
+    if (!why)
+        why = kolorun_redis_reply(fd, out, outlen);
     if (fd >= 0)
         close(fd);
     return why;
