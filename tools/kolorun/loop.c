@@ -68,11 +68,145 @@ static int64_t kolorun_drain_deadline(const kolorun_t *k)
     return k->all_reaped_ms + KOLORUN_GRACE_MS;
 }
 
+/* A rank failed, a stop is under way, or the job is over: what the time
+ * asks for now. */
+static void kolorun_act_on_deadlines(kolorun_t *k, int64_t now)
+{
+    /* A rank failed a moment ago, or every rank has ended: nothing
+     * more is coming that could be the cause. */
+    if (k->failed_rank < 0 && k->nsuspects > 0 &&
+        (k->nalive == 0 || now - k->failed_ms >= KOLORUN_BLAME_MS) &&
+        !kolorun_blame_waits(k, now))
+        kolorun_blame(k);
+    /* The failure grace is over: stop the others. */
+    if (k->failed_rank >= 0 && !k->stopping &&
+        now - k->failed_ms >= k->opts.failure_grace_ms)
+        kolorun_stop(k, SIGTERM);
+    /* Grace is over: kill the rest, ranks or what they left. */
+    if (k->stopping && !k->killed && now - k->stop_ms >= KOLORUN_GRACE_MS)
+        kolorun_kill_now(k);
+}
+
+/* Whether the loop is over: no rank is running (and the policy, if any,
+ * agrees) and their pipes are closed, or some stay open past the drain
+ * deadline. *drain_until: that deadline while the loop waits for them. */
+static int kolorun_job_over(kolorun_t *k, int64_t now, int64_t *drain_until)
+{
+    int open = kolorun_streams_open(k);
+    /* An elastic job may have no worker running for a while (waiting
+     * for hosts, between generations): it ends when its driver says. */
+    if (k->nalive != 0 || (k->policy && !k->policy->done(k)))
+        return 0;
+    if (open == 0)
+        return 1;
+    if (k->all_reaped_ms == 0)
+        k->all_reaped_ms = now;
+    *drain_until = kolorun_drain_deadline(k);
+    if (*drain_until >= 0 && now >= *drain_until) {
+        kolorun_say("warning: every rank has exited, but something "
+                    "they started keeps %d output pipe%s open; not "
+                    "waiting for it",
+                    open, open == 1 ? "" : "s");
+        return 1;
+    }
+    return 0;
+}
+
+/* What one poll() waits on: the self-pipe first, then every open pipe
+ * of the ranks, then the policy's descriptor. */
+typedef struct kolorun_pollset {
+    struct pollfd *pfd;
+    int *who; /* r * 2 + stream; -1 the self-pipe, -2 the policy's */
+    int n, cap;
+} kolorun_pollset_t;
+
+static void kolorun_pollset_add(kolorun_pollset_t *ps, int fd, int who)
+{
+    ps->pfd[ps->n].fd = fd;
+    ps->pfd[ps->n].events = POLLIN;
+    ps->who[ps->n++] = who;
+}
+
+/* Fills the set for this turn, with room for the ranks started since the
+ * last; 0, or -1 when memory is short (said). */
+static int kolorun_pollset_fill(kolorun_t *k, kolorun_pollset_t *ps,
+                                int wake_rd)
+{
+    if (ps->cap < 2 + 2 * k->nstarted) {
+        int ncap = 2 + 2 * k->nstarted + 32;
+        struct pollfd *p = realloc(ps->pfd, (size_t)ncap * sizeof *p);
+        if (p)
+            ps->pfd = p;
+        int *w = realloc(ps->who, (size_t)ncap * sizeof *w);
+        if (w)
+            ps->who = w;
+        if (!p || !w) {
+            kolorun_say("out of memory");
+            return -1;
+        }
+        ps->cap = ncap;
+    }
+    ps->n = 0;
+    kolorun_pollset_add(ps, wake_rd, -1);
+    for (int r = 0; r < k->nstarted; r++)
+        for (int s = 0; s < 2; s++)
+            if (k->ranks[r].streams[s].fd >= 0)
+                kolorun_pollset_add(ps, k->ranks[r].streams[s].fd, r * 2 + s);
+    if (k->policy && k->policy->fd(k) >= 0)
+        kolorun_pollset_add(ps, k->policy->fd(k), -2);
+    return 0;
+}
+
+/* How long poll() may sleep: until the next deadline of a failure, a stop,
+ * the drain or the policy; -1 when none is due. */
+static int kolorun_poll_timeout(const kolorun_t *k, int64_t now,
+                                int64_t drain_until, int64_t policy_at)
+{
+    int64_t deadline = -1;
+    if (k->stopping && !k->killed)
+        deadline = k->stop_ms + KOLORUN_GRACE_MS;
+    else if (k->failed_rank >= 0 && !k->stopping)
+        deadline = k->failed_ms + k->opts.failure_grace_ms;
+    else if (kolorun_blame_waits(k, now))
+        deadline = k->failed_ms + k->opts.failure_grace_ms;
+    else if (k->nsuspects > 0 && !k->stopping)
+        deadline = k->failed_ms + KOLORUN_BLAME_MS;
+    if (drain_until >= 0 && (deadline < 0 || drain_until < deadline))
+        deadline = drain_until;
+    if (policy_at >= 0 && (deadline < 0 || policy_at < deadline))
+        deadline = policy_at;
+    if (deadline < 0)
+        return -1;
+    return deadline > now ? (int)(deadline - now) : 0;
+}
+
+/* After poll(): reads what is ready, and empties the self-pipe. */
+static void kolorun_poll_dispatch(kolorun_t *k, const kolorun_pollset_t *ps,
+                                  int ready, int wake_rd)
+{
+    for (int i = 1; i < ps->n && ready > 0; i++) {
+        if (!ps->pfd[i].revents)
+            continue;
+        if (ps->who[i] == -2)
+            k->policy->read(k);
+        else
+            kolorun_stream_read(k, ps->who[i] / 2, ps->who[i] % 2, 0);
+    }
+    if (ps->pfd[0].revents) {
+        char junk[256];
+        while (read(wake_rd, junk, sizeof junk) > 0)
+            ;
+    }
+}
+
+/* The job's one loop: each turn handles the signals, reaps, runs the
+ * policy, acts on the deadlines, and sleeps in poll() until output, a
+ * signal or the next deadline. 0 once the job is over, -1 if the loop
+ * itself failed (said). */
 int kolorun_loop(kolorun_t *k, int wake_rd)
 {
-    int cap = 0;
-    struct pollfd *pfd = NULL;
-    int *who = NULL; /* r * 2 + stream; -1 the self-pipe, -2 the policy's */
+    kolorun_pollset_t ps = {0};
+    int rc = 0;
 
     for (;;) {
         /* Reaping here as well as on SIGCHLD costs one system call and
@@ -82,119 +216,26 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
         /* The policy (an elastic job's driver): its decisions, and when it
          * next needs to run. */
         int64_t policy_at = k->policy ? k->policy->tick(k) : -1;
-
-        int64_t now = kolorun_now_ms();
-        /* A rank failed a moment ago, or every rank has ended: nothing
-         * more is coming that could be the cause. */
-        if (k->failed_rank < 0 && k->nsuspects > 0 &&
-            (k->nalive == 0 || now - k->failed_ms >= KOLORUN_BLAME_MS) &&
-            !kolorun_blame_waits(k, now))
-            kolorun_blame(k);
-        /* The failure grace is over: stop the others. */
-        if (k->failed_rank >= 0 && !k->stopping &&
-            now - k->failed_ms >= k->opts.failure_grace_ms)
-            kolorun_stop(k, SIGTERM);
-        /* Grace is over: kill the rest, ranks or what they left. */
-        if (k->stopping && !k->killed && now - k->stop_ms >= KOLORUN_GRACE_MS)
-            kolorun_kill_now(k);
-
-        int open = kolorun_streams_open(k);
-        int64_t drain_until = -1;
-        /* An elastic job may have no worker running for a while (waiting
-         * for hosts, between generations): it ends when its driver says. */
-        if (k->nalive == 0 && (!k->policy || k->policy->done(k))) {
-            if (open == 0)
-                break;
-            if (k->all_reaped_ms == 0)
-                k->all_reaped_ms = now;
-            drain_until = kolorun_drain_deadline(k);
-            if (drain_until >= 0 && now >= drain_until) {
-                kolorun_say("warning: every rank has exited, but something "
-                            "they started keeps %d output pipe%s open; not "
-                            "waiting for it",
-                            open, open == 1 ? "" : "s");
-                break;
-            }
+        int64_t now = kolorun_now_ms(), drain_until = -1;
+        kolorun_act_on_deadlines(k, now);
+        if (kolorun_job_over(k, now, &drain_until))
+            break;
+        if (kolorun_pollset_fill(k, &ps, wake_rd) != 0) {
+            rc = -1;
+            break;
         }
-
-        /* Ranks started since the last turn need room. */
-        if (cap < 2 + 2 * k->nstarted) {
-            int ncap = 2 + 2 * k->nstarted + 32;
-            struct pollfd *p = realloc(pfd, (size_t)ncap * sizeof *pfd);
-            if (p)
-                pfd = p;
-            int *w = realloc(who, (size_t)ncap * sizeof *who);
-            if (w)
-                who = w;
-            if (!p || !w) {
-                kolorun_say("out of memory");
-                free(pfd);
-                free(who);
-                return -1;
-            }
-            cap = ncap;
-        }
-        int n = 0;
-        pfd[n].fd = wake_rd;
-        pfd[n].events = POLLIN;
-        who[n++] = -1;
-        for (int r = 0; r < k->nstarted; r++) {
-            for (int s = 0; s < 2; s++) {
-                if (k->ranks[r].streams[s].fd < 0)
-                    continue;
-                pfd[n].fd = k->ranks[r].streams[s].fd;
-                pfd[n].events = POLLIN;
-                who[n++] = r * 2 + s;
-            }
-        }
-        if (k->policy && k->policy->fd(k) >= 0) {
-            pfd[n].fd = k->policy->fd(k);
-            pfd[n].events = POLLIN;
-            who[n++] = -2;
-        }
-
-        /* Sleep until output, a signal, or the next deadline. */
-        int64_t deadline = -1;
-        if (k->stopping && !k->killed)
-            deadline = k->stop_ms + KOLORUN_GRACE_MS;
-        else if (k->failed_rank >= 0 && !k->stopping)
-            deadline = k->failed_ms + k->opts.failure_grace_ms;
-        else if (kolorun_blame_waits(k, now))
-            deadline = k->failed_ms + k->opts.failure_grace_ms;
-        else if (k->nsuspects > 0 && !k->stopping)
-            deadline = k->failed_ms + KOLORUN_BLAME_MS;
-        if (drain_until >= 0 && (deadline < 0 || drain_until < deadline))
-            deadline = drain_until;
-        if (policy_at >= 0 && (deadline < 0 || policy_at < deadline))
-            deadline = policy_at;
-        int timeout = -1;
-        if (deadline >= 0)
-            timeout = deadline > now ? (int)(deadline - now) : 0;
-
-        int ready = poll(pfd, (nfds_t)n, timeout);
+        int timeout = kolorun_poll_timeout(k, now, drain_until, policy_at);
+        int ready = poll(ps.pfd, (nfds_t)ps.n, timeout);
+        if (ready < 0 && errno == EINTR)
+            continue;
         if (ready < 0) {
-            if (errno == EINTR)
-                continue;
             kolorun_say("poll: %s", strerror(errno));
-            free(pfd);
-            free(who);
-            return -1;
+            rc = -1;
+            break;
         }
-        for (int i = 1; i < n && ready > 0; i++) {
-            if (!pfd[i].revents)
-                continue;
-            if (who[i] == -2)
-                k->policy->read(k);
-            else
-                kolorun_stream_read(k, who[i] / 2, who[i] % 2, 0);
-        }
-        if (pfd[0].revents) {
-            char junk[256];
-            while (read(wake_rd, junk, sizeof junk) > 0)
-                ;
-        }
+        kolorun_poll_dispatch(k, &ps, ready, wake_rd);
     }
-    free(pfd);
-    free(who);
-    return 0;
+    free(ps.pfd);
+    free(ps.who);
+    return rc;
 }
