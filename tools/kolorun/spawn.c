@@ -26,6 +26,19 @@
 /* Room for the variables kolorun sets for one rank (kolorun_rank_env). */
 #define KOLORUN_MAX_ENV 32
 
+/* One rank's start, step by step (kolorun_spawn): what it needs, and the
+ * pipes that kolorun_spawn closes at the end unless a step kept them. */
+typedef struct kolorun_spawn {
+    int r;
+    const kolorun_host_t *h;
+    int remote; /* on another host, started by the launch command */
+    char *env[KOLORUN_MAX_ENV];
+    int nenv;
+    kolorun_words_t launch; /* remote: the launch command's argv */
+    int out[2], err[2], status[2], hold[2];
+    pid_t pid;
+} kolorun_spawn_t;
+
 /* The host of rank r; NULL on a job of one machine without -H. */
 const struct kolorun_host *kolorun_host_of(const kolorun_t *k, int r)
 {
@@ -260,6 +273,102 @@ void kolorun_child_signals(const kolorun_t *k)
     sigaction(SIGPIPE, &k->sigpipe_orig, NULL);
 }
 
+/* The remote command (cmd's words) as one shell word, for {command} and
+ * ssh: "cd 'CWD' 2>/dev/null; exec 'w1' 'w2' ...". NULL: out of memory. */
+static char *kolorun_command_line(const kolorun_words_t *cmd)
+{
+    size_t len = 64;
+    char cwd[4096];
+    int have_cwd = getcwd(cwd, sizeof cwd) != NULL;
+    char *qcwd = have_cwd ? kolorun_shell_quote(cwd) : NULL;
+    len += qcwd ? strlen(qcwd) : 0;
+    for (int i = 0; i < cmd->n; i++)
+        len += strlen(cmd->w[i]) * 4 + 3;
+    char *command = malloc(len);
+    if (!command || (have_cwd && !qcwd)) {
+        free(qcwd);
+        free(command);
+        return NULL;
+    }
+    size_t used = (size_t)snprintf(command, len, "%s%s%sexec", qcwd ? "cd " : "",
+                                   qcwd ? qcwd : "",
+                                   qcwd ? " 2>/dev/null; " : "");
+    free(qcwd);
+    for (int i = 0; i < cmd->n; i++) {
+        char *q = kolorun_shell_quote(cmd->w[i]);
+        if (!q) {
+            free(command);
+            return NULL;
+        }
+        used += (size_t)snprintf(command + used, len - used, " %s", q);
+        free(q);
+    }
+    return command;
+}
+
+/* ssh: no signal kolorun sends reaches the remote rank, and killing ssh
+ * does not end it either (without a terminal, sshd sends no SIGHUP). So
+ * the rank runs under a small sh wrapper that watches its stdin, a pipe
+ * from kolorun through ssh: at end of file (kolorun closed it, or ssh or
+ * its connection is gone) the wrapper sends the rank SIGTERM. Otherwise it
+ * waits for the rank and exits with its status. In sh -c, whatever the
+ * login shell on that host is. The same goes for every template with
+ * {command}; a template without it (ip netns exec {host}) execs the rank
+ * itself, which gets signals. The first lines on that stdin are the job's
+ * secret and the Redis password, if any (kolorun_spawn writes them there):
+ * they travel inside ssh's own encrypted channel, on no command line.
+ * Takes command (freed); the wrapped one, or NULL: out of memory. */
+static char *kolorun_stdin_wrapper(char *command)
+{
+    char *script = kolorun_strdupf(
+        "IFS= read -r KOLO_SECRET || exit 1; export KOLO_SECRET; "
+        "IFS= read -r KOLO_REDIS_PASSWORD || exit 1; "
+        "[ -n \"$KOLO_REDIS_PASSWORD\" ] && export KOLO_REDIS_PASSWORD; "
+        "%s </dev/null & p=$!; exec 3<&0; "
+        "(read _ <&3; kill -TERM $p 2>/dev/null) & w=$!; exec 3<&-; "
+        "wait $p; s=$?; kill $w 2>/dev/null; exit $s",
+        command);
+    char *q = script ? kolorun_shell_quote(script) : NULL;
+    free(script);
+    free(command);
+    command = q ? kolorun_strdupf("sh -c %s", q) : NULL;
+    free(q);
+    return command;
+}
+
+/* The launch command's words, placeholders still in: --launch-command's
+ * words, or ssh's (see kolorun_launch_argv). 0, or -1: out of memory. */
+static int kolorun_launch_template(const kolorun_opts_t *o,
+                                   kolorun_words_t *tmpl)
+{
+    if (o->launch_command) {
+        char *t = strdup(o->launch_command), *save = NULL, *w;
+        if (!t)
+            return -1;
+        for (w = strtok_r(t, " \t", &save); w; w = strtok_r(NULL, " \t", &save))
+            kolorun_words_add(tmpl, strdup(w));
+        free(t);
+        return tmpl->oom ? -1 : 0;
+    }
+    kolorun_words_add(tmpl, strdup("ssh"));
+    kolorun_words_add(tmpl, strdup("-o"));
+    kolorun_words_add(tmpl, strdup("BatchMode=yes"));
+    kolorun_words_add(tmpl, strdup("-o"));
+    kolorun_words_add(tmpl, kolorun_strdupf(
+        "ConnectTimeout=%s", o->start_timeout ? o->start_timeout : "60"));
+    if (o->ssh_port) {
+        kolorun_words_add(tmpl, strdup("-p"));
+        kolorun_words_add(tmpl, strdup(o->ssh_port));
+    }
+    if (o->ssh_identity) {
+        kolorun_words_add(tmpl, strdup("-i"));
+        kolorun_words_add(tmpl, strdup(o->ssh_identity));
+    }
+    kolorun_words_add(tmpl, strdup("{host}"));
+    kolorun_words_add(tmpl, strdup("{command}"));
+    return tmpl->oom ? -1 : 0;
+}
+
 /* The argv that starts rank r on its (other) host: the launch command
  * with its placeholders replaced. ssh by default:
  *   ssh -o BatchMode=yes -o ConnectTimeout=T [-p P] [-i F] HOST
@@ -276,95 +385,15 @@ static int kolorun_launch_argv(const kolorun_t *k, int r,
     int rc = -1;
 
     kolorun_remote_command(k, env, nenv, &cmd);
-    if (cmd.oom)
+    if (cmd.oom || !(command = kolorun_command_line(&cmd)))
         goto free_words;
-    /* The same command as one shell word, for {command} and ssh. */
-    size_t len = 64;
-    char cwd[4096];
-    int have_cwd = getcwd(cwd, sizeof cwd) != NULL;
-    char *qcwd = have_cwd ? kolorun_shell_quote(cwd) : NULL;
-    len += qcwd ? strlen(qcwd) : 0;
-    for (int i = 0; i < cmd.n; i++)
-        len += strlen(cmd.w[i]) * 4 + 3;
-    command = malloc(len);
-    if (!command || (have_cwd && !qcwd)) {
-        free(qcwd);
+    if (kolorun_remote_shell(k) && !(command = kolorun_stdin_wrapper(command)))
         goto free_words;
-    }
-    size_t used = (size_t)snprintf(command, len, "%s%s%sexec", qcwd ? "cd " : "",
-                                   qcwd ? qcwd : "",
-                                   qcwd ? " 2>/dev/null; " : "");
-    free(qcwd);
-    for (int i = 0; i < cmd.n; i++) {
-        char *q = kolorun_shell_quote(cmd.w[i]);
-        if (!q)
-            goto free_words;
-        used += (size_t)snprintf(command + used, len - used, " %s", q);
-        free(q);
-    }
-
-    /* ssh: no signal kolorun sends reaches the remote rank, and killing
-     * ssh does not end it either (without a terminal, sshd sends no
-     * SIGHUP). So the rank runs under a small sh wrapper that watches its
-     * stdin, a pipe from kolorun through ssh: at end of file (kolorun
-     * closed it, or ssh or its connection is gone) the wrapper sends the
-     * rank SIGTERM. Otherwise it waits for the rank and exits with its
-     * status. In sh -c, whatever the login shell on that host is. The
-     * same goes for every template with {command}; a template without it
-     * (ip netns exec {host}) execs the rank itself, which gets signals.
-     * The first lines on that stdin are the job's secret and the Redis
-     * password, if any (kolorun_spawn writes them there): they travel
-     * inside ssh's own encrypted channel, on no command line. */
-    if (kolorun_remote_shell(k)) {
-        char *script = kolorun_strdupf(
-            "IFS= read -r KOLO_SECRET || exit 1; export KOLO_SECRET; "
-            "IFS= read -r KOLO_REDIS_PASSWORD || exit 1; "
-            "[ -n \"$KOLO_REDIS_PASSWORD\" ] && export KOLO_REDIS_PASSWORD; "
-            "%s </dev/null & p=$!; exec 3<&0; "
-            "(read _ <&3; kill -TERM $p 2>/dev/null) & w=$!; exec 3<&-; "
-            "wait $p; s=$?; kill $w 2>/dev/null; exit $s",
-            command);
-        char *q = script ? kolorun_shell_quote(script) : NULL;
-        free(script);
-        free(command);
-        command = q ? kolorun_strdupf("sh -c %s", q) : NULL;
-        free(q);
-        if (!command)
-            goto free_words;
-    }
-
-    int has_command = 0;
-    if (k->opts.launch_command) {
-        char *t = strdup(k->opts.launch_command), *save = NULL, *w;
-        if (!t)
-            goto free_words;
-        for (w = strtok_r(t, " \t", &save); w; w = strtok_r(NULL, " \t", &save))
-            kolorun_words_add(&tmpl, strdup(w));
-        free(t);
-    } else {
-        kolorun_words_add(&tmpl, strdup("ssh"));
-        kolorun_words_add(&tmpl, strdup("-o"));
-        kolorun_words_add(&tmpl, strdup("BatchMode=yes"));
-        kolorun_words_add(&tmpl, strdup("-o"));
-        kolorun_words_add(&tmpl, kolorun_strdupf(
-            "ConnectTimeout=%s",
-            k->opts.start_timeout ? k->opts.start_timeout : "60"));
-        if (k->opts.ssh_port) {
-            kolorun_words_add(&tmpl, strdup("-p"));
-            kolorun_words_add(&tmpl, strdup(k->opts.ssh_port));
-        }
-        if (k->opts.ssh_identity) {
-            kolorun_words_add(&tmpl, strdup("-i"));
-            kolorun_words_add(&tmpl, strdup(k->opts.ssh_identity));
-        }
-        kolorun_words_add(&tmpl, strdup("{host}"));
-        kolorun_words_add(&tmpl, strdup("{command}"));
-    }
-    if (tmpl.oom)
+    if (kolorun_launch_template(&k->opts, &tmpl) != 0)
         goto free_words;
     /* {rank}, {local_rank}: a placed rank's (an elastic worker's rank in
      * the generation it starts for, and its slot on the host). */
-    int rank = r, local = r - h->first_rank;
+    int rank = r, local = r - h->first_rank, has_command = 0;
     if (place) {
         rank = place->rank;
         local = place->slot;
@@ -416,9 +445,12 @@ __attribute__((noreturn)) static void kolorun_child_fail(int status_w,
 /* In the child, between fork and exec. kolorun is single-threaded, so the
  * child may call what it likes; it must not return. */
 __attribute__((noreturn)) static void
-kolorun_child(const kolorun_t *k, pid_t launcher, int status_w, int in_fd,
-              int out_w, int err_w, char **env, int nenv, char **exec_argv)
+kolorun_child(const kolorun_t *k, pid_t launcher, const kolorun_spawn_t *s,
+              char **exec_argv)
 {
+    /* A remote rank gets its environment on the launch command's command
+     * line, not from kolorun's environment. */
+    int status_w = s->status[1], nenv = s->remote ? 0 : s->nenv;
     /* Handlers of kolorun make no sense here; exec would reset them anyway,
      * but a signal may come before it. SIGPIPE goes back to what kolorun
      * inherited. */
@@ -428,11 +460,12 @@ kolorun_child(const kolorun_t *k, pid_t launcher, int status_w, int in_fd,
      * two runs first. */
     setpgid(0, k->pgid);
 
-    int in = in_fd >= 0 ? in_fd : open("/dev/null", O_RDONLY | O_CLOEXEC);
+    int in = s->hold[0] >= 0 ? s->hold[0]
+                             : open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (in < 0)
         kolorun_child_fail(status_w, KOLORUN_STEP_STDIN, errno);
-    if (dup2(in, STDIN_FILENO) < 0 || dup2(out_w, STDOUT_FILENO) < 0 ||
-        dup2(err_w, STDERR_FILENO) < 0)
+    if (dup2(in, STDIN_FILENO) < 0 || dup2(s->out[1], STDOUT_FILENO) < 0 ||
+        dup2(s->err[1], STDERR_FILENO) < 0)
         kolorun_child_fail(status_w, KOLORUN_STEP_DUP2, errno);
 
     /* Die with the launcher. If it died already, before the request took
@@ -443,17 +476,13 @@ kolorun_child(const kolorun_t *k, pid_t launcher, int status_w, int in_fd,
         _exit(127);
 
     for (int i = 0; i < nenv; i++)
-        putenv(env[i]);
+        putenv(s->env[i]);
 
     sigprocmask(SIG_SETMASK, &k->mask_orig, NULL);
     execvp(exec_argv[0], exec_argv);
     kolorun_child_fail(status_w, KOLORUN_STEP_EXEC, errno);
 }
 
-/* After fork: waits until the child has exec'd the rank (0) or failed. A
- * failed child is reaped here, and kolorun says why it could not start the
- * rank; returns kolorun's exit status then: the shell's 127 (not found) or
- * 126 (found, not runnable) for a command that cannot be run, else 1. */
 /* What a user who typed `kolorun -np 2 train.py` meant: a file here that
  * the search of PATH does not find, or a script without its execute bit
  * (or its interpreter). "" when there is nothing to add. */
@@ -483,6 +512,10 @@ static const char *kolorun_run_hint(const char *prog, int err)
     return hint;
 }
 
+/* After fork: waits until the child has exec'd the rank (0) or failed. A
+ * failed child is reaped here, and kolorun says why it could not start the
+ * rank; returns kolorun's exit status then: the shell's 127 (not found) or
+ * 126 (found, not runnable) for a command that cannot be run, else 1. */
 static int kolorun_child_wait(int r, pid_t pid, int status_r,
                               const char *prog, const char *host)
 {
@@ -517,126 +550,152 @@ static int kolorun_child_wait(int r, pid_t pid, int status_r,
     }
 }
 
-/* Starts rank r. 0, or kolorun's exit status when it cannot (said why). */
-int kolorun_spawn(kolorun_t *k, int r, const kolorun_place_t *place)
+/* ssh: the rank's stdin is a pipe that kolorun keeps open; the remote
+ * side ends the rank when it closes (see kolorun_launch_argv). Its first
+ * lines: the secret and the Redis password, for the wrapper's reads (a
+ * pipe takes these few bytes without blocking). 0, or -1 having said
+ * why. */
+static int kolorun_spawn_stdin(kolorun_spawn_t *s)
 {
-    kolorun_rank_t *rk = &k->ranks[r];
-    char *env[KOLORUN_MAX_ENV] = {0};
-    int out[2] = {-1, -1}, err[2] = {-1, -1}, status[2] = {-1, -1};
-    int rc = 1;
+    const char *secret = getenv("KOLO_SECRET");
+    const char *pw = getenv("KOLO_REDIS_PASSWORD");
+    if (pipe2(s->hold, O_CLOEXEC) != 0) {
+        kolorun_say("cannot start rank %d: pipe: %s", s->r, strerror(errno));
+        return -1;
+    }
+    if (kolorun_write_all(s->hold[1], secret ? secret : "", secret ? strlen(secret) : 0) != 0 ||
+        kolorun_write_all(s->hold[1], "\n", 1) != 0 ||
+        kolorun_write_all(s->hold[1], pw ? pw : "", pw ? strlen(pw) : 0) != 0 ||
+        kolorun_write_all(s->hold[1], "\n", 1) != 0) {
+        kolorun_say("cannot start rank %d: writing to its stdin pipe: %s",
+                    s->r, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
 
-    kolorun_words_t launch = {0};
-    const kolorun_host_t *h = kolorun_host_of(k, r);
-    int remote = h && !h->local;
-    int hold[2] = {-1, -1};
-    int nenv = kolorun_rank_env(k, r, place, env);
-    if (nenv < 0 || (remote && kolorun_launch_argv(k, r, place, env, nenv,
-                                                   &launch) != 0)) {
-        kolorun_say("out of memory");
-        goto free_env;
+/* Its stdout, its stderr, and the pipe on which the child says what
+ * failed before its exec. 0, or -1 having said why. */
+static int kolorun_spawn_pipes(kolorun_spawn_t *s)
+{
+    if (pipe2(s->out, O_CLOEXEC) != 0 || pipe2(s->err, O_CLOEXEC) != 0 ||
+        pipe2(s->status, O_CLOEXEC) != 0) {
+        kolorun_say("cannot start rank %d: pipe: %s", s->r, strerror(errno));
+        return -1;
     }
-    /* ssh: the rank's stdin is a pipe that kolorun keeps open; the remote
-     * side ends the rank when it closes (see kolorun_launch_argv). */
-    if (remote && kolorun_remote_shell(k)) {
-        /* Its first lines: the secret and the Redis password, for the
-         * wrapper's reads (a pipe takes these few bytes without blocking). */
-        const char *secret = getenv("KOLO_SECRET");
-        const char *pw = getenv("KOLO_REDIS_PASSWORD");
-        if (pipe2(hold, O_CLOEXEC) != 0) {
-            kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
-            goto close_pipes;
-        }
-        if (kolorun_write_all(hold[1], secret ? secret : "", secret ? strlen(secret) : 0) != 0 ||
-            kolorun_write_all(hold[1], "\n", 1) != 0 ||
-            kolorun_write_all(hold[1], pw ? pw : "", pw ? strlen(pw) : 0) != 0 ||
-            kolorun_write_all(hold[1], "\n", 1) != 0) {
-            kolorun_say("cannot start rank %d: writing to its stdin pipe: %s",
-                        r, strerror(errno));
-            goto close_pipes;
-        }
-    }
-    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 ||
-        pipe2(status, O_CLOEXEC) != 0) {
-        kolorun_say("cannot start rank %d: pipe: %s", r, strerror(errno));
-        goto close_pipes;
-    }
+    return 0;
+}
 
+/* Forks the child that becomes the rank, and waits until it has exec'd.
+ * 0, or kolorun's exit status (said why). */
+static int kolorun_spawn_fork(kolorun_t *k, kolorun_spawn_t *s)
+{
     /* All signals blocked across fork: the child must not run kolorun's
      * handlers (they write to kolorun's self-pipe) before it resets them. */
     sigset_t old;
     pid_t launcher = getpid();
-    char **exec_argv = remote ? launch.w : k->opts.argv;
-    pid_t pid = fork_blocked(&old);
-    if (pid == 0)
-        /* A remote rank gets its environment on the launch command's
-         * command line, not from kolorun's environment. */
-        kolorun_child(k, launcher, status[1], hold[0], out[1], err[1], env,
-                      remote ? 0 : nenv, exec_argv);
+    char **exec_argv = s->remote ? s->launch.w : k->opts.argv;
+    s->pid = fork_blocked(&old);
+    if (s->pid == 0)
+        kolorun_child(k, launcher, s, exec_argv);
     int fork_errno = errno;
-    if (pid > 0)
+    if (s->pid > 0)
         /* Set the group here too: whichever of parent and child runs first
          * wins, and kolorun may signal the group as soon as fork returns.
          * EACCES: the child has exec'd, after setting it itself. */
-        setpgid(pid, k->pgid);
+        setpgid(s->pid, k->pgid);
     sigprocmask(SIG_SETMASK, &old, NULL);
-    if (pid < 0) {
-        kolorun_say("cannot start rank %d: fork: %s", r, strerror(fork_errno));
-        goto close_pipes;
+    if (s->pid < 0) {
+        kolorun_say("cannot start rank %d: fork: %s", s->r,
+                    strerror(fork_errno));
+        return 1;
     }
     /* Only the child may hold the write end: exec closes it. */
-    close(status[1]);
-    status[1] = -1;
-    rc = kolorun_child_wait(r, pid, status[0], exec_argv[0],
-                            remote ? h->name : NULL);
-    if (rc != 0)
-        goto close_pipes;
-    rk->pid = pid;
+    close(s->status[1]);
+    s->status[1] = -1;
+    return kolorun_child_wait(s->r, s->pid, s->status[0], exec_argv[0],
+                              s->remote ? s->h->name : NULL);
+}
+
+/* words, each after a blank, into line (cut short where it is full). */
+static void kolorun_join_words(char *line, size_t cap, char *const *words,
+                               int n)
+{
+    size_t used = 0;
+    line[0] = '\0';
+    for (int i = 0; i < n && used < cap; i++)
+        used += (size_t)snprintf(line + used, cap - used, " %s", words[i]);
+}
+
+/* --verbose: the rank's pid and environment, and what started it. */
+static void kolorun_spawn_report(const kolorun_spawn_t *s)
+{
+    char line[4096];
+    kolorun_join_words(line, sizeof line, s->env, s->nenv);
+    kolorun_say("rank %d: pid %ld, environment:%s", s->r, (long)s->pid, line);
+    kolorun_join_words(line, sizeof line, s->launch.w, s->launch.n);
+    if (s->remote)
+        kolorun_say("rank %d: on host %s, started by:%s", s->r, s->h->name,
+                    line);
+}
+
+/* The rank runs: kolorun keeps the read ends of its pipes, non-blocking
+ * so that draining a finished rank never blocks on a pipe that something
+ * else still holds open, and the write end of its stdin (ssh). */
+static void kolorun_spawn_keep(kolorun_t *k, kolorun_spawn_t *s)
+{
+    kolorun_rank_t *rk = &k->ranks[s->r];
+    rk->pid = s->pid;
     k->nstarted++;
     k->nalive++;
+    if (k->opts.verbose)
+        kolorun_spawn_report(s);
+    rk->streams[KOLORUN_OUT].fd = s->out[0];
+    rk->streams[KOLORUN_ERR].fd = s->err[0];
+    fcntl(s->out[0], F_SETFL, O_NONBLOCK);
+    fcntl(s->err[0], F_SETFL, O_NONBLOCK);
+    s->out[0] = s->err[0] = -1;
+    rk->hold_fd = s->hold[1];
+    s->hold[1] = -1;
+}
 
-    if (k->opts.verbose) {
-        char line[4096];
-        size_t n = 0;
-        line[0] = '\0';
-        for (int i = 0; i < nenv && n < sizeof line; i++)
-            n += (size_t)snprintf(line + n, sizeof line - n, " %s", env[i]);
-        kolorun_say("rank %d: pid %ld, environment:%s", r, (long)pid, line);
-        n = 0;
-        line[0] = '\0';
-        for (int i = 0; i < launch.n && n < sizeof line; i++)
-            n += (size_t)snprintf(line + n, sizeof line - n, " %s",
-                                  launch.w[i]);
-        if (remote)
-            kolorun_say("rank %d: on host %s, started by:%s", r, h->name,
-                        line);
+/* Starts rank r. 0, or kolorun's exit status when it cannot (said why). */
+int kolorun_spawn(kolorun_t *k, int r, const kolorun_place_t *place)
+{
+    kolorun_spawn_t s = {.r = r, .out = {-1, -1}, .err = {-1, -1},
+                         .status = {-1, -1}, .hold = {-1, -1}};
+    int rc = 1;
+
+    s.h = kolorun_host_of(k, r);
+    s.remote = s.h && !s.h->local;
+    s.nenv = kolorun_rank_env(k, r, place, s.env);
+    if (s.nenv < 0 || (s.remote && kolorun_launch_argv(k, r, place, s.env,
+                                                       s.nenv, &s.launch) != 0)) {
+        kolorun_say("out of memory");
+        goto free_env;
     }
-
-    /* Keep the read ends, non-blocking so that draining a finished rank
-     * never blocks on a pipe that something else still holds open. */
-    rk->streams[KOLORUN_OUT].fd = out[0];
-    rk->streams[KOLORUN_ERR].fd = err[0];
-    fcntl(out[0], F_SETFL, O_NONBLOCK);
-    fcntl(err[0], F_SETFL, O_NONBLOCK);
-    out[0] = err[0] = -1;
-    rk->hold_fd = hold[1];
-    hold[1] = -1;
-    rc = 0;
+    if ((s.remote && kolorun_remote_shell(k) && kolorun_spawn_stdin(&s) != 0) ||
+        kolorun_spawn_pipes(&s) != 0)
+        goto close_pipes;
+    rc = kolorun_spawn_fork(k, &s);
+    if (rc == 0)
+        kolorun_spawn_keep(k, &s);
 
 close_pipes:
     for (int i = 0; i < 2; i++) {
-        if (status[i] >= 0)
-            close(status[i]);
-        if (hold[i] >= 0)
-            close(hold[i]);
-        if (out[i] >= 0)
-            close(out[i]);
-        if (err[i] >= 0)
-            close(err[i]);
+        if (s.status[i] >= 0)
+            close(s.status[i]);
+        if (s.hold[i] >= 0)
+            close(s.hold[i]);
+        if (s.out[i] >= 0)
+            close(s.out[i]);
+        if (s.err[i] >= 0)
+            close(s.err[i]);
     }
 free_env:
     for (int i = 0; i < KOLORUN_MAX_ENV; i++)
-        free(env[i]);
-    kolorun_words_free(&launch);
+        free(s.env[i]);
+    kolorun_words_free(&s.launch);
     return rc;
 }
 
