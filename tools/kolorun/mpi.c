@@ -7,6 +7,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,6 +47,96 @@ static void kolorun_split_words(const char *text, kolorun_words_t *out)
     }
 }
 
+/* Adds words (strdup'd) up to a NULL to av. */
+static void kolorun_add_words(kolorun_words_t *av, const char *word, ...)
+{
+    va_list ap;
+    va_start(ap, word);
+    for (; word; word = va_arg(ap, const char *))
+        kolorun_words_add(av, strdup(word));
+    va_end(ap);
+}
+
+/* The environment mpirun hands on: not kolorun's places (MPI gives the
+ * ranks theirs), but what kolorun's flags set. 0, or -1 (said why). */
+static int kolorun_mpirun_env(const kolorun_opts_t *o, int64_t job_start_us)
+{
+    static const char *const placement[] = {
+        "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE",
+        "KOLO_CROSS_RANK", "KOLO_CROSS_SIZE"};
+    char start_us[32];
+    for (size_t j = 0; j < sizeof placement / sizeof placement[0]; j++)
+        unsetenv(placement[j]);
+    snprintf(start_us, sizeof start_us, "%lld", (long long)job_start_us);
+    if ((o->start_timeout &&
+         setenv("KOLO_START_TIMEOUT", o->start_timeout, 1) != 0) ||
+        (o->network_interface &&
+         setenv("KOLO_NETWORK_INTERFACE", o->network_interface, 1) != 0) ||
+        setenv("KOLO_JOB_START_US", start_us, 1) != 0) {
+        kolorun_say("out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* mpirun's own flags: root, oversubscription, binding, -np, and the
+ * output flags horovodrun hands over to mpirun's. */
+static void kolorun_mpirun_flags(const kolorun_opts_t *o, kolorun_words_t *av)
+{
+    char np[16];
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    snprintf(np, sizeof np, "%d", o->np);
+    if (geteuid() == 0)
+        kolorun_add_words(av, "--allow-run-as-root", NULL);
+    if (cpus > 0 && o->np > cpus)
+        kolorun_add_words(av, "--oversubscribe", NULL);
+    if (o->binding_args)
+        kolorun_split_words(o->binding_args, av);
+    else
+        kolorun_add_words(av, "--bind-to", "none", NULL);
+    kolorun_add_words(av, "-np", np, NULL);
+    if (o->tag_output)
+        kolorun_add_words(av, "--tag-output", NULL);
+    if (o->timestamp)
+        kolorun_add_words(av, "--timestamp-output", NULL);
+    if (o->output_dir)
+        kolorun_add_words(av, "--output-filename", o->output_dir, NULL);
+}
+
+/* Open MPI's parameters for --tcp, --network-interfaces and ssh. */
+static void kolorun_mpirun_mca(const kolorun_opts_t *o, kolorun_words_t *av)
+{
+    if (o->tcp)
+        kolorun_add_words(av, "--mca", "pml", "ob1", "--mca", "btl", "^openib",
+                          NULL);
+    if (o->nics)
+        kolorun_add_words(av, "--mca", "btl_tcp_if_include", o->nics, NULL);
+    if (o->ssh_port || o->ssh_identity) {
+        kolorun_add_words(av, "--mca", "plm_rsh_args", NULL);
+        kolorun_words_add(av, kolorun_strdupf(
+            "%s%s%s%s%s", o->ssh_port ? "-p " : "", o->ssh_port ? o->ssh_port : "",
+            o->ssh_port && o->ssh_identity ? " " : "",
+            o->ssh_identity ? "-i " : "", o->ssh_identity ? o->ssh_identity : ""));
+    }
+}
+
+/* Every variable kolorun passes on, with -x; then --mpi-args, then the
+ * command. */
+static void kolorun_mpirun_tail(const kolorun_opts_t *o, kolorun_words_t *av)
+{
+    extern char **environ;
+    for (char **e = environ; *e; e++) {
+        if (!kolorun_passed_on(o, *e))
+            continue;
+        kolorun_add_words(av, "-x", NULL);
+        kolorun_words_add(av, kolorun_strdupf("%.*s", (int)strcspn(*e, "="), *e));
+    }
+    if (o->mpi_args)
+        kolorun_split_words(o->mpi_args, av);
+    for (char **a = o->argv; *a; a++)
+        kolorun_words_add(av, strdup(*a));
+}
+
 /* Replaces kolorun with `mpirun [--allow-run-as-root] [--oversubscribe]
  * --bind-to none -np N [--tag-output] -x KOLO_... command args`. The ranks
  * learn their places from MPI, so kolorun's own KOLO_RANK/SIZE/LOCAL/CROSS
@@ -61,81 +152,17 @@ static void kolorun_split_words(const char *text, kolorun_words_t *out)
  * on failure: kolorun's exit status. */
 int kolorun_exec_mpirun(const kolorun_opts_t *o, int64_t job_start_us)
 {
-    static const char *const placement[] = {
-        "KOLO_RANK", "KOLO_SIZE", "KOLO_LOCAL_RANK", "KOLO_LOCAL_SIZE",
-        "KOLO_CROSS_RANK", "KOLO_CROSS_SIZE"};
-    extern char **environ;
     const char *mpirun = getenv("KOLO_MPIRUN");
-    char np[16], start_us[32];
     kolorun_words_t av = {0};
-    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
 
     if (mpirun == NULL || *mpirun == '\0')
         mpirun = "mpirun";
-    for (size_t j = 0; j < sizeof placement / sizeof placement[0]; j++)
-        unsetenv(placement[j]);
-    snprintf(start_us, sizeof start_us, "%lld", (long long)job_start_us);
-    if ((o->start_timeout &&
-         setenv("KOLO_START_TIMEOUT", o->start_timeout, 1) != 0) ||
-        (o->network_interface &&
-         setenv("KOLO_NETWORK_INTERFACE", o->network_interface, 1) != 0) ||
-        setenv("KOLO_JOB_START_US", start_us, 1) != 0) {
-        kolorun_say("out of memory");
+    if (kolorun_mpirun_env(o, job_start_us) != 0)
         return 1;
-    }
-    snprintf(np, sizeof np, "%d", o->np);
-    kolorun_words_add(&av, strdup(mpirun));
-    if (geteuid() == 0)
-        kolorun_words_add(&av, strdup("--allow-run-as-root"));
-    if (cpus > 0 && o->np > cpus)
-        kolorun_words_add(&av, strdup("--oversubscribe"));
-    if (o->binding_args) {
-        kolorun_split_words(o->binding_args, &av);
-    } else {
-        kolorun_words_add(&av, strdup("--bind-to"));
-        kolorun_words_add(&av, strdup("none"));
-    }
-    kolorun_words_add(&av, strdup("-np"));
-    kolorun_words_add(&av, strdup(np));
-    if (o->tag_output)
-        kolorun_words_add(&av, strdup("--tag-output"));
-    if (o->timestamp)
-        kolorun_words_add(&av, strdup("--timestamp-output"));
-    if (o->output_dir) {
-        kolorun_words_add(&av, strdup("--output-filename"));
-        kolorun_words_add(&av, strdup(o->output_dir));
-    }
-    if (o->tcp) {
-        kolorun_words_add(&av, strdup("--mca"));
-        kolorun_words_add(&av, strdup("pml"));
-        kolorun_words_add(&av, strdup("ob1"));
-        kolorun_words_add(&av, strdup("--mca"));
-        kolorun_words_add(&av, strdup("btl"));
-        kolorun_words_add(&av, strdup("^openib"));
-    }
-    if (o->nics) {
-        kolorun_words_add(&av, strdup("--mca"));
-        kolorun_words_add(&av, strdup("btl_tcp_if_include"));
-        kolorun_words_add(&av, strdup(o->nics));
-    }
-    if (o->ssh_port || o->ssh_identity) {
-        kolorun_words_add(&av, strdup("--mca"));
-        kolorun_words_add(&av, strdup("plm_rsh_args"));
-        kolorun_words_add(&av, kolorun_strdupf(
-            "%s%s%s%s%s", o->ssh_port ? "-p " : "", o->ssh_port ? o->ssh_port : "",
-            o->ssh_port && o->ssh_identity ? " " : "",
-            o->ssh_identity ? "-i " : "", o->ssh_identity ? o->ssh_identity : ""));
-    }
-    for (char **e = environ; *e; e++) {
-        if (!kolorun_passed_on(o, *e))
-            continue;
-        kolorun_words_add(&av, strdup("-x"));
-        kolorun_words_add(&av, kolorun_strdupf("%.*s", (int)strcspn(*e, "="), *e));
-    }
-    if (o->mpi_args)
-        kolorun_split_words(o->mpi_args, &av);
-    for (char **a = o->argv; *a; a++)
-        kolorun_words_add(&av, strdup(*a));
+    kolorun_add_words(&av, mpirun, NULL);
+    kolorun_mpirun_flags(o, &av);
+    kolorun_mpirun_mca(o, &av);
+    kolorun_mpirun_tail(o, &av);
     if (av.oom) {
         kolorun_say("out of memory");
         return 1;
