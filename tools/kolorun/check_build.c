@@ -197,19 +197,37 @@ static void kolorun_gpu_visible(char *out, size_t n)
     dlclose(h);
 }
 
-__attribute__((noreturn)) void kolorun_check_build(void)
+/* What --check-build found, before anything is printed. */
+typedef struct kolorun_build {
+    char libpath[4200]; /* libkolo, where it was loaded */
+    char why[512];      /* why it could not be */
+    kolorun_built_fn built; /* its kolo_built; NULL: not loaded */
+    int gloo, mpi, shm, cuda, nccl;
+    const char *python; /* the interpreter asked about frameworks */
+    int py;             /* it ran */
+    char probe[4096];   /* what it printed */
+    char gpu[256];
+} kolorun_build_t;
+
+/* The Python interpreter to ask: KOLO_PYTHON, else the one ./configure
+ * found, else python3 on PATH. */
+static const char *kolorun_python(void)
 {
-    char libpath[4200] = "", why[512], probe[4096], tver[128], nver[128], kver[128];
-    void *h = kolorun_libkolo(libpath, sizeof libpath, why, sizeof why);
-    kolorun_built_fn built = h ? (kolorun_built_fn)dlsym(h, "kolo_built") : NULL;
     const char *python = getenv("KOLO_PYTHON");
 #ifdef KOLO_CONFIGURED_PYTHON
     if ((!python || !*python) && strcmp(KOLO_CONFIGURED_PYTHON, ":") != 0 &&
         KOLO_CONFIGURED_PYTHON[0] != '\0')
         python = KOLO_CONFIGURED_PYTHON;
 #endif
+    return python && *python ? python : "python3";
+}
+
+/* Which frameworks the interpreter imports: a line "name version" each,
+ * "name- Error" where it cannot. */
+static void kolorun_probe_python(kolorun_build_t *b)
+{
     char *pyargv[] = {
-        (char *)(python && *python ? python : "python3"), "-c",
+        (char *)b->python, "-c",
         "import importlib\n"
         "for m in ('torch', 'numpy', 'kolo'):\n"
         "    try:\n"
@@ -218,68 +236,97 @@ __attribute__((noreturn)) void kolorun_check_build(void)
         "    except Exception as e:\n"
         "        print(m + '-', type(e).__name__)\n",
         NULL};
-    int py = kolorun_capture(pyargv, probe, sizeof probe) == 0;
-    int have_gloo, have_mpi, have_shm, have_cuda, nccl;
-    char gpu[256];
+    b->py = kolorun_capture(pyargv, b->probe, sizeof b->probe) == 0;
+}
 
-    if (built) {
-        have_gloo = built("gloo");
-        have_mpi = built("mpi");
-        have_shm = built("shm");
-        have_cuda = built("cuda");
-        nccl = built("nccl");
-    } else {
-        have_gloo = kolorun_configured("gloo");
-        have_mpi = kolorun_configured("mpi");
-        have_shm = kolorun_configured("shm");
-        have_cuda = kolorun_configured("cuda");
-        nccl = kolorun_configured("nccl");
-    }
-    kolorun_gpu_visible(gpu, sizeof gpu);
+/* The backends: libkolo's answer, else what ./configure found. */
+static void kolorun_backends(kolorun_build_t *b)
+{
+    int (*has)(const char *) = b->built ? b->built : kolorun_configured;
+    b->gloo = has("gloo");
+    b->mpi = has("mpi");
+    b->shm = has("shm");
+    b->cuda = has("cuda");
+    b->nccl = has("nccl");
+}
 
-    printf("kolo v%s:\n\n", PACKAGE_VERSION);
+static void kolorun_print_frameworks(const kolorun_build_t *b)
+{
+    char tver[128], nver[128];
+    const char *torch = b->py ? kolorun_probe_line(b->probe, "torch", tver, sizeof tver) : NULL;
+    const char *numpy = b->py ? kolorun_probe_line(b->probe, "numpy", nver, sizeof nver) : NULL;
     printf("Available Frameworks:\n");
-    const char *torch = py ? kolorun_probe_line(probe, "torch", tver, sizeof tver) : NULL;
-    const char *numpy = py ? kolorun_probe_line(probe, "numpy", nver, sizeof nver) : NULL;
     printf("    [%c] PyTorch%s%s\n", torch ? 'X' : ' ', torch ? " " : "",
            torch ? torch : "");
     printf("    [%c] NumPy%s%s\n", numpy ? 'X' : ' ', numpy ? " " : "",
            numpy ? numpy : "");
+}
+
+static void kolorun_print_backends(const kolorun_build_t *b)
+{
+    int nccl = b->nccl;
     printf("\nAvailable Controllers:\n");
-    printf("    [%c] shm\n", have_shm ? 'X' : ' ');
-    printf("    [%c] Gloo\n", have_gloo ? 'X' : ' ');
-    printf("    [%c] MPI\n", have_mpi ? 'X' : ' ');
+    printf("    [%c] shm\n", b->shm ? 'X' : ' ');
+    printf("    [%c] Gloo\n", b->gloo ? 'X' : ' ');
+    printf("    [%c] MPI\n", b->mpi ? 'X' : ' ');
     printf("\nAvailable Tensor Operations:\n");
     if (nccl > 1)
         printf("    [X] NCCL %d.%d.%d\n", nccl >= 10000 ? nccl / 10000 : nccl / 1000,
                nccl >= 10000 ? nccl % 10000 / 100 : nccl % 1000 / 100, nccl % 100);
     else
         printf("    [%c] NCCL\n", nccl ? 'X' : ' ');
-    printf("    [%c] shm\n", have_shm ? 'X' : ' ');
-    printf("    [%c] Gloo\n", have_gloo ? 'X' : ' ');
-    printf("    [%c] MPI\n", have_mpi ? 'X' : ' ');
-    printf("    [%c] CUDA\n", have_cuda ? 'X' : ' ');
-    /* What a job uses when KOLO_CONTROLLER and KOLO_CPU_OPERATIONS are
-     * not set (ops/registry.c chooses; --gloo sets both to gloo). */
-    const char *net = have_gloo ? "Gloo" : have_mpi ? "MPI (under mpirun)" : "none";
+    printf("    [%c] shm\n", b->shm ? 'X' : ' ');
+    printf("    [%c] Gloo\n", b->gloo ? 'X' : ' ');
+    printf("    [%c] MPI\n", b->mpi ? 'X' : ' ');
+    printf("    [%c] CUDA\n", b->cuda ? 'X' : ' ');
+}
+
+/* What a job uses when KOLO_CONTROLLER and KOLO_CPU_OPERATIONS are not
+ * set (ops/registry.c chooses; --gloo sets both to gloo). */
+static void kolorun_print_defaults(const kolorun_build_t *b)
+{
+    const char *net = b->gloo ? "Gloo" : b->mpi ? "MPI (under mpirun)" : "none";
     printf("\nWhat negotiates and moves host tensors (KOLO_CONTROLLER,\n"
            "KOLO_CPU_OPERATIONS unset):\n");
-    printf("    kolorun -np N, one host:     %s\n", have_shm ? "shm" : net);
+    printf("    kolorun -np N, one host:     %s\n", b->shm ? "shm" : net);
     printf("    kolorun across hosts:        %s\n", net);
-    printf("    kolorun --gloo:              %s\n", have_gloo ? "Gloo" : "(no Gloo)");
-    printf("    kolorun --mpi, mpirun:       %s\n", have_mpi ? "MPI" : "(no MPI)");
-    printf("\nGPU visible now: %s\n", gpu);
-    if (built)
-        printf("(libkolo: %s)\n", libpath);
+    printf("    kolorun --gloo:              %s\n", b->gloo ? "Gloo" : "(no Gloo)");
+    printf("    kolorun --mpi, mpirun:       %s\n", b->mpi ? "MPI" : "(no MPI)");
+}
+
+/* The GPU, and where the answers came from. */
+static void kolorun_print_notes(const kolorun_build_t *b)
+{
+    char kver[128];
+    printf("\nGPU visible now: %s\n", b->gpu);
+    if (b->built)
+        printf("(libkolo: %s)\n", b->libpath);
     else
         printf("(libkolo could not be loaded: %s; this is what ./configure "
-               "found)\n", why);
-    if (!py)
-        printf("(%s could not be run: no frameworks checked)\n", pyargv[0]);
-    else if (!kolorun_probe_line(probe, "kolo", kver, sizeof kver))
+               "found)\n", b->why);
+    if (!b->py)
+        printf("(%s could not be run: no frameworks checked)\n", b->python);
+    else if (!kolorun_probe_line(b->probe, "kolo", kver, sizeof kver))
         printf("(%s cannot import the kolo package: put bindings/python on "
                "PYTHONPATH, or install kolo: pip install ., make install)\n",
-               pyargv[0]);
+               b->python);
+}
+
+__attribute__((noreturn)) void kolorun_check_build(void)
+{
+    kolorun_build_t b = {.libpath = ""};
+    void *h = kolorun_libkolo(b.libpath, sizeof b.libpath, b.why, sizeof b.why);
+    b.built = h ? (kolorun_built_fn)dlsym(h, "kolo_built") : NULL;
+    b.python = kolorun_python();
+    kolorun_probe_python(&b);
+    kolorun_backends(&b);
+    kolorun_gpu_visible(b.gpu, sizeof b.gpu);
+
+    printf("kolo v%s:\n\n", PACKAGE_VERSION);
+    kolorun_print_frameworks(&b);
+    kolorun_print_backends(&b);
+    kolorun_print_defaults(&b);
+    kolorun_print_notes(&b);
     fflush(stdout);
     exit(0);
 }
