@@ -327,6 +327,94 @@ static int el_desired(kolorun_t *k, el_slot_t **out)
     return n;
 }
 
+/* Gives every slot without a worker a new one (started later, by
+ * el_start_new), puts the slots' workers in members, in rank order, and
+ * the generation's members record ("host:slot" lines) in text. Returns
+ * the index after the last new worker. */
+static int el_assign(kolorun_t *k, el_slot_t *s, int n, int *members,
+                     char *text, size_t cap)
+{
+    kolorun_elastic_t *e = k->elastic;
+    size_t used = 0;
+    int next = k->nstarted;
+    text[0] = '\0';
+    for (int i = 0; i < n; i++) {
+        used += (size_t)snprintf(text + used, cap - used, "%s:%d\n",
+                                 k->opts.hosts[s[i].host].name, s[i].slot);
+        if (s[i].worker < 0) {
+            s[i].worker = next++;
+            memset(&e->w[s[i].worker], 0, sizeof e->w[0]);
+            e->w[s[i].worker].host = s[i].host;
+            e->w[s[i].worker].slot = s[i].slot;
+            k->rank_host[s[i].worker] = s[i].host;
+        }
+        members[i] = s[i].worker;
+    }
+    return next;
+}
+
+/* Writes generation g through the rendezvous: its members, its update,
+ * then elastic/generation, which the workers watch. 0, or -1 (said). */
+static int el_write_generation(const kolorun_t *k, int g, const char *text,
+                               const char *update)
+{
+    char key[64], num[32];
+    snprintf(key, sizeof key, "elastic/%d/members", g);
+    int rc = kolorun_rdv_set(k, key, text);
+    snprintf(key, sizeof key, "elastic/%d/update", g);
+    if (rc == 0)
+        rc = kolorun_rdv_set(k, key, update);
+    snprintf(num, sizeof num, "%d", g);
+    if (rc == 0)
+        rc = kolorun_rdv_set(k, "elastic/generation", num);
+    return rc;
+}
+
+/* Members of the old generation that the new one (members, n) leaves
+ * out: removed as of now, their exits ignored from then on. */
+static void el_drop_left_out(kolorun_t *k, const int *members, int n,
+                             int64_t now)
+{
+    kolorun_elastic_t *e = k->elastic;
+    for (int i = 0; i < e->nmembers; i++) {
+        int w = e->members[i], kept = 0;
+        for (int j = 0; j < n; j++)
+            kept |= members[j] == w;
+        if (!kept && el_alive(k, w) && !e->w[w].dropped) {
+            e->w[w].dropped = 1;
+            e->w[w].removed_ms = now;
+        }
+    }
+}
+
+/* "generation 2 (failure): 3 ranks: host:0 host:1 other:0" */
+static void el_say_generation(const kolorun_t *k, int g, const char *update,
+                              const el_slot_t *s, int n)
+{
+    char line[4096];
+    size_t m = 0;
+    line[0] = '\0';
+    for (int i = 0; i < n && m < sizeof line - 300; i++)
+        m += (size_t)snprintf(line + m, sizeof line - m, " %s:%d",
+                              k->opts.hosts[s[i].host].name, s[i].slot);
+    kolorun_say("generation %d (%s): %d rank%s:%s%s", g, update, n,
+                n == 1 ? "" : "s", line, m >= sizeof line - 300 ? " ..." : "");
+}
+
+/* Starts the new workers, up to index next; one that cannot start ends
+ * the job. */
+static void el_start_new(kolorun_t *k, int next)
+{
+    while (k->nstarted < next) {
+        int failed = el_start_worker(k, k->nstarted);
+        if (failed) {
+            k->launch_error = failed;
+            el_end(k, failed, "cannot start a worker: the job ends");
+            return;
+        }
+    }
+}
+
 /* Publishes generation gen + 1 with these slots: writes its members and
  * update, then elastic/generation, then starts the new workers and stops
  * nothing (left-out workers learn at kolo_init that they were removed). */
@@ -346,69 +434,22 @@ static int el_publish(kolorun_t *k, el_slot_t *s, int n, const char *update)
         kolorun_say("out of memory");
         return -1;
     }
-    size_t used = 0;
-    int next = k->nstarted;
-    text[0] = '\0';
-    for (int i = 0; i < n; i++) {
-        used += (size_t)snprintf(text + used, cap - used, "%s:%d\n",
-                                 k->opts.hosts[s[i].host].name, s[i].slot);
-        if (s[i].worker < 0) {
-            s[i].worker = next++;
-            memset(&e->w[s[i].worker], 0, sizeof e->w[0]);
-            e->w[s[i].worker].host = s[i].host;
-            e->w[s[i].worker].slot = s[i].slot;
-            k->rank_host[s[i].worker] = s[i].host;
-        }
-        members[i] = s[i].worker;
-    }
-    char key[64], num[32];
-    snprintf(key, sizeof key, "elastic/%d/members", g);
-    int rc = kolorun_rdv_set(k, key, text);
-    snprintf(key, sizeof key, "elastic/%d/update", g);
-    if (rc == 0)
-        rc = kolorun_rdv_set(k, key, update);
-    snprintf(num, sizeof num, "%d", g);
-    if (rc == 0)
-        rc = kolorun_rdv_set(k, "elastic/generation", num);
+    int next = el_assign(k, s, n, members, text, cap);
+    int rc = el_write_generation(k, g, text, update);
     free(text);
     if (rc != 0) {
         free(members);
         return -1;
     }
-    /* Members of the old generation left out: removed. */
-    for (int i = 0; i < e->nmembers; i++) {
-        int w = e->members[i], kept = 0;
-        for (int j = 0; j < n; j++)
-            kept |= members[j] == w;
-        if (!kept && el_alive(k, w) && !e->w[w].dropped) {
-            e->w[w].dropped = 1;
-            e->w[w].removed_ms = now;
-        }
-    }
+    el_drop_left_out(k, members, n, now);
     free(e->members);
     e->members = members;
     e->nmembers = n;
     e->gen = g;
     e->failure = 0;
     e->wait_since = 0;
-
-    char line[4096];
-    size_t m = 0;
-    line[0] = '\0';
-    for (int i = 0; i < n && m < sizeof line - 300; i++)
-        m += (size_t)snprintf(line + m, sizeof line - m, " %s:%d",
-                              k->opts.hosts[s[i].host].name, s[i].slot);
-    kolorun_say("generation %d (%s): %d rank%s:%s%s", g, update, n,
-                n == 1 ? "" : "s", line, m >= sizeof line - 300 ? " ..." : "");
-
-    while (k->nstarted < next) {
-        int failed = el_start_worker(k, k->nstarted);
-        if (failed) {
-            k->launch_error = failed;
-            el_end(k, failed, "cannot start a worker: the job ends");
-            return 0;
-        }
-    }
+    el_say_generation(k, g, update, s, n);
+    el_start_new(k, next);
     return 0;
 }
 
@@ -456,57 +497,85 @@ static void el_all_failed(kolorun_t *k)
     el_end(k, first >= 0 ? el_exit_code(e->w[first].status) : 1, line);
 }
 
-/* Decides what the job needs now; called at every turn of the loop. */
-static void el_decide(kolorun_t *k, int64_t now)
+/* A member of the latest generation exited 0: no more generations; the
+ * job ends once every member has ended. */
+static void el_decide_finish(kolorun_t *k)
 {
     kolorun_elastic_t *e = k->elastic;
-    const kolorun_opts_t *o = &k->opts;
-    if (e->ended || k->stopping || now < e->settle_until)
-        return;
-    e->dirty = 0;
-    if (e->finishing) {
-        /* No more generations: the workers are ending the job. */
-        for (int i = 0; i < e->nmembers; i++)
-            if (!e->w[e->members[i]].gone)
-                return;
-        el_end(k, 0, NULL);
-        return;
-    }
+    for (int i = 0; i < e->nmembers; i++)
+        if (!e->w[e->members[i]].gone)
+            return;
+    el_end(k, 0, NULL);
+}
+
+/* Members of the latest generation still taking part. */
+static int el_members_alive(const kolorun_elastic_t *e)
+{
     int alive = 0;
     for (int i = 0; i < e->nmembers; i++)
         alive += !e->w[e->members[i]].gone && !e->w[e->members[i]].dropped;
-    if (e->gen > 0 && alive == 0 && e->wait_since) {
+    return alive;
+}
+
+/* No member of the latest generation is left: the job ends, as the ranks
+ * that waited for more ending, or as every rank having failed. */
+static void el_decide_none_left(kolorun_t *k)
+{
+    if (k->elastic->wait_since) {
         char why[256];
         snprintf(why, sizeof why, "fewer than --min-np %d ranks, and the "
-                 "ranks that waited for more have ended", o->min_np);
+                 "ranks that waited for more have ended", k->opts.min_np);
         el_end(k, 1, why);
         return;
     }
-    if (e->gen > 0 && alive == 0) {
-        el_all_failed(k);
-        return;
+    el_all_failed(k);
+}
+
+/* Before the first generation: publish it once -np slots are there, or
+ * end the job when they are not within the elastic timeout. */
+static void el_decide_first(kolorun_t *k, el_slot_t *s, int n, int64_t now)
+{
+    const kolorun_opts_t *o = &k->opts;
+    if (n >= o->np) {
+        if (el_publish(k, s, n, "start") != 0)
+            el_end(k, 1, NULL);
+    } else if (now - k->elastic->start_ms >=
+               (int64_t)o->elastic_timeout_s * 1000) {
+        char why[256];
+        snprintf(why, sizeof why, "timed out after %d s waiting for "
+                 "-np %d slots (the hosts offer %d)",
+                 o->elastic_timeout_s, o->np, n);
+        el_end(k, 1, why);
     }
-    el_slot_t *s = NULL;
-    int n = el_desired(k, &s);
-    if (n < 0) {
-        kolorun_say("out of memory");
-        el_end(k, 1, NULL);
-        return;
+}
+
+/* Too few slots (n) for --min-np, or only new hosts' (no survivors):
+ * wait for discovery, up to the elastic timeout. */
+static void el_decide_wait(kolorun_t *k, int n, int survivors, int64_t now)
+{
+    kolorun_elastic_t *e = k->elastic;
+    const kolorun_opts_t *o = &k->opts;
+    if (!e->wait_since) {
+        e->wait_since = now;
+        kolorun_say("%d slot%s available%s, fewer than --min-np %d: "
+                    "waiting up to %d s for more",
+                    n, n == 1 ? "" : "s",
+                    survivors == 0 && n > 0 ? " on new hosts only" : "",
+                    o->min_np, o->elastic_timeout_s);
+    } else if (now - e->wait_since >= (int64_t)o->elastic_timeout_s * 1000) {
+        char why[256];
+        snprintf(why, sizeof why, "fewer than --min-np %d ranks for %d s",
+                 o->min_np, o->elastic_timeout_s);
+        el_end(k, 1, why);
     }
-    if (e->gen == 0) {
-        if (n >= o->np) {
-            if (el_publish(k, s, n, "start") != 0)
-                el_end(k, 1, NULL);
-        } else if (now - e->start_ms >= (int64_t)o->elastic_timeout_s * 1000) {
-            char why[256];
-            snprintf(why, sizeof why, "timed out after %d s waiting for "
-                     "-np %d slots (the hosts offer %d)",
-                     o->elastic_timeout_s, o->np, n);
-            el_end(k, 1, why);
-        }
-        free(s);
-        return;
-    }
+}
+
+/* After the first generation: the next one, where the slots changed,
+ * enough of them are there, and --reset-limit allows another reset. */
+static void el_decide_next(kolorun_t *k, el_slot_t *s, int n, int64_t now)
+{
+    kolorun_elastic_t *e = k->elastic;
+    const kolorun_opts_t *o = &k->opts;
     int same = n == e->nmembers, survivors = 0;
     for (int i = 0; i < n; i++) {
         same = same && s[i].worker == e->members[i];
@@ -514,24 +583,10 @@ static void el_decide(kolorun_t *k, int64_t now)
     }
     if (same) {
         e->wait_since = 0;
-        free(s);
         return;
     }
     if (n < o->min_np || survivors == 0) {
-        if (!e->wait_since) {
-            e->wait_since = now;
-            kolorun_say("%d slot%s available%s, fewer than --min-np %d: "
-                        "waiting up to %d s for more",
-                        n, n == 1 ? "" : "s",
-                        survivors == 0 && n > 0 ? " on new hosts only" : "",
-                        o->min_np, o->elastic_timeout_s);
-        } else if (now - e->wait_since >= (int64_t)o->elastic_timeout_s * 1000) {
-            char why[256];
-            snprintf(why, sizeof why, "fewer than --min-np %d ranks for %d s",
-                     o->min_np, o->elastic_timeout_s);
-            el_end(k, 1, why);
-        }
-        free(s);
+        el_decide_wait(k, n, survivors, now);
         return;
     }
     const char *update = el_update(k, s, n);
@@ -541,12 +596,39 @@ static void el_decide(kolorun_t *k, int64_t now)
                  "--reset-limit %d allows no more",
                  update, o->reset_limit);
         el_end(k, 1, why);
-        free(s);
         return;
     }
     e->resets++;
     if (el_publish(k, s, n, update) != 0)
         el_end(k, 1, NULL);
+}
+
+/* Decides what the job needs now; called at every turn of the loop. */
+static void el_decide(kolorun_t *k, int64_t now)
+{
+    kolorun_elastic_t *e = k->elastic;
+    if (e->ended || k->stopping || now < e->settle_until)
+        return;
+    e->dirty = 0;
+    if (e->finishing) {
+        el_decide_finish(k);
+        return;
+    }
+    if (e->gen > 0 && el_members_alive(e) == 0) {
+        el_decide_none_left(k);
+        return;
+    }
+    el_slot_t *s = NULL;
+    int n = el_desired(k, &s);
+    if (n < 0) {
+        kolorun_say("out of memory");
+        el_end(k, 1, NULL);
+        return;
+    }
+    if (e->gen == 0)
+        el_decide_first(k, s, n, now);
+    else
+        el_decide_next(k, s, n, now);
     free(s);
 }
 
@@ -637,107 +719,160 @@ static int el_parse_line(const kolorun_t *k, char *line, char *name,
     return 0;
 }
 
-/* The run of the script is over: its host list replaces the last one,
- * unless it failed or printed something else, which is said once. */
-static void el_discovery_done(kolorun_t *k)
+/* The run of the script failed (killed, exited non-zero, printed too
+ * much): 1, having said so once; 0 when its output is to be read. */
+static int el_discovery_failed(kolorun_t *k, const char *keep)
 {
-    kolorun_elastic_t *e = k->elastic;
+    const kolorun_elastic_t *e = k->elastic;
     const char *script = k->opts.discovery;
-    e->dpid = 0;
-    e->druns++;
-    const char *keep = e->dgood ? "keeping the hosts it gave before"
-                                : "no hosts yet";
     if (e->dkilled) {
         el_dwarn(k, "the host discovery script '%s' ran longer than %d s "
                  "and was killed; %s", script, EL_DISCOVERY_LIMIT_MS / 1000,
                  keep);
-        return;
+        return 1;
     }
     if (!WIFEXITED(e->dstatus) || WEXITSTATUS(e->dstatus) != 0) {
         char how[128];
         kolorun_describe(e->dstatus, how, sizeof how);
         el_dwarn(k, "the host discovery script '%s' %s; %s", script, how,
                  keep);
-        return;
+        return 1;
     }
     if (e->dlen >= EL_DISCOVERY_CAP) {
         el_dwarn(k, "the host discovery script '%s' printed more than %d "
                  "bytes; %s", script, EL_DISCOVERY_CAP, keep);
-        return;
+        return 1;
     }
-    e->dbuf[e->dlen] = '\0';
-    /* Parse it all first: a list with a wrong line is not taken at all
-     * (half a list would look like hosts removed). */
-    int nlisted = 0, cap = 16;
-    struct { char name[256]; int slots; } *l = malloc((size_t)cap * sizeof *l);
-    char why[600] = "";
-    for (char *save = NULL, *t = strtok_r(e->dbuf, "\n", &save); t && l;
+    return 0;
+}
+
+/* The hosts of one run of the script, in its order, each once. */
+typedef struct el_list {
+    struct {
+        char name[256];
+        int slots;
+    } *l;
+    int n, cap;
+} el_list_t;
+
+/* line without the blanks around it. */
+static char *el_trim(char *t)
+{
+    while (*t == ' ' || *t == '\t' || *t == '\r')
+        t++;
+    size_t len = strlen(t);
+    while (len && strchr(" \t\r", t[len - 1]))
+        t[--len] = '\0';
+    return t;
+}
+
+/* Adds host name with its slots; a host listed again is taken once, with
+ * the same slots. 0; 1: it is not (why says so); -1: out of memory (the
+ * list freed). */
+static int el_list_add(el_list_t *list, const char *name, int slots,
+                       char *why, size_t wlen)
+{
+    int dup = -1;
+    for (int i = 0; i < list->n; i++)
+        if (strcmp(list->l[i].name, name) == 0)
+            dup = i;
+    if (dup >= 0 && list->l[dup].slots != slots) {
+        snprintf(why, wlen, "host %s is listed with %d and with %d slots",
+                 name, list->l[dup].slots, slots);
+        return 1;
+    }
+    if (dup >= 0)
+        return 0;
+    if (list->n == list->cap) {
+        void *t2 = realloc(list->l, (size_t)(list->cap *= 2) * sizeof *list->l);
+        if (!t2) {
+            free(list->l);
+            list->l = NULL;
+            return -1;
+        }
+        list->l = t2;
+    }
+    snprintf(list->l[list->n].name, sizeof list->l[list->n].name, "%s", name);
+    list->l[list->n++].slots = slots;
+    return 0;
+}
+
+/* Parses the script's output (text, changed) into list: all of it first,
+ * for a list with a wrong line is not taken at all (half a list would
+ * look like hosts removed); why says what is wrong, "" when nothing is.
+ * 0, or -1: out of memory (list->l NULL). */
+static int el_parse_hosts(const kolorun_t *k, char *text, el_list_t *list,
+                          char *why, size_t wlen)
+{
+    list->n = 0;
+    list->cap = 16;
+    list->l = malloc((size_t)list->cap * sizeof *list->l);
+    for (char *save = NULL, *t = strtok_r(text, "\n", &save); t && list->l;
          t = strtok_r(NULL, "\n", &save)) {
-        while (*t == ' ' || *t == '\t' || *t == '\r')
-            t++;
-        size_t len = strlen(t);
-        while (len && strchr(" \t\r", t[len - 1]))
-            t[--len] = '\0';
-        if (!len)
+        t = el_trim(t);
+        if (!*t)
             continue;
         char name[256];
         int slots;
-        if (el_parse_line(k, t, name, sizeof name, &slots, why,
-                          sizeof why) != 0)
+        if (el_parse_line(k, t, name, sizeof name, &slots, why, wlen) != 0 ||
+            el_list_add(list, name, slots, why, wlen) != 0)
             break;
-        int dup = -1;
-        for (int i = 0; i < nlisted; i++)
-            if (strcmp(l[i].name, name) == 0)
-                dup = i;
-        if (dup >= 0 && l[dup].slots != slots) {
-            snprintf(why, sizeof why, "host %s is listed with %d and with "
-                     "%d slots", name, l[dup].slots, slots);
-            break;
-        }
-        if (dup >= 0)
-            continue;
-        if (nlisted == cap) {
-            void *t2 = realloc(l, (size_t)(cap *= 2) * sizeof *l);
-            if (!t2) {
-                free(l);
-                l = NULL;
-                break;
-            }
-            l = t2;
-        }
-        snprintf(l[nlisted].name, sizeof l[nlisted].name, "%s", name);
-        l[nlisted++].slots = slots;
     }
-    if (!l) {
-        kolorun_say("out of memory");
-        return;
-    }
-    if (why[0]) {
-        el_dwarn(k, "the host discovery script '%s' printed a line kolorun "
-                 "does not understand (%s); %s", script, why, keep);
-        free(l);
-        return;
-    }
+    return list->l ? 0 : -1;
+}
+
+/* The list replaces the last one: a host not in it has no slots now.
+ * Another host is of no use without a shared rendezvous, said once. */
+static void el_take_hosts(kolorun_t *k, const el_list_t *list)
+{
+    kolorun_elastic_t *e = k->elastic;
     int shared = k->redis_addr[0] || k->opts.rdv_base;
     for (int h = 0; h < k->opts.nhosts; h++)
         e->h[h].listed = 0;
-    for (int i = 0; i < nlisted; i++) {
-        int h = el_host_index(k, l[i].name);
+    for (int i = 0; i < list->n; i++) {
+        int h = el_host_index(k, list->l[i].name);
         if (h < 0) {
             kolorun_say("out of memory");
             break;
         }
-        e->h[h].listed = l[i].slots;
+        e->h[h].listed = list->l[i].slots;
         e->h[h].order = i;
         if (!k->opts.hosts[h].local && !shared && !e->h[h].unreachable) {
             e->h[h].unreachable = 1;
             kolorun_say("warning: host %s is another host, and workers there "
                         "cannot reach this host's private rendezvous "
                         "directory (give --redis, --start-redis or "
-                        "--rendezvous-dir): not using it", l[i].name);
+                        "--rendezvous-dir): not using it", list->l[i].name);
         }
     }
-    free(l);
+}
+
+/* The run of the script is over: its host list replaces the last one,
+ * unless it failed or printed something else, which is said once. */
+static void el_discovery_done(kolorun_t *k)
+{
+    kolorun_elastic_t *e = k->elastic;
+    e->dpid = 0;
+    e->druns++;
+    const char *keep = e->dgood ? "keeping the hosts it gave before"
+                                : "no hosts yet";
+    if (el_discovery_failed(k, keep))
+        return;
+    e->dbuf[e->dlen] = '\0';
+    el_list_t list;
+    char why[600] = "";
+    if (el_parse_hosts(k, e->dbuf, &list, why, sizeof why) != 0) {
+        kolorun_say("out of memory");
+        return;
+    }
+    if (why[0]) {
+        el_dwarn(k, "the host discovery script '%s' printed a line kolorun "
+                 "does not understand (%s); %s", k->opts.discovery, why, keep);
+        free(list.l);
+        return;
+    }
+    el_take_hosts(k, &list);
+    free(list.l);
     e->dgood = 1;
     e->dirty = 1;
     e->dwarn[0] = '\0'; /* a later problem is said again */
@@ -823,111 +958,135 @@ int kolorun_elastic_start(kolorun_t *k)
     return 0;
 }
 
-static int64_t el_tick(kolorun_t *k)
+/* *next becomes t where t is sooner (never before now): when el_tick
+ * must run again. */
+static void el_at(int64_t *next, int64_t now, int64_t t)
+{
+    if (*next < 0 || t < *next)
+        *next = t > now ? t : now;
+}
+
+/* The discovery script: one run at a time, about once a second, each
+ * killed after EL_DISCOVERY_LIMIT_MS, none once the job ends. */
+static void el_discovery_tick(kolorun_t *k, int64_t now, int64_t *next)
 {
     kolorun_elastic_t *e = k->elastic;
-    int64_t now = kolorun_now_ms(), next = -1;
-#define EL_AT(t)                                  \
-    do {                                          \
-        int64_t t_ = (t);                         \
-        if (next < 0 || t_ < next)                \
-            next = t_ > now ? t_ : now;           \
-    } while (0)
-
-    /* The discovery script: one run at a time, about once a second. */
-    if (k->opts.discovery) {
-        if (e->dpid > 0 && e->dreaped && e->dfd >= 0 &&
-            now - e->dstarted >= EL_DISCOVERY_LIMIT_MS) {
-            close(e->dfd); /* something it started holds the pipe */
-            e->dfd = -1;
-        }
-        if (e->dpid > 0 && e->dreaped && e->dfd < 0)
-            el_discovery_done(k);
-        if (e->dpid > 0 && !e->dkilled &&
-            now - e->dstarted >= EL_DISCOVERY_LIMIT_MS)
-            el_discovery_kill(k);
-        if (k->stopping || e->ended)
-            el_discovery_kill(k);
-        else if (e->dpid == 0 && now >= e->dnext)
-            el_discovery_start(k, now);
-        if (e->dpid > 0)
-            EL_AT(e->dstarted + EL_DISCOVERY_LIMIT_MS);
-        else if (!k->stopping && !e->ended)
-            EL_AT(e->dnext);
+    if (e->dpid > 0 && e->dreaped && e->dfd >= 0 &&
+        now - e->dstarted >= EL_DISCOVERY_LIMIT_MS) {
+        close(e->dfd); /* something it started holds the pipe */
+        e->dfd = -1;
     }
+    if (e->dpid > 0 && e->dreaped && e->dfd < 0)
+        el_discovery_done(k);
+    if (e->dpid > 0 && !e->dkilled &&
+        now - e->dstarted >= EL_DISCOVERY_LIMIT_MS)
+        el_discovery_kill(k);
+    if (k->stopping || e->ended)
+        el_discovery_kill(k);
+    else if (e->dpid == 0 && now >= e->dnext)
+        el_discovery_start(k, now);
+    if (e->dpid > 0)
+        el_at(next, now, e->dstarted + EL_DISCOVERY_LIMIT_MS);
+    else if (!k->stopping && !e->ended)
+        el_at(next, now, e->dnext);
+}
 
-    /* Decide when something changed or a timed event is due, and only
-     * once the first host list is in (or could not come). */
-    if ((!k->opts.discovery || e->druns > 0) &&
-        (e->dirty || (e->recheck_at && now >= e->recheck_at)))
-        el_decide(k, now);
-
-    /* A signal stopped the job: workers waiting in kolo_init learn it. */
-    if (k->stopping && !e->end_written && e->gen > 0) {
-        e->end_written = 1;
-        kolorun_rdv_set(k, "elastic/end", "kolorun was stopped by a signal\n");
-    }
-
+/* Workers that were removed or stopped with their host: removed ones
+ * leave by themselves at their next kolo_init, and one that has not
+ * within the elastic timeout gets SIGTERM; SIGKILL follows the grace
+ * period. */
+static void el_stop_dropped(kolorun_t *k, int64_t now, int64_t *next)
+{
+    kolorun_elastic_t *e = k->elastic;
     for (int w = 0; w < k->nstarted; w++) {
         el_worker_t *ew = &e->w[w];
         if (!el_alive(k, w) || !ew->dropped)
             continue;
-        /* Removed workers leave by themselves at their next kolo_init;
-         * one that has not within the elastic timeout is stopped. */
         if (ew->removed_ms && !ew->term_ms) {
             int64_t due = ew->removed_ms +
                           (int64_t)k->opts.elastic_timeout_s * 1000;
             if (now >= due)
                 el_terminate(k, w);
             else
-                EL_AT(due);
+                el_at(next, now, due);
         }
         if (ew->term_ms && !k->killed) {
             if (now - ew->term_ms >= KOLORUN_GRACE_MS)
                 kolorun_rank_stop(k, w, SIGKILL);
             else
-                EL_AT(ew->term_ms + KOLORUN_GRACE_MS);
+                el_at(next, now, ew->term_ms + KOLORUN_GRACE_MS);
         }
     }
+}
 
-    if (e->ended && !k->stopping) {
-        /* Success: whatever still runs was removed; stop it now. After a
-         * failure the workers get the failure grace to read elastic/end. */
-        int64_t due = e->status == 0 ? now : e->end_ms + k->opts.failure_grace_ms;
-        if (k->nalive == 0)
-            ;
-        else if (now >= due)
-            kolorun_stop(k, SIGTERM);
-        else
-            EL_AT(due);
-    }
-    /* The timed events of el_decide: the end of a failure's settling,
-     * the elastic timeout (at the start, or while too few), a cooldown. */
+/* The driver ended the job: on success whatever still runs was removed,
+ * and is stopped now; after a failure the workers get the failure grace
+ * to read elastic/end. */
+static void el_stop_at_end(kolorun_t *k, int64_t now, int64_t *next)
+{
+    const kolorun_elastic_t *e = k->elastic;
+    if (!e->ended || k->stopping || k->nalive == 0)
+        return;
+    int64_t due = e->status == 0 ? now : e->end_ms + k->opts.failure_grace_ms;
+    if (now >= due)
+        kolorun_stop(k, SIGTERM);
+    else
+        el_at(next, now, due);
+}
+
+/* *at becomes t where t is sooner. */
+static void el_sooner(int64_t *at, int64_t t)
+{
+    if (*at < 0 || t < *at)
+        *at = t;
+}
+
+/* The timed events of el_decide: the end of a failure's settling, the
+ * elastic timeout (at the start, or while too few), a cooldown. */
+static void el_plan_recheck(kolorun_t *k, int64_t now, int64_t *next)
+{
+    kolorun_elastic_t *e = k->elastic;
+    int64_t at = -1;
     e->recheck_at = 0;
-    if (!e->ended && !k->stopping) {
-        int64_t at = -1;
-#define EL_RECHECK(t)                             \
-    do {                                          \
-        if (at < 0 || (t) < at)                   \
-            at = (t);                             \
-    } while (0)
-        if (now < e->settle_until)
-            EL_RECHECK(e->settle_until);
-        if (e->gen == 0)
-            EL_RECHECK(e->start_ms + (int64_t)k->opts.elastic_timeout_s * 1000);
-        if (e->wait_since)
-            EL_RECHECK(e->wait_since +
-                       (int64_t)k->opts.elastic_timeout_s * 1000);
-        for (int h = 0; h < k->opts.nhosts; h++)
-            if (e->h[h].bl_until > now && e->h[h].bl_until != EL_FOREVER)
-                EL_RECHECK(e->h[h].bl_until);
-#undef EL_RECHECK
-        if (at >= 0) {
-            e->recheck_at = at;
-            EL_AT(at);
-        }
+    if (e->ended || k->stopping)
+        return;
+    if (now < e->settle_until)
+        el_sooner(&at, e->settle_until);
+    if (e->gen == 0)
+        el_sooner(&at, e->start_ms + (int64_t)k->opts.elastic_timeout_s * 1000);
+    if (e->wait_since)
+        el_sooner(&at, e->wait_since + (int64_t)k->opts.elastic_timeout_s * 1000);
+    for (int h = 0; h < k->opts.nhosts; h++)
+        if (e->h[h].bl_until > now && e->h[h].bl_until != EL_FOREVER)
+            el_sooner(&at, e->h[h].bl_until);
+    if (at >= 0) {
+        e->recheck_at = at;
+        el_at(next, now, at);
     }
-#undef EL_AT
+}
+
+/* At every turn of the loop: the discovery script, the decisions, the
+ * workers to stop; when it next needs to run, or -1. */
+static int64_t el_tick(kolorun_t *k)
+{
+    kolorun_elastic_t *e = k->elastic;
+    int64_t now = kolorun_now_ms(), next = -1;
+
+    if (k->opts.discovery)
+        el_discovery_tick(k, now, &next);
+    /* Decide when something changed or a timed event is due, and only
+     * once the first host list is in (or could not come). */
+    if ((!k->opts.discovery || e->druns > 0) &&
+        (e->dirty || (e->recheck_at && now >= e->recheck_at)))
+        el_decide(k, now);
+    /* A signal stopped the job: workers waiting in kolo_init learn it. */
+    if (k->stopping && !e->end_written && e->gen > 0) {
+        e->end_written = 1;
+        kolorun_rdv_set(k, "elastic/end", "kolorun was stopped by a signal\n");
+    }
+    el_stop_dropped(k, now, &next);
+    el_stop_at_end(k, now, &next);
+    el_plan_recheck(k, now, &next);
     return next;
 }
 
