@@ -149,7 +149,9 @@ def _stats(xs):
     return med, s[0], s[-1]
 
 
-def main(argv=None):
+def _parse_args(argv):
+    """The options, the workloads asked for, and the iterations and
+    warm-up iterations --quick implies where not given."""
     ap = argparse.ArgumentParser(prog="python3 -m kolo.bench",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="all")
@@ -162,18 +164,221 @@ def main(argv=None):
                     help="few iterations (a smoke test)")
     args = ap.parse_args(argv)
     known = ["small", "resnet50"]
-    wl = known if args.workload == "all" else args.workload.split(",")
-    for w in wl:
+    args.workloads = known if args.workload == "all" else \
+        args.workload.split(",")
+    for w in args.workloads:
         if w not in known:
             ap.error("unknown workload %r (known: %s, all)"
                      % (w, ", ".join(known)))
-    iters = args.iters if args.iters is not None else (3 if args.quick else 20)
-    warmup = args.warmup if args.warmup is not None else (
-        1 if args.quick else 3)
-    if iters < 1 or warmup < 0 or args.small_count < 1 or \
+    if args.iters is None:
+        args.iters = 3 if args.quick else 20
+    if args.warmup is None:
+        args.warmup = 1 if args.quick else 3
+    if args.iters < 1 or args.warmup < 0 or args.small_count < 1 or \
             args.resnet_scale < 1:
         ap.error("--iters, --small-count and --resnet-scale must be >= 1, "
                  "--warmup >= 0")
+    return args
+
+
+class _Bench:
+    """What every workload shares: the job, the two sides, and how a side
+    is timed and checked."""
+
+    def __init__(self, args, torch, hvd, _lib, lib):
+        self.args, self.torch, self.hvd, self._lib = args, torch, hvd, _lib
+        self.rank, self.size = hvd.rank(), hvd.size()
+        self.capi = _CApi(lib, _lib)
+        self.wrong = False
+
+    def timed(self, fn):
+        self.hvd.barrier()
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def slowest(self, times):
+        """Per iteration, the slowest rank's time."""
+        t = self.torch.tensor(times, dtype=self.torch.float64)
+        return self.hvd.allreduce(t, op=self.hvd.Max,
+                                  name="kolo.bench.times").tolist()
+
+    def alternate(self, prepare, run, check):
+        """Runs both sides warmup + iters times, taking turns (the order
+        swapped every other iteration): prepare(side) sets its inputs,
+        run[side] is timed, check(side) says whether its result is right.
+        Returns each side's times (after the warm-up) and correctness."""
+        times = {"torch": [], "capi": []}
+        ok = {"torch": True, "capi": True}
+        warmup = self.args.warmup
+        for it in range(warmup + self.args.iters):
+            order = ["torch", "capi"] if it % 2 == 0 else ["capi", "torch"]
+            for side in order:
+                prepare(side)
+                dt = self.timed(run[side])
+                if not check(side):
+                    ok[side] = False
+                if it >= warmup:
+                    times[side].append(dt)
+        return times, ok
+
+    def figures(self, times, ok, figure):
+        """Each side's figure from the slowest rank's times: figure(median,
+        min, max) gives its numbers, to which "correct" is added."""
+        fig = {}
+        for side in ("torch", "capi"):
+            fig[side] = dict(figure(*_stats(self.slowest(times[side]))),
+                             correct=ok[side])
+            self.wrong = self.wrong or not ok[side]
+        return fig
+
+
+def _bench_small(b):
+    """The small workload: many one-float tensors, allreduces a second."""
+    torch, hvd, _lib = b.torch, b.hvd, b._lib
+    n = b.args.small_count
+    expect = float(sum(r + 1 for r in range(b.size)))
+    ts = [torch.zeros(1) for _ in range(n)]
+    cs = [torch.zeros(1) for _ in range(n)]
+    tnames = ["bench.small.%d" % i for i in range(n)]
+    # the names kolo.torch gives the runtime: the sides take turns, so
+    # they share the response cache as one training loop's steps do (two
+    # sets of n names would each evict the other from a cache of
+    # KOLO_CACHE_CAPACITY = 1024 entries, and every operation would
+    # be negotiated in full on both sides)
+    cnames = ["allreduce." + nm for nm in tnames]
+    keep, calls = b.capi.prepare(cnames, cs, _lib.OP_SUM)
+    cptrs = [t.data_ptr() for t in cs]
+
+    def run_torch():
+        hs = [hvd.allreduce_async_(t, name=nm, op=hvd.Sum)
+              for t, nm in zip(ts, tnames)]
+        for h in hs:
+            hvd.synchronize(h)
+
+    def run_capi():
+        b.capi.run(calls, cptrs, _lib.FLOAT32)
+
+    def fill(side):
+        for t in (ts if side == "torch" else cs):
+            t.fill_(b.rank + 1)
+
+    def check(side):
+        return not any(t.item() != expect
+                       for t in (ts if side == "torch" else cs))
+
+    times, ok = b.alternate(fill, {"torch": run_torch, "capi": run_capi},
+                            check)
+    del keep
+    fig = b.figures(times, ok, lambda med, lo, hi: {
+        "ops_per_s": n / med, "min_ops_per_s": n / hi,
+        "max_ops_per_s": n / lo})
+    return {"workload": "small", "count": n, "unit": "ops/s",
+            "torch": fig["torch"], "capi": fig["capi"],
+            "ratio": fig["torch"]["ops_per_s"] / fig["capi"]["ops_per_s"]}
+
+
+def _bench_resnet50(b):
+    """The resnet50 workload: one backward pass's gradients, ms a step."""
+    torch, hvd, _lib = b.torch, b.hvd, b._lib
+    sc = b.args.resnet_scale
+    shapes = [(nm, (max(1, s[0] // sc),) + tuple(s[1:]))
+              for nm, s in RESNET50]
+    elements = sum(_numel(s) for _, s in shapes)
+
+    def model():
+        m = torch.nn.Module()
+        for nm, s in shapes[::-1]:  # forward order
+            m.register_parameter(nm.replace(".", "_"),
+                                 torch.nn.Parameter(torch.zeros(s)))
+        return m
+
+    scale = torch.tensor(float(b.rank + 1))
+    expect = (b.size + 1) / 2.0
+
+    def loss_of(m):
+        return sum(p.sum() for p in m.parameters()) * scale
+
+    mt, mc = model(), model()
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(mt.parameters(), lr=0.0),
+        named_parameters=mt.named_parameters(), op=hvd.Average)
+    # backward order: the order in which autograd produces gradients
+    cparams = list(mc.parameters())[::-1]
+    cnames = ["allreduce.bench.cresnet.%d" % i for i in range(len(cparams))]
+
+    def run_torch():
+        loss_of(mt).backward()
+        opt.synchronize()
+
+    ckeep, ccalls = b.capi.prepare(cnames, cparams, _lib.OP_AVERAGE)
+
+    def run_capi():
+        loss_of(mc).backward()
+        # the gradients are new tensors every step: their addresses
+        # are taken after the backward pass, as any binding must
+        b.capi.run(ccalls, [p.grad.data_ptr() for p in cparams],
+                   _lib.FLOAT32)
+
+    def zero_grad(side):
+        if side == "torch":
+            opt.zero_grad(set_to_none=True)
+        else:
+            mc.zero_grad(set_to_none=True)
+
+    def check(side):
+        m = mt if side == "torch" else mc
+        return all(bool((p.grad == expect).all()) for p in m.parameters())
+
+    times, ok = b.alternate(zero_grad, {"torch": run_torch,
+                                        "capi": run_capi}, check)
+    fig = b.figures(times, ok, lambda med, lo, hi: {
+        "ms": med * 1e3, "min_ms": lo * 1e3, "max_ms": hi * 1e3})
+    return {"workload": "resnet50", "tensors": len(shapes),
+            "elements": elements, "unit": "ms/step",
+            "torch": fig["torch"], "capi": fig["capi"],
+            "ratio": fig["torch"]["ms"] / fig["capi"]["ms"]}
+
+
+def _print_table(b, results):
+    print("kolo.bench: %d ranks, %d iterations (+%d warm-up), %s"
+          % (b.size, b.args.iters, b.args.warmup, b._lib.path))
+    print("%-9s %-22s %14s %14s %8s" % ("workload", "size", "torch",
+                                        "capi", "ratio"))
+    # (the ratio is torch over capi: for allreduces a second, near 1 or
+    # above is good; for milliseconds a step, near 1 or below)
+    for r in results:
+        if r["workload"] == "small":
+            f = lambda s: ("%.0f/s" % r[s]["ops_per_s"]
+                           if r[s]["correct"] else "WRONG")
+            what = "%d x 4 B" % r["count"]
+        else:
+            f = lambda s: ("%.2f ms" % r[s]["ms"]
+                           if r[s]["correct"] else "WRONG")
+            what = "%d t, %d el" % (r["tensors"], r["elements"])
+        better = ("higher is better" if r["workload"] == "small"
+                  else "lower is better")
+        print("%-9s %-22s %14s %14s %8.3f  (torch/capi: %s)"
+              % (r["workload"], what, f("torch"), f("capi"), r["ratio"],
+                 better))
+
+
+def _write_json(b, results):
+    doc = {"tool": "kolo.bench", "ranks": b.size, "iters": b.args.iters,
+           "warmup": b.args.warmup, "library": b._lib.path,
+           "python": sys.version.split()[0],
+           "torch": b.torch.__version__,
+           "env": {k: v for k, v in os.environ.items()
+                   if k.startswith("KOLO_") and k not in
+                   ("KOLO_RANK", "KOLO_LOCAL_RANK", "KOLO_CROSS_RANK")},
+           "results": results}
+    with open(b.args.json, "w") as fp:
+        json.dump(doc, fp, indent=1)
+        fp.write("\n")
+
+
+def main(argv=None):
+    args = _parse_args(argv)
 
     import torch
     import kolo.torch as hvd
@@ -182,181 +387,18 @@ def main(argv=None):
 
     torch.set_num_threads(1)
     hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    capi = _CApi(lib, _lib)
+    b = _Bench(args, torch, hvd, _lib, lib)
     results = []
-    wrong = False
-
-    def barrier():
-        hvd.barrier()
-
-    def timed(fn):
-        barrier()
-        t0 = time.perf_counter()
-        fn()
-        return time.perf_counter() - t0
-
-    def slowest(times):
-        """Per iteration, the slowest rank's time."""
-        t = torch.tensor(times, dtype=torch.float64)
-        return hvd.allreduce(t, op=hvd.Max, name="kolo.bench.times").tolist()
-
-    # ---- small --------------------------------------------------------------
-    if "small" in wl:
-        n = args.small_count
-        expect = float(sum(r + 1 for r in range(size)))
-        ts = [torch.zeros(1) for _ in range(n)]
-        cs = [torch.zeros(1) for _ in range(n)]
-        tnames = ["bench.small.%d" % i for i in range(n)]
-        # the names kolo.torch gives the runtime: the sides take turns, so
-        # they share the response cache as one training loop's steps do (two
-        # sets of n names would each evict the other from a cache of
-        # KOLO_CACHE_CAPACITY = 1024 entries, and every operation would
-        # be negotiated in full on both sides)
-        cnames = ["allreduce." + nm for nm in tnames]
-        keep, calls = capi.prepare(cnames, cs, _lib.OP_SUM)
-        cptrs = [t.data_ptr() for t in cs]
-
-        def run_torch():
-            hs = [hvd.allreduce_async_(t, name=nm, op=hvd.Sum)
-                  for t, nm in zip(ts, tnames)]
-            for h in hs:
-                hvd.synchronize(h)
-
-        def run_capi():
-            capi.run(calls, cptrs, _lib.FLOAT32)
-
-        times = {"torch": [], "capi": []}
-        ok = {"torch": True, "capi": True}
-        for it in range(warmup + iters):
-            order = ["torch", "capi"] if it % 2 == 0 else ["capi", "torch"]
-            for side in order:
-                bufs = ts if side == "torch" else cs
-                for t in bufs:
-                    t.fill_(rank + 1)
-                dt = timed(run_torch if side == "torch" else run_capi)
-                if any(t.item() != expect for t in bufs):
-                    ok[side] = False
-                if it >= warmup:
-                    times[side].append(dt)
-        del keep
-        fig = {}
-        for side in ("torch", "capi"):
-            med, lo, hi = _stats(slowest(times[side]))
-            fig[side] = {"ops_per_s": n / med, "min_ops_per_s": n / hi,
-                         "max_ops_per_s": n / lo, "correct": ok[side]}
-            wrong = wrong or not ok[side]
-        results.append({"workload": "small", "count": n, "unit": "ops/s",
-                        "torch": fig["torch"], "capi": fig["capi"],
-                        "ratio": fig["torch"]["ops_per_s"] /
-                        fig["capi"]["ops_per_s"]})
-
-    # ---- resnet50 -----------------------------------------------------------
-    if "resnet50" in wl:
-        sc = args.resnet_scale
-        shapes = [(nm, (max(1, s[0] // sc),) + tuple(s[1:]))
-                  for nm, s in RESNET50]
-        elements = sum(_numel(s) for _, s in shapes)
-
-        def model():
-            m = torch.nn.Module()
-            for nm, s in shapes[::-1]:  # forward order
-                m.register_parameter(nm.replace(".", "_"),
-                                     torch.nn.Parameter(torch.zeros(s)))
-            return m
-
-        scale = torch.tensor(float(rank + 1))
-        expect = (size + 1) / 2.0
-
-        def loss_of(m):
-            return sum(p.sum() for p in m.parameters()) * scale
-
-        mt, mc = model(), model()
-        opt = hvd.DistributedOptimizer(
-            torch.optim.SGD(mt.parameters(), lr=0.0),
-            named_parameters=mt.named_parameters(), op=hvd.Average)
-        # backward order: the order in which autograd produces gradients
-        cparams = list(mc.parameters())[::-1]
-        cnames = ["allreduce.bench.cresnet.%d" % i
-                  for i in range(len(cparams))]
-
-        def run_torch():
-            loss_of(mt).backward()
-            opt.synchronize()
-
-        ckeep, ccalls = capi.prepare(cnames, cparams, _lib.OP_AVERAGE)
-
-        def run_capi():
-            loss_of(mc).backward()
-            # the gradients are new tensors every step: their addresses
-            # are taken after the backward pass, as any binding must
-            capi.run(ccalls, [p.grad.data_ptr() for p in cparams],
-                     _lib.FLOAT32)
-
-        def check(m):
-            return all(bool((p.grad == expect).all()) for p in m.parameters())
-
-        times = {"torch": [], "capi": []}
-        ok = {"torch": True, "capi": True}
-        for it in range(warmup + iters):
-            order = ["torch", "capi"] if it % 2 == 0 else ["capi", "torch"]
-            for side in order:
-                m = mt if side == "torch" else mc
-                if side == "torch":
-                    opt.zero_grad(set_to_none=True)
-                else:
-                    m.zero_grad(set_to_none=True)
-                dt = timed(run_torch if side == "torch" else run_capi)
-                if not check(m):
-                    ok[side] = False
-                if it >= warmup:
-                    times[side].append(dt)
-        fig = {}
-        for side in ("torch", "capi"):
-            med, lo, hi = _stats(slowest(times[side]))
-            fig[side] = {"ms": med * 1e3, "min_ms": lo * 1e3,
-                         "max_ms": hi * 1e3, "correct": ok[side]}
-            wrong = wrong or not ok[side]
-        results.append({"workload": "resnet50", "tensors": len(shapes),
-                        "elements": elements, "unit": "ms/step",
-                        "torch": fig["torch"], "capi": fig["capi"],
-                        "ratio": fig["torch"]["ms"] / fig["capi"]["ms"]})
-
-    if rank == 0:
-        print("kolo.bench: %d ranks, %d iterations (+%d warm-up), %s"
-              % (size, iters, warmup, _lib.path))
-        print("%-9s %-22s %14s %14s %8s" % ("workload", "size", "torch",
-                                            "capi", "ratio"))
-        # (the ratio is torch over capi: for allreduces a second, near 1 or
-        # above is good; for milliseconds a step, near 1 or below)
-        for r in results:
-            if r["workload"] == "small":
-                f = lambda s: ("%.0f/s" % r[s]["ops_per_s"]
-                               if r[s]["correct"] else "WRONG")
-                what = "%d x 4 B" % r["count"]
-            else:
-                f = lambda s: ("%.2f ms" % r[s]["ms"]
-                               if r[s]["correct"] else "WRONG")
-                what = "%d t, %d el" % (r["tensors"], r["elements"])
-            better = ("higher is better" if r["workload"] == "small"
-                      else "lower is better")
-            print("%-9s %-22s %14s %14s %8.3f  (torch/capi: %s)"
-                  % (r["workload"], what, f("torch"), f("capi"), r["ratio"],
-                     better))
+    if "small" in args.workloads:
+        results.append(_bench_small(b))
+    if "resnet50" in args.workloads:
+        results.append(_bench_resnet50(b))
+    if b.rank == 0:
+        _print_table(b, results)
         if args.json:
-            doc = {"tool": "kolo.bench", "ranks": size, "iters": iters,
-                   "warmup": warmup, "library": _lib.path,
-                   "python": sys.version.split()[0],
-                   "torch": torch.__version__,
-                   "env": {k: v for k, v in os.environ.items()
-                           if k.startswith("KOLO_") and k not in
-                           ("KOLO_RANK", "KOLO_LOCAL_RANK", "KOLO_CROSS_RANK")},
-                   "results": results}
-            with open(args.json, "w") as fp:
-                json.dump(doc, fp, indent=1)
-                fp.write("\n")
+            _write_json(b, results)
     hvd.shutdown()
-    return 1 if wrong else 0
+    return 1 if b.wrong else 0
 
 
 if __name__ == "__main__":
