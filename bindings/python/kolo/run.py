@@ -194,10 +194,39 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None,
             "kolo.run was called while a rank imported the main script: "
             "start the script's work under `if __name__ == \"__main__\":`, "
             "so that the ranks can import its functions without running it")
-    elastic = {"min_num_proc": min_num_proc, "max_num_proc": max_num_proc,
-               "slots": slots, "reset_limit": reset_limit,
-               "cooldown_range": cooldown_range, "min_np": min_np,
-               "max_np": max_np}
+    n = _ranks(num_proc, np, {
+        "min_num_proc": min_num_proc, "max_num_proc": max_num_proc,
+        "slots": slots, "reset_limit": reset_limit,
+        "cooldown_range": cooldown_range, "min_np": min_np, "max_np": max_np})
+    if hosts is not None and hostfile is not None:
+        raise ValueError("Argument hosts and hostfile only allow one provided.")
+    if use_gloo and use_mpi:
+        raise ValueError("Argument use_gloo and use_mpi only allow one set True.")
+    call = _pack_call(func, args, {} if kwargs is None else kwargs)
+
+    local = _hosts_all_local(hosts, hostfile)
+    work = tempfile.mkdtemp(prefix="kolo-run-",
+                            dir=None if local else os.getcwd())
+    try:
+        with open(os.path.join(work, "call.pkl"), "wb") as f:
+            pickle.dump(call, f, protocol=pickle.HIGHEST_PROTOCOL)
+        cmd = _kolorun_command(n, work, executable, {
+            "hosts": hosts, "hostfile": hostfile,
+            "start_timeout": start_timeout, "ssh_port": ssh_port,
+            "ssh_identity_file": ssh_identity_file,
+            "disable_cache": disable_cache,
+            "output_filename": output_filename, "verbose": verbose,
+            "use_gloo": use_gloo, "use_mpi": use_mpi, "mpi_args": mpi_args,
+            "network_interface": network_interface})
+        status, kolorun_lines = _run_kolorun(cmd, _ranks_env())
+        return _collect(work, n, status, kolorun_lines)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _ranks(num_proc, np, elastic):
+    """The number of ranks, from num_proc or its twin np; Horovod's elastic
+    arguments refused."""
     given = [k for k, v in elastic.items() if v is not None]
     if given:
         raise ValueError("kolo.run does not start elastic jobs (%s given); "
@@ -208,13 +237,12 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None,
     n = num_proc if num_proc is not None else np if np is not None else 1
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError("num_proc must be a positive int, not %r" % (n,))
-    if hosts is not None and hostfile is not None:
-        raise ValueError("Argument hosts and hostfile only allow one provided.")
-    if use_gloo and use_mpi:
-        raise ValueError("Argument use_gloo and use_mpi only allow one set True.")
-    if kwargs is None:
-        kwargs = {}
+    return n
 
+
+def _pack_call(func, args, kwargs):
+    """What the ranks need to make the call (see kolo._run_task): the
+    pickled call, and where to import the caller's modules from."""
     pickler = _pickler()
     try:
         payload = pickler.dumps((func, tuple(args), dict(kwargs)),
@@ -227,6 +255,7 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None,
             % (func, e)) from e
     main = sys.modules.get("__main__")
     main_path = getattr(main, "__file__", None)
+    # Only a call that names the caller's script makes the ranks import it.
     if b"__main__" in payload and pickler is pickle:
         if not main_path or not os.path.exists(main_path):
             raise TypeError(
@@ -236,79 +265,90 @@ def run(func, args=(), kwargs=None, num_proc=None, min_num_proc=None,
                 "cloudpickle)" % (func,))
     else:
         main_path = None
-    call = {"payload": payload, "sys_path": list(sys.path),
+    return {"payload": payload, "sys_path": list(sys.path),
             "main_path": os.path.abspath(main_path) if main_path else None,
             "cwd": os.getcwd()}
 
-    local = _hosts_all_local(hosts, hostfile)
-    work = tempfile.mkdtemp(prefix="kolo-run-",
-                            dir=None if local else os.getcwd())
-    try:
-        with open(os.path.join(work, "call.pkl"), "wb") as f:
-            pickle.dump(call, f, protocol=pickle.HIGHEST_PROTOCOL)
-        cmd = [_find_kolorun(), "-np", str(n), "--tag-output"]
-        if hosts is not None:
-            cmd += ["-H", hosts]
-        if hostfile is not None:
-            cmd += ["--hostfile", hostfile]
-        if start_timeout is not None:
-            cmd += ["--start-timeout", str(int(start_timeout))]
-        if ssh_port is not None:
-            cmd += ["--ssh-port", str(ssh_port)]
-        if ssh_identity_file is not None:
-            cmd += ["--ssh-identity-file", ssh_identity_file]
-        if disable_cache:
-            cmd += ["--disable-cache"]
-        if output_filename is not None:
-            cmd += ["--output-filename", output_filename]
-        if verbose:
-            cmd += ["--verbose"]
-        if use_gloo:
-            cmd += ["--gloo"]
-        if use_mpi:
-            cmd += ["--mpi"]
-        if mpi_args is not None:
-            cmd += ["--mpi-args", mpi_args]
-        if network_interface is not None:
-            cmd += ["--network-interfaces", network_interface]
-        cmd += ["--", executable or sys.executable, "-m", "kolo._run_task",
-                work]
 
-        env = dict(os.environ)
-        # The ranks import kolo as this process did: from a source tree,
-        # through PYTHONPATH (an installed kolo is on their path already).
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        if here not in _site_dirs():
-            env["PYTHONPATH"] = os.pathsep.join(
-                [here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
-                          if p and p != here])
-        from ._lib import path as lib_path
-        env.setdefault("KOLO_LIBRARY", os.path.abspath(lib_path))
-        kolorun_lines = []
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
-        threads = [
-            threading.Thread(target=_forward,
-                             args=(proc.stdout, sys.stdout, None),
-                             daemon=True),
-            threading.Thread(target=_forward,
-                             args=(proc.stderr, sys.stderr, kolorun_lines),
-                             daemon=True)]
-        for t in threads:
-            t.start()
-        try:
-            status = proc.wait()
-        except BaseException:
-            # Ctrl-C in the caller: kolorun stops the ranks.
-            proc.terminate()
-            proc.wait()
-            raise
-        for t in threads:
-            t.join()
-        return _collect(work, n, status, kolorun_lines)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+def _same(value):
+    return value
+
+
+# kolo.run's arguments that become kolorun's flags, in the order given:
+# (argument, flag, how its value is written; None: a flag without a value,
+# given when the argument is true).
+_KOLORUN_FLAGS = (
+    ("hosts", "-H", _same),
+    ("hostfile", "--hostfile", _same),
+    ("start_timeout", "--start-timeout", lambda v: str(int(v))),
+    ("ssh_port", "--ssh-port", str),
+    ("ssh_identity_file", "--ssh-identity-file", _same),
+    ("disable_cache", "--disable-cache", None),
+    ("output_filename", "--output-filename", _same),
+    ("verbose", "--verbose", None),
+    ("use_gloo", "--gloo", None),
+    ("use_mpi", "--mpi", None),
+    ("mpi_args", "--mpi-args", _same),
+    ("network_interface", "--network-interfaces", _same),
+)
+
+
+def _kolorun_command(n, work, executable, options):
+    """kolorun's command line: n ranks of `python -m kolo._run_task work`,
+    with the flags `options` (kolo.run's arguments by name) ask for."""
+    cmd = [_find_kolorun(), "-np", str(n), "--tag-output"]
+    for name, flag, write in _KOLORUN_FLAGS:
+        value = options[name]
+        if write is None:
+            if value:
+                cmd += [flag]
+        elif value is not None:
+            cmd += [flag, write(value)]
+    return cmd + ["--", executable or sys.executable, "-m", "kolo._run_task",
+                  work]
+
+
+def _ranks_env():
+    """The ranks' environment: this one, with this kolo on their path."""
+    env = dict(os.environ)
+    # The ranks import kolo as this process did: from a source tree,
+    # through PYTHONPATH (an installed kolo is on their path already).
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if here not in _site_dirs():
+        env["PYTHONPATH"] = os.pathsep.join(
+            [here] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                      if p and p != here])
+    from ._lib import path as lib_path
+    env.setdefault("KOLO_LIBRARY", os.path.abspath(lib_path))
+    return env
+
+
+def _run_kolorun(cmd, env):
+    """Runs kolorun to its end, its output copied to ours; its exit status
+    and its own lines ("kolorun: ...") from its stderr."""
+    kolorun_lines = []
+    proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    threads = [
+        threading.Thread(target=_forward,
+                         args=(proc.stdout, sys.stdout, None),
+                         daemon=True),
+        threading.Thread(target=_forward,
+                         args=(proc.stderr, sys.stderr, kolorun_lines),
+                         daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        status = proc.wait()
+    except BaseException:
+        # Ctrl-C in the caller: kolorun stops the ranks.
+        proc.terminate()
+        proc.wait()
+        raise
+    for t in threads:
+        t.join()
+    return status, kolorun_lines
 
 
 def _collect(work, n, status, kolorun_lines):
