@@ -161,15 +161,9 @@ def with_without(v, name, args):
         args.append("--without-" + name.lower())
 
 
-def configure_plan(environ):
-    """What the build variables ask of ./configure: (arguments, variables
-    for its environment, whether CUDA tensors are required, whether
-    kolo.torch is installed, notes)."""
-    v = Variables(environ)
-    args, env = [], {}
-    with_without(v, "GLOO", args)
-    with_without(v, "MPI", args)
-
+def gpu_plan(v, args, env):
+    """What the GPU variables ask: CUDA and NCCL's configure arguments, the
+    architectures nvcc builds for; True where CUDA tensors are required."""
     gpu, var = v.get("GPU")
     if gpu and gpu.strip().upper() != "CUDA":
         raise BuildError("%s=%s: kolo builds GPU support for CUDA only "
@@ -202,22 +196,33 @@ def configure_plan(environ):
         args.append("--with-nccl-include=" + nccl_inc)
     if nccl_lib:
         args.append("--with-nccl-lib=" + nccl_lib)
-    ccs, var = v.get("BUILD_CUDA_CC_LIST")
-    if ccs:
-        try:
-            nums = [int(c) for c in ccs.replace(" ", "").split(",") if c]
-        except ValueError:
-            nums = []
-        if not nums:
-            raise BuildError("%s=%s: expected compute capabilities such as "
-                             "75,80,90" % (var, ccs))
-        # machine code for each, and PTX of the newest for later GPUs
-        env["NVCCFLAGS"] = " ".join(
-            ["-O3"] + ["-gencode arch=compute_%d,code=sm_%d" % (c, c)
-                       for c in nums] +
-            ["-gencode arch=compute_%d,code=compute_%d"
-             % (max(nums), max(nums))])
+    cuda_archs(v, env)
+    return need_gpu
 
+
+def cuda_archs(v, env):
+    """HOROVOD_BUILD_CUDA_CC_LIST as nvcc's -gencode flags (NVCCFLAGS)."""
+    ccs, var = v.get("BUILD_CUDA_CC_LIST")
+    if not ccs:
+        return
+    try:
+        nums = [int(c) for c in ccs.replace(" ", "").split(",") if c]
+    except ValueError:
+        nums = []
+    if not nums:
+        raise BuildError("%s=%s: expected compute capabilities such as "
+                         "75,80,90" % (var, ccs))
+    # machine code for each, and PTX of the newest for later GPUs
+    env["NVCCFLAGS"] = " ".join(
+        ["-O3"] + ["-gencode arch=compute_%d,code=sm_%d" % (c, c)
+                   for c in nums] +
+        ["-gencode arch=compute_%d,code=compute_%d"
+         % (max(nums), max(nums))])
+
+
+def compiler_flags(v, environ, env):
+    """HOROVOD_DEBUG and HOROVOD_BUILD_ARCH_FLAGS, added to CFLAGS and
+    CXXFLAGS."""
     flags = []
     if v.flag("DEBUG"):
         flags.append("-O0 -g")
@@ -229,6 +234,10 @@ def configure_plan(environ):
             base = environ.get(name, "" if v.flag("DEBUG") else "-O2 -g")
             env[name] = " ".join([base] + flags).strip()
 
+
+def frameworks(v):
+    """(torch required, kolo.torch installed); the frameworks kolo has no
+    binding for refused, and the variables that steer nothing noted."""
     torch_on, torch_off = v.flag("WITH_PYTORCH"), v.flag("WITHOUT_PYTORCH")
     if torch_on and torch_off:
         raise BuildError("both %s and %s are set to 1: choose one"
@@ -243,7 +252,21 @@ def configure_plan(environ):
         value, var = v.get(name)
         if value:
             v.notes.append("%s=%s has no effect: %s" % (var, value, why))
-    return args, env, need_gpu, (torch_on, not torch_off), v.notes
+    return torch_on, not torch_off
+
+
+def configure_plan(environ):
+    """What the build variables ask of ./configure: (arguments, variables
+    for its environment, whether CUDA tensors are required, whether
+    kolo.torch is installed, notes)."""
+    v = Variables(environ)
+    args, env = [], {}
+    with_without(v, "GLOO", args)
+    with_without(v, "MPI", args)
+    need_gpu = gpu_plan(v, args, env)
+    compiler_flags(v, environ, env)
+    torch = frameworks(v)
+    return args, env, need_gpu, torch, v.notes
 
 
 # ---- the native build ---------------------------------------------------------
