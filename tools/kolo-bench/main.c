@@ -14,14 +14,9 @@
 #include "reduce.h"
 #include "bench.h"
 
-int main(int argc, char **argv)
+/* --backend: one this build has, and that can run where we are. */
+static void check_backend(void)
 {
-    const char *r = getenv("KOLO_RANK");
-    int rc;
-
-    /* Usage errors before connecting: only rank 0 talks. */
-    bench_rank = r ? atoi(r) : 0;
-    bench_parse_args(argc, argv);
     bench_gpu = strcmp(bench_opt.backend, "nccl") == 0;
     if (bench_gpu && bench_opt.compare != NULL)
         bench_bad_usage("--compare %s: it adds host backends, not with "
@@ -40,12 +35,17 @@ int main(int argc, char **argv)
         bench_bad_usage("--backend mpi needs the job started by MPI: run %s",
                         "kolorun --mpi -np N kolo-bench --backend mpi (or "
                         "mpirun -np N kolo-bench --backend mpi)");
-    /* The runtime runs as this job would run a training loop: its backends
-     * are the environment's (KOLO_CONTROLLER, KOLO_CPU_OPERATIONS), by
-     * default its own choice (shared memory for the ranks of one host).
-     * --backend picks what it is measured against. */
-    bench_resnet50_selfcheck();
-    bench_fault = bench_env_or("KOLO_BENCH_FAULT", "0")[0] == '1';
+}
+
+/* Both sides up: the runtime, the raw backend (and NCCL's), the expected
+ * results, and the header of the report. The runtime runs as this job
+ * would run a training loop: its backends are the environment's
+ * (KOLO_CONTROLLER, KOLO_CPU_OPERATIONS), by default its own choice
+ * (shared memory for the ranks of one host). --backend picks what it is
+ * measured against. */
+static void start(void)
+{
+    int rc;
 
     bench_sum_f32 = kolo__reduce_get(KOLO_FLOAT32, KOLO_OP_SUM);
     bench_max_f64 = kolo__reduce_get(KOLO_FLOAT64, KOLO_OP_MAX);
@@ -65,7 +65,10 @@ int main(int argc, char **argv)
     bench_data_init();
     bench_print_header();
     bench_json_begin();
+}
 
+static void run_workloads(void)
+{
     if (bench_opt.large)
         bench_workload_large();
     if (bench_opt.resnet50)
@@ -76,7 +79,11 @@ int main(int argc, char **argv)
         bench_workload_many(1);
     if (bench_opt.fp16)
         bench_workload_fp16();
+}
 
+/* The summary, then both sides down. */
+static void finish(void)
+{
     bench_json_end();
     if (bench_rank == 0) {
         if (bench_wrong)
@@ -88,10 +95,26 @@ int main(int argc, char **argv)
     }
     /* Every rank is done with kolo before the first one shuts it down. */
     bench_barrier();
-    if ((rc = kolo_shutdown()) != KOLO_OK)
+    if (kolo_shutdown() != KOLO_OK)
         bench_die("kolo_shutdown failed: %s", kolo_last_error());
     if (bench_gpu)
         bench_gpu_finalize();
     bench_raw_finalize();
+}
+
+int main(int argc, char **argv)
+{
+    const char *r = getenv("KOLO_RANK");
+
+    /* Usage errors before connecting: only rank 0 talks. */
+    bench_rank = r ? atoi(r) : 0;
+    bench_parse_args(argc, argv);
+    check_backend();
+    bench_resnet50_selfcheck();
+    bench_fault = bench_env_or("KOLO_BENCH_FAULT", "0")[0] == '1';
+
+    start();
+    run_workloads();
+    finish();
     return bench_wrong ? 1 : 0;
 }

@@ -64,80 +64,100 @@ static size_t raw_slot_bytes(void)
 
 static const char *env_get(const char *name) { return getenv(name); }
 
-/* The raw side: the backend's own context, next to the runtime's.
- * --backend nccl: the host backend of barriers and of the reduction of the
- * times; the raw NCCL side is bench_gpu_init's. */
-void bench_raw_init(const char *backend)
+/* Where the raw side meets its peers: the rendezvous and the address it
+ * binds, as the runtime's backends find them. */
+typedef struct {
+    const char *rdv;
+    const char *host;
+} raw_place_t;
+
+/* The backend measured directly, and where it meets its peers: the
+ * job's rendezvous, or nothing for one rank and for MPI. */
+static void raw_choose(const char *backend, raw_place_t *place)
 {
-    const char *rdv = getenv("KOLO_RENDEZVOUS");
-    const char *host = getenv("KOLO_HOSTNAME");
     const char *iface = getenv("KOLO_NETWORK_INTERFACE");
     static kolo__config_t kc; /* its hostname outlives this call */
-    char err[512] = "";
-    kolo__ops_config_t cfg;
-    int *members;
-    int rc;
 
     if (bench_size == 1) {
         bench_raw = &kolo__ops_local;
-    } else if (strcmp(backend, "mpi") == 0) {
+        return;
+    }
+    if (strcmp(backend, "mpi") == 0) {
         /* kolo_init initialised MPI; the raw side uses it too. */
         bench_raw = kolo__ops_find("mpi");
-    } else {
-        bench_raw = kolo__ops_named(backend);
-        if (bench_raw == NULL)
-            bench_die("this kolo-bench has no raw backend '%s'", backend);
-        if (iface != NULL && iface[0] != '\0') {
-            /* Bind where the runtime binds: the interface's address, as
-             * env.c finds it (kolorun --network-interface). */
-            kolo__err_t e;
-            if (kolo__config_load(&kc, env_get, &e) != 0)
-                bench_die("%s", e.msg);
-            host = kc.hostname;
-        }
-        if ((rdv == NULL || rdv[0] == '\0') && getenv("PMIX_NAMESPACE") &&
-            strcmp(backend, "gloo") != 0) {
-            /* Started by mpirun: shared memory keys its segment on the job's
-             * PMIx namespace, unique per job. */
-            static char mpi_rdv[300];
-            snprintf(mpi_rdv, sizeof(mpi_rdv), "mpi-bench:%s",
-                     getenv("PMIX_NAMESPACE"));
-            rdv = mpi_rdv;
-        }
-        if (rdv == NULL || rdv[0] == '\0')
-            bench_die(
-                "KOLO_RENDEZVOUS is not set: run kolo-bench under kolorun "
-                "(--backend gloo and --compare gloo need kolorun without "
-                "--mpi)");
+        return;
     }
-    members = g_raw_members = malloc((size_t)bench_size * sizeof(int));
+    bench_raw = kolo__ops_named(backend);
+    if (bench_raw == NULL)
+        bench_die("this kolo-bench has no raw backend '%s'", backend);
+    if (iface != NULL && iface[0] != '\0') {
+        /* Bind where the runtime binds: the interface's address, as
+         * env.c finds it (kolorun --network-interface). */
+        kolo__err_t e;
+        if (kolo__config_load(&kc, env_get, &e) != 0)
+            bench_die("%s", e.msg);
+        place->host = kc.hostname;
+    }
+    if ((place->rdv == NULL || place->rdv[0] == '\0') &&
+        getenv("PMIX_NAMESPACE") && strcmp(backend, "gloo") != 0) {
+        /* Started by mpirun: shared memory keys its segment on the job's
+         * PMIx namespace, unique per job. */
+        static char mpi_rdv[300];
+        snprintf(mpi_rdv, sizeof(mpi_rdv), "mpi-bench:%s",
+                 getenv("PMIX_NAMESPACE"));
+        place->rdv = mpi_rdv;
+    }
+    if (place->rdv == NULL || place->rdv[0] == '\0')
+        bench_die("KOLO_RENDEZVOUS is not set: run kolo-bench under kolorun "
+                  "(--backend gloo and --compare gloo need kolorun without "
+                  "--mpi)");
+}
+
+/* The raw contexts' configuration: every rank of the job, as the
+ * runtime's global set. */
+static void raw_config(const raw_place_t *place, kolo__ops_config_t *cfg)
+{
+    int *members = g_raw_members = malloc((size_t)bench_size * sizeof(int));
     if (members == NULL)
         bench_die("out of memory");
     for (int i = 0; i < bench_size; i++)
         members[i] = i;
-    cfg = (kolo__ops_config_t){
+    *cfg = (kolo__ops_config_t){
         .rank = bench_rank, .size = bench_size, .members = members,
-        .global_rank = bench_rank, .rendezvous = rdv ? rdv : "",
+        .global_rank = bench_rank, .rendezvous = place->rdv ? place->rdv : "",
         .prefix = "kolo-bench-raw",
-        .hostname = host && host[0] ? host : "127.0.0.1",
+        .hostname = place->host && place->host[0] ? place->host : "127.0.0.1",
         .timeout_s = 300, .start_timeout_s = 60, .on_wake = NULL,
         .wake_arg = NULL,
         /* The raw side runs as the runtime's does (env.c checked these). */
         .shm_slot_bytes = raw_slot_bytes(),
         .shm_spin_us = atoi(bench_env_or("KOLO_SHM_SPIN_US", "50"))};
-    {
-        /* Its connections prove the job's secret, as the runtime's do. */
-        static uint8_t key[KOLO__KEY_BYTES];
-        int have = 0;
-        kolo__err_t e;
-        if (kolo__auth_job_key(env_get, key, &have, &e) != KOLO_OK)
-            bench_die("%s", e.msg);
-        cfg.job_key = have ? key : NULL;
-    }
-    rc = bench_raw->init(&cfg, &g_raw_ctx, err, sizeof(err));
+
+    /* Its connections prove the job's secret, as the runtime's do. */
+    static uint8_t key[KOLO__KEY_BYTES];
+    int have = 0;
+    kolo__err_t e;
+    if (kolo__auth_job_key(env_get, key, &have, &e) != KOLO_OK)
+        bench_die("%s", e.msg);
+    cfg->job_key = have ? key : NULL;
+}
+
+/* The raw side: the backend's own context, next to the runtime's.
+ * --backend nccl: the host backend of barriers and of the reduction of the
+ * times; the raw NCCL side is bench_gpu_init's. */
+void bench_raw_init(const char *backend)
+{
+    raw_place_t place = {getenv("KOLO_RENDEZVOUS"), getenv("KOLO_HOSTNAME")};
+    kolo__ops_config_t cfg;
+    char err[512] = "";
+
+    raw_choose(backend, &place);
+    raw_config(&place, &cfg);
+    int rc = bench_raw->init(&cfg, &g_raw_ctx, err, sizeof(err));
     if (rc != KOLO_OK)
         bench_die("raw %s backend: init failed: %s (%s)", bench_raw->name, err,
                   kolo_strerror(rc));
+    /* --compare: each backend in a context of its own prefix. */
     for (int k = 0; k < bench_ncmp; k++) {
         char prefix[64];
         snprintf(prefix, sizeof(prefix), "kolo-bench-compare-%s",
