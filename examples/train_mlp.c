@@ -647,15 +647,91 @@ static double now_s(void)
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* ---- main ---------------------------------------------------------------- */
+/* ---- the training loop --------------------------------------------------- */
 
-int main(int argc, char **argv)
+/* This rank's shard of the training set, samples rank, rank + size, ...,
+ * drawn in a new random order each time it has all been used. */
+typedef struct {
+    int *idx, n, cursor;
+    rng_t rng;
+} shard_t;
+
+static void shard_init(shard_t *sh, const options_t *opt)
 {
-    options_t opt;
-    parse_args(argc, argv, &opt);
-    if (opt.fp16)
-        check_half_conversions();
+    int n_train = N_SAMPLES - N_TEST;
+    sh->idx = xcalloc((size_t)n_train, sizeof(int));
+    sh->n = 0;
+    for (int i = rank; i < n_train; i += size)
+        sh->idx[sh->n++] = i;
+    if (sh->n < opt->batch) {
+        fprintf(stderr, "rank %d: --batch %d is larger than this rank's shard "
+                        "(%d samples)\n", rank, opt->batch, sh->n);
+        die();
+    }
+    sh->rng = (rng_t){opt->seed * 1000003ULL + (uint64_t)rank};
+    sh->cursor = sh->n; /* reshuffle on first use */
+}
 
+/* The next n samples of the shard into idx[0..n-1]. */
+static void shard_next(shard_t *sh, int *idx, int n)
+{
+    for (int s = 0; s < n; s++) {
+        if (sh->cursor == sh->n) {
+            shuffle(sh->idx, sh->n, &sh->rng);
+            sh->cursor = 0;
+        }
+        idx[s] = sh->idx[sh->cursor++];
+    }
+}
+
+/* One step: --backward-passes micro-batches, each forward and backward
+ * (which enqueues its gradients), then the SGD update with the averaged
+ * gradients. Returns the step's loss, the mean of its passes'. */
+static double train_step(const options_t *opt, reducer_t *rd, shard_t *sh,
+                         int *batch_idx)
+{
+    double loss = 0;
+    for (int pass = 1; pass <= opt->backward_passes; pass++) {
+        shard_next(sh, batch_idx, opt->batch);
+        forward(batch_idx, opt->batch);
+        loss += backward(rd, batch_idx, opt->batch);
+        /* Passes before the last complete at once; waiting releases the
+         * handles and lets us reuse the gradient buffers. */
+        wait_grads(rd, pass == opt->backward_passes);
+    }
+    sgd_update((float)opt->lr, (float)opt->momentum);
+    return loss / opt->backward_passes;
+}
+
+/* The figures rank 0 reports: the loss and step time summed since the last
+ * report, and the last global loss and test accuracy. */
+typedef struct {
+    double loss_since, time_since;
+    int steps_since;
+    double loss, accuracy;
+} progress_t;
+
+/* Every --print-every steps rank 0 prints the global figures; after the
+ * last step they are taken too, for the final line. Every rank takes part:
+ * they are allreduced. */
+static void report_progress(const options_t *opt, progress_t *p, int step)
+{
+    int report = opt->print_every > 0 && step % opt->print_every == 0;
+    if (!report && step != opt->steps)
+        return;
+    global_metrics(p->loss_since / p->steps_since, &p->loss, &p->accuracy);
+    if (rank == 0 && report)
+        printf("step %5d  loss %.4f  test accuracy %.4f  "
+               "step time %.3f ms\n", step, p->loss, p->accuracy,
+               1e3 * p->time_since / p->steps_since);
+    fflush(stdout);
+    p->loss_since = p->time_since = 0;
+    p->steps_since = 0;
+}
+
+/* kolo_init, and this rank's place in the job. */
+static void join_job(void)
+{
     /* Until kolo_init succeeds kolo_rank() knows nothing: a message about
      * a failed init names the rank the launcher gave (kolorun's KOLO_RANK,
      * or horovodrun's twin). */
@@ -664,91 +740,74 @@ int main(int argc, char **argv)
     check(kolo_init(), "kolo_init");
     rank = kolo_rank();
     size = kolo_size();
+}
 
-    make_spirals(opt.seed);
-    init_model(opt.seed);
-    alloc_activations(opt.batch);
-
-    /* This rank's shard of the training set: samples rank, rank + size, ... */
-    int n_train = N_SAMPLES - N_TEST, shard_n = 0;
-    int *shard = xcalloc((size_t)n_train, sizeof(int));
-    for (int i = rank; i < n_train; i += size)
-        shard[shard_n++] = i;
-    if (shard_n < opt.batch) {
-        fprintf(stderr, "rank %d: --batch %d is larger than this rank's shard "
-                        "(%d samples)\n", rank, opt.batch, shard_n);
-        die();
-    }
-    rng_t order_rng = {opt.seed * 1000003ULL + (uint64_t)rank};
-    int cursor = shard_n; /* reshuffle on first use */
-
+static void print_setup(const options_t *opt)
+{
     if (rank == 0)
         printf("train_mlp: %d rank%s, MLP %d-%d-%d-%d, %d train / %d test "
                "samples, batch %d per rank x %d pass%s, lr %g, momentum %g, "
                "gradients in %s\n",
                size, size == 1 ? "" : "s", N_IN, N_H1, N_H2, N_CLASSES,
-               n_train, N_TEST, opt.batch, opt.backward_passes,
-               opt.backward_passes == 1 ? "" : "es", opt.lr, opt.momentum,
-               opt.fp16 ? "float16" : "float32");
+               N_SAMPLES - N_TEST, N_TEST, opt->batch, opt->backward_passes,
+               opt->backward_passes == 1 ? "" : "es", opt->lr, opt->momentum,
+               opt->fp16 ? "float16" : "float32");
+}
 
-    reducer_t rd = {.fp16 = opt.fp16, .backward_passes = opt.backward_passes};
-    int *batch_idx = xcalloc((size_t)opt.batch, sizeof(int));
-    double loss_since = 0, time_since = 0, t_start = now_s();
-    int steps_since = 0;
-    double loss = NAN, accuracy = NAN;
-
-    for (int step = 1; step <= opt.steps; step++) {
-        double t0 = now_s();
-        double step_loss = 0;
-        for (int pass = 1; pass <= opt.backward_passes; pass++) {
-            for (int s = 0; s < opt.batch; s++) {
-                if (cursor == shard_n) {
-                    shuffle(shard, shard_n, &order_rng);
-                    cursor = 0;
-                }
-                batch_idx[s] = shard[cursor++];
-            }
-            forward(batch_idx, opt.batch);
-            step_loss += backward(&rd, batch_idx, opt.batch);
-            /* Passes before the last complete at once; waiting releases the
-             * handles and lets us reuse the gradient buffers. */
-            wait_grads(&rd, pass == opt.backward_passes);
-        }
-        sgd_update((float)opt.lr, (float)opt.momentum);
-        time_since += now_s() - t0;
-        loss_since += step_loss / opt.backward_passes;
-        steps_since++;
-
-        int report = opt.print_every > 0 && step % opt.print_every == 0;
-        if (report || step == opt.steps) {
-            global_metrics(loss_since / steps_since, &loss, &accuracy);
-            if (rank == 0 && report)
-                printf("step %5d  loss %.4f  test accuracy %.4f  "
-                       "step time %.3f ms\n",
-                       step, loss, accuracy, 1e3 * time_since / steps_since);
-            fflush(stdout);
-            loss_since = time_since = 0;
-            steps_since = 0;
-        }
-    }
-    double total = now_s() - t_start;
-
+/* The verdict: every rank holds the same weights, and the model learned.
+ * Rank 0 prints the final figures. */
+static int finish(const options_t *opt, const progress_t *p, double total)
+{
     int ok = check_weights_identical();
+    int learned = p->accuracy >= opt->min_accuracy; /* false for NaN too */
     if (rank == 0) {
         printf("final: loss %.4f  test accuracy %.4f  %d steps in %.2f s "
                "(%.3f ms/step incl. evaluation)\n",
-               loss, accuracy, opt.steps, total, 1e3 * total / opt.steps);
-        if (!(accuracy >= opt.min_accuracy))
+               p->loss, p->accuracy, opt->steps, total,
+               1e3 * total / opt->steps);
+        if (!learned)
             fprintf(stderr, "rank 0: ERROR: final test accuracy %.4f is below "
                             "%.2f: the model did not learn\n",
-                    accuracy, opt.min_accuracy);
+                    p->accuracy, opt->min_accuracy);
     }
     fflush(stdout);
-    if (!(accuracy >= opt.min_accuracy))
-        ok = 0;
+    return ok && learned;
+}
+
+/* ---- main ---------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    options_t opt;
+    parse_args(argc, argv, &opt);
+    if (opt.fp16)
+        check_half_conversions();
+    join_job();
+
+    /* Every rank builds the same data set and the same initial weights. */
+    make_spirals(opt.seed);
+    init_model(opt.seed);
+    alloc_activations(opt.batch);
+    shard_t shard;
+    shard_init(&shard, &opt);
+    print_setup(&opt);
+
+    reducer_t rd = {.fp16 = opt.fp16, .backward_passes = opt.backward_passes};
+    int *batch_idx = xcalloc((size_t)opt.batch, sizeof(int));
+    progress_t progress = {.loss = NAN, .accuracy = NAN};
+    double t_start = now_s();
+    for (int step = 1; step <= opt.steps; step++) {
+        double t0 = now_s();
+        double loss = train_step(&opt, &rd, &shard, batch_idx);
+        progress.time_since += now_s() - t0;
+        progress.loss_since += loss;
+        progress.steps_since++;
+        report_progress(&opt, &progress, step);
+    }
+    int ok = finish(&opt, &progress, now_s() - t_start);
 
     check(kolo_shutdown(), "kolo_shutdown");
-    free(shard);
+    free(shard.idx);
     free(batch_idx);
     return ok ? 0 : 1;
 }
