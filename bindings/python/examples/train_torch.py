@@ -38,7 +38,7 @@ def make_dataset(n=8192, dim=32, classes=10, seed=1234):
     return x, y
 
 
-def main():
+def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--batch-size", type=int, default=64)
@@ -50,21 +50,18 @@ def main():
     if args.use_adasum and args.fp16:
         ap.error("--use-adasum cannot be combined with --fp16 (loss scaling "
                  "is not supported with Adasum, as in Horovod)")
+    return args
 
-    hvd.init()
-    torch.set_num_threads(1)  # ranks share the machine's cores
-    rank, size = hvd.rank(), hvd.size()
 
-    x, y = make_dataset()
-    split = int(0.9 * len(x))
-    x_train, y_train, x_test, y_test = x[:split], y[:split], x[split:], y[split:]
-
-    torch.manual_seed(rank)  # different on purpose: broadcast fixes it
+def make_model(args):
+    """The model, and its optimizer wrapped in DistributedOptimizer, the
+    same on every rank."""
+    torch.manual_seed(hvd.rank())  # different on purpose: broadcast fixes it
     model = nn.Sequential(nn.Linear(32, 128), nn.ReLU(),
                           nn.Linear(128, 128), nn.ReLU(),
                           nn.Linear(128, 10))
     # Adasum needs no scaling of the learning rate by the number of ranks
-    lr_scaler = 1 if args.use_adasum else size
+    lr_scaler = 1 if args.use_adasum else hvd.size()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr * lr_scaler,
                           momentum=0.9)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -75,64 +72,93 @@ def main():
         hvd.Compression.none,
         backward_passes_per_step=args.backward_passes,
         op=hvd.Adasum if args.use_adasum else hvd.Average)
-    scaler = hvd.GradScaler(enabled=args.fp16)
+    return model, opt
+
+
+def train_epoch(epoch, model, opt, scaler, train_set, args):
+    """One epoch on this rank's shard; the loss (averaged over the ranks)
+    and the samples per second (summed)."""
+    x_train, y_train = train_set
     loss_fn = nn.CrossEntropyLoss()
     passes = args.backward_passes
     step_rows = args.batch_size * passes
+    model.train()
+    perm = torch.randperm(len(x_train),
+                          generator=torch.Generator().manual_seed(epoch))
+    shard = perm[hvd.rank()::hvd.size()]  # this rank's part of the epoch
+    steps = len(shard) // step_rows
+    total, seen = 0.0, 0
+    start = time.perf_counter()
+    for step in range(steps):
+        idx = shard[step * step_rows:(step + 1) * step_rows]
+        opt.zero_grad()
+        for k in range(passes):
+            sub = idx[k * args.batch_size:(k + 1) * args.batch_size]
+            loss = loss_fn(model(x_train[sub]), y_train[sub]) / passes
+            scaler.scale(loss).backward()
+            total += float(loss) * len(sub) * passes
+            seen += len(sub)
+        scaler.step(opt)
+        scaler.update()
+    elapsed = time.perf_counter() - start
+    # every rank's figures, averaged (loss) and summed (throughput)
+    mean_loss = hvd.allreduce(torch.tensor(total / max(seen, 1)),
+                              name="epoch.loss").item()
+    rate = hvd.allreduce(torch.tensor(seen / elapsed), op=hvd.Sum,
+                         name="epoch.rate").item()
+    return mean_loss, rate
 
+
+def accuracy(model, x_test, y_test):
+    model.eval()
+    with torch.no_grad():
+        return (model(x_test).argmax(1) == y_test).float().mean().item()
+
+
+def parameters_identical(model):
+    """Whether every rank holds the same parameters: their checksums,
+    compared."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    mine = [float(flat.double().sum()), float(flat.double().abs().sum())]
+    everyone = hvd.allgather_object(mine)
+    return all(e == everyone[0] for e in everyone), everyone
+
+
+def main():
+    args = parse_args()
+    hvd.init()
+    torch.set_num_threads(1)  # ranks share the machine's cores
+    rank, size = hvd.rank(), hvd.size()
+
+    x, y = make_dataset()
+    split = int(0.9 * len(x))
+    x_train, y_train, x_test, y_test = x[:split], y[:split], x[split:], y[split:]
+    model, opt = make_model(args)
+    scaler = hvd.GradScaler(enabled=args.fp16)
     if rank == 0:
         print("kolo.torch: %d ranks, %d training samples, batch %d per rank%s%s%s"
               % (size, len(x_train), args.batch_size,
                  ", fp16 allreduce with loss scaling" if args.fp16 else "",
-                 ", %d backward passes per step" % passes if passes > 1
-                 else "", ", Adasum" if args.use_adasum else ""),
+                 ", %d backward passes per step" % args.backward_passes
+                 if args.backward_passes > 1 else "",
+                 ", Adasum" if args.use_adasum else ""),
               flush=True)
 
     for epoch in range(args.epochs):
-        model.train()
-        perm = torch.randperm(len(x_train),
-                              generator=torch.Generator().manual_seed(epoch))
-        shard = perm[rank::size]  # this rank's part of the epoch
-        steps = len(shard) // step_rows
-        total, seen = 0.0, 0
-        start = time.perf_counter()
-        for step in range(steps):
-            idx = shard[step * step_rows:(step + 1) * step_rows]
-            opt.zero_grad()
-            for k in range(passes):
-                sub = idx[k * args.batch_size:(k + 1) * args.batch_size]
-                loss = loss_fn(model(x_train[sub]), y_train[sub]) / passes
-                scaler.scale(loss).backward()
-                total += float(loss) * len(sub) * passes
-                seen += len(sub)
-            scaler.step(opt)
-            scaler.update()
-        elapsed = time.perf_counter() - start
-        # every rank's figures, averaged (loss) and summed (throughput)
-        mean_loss = hvd.allreduce(torch.tensor(total / max(seen, 1)),
-                                  name="epoch.loss").item()
-        rate = hvd.allreduce(torch.tensor(seen / elapsed), op=hvd.Sum,
-                             name="epoch.rate").item()
-        model.eval()
-        with torch.no_grad():
-            acc = (model(x_test).argmax(1) == y_test).float().mean().item()
+        loss, rate = train_epoch(epoch, model, opt, scaler,
+                                 (x_train, y_train), args)
+        acc = accuracy(model, x_test, y_test)
         if rank == 0:
             extra = (", loss scale %g" % scaler.get_scale()) if args.fp16 \
                 else ""
             print("epoch %d: loss %.4f, test accuracy %.3f, %.0f samples/s "
-                  "(all ranks)%s" % (epoch + 1, mean_loss, acc, rate, extra),
+                  "(all ranks)%s" % (epoch + 1, loss, acc, rate, extra),
                   flush=True)
 
-    # Every rank must hold the same parameters: compare checksums.
-    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    mine = [float(flat.double().sum()), float(flat.double().abs().sum())]
-    everyone = hvd.allgather_object(mine)
-    same = all(e == everyone[0] for e in everyone)
+    same, everyone = parameters_identical(model)
     if rank == 0:
-        print("parameters identical on all %d ranks: %s" % (size,
-                                                            "yes" if same
-                                                            else "NO"),
-              flush=True)
+        print("parameters identical on all %d ranks: %s"
+              % (size, "yes" if same else "NO"), flush=True)
     hvd.shutdown()
     if not same:
         raise SystemExit("rank %d: parameters differ between ranks: %s"
