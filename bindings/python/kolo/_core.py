@@ -806,12 +806,19 @@ def make_opts(op=Sum, prescale=1.0, postscale=1.0, process_set=None,
     return opts, keep
 
 
-def allreduce_async(key, inp, out, count, dtype, opts):
+def _enqueue_into(fn, what, key, inp, out, count, dtype, opts):
+    """One tensor's collective from `inp` into `out` through the C call fn
+    (kolo_allreduce_async_opts and its kin); its handle."""
     h = _lib.handle_t(0)
-    check(lib.kolo_allreduce_async_opts(encode(key), inp, out, count, dtype,
-                                        ctypes.byref(opts), ctypes.byref(h)),
-          "allreduce of '%s'" % key)
+    check(fn(encode(key), inp, out, count, dtype, ctypes.byref(opts),
+             ctypes.byref(h)),
+          "%s of '%s'" % (what, key))
     return h.value
+
+
+def allreduce_async(key, inp, out, count, dtype, opts):
+    return _enqueue_into(lib.kolo_allreduce_async_opts, "allreduce", key,
+                         inp, out, count, dtype, opts)
 
 
 def grouped_allreduce_async(keys, inps, outs, counts, dtype, opts):
@@ -888,22 +895,15 @@ def grouped_reducescatter_async(keys, inps, shapes, dtype, opts):
 def reducescatter_into_async(key, inp, out, count, dtype, opts):
     """kolo_reducescatter_into_async: `inp` holds count * set size
     elements, `out` receives this rank's block of the reduction."""
-    h = _lib.handle_t(0)
-    check(lib.kolo_reducescatter_into_async(encode(key), inp, out, count,
-                                            dtype, ctypes.byref(opts),
-                                            ctypes.byref(h)),
-          "reducescatter of '%s'" % key)
-    return h.value
+    return _enqueue_into(lib.kolo_reducescatter_into_async, "reducescatter",
+                         key, inp, out, count, dtype, opts)
 
 
 def allgather_into_async(key, inp, out, count, dtype, opts):
     """kolo_allgather_into_async: `count` elements of every rank into
     `out` in rank order (`inp` may be this rank's block of `out`)."""
-    h = _lib.handle_t(0)
-    check(lib.kolo_allgather_into_async(encode(key), inp, out, count, dtype,
-                                        ctypes.byref(opts), ctypes.byref(h)),
-          "allgather of '%s'" % key)
-    return h.value
+    return _enqueue_into(lib.kolo_allgather_into_async, "allgather", key,
+                         inp, out, count, dtype, opts)
 
 
 def alltoall_async(key, inp, shape, dtype, splits, opts):
