@@ -457,12 +457,13 @@ static const char *row_text(const config_row_t *row,
     return value;
 }
 
-int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *),
-                      kolo__err_t *err)
+/* Every row's field: from its variable, else its twin, else its default
+ * (a row with neither keeps the field's preset, zero). */
+static int read_rows(kolo__config_t *cfg,
+                     const char *(*getenv_fn)(const char *), kolo__err_t *err)
 {
     const char *from;
 
-    memset(cfg, 0, sizeof(*cfg));
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
         const config_row_t *row = &rows[i];
         const char *value = row_text(row, getenv_fn, &from);
@@ -480,6 +481,13 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
                                  from, value,
                                  strlen(value) > 200 ? "..." : "", expected);
     }
+    return KOLO_OK;
+}
+
+/* The settings that follow from others where their own variable is not
+ * set. */
+static void derive(kolo__config_t *cfg, const char *(*getenv_fn)(const char *))
+{
     if (kolo__config_get("KOLO_LOCAL_RANK", getenv_fn) == NULL)
         cfg->local_rank = cfg->rank;
     if (kolo__config_get("KOLO_LOCAL_SIZE", getenv_fn) == NULL)
@@ -488,19 +496,25 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
      * warnings and shutdown alike. */
     if (cfg->stall_check_disable > 0)
         cfg->stall_check_s = cfg->stall_shutdown_s = 0;
+}
 
-    if (cfg->rank >= cfg->size)
-        return kolo__err_set(err, KOLO_ERR_CONFIG,
-                             "KOLO_RANK=%lld is not below KOLO_SIZE=%lld",
-                             (long long)cfg->rank, (long long)cfg->size);
-    if (cfg->local_rank >= cfg->local_size)
-        return kolo__err_set(err, KOLO_ERR_CONFIG,
-                             "KOLO_LOCAL_RANK=%lld is not below KOLO_LOCAL_SIZE=%lld",
-                             (long long)cfg->local_rank, (long long)cfg->local_size);
-    if (cfg->cross_rank >= cfg->cross_size)
-        return kolo__err_set(err, KOLO_ERR_CONFIG,
-                             "KOLO_CROSS_RANK=%lld is not below KOLO_CROSS_SIZE=%lld",
-                             (long long)cfg->cross_rank, (long long)cfg->cross_size);
+/* KOLO_<scope>RANK below KOLO_<scope>SIZE, scope "", "LOCAL_" or
+ * "CROSS_". */
+static int rank_below(const char *scope, int64_t rank, int64_t size,
+                      kolo__err_t *err)
+{
+    if (rank < size)
+        return KOLO_OK;
+    return kolo__err_set(err, KOLO_ERR_CONFIG,
+                         "KOLO_%sRANK=%lld is not below KOLO_%sSIZE=%lld",
+                         scope, (long long)rank, scope, (long long)size);
+}
+
+/* A job of several ranks meets at a rendezvous, of a form kolo reads. */
+static int check_rendezvous(const kolo__config_t *cfg,
+                            const char *(*getenv_fn)(const char *),
+                            kolo__err_t *err)
+{
     if (cfg->size > 1 && cfg->rendezvous[0] == '\0') {
         /* horovodrun's ranks meet through its own HTTP server, which kolo
          * does not speak; its command line works with kolorun. */
@@ -526,6 +540,12 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
                              "invalid: expected file:DIR or "
                              "redis:HOST:PORT[/JOB] (port 1 to 65535)",
                              cfg->rendezvous);
+    return KOLO_OK;
+}
+
+/* The buffer sizes within what the backends take. */
+static int check_buffers(const kolo__config_t *cfg, kolo__err_t *err)
+{
     if (cfg->shm_slot_bytes != 0 &&
         (cfg->shm_slot_bytes < 4096 || cfg->shm_slot_bytes > ((int64_t)1 << 30)))
         return kolo__err_set(err, KOLO_ERR_CONFIG,
@@ -539,22 +559,43 @@ int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *
                              "is invalid: expected 0 (the kernel's) or 64K to "
                              "1G bytes",
                              (long long)cfg->ring_send_buffer);
-    if (cfg->network_interface[0] != '\0') {
-        char names[512], host[256] = "";
-        gethostname(host, sizeof(host) - 1);
-        if (interface_address(cfg->network_interface, cfg->hostname,
-                              sizeof(cfg->hostname), names,
-                              sizeof(names)) != 0)
-            return kolo__err_set(err, KOLO_ERR_CONFIG,
-                                 "KOLO_NETWORK_INTERFACE=%s: rank %lld on "
-                                 "host %s has no interface %s with an IP "
-                                 "address (interfaces there: %s)",
-                                 cfg->network_interface,
-                                 (long long)cfg->rank, host,
-                                 cfg->network_interface,
-                                 names[0] ? names : "none");
-    }
     return KOLO_OK;
+}
+
+/* KOLO_NETWORK_INTERFACE: this rank's address on it becomes the host name
+ * its peers reach it at. */
+static int resolve_interface(kolo__config_t *cfg, kolo__err_t *err)
+{
+    char names[512], host[256] = "";
+
+    if (cfg->network_interface[0] == '\0')
+        return KOLO_OK;
+    gethostname(host, sizeof(host) - 1);
+    if (interface_address(cfg->network_interface, cfg->hostname,
+                          sizeof(cfg->hostname), names, sizeof(names)) != 0)
+        return kolo__err_set(err, KOLO_ERR_CONFIG,
+                             "KOLO_NETWORK_INTERFACE=%s: rank %lld on "
+                             "host %s has no interface %s with an IP "
+                             "address (interfaces there: %s)",
+                             cfg->network_interface,
+                             (long long)cfg->rank, host,
+                             cfg->network_interface,
+                             names[0] ? names : "none");
+    return KOLO_OK;
+}
+
+int kolo__config_load(kolo__config_t *cfg, const char *(*getenv_fn)(const char *),
+                      kolo__err_t *err)
+{
+    memset(cfg, 0, sizeof(*cfg));
+    KOLO__CHECK(read_rows(cfg, getenv_fn, err));
+    derive(cfg, getenv_fn);
+    KOLO__CHECK(rank_below("", cfg->rank, cfg->size, err));
+    KOLO__CHECK(rank_below("LOCAL_", cfg->local_rank, cfg->local_size, err));
+    KOLO__CHECK(rank_below("CROSS_", cfg->cross_rank, cfg->cross_size, err));
+    KOLO__CHECK(check_rendezvous(cfg, getenv_fn, err));
+    KOLO__CHECK(check_buffers(cfg, err));
+    return resolve_interface(cfg, err);
 }
 
 void kolo__config_print_doc(void *out)
