@@ -690,18 +690,37 @@ int kolo__config_is_known(const char *name)
     return 0;
 }
 
+/* The search for the known name closest to a misspelled one. */
+typedef struct closest {
+    const char *name;  /* the misspelled one */
+    const char *best;  /* the closest so far, or NULL */
+    size_t best_d;     /* its edit distance */
+} closest_t;
+
+static void consider(closest_t *c, const char *candidate)
+{
+    size_t d = kolo__edit_distance(c->name, candidate);
+
+    if (d < c->best_d) {
+        c->best_d = d;
+        c->best = candidate;
+    }
+}
+
+/* The closest name, unless even it is too far: past a third of the name it
+ * is no longer a typo of it. */
+static const char *typo_of(const closest_t *c)
+{
+    return c->best != NULL && c->best_d * 3 <= strlen(c->name) ? c->best : NULL;
+}
+
 const char *kolo__config_closest(const char *name)
 {
-    const char *best = NULL;
-    size_t best_d = 99, d;
+    closest_t c = {name, NULL, 99};
 
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
-        if ((d = kolo__edit_distance(name, rows[i].name)) < best_d) {
-            best_d = d;
-            best = rows[i].name;
-        }
-    /* Past a third of the name it is no longer a typo of it. */
-    return best != NULL && best_d * 3 <= strlen(name) ? best : NULL;
+        consider(&c, rows[i].name);
+    return typo_of(&c);
 }
 
 /* ---- Horovod's variables without a kolo meaning ------------------------ */
@@ -807,22 +826,17 @@ static int note_applies(note_when_t when, const char *value)
 /* The HOROVOD_* name closest to a misspelled one: twins and notes. */
 static const char *horovod_closest(const char *name)
 {
-    const char *best = NULL;
-    size_t best_d = 99, d;
+    closest_t c = {name, NULL, 99};
 
     for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++)
-        if (rows[i].twin && (d = kolo__edit_distance(name, rows[i].twin)) < best_d) {
-            best_d = d;
-            best = rows[i].twin;
-        }
+        if (rows[i].twin != NULL)
+            consider(&c, rows[i].twin);
     for (size_t i = 0; i < sizeof(horovod_notes) / sizeof(horovod_notes[0]); i++) {
         const char *n = horovod_notes[i].name;
-        if (n[strlen(n) - 1] != '*' && (d = kolo__edit_distance(name, n)) < best_d) {
-            best_d = d;
-            best = n;
-        }
+        if (n[strlen(n) - 1] != '*')
+            consider(&c, n);
     }
-    return best != NULL && best_d * 3 <= strlen(name) ? best : NULL;
+    return typo_of(&c);
 }
 
 /* Both a KOLO_* variable and its twin are set: do they say the same? They
