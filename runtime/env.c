@@ -736,6 +736,14 @@ typedef enum {
                       * Horovod is built, not at run time */
 } note_when_t;
 
+/* The reasons several variables share. */
+#define WHY_AUTOTUNE                                                          \
+    "kolo's autotune is a coordinate search, not Bayesian optimisation; "     \
+    "KOLO_AUTOTUNE_WINDOW sets its window"
+#define WHY_HOROVODRUN                                                        \
+    "it is horovodrun's, whose rendezvous kolo cannot use: start the job "    \
+    "with kolorun, which takes horovodrun's flags"
+
 static const struct horovod_note {
     const char *name; /* a trailing '*' matches any end */
     note_when_t when;
@@ -749,15 +757,9 @@ static const struct horovod_note {
      "per process set"},
     {"HOROVOD_THREAD_AFFINITY", NOTE_ALWAYS, "kolo does not pin its "
      "background thread (taskset or numactl pin the whole rank)"},
-    {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", NOTE_ALWAYS, "kolo's autotune is a "
-     "coordinate search, not Bayesian optimisation; KOLO_AUTOTUNE_WINDOW "
-     "sets its window"},
-    {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", NOTE_ALWAYS, "kolo's autotune "
-     "is a coordinate search, not Bayesian optimisation; "
-     "KOLO_AUTOTUNE_WINDOW sets its window"},
-    {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", NOTE_ALWAYS, "kolo's "
-     "autotune is a coordinate search, not Bayesian optimisation; "
-     "KOLO_AUTOTUNE_WINDOW sets its window"},
+    {"HOROVOD_AUTOTUNE_WARMUP_SAMPLES", NOTE_ALWAYS, WHY_AUTOTUNE},
+    {"HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", NOTE_ALWAYS, WHY_AUTOTUNE},
+    {"HOROVOD_AUTOTUNE_GAUSSIAN_PROCESS_NOISE", NOTE_ALWAYS, WHY_AUTOTUNE},
     {"HOROVOD_CCL_*", NOTE_ALWAYS, "kolo has no oneCCL backend"},
     {"HOROVOD_BATCH_D2D_MEMCOPIES", NOTE_IF_OFF, "kolo always packs GPU "
      "tensors with its own batched kernels"},
@@ -767,12 +769,8 @@ static const struct horovod_note {
     {"HOROVOD_ADASUM_*", NOTE_ALWAYS, "kolo has no Adasum"},
     {"HOROVOD_LOG_HIDE_TIME", NOTE_IF_OFF, "kolo's log lines carry no time "
      "(kolorun --prefix-output-with-timestamp stamps every line)"},
-    {"HOROVOD_GLOO_RENDEZVOUS_ADDR", NOTE_ALWAYS, "it is horovodrun's, whose "
-     "rendezvous kolo cannot use: start the job with kolorun, which takes "
-     "horovodrun's flags"},
-    {"HOROVOD_GLOO_RENDEZVOUS_PORT", NOTE_ALWAYS, "it is horovodrun's, whose "
-     "rendezvous kolo cannot use: start the job with kolorun, which takes "
-     "horovodrun's flags"},
+    {"HOROVOD_GLOO_RENDEZVOUS_ADDR", NOTE_ALWAYS, WHY_HOROVODRUN},
+    {"HOROVOD_GLOO_RENDEZVOUS_PORT", NOTE_ALWAYS, WHY_HOROVODRUN},
     {"HOROVOD_ENABLE_ASYNC_COMPLETION", NOTE_NEVER, "kolo completes GPU "
      "work asynchronously always"},
     {"HOROVOD_DYNAMIC_PROCESS_SETS", NOTE_NEVER, "kolo adds and removes "
