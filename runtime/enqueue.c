@@ -418,6 +418,115 @@ typedef struct request {
     int64_t into; /* reducescatter into a buffer: elements per rank */
 } request_t;
 
+/* A broadcast's root is a member of the set. */
+static int check_root(const kolo__pset_t *ps, const request_t *q,
+                      const char *name, kolo__err_t *err)
+{
+    if (q->params.root >= 0 && q->params.root < ps->size)
+        return KOLO_OK;
+    return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                         "broadcast of tensor '%s': root rank %d is outside "
+                         "process set %d of %d ranks",
+                         name, (int)q->params.root, ps->id, ps->size);
+}
+
+/* A reducescatter into a buffer: the set's size is known now, so the
+ * tensor is one block of `into` elements per rank, as rows (so that the
+ * ranks agree on the count per rank in negotiation). */
+static int shape_into(const kolo__pset_t *ps, const request_t *q,
+                      kolo__entry_t *e, kolo__err_t *err)
+{
+    if (q->into > INT64_MAX / ps->size /
+                      (int64_t)kolo_dtype_size((kolo_dtype_t)q->params.dtype))
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s of tensor '%s': %lld elements per rank "
+                             "overflow for %d ranks", q->coll, e->name,
+                             (long long)q->into, ps->size);
+    e->params.ndim = 2;
+    e->params.shape[0] = ps->size;
+    e->params.shape[1] = q->into;
+    e->params.count = q->into * ps->size;
+    return KOLO_OK;
+}
+
+/* An alltoall's rows for each rank: the splits given, or the rows shared
+ * out evenly; none negative, adding up to the tensor's rows. */
+static int split_rows(const kolo__pset_t *ps, const request_t *q,
+                      kolo__entry_t *e, kolo__err_t *err)
+{
+    int64_t total = 0;
+
+    e->splits = kolo__malloc((size_t)ps->size * sizeof(int64_t));
+    if (e->splits == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory "
+                             "enqueuing tensor '%s'", e->name);
+    for (int j = 0; j < ps->size; j++) {
+        e->splits[j] = q->splits ? q->splits[j] : q->rows / ps->size;
+        if (e->splits[j] < 0)
+            return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                                 "alltoall of tensor '%s': split %d is %lld",
+                                 e->name, j, (long long)e->splits[j]);
+        total += e->splits[j];
+    }
+    if (total != q->rows)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             q->splits ? "alltoall of tensor '%s': the "
+                             "splits add up to %lld rows, the first "
+                             "dimension is %lld"
+                                       : "alltoall of tensor '%s': %lld "
+                             "rows do not split evenly: the first "
+                             "dimension %lld does not divide by the "
+                             "number of ranks",
+                             e->name, (long long)total, (long long)q->rows);
+    return KOLO_OK;
+}
+
+/* The entry of request q; *out gets it as soon as it exists (the caller
+ * frees it if this fails). Under the API lock. */
+static int build_entry(kolo__pset_t *ps, const request_t *q, const char *name,
+                       const kolo_opts_t *opts, kolo__entry_t **out,
+                       kolo__err_t *err)
+{
+    kolo__entry_t *e;
+    int rc = KOLO_OK;
+
+    *out = NULL;
+    if (q->params.coll == KOLO__COLL_BROADCAST)
+        KOLO__CHECK(check_root(ps, q, name, err));
+    if ((e = new_entry(name, err)) == NULL)
+        return err->code;
+    *out = e;
+    e->params = q->params;
+    e->input = q->input;
+    e->output = q->output;
+    e->rows = q->rows;
+    if (q->into > 0)
+        rc = shape_into(ps, q, e, err);
+    if (rc == KOLO_OK)
+        rc = place_entry(ps, e, opts, err);
+    if (rc == KOLO_OK && q->params.coll == KOLO__COLL_ALLTOALL)
+        rc = split_rows(ps, q, e, err);
+    return rc;
+}
+
+/* The entries of n requests into ev; on failure frees those built. */
+static int build_entries(kolo__pset_t *ps, int n, const char *const *names,
+                         const request_t *reqs, const kolo_opts_t *opts,
+                         kolo__entry_t **ev, kolo__err_t *err)
+{
+    int built = 0, rc = KOLO_OK;
+
+    while (rc == KOLO_OK && built < n) {
+        kolo__entry_t *e;
+        rc = build_entry(ps, &reqs[built], names[built], opts, &e, err);
+        if (e != NULL)
+            ev[built++] = e;
+    }
+    if (rc != KOLO_OK)
+        free_entries(ev, built);
+    return rc;
+}
+
 /* Checks what every non-allreduce collective checks and enqueues n of them
  * (a group when n > 1). */
 static int enqueue(int n, const char *const *names, request_t *reqs,
@@ -427,7 +536,7 @@ static int enqueue(int n, const char *const *names, request_t *reqs,
     kolo__runtime_t *rt;
     kolo__pset_t *ps;
     kolo__entry_t *es[64], **ev = es;
-    int rc = KOLO_OK, built = 0;
+    int rc;
 
     kolo__err_clear(&err);
     if (handles == NULL)
@@ -435,101 +544,15 @@ static int enqueue(int n, const char *const *names, request_t *reqs,
                                "%s: the handle pointer is NULL", reqs[0].coll);
     if ((rt = kolo__api_enter(reqs[0].coll, &err)) == NULL)
         return kolo__api_fail(&err);
-    if ((ps = kolo__api_set(rt, opts->process_set, reqs[0].coll, &err)) == NULL) {
+    if ((ps = kolo__api_set(rt, opts->process_set, reqs[0].coll, &err)) == NULL)
         rc = err.code;
-        goto leave;
-    }
-    if (n > 64 && (ev = kolo__malloc((size_t)n * sizeof(*ev))) == NULL) {
+    else if (n > 64 && (ev = kolo__malloc((size_t)n * sizeof(*ev))) == NULL)
         rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "%s: out of memory for a "
                            "group of %d", reqs[0].coll, n);
-        goto leave;
+    else if ((rc = build_entries(ps, n, names, reqs, opts, ev, &err)) == KOLO_OK) {
+        make_group(ev, n);
+        rc = push(ps, ev, n, handles, &err);
     }
-    for (built = 0; built < n; built++) {
-        request_t *q = &reqs[built];
-        kolo__entry_t *e;
-        if (q->params.coll == KOLO__COLL_BROADCAST &&
-            (q->params.root < 0 || q->params.root >= ps->size)) {
-            rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
-                               "broadcast of tensor '%s': root rank %d is "
-                               "outside process set %d of %d ranks",
-                               names[built], (int)q->params.root, ps->id,
-                               ps->size);
-            break;
-        }
-        if ((e = new_entry(names[built], &err)) == NULL) {
-            rc = err.code;
-            break;
-        }
-        ev[built] = e;
-        e->params = q->params;
-        e->input = q->input;
-        e->output = q->output;
-        e->rows = q->rows;
-        if (q->into > 0) {
-            /* The set's size is known now: one block of `into` elements
-             * per rank, as rows of the tensor (so that the ranks agree on
-             * the count per rank in negotiation). */
-            if (q->into > INT64_MAX / ps->size /
-                              (int64_t)kolo_dtype_size((kolo_dtype_t)q->params.dtype)) {
-                rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
-                                   "%s of tensor '%s': %lld elements per rank "
-                                   "overflow for %d ranks", q->coll, e->name,
-                                   (long long)q->into, ps->size);
-                built++;
-                break;
-            }
-            e->params.ndim = 2;
-            e->params.shape[0] = ps->size;
-            e->params.shape[1] = q->into;
-            e->params.count = q->into * ps->size;
-        }
-        if ((rc = place_entry(ps, e, opts, &err)) != KOLO_OK) {
-            built++;
-            break;
-        }
-        if (q->params.coll == KOLO__COLL_ALLTOALL) {
-            int64_t total = 0;
-            e->splits = kolo__malloc((size_t)ps->size * sizeof(int64_t));
-            if (e->splits == NULL) {
-                built++;
-                rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory "
-                                   "enqueuing tensor '%s'", names[built - 1]);
-                break;
-            }
-            for (int j = 0; j < ps->size; j++) {
-                e->splits[j] = q->splits ? q->splits[j] : q->rows / ps->size;
-                if (e->splits[j] < 0) {
-                    rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
-                                       "alltoall of tensor '%s': split %d is "
-                                       "%lld",
-                                       e->name, j, (long long)e->splits[j]);
-                    break;
-                }
-                total += e->splits[j];
-            }
-            if (rc == KOLO_OK && total != q->rows)
-                rc = kolo__err_set(&err, KOLO_ERR_INVALID_ARGUMENT,
-                                   q->splits ? "alltoall of tensor '%s': the "
-                                   "splits add up to %lld rows, the first "
-                                   "dimension is %lld"
-                                             : "alltoall of tensor '%s': %lld "
-                                   "rows do not split evenly: the first "
-                                   "dimension %lld does not divide by the "
-                                   "number of ranks",
-                                   e->name, (long long)total, (long long)q->rows);
-            if (rc != KOLO_OK) {
-                built++;
-                break;
-            }
-        }
-    }
-    if (rc != KOLO_OK) {
-        free_entries(ev, built);
-        goto leave;
-    }
-    make_group(ev, n);
-    rc = push(ps, ev, n, handles, &err);
-leave:
     stop_on_own_failure(ps, rc, &err);
     kolo__api_leave();
     if (ev != es)
