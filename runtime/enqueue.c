@@ -640,6 +640,71 @@ static int shaped_request(const char *coll, int kind, const char *name,
     return KOLO_OK;
 }
 
+/* One tensor's alltoall, or its allgather or reducescatter into a
+ * caller's buffer, as the public call describes it (enqueue_single). */
+typedef struct single {
+    const char *coll;
+    int kind;
+    const char *name;
+    const void *input;
+    kolo_dtype_t dtype;
+    int ndim;              /* alltoall: the tensor's shape, */
+    const int64_t *shape;
+    const int64_t *splits; /* and the rows for each rank, or NULL */
+    void *output;          /* into a buffer: `count` elements per rank */
+    int64_t count;
+} single_t;
+
+/* Checks what both collectives into a caller's buffer check. */
+static int into_request(const single_t *t, const kolo_opts_t *opts,
+                        request_t *q, kolo__err_t *err)
+{
+    int64_t shape[2] = {1, t->count};
+
+    KOLO__CHECK(shaped_request(t->coll, t->kind, t->name, t->input, 2, shape,
+                               t->dtype, opts, q, err));
+    if (t->count < 1)
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "%s of tensor '%s': %lld elements per rank (1 "
+                             "or more)", t->coll, t->name, (long long)t->count);
+    KOLO__CHECK(check_buffer(t->coll, t->name, t->output, t->count, "output",
+                             err));
+    q->output = t->output;
+    if (t->kind == KOLO__COLL_ALLGATHER) {
+        /* One row of `count` elements per rank, known to every rank: the
+         * runtime need not exchange the rows, and negotiation checks that
+         * the ranks agree on the count. */
+        q->params.shape[0] = 1;
+        q->rows = 1;
+    } else {
+        q->into = t->count;
+    }
+    return KOLO_OK;
+}
+
+/* Enqueues one tensor's request, built with the options (or, NULL, the
+ * defaults). */
+static int enqueue_single(const single_t *t, const kolo_opts_t *opts,
+                          kolo_handle_t *handle)
+{
+    kolo_opts_t defaults;
+    kolo__err_t err;
+    request_t q;
+    int rc;
+
+    kolo__err_clear(&err);
+    opts = opts_or_defaults(opts, &defaults);
+    if (t->kind == KOLO__COLL_ALLTOALL)
+        rc = shaped_request(t->coll, t->kind, t->name, t->input, t->ndim,
+                            t->shape, t->dtype, opts, &q, &err);
+    else
+        rc = into_request(t, opts, &q, &err);
+    if (rc != KOLO_OK)
+        return kolo__api_fail(&err);
+    q.splits = t->splits;
+    return enqueue(1, &t->name, &q, opts, handle);
+}
+
 int kolo_allgather_async(const char *name, const void *input, int ndim,
                          const int64_t *shape, kolo_dtype_t dtype,
                          const kolo_opts_t *opts, kolo_handle_t *handle)
@@ -654,17 +719,10 @@ int kolo_alltoall_async(const char *name, const void *input, int ndim,
                         const int64_t *splits, const kolo_opts_t *opts,
                         kolo_handle_t *handle)
 {
-    kolo_opts_t defaults;
-    kolo__err_t err;
-    request_t q;
-
-    kolo__err_clear(&err);
-    opts = opts_or_defaults(opts, &defaults);
-    if (shaped_request("alltoall", KOLO__COLL_ALLTOALL, name, input, ndim, shape,
-                       dtype, opts, &q, &err) != KOLO_OK)
-        return kolo__api_fail(&err);
-    q.splits = splits;
-    return enqueue(1, &name, &q, opts, handle);
+    single_t t = {.coll = "alltoall", .kind = KOLO__COLL_ALLTOALL,
+                  .name = name, .input = input, .dtype = dtype, .ndim = ndim,
+                  .shape = shape, .splits = splits};
+    return enqueue_single(&t, opts, handle);
 }
 
 int kolo_reducescatter_async(const char *name, const void *input, int ndim,
@@ -676,66 +734,25 @@ int kolo_reducescatter_async(const char *name, const void *input, int ndim,
                                             dtype, opts, handle);
 }
 
-/* Checks what both collectives into a caller's buffer check. */
-static int into_request(const char *coll, int kind, const char *name,
-                        const void *input, void *output, int64_t count,
-                        kolo_dtype_t dtype, const kolo_opts_t *opts,
-                        request_t *q, kolo__err_t *err)
-{
-    int64_t shape[2] = {1, count};
-
-    KOLO__CHECK(shaped_request(coll, kind, name, input, 2, shape, dtype, opts,
-                               q, err));
-    if (count < 1)
-        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                             "%s of tensor '%s': %lld elements per rank (1 "
-                             "or more)", coll, name, (long long)count);
-    KOLO__CHECK(check_buffer(coll, name, output, count, "output", err));
-    q->output = output;
-    if (kind == KOLO__COLL_ALLGATHER) {
-        /* One row of `count` elements per rank, known to every rank: the
-         * runtime need not exchange the rows, and negotiation checks that
-         * the ranks agree on the count. */
-        q->params.shape[0] = 1;
-        q->rows = 1;
-    } else {
-        q->into = count;
-    }
-    return KOLO_OK;
-}
-
-static int enqueue_into(const char *coll, int kind, const char *name,
-                        const void *input, void *output, int64_t count,
-                        kolo_dtype_t dtype, const kolo_opts_t *opts,
-                        kolo_handle_t *handle)
-{
-    kolo_opts_t defaults;
-    kolo__err_t err;
-    request_t q;
-
-    kolo__err_clear(&err);
-    opts = opts_or_defaults(opts, &defaults);
-    if (into_request(coll, kind, name, input, output, count, dtype, opts, &q,
-                     &err) != KOLO_OK)
-        return kolo__api_fail(&err);
-    return enqueue(1, &name, &q, opts, handle);
-}
-
 int kolo_reducescatter_into_async(const char *name, const void *input,
                                   void *output, int64_t count,
                                   kolo_dtype_t dtype, const kolo_opts_t *opts,
                                   kolo_handle_t *handle)
 {
-    return enqueue_into("reducescatter", KOLO__COLL_REDUCESCATTER, name, input,
-                        output, count, dtype, opts, handle);
+    single_t t = {.coll = "reducescatter", .kind = KOLO__COLL_REDUCESCATTER,
+                  .name = name, .input = input, .dtype = dtype,
+                  .output = output, .count = count};
+    return enqueue_single(&t, opts, handle);
 }
 
 int kolo_allgather_into_async(const char *name, const void *input,
                               void *output, int64_t count, kolo_dtype_t dtype,
                               const kolo_opts_t *opts, kolo_handle_t *handle)
 {
-    return enqueue_into("allgather", KOLO__COLL_ALLGATHER, name, input, output,
-                        count, dtype, opts, handle);
+    single_t t = {.coll = "allgather", .kind = KOLO__COLL_ALLGATHER,
+                  .name = name, .input = input, .dtype = dtype,
+                  .output = output, .count = count};
+    return enqueue_single(&t, opts, handle);
 }
 
 /* ---- grouped collectives -------------------------------------------------- */
