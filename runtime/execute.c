@@ -254,20 +254,6 @@ static int run_allreduce_stream(kolo__pset_t *ps, const size_t *idx, size_t n,
     return KOLO_OK;
 }
 
-/* Allreduces the batch ps->ready[idx[0..n)]: dtype, op, wire dtype and
- * scale factors are the same for all of it.
- *
- * Cache-aware: the batch is reduced in pieces of KOLO_CHUNK_BYTES. Each
- * piece is copied into the fusion buffer, prescaled, reduced, postscaled
- * (AVERAGE's division included), and copied out while it is still in cache, instead of making
- * each of those passes over the whole batch at memory speed
- * (shared/MEASUREMENTS.md: 1-4 MiB pieces reduce 2-4 times faster than one
- * 64 MiB buffer). A tensor alone and uncompressed is reduced from the
- * user's buffers: no copy. It is cut into pieces only when kolo itself
- * passes over the result (a scale factor, or AVERAGE's division), to make
- * that pass in cache; otherwise the backend gets it whole, since every
- * piece would cost a call (over Gloo, 64-256 MiB tensors in 4 MiB pieces
- * reached 0.72-0.84 of the backend's own speed, whole 0.97-1.01). */
 /* kolo__tl_batch's begin, with args for every tensor's span. */
 static void tl_batch_args(kolo__pset_t *ps, const size_t *idx, size_t n,
                           const char *phase, const char *args)
@@ -324,23 +310,161 @@ static int run_carried(kolo__pset_t *ps, const size_t *idx, size_t n,
     return KOLO_OK;
 }
 
-static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
-                         kolo__err_t *err)
+/* An allreduce over a backend that does not stream (run_allreduce_pieces).
+ *
+ * Cache-aware: the batch is reduced in pieces of KOLO_CHUNK_BYTES. Each
+ * piece is copied into the fusion buffer, prescaled, reduced, postscaled
+ * (AVERAGE's division included), and copied out while it is still in cache, instead of making
+ * each of those passes over the whole batch at memory speed
+ * (shared/MEASUREMENTS.md: 1-4 MiB pieces reduce 2-4 times faster than one
+ * 64 MiB buffer). A tensor alone and uncompressed is reduced from the
+ * user's buffers: no copy. It is cut into pieces only when kolo itself
+ * passes over the result (a scale factor, or AVERAGE's division), to make
+ * that pass in cache; otherwise the backend gets it whole, since every
+ * piece would cost a call (over Gloo, 64-256 MiB tensors in 4 MiB pieces
+ * reached 0.72-0.84 of the backend's own speed, whole 0.97-1.01). */
+
+/* What every piece of such a batch shares. */
+typedef struct pieces {
+    kolo__pset_t *ps;
+    const size_t *idx;
+    size_t n;              /* tensors in the batch */
+    size_t count, esize;   /* its elements, and their size on the wire */
+    const kolo__params_t *p;
+    kolo_dtype_t wire;
+    kolo__reduce_fn fn;
+    /* AVERAGE is SUM and one scaling by postscale / size (Horovod's). */
+    double post;
+    int direct;            /* a tensor alone, uncompressed: no copies */
+    const char *phase;     /* the backend's timeline name */
+    cursor_t cin, cout;    /* where the next piece comes from, goes to */
+    char *detail;          /* [KOLO__ERR_LEN]: the backend's failure */
+} pieces_t;
+
+/* Elements per piece: KOLO_CHUNK_BYTES worth, or the whole batch for a
+ * tensor alone that kolo does not pass over (no scale factor). */
+static size_t piece_elements(const pieces_t *b)
+{
+    const kolo__tune_params_t *tuned = kolo__tuned(b->ps);
+    size_t piece = tuned->chunk_bytes > 0
+                       ? (size_t)tuned->chunk_bytes / b->esize
+                       : b->count;
+
+    if (b->direct && b->p->prescale == 1.0 && b->post == 1.0)
+        piece = b->count;
+    if (piece == 0)
+        piece = 1;
+    if (piece > b->count)
+        piece = b->count;
+    return piece;
+}
+
+/* A piece of a tensor alone: reduced where its result goes, from its
+ * input where it lies (*in), or prescaled into the output first. */
+static uint8_t *direct_piece(const pieces_t *b, size_t done, size_t m,
+                             const void **in)
+{
+    const kolo__entry_t *e0 = b->ps->ready[b->idx[0]];
+    const uint8_t *src = (const uint8_t *)e0->input + done * b->esize;
+    uint8_t *out = (uint8_t *)e0->output + done * b->esize;
+
+    if (b->p->prescale != 1.0) {
+        /* Never write the user's input: scale into the output. */
+        if (src != out)
+            memcpy(out, src, m * b->esize);
+        kolo__scale(out, m, b->wire, b->p->prescale);
+    } else if (src != out) {
+        *in = src;
+    }
+    return out;
+}
+
+/* A piece of a fused (or compressed) batch: packed into the fusion
+ * buffer, prescaled there. */
+static uint8_t *fused_piece(pieces_t *b, size_t m, int first)
+{
+    uint8_t *out = b->ps->exec.fusion;
+
+    if (first)
+        kolo__tl_batch(b->ps, b->idx, b->n, "MEMCPY_IN_FUSION_BUFFER");
+    move_range(b->ps, b->idx, &b->cin, out, m, b->esize, 1);
+    if (b->p->prescale != 1.0)
+        kolo__scale(out, m, b->wire, b->p->prescale);
+    if (first) {
+        kolo__tl_batch(b->ps, b->idx, b->n, NULL);
+        kolo__tl_batch(b->ps, b->idx, b->n, b->phase);
+    }
+    return out;
+}
+
+/* Reduces the m elements from `done`, postscales them, and (a fused batch)
+ * copies them back out while they are still in cache. */
+static int reduce_piece(pieces_t *b, size_t done, size_t m)
+{
+    int first = done == 0, last = done + m == b->count;
+    const void *in = NULL;
+    uint8_t *out = b->direct ? direct_piece(b, done, m, &in)
+                             : fused_piece(b, m, first);
+    int rc = b->ps->data_ops->allreduce(b->ps->data_ctx, in, out, m, b->esize,
+                                        b->fn, b->detail, KOLO__ERR_LEN);
+
+    if (rc != KOLO_OK)
+        return rc;
+    kolo__scale(out, m, b->wire, b->post);
+    if (b->direct)
+        return KOLO_OK;
+    if (last) {
+        kolo__tl_batch(b->ps, b->idx, b->n, NULL);
+        kolo__tl_batch(b->ps, b->idx, b->n, "MEMCPY_OUT_FUSION_BUFFER");
+    }
+    move_range(b->ps, b->idx, &b->cout, out, m, b->esize, 0);
+    return KOLO_OK;
+}
+
+static int run_allreduce_pieces(kolo__pset_t *ps, const size_t *idx,
+                                size_t n, size_t count, kolo__err_t *err)
 {
     kolo__entry_t *e0 = ps->ready[idx[0]];
     const kolo__params_t *p = &e0->params;
-    kolo_dtype_t wire = (kolo_dtype_t)p->wire;
-    size_t esize = kolo_dtype_size(wire), count = 0, piece;
-    kolo__reduce_fn fn = kolo__reduce_get(wire, (kolo_op_t)p->op);
-    int direct = n == 1 && p->wire == p->dtype;
-    /* AVERAGE is SUM and one scaling by postscale / size (Horovod's). */
-    double post = kolo__postscale_factor(p->op, p->postscale, ps->size);
-    const char *phase = kolo__backend_phase(ps, KOLO__COLL_ALLREDUCE);
     char detail[KOLO__ERR_LEN];
-    cursor_t cin = {0, 0}, cout = {0, 0};
+    pieces_t b = {
+        .ps = ps, .idx = idx, .n = n, .count = count,
+        .esize = kolo_dtype_size((kolo_dtype_t)p->wire), .p = p,
+        .wire = (kolo_dtype_t)p->wire,
+        .fn = kolo__reduce_get((kolo_dtype_t)p->wire, (kolo_op_t)p->op),
+        .post = kolo__postscale_factor(p->op, p->postscale, ps->size),
+        .direct = n == 1 && p->wire == p->dtype,
+        .phase = kolo__backend_phase(ps, KOLO__COLL_ALLREDUCE),
+        .cin = {0, 0}, .cout = {0, 0}, .detail = detail};
+    size_t piece = piece_elements(&b);
     int rc = KOLO_OK;
 
-    size_t carried = 0;
+    if (!b.direct && fusion_reserve(ps, piece * b.esize) != 0)
+        return no_memory(ps, e0, piece * b.esize, err);
+    /* The timeline shows the first copy in, the reduction (which, for a
+     * batch of several pieces, includes the copies of the later pieces) and
+     * the last copy out. */
+    if (b.direct)
+        kolo__tl_batch(ps, idx, n, b.phase);
+    for (size_t done = 0; done < count && rc == KOLO_OK; done += piece)
+        rc = reduce_piece(&b, done, count - done < piece ? count - done : piece);
+    kolo__tl_batch(ps, idx, n, NULL);
+    if (rc != KOLO_OK)
+        return backend_error(ps, rc, e0, n, detail, err);
+    return KOLO_OK;
+}
+
+/* Allreduces the batch ps->ready[idx[0..n)]: dtype, op, wire dtype and
+ * scale factors are the same for all of it. Results that came with the
+ * agreement are only copied out; a backend that streams gets the batch
+ * whole; any other reduces it in pieces. */
+static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
+                         kolo__err_t *err)
+{
+    const kolo__ops_t *ops = ps->data_ops;
+    size_t esize = kolo_dtype_size((kolo_dtype_t)ps->ready[idx[0]]->params.wire);
+    size_t count = 0, carried = 0;
+
     for (size_t i = 0; i < n; i++) {
         count += (size_t)ps->ready[idx[i]]->params.count;
         carried += ps->ready[idx[i]]->carried != NULL;
@@ -349,71 +473,10 @@ static int run_allreduce(kolo__pset_t *ps, const size_t *idx, size_t n,
         return KOLO_OK;
     if (carried == n)
         return run_carried(ps, idx, n, count, err);
-    if (ps->data_ops->allreduce_stream != NULL &&
-        (ps->data_ops->streams == NULL ||
-         ps->data_ops->streams(ps->data_ctx, count, esize)))
+    if (ops->allreduce_stream != NULL &&
+        (ops->streams == NULL || ops->streams(ps->data_ctx, count, esize)))
         return run_allreduce_stream(ps, idx, n, count, err);
-    piece = kolo__tuned(ps)->chunk_bytes > 0 ? (size_t)kolo__tuned(ps)->chunk_bytes / esize
-                                        : count;
-    if (direct && p->prescale == 1.0 && post == 1.0)
-        piece = count;
-    if (piece == 0)
-        piece = 1;
-    if (piece > count)
-        piece = count;
-    if (!direct && fusion_reserve(ps, piece * esize) != 0)
-        return no_memory(ps, e0, piece * esize, err);
-
-    /* The timeline shows the first copy in, the reduction (which, for a
-     * batch of several pieces, includes the copies of the later pieces) and
-     * the last copy out. */
-    if (direct)
-        kolo__tl_batch(ps, idx, n, phase);
-    for (size_t done = 0; done < count && rc == KOLO_OK; done += piece) {
-        size_t m = count - done < piece ? count - done : piece;
-        int first = done == 0, last = done + m == count;
-        const void *in = NULL;
-        uint8_t *out;
-
-        if (direct) {
-            const uint8_t *src = (const uint8_t *)e0->input + done * esize;
-            out = (uint8_t *)e0->output + done * esize;
-            if (p->prescale != 1.0) {
-                /* Never write the user's input: scale into the output. */
-                if (src != out)
-                    memcpy(out, src, m * esize);
-                kolo__scale(out, m, wire, p->prescale);
-            } else if (src != out) {
-                in = src;
-            }
-        } else {
-            out = ps->exec.fusion;
-            if (first)
-                kolo__tl_batch(ps, idx, n, "MEMCPY_IN_FUSION_BUFFER");
-            move_range(ps, idx, &cin, out, m, esize, 1);
-            if (p->prescale != 1.0)
-                kolo__scale(out, m, wire, p->prescale);
-            if (first) {
-                kolo__tl_batch(ps, idx, n, NULL);
-                kolo__tl_batch(ps, idx, n, phase);
-            }
-        }
-        rc = ps->data_ops->allreduce(ps->data_ctx, in, out, m, esize, fn,
-                                     detail, sizeof(detail));
-        if (rc != KOLO_OK)
-            break;
-        kolo__scale(out, m, wire, post);
-        if (!direct && last) {
-            kolo__tl_batch(ps, idx, n, NULL);
-            kolo__tl_batch(ps, idx, n, "MEMCPY_OUT_FUSION_BUFFER");
-        }
-        if (!direct)
-            move_range(ps, idx, &cout, out, m, esize, 0);
-    }
-    kolo__tl_batch(ps, idx, n, NULL);
-    if (rc != KOLO_OK)
-        return backend_error(ps, rc, e0, n, detail, err);
-    return KOLO_OK;
+    return run_allreduce_pieces(ps, idx, n, count, err);
 }
 
 /* ---- the collectives, on host or device memory ----------------------------
