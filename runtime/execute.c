@@ -557,18 +557,24 @@ static int attach(kolo__pset_t *ps, kolo__entry_t *e, int rc,
     return KOLO_OK;
 }
 
-/* Every rank learns `bytes` bytes of every rank's `mine` (a host value:
- * rows, splits): over the data backend for host tensors, over the
+/* Every rank learns `bytes` bytes of every rank's `mine` (a host value of
+ * entry e: rows, splits): over the data backend for host tensors, over the
  * controller for CUDA tensors (the device backend moves device memory
  * only). */
 static int exchange(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
-                    const void *mine, void *all, size_t bytes, char *detail)
+                    const kolo__entry_t *e, const void *mine, void *all,
+                    size_t bytes, kolo__err_t *err)
 {
+    char detail[KOLO__ERR_LEN];
+    int rc;
+
     if (dev != NULL)
-        return ps->ctl_ops->allgather(ps->ctl_ctx, mine, all, bytes, detail,
-                                      KOLO__ERR_LEN);
-    return ps->data_ops->allgather(ps->data_ctx, mine, all, bytes, detail,
-                                   KOLO__ERR_LEN);
+        rc = ps->ctl_ops->allgather(ps->ctl_ctx, mine, all, bytes, detail,
+                                    sizeof(detail));
+    else
+        rc = ps->data_ops->allgather(ps->data_ctx, mine, all, bytes, detail,
+                                     sizeof(detail));
+    return rc == KOLO_OK ? KOLO_OK : backend_error(ps, rc, e, 1, detail, err);
 }
 
 static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e,
@@ -593,11 +599,9 @@ static int run_allgather(kolo__pset_t *ps, kolo__entry_t *e,
             rows[r] = e->params.shape[0];
     } else {
         /* The first dimension may differ: exchange it first. */
-        rc = exchange(ps, dev, &e->rows, rows, sizeof(int64_t), detail);
-        if (rc != KOLO_OK) {
-            rc = backend_error(ps, rc, e, 1, detail, err);
+        rc = exchange(ps, dev, e, &e->rows, rows, sizeof(int64_t), err);
+        if (rc != KOLO_OK)
             goto out;
-        }
     }
     for (int r = 0; r < ps->size; r++) {
         bytes[r] = (size_t)rows[r] * row_bytes;
@@ -664,11 +668,9 @@ static int run_alltoall(kolo__pset_t *ps, kolo__entry_t *e,
     }
     /* Every rank learns every rank's splits: what it receives from rank j
      * is rank j's split for it. */
-    rc = exchange(ps, dev, e->splits, all, n * sizeof(int64_t), detail);
-    if (rc != KOLO_OK) {
-        rc = backend_error(ps, rc, e, 1, detail, err);
+    rc = exchange(ps, dev, e, e->splits, all, n * sizeof(int64_t), err);
+    if (rc != KOLO_OK)
         goto out;
-    }
     for (size_t j = 0; j < n; j++) {
         sb[j] = (size_t)e->splits[j] * row_bytes;
         rb[j] = (size_t)all[j * n + (size_t)ps->rank] * row_bytes;
