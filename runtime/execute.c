@@ -991,18 +991,25 @@ static int run_allreduce_device(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
     return rc == KOLO_OK ? KOLO_OK : backend_error(ps, rc, e0, n, detail, err);
 }
 
-static int run_device_coll(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
-                           const size_t *idx, size_t n, kolo__err_t *err)
+/* Runs the collective of a batch, on host tensors (dev NULL) or CUDA
+ * tensors (queued on the device backend's stream). A barrier is done once
+ * negotiated: every rank has entered it by then. */
+static int run_coll(kolo__pset_t *ps, const kolo__dev_ops_t *dev,
+                    const size_t *idx, size_t n, kolo__err_t *err)
 {
     kolo__entry_t *e0 = ps->ready[idx[0]];
 
     switch (e0->params.coll) {
-    case KOLO__COLL_ALLREDUCE: return run_allreduce_device(ps, dev, idx, n, err);
+    case KOLO__COLL_ALLREDUCE:
+        return dev != NULL ? run_allreduce_device(ps, dev, idx, n, err)
+                           : run_allreduce(ps, idx, n, err);
     case KOLO__COLL_BROADCAST: return run_broadcast(ps, e0, dev, err);
     case KOLO__COLL_ALLGATHER: return run_allgather(ps, e0, dev, err);
     case KOLO__COLL_ALLTOALL: return run_alltoall(ps, e0, dev, err);
     case KOLO__COLL_REDUCESCATTER: return run_reducescatter(ps, e0, dev, err);
     default:
+        if (dev == NULL)
+            return KOLO_OK;
         return kolo__err_set(err, KOLO_ERR_INTERNAL, "%s has no GPU path",
                              kolo__coll_name(e0->params.coll));
     }
@@ -1162,7 +1169,7 @@ static int run_device(kolo__pset_t *ps, const size_t *idx, size_t n,
      * that fails leaves the batch untimed, nothing else. */
     if (timed && dev->mark(ps->exec.dev_ctx, 0, NULL, &marks[0]) != KOLO_OK)
         marks[0] = NULL;
-    rc = run_device_coll(ps, dev, idx, n, err);
+    rc = run_coll(ps, dev, idx, n, err);
     if (rc == KOLO_OK && marks[0] != NULL &&
         dev->mark(ps->exec.dev_ctx, 0, NULL, &marks[1]) != KOLO_OK)
         marks[1] = NULL;
@@ -1198,16 +1205,69 @@ static uint32_t fusion_key(const kolo__params_t *p, const kolo__params_t **scale
            (uint32_t)p->op << 16 | (uint32_t)p->wire << 8 | (s & 0xff);
 }
 
+/* The plan's batches (kolo__fusion_plan) into order and batches: their
+ * number, or -1 for want of memory. */
+static long plan(kolo__pset_t *ps, kolo__fusion_item_t *items, size_t *order,
+                 kolo__batch_t *batches)
+{
+    const kolo__params_t *scales[256];
+    uint32_t nscales = 0;
+
+    for (size_t i = 0; i < ps->nready; i++) {
+        const kolo__params_t *p = &ps->ready[i]->params;
+        items[i].key = fusion_key(p, scales, &nscales);
+        items[i].bytes = p->count * (int64_t)kolo_dtype_size((kolo_dtype_t)p->wire);
+        if (items[i].key == 0xffffffffu)
+            items[i].bytes = INT64_MAX; /* alone */
+    }
+    return kolo__fusion_plan(items, ps->nready,
+                             kolo__tuned(ps)->fusion_threshold, order, batches);
+}
+
+/* One batch of the plan, between the timeline's spans: its QUEUE ends,
+ * and a collective other than a host allreduce (whose phases are its own)
+ * gets the backend's span. *done: a device batch's completion. */
+static int run_batch(kolo__pset_t *ps, const size_t *idx, size_t n,
+                     kolo__done_t **done, kolo__err_t *err)
+{
+    kolo__entry_t *e0 = ps->ready[idx[0]];
+    int other = e0->params.coll != KOLO__COLL_ALLREDUCE;
+    int gpu = e0->params.device_type == KOLO_DEVICE_CUDA &&
+              e0->params.coll <= KOLO__COLL_REDUCESCATTER;
+    int rc;
+
+    kolo__tl_batch(ps, idx, n, NULL); /* QUEUE ends */
+    if (other || gpu)
+        kolo__tl_batch(ps, idx, n,
+                       gpu ? kolo__phase_names("nccl")[e0->params.coll]
+                           : kolo__backend_phase(ps, e0->params.coll));
+    rc = gpu ? run_device(ps, idx, n, done, err) : run_coll(ps, NULL, idx, n, err);
+    if (other || gpu)
+        kolo__tl_batch(ps, idx, n, NULL);
+    return rc;
+}
+
+/* Every entry of a batch ends: completed, or failed with its error. */
+static void end_batch(kolo__pset_t *ps, const size_t *idx, size_t n, int rc,
+                      const kolo__err_t *err)
+{
+    for (size_t i = 0; i < n; i++) {
+        kolo__entry_t *e = ps->ready[idx[i]];
+        ps->ready[idx[i]] = NULL;
+        if (rc == KOLO_OK)
+            kolo__complete(ps, e, KOLO_OK, NULL);
+        else
+            kolo__fail_entry(ps, e, err);
+    }
+}
+
 /* Executes the plan in ps->ready; completes every entry of it. */
 int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
 {
     size_t n = ps->nready;
     kolo__fusion_item_t *items;
-    const kolo__params_t *scales[256];
-    uint32_t nscales = 0;
     size_t *order;
     kolo__batch_t *batches;
-    kolo__done_t *done = NULL;
     long nb = 0;
     int rc = KOLO_OK;
 
@@ -1216,77 +1276,19 @@ int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
     items = kolo__malloc(n * sizeof(*items));
     order = kolo__malloc(n * sizeof(*order));
     batches = kolo__malloc(n * sizeof(*batches));
-    if (items == NULL || order == NULL || batches == NULL) {
+    if (items == NULL || order == NULL || batches == NULL ||
+        (nb = plan(ps, items, order, batches)) < 0)
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "rank %d: out of memory planning %zu tensors",
                            ps->rank, n);
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        const kolo__params_t *p = &ps->ready[i]->params;
-        items[i].key = fusion_key(p, scales, &nscales);
-        items[i].bytes = p->count * (int64_t)kolo_dtype_size((kolo_dtype_t)p->wire);
-        if (items[i].key == 0xffffffffu)
-            items[i].bytes = INT64_MAX; /* alone */
-    }
-    nb = kolo__fusion_plan(items, n, kolo__tuned(ps)->fusion_threshold, order, batches);
-    if (nb < 0) {
-        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                           "rank %d: out of memory planning %zu tensors",
-                           ps->rank, n);
-        goto out;
-    }
-    for (long b = 0; b < nb; b++) {
+    for (long b = 0; b < nb && rc == KOLO_OK; b++) {
         const size_t *idx = order + batches[b].first;
-        kolo__entry_t *e0 = ps->ready[idx[0]];
-        int other = e0->params.coll != KOLO__COLL_ALLREDUCE;
-        int gpu = e0->params.device_type == KOLO_DEVICE_CUDA &&
-                  e0->params.coll <= KOLO__COLL_REDUCESCATTER;
-        kolo__tl_batch(ps, idx, batches[b].n, NULL); /* QUEUE ends */
-        if (other || gpu)
-            kolo__tl_batch(ps, idx, batches[b].n,
-                     gpu ? kolo__phase_names("nccl")[e0->params.coll]
-                         : kolo__backend_phase(ps, e0->params.coll));
-        if (gpu) {
-            rc = run_device(ps, idx, batches[b].n, &done, err);
-        } else switch (e0->params.coll) {
-        case KOLO__COLL_ALLREDUCE:
-            rc = run_allreduce(ps, idx, batches[b].n, err);
-            break;
-        case KOLO__COLL_BROADCAST:
-            rc = run_broadcast(ps, e0, NULL, err);
-            break;
-        case KOLO__COLL_ALLGATHER:
-            rc = run_allgather(ps, e0, NULL, err);
-            break;
-        case KOLO__COLL_ALLTOALL:
-            rc = run_alltoall(ps, e0, NULL, err);
-            break;
-        case KOLO__COLL_REDUCESCATTER:
-            rc = run_reducescatter(ps, e0, NULL, err);
-            break;
-        default:
-            /* A barrier is done once negotiated: every rank has entered
-             * it by then. */
-            rc = KOLO_OK;
-            break;
-        }
-        if (other || gpu)
-            kolo__tl_batch(ps, idx, batches[b].n, NULL);
-        for (size_t i = 0; i < batches[b].n; i++) {
-            kolo__entry_t *e = ps->ready[idx[i]];
-            ps->ready[idx[i]] = NULL;
-            if (rc == KOLO_OK)
-                kolo__complete(ps, e, KOLO_OK, NULL);
-            else
-                kolo__fail_entry(ps, e, err);
-        }
+        kolo__done_t *done = NULL;
+
+        rc = run_batch(ps, idx, batches[b].n, &done, err);
+        end_batch(ps, idx, batches[b].n, rc, err);
         kolo__done_release(done);
-        done = NULL;
-        if (rc != KOLO_OK)
-            break;
     }
-out:
     /* After a failure, what is left of the plan fails with it: the backend
      * is broken or memory ran out. */
     for (size_t i = 0; rc != KOLO_OK && i < n; i++)
