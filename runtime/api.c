@@ -447,19 +447,264 @@ int kolo_shutdown_at_exit(const char *reason)
     return kolo_shutdown();
 }
 
+/* What kolo_init builds, step by step, and what its failure must undo
+ * or tell the others. */
+typedef struct init {
+    kolo__runtime_t *rt;
+    kolo__pset_t *world;    /* the global set, once connected */
+    int *all;               /* [size]: every rank, the global set's members */
+    int mpi_launched, elastic;
+    int told;               /* the others need not hear of a failure from
+                               here (agree.h) */
+    unsigned joined_before; /* the elastic generation joined before */
+    kolo__err_t err;
+} init_t;
+
+/* A new runtime, its set table's lock ready. */
+static int runtime_new(init_t *in)
+{
+    in->rt = kolo__calloc(1, sizeof(*in->rt));
+    if (in->rt == NULL)
+        return kolo__err_set(&in->err, KOLO_ERR_NO_MEMORY,
+                             "out of memory in kolo_init");
+    pthread_mutex_init(&in->rt->sets_mu, NULL);
+    return KOLO_OK;
+}
+
+/* The settings: where the launcher (or the elastic membership) places
+ * this rank, then every KOLO_* variable, and the job's key. */
+static int read_settings(init_t *in)
+{
+    kolo__runtime_t *rt = in->rt;
+    kolo__err_t *err = &in->err;
+
+    KOLO__CHECK(mpi_configure(&in->mpi_launched, err));
+    KOLO__CHECK(elastic_configure(&in->elastic, err));
+    if (in->elastic && in->mpi_launched)
+        return kolo__err_set(err, KOLO_ERR_UNSUPPORTED, "an MPI job cannot "
+                             "change size: KOLO_ELASTIC=1 under mpirun");
+    KOLO__CHECK(kolo__config_load(&rt->cfg, env_get, err));
+    KOLO__CHECK(kolo__auth_job_key(env_get, rt->job_key, &rt->have_job_key,
+                                   err));
+    rt->cfg.mpi_launched = in->mpi_launched;
+    if (!in->mpi_launched && strncmp(rt->cfg.rendezvous, "mpi:", 4) == 0)
+        return kolo__err_set(err, KOLO_ERR_CONFIG,
+                             "KOLO_RENDEZVOUS='%s': the mpi: form is kolo's "
+                             "own under mpirun; start the job with mpirun (or "
+                             "kolorun --mpi), or use file:DIR",
+                             rt->cfg.rendezvous);
+    return KOLO_OK;
+}
+
+/* This rank's place, as the settings say, for the runtime and the log. */
+static void take_place(init_t *in)
+{
+    kolo__runtime_t *rt = in->rt;
+
+    kolo__log_threshold = (int)rt->cfg.log_level;
+    rt->rank = (int)rt->cfg.rank;
+    rt->size = (int)rt->cfg.size;
+    rt->handles = &g_handles;
+    /* Rendezvous keys are unique per kolo_init; in an elastic job per
+     * generation, which every member shares (new workers included). */
+    rt->generation = in->elastic ? g_elastic.generation : g_generation++;
+    kolo__log_set_rank(rt->rank);
+    warn_unknown_variables(rt->rank);
+}
+
+/* The timeline's file: KOLO_TIMELINE, or with KOLO_TIMELINE_ALL_RANKS one
+ * per rank (NAME.R.json, NAME.R). */
+static int start_timeline(kolo__runtime_t *rt, kolo__err_t *err)
+{
+    const char *name = rt->cfg.timeline;
+    size_t len = strlen(name);
+    char path[4200], why[KOLO__ERR_LEN];
+
+    if (!rt->cfg.timeline_all_ranks)
+        snprintf(path, sizeof(path), "%s", name);
+    else if (len > 5 && strcmp(name + len - 5, ".json") == 0)
+        snprintf(path, sizeof(path), "%.*s.%d.json", (int)(len - 5), name,
+                 rt->rank);
+    else
+        snprintf(path, sizeof(path), "%s.%d", name, rt->rank);
+    if (kolo__timeline_start(rt->timeline, path,
+                             (int)rt->cfg.timeline_mark_cycles, err) == KOLO_OK)
+        return KOLO_OK;
+    /* A file that cannot be created or written: the variable's value is
+     * wrong, as kolo.h promises for KOLO_* variables. */
+    snprintf(why, sizeof(why), "%s", err->msg);
+    return kolo__err_set(err, KOLO_ERR_CONFIG, "environment variable "
+                         "KOLO_TIMELINE='%s' is invalid: %s", name, why);
+}
+
+/* The timeline, recording from now where KOLO_TIMELINE names a file for
+ * this rank (DYNAMIC, Horovod's HOROVOD_TIMELINE=DYNAMIC: no file until
+ * kolo_start_timeline). */
+static int open_timeline(init_t *in)
+{
+    kolo__runtime_t *rt = in->rt;
+
+    rt->timeline = kolo__timeline_new(rt->rank, rt->size, rt->cfg.job_start_us);
+    if (rt->timeline == NULL)
+        return kolo__err_set(&in->err, KOLO_ERR_NO_MEMORY,
+                             "out of memory in kolo_init");
+    if (rt->cfg.timeline[0] != '\0' && strcmp(rt->cfg.timeline, "DYNAMIC") != 0 &&
+        (rt->rank == 0 || rt->cfg.timeline_all_ranks))
+        KOLO__CHECK(start_timeline(rt, &in->err));
+    if (in->elastic && kolo__timeline_active(rt->timeline)) {
+        /* Each membership change marks the timeline (kolo-timeline
+         * summary lists them). */
+        char mark[128];
+        snprintf(mark, sizeof(mark), "MEMBERSHIP generation %u: %d ranks (%s)",
+                 g_elastic.generation, rt->size,
+                 g_elastic.update[0] ? g_elastic.update : "start");
+        kolo__tl_instant(rt->timeline, "elastic", mark, 0);
+    }
+    return KOLO_OK;
+}
+
+/* The global set's members, every rank: listed before the agreement, so
+ * that running out of memory here is told as this rank's settings. */
+static int list_world(init_t *in)
+{
+    in->all = kolo__malloc((size_t)in->rt->size * sizeof(int));
+    if (in->all == NULL)
+        return kolo__err_set(&in->err, KOLO_ERR_NO_MEMORY,
+                             "out of memory in kolo_init");
+    for (int r = 0; r < in->rt->size; r++)
+        in->all[r] = r;
+    return KOLO_OK;
+}
+
+/* This rank enters the registry that names a lost rank (peers.c), and the
+ * ranks agree on the settings before any backend connects. */
+static int agree_with_the_others(init_t *in)
+{
+    kolo__runtime_t *rt = in->rt;
+    char prefix[32];
+    int rc;
+
+    snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
+    kolo__peers_register(&rt->cfg, prefix);
+    in->told = 1;
+    rc = agree_settings(rt, &in->err);
+    if (rc != KOLO_OK)
+        /* Where only this rank failed (it could not read the verdict),
+         * the others go on to connect: they learn why from there. */
+        kolo__agree_failed(&rt->cfg, rt->generation, "init.connect", &in->err);
+    return rc;
+}
+
+/* The global set connects (pset.c), and every rank learns whether every
+ * rank did (agree.c); then it joins the set table. */
+static int connect_world(init_t *in)
+{
+    kolo__runtime_t *rt = in->rt;
+    kolo__outcome_t watch;
+    int rc;
+
+    kolo__outcome_init(&watch, &rt->cfg, rt->generation, "init.connect",
+                       in->all, rt->size);
+    rc = table_reserve(rt) == 0
+             ? kolo__pset_start(rt, KOLO_GLOBAL_PROCESS_SET, in->all, rt->size,
+                                &watch, &in->world, &in->err)
+             : kolo__err_set(&in->err, KOLO_ERR_NO_MEMORY,
+                             "out of memory in kolo_init");
+    if (!watch.agreed) {
+        kolo__err_t mine = in->err;
+        rc = kolo__outcome_agree(&watch, rc, &mine, &in->err);
+    }
+    if (rc != KOLO_OK)
+        return rc;
+    table_add(rt, in->world, rt->size);
+    free(in->all);
+    in->all = NULL;
+    return KOLO_OK;
+}
+
+/* What carries the job: at debug level on every rank; at info level
+ * (KOLO_LOG_LEVEL=info) on rank 0, with the same names as kolorun
+ * --check-build, hvd.mpi_enabled() and hvd.gloo_enabled(). */
+static void announce(const kolo__runtime_t *rt, const kolo__pset_t *world)
+{
+    kolo__debug("initialised: rank %d of %d, %s backend, fusion threshold "
+                "%lld bytes, cycle time %.3g ms",
+                rt->rank, rt->size, world->data_ops->name,
+                (long long)rt->cfg.fusion_threshold, rt->cfg.cycle_time_ms);
+    if (rt->rank == 0)
+        kolo__log(KOLO__LOG_INFO, "%d ranks: negotiation over %s, host "
+                  "tensors over %s%s; fusion threshold %lld bytes, cycle "
+                  "time %.3g ms", rt->size, world->ctl_ops->name,
+                  world->data_ops->name,
+                  rt->cfg.mpi_launched ? " (started by mpirun)" : "",
+                  (long long)rt->cfg.fusion_threshold, rt->cfg.cycle_time_ms);
+}
+
+/* The runtime in force, and this rank's place for the lock-free getters. */
+static void publish(kolo__runtime_t *rt)
+{
+    g_rank = rt->rank;
+    g_size = rt->size;
+    g_local_rank = (int)rt->cfg.local_rank;
+    g_local_size = (int)rt->cfg.local_size;
+    g_cross_rank = (int)rt->cfg.cross_rank;
+    g_cross_size = (int)rt->cfg.cross_size;
+    g_rt = rt;
+}
+
+/* This rank's failure, for the others to name when they lose it
+ * (peers.c). */
+static void say_why(const kolo__runtime_t *rt, const kolo__err_t *err)
+{
+    char prefix[32];
+
+    snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
+    kolo__peers_note_cause(err->code, err->msg);
+    kolo__peers_say_why(&rt->cfg, prefix);
+}
+
+/* A failed kolo_init's runtime: the others told (the registry entry
+ * stays: peers still waiting must see that this rank arrived; kolorun
+ * removes the directory at the end), then freed. */
+static void forget_runtime(init_t *in)
+{
+    kolo__runtime_t *rt = in->rt;
+
+    if (!in->told)
+        kolo__agree_failed(&rt->cfg, rt->generation, "settings", &in->err);
+    /* Ranks that went on without this one (it alone could not read a
+     * verdict) learn why when they lose it. */
+    if (rt->rank >= 0 && rt->size > 1)
+        say_why(rt, &in->err);
+    free(in->all);
+    runtime_free(rt);
+}
+
+/* A failed kolo_init's report. In an elastic job whose membership moved
+ * on while this one formed, the peers went to the newer generation and
+ * kolo_init again joins it: a warning, not an error. */
+static int init_failed(init_t *in)
+{
+    if (in->elastic && g_elastic.generation > in->joined_before &&
+        in->err.code != KOLO_ERR_MEMBERSHIP &&
+        kolo__elastic_updates(getenv("KOLO_RENDEZVOUS"),
+                              g_elastic.generation) > 0)
+        in->err.code = KOLO_ERR_MEMBERSHIP;
+    if (in->elastic && in->err.code == KOLO_ERR_MEMBERSHIP) {
+        kolo__log(KOLO__LOG_WARNING, "kolo_init: %s", in->err.msg);
+        return kolo__api_fail(&in->err);
+    }
+    kolo__log(KOLO__LOG_ERROR, "kolo_init failed: %s", in->err.msg);
+    return kolo__api_fail(&in->err);
+}
+
 int kolo_init(void)
 {
     static int at_exit_registered;
-    kolo__err_t err;
-    kolo__runtime_t *rt;
-    kolo__pset_t *world = NULL;
-    int *all = NULL;
-    char prefix[32];
-    int rc, mpi_launched = 0, elastic = 0;
-    int told = 1; /* the others need not hear of a failure from here */
-    unsigned joined_before = g_elastic.generation;
+    init_t in = {.told = 1, .joined_before = g_elastic.generation};
+    int rc;
 
-    kolo__err_clear(&err);
+    kolo__err_clear(&in.err);
     if (kolo__api_handles() == NULL)
         return kolo__api_failf(KOLO_ERR_INTERNAL,
                                "cannot create the handle table's lock");
@@ -470,196 +715,43 @@ int kolo_init(void)
                                "kolo_init called twice without kolo_shutdown");
     }
     kolo__peers_forget_cause();
-    rt = kolo__calloc(1, sizeof(*rt));
-    if (rt == NULL) {
-        rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
-        goto unlock;
-    }
-    pthread_mutex_init(&rt->sets_mu, NULL);
-    KOLO__CHECK_GOTO(mpi_configure(&mpi_launched, &err), rc, free_rt);
-    KOLO__CHECK_GOTO(elastic_configure(&elastic, &err), rc, free_rt);
-    if (elastic && mpi_launched) {
-        rc = kolo__err_set(&err, KOLO_ERR_UNSUPPORTED, "an MPI job cannot "
-                           "change size: KOLO_ELASTIC=1 under mpirun");
-        goto free_rt;
-    }
-    KOLO__CHECK_GOTO(kolo__config_load(&rt->cfg, env_get, &err), rc, free_rt);
-    KOLO__CHECK_GOTO(kolo__auth_job_key(env_get, rt->job_key, &rt->have_job_key,
-                                        &err),
-                     rc, free_rt);
-    rt->cfg.mpi_launched = mpi_launched;
-    if (!mpi_launched && strncmp(rt->cfg.rendezvous, "mpi:", 4) == 0) {
-        rc = kolo__err_set(&err, KOLO_ERR_CONFIG,
-                           "KOLO_RENDEZVOUS='%s': the mpi: form is kolo's own "
-                           "under mpirun; start the job with mpirun (or "
-                           "kolorun --mpi), or use file:DIR",
-                           rt->cfg.rendezvous);
-        goto free_rt;
-    }
-    kolo__log_threshold = (int)rt->cfg.log_level;
-    rt->rank = (int)rt->cfg.rank;
-    rt->size = (int)rt->cfg.size;
-    rt->handles = &g_handles;
-    /* Rendezvous keys are unique per kolo_init; in an elastic job per
-     * generation, which every member shares (new workers included). */
-    rt->generation = elastic ? g_elastic.generation : g_generation++;
-    kolo__log_set_rank(rt->rank);
-    warn_unknown_variables(rt->rank);
-    KOLO__CHECK_GOTO(serve_rendezvous(&rt->cfg,
-                                      rt->have_job_key ? rt->job_key : NULL,
-                                      &err),
-                     rc, free_rt);
+    KOLO__CHECK_GOTO(runtime_new(&in), rc, unlock);
+    KOLO__CHECK_GOTO(read_settings(&in), rc, free_runtime);
+    take_place(&in);
+    KOLO__CHECK_GOTO(serve_rendezvous(&in.rt->cfg, in.rt->have_job_key
+                                                       ? in.rt->job_key : NULL,
+                                      &in.err),
+                     rc, free_runtime);
     kolo__agree_reserve();
-    kolo__peers_prepare_why(&rt->cfg);
+    kolo__peers_prepare_why(&in.rt->cfg);
     /* From here until the settings are agreed, a failure of this rank is
      * published where the others wait for its settings (agree.h). */
-    told = 0;
-
-    rt->timeline = kolo__timeline_new(rt->rank, rt->size, rt->cfg.job_start_us);
-    if (rt->timeline == NULL) {
-        rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
-        goto free_rt;
-    }
-    /* KOLO_TIMELINE=DYNAMIC (Horovod's HOROVOD_TIMELINE=DYNAMIC): no file
-     * until kolo_start_timeline. */
-    if (rt->cfg.timeline[0] != '\0' && strcmp(rt->cfg.timeline, "DYNAMIC") != 0 &&
-        (rt->rank == 0 || rt->cfg.timeline_all_ranks)) {
-        char path[4200];
-        size_t len = strlen(rt->cfg.timeline);
-        if (!rt->cfg.timeline_all_ranks)
-            snprintf(path, sizeof(path), "%s", rt->cfg.timeline);
-        else if (len > 5 && strcmp(rt->cfg.timeline + len - 5, ".json") == 0)
-            snprintf(path, sizeof(path), "%.*s.%d.json", (int)(len - 5),
-                     rt->cfg.timeline, rt->rank);
-        else
-            snprintf(path, sizeof(path), "%s.%d", rt->cfg.timeline, rt->rank);
-        rc = kolo__timeline_start(rt->timeline, path,
-                                  (int)rt->cfg.timeline_mark_cycles, &err);
-        if (rc != KOLO_OK) {
-            /* A file that cannot be created or written: the variable's
-             * value is wrong, as kolo.h promises for KOLO_* variables. */
-            char why[KOLO__ERR_LEN];
-            snprintf(why, sizeof(why), "%s", err.msg);
-            rc = kolo__err_set(&err, KOLO_ERR_CONFIG,
-                               "environment variable KOLO_TIMELINE='%s' is "
-                               "invalid: %s",
-                               rt->cfg.timeline, why);
-            goto free_rt;
-        }
-    }
-    if (elastic && kolo__timeline_active(rt->timeline)) {
-        /* Each membership change marks the timeline (kolo-timeline
-         * summary lists them). */
-        char mark[128];
-        snprintf(mark, sizeof(mark), "MEMBERSHIP generation %u: %d ranks (%s)",
-                 g_elastic.generation, rt->size,
-                 g_elastic.update[0] ? g_elastic.update : "start");
-        kolo__tl_instant(rt->timeline, "elastic", mark, 0);
-    }
-    all = kolo__malloc((size_t)rt->size * sizeof(int));
-    if (all == NULL) {
-        rc = kolo__err_set(&err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
-        goto free_rt;
-    }
-    for (int r = 0; r < rt->size; r++)
-        all[r] = r;
-    snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
-    kolo__peers_register(&rt->cfg, prefix);
-    told = 1;
-    rc = agree_settings(rt, &err);
-    if (rc != KOLO_OK) {
-        /* Where only this rank failed (it could not read the verdict),
-         * the others go on to connect: they learn why from there. */
-        kolo__agree_failed(&rt->cfg, rt->generation, "init.connect", &err);
-        goto free_rt;
-    }
+    in.told = 0;
+    KOLO__CHECK_GOTO(open_timeline(&in), rc, free_runtime);
+    KOLO__CHECK_GOTO(list_world(&in), rc, free_runtime);
+    KOLO__CHECK_GOTO(agree_with_the_others(&in), rc, free_runtime);
     hold_for_test();
-    {
-        kolo__outcome_t watch;
-        kolo__outcome_init(&watch, &rt->cfg, rt->generation, "init.connect",
-                           all, rt->size);
-        rc = table_reserve(rt) == 0
-                 ? kolo__pset_start(rt, KOLO_GLOBAL_PROCESS_SET, all,
-                                    rt->size, &watch, &world, &err)
-                 : kolo__err_set(&err, KOLO_ERR_NO_MEMORY,
-                                 "out of memory in kolo_init");
-        if (!watch.agreed) {
-            kolo__err_t mine = err;
-            rc = kolo__outcome_agree(&watch, rc, &mine, &err);
-        }
-        if (rc != KOLO_OK)
-            goto free_rt;
-    }
-    table_add(rt, world, rt->size);
-    free(all);
-    all = NULL;
-    if (kolo__watchdog_start(rt, &err) != KOLO_OK) {
-        /* The others are past the agreement: they learn of it from the
-         * set's shutdown, and why from here. */
-        snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
-        kolo__peers_note_cause(err.code, err.msg);
-        kolo__peers_say_why(&rt->cfg, prefix);
-        kolo__pset_stop(world, NULL);
-        rc = err.code;
-        goto free_rt;
-    }
-
-    kolo__debug("initialised: rank %d of %d, %s backend, fusion threshold "
-                "%lld bytes, cycle time %.3g ms",
-                rt->rank, rt->size, world->data_ops->name,
-                (long long)rt->cfg.fusion_threshold, rt->cfg.cycle_time_ms);
-    /* What carries the job (KOLO_LOG_LEVEL=info): the same names as
-     * kolorun --check-build, hvd.mpi_enabled() and hvd.gloo_enabled(). */
-    if (rt->rank == 0)
-        kolo__log(KOLO__LOG_INFO, "%d ranks: negotiation over %s, host "
-                  "tensors over %s%s; fusion threshold %lld bytes, cycle "
-                  "time %.3g ms", rt->size, world->ctl_ops->name,
-                  world->data_ops->name,
-                  rt->cfg.mpi_launched ? " (started by mpirun)" : "",
-                  (long long)rt->cfg.fusion_threshold, rt->cfg.cycle_time_ms);
-    g_rank = rt->rank;
-    g_size = rt->size;
-    g_local_rank = (int)rt->cfg.local_rank;
-    g_local_size = (int)rt->cfg.local_size;
-    g_cross_rank = (int)rt->cfg.cross_rank;
-    g_cross_size = (int)rt->cfg.cross_size;
-    g_rt = rt;
+    KOLO__CHECK_GOTO(connect_world(&in), rc, free_runtime);
+    KOLO__CHECK_GOTO(kolo__watchdog_start(in.rt, &in.err), rc, stop_world);
+    announce(in.rt, in.world);
+    publish(in.rt);
     kolo__agree_release();
     if (!at_exit_registered)
         at_exit_registered = atexit(shutdown_at_exit) == 0;
     pthread_mutex_unlock(&g_mu);
     return KOLO_OK;
 
-free_rt:
-    /* The registry entry stays: peers still waiting must see that this
-     * rank arrived (kolorun removes the directory at the end). */
-    if (!told)
-        kolo__agree_failed(&rt->cfg, rt->generation, "settings", &err);
-    if (rt->rank >= 0 && rt->size > 1) {
-        /* Ranks that went on without this one (it alone could not read a
-         * verdict) learn why when they lose it. */
-        snprintf(prefix, sizeof(prefix), "kolo%u", rt->generation);
-        kolo__peers_note_cause(err.code, err.msg);
-        kolo__peers_say_why(&rt->cfg, prefix);
-    }
-    free(all);
-    runtime_free(rt);
+stop_world:
+    /* The others are past the agreement: they learn of it from the set's
+     * shutdown, and why from here. */
+    say_why(in.rt, &in.err);
+    kolo__pset_stop(in.world, NULL);
+free_runtime:
+    forget_runtime(&in);
     kolo__agree_release();
 unlock:
     pthread_mutex_unlock(&g_mu);
-    /* An elastic job whose membership moved on while this one formed: the
-     * peers went to the newer generation; kolo_init again joins it. */
-    if (elastic && g_elastic.generation > joined_before &&
-        err.code != KOLO_ERR_MEMBERSHIP &&
-        kolo__elastic_updates(getenv("KOLO_RENDEZVOUS"),
-                              g_elastic.generation) > 0)
-        err.code = KOLO_ERR_MEMBERSHIP;
-    if (elastic && err.code == KOLO_ERR_MEMBERSHIP) {
-        kolo__log(KOLO__LOG_WARNING, "kolo_init: %s", err.msg);
-        return kolo__api_fail(&err);
-    }
-    kolo__log(KOLO__LOG_ERROR, "kolo_init failed: %s", err.msg);
-    return kolo__api_fail(&err);
+    return init_failed(&in);
 }
 
 int kolo_shutdown(void)
