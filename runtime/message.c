@@ -207,6 +207,10 @@ static int get(reader_t *r, void *dst, size_t n)
     return 0;
 }
 
+/* What a reading step returns when it fails (0 when it did not). */
+#define MALFORMED (-1)
+#define NO_MEMORY (-2)
+
 /* Reads a u16-prefixed string of at most `max` bytes into a new
  * NUL-terminated copy. */
 static int get_str(reader_t *r, size_t max, size_t min, char **out)
@@ -215,12 +219,12 @@ static int get_str(reader_t *r, size_t max, size_t min, char **out)
     char *s;
 
     if (get(r, &n, 2) != 0 || n > max || n < min || r->left < n)
-        return -1;
+        return MALFORMED;
     if (memchr(r->p, '\0', n) != NULL)
-        return -1;
+        return MALFORMED;
     s = kolo__malloc((size_t)n + 1);
     if (s == NULL)
-        return -2;
+        return NO_MEMORY;
     memcpy(s, r->p, n);
     s[n] = '\0';
     r->p += n;
@@ -278,13 +282,94 @@ void kolo__msg_free(kolo__msg_t *msg)
     memset(msg, 0, sizeof(*msg));
 }
 
+/* A message being decoded: the cursor, and what it reads now (for the
+ * message that names the first part that was wrong). */
+typedef struct decoder {
+    reader_t r;
+    const char *what;
+} decoder_t;
+
+/* The header, checked; msg gets its kind and rank, *n its tensor count. */
+static int read_header(decoder_t *d, kolo__msg_t *msg, uint32_t *n)
+{
+    uint32_t magic, rank;
+    uint16_t version, kind;
+
+    if (get(&d->r, &magic, 4) || get(&d->r, &version, 2) ||
+        get(&d->r, &kind, 2) || get(&d->r, &rank, 4) || get(&d->r, n, 4))
+        return MALFORMED;
+    d->what = "magic or version";
+    if (magic != KOLO__MSG_MAGIC || version != KOLO__MSG_VERSION)
+        return MALFORMED;
+    d->what = "kind";
+    if (kind != KOLO__MSG_REQUESTS && kind != KOLO__MSG_RESPONSES)
+        return MALFORMED;
+    d->what = "tensor count";
+    if (*n > d->r.left / MIN_ITEM_BYTES)
+        return MALFORMED;
+    msg->kind = kind;
+    msg->rank = (int32_t)rank;
+    return 0;
+}
+
+/* Room for n requests or responses (at least one). */
+static int new_items(kolo__msg_t *msg, uint32_t n)
+{
+    if (msg->kind == KOLO__MSG_REQUESTS) {
+        msg->u.requests = kolo__calloc(n ? n : 1, sizeof(kolo__request_t));
+        return msg->u.requests != NULL ? 0 : NO_MEMORY;
+    }
+    msg->u.responses = kolo__calloc(n ? n : 1, sizeof(kolo__response_t));
+    return msg->u.responses != NULL ? 0 : NO_MEMORY;
+}
+
+/* A response's status, and its error text when it failed. */
+static int read_status(decoder_t *d, kolo__response_t *resp, uint8_t last)
+{
+    resp->status = -(int32_t)last;
+    d->what = "response status";
+    if (resp->status < KOLO_ERR_INTERNAL)
+        return MALFORMED;
+    if (resp->status == KOLO_OK)
+        return 0;
+    d->what = "error text";
+    return get_str(&d->r, KOLO__MSG_MAX_TEXT, 0, &resp->text);
+}
+
+/* Item i: its name, its parameters and (a response) its status. */
+static int read_item(decoder_t *d, kolo__msg_t *msg, uint32_t i)
+{
+    int requests = msg->kind == KOLO__MSG_REQUESTS;
+    char **name = requests ? &msg->u.requests[i].name
+                           : &msg->u.responses[i].name;
+    kolo__params_t *p = requests ? &msg->u.requests[i].params
+                                 : &msg->u.responses[i].params;
+    uint8_t last;
+    int rc;
+
+    d->what = "tensor name";
+    rc = get_str(&d->r, KOLO_MAX_NAME_LEN, 1, name);
+    if (rc == NO_MEMORY)
+        return rc;
+    msg->n = i + 1; /* so that kolo__msg_free frees what was read */
+    if (rc != 0)
+        return rc;
+    d->what = "tensor parameters";
+    if (get_params(&d->r, p, &last) != 0)
+        return MALFORMED;
+    if (!requests)
+        return read_status(d, &msg->u.responses[i], last);
+    if (last == 0)
+        return 0;
+    d->what = "request flags";
+    return MALFORMED;
+}
+
 int kolo__msg_decode(const uint8_t *data, size_t len, int from_rank,
                      kolo__msg_t *msg, kolo__err_t *err)
 {
-    reader_t r = {data, len};
-    uint32_t magic, n, rank;
-    uint16_t version, kind;
-    const char *what = "header";
+    decoder_t d = {{data, len}, "header"};
+    uint32_t n = 0;
     int rc;
 
     memset(msg, 0, sizeof(*msg));
@@ -292,85 +377,28 @@ int kolo__msg_decode(const uint8_t *data, size_t len, int from_rank,
         return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
                              "negotiation message from rank %d is NULL",
                              from_rank);
-    if (get(&r, &magic, 4) || get(&r, &version, 2) || get(&r, &kind, 2) ||
-        get(&r, &rank, 4) || get(&r, &n, 4))
-        goto malformed;
-    what = "magic or version";
-    if (magic != KOLO__MSG_MAGIC || version != KOLO__MSG_VERSION)
-        goto malformed;
-    what = "kind";
-    if (kind != KOLO__MSG_REQUESTS && kind != KOLO__MSG_RESPONSES)
-        goto malformed;
-    what = "tensor count";
-    if (n > r.left / MIN_ITEM_BYTES)
-        goto malformed;
-
-    msg->kind = kind;
-    msg->rank = (int32_t)rank;
-    if (kind == KOLO__MSG_REQUESTS) {
-        msg->u.requests = kolo__calloc(n ? n : 1, sizeof(kolo__request_t));
-        if (msg->u.requests == NULL)
-            goto no_memory;
-    } else {
-        msg->u.responses = kolo__calloc(n ? n : 1, sizeof(kolo__response_t));
-        if (msg->u.responses == NULL)
-            goto no_memory;
+    rc = read_header(&d, msg, &n);
+    if (rc == 0)
+        rc = new_items(msg, n);
+    for (uint32_t i = 0; i < n && rc == 0; i++)
+        rc = read_item(&d, msg, i);
+    if (rc == 0) {
+        msg->n = n;
+        d.what = "trailing bytes";
+        if (d.r.left == 0)
+            return KOLO_OK;
+        rc = MALFORMED;
     }
-
-    for (uint32_t i = 0; i < n; i++) {
-        uint8_t last;
-        char **name = kind == KOLO__MSG_REQUESTS ? &msg->u.requests[i].name
-                                                 : &msg->u.responses[i].name;
-        kolo__params_t *p = kind == KOLO__MSG_REQUESTS
-                                ? &msg->u.requests[i].params
-                                : &msg->u.responses[i].params;
-        what = "tensor name";
-        rc = get_str(&r, KOLO_MAX_NAME_LEN, 1, name);
-        if (rc == -2)
-            goto no_memory;
-        msg->n = i + 1; /* so that kolo__msg_free frees what was read */
-        if (rc != 0)
-            goto malformed;
-        what = "tensor parameters";
-        if (get_params(&r, p, &last) != 0)
-            goto malformed;
-        if (kind == KOLO__MSG_RESPONSES) {
-            kolo__response_t *resp = &msg->u.responses[i];
-            resp->status = -(int32_t)last;
-            what = "response status";
-            if (resp->status < KOLO_ERR_INTERNAL)
-                goto malformed;
-            if (resp->status != KOLO_OK) {
-                what = "error text";
-                rc = get_str(&r, KOLO__MSG_MAX_TEXT, 0, &resp->text);
-                if (rc == -2)
-                    goto no_memory;
-                if (rc != 0)
-                    goto malformed;
-            }
-        } else if (last != 0) {
-            what = "request flags";
-            goto malformed;
-        }
-    }
-    msg->n = n;
-    what = "trailing bytes";
-    if (r.left != 0)
-        goto malformed;
-    return KOLO_OK;
-
-malformed:
-    rc = kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
-                       "malformed negotiation message from rank %d: bad %s "
-                       "at byte %zu of %zu",
-                       from_rank, what, len - r.left, len);
-    kolo__msg_free(msg);
-    return rc;
-no_memory:
-    rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                       "out of memory decoding a negotiation message of %zu "
-                       "bytes from rank %d",
-                       len, from_rank);
+    if (rc == NO_MEMORY)
+        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                           "out of memory decoding a negotiation message of "
+                           "%zu bytes from rank %d",
+                           len, from_rank);
+    else
+        rc = kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                           "malformed negotiation message from rank %d: bad "
+                           "%s at byte %zu of %zu",
+                           from_rank, d.what, len - d.r.left, len);
     kolo__msg_free(msg);
     return rc;
 }
