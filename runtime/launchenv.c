@@ -77,16 +77,6 @@ static int get_int(const char *(*getenv_fn)(const char *), const char *name,
     return 0;
 }
 
-/* The first of two variables that is set (Slurm's step-wide and job-wide
- * names): as get_int; *which gets the name read. */
-static int get_int2(const char *(*getenv_fn)(const char *), const char *first,
-                    const char *second, long lo, long hi, int *out,
-                    const char **which, kolo__err_t *err)
-{
-    *which = getenv_fn(first) != NULL ? first : second;
-    return get_int(getenv_fn, *which, lo, hi, out, err);
-}
-
 static int missing(const char *launcher, const char *name, const char *also,
                    kolo__err_t *err)
 {
@@ -97,6 +87,26 @@ static int missing(const char *launcher, const char *name, const char *also,
                          "KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE, KOLO_CROSS_RANK "
                          "and KOLO_CROSS_SIZE yourself, or start it with "
                          "kolorun", launcher, name, also);
+}
+
+/* A variable the launcher sets, read as get_int; Slurm names some twice,
+ * step-wide (`step_name`, read first when set) and job-wide (`name`).
+ * Neither set: KOLO_ERR_CONFIG, naming the job-wide one. */
+static int need_int(const char *(*getenv_fn)(const char *),
+                    const char *launcher, const char *step_name,
+                    const char *name, long lo, int *out, kolo__err_t *err)
+{
+    const char *which = name;
+    char also[64] = "";
+    int rc;
+
+    if (step_name != NULL) {
+        snprintf(also, sizeof(also), " (nor %s)", step_name);
+        if (getenv_fn(step_name) != NULL)
+            which = step_name;
+    }
+    rc = get_int(getenv_fn, which, lo, 1 << 24, out, err);
+    return rc <= 0 ? rc : missing(launcher, name, also, err);
 }
 
 /* Slurm's tasks per node, "2(x3),1": the count on node `node`; 0 when the
@@ -158,18 +168,16 @@ static int detect_torchrun(const char *(*getenv_fn)(const char *),
     const char *addr = getenv_fn("MASTER_ADDR");
     const char *run_id = getenv_fn("TORCHELASTIC_RUN_ID");
     const char *restarts = getenv_fn("TORCHELASTIC_RESTART_COUNT");
-    int port = 0, rc;
+    int port = 0;
 
     le->launcher = "torchrun";
     KOLO__CHECK(get_int(getenv_fn, "RANK", 0, 1 << 24, &le->rank, err));
     KOLO__CHECK(get_int(getenv_fn, "WORLD_SIZE", 1, 1 << 24, &le->size, err));
     KOLO__CHECK(get_int(getenv_fn, "MASTER_PORT", 1, 65534, &port, err));
-    if ((rc = get_int(getenv_fn, "LOCAL_RANK", 0, 1 << 24, &le->local_rank,
-                      err)) != 0)
-        return rc < 0 ? rc : missing("torchrun", "LOCAL_RANK", "", err);
-    if ((rc = get_int(getenv_fn, "LOCAL_WORLD_SIZE", 1, 1 << 24,
-                      &le->local_size, err)) != 0)
-        return rc < 0 ? rc : missing("torchrun", "LOCAL_WORLD_SIZE", "", err);
+    KOLO__CHECK(need_int(getenv_fn, "torchrun", NULL, "LOCAL_RANK", 0,
+                         &le->local_rank, err));
+    KOLO__CHECK(need_int(getenv_fn, "torchrun", NULL, "LOCAL_WORLD_SIZE", 1,
+                         &le->local_size, err));
     /* torchrun gives every node the same number of workers; GROUP_RANK and
      * GROUP_WORLD_SIZE say so when present. */
     le->cross_rank = le->rank / le->local_size;
@@ -203,34 +211,30 @@ static int detect_torchrun(const char *(*getenv_fn)(const char *),
     return 1;
 }
 
-static int detect_srun(const char *(*getenv_fn)(const char *),
-                       kolo__launchenv_t *le, kolo__err_t *err)
+/* Where an srun task stands: its rank and node, and the sizes. */
+static int srun_place(const char *(*getenv_fn)(const char *),
+                      kolo__launchenv_t *le, kolo__err_t *err)
 {
-    const char *which, *tpn, *step = getenv_fn("SLURM_STEP_ID");
-    const char *nodes, *addr = getenv_fn("MASTER_ADDR");
-    int rc, job = 0, step_id = 0, master_port = 0;
-
-    le->launcher = "srun";
-    if (step == NULL)
-        step = getenv_fn("SLURM_STEPID");
     KOLO__CHECK(get_int(getenv_fn, "SLURM_PROCID", 0, 1 << 24, &le->rank, err));
-    if ((rc = get_int2(getenv_fn, "SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", 1,
-                       1 << 24, &le->size, &which, err)) != 0)
-        return rc < 0 ? rc : missing("srun", "SLURM_NTASKS",
-                                     " (nor SLURM_STEP_NUM_TASKS)", err);
-    if ((rc = get_int(getenv_fn, "SLURM_LOCALID", 0, 1 << 24, &le->local_rank,
-                      err)) != 0)
-        return rc < 0 ? rc : missing("srun", "SLURM_LOCALID", "", err);
-    if ((rc = get_int(getenv_fn, "SLURM_NODEID", 0, 1 << 24, &le->cross_rank,
-                      err)) != 0)
-        return rc < 0 ? rc : missing("srun", "SLURM_NODEID", "", err);
-    if ((rc = get_int2(getenv_fn, "SLURM_STEP_NUM_NODES", "SLURM_NNODES", 1,
-                       1 << 24, &le->cross_size, &which, err)) != 0)
-        return rc < 0 ? rc : missing("srun", "SLURM_NNODES",
-                                     " (nor SLURM_STEP_NUM_NODES)", err);
-    /* The tasks of this node. */
-    tpn = getenv_fn("SLURM_STEP_TASKS_PER_NODE");
-    which = "SLURM_STEP_TASKS_PER_NODE";
+    KOLO__CHECK(need_int(getenv_fn, "srun", "SLURM_STEP_NUM_TASKS",
+                         "SLURM_NTASKS", 1, &le->size, err));
+    KOLO__CHECK(need_int(getenv_fn, "srun", NULL, "SLURM_LOCALID", 0,
+                         &le->local_rank, err));
+    KOLO__CHECK(need_int(getenv_fn, "srun", NULL, "SLURM_NODEID", 0,
+                         &le->cross_rank, err));
+    KOLO__CHECK(need_int(getenv_fn, "srun", "SLURM_STEP_NUM_NODES",
+                         "SLURM_NNODES", 1, &le->cross_size, err));
+    return KOLO_OK;
+}
+
+/* The tasks of this node: from the step's (or the job's) tasks per node,
+ * else SLURM_NTASKS_PER_NODE, else all of them on a job of one node. */
+static int srun_local_size(const char *(*getenv_fn)(const char *),
+                           kolo__launchenv_t *le, kolo__err_t *err)
+{
+    const char *tpn = getenv_fn("SLURM_STEP_TASKS_PER_NODE");
+    const char *which = "SLURM_STEP_TASKS_PER_NODE";
+
     if (tpn == NULL) {
         tpn = getenv_fn("SLURM_TASKS_PER_NODE");
         which = "SLURM_TASKS_PER_NODE";
@@ -241,18 +245,28 @@ static int detect_srun(const char *(*getenv_fn)(const char *),
                              "environment variable %s='%.100s' is invalid "
                              "for node %d (SLURM_NODEID): expected counts "
                              "such as 2(x3),1", which, tpn, le->cross_rank);
-    if (le->local_size == 0 &&
-        (rc = get_int(getenv_fn, "SLURM_NTASKS_PER_NODE", 1, 1 << 24,
-                      &le->local_size, err)) < 0)
-        return rc;
+    if (le->local_size == 0)
+        KOLO__CHECK(get_int(getenv_fn, "SLURM_NTASKS_PER_NODE", 1, 1 << 24,
+                            &le->local_size, err));
     if (le->local_size == 0 && le->cross_size == 1)
         le->local_size = le->size;
     if (le->local_size == 0)
         return missing("srun", "SLURM_STEP_TASKS_PER_NODE",
                        " (nor SLURM_TASKS_PER_NODE, SLURM_NTASKS_PER_NODE)",
                        err);
+    return KOLO_OK;
+}
 
-    /* Rank 0's node and a port for its server. */
+/* Rank 0's node and a port for its server, and the job's name there. */
+static int srun_server(const char *(*getenv_fn)(const char *),
+                       kolo__launchenv_t *le, kolo__err_t *err)
+{
+    const char *step = getenv_fn("SLURM_STEP_ID");
+    const char *nodes, *addr = getenv_fn("MASTER_ADDR");
+    int job = 0, step_id = 0, master_port = 0;
+
+    if (step == NULL)
+        step = getenv_fn("SLURM_STEPID");
     KOLO__CHECK(get_int(getenv_fn, "SLURM_JOB_ID", 0, 0x7fffffff, &job, err));
     if (step != NULL && strspn(step, "0123456789") == strlen(step))
         step_id = atoi(step);
@@ -283,6 +297,16 @@ static int detect_srun(const char *(*getenv_fn)(const char *),
                                                         : "the step's first node",
              master_port > 0 ? "MASTER_PORT+1" : "a port from the job and step ids");
     snprintf(le->job, sizeof(le->job), "srun-%d.%d", job, step_id);
+    return KOLO_OK;
+}
+
+static int detect_srun(const char *(*getenv_fn)(const char *),
+                       kolo__launchenv_t *le, kolo__err_t *err)
+{
+    le->launcher = "srun";
+    KOLO__CHECK(srun_place(getenv_fn, le, err));
+    KOLO__CHECK(srun_local_size(getenv_fn, le, err));
+    KOLO__CHECK(srun_server(getenv_fn, le, err));
     kolo__launchenv_rendezvous(le, le->port, le->rendezvous,
                                sizeof(le->rendezvous));
     return 1;
