@@ -37,8 +37,7 @@ static void pset_free(kolo__pset_t *ps)
     free(ps);
 }
 
-static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
-                         int size, kolo__err_t *err);
+static int start_threads(kolo__pset_t *ps, kolo__err_t *err);
 
 static void release_host_ops(kolo__pset_t *ps)
 {
@@ -183,7 +182,7 @@ int kolo__pset_start(kolo__runtime_t *rt, int id, const int *ranks, int size,
     sigemptyset(&pipe_set);
     sigaddset(&pipe_set, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe_set, &saved_mask);
-    rc = start_threads(rt, ps, id, size, err);
+    rc = start_threads(ps, err);
     pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);
     if (rc == KOLO_OK)
         *out = ps;
@@ -255,60 +254,93 @@ static int use_hierarchical(const kolo__runtime_t *rt, const kolo__pset_t *ps,
     return 0;
 }
 
-static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
-                         int size, kolo__err_t *err)
+/* What connecting a set's backends works with (start_threads). */
+typedef struct connecting {
+    kolo__runtime_t *rt;
+    kolo__pset_t *ps;
+    int *hosts;    /* [size]: the host of each member */
+    int *placed;   /* the global set's first start: rt->host_of to be */
+    int all_local; /* every member on this host */
+} connecting_t;
+
+/* The first start of the global set learns where every rank is. */
+static int learns_hosts(const connecting_t *c)
 {
-    int *hosts = NULL, *placed = NULL;
-    const char *cross = NULL;
-    int rc = KOLO_OK, all_local = 1;
+    return c->ps->id == KOLO_GLOBAL_PROCESS_SET && c->rt->host_of == NULL;
+}
 
-    hosts = kolo__malloc((size_t)size * sizeof(int));
-    if (id == KOLO_GLOBAL_PROCESS_SET && rt->host_of == NULL)
-        placed = kolo__calloc((size_t)size, sizeof(int));
-    if (hosts == NULL || (placed == NULL && id == KOLO_GLOBAL_PROCESS_SET &&
-                          rt->host_of == NULL)) {
-        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                           "out of memory creating process set %d", id);
-        goto agree;
-    }
-    /* Before the global set has exchanged placements, the configuration
-     * says whether the job is on one host. */
-    for (int i = 0; i < size; i++)
-        hosts[i] = rt->host_of != NULL ? rt->host_of[ps->ranks[i]]
-                                       : (int)rt->cfg.cross_rank;
+/* Where the members are, as far as this rank knows before connecting:
+ * before the global set has exchanged placements, the configuration says
+ * whether the job is on one host. */
+static int place_members(connecting_t *c, kolo__err_t *err)
+{
+    kolo__runtime_t *rt = c->rt;
+    kolo__pset_t *ps = c->ps;
+
+    c->hosts = kolo__malloc((size_t)ps->size * sizeof(int));
+    if (learns_hosts(c))
+        c->placed = kolo__calloc((size_t)ps->size, sizeof(int));
+    if (c->hosts == NULL || (c->placed == NULL && learns_hosts(c)))
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "out of memory creating process set %d", ps->id);
+    for (int i = 0; i < ps->size; i++)
+        c->hosts[i] = rt->host_of != NULL ? rt->host_of[ps->ranks[i]]
+                                          : (int)rt->cfg.cross_rank;
     if (rt->host_of == NULL)
-        all_local = rt->cfg.cross_size == 1 && rt->cfg.local_size == rt->size;
-    for (int i = 1; i < size; i++)
-        all_local &= hosts[i] == hosts[0];
+        c->all_local = rt->cfg.cross_size == 1 && rt->cfg.local_size == rt->size;
+    for (int i = 1; i < ps->size; i++)
+        c->all_local &= c->hosts[i] == c->hosts[0];
+    return KOLO_OK;
+}
 
-    rc = choose_ops(rt, "KOLO_CONTROLLER", rt->cfg.controller, all_local,
-                    size, &ps->ctl_ops, err);
+static int connect_controller(connecting_t *c, kolo__err_t *err)
+{
+    kolo__pset_t *ps = c->ps;
+    int rc = choose_ops(c->rt, "KOLO_CONTROLLER", c->rt->cfg.controller,
+                        c->all_local, ps->size, &ps->ctl_ops, err);
+
     if (rc == KOLO_OK)
         rc = kolo__connect(ps, ps->ctl_ops, "ctl", ps->rank, ps->size,
-                                ps->ranks, hosts, NULL, &ps->ctl_ctx, err);
-    if (rc != KOLO_OK) {
+                           ps->ranks, c->hosts, NULL, &ps->ctl_ctx, err);
+    if (rc != KOLO_OK)
         ps->ctl_ops = NULL; /* nothing to finalize */
-        goto agree;
+    return rc;
+}
+
+/* The global set's first start: every rank's host, over the controller
+ * (rt->host_of takes `placed`), which must agree with a configuration that
+ * says one host. */
+static int exchange_placement(connecting_t *c, kolo__err_t *err)
+{
+    kolo__runtime_t *rt = c->rt;
+    kolo__pset_t *ps = c->ps;
+    int *hosts = c->hosts;
+
+    KOLO__CHECK(exchange_hosts(rt, ps, c->placed, err));
+    c->placed = NULL; /* rt->host_of now */
+    for (int i = 0; i < ps->size; i++) {
+        hosts[i] = rt->host_of[ps->ranks[i]];
+        if (hosts[i] != hosts[0] && c->all_local)
+            return kolo__err_set(err, KOLO_ERR_CONFIG,
+                                 "rank %d is on host %d but rank %d is on "
+                                 "host %d, while KOLO_CROSS_SIZE=1 and "
+                                 "KOLO_LOCAL_SIZE=%lld say one host",
+                                 ps->ranks[0], hosts[0], ps->ranks[i],
+                                 hosts[i], (long long)rt->cfg.local_size);
     }
-    if (id == KOLO_GLOBAL_PROCESS_SET && rt->host_of == NULL) {
-        rc = exchange_hosts(rt, ps, placed, err);
-        if (rc == KOLO_OK)
-            placed = NULL; /* rt->host_of now */
-        for (int i = 0; rc == KOLO_OK && i < size; i++) {
-            hosts[i] = rt->host_of[ps->ranks[i]];
-            if (hosts[i] != hosts[0] && all_local)
-                rc = kolo__err_set(err, KOLO_ERR_CONFIG,
-                                   "rank %d is on host %d but rank %d is on "
-                                   "host %d, while KOLO_CROSS_SIZE=1 and "
-                                   "KOLO_LOCAL_SIZE=%lld say one host",
-                                   ps->ranks[0], hosts[0], ps->ranks[i],
-                                   hosts[i], (long long)rt->cfg.local_size);
-        }
-    }
-    if (rc == KOLO_OK)
-        rc = choose_ops(rt, "KOLO_CPU_OPERATIONS", rt->cfg.cpu_operations,
-                        all_local, size, &ps->data_ops, err);
-    if (rc == KOLO_OK && !all_local && use_hierarchical(rt, ps, hosts)) {
+    return KOLO_OK;
+}
+
+/* The data backend: hierarchical across hosts where it pays, the
+ * controller's context where it is the same backend. */
+static int connect_data(connecting_t *c, kolo__err_t *err)
+{
+    kolo__pset_t *ps = c->ps;
+    const char *cross = NULL;
+    int rc = choose_ops(c->rt, "KOLO_CPU_OPERATIONS", c->rt->cfg.cpu_operations,
+                        c->all_local, ps->size, &ps->data_ops, err);
+
+    if (rc == KOLO_OK && !c->all_local && use_hierarchical(c->rt, ps, c->hosts)) {
         cross = ps->data_ops->name;
         ps->data_ops = kolo__ops_hierarchical();
     }
@@ -316,30 +348,57 @@ static int start_threads(kolo__runtime_t *rt, kolo__pset_t *ps, int id,
         ps->data_ctx = ps->ctl_ctx;
     else if (rc == KOLO_OK)
         rc = kolo__connect(ps, ps->data_ops, "data", ps->rank, ps->size,
-                                ps->ranks, hosts, cross, &ps->data_ctx, err);
+                           ps->ranks, c->hosts, cross, &ps->data_ctx, err);
     if (rc != KOLO_OK)
         ps->data_ops = NULL; /* not connected (or the controller's) */
-    /* KOLO_CHUNK_BYTES=auto: now that the data backend is known; then the
-     * tuner starts from the defaults. */
-    if (rc == KOLO_OK && ps->tune_fixed.chunk_bytes < 0)
+    return rc;
+}
+
+/* What waited for the data backend: KOLO_CHUNK_BYTES=auto, then the tuner
+ * starting from the defaults, and the timeline's phase names. */
+static void settle_tuning(kolo__pset_t *ps)
+{
+    if (ps->tune_fixed.chunk_bytes < 0)
         ps->tune_fixed.chunk_bytes =
             ps->data_ops->chunk_bytes > 0 ? ps->data_ops->chunk_bytes : 4 << 20;
-    if (rc == KOLO_OK && ps->tune != NULL)
+    if (ps->tune != NULL)
         kolo__autotune_init(ps->tune, &ps->tune_fixed,
-                            (int)rt->cfg.autotune_window);
-    if (rc == KOLO_OK)
-        ps->phase = kolo__phase_names(ps->data_ops->name);
-agree:
-    free(hosts);
-    free(placed);
-    /* Every rank learns whether every member connected, before any thread
-     * runs a round on a set that is not whole (agree.c). */
+                            (int)ps->rt->cfg.autotune_window);
+    ps->phase = kolo__phase_names(ps->data_ops->name);
+}
+
+/* Every rank learns whether every member connected, before any thread
+ * runs a round on a set that is not whole (agree.c). */
+static int agree_connected(kolo__pset_t *ps, int rc, kolo__err_t *err)
+{
     if (ps->watch != NULL) {
         kolo__err_t mine = *err;
         rc = kolo__outcome_agree(ps->watch, rc, &mine, err);
         ps->watch->agreed = 1;
         ps->watch = NULL;
     }
+    return rc;
+}
+
+/* Connects the set's backends, agrees with every rank that all members
+ * did, and starts its thread; on failure frees the set. */
+static int start_threads(kolo__pset_t *ps, kolo__err_t *err)
+{
+    connecting_t c = {ps->rt, ps, NULL, NULL, 1};
+    int rc;
+
+    rc = place_members(&c, err);
+    if (rc == KOLO_OK)
+        rc = connect_controller(&c, err);
+    if (rc == KOLO_OK && learns_hosts(&c))
+        rc = exchange_placement(&c, err);
+    if (rc == KOLO_OK)
+        rc = connect_data(&c, err);
+    if (rc == KOLO_OK)
+        settle_tuning(ps);
+    free(c.hosts);
+    free(c.placed);
+    rc = agree_connected(ps, rc, err);
     if (rc != KOLO_OK) {
         release_ops(ps);
         pset_free(ps);
@@ -350,7 +409,7 @@ agree:
         pset_free(ps);
         return kolo__err_set(err, KOLO_ERR_INTERNAL,
                              "cannot start the background thread of process "
-                             "set %d", id);
+                             "set %d", ps->id);
     }
     ps->thread_started = 1;
     return KOLO_OK;
