@@ -176,6 +176,20 @@ int kolo__done_settle(kolo__done_t *d, void *stream, int host,
     }
 }
 
+/* Puts b at the end of a list (the batches in flight, or the timed ones
+ * that passed), counting it in *n. */
+static void append(kolo__inflight_t **head, kolo__inflight_t **tail,
+                   size_t *n, kolo__inflight_t *b)
+{
+    b->next = NULL;
+    if (*tail != NULL)
+        (*tail)->next = b;
+    else
+        *head = b;
+    *tail = b;
+    (*n)++;
+}
+
 int kolo__inflight_add(kolo__inflight_list_t *l, kolo__done_t *d,
                        const char *what)
 {
@@ -184,16 +198,10 @@ int kolo__inflight_add(kolo__inflight_list_t *l, kolo__done_t *d,
     if (b == NULL)
         return KOLO_ERR_NO_MEMORY;
     kolo__done_ref(d);
-    b->next = NULL;
     b->done = d;
     b->queued_us = kolo__now_us();
     snprintf(b->what, sizeof(b->what), "%s", what);
-    if (l->tail != NULL)
-        l->tail->next = b;
-    else
-        l->head = b;
-    l->tail = b;
-    l->n++;
+    append(&l->head, &l->tail, &l->n, b);
     return KOLO_OK;
 }
 
@@ -208,13 +216,7 @@ static void pop(kolo__inflight_list_t *l, int keep)
         l->tail = NULL;
     l->n--;
     if (keep && b->done->t_end != NULL && l->tl != NULL) {
-        b->next = NULL;
-        if (l->timed_tail != NULL)
-            l->timed_tail->next = b;
-        else
-            l->timed = b;
-        l->timed_tail = b;
-        l->ntimed++;
+        append(&l->timed, &l->timed_tail, &l->ntimed, b);
         return;
     }
     kolo__done_release(b->done);
