@@ -36,29 +36,18 @@
 
 /* ---- scalar paths -------------------------------------------------------- */
 
-static void f16_to_f32_scalar(const uint16_t *in, float *out, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = kolo__f16_to_float(in[i]);
-}
+/* NAME_scalar(in, out, n): half.h's helper ELEM on every element. */
+#define DEFINE_SCALAR(NAME, IN_T, OUT_T, ELEM)                                \
+    static void NAME##_scalar(const IN_T *in, OUT_T *out, size_t n)           \
+    {                                                                         \
+        for (size_t i = 0; i < n; i++)                                        \
+            out[i] = ELEM(in[i]);                                             \
+    }
 
-static void f32_to_f16_scalar(const float *in, uint16_t *out, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = kolo__float_to_f16(in[i]);
-}
-
-static void bf16_to_f32_scalar(const uint16_t *in, float *out, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = kolo__bf16_to_float(in[i]);
-}
-
-static void f32_to_bf16_scalar(const float *in, uint16_t *out, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        out[i] = kolo__float_to_bf16(in[i]);
-}
+DEFINE_SCALAR(f16_to_f32, uint16_t, float, kolo__f16_to_float)
+DEFINE_SCALAR(f32_to_f16, float, uint16_t, kolo__float_to_f16)
+DEFINE_SCALAR(bf16_to_f32, uint16_t, float, kolo__bf16_to_float)
+DEFINE_SCALAR(f32_to_bf16, float, uint16_t, kolo__float_to_bf16)
 
 /* ---- x86 vector paths ---------------------------------------------------- */
 
@@ -242,28 +231,6 @@ int kolo__half_simd(void)
     return cpu_simd();
 }
 
-void kolo__f16_to_f32(const uint16_t *in, float *out, size_t n)
-{
-#if KOLO_HALF_X86
-    if (kolo__half_simd() & KOLO__HALF_SIMD_F16C) {
-        f16_to_f32_f16c(in, out, n);
-        return;
-    }
-#endif
-    f16_to_f32_scalar(in, out, n);
-}
-
-void kolo__f32_to_f16(const float *in, uint16_t *out, size_t n)
-{
-#if KOLO_HALF_X86
-    if (kolo__half_simd() & KOLO__HALF_SIMD_F16C) {
-        f32_to_f16_f16c(in, out, n);
-        return;
-    }
-#endif
-    f32_to_f16_scalar(in, out, n);
-}
-
 int kolo__f16_add(uint16_t *out, const uint16_t *a, const uint16_t *b,
                   size_t n)
 {
@@ -277,24 +244,26 @@ int kolo__f16_add(uint16_t *out, const uint16_t *a, const uint16_t *b,
     return 0;
 }
 
-void kolo__bf16_to_f32(const uint16_t *in, float *out, size_t n)
-{
+/* kolo__NAME: the vector path NAME_VEC where the CPU has SIMD (a
+ * KOLO__HALF_SIMD_* bit), else NAME_scalar. */
 #if KOLO_HALF_X86
-    if (kolo__half_simd() & KOLO__HALF_SIMD_AVX2) {
-        bf16_to_f32_avx2(in, out, n);
-        return;
+#define DEFINE_CONVERSION(NAME, IN_T, OUT_T, SIMD, VEC)                       \
+    void kolo__##NAME(const IN_T *in, OUT_T *out, size_t n)                   \
+    {                                                                         \
+        if (kolo__half_simd() & (SIMD))                                       \
+            NAME##_##VEC(in, out, n);                                         \
+        else                                                                  \
+            NAME##_scalar(in, out, n);                                        \
+    }
+#else
+#define DEFINE_CONVERSION(NAME, IN_T, OUT_T, SIMD, VEC)                       \
+    void kolo__##NAME(const IN_T *in, OUT_T *out, size_t n)                   \
+    {                                                                         \
+        NAME##_scalar(in, out, n);                                            \
     }
 #endif
-    bf16_to_f32_scalar(in, out, n);
-}
 
-void kolo__f32_to_bf16(const float *in, uint16_t *out, size_t n)
-{
-#if KOLO_HALF_X86
-    if (kolo__half_simd() & KOLO__HALF_SIMD_AVX2) {
-        f32_to_bf16_avx2(in, out, n);
-        return;
-    }
-#endif
-    f32_to_bf16_scalar(in, out, n);
-}
+DEFINE_CONVERSION(f16_to_f32, uint16_t, float, KOLO__HALF_SIMD_F16C, f16c)
+DEFINE_CONVERSION(f32_to_f16, float, uint16_t, KOLO__HALF_SIMD_F16C, f16c)
+DEFINE_CONVERSION(bf16_to_f32, uint16_t, float, KOLO__HALF_SIMD_AVX2, avx2)
+DEFINE_CONVERSION(f32_to_bf16, float, uint16_t, KOLO__HALF_SIMD_AVX2, avx2)
