@@ -277,9 +277,14 @@ DEFINE_CONST_OP(div_f64_const, double, /=)
 /* float32 is scaled in float32, by the factor rounded to float32 first:
  * Horovod's CPU ScaleBuffer (float scale * float element), so that results
  * agree with it bit for bit. */
-static void scale_f32(float *restrict b, size_t n, double f)
+static void scale_f32(void *b, size_t n, double f)
 {
     mul_f32_const(b, n, (float)f);
+}
+
+static void scale_f64(void *b, size_t n, double f)
+{
+    mul_f64_const(b, n, f);
 }
 
 /* Applies f (mul_f32_const or div_f32_const) to a 16-bit float buffer
@@ -297,25 +302,28 @@ static void half_apply(uint16_t *buf, size_t n, to_f32_fn widen,
     }
 }
 
-/* half_apply for a float16 or bfloat16 buffer. */
-static void half_arith(void *buf, size_t n, kolo_dtype_t dtype,
-                       void (*f)(float *restrict, size_t, float), float arg)
-{
-    if (dtype == KOLO_FLOAT16)
-        half_apply(buf, n, kolo__f16_to_f32, kolo__f32_to_f16, f, arg);
-    else
-        half_apply(buf, n, kolo__bf16_to_f32, kolo__f32_to_bf16, f, arg);
-}
+/* NAME_f16 and NAME_bf16 (buf, n, x): F (mul_f32_const or div_f32_const)
+ * by x as a float, through half_apply. */
+#define DEFINE_HALF_ARITH(NAME, ARG_T, F)                                     \
+    static void NAME##_f16(void *b, size_t n, ARG_T x)                        \
+    {                                                                         \
+        half_apply(b, n, kolo__f16_to_f32, kolo__f32_to_f16, F, (float)x);    \
+    }                                                                         \
+    static void NAME##_bf16(void *b, size_t n, ARG_T x)                       \
+    {                                                                         \
+        half_apply(b, n, kolo__bf16_to_f32, kolo__f32_to_bf16, F, (float)x);  \
+    }
 
-/* The integer cases of a switch on the dtype: OP_u8 ... OP_i64 (buf, n,
- * ARG). */
-#define INT_CASES(OP, ARG)                                                    \
-    case KOLO_UINT8: OP##_u8(buf, n, ARG); break;                             \
-    case KOLO_INT8: OP##_i8(buf, n, ARG); break;                              \
-    case KOLO_UINT16: OP##_u16(buf, n, ARG); break;                           \
-    case KOLO_INT16: OP##_i16(buf, n, ARG); break;                            \
-    case KOLO_INT32: OP##_i32(buf, n, ARG); break;                            \
-    case KOLO_INT64: OP##_i64(buf, n, ARG); break
+/* A table by dtype of the functions P_u8 ... P_f64; none for bool, on
+ * which neither scaling nor averaging does anything. */
+#define BY_DTYPE(P)                                                           \
+    {                                                                         \
+        [KOLO_UINT8] = P##_u8, [KOLO_INT8] = P##_i8,                          \
+        [KOLO_UINT16] = P##_u16, [KOLO_INT16] = P##_i16,                      \
+        [KOLO_INT32] = P##_i32, [KOLO_INT64] = P##_i64,                       \
+        [KOLO_FLOAT16] = P##_f16, [KOLO_BFLOAT16] = P##_bf16,                 \
+        [KOLO_FLOAT32] = P##_f32, [KOLO_FLOAT64] = P##_f64,                   \
+    }
 
 /* r truncated toward zero into [MN, MX]; the casts of in-range doubles
  * truncate by definition, and out-of-range ones (undefined behaviour) are
@@ -323,8 +331,9 @@ static void half_arith(void *buf, size_t n, kolo_dtype_t dtype,
  * int64, MX + 1 = 2^63 is exact and MN - 1 rounds to -2^63 = MN, which
  * saturates to MN as it should. */
 #define DEFINE_SCALE_INT(S, T, MN, MX)                                        \
-    static void scale_##S(T *b, size_t n, double f)                           \
+    static void scale_##S(void *buf, size_t n, double f)                      \
     {                                                                         \
+        T *b = buf;                                                           \
         for (size_t i = 0; i < n; i++) {                                      \
             double r = (double)b[i] * f;                                      \
             if (r != r)                                                       \
@@ -345,21 +354,16 @@ DEFINE_SCALE_INT(i16, int16_t, INT16_MIN, INT16_MAX)
 DEFINE_SCALE_INT(i32, int32_t, INT32_MIN, INT32_MAX)
 DEFINE_SCALE_INT(i64, int64_t, INT64_MIN, INT64_MAX)
 
+DEFINE_HALF_ARITH(scale, double, mul_f32_const)
+
+static void (*const g_scale[KOLO_DTYPE_COUNT_])(void *, size_t, double) =
+    BY_DTYPE(scale);
+
 void kolo__scale(void *buf, size_t n, kolo_dtype_t dtype, double factor)
 {
-    if (n == 0 || factor == 1.0)
+    if (n == 0 || factor == 1.0 || !dtype_known(dtype) || g_scale[dtype] == NULL)
         return;
-    switch (dtype) {
-    INT_CASES(scale, factor);
-    case KOLO_FLOAT16:
-    case KOLO_BFLOAT16:
-        half_arith(buf, n, dtype, mul_f32_const, (float)factor);
-        break;
-    case KOLO_FLOAT32: scale_f32(buf, n, factor); break;
-    case KOLO_FLOAT64: mul_f64_const(buf, n, factor); break;
-    case KOLO_BOOL:
-    default: break;
-    }
+    g_scale[dtype](buf, n, factor);
 }
 
 float kolo__f16_factor(double factor)
@@ -386,8 +390,9 @@ void kolo__scale_device(void *buf, size_t n, kolo_dtype_t dtype,
  * magnitude never exceeds the dividend's, so it fits T; d >= 2 rules out
  * INT64_MIN / -1. */
 #define DEFINE_DIV_INT(S, T)                                                  \
-    static void div_##S(T *b, size_t n, int64_t d)                            \
+    static void div_##S(void *buf, size_t n, int64_t d)                       \
     {                                                                         \
+        T *b = buf;                                                           \
         for (size_t i = 0; i < n; i++)                                        \
             b[i] = (T)((int64_t)b[i] / d);                                    \
     }
@@ -403,8 +408,10 @@ DEFINE_DIV_INT(i64, int64_t)
  * correctly rounded; beyond that, divide in double (exact operands up to
  * 2^53, and a quotient of 53 bits rounded to 24 is correctly rounded as
  * well, since 53 >= 2 * 24 + 2). */
-static void div_f32(float *restrict b, size_t n, int64_t d)
+static void div_f32(void *buf, size_t n, int64_t d)
 {
+    float *restrict b = buf;
+
     if (d <= (INT64_C(1) << 24)) {
         div_f32_const(b, n, (float)d);
         return;
@@ -414,29 +421,24 @@ static void div_f32(float *restrict b, size_t n, int64_t d)
         b[i] = (float)((double)b[i] / dd);
 }
 
-static void div_f64(double *restrict b, size_t n, int64_t d)
+static void div_f64(void *b, size_t n, int64_t d)
 {
     div_f64_const(b, n, (double)d);
 }
 
+/* The float32 quotient of a 16-bit float by an integer is rounded to 16
+ * bits: for divisors exact in the 16-bit format this equals the correctly
+ * rounded quotient (24 >= 2 * 11 + 2). */
+DEFINE_HALF_ARITH(div, int64_t, div_f32_const)
+
+static void (*const g_divide[KOLO_DTYPE_COUNT_])(void *, size_t, int64_t) =
+    BY_DTYPE(div);
+
 void kolo__average(void *buf, size_t n, kolo_dtype_t dtype, int64_t divisor)
 {
-    if (n == 0 || divisor <= 1)
+    if (n == 0 || divisor <= 1 || !dtype_known(dtype) || g_divide[dtype] == NULL)
         return;
-    switch (dtype) {
-    INT_CASES(div, divisor);
-    /* The float32 quotient of a 16-bit float by an integer is rounded to 16
-     * bits: for divisors exact in the 16-bit format this equals the
-     * correctly rounded quotient (24 >= 2 * 11 + 2). */
-    case KOLO_FLOAT16:
-    case KOLO_BFLOAT16:
-        half_arith(buf, n, dtype, div_f32_const, (float)divisor);
-        break;
-    case KOLO_FLOAT32: div_f32(buf, n, divisor); break;
-    case KOLO_FLOAT64: div_f64(buf, n, divisor); break;
-    case KOLO_BOOL:
-    default: break;
-    }
+    g_divide[dtype](buf, n, divisor);
 }
 
 /* ---- accumulation ------------------------------------------------------- */
