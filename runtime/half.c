@@ -9,7 +9,9 @@
  * 8 or 16 elements at a time. The vector functions are compiled with
  * target attributes, so this file builds with plain -O2 (no -mf16c), and are
  * chosen at run time with __builtin_cpu_supports; everywhere else (or with
- * kolo__half_force_scalar) the portable scalar helpers of half.h run.
+ * kolo__half_force_scalar) the portable scalar helpers of half.h run. The
+ * scalar loops and the four public conversions that choose are generated
+ * (DEFINE_SCALAR, DEFINE_CONVERSION): they differ only in types and names.
  *
  * The vector paths must agree bit for bit with the scalar helpers, which
  * is what tests/unit/test-half.c checks: vcvtph2ps quiets NaNs and

@@ -20,6 +20,8 @@
  *    into float32 stack buffers with the (vectorized) half.c conversions,
  *    run the float32 kernel on them and round back, so the data stays in L1
  *    and each result is rounded once.
+ *  - kolo__scale and kolo__average look the dtype up in a table of
+ *    functions (BY_DTYPE), as kolo__reduce_get looks up the kernels.
  *  - Integer arithmetic is done in unsigned types and converted back: the
  *    sum wraps, without the undefined behaviour of signed overflow (and
  *    without the int promotion of uint16_t * uint16_t, which can overflow
