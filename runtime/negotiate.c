@@ -282,24 +282,28 @@ void kolo__negotiate_drain(kolo__pset_t *ps,
 }
 
 /* A zero-filled tensor that stands in for an allreduce this rank does not
- * have because it has joined. It has no handle. */
-static kolo__entry_t *standin(const char *name, const kolo__params_t *p)
+ * have because it has joined, in *out. It has no handle. */
+static int standin(kolo__pset_t *ps, const char *name, const kolo__params_t *p,
+                   kolo__entry_t **out, kolo__err_t *err)
 {
     kolo__entry_t *e = kolo__entry_new(name);
     size_t bytes = (size_t)p->count * kolo_dtype_size((kolo_dtype_t)p->dtype);
 
-    if (e == NULL)
-        return NULL;
-    e->scratch = kolo__calloc(bytes ? bytes : 1, 1);
-    if (e->scratch == NULL) {
+    if (e != NULL && (e->scratch = kolo__calloc(bytes ? bytes : 1, 1)) == NULL) {
         kolo__entry_free(e);
-        return NULL;
+        e = NULL;
     }
+    if (e == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "rank %d: out of memory for the zeros of tensor "
+                             "'%s' during a join",
+                             ps->rank, name);
     e->params = *p;
     e->input = e->output = e->scratch;
     e->device = -1; /* a CUDA allreduce's stand-in: the GPU path zeros its
                        share of the fusion buffer instead */
-    return e;
+    *out = e;
+    return KOLO_OK;
 }
 
 static void uncached_append(kolo__pset_t *ps, kolo__entry_t *e)
@@ -887,14 +891,9 @@ static int full_round(kolo__pset_t *ps, kolo__err_t *err)
              * when it failed. */
             if (r->status != KOLO_OK)
                 continue;
-            e = standin(r->name, &r->params);
-            if (e == NULL) {
-                rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                                   "rank %d: out of memory for the zeros of "
-                                   "tensor '%s' during a join",
-                                   ps->rank, r->name);
+            rc = standin(ps, r->name, &r->params, &e, err);
+            if (rc != KOLO_OK)
                 break;
-            }
         } else if (e == NULL) {
             rc = kolo__err_set(err, KOLO_ERR_INTERNAL,
                                "rank %d: the coordinator answered for tensor "
@@ -1404,12 +1403,8 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
             ps->neg.nhits--;
         } else if (ps->neg.joined[ps->rank] &&
                    (c = kolo__cache_at(&ps->neg.cache, b)) != NULL && c->name != NULL) {
-            kolo__entry_t *s = standin(c->name, &c->params);
-            if (s == NULL)
-                return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                                     "rank %d: out of memory for the zeros of "
-                                     "tensor '%s' during a join",
-                                     ps->rank, c->name);
+            kolo__entry_t *s;
+            KOLO__CHECK(standin(ps, c->name, &c->params, &s, err));
             KOLO__CHECK(ready_push(ps, s, err));
         }
     }
