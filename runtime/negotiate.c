@@ -412,89 +412,109 @@ static void shape_text(const kolo__params_t *p, char *out, size_t len)
     }
 }
 
-/* Writes why two ranks' requests for one name disagree. */
+/* The parameters two ranks may disagree on, after the collective, in the
+ * order a disagreement is reported (the group: whatever is left). */
+enum {
+    MM_DTYPE, MM_SHAPE, MM_COUNT, MM_OP, MM_ROOT, MM_PRESCALE, MM_POSTSCALE,
+    MM_PLACE, MM_WIRE, MM_GROUP
+};
+
+/* How each reads in "ranks disagree on <what>: rank A <verb_a><A's value>,
+ * rank B <verb_b><B's value>". */
+static const struct {
+    const char *what, *verb_a, *verb_b;
+} mismatch_words[] = {
+    [MM_DTYPE] = {"the dtype", "has ", "has "},
+    [MM_SHAPE] = {"the shape", "has ", "has "},
+    [MM_COUNT] = {"the number of elements", "has ", "has "},
+    [MM_OP] = {"the reduction", "asks for ", "for "},
+    [MM_ROOT] = {"the root", "names rank ", "names rank "},
+    [MM_PRESCALE] = {"the prescale factor", "has ", "has "},
+    [MM_POSTSCALE] = {"the postscale factor", "has ", "has "},
+    [MM_PLACE] = {"where it lives", "has it in ", "in "},
+    [MM_WIRE] = {"the wire compression", "sends ", "sends "},
+    [MM_GROUP] = {"its group", "has it in ", "in "},
+};
+
+/* Whether a and b differ in the parameter f (in the group: always, it
+ * being what is left when all else agrees). */
+static int mismatch_in(int f, const kolo__params_t *a, const kolo__params_t *b)
+{
+    switch (f) {
+    case MM_DTYPE: return a->dtype != b->dtype;
+    case MM_SHAPE:
+        return a->ndim != b->ndim ||
+               memcmp(a->shape, b->shape, sizeof(int64_t) * a->ndim) != 0;
+    case MM_COUNT: return a->count != b->count;
+    case MM_OP: return a->op != b->op;
+    case MM_ROOT: return a->root != b->root;
+    case MM_PRESCALE:
+        return memcmp(&a->prescale, &b->prescale, sizeof(double)) != 0;
+    case MM_POSTSCALE:
+        return memcmp(&a->postscale, &b->postscale, sizeof(double)) != 0;
+    case MM_PLACE: return a->device_type != b->device_type;
+    case MM_WIRE: return a->wire != b->wire;
+    default: return 1;
+    }
+}
+
+/* p's value of the parameter f, as a mismatch shows it. */
+static void mismatch_value(int f, const kolo__params_t *p, char *out,
+                           size_t len)
+{
+    switch (f) {
+    case MM_DTYPE:
+        snprintf(out, len, "%s", kolo_dtype_name((kolo_dtype_t)p->dtype));
+        break;
+    case MM_SHAPE: shape_text(p, out, len); break;
+    case MM_COUNT: snprintf(out, len, "%lld", (long long)p->count); break;
+    case MM_OP: snprintf(out, len, "%s", kolo_op_name((kolo_op_t)p->op)); break;
+    case MM_ROOT: snprintf(out, len, "%d", (int)p->root); break;
+    case MM_PRESCALE: snprintf(out, len, "%.17g", p->prescale); break;
+    case MM_POSTSCALE: snprintf(out, len, "%.17g", p->postscale); break;
+    case MM_PLACE:
+        snprintf(out, len, "%s memory",
+                 p->device_type == KOLO_DEVICE_CUDA ? "CUDA device" : "host");
+        break;
+    case MM_WIRE:
+        snprintf(out, len, "%s", kolo_dtype_name((kolo_dtype_t)p->wire));
+        break;
+    default:
+        snprintf(out, len, "a group of %d led by '%s'", p->group, p->group_key);
+    }
+}
+
+/* Writes why two ranks' requests for one name disagree: the first
+ * parameter that differs, with each rank's value. */
 static void describe_mismatch(const char *name, int ra, const kolo__params_t *a,
                               int rb, const kolo__params_t *b, char *out,
                               size_t len)
 {
-    if (a->coll != b->coll)
+    int gathered = a->coll == KOLO__COLL_ALLGATHER ||
+                   a->coll == KOLO__COLL_ALLTOALL;
+    char va[200], vb[200];
+    int f = MM_DTYPE;
+
+    if (a->coll != b->coll) {
         snprintf(out, len,
                  "tensor '%s': ranks disagree on the collective: rank %d "
                  "enqueued %s, rank %d enqueued %s",
                  name, ra, kolo__coll_name(a->coll), rb,
                  kolo__coll_name(b->coll));
-    else if (a->dtype != b->dtype)
-        snprintf(out, len,
-                 "%s of tensor '%s': ranks disagree on the dtype: rank %d has "
-                 "%s, rank %d has %s",
-                 kolo__coll_name(a->coll), name, ra,
-                 kolo_dtype_name((kolo_dtype_t)a->dtype), rb,
-                 kolo_dtype_name((kolo_dtype_t)b->dtype));
-    else if (a->ndim != b->ndim || memcmp(a->shape, b->shape,
-                                          sizeof(int64_t) * a->ndim) != 0) {
-        char sa[200], sb[200];
-        shape_text(a, sa, sizeof(sa));
-        shape_text(b, sb, sizeof(sb));
-        snprintf(out, len,
-                 "%s of tensor '%s': ranks disagree on the shape%s: rank %d "
-                 "has %s, rank %d has %s",
-                 kolo__coll_name(a->coll), name,
-                 (a->coll == KOLO__COLL_ALLGATHER ||
-                  a->coll == KOLO__COLL_ALLTOALL) && a->shape[0] == 0
-                     ? " (beyond the first dimension)" : "",
-                 ra, sa, rb, sb);
-    } else if (a->count != b->count)
-        snprintf(out, len,
-                 "%s of tensor '%s': ranks disagree on the number of "
-                 "elements: rank %d has %lld, rank %d has %lld",
-                 kolo__coll_name(a->coll), name, ra, (long long)a->count, rb,
-                 (long long)b->count);
-    else if (a->op != b->op)
-        snprintf(out, len,
-                 "%s of tensor '%s': ranks disagree on the reduction: rank %d "
-                 "asks for %s, rank %d for %s",
-                 kolo__coll_name(a->coll), name, ra,
-                 kolo_op_name((kolo_op_t)a->op), rb,
-                 kolo_op_name((kolo_op_t)b->op));
-    else if (a->root != b->root)
-        snprintf(out, len,
-                 "%s of tensor '%s': ranks disagree on the root: rank %d names "
-                 "rank %d, rank %d names rank %d",
-                 kolo__coll_name(a->coll), name, ra, (int)a->root, rb,
-                 (int)b->root);
-    else if (memcmp(&a->prescale, &b->prescale, sizeof(double)) != 0)
-        snprintf(out, len,
-                 "%s of tensor '%s': ranks disagree on the prescale factor: "
-                 "rank %d has %.17g, rank %d has %.17g",
-                 kolo__coll_name(a->coll), name, ra, a->prescale, rb,
-                 b->prescale);
-    else if (memcmp(&a->postscale, &b->postscale, sizeof(double)) != 0)
-        snprintf(out, len,
-                 "%s of tensor '%s': ranks disagree on the postscale factor: "
-                 "rank %d has %.17g, rank %d has %.17g",
-                 kolo__coll_name(a->coll), name, ra, a->postscale, rb,
-                 b->postscale);
-    else if (a->device_type != b->device_type)
-        snprintf(out, len,
-                 "%s of tensor '%s': ranks disagree on where it lives: rank %d "
-                 "has it in %s memory, rank %d in %s memory",
-                 kolo__coll_name(a->coll), name, ra,
-                 a->device_type == KOLO_DEVICE_CUDA ? "CUDA device" : "host", rb,
-                 b->device_type == KOLO_DEVICE_CUDA ? "CUDA device" : "host");
-    else if (a->wire != b->wire)
-        snprintf(out, len,
-                 "%s of tensor '%s': ranks disagree on the wire compression: "
-                 "rank %d sends %s, rank %d sends %s",
-                 kolo__coll_name(a->coll), name, ra,
-                 kolo_dtype_name((kolo_dtype_t)a->wire), rb,
-                 kolo_dtype_name((kolo_dtype_t)b->wire));
-    else
-        snprintf(out, len,
-                 "%s of tensor '%s': ranks disagree on its group: rank %d has "
-                 "it in a group of %d led by '%s', rank %d in a group of %d "
-                 "led by '%s'",
-                 kolo__coll_name(a->coll), name, ra, a->group, a->group_key, rb,
-                 b->group, b->group_key);
+        return;
+    }
+    while (f < MM_GROUP && !mismatch_in(f, a, b))
+        f++;
+    mismatch_value(f, a, va, sizeof(va));
+    mismatch_value(f, b, vb, sizeof(vb));
+    snprintf(out, len,
+             "%s of tensor '%s': ranks disagree on %s%s: rank %d %s%s, rank %d "
+             "%s%s",
+             kolo__coll_name(a->coll), name, mismatch_words[f].what,
+             f == MM_SHAPE && gathered && a->shape[0] == 0
+                 ? " (beyond the first dimension)" : "",
+             ra, mismatch_words[f].verb_a, va, rb, mismatch_words[f].verb_b,
+             vb);
 }
 
 typedef struct resp_list {
