@@ -612,10 +612,120 @@ static int complete(const kolo__pset_t *ps, const kolo__pending_name_t *p)
     return p->nhave > 0;
 }
 
+static void resp_list_free(resp_list_t *l)
+{
+    for (uint32_t i = 0; i < l->n; i++)
+        free(l->items[i].name), free(l->items[i].text);
+    free(l->items);
+}
+
+/* Answers a name that is complete: takes it off the table and appends its
+ * response. */
+static int answer(kolo__pset_t *ps, resp_list_t *out, kolo__pending_name_t *p,
+                  kolo__err_t *err)
+{
+    int failed;
+
+    kolo__map_dels(&ps->neg.table, p->name);
+    failed = resp_push(ps, out, p) != 0;
+    pending_name_free(p);
+    return failed ? kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                                  "out of memory in the coordinator")
+                  : KOLO_OK;
+}
+
+/* The table's entry for a name no rank had asked for; it takes q's name. */
+static kolo__pending_name_t *pending_name_new(kolo__pset_t *ps,
+                                              kolo__request_t *q)
+{
+    kolo__pending_name_t *p = kolo__calloc(1, sizeof(*p));
+
+    if (p == NULL ||
+        (p->params = kolo__calloc((size_t)ps->size, sizeof(*p->params))) == NULL ||
+        (p->have = kolo__calloc((size_t)ps->size, 1)) == NULL ||
+        (p->at_us = kolo__calloc((size_t)ps->size, sizeof(*p->at_us))) == NULL ||
+        kolo__map_puts(&ps->neg.table, q->name, p) != 0) {
+        pending_name_free(p);
+        return NULL;
+    }
+    p->name = q->name;
+    q->name = NULL;
+    p->first_us = kolo__now_us();
+    return p;
+}
+
+/* Rank r asks for q: the table notes who asked, and with which parameters;
+ * a name every rank has now asked for is answered. */
+static int table_ask(kolo__pset_t *ps, resp_list_t *out, int r,
+                     kolo__request_t *q, kolo__err_t *err)
+{
+    kolo__pending_name_t *p = kolo__map_gets(&ps->neg.table, q->name);
+
+    if (p == NULL && (p = pending_name_new(ps, q)) == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "out of memory in the coordinator");
+    if (!p->have[r]) {
+        p->have[r] = 1;
+        p->nhave++;
+        /* The first request's instant is the negotiation's start, to the
+         * microsecond. */
+        p->at_us[r] = p->nhave == 1 ? p->first_us : kolo__now_us();
+        if (r != ps->rank)
+            tl_asked(ps, p, r);
+    }
+    p->params[r] = q->params;
+    return complete(ps, p) ? answer(ps, out, p, err) : KOLO_OK;
+}
+
+/* A rank that joined completes the names that only it was missing. */
+static int answer_joined(kolo__pset_t *ps, resp_list_t *out, kolo__err_t *err)
+{
+    size_t it = 0;
+    void *v;
+
+    while (kolo__map_next(&ps->neg.table, &it, NULL, &v))
+        if (complete(ps, v))
+            KOLO__CHECK(answer(ps, out, v, err));
+    return KOLO_OK;
+}
+
+/* Decodes rank r's request list into msg; 0, with why in derr, where it
+ * is malformed or not rank r's request list. */
+static int requests_decode(int r, const uint8_t *data, uint64_t len,
+                           kolo__msg_t *msg, kolo__err_t *derr)
+{
+    kolo__err_clear(derr);
+    if (kolo__msg_decode(data, len, r, msg, derr) == KOLO_OK &&
+        msg->kind == KOLO__MSG_REQUESTS && msg->rank == r)
+        return 1;
+    if (derr->code == KOLO_OK) /* decoded, but not a request list */
+        snprintf(derr->msg, sizeof(derr->msg),
+                 "negotiation message from rank %d has kind %d and claims "
+                 "rank %d",
+                 r, msg->kind, msg->rank);
+    kolo__msg_free(msg);
+    return 0;
+}
+
+/* Encodes into neg.resp_buf the answer that stops the job on every rank:
+ * a response list whose rank field is -1, its one response the error. */
+static int answer_stop(kolo__pset_t *ps, int status, char *text,
+                       kolo__err_t *err)
+{
+    kolo__response_t fatal;
+    kolo__msg_t m = {KOLO__MSG_RESPONSES, -1, 1, {.responses = &fatal}};
+
+    memset(&fatal, 0, sizeof(fatal));
+    fatal.name = (char *)"*";
+    fatal.status = status;
+    fatal.text = text;
+    return kolo__msg_encode(&m, &ps->neg.resp_buf, err);
+}
+
 /* Rank 0: reads every rank's requests (rank r's are at recv + r * stride,
  * lens[r] bytes), updates the table and encodes the responses into
- * ps->neg.resp_buf. A malformed message yields a response list whose rank field
- * is -1 and whose only response carries the error: every rank stops. */
+ * ps->neg.resp_buf; a malformed message, or the stall inspector's verdict,
+ * stops every rank instead (answer_stop). */
 static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
                       const uint64_t *lens, kolo__err_t *err)
 {
@@ -624,112 +734,28 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
     kolo__err_t derr;
     int rc = KOLO_OK;
 
-    if (ps->neg.stall_fatal.code != KOLO_OK) {
-        kolo__response_t fatal;
-        kolo__msg_t m = {KOLO__MSG_RESPONSES, -1, 1, {.responses = &fatal}};
-        memset(&fatal, 0, sizeof(fatal));
-        fatal.name = (char *)"*";
-        fatal.status = ps->neg.stall_fatal.code;
-        fatal.text = ps->neg.stall_fatal.msg;
-        return kolo__msg_encode(&m, &ps->neg.resp_buf, err);
-    }
-    for (int r = 0; r < ps->size; r++) {
-        kolo__err_clear(&derr);
-        if (kolo__msg_decode(recv + (size_t)r * stride, lens[r], r, &msg,
-                             &derr) != KOLO_OK ||
-            msg.kind != KOLO__MSG_REQUESTS || msg.rank != r) {
-            kolo__response_t fatal;
-            memset(&fatal, 0, sizeof(fatal));
-            fatal.name = (char *)"*";
-            fatal.status = KOLO_ERR_INTERNAL;
-            fatal.text = derr.msg;
-            kolo__msg_t m = {KOLO__MSG_RESPONSES, -1, 1, {.responses = &fatal}};
-            if (derr.code == KOLO_OK) /* decoded, but not a request list */
-                snprintf(derr.msg, sizeof(derr.msg),
-                         "negotiation message from rank %d has kind %d and "
-                         "claims rank %d",
-                         r, msg.kind, msg.rank);
-            kolo__msg_free(&msg);
-            for (uint32_t i = 0; i < out.n; i++)
-                free(out.items[i].name), free(out.items[i].text);
-            free(out.items);
+    if (ps->neg.stall_fatal.code != KOLO_OK)
+        return answer_stop(ps, ps->neg.stall_fatal.code,
+                           ps->neg.stall_fatal.msg, err);
+    for (int r = 0; r < ps->size && rc == KOLO_OK; r++) {
+        if (!requests_decode(r, recv + (size_t)r * stride, lens[r], &msg,
+                             &derr)) {
+            resp_list_free(&out);
             kolo__log(KOLO__LOG_ERROR, "%s", derr.msg);
-            return kolo__msg_encode(&m, &ps->neg.resp_buf, err);
+            return answer_stop(ps, KOLO_ERR_INTERNAL, derr.msg, err);
         }
-        derr.code = KOLO_OK;
-        for (uint32_t i = 0; i < msg.n; i++) {
-            kolo__request_t *q = &msg.u.requests[i];
-            kolo__pending_name_t *p = kolo__map_gets(&ps->neg.table, q->name);
-            if (p == NULL) {
-                p = kolo__calloc(1, sizeof(*p));
-                if (p == NULL ||
-                    (p->params = kolo__calloc((size_t)ps->size, sizeof(*p->params))) == NULL ||
-                    (p->have = kolo__calloc((size_t)ps->size, 1)) == NULL ||
-                    (p->at_us = kolo__calloc((size_t)ps->size, sizeof(*p->at_us))) == NULL ||
-                    kolo__map_puts(&ps->neg.table, q->name, p) != 0) {
-                    pending_name_free(p);
-                    rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                                       "out of memory in the coordinator");
-                    goto free_msg;
-                }
-                p->name = q->name;
-                q->name = NULL;
-                p->first_us = kolo__now_us();
-            }
-            if (!p->have[r]) {
-                p->have[r] = 1;
-                p->nhave++;
-                /* The first request's instant is the negotiation's start,
-                 * to the microsecond. */
-                p->at_us[r] = p->nhave == 1 ? p->first_us : kolo__now_us();
-                if (r != ps->rank)
-                    tl_asked(ps, p, r);
-            }
-            p->params[r] = q->params;
-            if (complete(ps, p)) {
-                kolo__map_dels(&ps->neg.table, p->name);
-                if (resp_push(ps, &out, p) != 0) {
-                    pending_name_free(p);
-                    rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                                       "out of memory in the coordinator");
-                    goto free_msg;
-                }
-                pending_name_free(p);
-            }
-        }
+        for (uint32_t i = 0; i < msg.n && rc == KOLO_OK; i++)
+            rc = table_ask(ps, &out, r, &msg.u.requests[i], err);
         kolo__msg_free(&msg);
     }
-    /* A rank that joined completes the names that only it was missing. */
-    if (ps->neg.njoined > 0) {
-        size_t it = 0;
-        void *v;
-        while (kolo__map_next(&ps->neg.table, &it, NULL, &v)) {
-            kolo__pending_name_t *p = v;
-            if (!complete(ps, p))
-                continue;
-            kolo__map_dels(&ps->neg.table, p->name);
-            if (resp_push(ps, &out, p) != 0) {
-                pending_name_free(p);
-                rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                                   "out of memory in the coordinator");
-                goto free_out;
-            }
-            pending_name_free(p);
-        }
-    }
-    fail_groups_together(&out);
-    {
+    if (rc == KOLO_OK && ps->neg.njoined > 0)
+        rc = answer_joined(ps, &out, err);
+    if (rc == KOLO_OK) {
+        fail_groups_together(&out);
         kolo__msg_t m = {KOLO__MSG_RESPONSES, 0, out.n, {.responses = out.items}};
         rc = kolo__msg_encode(&m, &ps->neg.resp_buf, err);
     }
-    goto free_out;
-
-free_msg:
-    kolo__msg_free(&msg);
-free_out:
-    for (uint32_t i = 0; i < out.n; i++)
-        free(out.items[i].name), free(out.items[i].text);
-    free(out.items);
+    resp_list_free(&out);
     return rc;
 }
 
