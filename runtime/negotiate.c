@@ -800,181 +800,229 @@ static int backend_failed(kolo__pset_t *ps, int rc, const char *what,
     return kolo__fail_backend(ps, rc, detail, err, "negotiation (%s)", what);
 }
 
-/* The full round (step 2 of the essay). */
-static int full_round(kolo__pset_t *ps, kolo__err_t *err)
+/* What the steps of one full round share. */
+typedef struct full_round {
+    kolo__request_t *reqs; /* this rank's requests (names borrowed) */
+    uint64_t *lens;        /* every rank's request list's length */
+    uint64_t maxlen;       /* the longest: the gather's stride */
+    uint64_t resplen;      /* the coordinator's answer's length */
+} full_round_t;
+
+/* Encodes this rank's request list into neg.send_buf: its uncached
+ * tensors, and those sent long ago and still unanswered (sent again: the
+ * essay's "Stalls"). */
+static int requests_encode(kolo__pset_t *ps, full_round_t *fr, kolo__err_t *err)
 {
-    const kolo__ops_t *ops = ps->ctl_ops;
-    char detail[KOLO__ERR_LEN];
-    kolo__request_t *reqs = NULL;
-    uint32_t n = 0;
-    uint64_t mylen, maxlen = 0, resplen;
-    uint64_t *lens = NULL;
-    kolo__msg_t resp;
     int64_t now = kolo__now_us(), again = reask_us(ps);
+    uint32_t n = 0, nnew;
     size_t it = 0;
     void *v;
-    uint32_t nnew;
-    int rc;
-
-    /* Encode this rank's uncached requests, and those sent long ago and
-     * still unanswered (again: see the essay), and move the new ones to
-     * `sent`. */
 
     for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next)
         n++;
     nnew = n;
     n += (uint32_t)ps->neg.sent.count;
-    reqs = kolo__calloc(n ? n : 1, sizeof(*reqs));
-    lens = kolo__calloc((size_t)ps->size, sizeof(*lens));
-    if (reqs == NULL || lens == NULL) {
-        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                           "out of memory sending %u requests", nnew);
-        goto out;
-    }
+    fr->reqs = kolo__calloc(n ? n : 1, sizeof(*fr->reqs));
+    fr->lens = kolo__calloc((size_t)ps->size, sizeof(*fr->lens));
+    if (fr->reqs == NULL || fr->lens == NULL)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "out of memory sending %u requests", nnew);
     n = 0;
     for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next) {
         e->asked_us = now;
-        reqs[n++] = (kolo__request_t){e->name, e->params};
+        fr->reqs[n++] = (kolo__request_t){e->name, e->params};
     }
     while (kolo__map_next(&ps->neg.sent, &it, NULL, &v)) {
         kolo__entry_t *e = v;
         if (now - e->asked_us < again)
             continue;
         e->asked_us = now;
-        reqs[n++] = (kolo__request_t){e->name, e->params};
+        fr->reqs[n++] = (kolo__request_t){e->name, e->params};
     }
-    {
-        kolo__msg_t m = {KOLO__MSG_REQUESTS, ps->rank, n, {.requests = reqs}};
-        KOLO__CHECK_GOTO(kolo__msg_encode(&m, &ps->neg.send_buf, err), rc, out);
-    }
+    kolo__msg_t m = {KOLO__MSG_REQUESTS, ps->rank, n, {.requests = fr->reqs}};
+    return kolo__msg_encode(&m, &ps->neg.send_buf, err);
+}
+
+/* The new requests wait for their answer in `sent`. */
+static int requests_track(kolo__pset_t *ps, kolo__err_t *err)
+{
     for (kolo__entry_t *e = ps->neg.uncached_head, *next; e != NULL; e = next) {
         next = e->next;
         /* Unlinked only once it is in `sent`: where it fails, it and the
          * rest stay on the list, and fail with the set. */
-        if (kolo__map_puts(&ps->neg.sent, e->name, e) != 0) {
-            rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                               "out of memory tracking tensor '%s'", e->name);
-            goto out;
-        }
+        if (kolo__map_puts(&ps->neg.sent, e->name, e) != 0)
+            return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                                 "out of memory tracking tensor '%s'", e->name);
         e->next = NULL;
         ps->neg.uncached_head = next;
     }
     ps->neg.uncached_tail = NULL;
+    return KOLO_OK;
+}
 
-    /* Gather the requests at the coordinator. */
-    mylen = ps->neg.send_buf.len;
-    rc = ops->allgather(ps->ctl_ctx, &mylen, lens, sizeof(mylen), detail,
+/* Every rank's request list to the coordinator: an allgather of their
+ * lengths, then a gather padded to the longest. */
+static int requests_gather(kolo__pset_t *ps, full_round_t *fr, kolo__err_t *err)
+{
+    const kolo__ops_t *ops = ps->ctl_ops;
+    uint64_t mylen = ps->neg.send_buf.len;
+    char detail[KOLO__ERR_LEN];
+    int rc;
+
+    rc = ops->allgather(ps->ctl_ctx, &mylen, fr->lens, sizeof(mylen), detail,
                         sizeof(detail));
-    if (rc != KOLO_OK) {
-        rc = backend_failed(ps, rc, "allgather of request sizes", detail, err);
-        goto out;
-    }
+    if (rc != KOLO_OK)
+        return backend_failed(ps, rc, "allgather of request sizes", detail,
+                              err);
     for (int r = 0; r < ps->size; r++)
-        if (lens[r] > maxlen)
-            maxlen = lens[r];
-    if (bytes_reserve(&ps->neg.send_buf, maxlen) != 0 ||
-        (ps->rank == 0 && bytes_reserve(&ps->neg.recv_buf, maxlen * (uint64_t)ps->size) != 0)) {
-        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                           "out of memory for %llu bytes of requests",
-                           (unsigned long long)maxlen * (uint64_t)ps->size);
-        goto out;
-    }
-    memset(ps->neg.send_buf.data + mylen, 0, maxlen - mylen);
-    rc = ops->gather(ps->ctl_ctx, ps->neg.send_buf.data, ps->neg.recv_buf.data, maxlen,
-                     0, detail, sizeof(detail));
-    if (rc != KOLO_OK) {
-        rc = backend_failed(ps, rc, "gather of requests", detail, err);
-        goto out;
-    }
+        if (fr->lens[r] > fr->maxlen)
+            fr->maxlen = fr->lens[r];
+    if (bytes_reserve(&ps->neg.send_buf, fr->maxlen) != 0 ||
+        (ps->rank == 0 &&
+         bytes_reserve(&ps->neg.recv_buf, fr->maxlen * (uint64_t)ps->size) != 0))
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "out of memory for %llu bytes of requests",
+                             (unsigned long long)fr->maxlen * (uint64_t)ps->size);
+    memset(ps->neg.send_buf.data + mylen, 0, fr->maxlen - mylen);
+    rc = ops->gather(ps->ctl_ctx, ps->neg.send_buf.data, ps->neg.recv_buf.data,
+                     fr->maxlen, 0, detail, sizeof(detail));
+    if (rc != KOLO_OK)
+        return backend_failed(ps, rc, "gather of requests", detail, err);
+    return KOLO_OK;
+}
 
-    /* The coordinator decides; everyone learns the decision. */
-    if (ps->rank == 0)
-        KOLO__CHECK_GOTO(coordinate(ps, ps->neg.recv_buf.data, maxlen, lens, err),
-                         rc, out);
-    resplen = ps->rank == 0 ? ps->neg.resp_buf.len : 0;
-    rc = ops->broadcast(ps->ctl_ctx, &resplen, sizeof(resplen), 0, detail,
-                        sizeof(detail));
-    if (rc != KOLO_OK) {
-        rc = backend_failed(ps, rc, "broadcast of the response size", detail, err);
-        goto out;
-    }
-    if (bytes_reserve(&ps->neg.resp_buf, resplen) != 0) {
-        rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
-                           "out of memory for %llu bytes of responses",
-                           (unsigned long long)resplen);
-        goto out;
-    }
-    rc = ops->broadcast(ps->ctl_ctx, ps->neg.resp_buf.data, resplen, 0, detail,
-                        sizeof(detail));
-    if (rc != KOLO_OK) {
-        rc = backend_failed(ps, rc, "broadcast of responses", detail, err);
-        goto out;
-    }
-    KOLO__CHECK_GOTO(kolo__msg_decode(ps->neg.resp_buf.data, resplen, 0, &resp, err),
-                     rc, out);
-    if (resp.kind != KOLO__MSG_RESPONSES || resp.rank < 0) {
-        rc = kolo__err_set(err,
-                           resp.n > 0 && resp.u.responses[0].status < 0
-                               ? resp.u.responses[0].status
-                               : KOLO_ERR_INTERNAL,
-                           "the coordinator stopped the job: %s",
-                           resp.n > 0 && resp.u.responses[0].text
-                               ? resp.u.responses[0].text
-                               : "malformed response");
-        kolo__msg_free(&resp);
-        goto out;
-    }
+/* The coordinator's answer (neg.resp_buf) to every rank: its length, then
+ * the list. */
+static int responses_broadcast(kolo__pset_t *ps, full_round_t *fr,
+                               kolo__err_t *err)
+{
+    const kolo__ops_t *ops = ps->ctl_ops;
+    char detail[KOLO__ERR_LEN];
+    int rc;
 
-    /* Apply the responses in order: cache the OK ones, fail the others. */
-    for (uint32_t i = 0; i < resp.n && rc == KOLO_OK; i++) {
-        kolo__response_t *r = &resp.u.responses[i];
-        kolo__entry_t *e = kolo__map_dels(&ps->neg.sent, r->name);
-        size_t bit;
-        int evicted;
+    fr->resplen = ps->rank == 0 ? ps->neg.resp_buf.len : 0;
+    rc = ops->broadcast(ps->ctl_ctx, &fr->resplen, sizeof(fr->resplen), 0,
+                        detail, sizeof(detail));
+    if (rc != KOLO_OK)
+        return backend_failed(ps, rc, "broadcast of the response size", detail,
+                              err);
+    if (bytes_reserve(&ps->neg.resp_buf, fr->resplen) != 0)
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                             "out of memory for %llu bytes of responses",
+                             (unsigned long long)fr->resplen);
+    rc = ops->broadcast(ps->ctl_ctx, ps->neg.resp_buf.data, fr->resplen, 0,
+                        detail, sizeof(detail));
+    if (rc != KOLO_OK)
+        return backend_failed(ps, rc, "broadcast of responses", detail, err);
+    return KOLO_OK;
+}
 
-        if (e == NULL && ps->neg.joined[ps->rank]) {
-            /* A tensor this joined rank never enqueued: zeros, or nothing
-             * when it failed. */
-            if (r->status != KOLO_OK)
-                continue;
-            rc = standin(ps, r->name, &r->params, &e, err);
-            if (rc != KOLO_OK)
-                break;
-        } else if (e == NULL) {
-            rc = kolo__err_set(err, KOLO_ERR_INTERNAL,
-                               "rank %d: the coordinator answered for tensor "
-                               "'%s', which this rank never sent",
-                               ps->rank, r->name);
-            break;
-        }
-        if (r->status != KOLO_OK) {
-            kolo__log(KOLO__LOG_ERROR, "%s", r->text ? r->text : "");
-            kolo__complete(ps, e, r->status, r->text);
-            continue;
-        }
-        /* An eviction counts even when the insertion then failed (out of
-         * memory): the evicted bit's waiters must be resent either way.
-         * Grouped tensors are not cached (see the essay). */
-        if (r->params.group <= 1) {
-            if (kolo__cache_put(&ps->neg.cache, r->name, &r->params, &bit,
-                                &evicted) == KOLO__CACHE_LOST) {
-                /* Taken but not stored: erased on every rank next round
-                 * (cache.h); the tensor itself goes on. */
-                kolo__log(KOLO__LOG_WARNING, "rank %d: out of memory caching "
-                          "'%s'; it is negotiated in full until cached again",
-                          ps->rank, r->name);
-                BIT_SET(ps->neg.lost, bit);
-            }
-            if (evicted)
-                unhit(ps, bit);
-        }
-        rc = ready_push(ps, e, err);
+/* Decodes the coordinator's answer; one it sent with rank -1 stops the job
+ * on every rank, with its message. */
+static int responses_decode(kolo__pset_t *ps, uint64_t len, kolo__msg_t *resp,
+                            kolo__err_t *err)
+{
+    int rc;
+
+    KOLO__CHECK(kolo__msg_decode(ps->neg.resp_buf.data, len, 0, resp, err));
+    if (resp->kind == KOLO__MSG_RESPONSES && resp->rank >= 0)
+        return KOLO_OK;
+    rc = kolo__err_set(err,
+                       resp->n > 0 && resp->u.responses[0].status < 0
+                           ? resp->u.responses[0].status
+                           : KOLO_ERR_INTERNAL,
+                       "the coordinator stopped the job: %s",
+                       resp->n > 0 && resp->u.responses[0].text
+                           ? resp->u.responses[0].text
+                           : "malformed response");
+    kolo__msg_free(resp);
+    return rc;
+}
+
+/* Adds an OK response to the cache; every rank does so in the same order,
+ * so the caches stay identical. */
+static void cache_response(kolo__pset_t *ps, const kolo__response_t *r)
+{
+    size_t bit;
+    int evicted;
+
+    if (kolo__cache_put(&ps->neg.cache, r->name, &r->params, &bit, &evicted) ==
+        KOLO__CACHE_LOST) {
+        /* Taken but not stored: erased on every rank next round (cache.h);
+         * the tensor itself goes on. */
+        kolo__log(KOLO__LOG_WARNING, "rank %d: out of memory caching "
+                  "'%s'; it is negotiated in full until cached again",
+                  ps->rank, r->name);
+        BIT_SET(ps->neg.lost, bit);
     }
+    /* An eviction counts even when the insertion then failed (out of
+     * memory): the evicted bit's waiters must be resent either way. */
+    if (evicted)
+        unhit(ps, bit);
+}
+
+/* Applies one response: an OK one puts its tensor in the plan and, unless
+ * grouped (see the essay), its parameters in the cache; a failed one
+ * completes its tensor with the coordinator's message. */
+static int response_apply(kolo__pset_t *ps, const kolo__response_t *r,
+                          kolo__err_t *err)
+{
+    kolo__entry_t *e = kolo__map_dels(&ps->neg.sent, r->name);
+
+    if (e == NULL && ps->neg.joined[ps->rank]) {
+        /* A tensor this joined rank never enqueued: zeros, or nothing when
+         * it failed. */
+        if (r->status != KOLO_OK)
+            return KOLO_OK;
+        KOLO__CHECK(standin(ps, r->name, &r->params, &e, err));
+    } else if (e == NULL)
+        return kolo__err_set(err, KOLO_ERR_INTERNAL,
+                             "rank %d: the coordinator answered for tensor "
+                             "'%s', which this rank never sent",
+                             ps->rank, r->name);
+    if (r->status != KOLO_OK) {
+        kolo__log(KOLO__LOG_ERROR, "%s", r->text ? r->text : "");
+        kolo__complete(ps, e, r->status, r->text);
+        return KOLO_OK;
+    }
+    if (r->params.group <= 1)
+        cache_response(ps, r);
+    return ready_push(ps, e, err);
+}
+
+/* Applies the coordinator's answer, in its order. */
+static int responses_apply(kolo__pset_t *ps, uint64_t len, kolo__err_t *err)
+{
+    kolo__msg_t resp;
+    int rc = KOLO_OK;
+
+    KOLO__CHECK(responses_decode(ps, len, &resp, err));
+    for (uint32_t i = 0; i < resp.n && rc == KOLO_OK; i++)
+        rc = response_apply(ps, &resp.u.responses[i], err);
     kolo__msg_free(&resp);
+    return rc;
+}
 
-out:
-    free(reqs);
-    free(lens);
+/* The full round (step 2 of the essay): every rank sends its requests to
+ * the coordinator, which answers every rank; each applies the answer. */
+static int full_round(kolo__pset_t *ps, kolo__err_t *err)
+{
+    full_round_t fr = {NULL, NULL, 0, 0};
+    int rc;
+
+    KOLO__CHECK_GOTO(requests_encode(ps, &fr, err), rc, free_requests);
+    KOLO__CHECK_GOTO(requests_track(ps, err), rc, free_requests);
+    KOLO__CHECK_GOTO(requests_gather(ps, &fr, err), rc, free_requests);
+    if (ps->rank == 0)
+        KOLO__CHECK_GOTO(coordinate(ps, ps->neg.recv_buf.data, fr.maxlen,
+                                    fr.lens, err),
+                         rc, free_requests);
+    KOLO__CHECK_GOTO(responses_broadcast(ps, &fr, err), rc, free_requests);
+    rc = responses_apply(ps, fr.resplen, err);
+
+free_requests:
+    free(fr.reqs);
+    free(fr.lens);
     return rc;
 }
 
