@@ -36,6 +36,16 @@
  * Because it is derived only from collective results, every rank gets the
  * same plan, whatever order its training loop enqueued in.
  *
+ * In the code, kolo__negotiate is the round as a list of its steps:
+ * sort_fresh (a cache hit waits on its bit, the rest go to the full round);
+ * step 1 as bits_build, bits_reduce and bits_read; the plan's cache hits
+ * (plan_hits) and the hits that cannot be ready, sent on to the full round
+ * (unhit_invalid); then step 2, full_round, itself a list: requests_encode,
+ * requests_track, requests_gather, coordinate (rank 0), responses_broadcast
+ * and responses_apply. The round's collectives are those of bits_reduce,
+ * requests_gather and responses_broadcast (and diverged's, after a fault):
+ * a rank stuck in a round waits in one of them for a rank that has not come.
+ *
  * Join. A rank that has joined (kolo_join) sets the hit bit of every
  * cached allreduce, and the coordinator counts it as having asked for
  * every name; when such a tensor is ready, the joined rank reduces a
@@ -1319,91 +1329,112 @@ static const void *carry_reduce(kolo__pset_t *ps, size_t b, const kolo__params_t
     return out;
 }
 
-int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
-                    int *stop_rank, kolo__err_t *err)
+/* ---- step 1: the bit vector ---------------------------------------------- */
+
+/* Timeline: the tensor's negotiation begins; on the coordinator, with the
+ * first rank's request, which may have come before this rank's. */
+static void tl_negotiating(kolo__pset_t *ps, kolo__entry_t *e)
 {
-    uint64_t *v = ps->neg.bits;
-    char detail[KOLO__ERR_LEN];
-    size_t cap = ps->neg.cache.capacity;
-    int rc;
+    char me[16];
+    int64_t start = e->enqueued_us;
+    kolo__pending_name_t *p = kolo__map_gets(&ps->neg.table, e->name);
 
-    ps->nready = 0;
-    *stop_rank = -1;
-#ifdef KOLO_HAVE_MEM
-    if (kolo__negotiate_test_hook != NULL)
-        kolo__negotiate_test_hook(ps);
-#endif
-    if (kolo__timeline_marks_cycles(ps->rt->timeline))
-        kolo__tl_cycle(ps->rt->timeline);
+    if (p != NULL && p->first_us < start)
+        start = p->first_us;
+    snprintf(me, sizeof(me), "%d", ps->rank);
+    kolo__tl_entry_begin(ps, e, kolo__coll_negotiate_phase(e->params.coll),
+                         NULL, start);
+    kolo__tl_instant(ps->rt->timeline, e->name, me, e->enqueued_us);
+    for (int r = 0; p != NULL && r < ps->size; r++)
+        if (r != ps->rank)
+            tl_asked(ps, p, r);
+}
 
-    /* Sort the new entries: cache hits wait on their bit, the rest go to
-     * the full round. */
+/* Sorts the entries taken from the queue this cycle: a cache hit waits on
+ * its bit, the rest go to the full round, and a join waits for every rank
+ * to join. */
+static void sort_fresh(kolo__pset_t *ps, kolo__entry_t *fresh)
+{
     for (kolo__entry_t *e = fresh, *next; e != NULL; e = next) {
         size_t bit;
         next = e->next;
-        if (kolo__timeline_active(ps->rt->timeline)) {
-            char me[16];
-            int64_t start = e->enqueued_us;
-            /* On the coordinator, negotiation began with the first rank's
-             * request, which may have come before this rank's. */
-            kolo__pending_name_t *p = kolo__map_gets(&ps->neg.table, e->name);
-            if (p != NULL && p->first_us < start)
-                start = p->first_us;
-            snprintf(me, sizeof(me), "%d", ps->rank);
-            kolo__tl_entry_begin(ps, e, kolo__coll_negotiate_phase(e->params.coll),
-                                 NULL, start);
-            kolo__tl_instant(ps->rt->timeline, e->name, me, e->enqueued_us);
-            for (int r = 0; p != NULL && r < ps->size; r++)
-                if (r != ps->rank)
-                    tl_asked(ps, p, r);
-        }
+        if (kolo__timeline_active(ps->rt->timeline))
+            tl_negotiating(ps, e);
         if (e->params.coll == KOLO__COLL_JOIN) {
             ps->neg.join_entry = e; /* a second one is refused at enqueue */
             continue;
         }
-        if (e->params.group > 1) { /* groups are never cached */
-            uncached_append(ps, e);
-            continue;
-        }
-        switch (kolo__cache_lookup(&ps->neg.cache, e->name, &e->params, &bit)) {
-        case KOLO__CACHE_HIT:
+        /* Groups are never cached. A name cached with other parameters
+         * (a mismatch) invalidates its bit (bits_invalid), and is resent
+         * next round. */
+        if (e->params.group <= 1 &&
+            kolo__cache_lookup(&ps->neg.cache, e->name, &e->params, &bit) ==
+                KOLO__CACHE_HIT) {
             ps->neg.hits[bit] = e;
             ps->neg.nhits++;
-            break;
-        case KOLO__CACHE_MISMATCH:
-            /* Marked below through the invalid bits; resent next round. */
+        } else
             uncached_append(ps, e);
-            break;
-        case KOLO__CACHE_MISS:
-            uncached_append(ps, e);
-            break;
-        }
     }
+}
 
-    /* Build this rank's vector (layout in the essay). */
-    memset(v, 0xff, ps->neg.nwords * sizeof(uint64_t));
-    memset(v + ps->neg.hit_word, 0, ps->neg.hit_words * sizeof(uint64_t));
+/* The hit words: the cached tensors this rank has; a joined rank has every
+ * cached allreduce, as zeros. */
+static void bits_hits(kolo__pset_t *ps, uint64_t *v)
+{
+    uint64_t *hit = v + ps->neg.hit_word;
+    size_t cap = ps->neg.cache.capacity;
+
+    memset(hit, 0, ps->neg.hit_words * sizeof(uint64_t));
     for (size_t b = 0; b < cap; b++) {
         const kolo__cache_entry_t *c;
-        /* A joined rank has every cached allreduce, as zeros. */
         if (ps->neg.hits[b] != NULL ||
             (ps->neg.join_entry != NULL && (c = kolo__cache_at(&ps->neg.cache, b)) != NULL &&
              c->name != NULL && c->params.coll == KOLO__COLL_ALLREDUCE &&
              !c->params.own))
-            BIT_SET(v + ps->neg.hit_word, b);
+            BIT_SET(hit, b);
     }
-    /* Bits this rank could not store last round: erased everywhere. */
+}
+
+/* The invalid words: the bits every rank forgets this round. */
+static void bits_invalid(kolo__pset_t *ps, uint64_t *v)
+{
+    uint64_t *inv = v + ps->neg.inv_word;
+    size_t cap = ps->neg.cache.capacity;
+    int64_t half = stall_half_us(ps);
+
+    /* Bits this rank could not store last round (cache.h). */
     for (size_t w = 0; w < ps->neg.hit_words; w++) {
-        v[ps->neg.inv_word + w] &= ~ps->neg.lost[w];
+        inv[w] &= ~ps->neg.lost[w];
         ps->neg.lost[w] = 0;
     }
-    {
-        /* The caches' check (cache.h), and its complement: after the AND,
-         * the two are complements only if every rank had the same. */
-        uint64_t check = kolo__cache_check(&ps->neg.cache);
-        v[ps->neg.check_word] = check;
-        v[ps->neg.check_word + 1] = ~check;
+    if (half > 0) {
+        /* Tensors long on a cache bit go to the coordinator, who can tell
+         * which ranks are missing (the essay's "Stalls"). */
+        int64_t now = kolo__now_us();
+        for (size_t b = 0; b < cap; b++)
+            if (ps->neg.hits[b] != NULL &&
+                now - ps->neg.hits[b]->enqueued_us > half)
+                BIT_CLR(inv, b);
     }
+    /* Names this rank enqueued with other parameters than cached. */
+    for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next) {
+        size_t bit;
+        if (kolo__cache_lookup(&ps->neg.cache, e->name, &e->params, &bit) ==
+            KOLO__CACHE_MISMATCH)
+            BIT_CLR(inv, bit);
+    }
+}
+
+/* Word 0's flags, this rank's join and shutdown bits, and the check
+ * words. */
+static void bits_flags(kolo__pset_t *ps, uint64_t *v, int shutdown)
+{
+    /* The caches' check (cache.h), and its complement: after the AND, the
+     * two are complements only if every rank had the same. */
+    uint64_t check = kolo__cache_check(&ps->neg.cache);
+
+    v[ps->neg.check_word] = check;
+    v[ps->neg.check_word + 1] = ~check;
     if (ps->neg.join_entry != NULL) {
         BIT_CLR(v + ps->neg.join_word, (size_t)ps->rank);
         /* The round in which a rank joins runs the full round, so that the
@@ -1412,50 +1443,81 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
         if (!ps->neg.joined[ps->rank])
             v[0] &= ~FLAG_NO_UNCACHED;
     }
-    if (stall_half_us(ps) > 0) {
-        /* Tensors long on a cache bit go to the coordinator, who can tell
-         * which ranks are missing (see the essay). */
-        int64_t now = kolo__now_us(), half = stall_half_us(ps);
-        for (size_t b = 0; b < cap; b++)
-            if (ps->neg.hits[b] != NULL &&
-                now - ps->neg.hits[b]->enqueued_us > half)
-                BIT_CLR(v + ps->neg.inv_word, b);
-    }
     if (ps->neg.stall_fatal.code != KOLO_OK)
         v[0] &= ~FLAG_NO_UNCACHED; /* the coordinator has something to say */
-    for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next) {
-        size_t bit;
-        if (kolo__cache_lookup(&ps->neg.cache, e->name, &e->params, &bit) ==
-            KOLO__CACHE_MISMATCH)
-            BIT_CLR(v + ps->neg.inv_word, bit);
-    }
     if (ps->neg.uncached_head != NULL || reask_due(ps, kolo__now_us()))
         v[0] &= ~FLAG_NO_UNCACHED;
     if (kolo__negotiate_pending(ps))
         v[0] &= ~FLAG_NONE_PENDING;
     if (shutdown)
         BIT_CLR(v + ps->neg.shut_word, (size_t)ps->rank);
+}
+
+/* Builds this rank's vector (its layout in the essay). */
+static void bits_build(kolo__pset_t *ps, int shutdown)
+{
+    uint64_t *v = ps->neg.bits;
+
+    memset(v, 0xff, ps->neg.nwords * sizeof(uint64_t)); /* every flag clear */
+    bits_hits(ps, v);
+    bits_invalid(ps, v);
+    bits_flags(ps, v, shutdown);
+}
+
+/* All ranks AND their vectors; where small tensors ride with the bits (the
+ * layout comes from the cache alone: every rank takes the same path), the
+ * allgather of bits and tensors that carry_round runs instead. */
+static int bits_reduce(kolo__pset_t *ps, kolo__err_t *err)
+{
+    char detail[KOLO__ERR_LEN];
+    size_t area;
+    int rc;
 
     ps->neg.carry_bytes = 0;
-    {
-        /* (from the cache alone: every rank takes the same path) */
-        size_t area = carry_layout(ps);
-        if (area > 0) {
-            rc = carry_round(ps, v, area, detail, sizeof(detail));
-            if (rc != KOLO_OK)
-                return backend_failed(ps, rc,
-                                      "allgather of the readiness bits and "
-                                      "the carried tensors",
-                                      detail, err);
-        } else {
-            rc = ps->ctl_ops->allreduce(ps->ctl_ctx, NULL, v, ps->neg.nwords,
-                                        sizeof(uint64_t), band64, detail,
-                                        sizeof(detail));
-            if (rc != KOLO_OK)
-                return backend_failed(ps, rc, "allreduce of the readiness bits",
-                                      detail, err);
-        }
+    area = carry_layout(ps);
+    if (area > 0) {
+        rc = carry_round(ps, ps->neg.bits, area, detail, sizeof(detail));
+        if (rc != KOLO_OK)
+            return backend_failed(ps, rc,
+                                  "allgather of the readiness bits and the "
+                                  "carried tensors",
+                                  detail, err);
+        return KOLO_OK;
     }
+    rc = ps->ctl_ops->allreduce(ps->ctl_ctx, NULL, ps->neg.bits, ps->neg.nwords,
+                                sizeof(uint64_t), band64, detail, sizeof(detail));
+    if (rc != KOLO_OK)
+        return backend_failed(ps, rc, "allreduce of the readiness bits",
+                              detail, err);
+    return KOLO_OK;
+}
+
+/* Who has joined (kolo_join); when every rank has, the joins complete, all
+ * alike, with the rank that joined last. */
+static int read_joins(kolo__pset_t *ps, kolo__err_t *err)
+{
+    const uint64_t *joins = ps->neg.bits + ps->neg.join_word;
+    int last_joined = -1, njoined = 0;
+
+    for (int r = 0; r < ps->size; r++) {
+        int j = !BIT_GET(joins, (size_t)r);
+        if (j && !ps->neg.joined[r])
+            last_joined = r; /* the highest of those new this round */
+        ps->neg.joined[r] = (uint8_t)j;
+        njoined += j;
+    }
+    ps->neg.njoined = njoined;
+    if (njoined == ps->size && ps->neg.join_entry != NULL)
+        return finish_join(ps, last_joined, err);
+    return KOLO_OK;
+}
+
+/* What the reduced vector says besides its hits: whether the caches still
+ * agree, whether some rank has tensors waiting, the lowest rank that asks
+ * to shut down (*stop_rank), and who has joined. */
+static int bits_read(kolo__pset_t *ps, int *stop_rank, kolo__err_t *err)
+{
+    const uint64_t *v = ps->neg.bits;
 
     if (v[ps->neg.check_word] != ~v[ps->neg.check_word + 1])
         return diverged(ps, err);
@@ -1465,30 +1527,26 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
             *stop_rank = r;
             break;
         }
-    {
-        int last_joined = -1, njoined = 0;
-        for (int r = 0; r < ps->size; r++) {
-            int j = !BIT_GET(v + ps->neg.join_word, (size_t)r);
-            if (j && !ps->neg.joined[r])
-                last_joined = r; /* the highest of those new this round */
-            ps->neg.joined[r] = (uint8_t)j;
-            njoined += j;
-        }
-        ps->neg.njoined = njoined;
-        if (njoined == ps->size && ps->neg.join_entry != NULL) {
-            /* Everyone has joined: the joins complete, all alike. */
-            KOLO__CHECK(finish_join(ps, last_joined, err));
-        }
-    }
+    return read_joins(ps, err);
+}
 
-    /* Ready cached tensors, in bit order; then forget invalidated bits. */
+/* ---- the plan ------------------------------------------------------------ */
+
+/* The plan begins with the cached tensors ready on every rank, in bit
+ * order, each a use of its cache entry; a joined rank reduces zeros for
+ * those it lacks. */
+static int plan_hits(kolo__pset_t *ps, kolo__err_t *err)
+{
+    const uint64_t *hit = ps->neg.bits + ps->neg.hit_word;
+    size_t cap = ps->neg.cache.capacity;
+
     for (size_t b = 0; b < cap; b++) {
         const kolo__cache_entry_t *c;
-        if (!BIT_GET(v + ps->neg.hit_word, b))
+        kolo__entry_t *e;
+        if (!BIT_GET(hit, b))
             continue;
         kolo__cache_touch(&ps->neg.cache, b);
-        if (ps->neg.hits[b] != NULL) {
-            kolo__entry_t *e = ps->neg.hits[b];
+        if ((e = ps->neg.hits[b]) != NULL) {
             e->carried = ps->neg.carry_bytes > 0 && BIT_GET(ps->neg.carry_bits, b)
                              ? carry_reduce(ps, b, &e->params)
                              : NULL;
@@ -1497,24 +1555,55 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
             ps->neg.nhits--;
         } else if (ps->neg.joined[ps->rank] &&
                    (c = kolo__cache_at(&ps->neg.cache, b)) != NULL && c->name != NULL) {
-            kolo__entry_t *s;
-            KOLO__CHECK(standin(ps, c->name, &c->params, &s, err));
-            KOLO__CHECK(ready_push(ps, s, err));
+            KOLO__CHECK(standin(ps, c->name, &c->params, &e, err));
+            KOLO__CHECK(ready_push(ps, e, err));
         }
     }
-    /* While a rank is joined, only allreduces can complete: the other
-     * cached collectives go to the coordinator, which says why not. */
+    return KOLO_OK;
+}
+
+/* The hits that cannot be ready go to the full round: while a rank is
+ * joined, every cached collective but allreduce (the coordinator says why
+ * it cannot run), and whatever waits on a bit that is forgotten now. */
+static void unhit_invalid(kolo__pset_t *ps)
+{
+    const uint64_t *inv = ps->neg.bits + ps->neg.inv_word;
+    size_t cap = ps->neg.cache.capacity;
+
     for (size_t b = 0; ps->neg.njoined > 0 && b < cap; b++)
-        if (ps->neg.hits[b] != NULL && ps->neg.hits[b]->params.coll != KOLO__COLL_ALLREDUCE)
+        if (ps->neg.hits[b] != NULL &&
+            ps->neg.hits[b]->params.coll != KOLO__COLL_ALLREDUCE)
             unhit(ps, b);
     for (size_t b = 0; b < cap; b++) {
-        if (!BIT_GET(v + ps->neg.inv_word, b)) {
+        if (!BIT_GET(inv, b)) {
             unhit(ps, b);
             kolo__cache_erase(&ps->neg.cache, b);
         }
     }
+}
 
-    if (!(v[0] & FLAG_NO_UNCACHED))
+int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
+                    int *stop_rank, kolo__err_t *err)
+{
+    ps->nready = 0;
+    *stop_rank = -1;
+#ifdef KOLO_HAVE_MEM
+    if (kolo__negotiate_test_hook != NULL)
+        kolo__negotiate_test_hook(ps);
+#endif
+    if (kolo__timeline_marks_cycles(ps->rt->timeline))
+        kolo__tl_cycle(ps->rt->timeline);
+
+    sort_fresh(ps, fresh);
+    /* Step 1: the bit vector, built, AND-reduced and read. */
+    bits_build(ps, shutdown);
+    KOLO__CHECK(bits_reduce(ps, err));
+    KOLO__CHECK(bits_read(ps, stop_rank, err));
+    /* The plan: the cache hits, then what the full round answers OK. */
+    KOLO__CHECK(plan_hits(ps, err));
+    unhit_invalid(ps);
+    /* Step 2, only when some rank has tensors the cache cannot settle. */
+    if (!(ps->neg.bits[0] & FLAG_NO_UNCACHED))
         KOLO__CHECK(full_round(ps, err));
     stall_check(ps);
     ps->cycles++;
