@@ -16,6 +16,11 @@
  * share. It executes the plan (execute.c): splits its allreduces into
  * fusion batches (fusion.c), reduces each batch with one backend call,
  * runs the other collectives one by one, and completes the handles.
+ * kolo__background_main is that cycle as a list of its steps: take_work
+ * (sleeping: below), wake_peers, negotiate_round, execute_plan, tune (the
+ * autotuner, autotune.c) and pace (the next sleep); a failure on the way
+ * stops the set (stop_failed), and so does a round in which a member asked
+ * to shut down, after its plan ran (stop_agreed: "Stopping", below).
  *
  * Sleeping. Negotiation is a collective: every member must join every
  * round. After a round that completed something, every rank starts the
@@ -211,110 +216,186 @@ static int autotune_round(kolo__pset_t *ps, int64_t bytes, int64_t busy_us,
     return KOLO_OK;
 }
 
-int kolo__background_main(kolo__pset_t *ps)
+/* What the loop carries from one cycle to the next, and what one cycle
+ * measures on its way. */
+typedef struct cycle {
+    int64_t sleep_start;   /* the first sleep after a busy round */
+    int64_t sleep_us;      /* the next idle sleep (see the essay) */
+    int progressed;        /* the last round completed something */
+    int64_t timeout;       /* this cycle's wait for work */
+    int64_t t0, t1, t2;    /* before the wait, after it, after negotiating */
+    uint64_t done_before;  /* ps->completed before the round */
+    int64_t bytes_before;  /* ps->bytes_done before the round */
+    kolo__entry_t *fresh;  /* taken from the queue, not yet negotiated */
+    int shutdown;          /* this rank asks to shut down */
+    int stop_rank;         /* the round's lowest rank that stops, or -1 */
+    kolo__wake_reason_t reason;
+} cycle_t;
+
+/* The shortest sleep: the cycle time (which the autotuner may move), at
+ * least 1 ms. */
+static int64_t sleep_start_us(kolo__pset_t *ps)
 {
     int64_t cycle_us = (int64_t)(kolo__tuned(ps)->cycle_ms * 1000.0);
-    int64_t sleep_start = cycle_us > 1000 ? cycle_us : 1000;
-    int64_t sleep_us = sleep_start;
-    int progressed = 0;
+    return cycle_us > 1000 ? cycle_us : 1000;
+}
+
+/* Sleeps until there is work, a peer's token or the timer (see the essay),
+ * and takes what was enqueued. */
+static void take_work(kolo__pset_t *ps, cycle_t *c)
+{
+    int pending = kolo__negotiate_pending(ps);
+
+    c->timeout = pending && c->progressed ? 0 : c->sleep_us;
+    if ((ps->exec.inflight.head != NULL || ps->exec.inflight.timed != NULL) &&
+        c->timeout > WATCH_US)
+        c->timeout = WATCH_US;
+    c->t0 = kolo__now_us();
+    c->fresh = kolo__queue_take_round(&ps->queue, c->timeout,
+                                      (uint64_t)ps->cycles, &c->shutdown,
+                                      &c->reason);
+    c->t1 = kolo__now_us();
+}
+
+/* Peers may be asleep waiting: asks them to join the round (see the
+ * essay), unless a peer's token woke this rank or nobody waits. */
+static int wake_peers(kolo__pset_t *ps, const cycle_t *c, kolo__err_t *err)
+{
+    char detail[KOLO__ERR_LEN];
+    int rc;
+
+    if (c->timeout <= 0 || c->reason == KOLO__WOKE_PEER ||
+        (c->reason == KOLO__WOKE_WORK && !ps->others_waiting))
+        return KOLO_OK;
+    rc = ps->ctl_ops->wake_peers(ps->ctl_ctx, (uint64_t)ps->cycles, detail,
+                                 sizeof(detail));
+    if (rc != KOLO_OK)
+        return kolo__fail_backend(ps, rc, detail, err,
+                                  "wake-up of the other ranks");
+    return KOLO_OK;
+}
+
+/* One negotiation round (negotiate.c), which yields the plan; the entries
+ * taken are the round's from here on. */
+static int negotiate_round(kolo__pset_t *ps, cycle_t *c, kolo__err_t *err)
+{
+    kolo__entry_t *fresh = c->fresh;
+    int rc;
+
+    c->fresh = NULL;
+    c->done_before = ps->completed;
+    c->bytes_before = ps->bytes_done;
+    kolo__watchdog_enter(ps, "a negotiation round");
+    rc = kolo__negotiate(ps, fresh, c->shutdown, &c->stop_rank, err);
+    kolo__watchdog_enter(ps, NULL);
+    if (rc == KOLO_OK)
+        c->t2 = kolo__now_us();
+    return rc;
+}
+
+/* Executes the plan (execute.c), then watches the device batches in
+ * flight. */
+static int execute_plan(kolo__pset_t *ps, kolo__err_t *err)
+{
+    int rc;
+
+    if (ps->nready > 0)
+        kolo__watchdog_enter(ps, "a collective");
+    rc = kolo__execute(ps, err);
+    kolo__watchdog_enter(ps, NULL);
+    if (rc == KOLO_OK && watch_device(ps, err) != KOLO_OK) {
+        /* The device failed, the controller did not: later enqueues
+         * fail with the reason, and the next round tells the other
+         * members that this rank stops, so they stop with it. */
+        kolo__log(KOLO__LOG_ERROR, "%s", err->msg);
+        kolo__queue_close(&ps->queue, err);
+        kolo__queue_request_shutdown(&ps->queue);
+    }
+    return rc;
+}
+
+/* A round that completed something counts for the autotuner. */
+static int tune(kolo__pset_t *ps, cycle_t *c, kolo__err_t *err)
+{
+    c->progressed = ps->completed != c->done_before;
+    if (c->progressed && ps->tune != NULL)
+        return autotune_round(ps, ps->bytes_done - c->bytes_before,
+                              kolo__now_us() - c->t1, err);
+    return KOLO_OK;
+}
+
+/* Sets the next sleep. It grows while rounds find nothing to do anywhere.
+ * Both inputs are the same on every rank, so all ranks back off alike and
+ * a token from one does not reset the others. */
+static void pace(kolo__pset_t *ps, cycle_t *c)
+{
+    if (ps->tune != NULL) /* the autotuner may have moved it */
+        c->sleep_start = sleep_start_us(ps);
+    ps->others_waiting = !c->progressed && ps->neg.any_pending;
+    if (c->progressed || ps->neg.any_pending)
+        c->sleep_us = c->sleep_start;
+    else
+        c->sleep_us = c->sleep_us * 2 < SLEEP_MAX_US ? c->sleep_us * 2
+                                                    : SLEEP_MAX_US;
+}
+
+static void trace_cycle(kolo__pset_t *ps, const cycle_t *c)
+{
+    kolo__trace("set %d round %lld: slept %lld us (timeout %lld), "
+                "negotiated in %lld us, executed in %lld us, %llu "
+                "completed, %s pending",
+                ps->id, (long long)ps->cycles, (long long)(c->t1 - c->t0),
+                (long long)c->timeout, (long long)(c->t2 - c->t1),
+                (long long)(kolo__now_us() - c->t2),
+                (unsigned long long)(ps->completed - c->done_before),
+                kolo__negotiate_pending(ps) ? "some" : "none");
+}
+
+/* Stopping on a failure this rank met: what this cycle took and did not
+ * hand on fails with everything pending. */
+static int stop_failed(kolo__pset_t *ps, cycle_t *c, const kolo__err_t *err)
+{
+    kolo__log(KOLO__LOG_ERROR, "%s", err->msg);
+    while (c->fresh != NULL) {
+        kolo__entry_t *next = c->fresh->next;
+        kolo__fail_entry(ps, c->fresh, err);
+        c->fresh = next;
+    }
+    stop_all(ps, err);
+    return 1;
+}
+
+/* Stopping because a member asked to shut down (or the set was stopped):
+ * every member does so after the same round. */
+static int stop_agreed(kolo__pset_t *ps, int stop_rank)
+{
     kolo__err_t err;
 
+    stop_reason(ps, stop_rank, &err);
+    if (kolo__negotiate_pending(ps))
+        kolo__log(KOLO__LOG_WARNING, "%s; tensors still pending on "
+                  "this rank fail", err.msg);
+    stop_all(ps, &err);
+    return 0;
+}
+
+int kolo__background_main(kolo__pset_t *ps)
+{
+    cycle_t c;
+    kolo__err_t err;
+
+    memset(&c, 0, sizeof(c));
+    c.sleep_start = c.sleep_us = sleep_start_us(ps);
     for (;;) {
-        int pending = kolo__negotiate_pending(ps), shutdown, stop_rank, rc;
-        int64_t timeout = pending && progressed ? 0 : sleep_us;
-        if ((ps->exec.inflight.head != NULL ||
-             ps->exec.inflight.timed != NULL) && timeout > WATCH_US)
-            timeout = WATCH_US;
-        kolo__wake_reason_t reason;
-        uint64_t done_before;
-        int64_t bytes_before;
-        int64_t t0 = kolo__now_us();
-        kolo__entry_t *fresh = kolo__queue_take_round(
-            &ps->queue, timeout, (uint64_t)ps->cycles, &shutdown, &reason);
-        int64_t t1 = kolo__now_us(), t2;
-        char detail[KOLO__ERR_LEN];
-
+        take_work(ps, &c);
         kolo__err_clear(&err);
-        /* Peers may be asleep waiting: ask them to join (see the essay). */
-        if (timeout > 0 && reason != KOLO__WOKE_PEER &&
-            (reason != KOLO__WOKE_WORK || ps->others_waiting) &&
-            (rc = ps->ctl_ops->wake_peers(ps->ctl_ctx, (uint64_t)ps->cycles, detail,
-                                          sizeof(detail))) != KOLO_OK) {
-            rc = kolo__fail_backend(ps, rc, detail, &err,
-                                    "wake-up of the other ranks");
-            kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
-            while (fresh != NULL) {
-                kolo__entry_t *next = fresh->next;
-                kolo__fail_entry(ps, fresh, &err);
-                fresh = next;
-            }
-            stop_all(ps, &err);
-            return 1;
-        }
-
-        done_before = ps->completed;
-        bytes_before = ps->bytes_done;
-        kolo__watchdog_enter(ps, "a negotiation round");
-        rc = kolo__negotiate(ps, fresh, shutdown, &stop_rank, &err);
-        kolo__watchdog_enter(ps, NULL);
-        if (rc != KOLO_OK) {
-            kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
-            stop_all(ps, &err);
-            return 1;
-        }
-        t2 = kolo__now_us();
-        if (ps->nready > 0)
-            kolo__watchdog_enter(ps, "a collective");
-        rc = kolo__execute(ps, &err);
-        kolo__watchdog_enter(ps, NULL);
-        if (rc == KOLO_OK && watch_device(ps, &err) != KOLO_OK) {
-            /* The device failed, the controller did not: later enqueues
-             * fail with the reason, and the next round tells the other
-             * members that this rank stops, so they stop with it. */
-            kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
-            kolo__queue_close(&ps->queue, &err);
-            kolo__queue_request_shutdown(&ps->queue);
-        }
-        if (rc != KOLO_OK) {
-            kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
-            stop_all(ps, &err);
-            return 1;
-        }
-        progressed = ps->completed != done_before;
-        if (progressed && ps->tune != NULL &&
-            autotune_round(ps, ps->bytes_done - bytes_before,
-                           kolo__now_us() - t1, &err) != KOLO_OK) {
-            kolo__log(KOLO__LOG_ERROR, "%s", err.msg);
-            stop_all(ps, &err);
-            return 1;
-        }
-        if (ps->tune != NULL) { /* the autotuner may have moved it */
-            cycle_us = (int64_t)(kolo__tuned(ps)->cycle_ms * 1000.0);
-            sleep_start = cycle_us > 1000 ? cycle_us : 1000;
-        }
-        ps->others_waiting = !progressed && ps->neg.any_pending;
-        /* The sleep grows while rounds find nothing to do anywhere. Both
-         * inputs are the same on every rank, so all ranks back off alike
-         * and a token from one does not reset the others. */
-        if (progressed || ps->neg.any_pending)
-            sleep_us = sleep_start;
-        else
-            sleep_us = sleep_us * 2 < SLEEP_MAX_US ? sleep_us * 2 : SLEEP_MAX_US;
-        kolo__trace("set %d round %lld: slept %lld us (timeout %lld), "
-                    "negotiated in %lld us, executed in %lld us, %llu "
-                    "completed, %s pending",
-                    ps->id, (long long)ps->cycles, (long long)(t1 - t0),
-                    (long long)timeout, (long long)(t2 - t1),
-                    (long long)(kolo__now_us() - t2),
-                    (unsigned long long)(ps->completed - done_before),
-                    kolo__negotiate_pending(ps) ? "some" : "none");
-        if (stop_rank >= 0) {
-            stop_reason(ps, stop_rank, &err);
-            if (kolo__negotiate_pending(ps))
-                kolo__log(KOLO__LOG_WARNING, "%s; tensors still pending on "
-                          "this rank fail", err.msg);
-            stop_all(ps, &err);
-            return 0;
-        }
+        if (wake_peers(ps, &c, &err) != KOLO_OK ||
+            negotiate_round(ps, &c, &err) != KOLO_OK ||
+            execute_plan(ps, &err) != KOLO_OK || tune(ps, &c, &err) != KOLO_OK)
+            return stop_failed(ps, &c, &err);
+        pace(ps, &c);
+        trace_cycle(ps, &c);
+        if (c.stop_rank >= 0)
+            return stop_agreed(ps, c.stop_rank);
     }
 }
