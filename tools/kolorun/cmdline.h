@@ -2,10 +2,13 @@
  * cmdline.h — the command line, the top layer's input: argv, horovodrun's
  * flags, the config file and host lists become the job description
  * (kolorun_opts_t), which every layer above reads and none writes.
- *   options.c      the command line (--help, kolorun_parse): the top of
+ *   options.c      the command line: the one table of kolorun's flags
+ *                  (kolorun_options), which drives kolorun_parse, --help
+ *                  and the suggestion for a mistyped flag; the top of
  *                  this layer, calling the files below
  *   config_file.c  --config-file: horovodrun's YAML, applied as its flags
- *   flags.c        horovodrun's flags: the table, and the ranks' settings
+ *   flags.c        horovodrun's tuning flags: their values become the
+ *                  ranks' settings
  *   hosts.c        -H, --hostfile: hosts, slots, placing the ranks
  *   check_build.c  --check-build (prints and exits)
  */
@@ -79,9 +82,10 @@ typedef struct kolorun_opts {
     char **argv;               /* the command, NULL-terminated */
 } kolorun_opts_t;
 
-/* What a flag of horovodrun's (flags.c) takes, and what kolorun does with
- * it. */
+/* What one of horovodrun's tuning flags takes, and what kolorun does with
+ * it (flags.c, kolorun_knob_apply). */
 enum kolorun_kind {
+    KR_NONE,     /* not a tuning flag: the row's store does all there is */
     KR_MB,       /* whole MiB >= 0, given to the ranks in bytes */
     KR_COUNT,    /* whole number >= 0 */
     KR_POSITIVE, /* whole number >= 1 */
@@ -95,20 +99,66 @@ enum kolorun_kind {
     KR_NOOP,     /* a switch that asks for what kolorun does anyway */
 };
 
-typedef struct kolorun_knob {
-    const char *flag, *alias;         /* spellings that turn it on / set it */
-    const char *off_flag, *off_alias; /* switches: spellings that turn it off */
+/* How a flag bears on an elastic job (--min-np, --host-discovery-script). */
+enum kolorun_elastic_role {
+    KR_ANY_JOB,
+    KR_MAKES_ELASTIC, /* giving it makes the job elastic */
+    KR_ELASTIC_ONLY,  /* it only goes with an elastic job */
+};
+
+/* One spelling of a flag. */
+typedef struct kolorun_spelling {
+    const char *name;
+    unsigned how; /* KR_OFF, KR_HIDDEN, or both */
+} kolorun_spelling_t;
+#define KR_OFF 1u    /* turns a switch off (--no-autotune) */
+#define KR_HIDDEN 2u /* accepted, not shown by --help (horovodrun's other
+                      * spellings, and the off forms it does not show) */
+#define KR_SPELLINGS 4
+
+/* kolorun_parse's state (options.c): the job description being filled,
+ * what is read once the whole line is known, and the cursor in argv. */
+typedef struct kolorun_cmdline kolorun_cmdline_t;
+typedef struct kolorun_option kolorun_option_t;
+
+/* What giving a flag does: most check the value and store it at the
+ * row's field; a wrong value ends kolorun with status 2 (1: out of
+ * memory). `flag` is the spelling given; `value` is NULL for a switch
+ * turned on, "0" for one turned off. */
+typedef void kolorun_store_fn(kolorun_cmdline_t *c,
+                              const kolorun_option_t *opt, const char *flag,
+                              const char *value);
+
+/* A row of kolorun_options, the one table of kolorun's flags: it drives
+ * the parsing, --help and the "did you mean" of a mistyped flag, and
+ * --config-file finds horovodrun's YAML keys in it. A row is a flag, or
+ * (text) a paragraph of --help, which shows the table in its order. */
+struct kolorun_option {
+    kolorun_spelling_t names[KR_SPELLINGS]; /* the first: its name */
+    const char *arg;        /* --help's word for its value; NULL: a switch */
+    const char *help;       /* --help's lines ('\n' between), after var's
+                             * name for a tuning flag; NULL: not shown */
+    kolorun_store_fn *store; /* NULL for a tuning flag: flags.c's kind */
+    size_t field;           /* where store puts it (in kolorun_cmdline_t) */
+    long lo, hi;            /* a number's range */
+    const char *expects;    /* a wrong value's message: "wants <expects>";
+                             * NULL: "a whole number from <lo> to <hi>" */
+    enum kolorun_elastic_role elastic;
+    const char *text;       /* a paragraph of --help, not a flag */
+    int refused_list;       /* the paragraph goes on with the refused flags */
+    /* horovodrun's tuning flags (kind != KR_NONE), for flags.c: */
+    enum kolorun_kind kind;
     const char *yaml;     /* "section.key" in --config-file, or NULL */
     int yaml_inverted;    /* YAML true means off (stall_check.enabled) */
-    enum kolorun_kind kind;
     const char *var;      /* the ranks' variable */
     const char *twin;     /* the HOROVOD_* variable it supersedes */
     const char *why;      /* refused: why, and what to use instead */
-} kolorun_knob_t;
+};
 
-/* horovodrun's flags, KOLORUN_NKNOBS of them (flags.c checks the count). */
-#define KOLORUN_NKNOBS 25
-extern const kolorun_knob_t kolorun_knobs[];
+/* kolorun's flags and --help's paragraphs, KOLORUN_NOPTIONS rows
+ * (options.c checks the count). */
+#define KOLORUN_NOPTIONS 73
+extern const kolorun_option_t kolorun_options[];
 
 /* The placeholders of a --launch-command template, four of them (hosts.c
  * checks them, spawn.c replaces them). */
@@ -118,6 +168,8 @@ extern const char *const kolorun_placeholders[];
 void kolorun_parse(int argc, char **argv, kolorun_opts_t *o);
 
 /* ---- config_file.c */
+/* given[i]: the command line gave kolorun_options[i] (it wins over the
+ * file); controller_given: --gloo or --mpi. */
 void kolorun_config_file(kolorun_opts_t *o, const char *path,
                          const int *given, int controller_given);
 
@@ -126,10 +178,8 @@ __attribute__((noreturn)) void kolorun_refuse(const char *what,
                                               const char *why);
 void kolorun_setting_put(kolorun_opts_t *o, const char *var,
                          const char *twin, char *value);
-void kolorun_knob_apply(kolorun_opts_t *o, const kolorun_knob_t *k,
+void kolorun_knob_apply(kolorun_opts_t *o, const kolorun_option_t *k,
                         const char *v, const char *what);
-int kolorun_knob_match(int argc, char **argv, int *i, const char *arg,
-                       const kolorun_knob_t *k, const char **value);
 void kolorun_settings_apply(const kolorun_opts_t *o);
 int kolorun_passed_on(const kolorun_opts_t *o, const char *entry);
 

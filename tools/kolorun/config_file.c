@@ -1,8 +1,9 @@
 /*
  * config_file.c — --config-file: horovodrun's YAML
  *
- * The file gives the settings of the flags in flags.c's table (and the
- * controller), in sections one level deep; kolorun reads the small part of
+ * The file gives the settings of horovodrun's tuning flags (the rows of
+ * options.c's table, kolorun_options, that have a YAML key) and the
+ * controller, in sections one level deep; kolorun reads the small part of
  * YAML that horovodrun's files use, and a flag on the command line wins
  * over the file.
  */
@@ -167,15 +168,16 @@ void kolorun_config_file(kolorun_opts_t *o, const char *path,
             char full[200];
             int found = 0;
             snprintf(full, sizeof full, "%s.%s", section, key);
-            for (int i = 0; i < KOLORUN_NKNOBS && !found; i++) {
-                const kolorun_knob_t *k = &kolorun_knobs[i];
+            for (int i = 0; i < KOLORUN_NOPTIONS && !found; i++) {
+                const kolorun_option_t *k = &kolorun_options[i];
                 char what[1500];
                 if (!k->yaml || strcmp(k->yaml, full) != 0)
                     continue;
                 found = 1;
                 if (given[i])
                     break; /* the command line wins */
-                snprintf(what, sizeof what, "%s: %s (%s)", where, full, k->flag);
+                snprintf(what, sizeof what, "%s: %s (%s)", where, full,
+                         k->names[0].name);
                 if (k->kind == KR_SWITCH || k->kind == KR_REFUSED_ON) {
                     int b = kolorun_yaml_bool(value);
                     if (b < 0) {

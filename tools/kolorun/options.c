@@ -1,9 +1,24 @@
 /*
- * options.c — kolorun's command line: the --help text, and kolorun_parse,
- * which fills the job's options (kolorun_opts_t) from argv, checks that they
- * go together, and exits 0 after --help or --version, 2 on a wrong command
- * line. horovodrun's tuning flags are matched through the table in flags.c,
- * -H and --hostfile are read by hosts.c, --config-file by config_file.c.
+ * options.c — kolorun's command line
+ *
+ * One table, kolorun_options, holds every flag kolorun takes: its
+ * spellings (horovodrun's other spellings among them), whether it takes a
+ * value, its lines in --help, and how the value is checked and where it
+ * is stored (the row's store function and field; for horovodrun's tuning
+ * flags, the row's kind, which flags.c turns into the ranks' setting).
+ * The table drives the parsing (kolorun_take_flag finds the row a flag
+ * spells and hands it the value), the --help text (kolorun_usage prints
+ * the table in its order: paragraphs of text, and each flag's row) and
+ * the suggestion for a mistyped flag (the nearest spelling of any row),
+ * so the three cannot disagree; as UCX's configuration table does, and
+ * runtime/env.c's for the KOLO_* variables. config_file.c finds the
+ * tuning flags' YAML keys in it.
+ *
+ * kolorun_parse reads the flags in order, a later flag winning over an
+ * earlier one; then the configuration file (whose settings the command
+ * line's win over), the hosts (hosts.c) and the checks that the flags go
+ * together, in that order, which decides which message a wrong line
+ * gets. It exits 0 after --help or --version, 2 on a wrong command line.
  */
 #define _GNU_SOURCE
 
@@ -23,243 +38,274 @@
 #include "cmdline.h"
 #include "edit.h"
 
-static const char kolorun_help[] =
-        "usage: kolorun -np N [options] [--] command [args...]\n"
-        "       kolorun --check-build | --version | --help\n"
-        "\n"
-        "Starts N ranks of command on this machine (or on the hosts of -H or\n"
-        "--hostfile), carries their output and waits for them. If one rank\n"
-        "fails, the others are stopped. kolorun takes horovodrun's flags, with\n"
-        "the same meaning; each tuning flag sets the KOLO_* variable named for\n"
-        "every rank (and replaces the HOROVOD_* variable of the same setting).\n"
-        "\n"
-        "  -np N, --num-proc N, -n N  number of ranks (required without -H or\n"
-        "                           --hostfile)\n"
-        "  -cb, --check-build       show what this kolo has (frameworks,\n"
-        "                           controllers, tensor operations, NCCL's\n"
-        "                           version) and whether a GPU is visible now\n"
-        "  -v, --version            show kolo's version\n"
-        "  --tag-output             prefix every output line with its rank\n"
-        "                           and stream, like horovodrun and mpirun:\n"
-        "                             [1]<stdout>:text\n"
-        "                             [1]<stderr>:text\n"
-        "  --prefix-output-with-timestamp, -prefix-timestamp\n"
-        "                           prefix every output line with the local\n"
-        "                           time, as horovodrun: Mon Jun  5 10:00:00 2023\n"
-        "  --output-filename DIR    also write each rank's stdout and stderr to\n"
-        "                           DIR/rank.R/stdout and DIR/rank.R/stderr (R\n"
-        "                           padded with zeros: rank.03 of 12), as they\n"
-        "                           are shown; under --mpi, mpirun's own layout\n"
-        "  --config-file FILE       horovodrun's YAML configuration (controller,\n"
-        "                           params, autotune, timeline, stall_check,\n"
-        "                           library_options, logging); flags on the\n"
-        "                           command line win over it\n"
-        "  --start-timeout SECONDS  give every rank KOLO_START_TIMEOUT=SECONDS:\n"
-        "                           how long ranks wait for each other at start\n"
-        "  --failure-grace SECONDS  after a rank fails, let the others report it\n"
-        "                           and exit by themselves for this long before\n"
-        "                           stopping them (default 5; 0: stop at once)\n"
-        "  --disable-cache          accepted: kolorun keeps no cache of its\n"
-        "                           checks between runs (horovodrun's of ssh)\n"
-        "  --verbose                say what kolorun does: rendezvous directory,\n"
-        "                           each rank's pid and environment and end\n"
-        "  -h, --help               show this help\n"
-        "\n"
-        "Controller arguments:\n"
-        "  (what negotiates and moves the tensors; without either, kolo's\n"
-        "  choice: shared memory on one host, Gloo across hosts)\n"
-        "  --gloo                   Gloo, as horovodrun --gloo: sets\n"
-        "                           KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo\n"
-        "                           (unless set); kolorun starts the ranks\n"
-        "  --mpi                    MPI, as horovodrun --mpi: the job runs\n"
-        "                           through mpirun (Open MPI), the ranks take\n"
-        "                           their places from MPI and use the mpi\n"
-        "                           backend (as under plain mpirun;\n"
-        "                           KOLO_CONTROLLER and KOLO_CPU_OPERATIONS\n"
-        "                           still choose); every KOLO_* and HOROVOD_*\n"
-        "                           variable is passed on with -x; KOLO_MPIRUN\n"
-        "                           names another mpirun\n"
-        "\n"
-        "Tuneable parameter arguments:\n"
-        "  --fusion-threshold-mb MB KOLO_FUSION_THRESHOLD=MB*1048576 (default 128;\n"
-        "                           0: no fusion)\n"
-        "  --cycle-time-ms MS       KOLO_CYCLE_TIME=MS (default 5)\n"
-        "  --cache-capacity N       KOLO_CACHE_CAPACITY=N (default 1024; 0: off)\n"
-        "  --hierarchical-allreduce, --no-hierarchical-allreduce\n"
-        "                           KOLO_HIERARCHICAL_ALLREDUCE=1 or 0 (default:\n"
-        "                           on across hosts with several ranks each)\n"
-        "\n"
-        "Autotune arguments:\n"
-        "  --autotune               KOLO_AUTOTUNE=1\n"
-        "  --autotune-log-file F    KOLO_AUTOTUNE_LOG=F\n"
-        "  --autotune-steps-per-sample N\n"
-        "                           KOLO_AUTOTUNE_WINDOW=N: rounds per window\n"
-        "\n"
-        "Timeline arguments:\n"
-        "  --timeline-filename F    KOLO_TIMELINE=F\n"
-        "  --timeline-mark-cycles   KOLO_TIMELINE_MARK_CYCLES=1\n"
-        "\n"
-        "Stall check arguments:\n"
-        "  --no-stall-check         KOLO_STALL_CHECK_DISABLE=1\n"
-        "  --stall-check-warning-time-seconds S\n"
-        "                           KOLO_STALL_CHECK_TIME_SECONDS=S (default 60)\n"
-        "  --stall-check-shutdown-time-seconds S\n"
-        "                           KOLO_STALL_SHUTDOWN_TIME_SECONDS=S (default\n"
-        "                           0: never)\n"
-        "\n"
-        "Library arguments:\n"
-        "  --gloo-timeout-seconds S KOLO_TIMEOUT_SECONDS=S (default 60)\n"
-        "  --tcp                    NCCL_IB_DISABLE=1; under --mpi, Open MPI on\n"
-        "                           TCP (--mca pml ob1 --mca btl ^openib)\n"
-        "  --mpi-args ARGS          with --mpi: more words for mpirun\n"
-        "  --binding-args ARGS      with --mpi: mpirun's binding, in place of\n"
-        "                           --bind-to none\n"
-        "  --num-nccl-streams 1     accepted (kolo uses one stream)\n"
-        "\n"
-        "Logging arguments:\n"
-        "  --log-level LEVEL        KOLO_LOG_LEVEL (TRACE, DEBUG, INFO, WARNING,\n"
-        "                           ERROR, FATAL; any case)\n"
-        "  --log-without-timestamp  accepted (kolo's log lines carry no time)\n"
-        "\n"
-        "Refused, with the reason (kolo cannot honour them): --hierarchical-\n"
-        "allgather, --autotune-warmup-samples, --autotune-bayes-opt-max-samples,\n"
-        "--autotune-gaussian-process-noise, --mpi-threads-disable, --num-nccl-\n"
-        "streams other than 1, --thread-affinity, --log-with-timestamp, --jsrun.\n"
-        "\n"
-        "Elastic arguments (an elastic job: --min-np or --host-discovery-script;\n"
-        "the script wraps its loop in hvd.elastic.run; see \"Elastic jobs\" in\n"
-        "kolo's README.md, and docs/launching.md):\n"
-        "  --min-np N, --min-num-proc N\n"
-        "                           the job goes on while at least N ranks are\n"
-        "                           available (default -np); -np N ranks start it\n"
-        "  --max-np N, --max-num-proc N\n"
-        "                           at most N ranks (default: every slot)\n"
-        "  --host-discovery-script S\n"
-        "                           run S (sh -c) about once a second; its lines\n"
-        "                           'host:slots' or 'host' are the hosts now; a\n"
-        "                           failing run or a wrong line keeps the last\n"
-        "                           list (one warning). Without it, -H/--hostfile\n"
-        "                           are fixed hosts: fault tolerance, no scaling\n"
-        "  --slots-per-host N       slots of a script line without :slots (1)\n"
-        "  --elastic-timeout S      how long to wait for enough slots, at the start\n"
-        "                           and after a loss, before ending the job (default\n"
-        "                           HOROVOD_ELASTIC_TIMEOUT, else 600)\n"
-        "  --reset-limit N          end the job rather than publish more than N new\n"
-        "                           generations (default: no limit)\n"
-        "  --blacklist-cooldown-range A B\n"
-        "                           a failed host comes back after A*2^n + U(0,A)\n"
-        "                           seconds, within [A, B] (default: never)\n"
-        "A worker runs per (host, slot); when one fails, its host is blacklisted\n"
-        "and its other workers stopped, and the survivors (with any new slots)\n"
-        "form the next generation; kolorun ends non-zero, with one line saying\n"
-        "why, when every rank failed, the reset limit is reached, or too few\n"
-        "ranks remain for --elastic-timeout; 0 when the latest generation's\n"
-        "ranks all exit 0. --tag-output numbers workers in the order they\n"
-        "started. Each worker also gets KOLO_ELASTIC=1, HOROVOD_ELASTIC=1,\n"
-        "KOLO_ELASTIC_ID=host:slot, KOLO_HOSTNAME=host, KOLO_ELASTIC_TIMEOUT.\n"
-        "\n"
-        "Host arguments (see \"Running on several hosts\" in kolo's README.md):\n"
-        "  -H, --hosts H:N,...      hosts and their slots (H alone: 1 slot); ranks\n"
-        "                           fill the hosts in order, host by host; -np\n"
-        "                           defaults to the sum of the slots\n"
-        "  --hostfile FILE          the same from a file: lines 'host slots=N'\n"
-        "                           (or 'host': 1 slot); '#' starts a comment\n"
-        "  --launch-command TMPL    how a rank starts on another host (default:\n"
-        "                           ssh -o BatchMode=yes {host} {command}); TMPL is\n"
-        "                           split at blanks, then {host} (the host as given),\n"
-        "                           {rank}, {local_rank} and {command} (the rank's\n"
-        "                           command, environment included, as one shell-\n"
-        "                           quoted word) are replaced. Without {command}\n"
-        "                           the words env VAR=VALUE... command args... are\n"
-        "                           appended, e.g. 'ip netns exec {host}'\n"
-        "  -p, --ssh-port PORT      ssh -p PORT\n"
-        "  -i, --ssh-identity-file F  ssh -i F\n"
-        "  -x NAME[=VALUE]          also pass NAME (from here, or VALUE) to the\n"
-        "                           ranks on other hosts; KOLO_* and HOROVOD_*\n"
-        "                           always go\n"
-        "  --redis HOST:PORT        ranks meet through this Redis server (keys\n"
-        "                           under a name of this job, deleted at the end);\n"
-        "                           or redis://[[USER]:PASSWORD@]HOST[:PORT]\n"
-        "  --start-redis            start redis-server here for the job, on a free\n"
-        "                           port, and stop it at the end\n"
-        "  --redis-bind ADDR        the address --start-redis listens on (default:\n"
-        "                           this host's address on --network-interface, or\n"
-        "                           its first non-loopback IPv4 address)\n"
-        "  --redis-password PW      the password of --redis's server (better: export\n"
-        "                           KOLO_REDIS_PASSWORD, which ps does not show);\n"
-        "                           --start-redis's has one derived from the job's\n"
-        "                           secret\n"
-        "  --redis-user USER        with --redis-password: a Redis ACL user\n"
-        "  --rendezvous-dir DIR     ranks meet in a fresh directory under DIR, a\n"
-        "                           file system every host shares\n"
-        "  --network-interfaces IF,...  (or --network-interface IF, repeatable)\n"
-        "                           ranks bind the address of the first IF of\n"
-        "                           the last such flag on their host for Gloo;\n"
-        "                           NCCL_SOCKET_IFNAME gets them all\n"
-        "\n"
-        "Each rank gets KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,\n"
-        "KOLO_CROSS_RANK (its host's index), KOLO_CROSS_SIZE (hosts),\n"
-        "KOLO_RENDEZVOUS=file:DIR (a private directory, removed at the end) or\n"
-        "redis:HOST:PORT/JOB, and KOLO_HOSTNAME (127.0.0.1 on one host; unless\n"
-        "already set). Its standard input is /dev/null. Its output goes\n"
-        "to kolorun's stdout and stderr in whole lines (lines over 64 KiB in\n"
-        "pieces); without --tag-output the bytes are unchanged.\n"
-        "\n"
-        "SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the ranks; ranks\n"
-        "still alive 3 s later are killed (a second Ctrl-C kills them at once),\n"
-        "and kolorun then ends by the same signal.\n"
-        "\n"
-        "Exit status:\n"
-        "  0       every rank exited with status 0\n"
-        "  S       the rank named as the cause exited with status S\n"
-        "  128+N   the rank named as the cause was killed by signal N (a\n"
-        "          rank killed goes before ranks that exited with an error\n"
-        "          at about the same time, likely because of it)\n"
-        "  127     a rank could not start: command not found (126: not\n"
-        "          executable)\n"
-        "  1       kolorun itself failed\n"
-        "  2       wrong command line\n";
+struct kolorun_cmdline {
+    kolorun_opts_t opts;     /* the job description, copied out at the end */
+    const char *hosts;       /* -H: read once the line is known */
+    const char *hostfile;    /* --hostfile */
+    const char *config_file; /* --config-file */
+    int check_build;         /* --check-build */
+    const char *elastic_flag; /* the last flag given that needs an elastic
+                               * job */
+    int given[KOLORUN_NOPTIONS]; /* the rows given: they win over the file */
+    int argc;
+    char **argv;
+    int i; /* argv[i]: the flag being read */
+};
 
-static void kolorun_usage(FILE *f)
+/* Where a row's store puts the value: a field of the job description, or
+ * of the parse's own state. */
+#define KR_OPT(field) offsetof(kolorun_cmdline_t, opts.field)
+#define KR_CMD(field) offsetof(kolorun_cmdline_t, field)
+#define KR_FIELD(c, opt, type) ((type *)((char *)(c) + (opt)->field))
+#define KR_STR_(x) #x
+#define KR_STR(x) KR_STR_(x)
+
+static void kolorun_usage(FILE *f);
+
+/* ---- What each flag does: the rows' store functions. */
+
+/* The name a flag's messages give it, whichever spelling was used: its
+ * first of more than one letter (--ssh-port for -p, -np for -n). */
+static const char *kolorun_option_name(const kolorun_option_t *opt)
 {
-    fputs(kolorun_help, f);
+    if (strlen(opt->names[0].name) == 2 && opt->names[1].name)
+        return opt->names[1].name;
+    return opt->names[0].name;
 }
 
-/* The option of --help nearest a mistyped one ("--verbos": "--verbose"),
- * or NULL when none is within a third of its length. */
-static const char *kolorun_closest_option(const char *typed)
+/* A switch: the int at the row's field becomes 1. */
+static void kolorun_store_on(kolorun_cmdline_t *c, const kolorun_option_t *opt,
+                             const char *flag, const char *v)
 {
-    static char best[64];
-    char want[64], word[64];
-    size_t best_d = 99;
-    snprintf(want, sizeof want, "%.*s", (int)strcspn(typed, "="), typed);
-    for (const char *p = kolorun_help; (p = strchr(p, '-')) != NULL;) {
-        /* An option starts a word: after a blank, a comma or a '('. */
-        int starts = p > kolorun_help && strchr(" ,(", p[-1]) != NULL;
-        size_t n = strspn(p, "-abcdefghijklmnopqrstuvwxyz0123456789");
-        if (starts && n > 2 && n < sizeof word) {
-            memcpy(word, p, n);
-            word[n] = '\0';
-            size_t d = kolo__edit_distance(want, word);
-            if (d < best_d) {
-                best_d = d;
-                memcpy(best, word, n + 1);
-            }
-        }
-        p += n > 0 ? n : 1;
+    (void)flag, (void)v;
+    *KR_FIELD(c, opt, int) = 1;
+}
+
+/* A value kept as it is (checked where it is used, or not at all). */
+static void kolorun_store_text(kolorun_cmdline_t *c,
+                               const kolorun_option_t *opt, const char *flag,
+                               const char *v)
+{
+    (void)flag;
+    *KR_FIELD(c, opt, const char *) = v;
+}
+
+/* A value that must not be empty: "--output-filename wants a directory". */
+static void kolorun_store_nonempty(kolorun_cmdline_t *c,
+                                   const kolorun_option_t *opt,
+                                   const char *flag, const char *v)
+{
+    if (*v == '\0') {
+        kolorun_say("%s wants %s", kolorun_option_name(opt), opt->expects);
+        exit(2);
     }
-    return best_d > 0 && best_d * 3 <= strlen(want) ? best : NULL;
+    kolorun_store_text(c, opt, flag, v);
+}
+
+/* A whole number in the row's [lo, hi]; exits 2 otherwise, saying what
+ * the row expects ("a port from 1 to 65535"), by default its range. */
+static long kolorun_option_number(const kolorun_option_t *opt, const char *v)
+{
+    long n = kolorun_parse_long(v, opt->lo, opt->hi);
+    if (n >= 0)
+        return n;
+    if (opt->expects)
+        kolorun_say("%s wants %s, not '%s'", kolorun_option_name(opt),
+                    opt->expects, v);
+    else
+        kolorun_say("%s wants a whole number from %ld to %ld, not '%s'",
+                    kolorun_option_name(opt), opt->lo, opt->hi, v);
+    exit(2);
+}
+
+static void kolorun_store_int(kolorun_cmdline_t *c, const kolorun_option_t *opt,
+                              const char *flag, const char *v)
+{
+    (void)flag;
+    *KR_FIELD(c, opt, int) = (int)kolorun_option_number(opt, v);
+}
+
+/* A number kept as its digits, as the ranks' environment or ssh's command
+ * line takes it. */
+static void kolorun_store_digits(kolorun_cmdline_t *c,
+                                 const kolorun_option_t *opt,
+                                 const char *flag, const char *v)
+{
+    (void)kolorun_option_number(opt, v);
+    kolorun_store_text(c, opt, flag, v);
+}
+
+/* --failure-grace: seconds, kept in milliseconds, and remembered as given
+ * (--mpi refuses it). */
+static void kolorun_store_grace(kolorun_cmdline_t *c,
+                                const kolorun_option_t *opt, const char *flag,
+                                const char *v)
+{
+    (void)flag;
+    c->opts.failure_grace_ms = kolorun_option_number(opt, v) * 1000;
+    c->opts.grace_given = 1;
+}
+
+static void kolorun_show_help(kolorun_cmdline_t *c, const kolorun_option_t *opt,
+                              const char *flag, const char *v)
+{
+    (void)c, (void)opt, (void)flag, (void)v;
+    kolorun_usage(stdout);
+    exit(0);
+}
+
+static void kolorun_show_version(kolorun_cmdline_t *c,
+                                 const kolorun_option_t *opt,
+                                 const char *flag, const char *v)
+{
+    (void)c, (void)opt, (void)flag, (void)v;
+    printf("%s\n", PACKAGE_VERSION); /* as horovodrun: the version */
+    exit(0);
+}
+
+/* --launch-command: its placeholders are checked now, not on every host. */
+static void kolorun_store_template(kolorun_cmdline_t *c,
+                                   const kolorun_option_t *opt,
+                                   const char *flag, const char *v)
+{
+    kolorun_check_template(v);
+    kolorun_store_text(c, opt, flag, v);
+}
+
+/* A path that is not what its flag wants: "--rendezvous-dir D: Not a
+ * directory". */
+__attribute__((noreturn)) static void kolorun_bad_path(
+    const kolorun_option_t *opt, const char *path, int err)
+{
+    kolorun_say("%s %s: %s", kolorun_option_name(opt), path, strerror(err));
+    exit(2);
+}
+
+/* A file that must be readable (ssh's identity), checked here rather than
+ * by every ssh. */
+static void kolorun_store_readable(kolorun_cmdline_t *c,
+                                   const kolorun_option_t *opt,
+                                   const char *flag, const char *v)
+{
+    if (access(v, R_OK) != 0)
+        kolorun_bad_path(opt, v, errno);
+    kolorun_store_text(c, opt, flag, v);
+}
+
+/* A directory that must exist (--rendezvous-dir). */
+static void kolorun_store_dir(kolorun_cmdline_t *c, const kolorun_option_t *opt,
+                              const char *flag, const char *v)
+{
+    struct stat st;
+    if (stat(v, &st) != 0)
+        kolorun_bad_path(opt, v, errno);
+    if (!S_ISDIR(st.st_mode))
+        kolorun_bad_path(opt, v, ENOTDIR);
+    kolorun_store_text(c, opt, flag, v);
+}
+
+static void kolorun_store_ipv4(kolorun_cmdline_t *c,
+                               const kolorun_option_t *opt,
+                               const char *flag, const char *v)
+{
+    struct in_addr ia;
+    if (inet_pton(AF_INET, v, &ia) != 1) {
+        kolorun_say("%s wants an IPv4 address, not '%s'",
+                    kolorun_option_name(opt), v);
+        exit(2);
+    }
+    kolorun_store_text(c, opt, flag, v);
+}
+
+/* -x NAME[=VALUE], repeatable: the names, in order. */
+static void kolorun_store_xenv(kolorun_cmdline_t *c,
+                               const kolorun_option_t *opt,
+                               const char *flag, const char *v)
+{
+    kolorun_opts_t *o = &c->opts;
+    const char **x = realloc(o->xenv, (size_t)(o->nxenv + 1) * sizeof *x);
+    size_t nl = strcspn(v, "=");
+    (void)opt, (void)flag;
+    if (!x) {
+        kolorun_say("out of memory");
+        exit(1);
+    }
+    if (nl == 0 || strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                             "abcdefghijklmnopqrstuvwxyz"
+                             "0123456789_") != nl) {
+        kolorun_say("-x wants NAME or NAME=VALUE, not '%s'", v);
+        exit(2);
+    }
+    o->xenv = x;
+    o->xenv[o->nxenv++] = v;
+}
+
+/* redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]: the user and password go
+ * where --redis-user and --redis-password put them; HOST:PORT (port 6379
+ * when none is given) is returned. Parsed in place in a copy that lives
+ * as long as kolorun. */
+static const char *kolorun_redis_url(kolorun_opts_t *o, const char *v)
+{
+    static char url[1024], hostport[1100];
+    char *at, *slash;
+    if ((size_t)snprintf(url, sizeof url, "%s", v + 8) >= sizeof url) {
+        kolorun_say("--redis: the URL is longer than %zu characters",
+                    sizeof url - 1);
+        exit(2);
+    }
+    if ((at = strrchr(url, '@')) != NULL) {
+        char *colon;
+        *at = '\0';
+        if ((colon = strchr(url, ':')) != NULL) {
+            *colon = '\0';
+            o->redis_password = colon + 1;
+            if (url[0])
+                o->redis_user = url;
+        } else {
+            o->redis_password = url;
+        }
+    }
+    v = at ? at + 1 : url;
+    if ((slash = strchr(v, '/')) != NULL)
+        *slash = '\0';
+    if (!strrchr(v, ':') ||
+        (v[0] == '[' && strrchr(v, ']') > strrchr(v, ':'))) {
+        snprintf(hostport, sizeof hostport, "%s:6379", v);
+        v = hostport;
+    }
+    return v;
+}
+
+/* --redis HOST:PORT, or a redis:// URL. */
+static void kolorun_store_redis(kolorun_cmdline_t *c,
+                                const kolorun_option_t *opt, const char *flag,
+                                const char *v)
+{
+    const char *colon;
+    if (strncmp(v, "redis://", 8) == 0)
+        v = kolorun_redis_url(&c->opts, v);
+    colon = strrchr(v, ':');
+    if (!colon || colon == v || kolorun_parse_long(colon + 1, 1, 65535) < 0) {
+        kolorun_say("--redis wants HOST:PORT (port from 1 to 65535), not '%s'",
+                    v);
+        exit(2);
+    }
+    kolorun_store_text(c, opt, flag, v);
 }
 
 /* --network-interface(s): a comma list, repeatable. All of them go to NCCL
  * (NCCL_SOCKET_IFNAME), as horovodrun does; Gloo binds one
  * (KOLO_NETWORK_INTERFACE, horovodrun's HOROVOD_GLOO_IFACE, which it takes
  * from a set in no order): the first of the last flag, so that a later
- * flag overrides an earlier one as everywhere on kolorun's line. */
-static void kolorun_add_nics(kolorun_opts_t *o, const char *list,
-                             const char *flag)
+ * flag overrides an earlier one as everywhere on kolorun's line. Messages
+ * name the spelling given. */
+static void kolorun_store_nics(kolorun_cmdline_t *c,
+                               const kolorun_option_t *opt, const char *flag,
+                               const char *list)
 {
+    kolorun_opts_t *o = &c->opts;
     const char *p = list;
+    (void)opt;
     if (*list == '\0') {
         kolorun_say("%s wants interface names, for example eth0", flag);
         exit(2);
@@ -293,65 +339,592 @@ static void kolorun_add_nics(kolorun_opts_t *o, const char *list,
     }
 }
 
-/* A whole number in [lo, hi] for an elastic flag; exits 2 otherwise. */
-static int kolorun_elastic_number(const char *v, const char *flag, long lo,
-                                  long hi)
+/* --blacklist-cooldown-range A B: two values (horovodrun's nargs=2), the
+ * second the next word; 1 <= A <= B <= 3600. */
+static void kolorun_store_cooldown(kolorun_cmdline_t *c,
+                                   const kolorun_option_t *opt,
+                                   const char *flag, const char *v)
 {
-    long n = kolorun_parse_long(v, lo, hi);
-    if (n < 0) {
-        kolorun_say("%s wants a whole number from %ld to %ld, not '%s'", flag,
-                    lo, hi, v);
+    const char *b = c->i + 1 < c->argc ? c->argv[c->i + 1] : NULL;
+    long lo = kolorun_parse_long(v, 1, 3600);
+    long hi = b ? kolorun_parse_long(b, 1, 3600) : -1;
+    (void)opt, (void)flag;
+    if (lo < 0 || hi < lo) {
+        kolorun_say("--blacklist-cooldown-range wants two whole "
+                    "numbers of seconds A B, 1 <= A <= B <= 3600, "
+                    "not '%s %s'", v, b ? b : "");
         exit(2);
     }
-    return (int)n;
+    c->i++;
+    c->opts.cooldown_lo = (int)lo;
+    c->opts.cooldown_hi = (int)hi;
 }
 
-/* The numbers of an elastic job: each flag (and horovodrun's other
- * spelling), where it goes, its range; --min-np alone makes a job elastic
- * by itself (the others only go with it, kolorun_elastic_options). */
-static const struct {
-    const char *flag, *alias;
-    size_t field; /* offsetof kolorun_opts_t, an int */
-    long lo, hi;
-    int makes_elastic;
-} kolorun_elastic_flags[] = {
-    {"--min-np", "--min-num-proc", offsetof(kolorun_opts_t, min_np), 1,
-     KOLORUN_MAX_RANKS, 1},
-    {"--max-np", "--max-num-proc", offsetof(kolorun_opts_t, max_np), 1,
-     KOLORUN_MAX_RANKS, 0},
-    {"--slots-per-host", NULL, offsetof(kolorun_opts_t, slots_per_host), 1,
-     KOLORUN_MAX_RANKS, 0},
-    {"--elastic-timeout", NULL, offsetof(kolorun_opts_t, elastic_timeout_s),
-     1, 1000000, 0},
-    {"--reset-limit", NULL, offsetof(kolorun_opts_t, reset_limit), 0, 1000000,
-     0},
-};
+/* ---- The table. */
 
-/* Takes argv[*i] when it is one of kolorun_elastic_flags; 1 then. */
-static int kolorun_elastic_numbers(kolorun_opts_t *o, int argc, char **argv,
-                                   int *i, const char *a,
-                                   const char **elastic_flag)
+#define KR_BAYES                                                          \
+    "kolo's autotune is a coordinate search, not Bayesian optimisation, " \
+    "and has no such knob; --autotune-steps-per-sample sets the rounds "  \
+    "it measures per window"
+
+/* In --help's order: a row of text is a paragraph of it; a flag's row
+ * without help is not shown (the refused flags are named in a paragraph
+ * instead); a tuning flag's help goes on from its variable's name, which
+ * --help writes first ("KOLO_CYCLE_TIME" "=MS (default 5)"). Whatever the
+ * order, a spelling matches only itself (or itself=VALUE). */
+const kolorun_option_t kolorun_options[] = {
+    {.text =
+        "usage: kolorun -np N [options] [--] command [args...]\n"
+        "       kolorun --check-build | --version | --help\n"
+        "\n"
+        "Starts N ranks of command on this machine (or on the hosts of -H or\n"
+        "--hostfile), carries their output and waits for them. If one rank\n"
+        "fails, the others are stopped. kolorun takes horovodrun's flags, with\n"
+        "the same meaning; each tuning flag sets the KOLO_* variable named for\n"
+        "every rank (and replaces the HOROVOD_* variable of the same setting).\n"
+        "\n"},
+    {.names = {{"-np"}, {"--num-proc"}, {"-n"}, {"--np", KR_HIDDEN}},
+     .arg = "N",
+     .help = "number of ranks (required without -H or\n"
+             "--hostfile)",
+     .store = kolorun_store_int, .field = KR_OPT(np), .lo = 1,
+     .hi = KOLORUN_MAX_RANKS,
+     .expects = "a number of ranks from 1 to " KR_STR(KOLORUN_MAX_RANKS)},
+    {.names = {{"-cb"}, {"--check-build"}},
+     .help = "show what this kolo has (frameworks,\n"
+             "controllers, tensor operations, NCCL's\n"
+             "version) and whether a GPU is visible now",
+     .store = kolorun_store_on, .field = KR_CMD(check_build)},
+    {.names = {{"-v"}, {"--version"}}, .help = "show kolo's version",
+     .store = kolorun_show_version},
+    {.names = {{"--tag-output"}},
+     .help = "prefix every output line with its rank\n"
+             "and stream, like horovodrun and mpirun:\n"
+             "  [1]<stdout>:text\n"
+             "  [1]<stderr>:text",
+     .store = kolorun_store_on, .field = KR_OPT(tag_output)},
+    {.names = {{"--prefix-output-with-timestamp"}, {"-prefix-timestamp"}},
+     .help = "prefix every output line with the local\n"
+             "time, as horovodrun: Mon Jun  5 10:00:00 2023",
+     .store = kolorun_store_on, .field = KR_OPT(timestamp)},
+    {.names = {{"--output-filename"}}, .arg = "DIR",
+     .help = "also write each rank's stdout and stderr to\n"
+             "DIR/rank.R/stdout and DIR/rank.R/stderr (R\n"
+             "padded with zeros: rank.03 of 12), as they\n"
+             "are shown; under --mpi, mpirun's own layout",
+     .store = kolorun_store_nonempty, .field = KR_OPT(output_dir),
+     .expects = "a directory"},
+    {.names = {{"--config-file"}}, .arg = "FILE",
+     .help = "horovodrun's YAML configuration (controller,\n"
+             "params, autotune, timeline, stall_check,\n"
+             "library_options, logging); flags on the\n"
+             "command line win over it",
+     .store = kolorun_store_text, .field = KR_CMD(config_file)},
+    {.names = {{"--start-timeout"}}, .arg = "SECONDS",
+     .help = "give every rank KOLO_START_TIMEOUT=SECONDS:\n"
+             "how long ranks wait for each other at start",
+     .store = kolorun_store_digits, .field = KR_OPT(start_timeout), .lo = 1,
+     .hi = 1000000000L, .expects = "a whole number of seconds (at least 1)"},
+    {.names = {{"--failure-grace"}}, .arg = "SECONDS",
+     .help = "after a rank fails, let the others report it\n"
+             "and exit by themselves for this long before\n"
+             "stopping them (default 5; 0: stop at once)",
+     .store = kolorun_store_grace, .lo = 0, .hi = 3600,
+     .expects = "a whole number of seconds from 0 to 3600"},
+    {.names = {{"--disable-cache"}},
+     .help = "accepted: kolorun keeps no cache of its\n"
+             "checks between runs (horovodrun's of ssh)",
+     .kind = KR_NOOP},
+    {.names = {{"--verbose"}},
+     .help = "say what kolorun does: rendezvous directory,\n"
+             "each rank's pid and environment and end",
+     .store = kolorun_store_on, .field = KR_OPT(verbose)},
+    {.names = {{"-h"}, {"--help"}}, .help = "show this help",
+     .store = kolorun_show_help},
+
+    {.text =
+        "\n"
+        "Controller arguments:\n"
+        "  (what negotiates and moves the tensors; without either, kolo's\n"
+        "  choice: shared memory on one host, Gloo across hosts)\n"},
+    {.names = {{"--gloo"}},
+     .help = "Gloo, as horovodrun --gloo: sets\n"
+             "KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo\n"
+             "(unless set); kolorun starts the ranks",
+     .store = kolorun_store_on, .field = KR_OPT(gloo)},
+    {.names = {{"--mpi"}},
+     .help = "MPI, as horovodrun --mpi: the job runs\n"
+             "through mpirun (Open MPI), the ranks take\n"
+             "their places from MPI and use the mpi\n"
+             "backend (as under plain mpirun;\n"
+             "KOLO_CONTROLLER and KOLO_CPU_OPERATIONS\n"
+             "still choose); every KOLO_* and HOROVOD_*\n"
+             "variable is passed on with -x; KOLO_MPIRUN\n"
+             "names another mpirun",
+     .store = kolorun_store_on, .field = KR_OPT(mpi)},
+
+    {.text = "\nTuneable parameter arguments:\n"},
+    {.names = {{"--fusion-threshold-mb"}}, .arg = "MB",
+     .help = "=MB*1048576 (default 128;\n"
+             "0: no fusion)",
+     .kind = KR_MB, .yaml = "params.fusion_threshold_mb",
+     .var = "KOLO_FUSION_THRESHOLD", .twin = "HOROVOD_FUSION_THRESHOLD"},
+    {.names = {{"--cycle-time-ms"}}, .arg = "MS", .help = "=MS (default 5)",
+     .kind = KR_MS, .yaml = "params.cycle_time_ms", .var = "KOLO_CYCLE_TIME",
+     .twin = "HOROVOD_CYCLE_TIME"},
+    {.names = {{"--cache-capacity"}}, .arg = "N",
+     .help = "=N (default 1024; 0: off)", .kind = KR_COUNT,
+     .yaml = "params.cache_capacity", .var = "KOLO_CACHE_CAPACITY",
+     .twin = "HOROVOD_CACHE_CAPACITY"},
+    {.names = {{"--hierarchical-allreduce"},
+               {"--no-hierarchical-allreduce", KR_OFF}},
+     .help = "=1 or 0 (default:\n"
+             "on across hosts with several ranks each)",
+     .kind = KR_SWITCH, .yaml = "params.hierarchical_allreduce",
+     .var = "KOLO_HIERARCHICAL_ALLREDUCE",
+     .twin = "HOROVOD_HIERARCHICAL_ALLREDUCE"},
+    {.names = {{"--hierarchical-allgather"},
+               {"--no-hierarchical-allgather", KR_OFF | KR_HIDDEN}},
+     .kind = KR_REFUSED_ON, .yaml = "params.hierarchical_allgather",
+     .why = "kolo has no hierarchical allgather (allgather goes through "
+            "shared memory within a host, and over Gloo or MPI between "
+            "hosts); drop it"},
+
+    {.text = "\nAutotune arguments:\n"},
+    {.names = {{"--autotune"}, {"--no-autotune", KR_OFF | KR_HIDDEN}},
+     .help = "=1", .kind = KR_SWITCH, .yaml = "autotune.enabled",
+     .var = "KOLO_AUTOTUNE", .twin = "HOROVOD_AUTOTUNE"},
+    {.names = {{"--autotune-log-file"}}, .arg = "F", .help = "=F",
+     .kind = KR_TEXT, .yaml = "autotune.log_file", .var = "KOLO_AUTOTUNE_LOG",
+     .twin = "HOROVOD_AUTOTUNE_LOG"},
+    {.names = {{"--autotune-steps-per-sample"}}, .arg = "N",
+     .help = "=N: rounds per window", .kind = KR_POSITIVE,
+     .yaml = "autotune.steps_per_sample", .var = "KOLO_AUTOTUNE_WINDOW",
+     .twin = "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"},
+    {.names = {{"--autotune-warmup-samples"}}, .arg = "N", .kind = KR_REFUSED,
+     .yaml = "autotune.warmup_samples", .why = KR_BAYES},
+    {.names = {{"--autotune-bayes-opt-max-samples"}}, .arg = "N",
+     .kind = KR_REFUSED, .yaml = "autotune.bayes_opt_max_samples",
+     .why = KR_BAYES},
+    {.names = {{"--autotune-gaussian-process-noise"}}, .arg = "X",
+     .kind = KR_REFUSED, .yaml = "autotune.gaussian_process_noise",
+     .why = KR_BAYES},
+
+    {.text = "\nTimeline arguments:\n"},
+    {.names = {{"--timeline-filename"}}, .arg = "F", .help = "=F",
+     .kind = KR_TEXT, .yaml = "timeline.filename", .var = "KOLO_TIMELINE",
+     .twin = "HOROVOD_TIMELINE"},
+    {.names = {{"--timeline-mark-cycles"},
+               {"--no-timeline-mark-cycles", KR_OFF | KR_HIDDEN}},
+     .help = "=1", .kind = KR_SWITCH, .yaml = "timeline.mark_cycles",
+     .var = "KOLO_TIMELINE_MARK_CYCLES",
+     .twin = "HOROVOD_TIMELINE_MARK_CYCLES"},
+
+    {.text = "\nStall check arguments:\n"},
+    {.names = {{"--no-stall-check"}, {"--stall-check", KR_OFF | KR_HIDDEN}},
+     .help = "=1", .kind = KR_SWITCH, .yaml = "stall_check.enabled",
+     .yaml_inverted = 1, .var = "KOLO_STALL_CHECK_DISABLE",
+     .twin = "HOROVOD_STALL_CHECK_DISABLE"},
+    {.names = {{"--stall-check-warning-time-seconds"}}, .arg = "S",
+     .help = "=S (default 60)", .kind = KR_COUNT,
+     .yaml = "stall_check.warning_time_seconds",
+     .var = "KOLO_STALL_CHECK_TIME_SECONDS",
+     .twin = "HOROVOD_STALL_CHECK_TIME_SECONDS"},
+    {.names = {{"--stall-check-shutdown-time-seconds"}}, .arg = "S",
+     .help = "=S (default\n"
+             "0: never)",
+     .kind = KR_COUNT, .yaml = "stall_check.shutdown_time_seconds",
+     .var = "KOLO_STALL_SHUTDOWN_TIME_SECONDS",
+     .twin = "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"},
+
+    {.text = "\nLibrary arguments:\n"},
+    {.names = {{"--gloo-timeout-seconds"}}, .arg = "S",
+     .help = "=S (default 60)", .kind = KR_POSITIVE,
+     .yaml = "library_options.gloo_timeout_seconds",
+     .var = "KOLO_TIMEOUT_SECONDS", .twin = "HOROVOD_GLOO_TIMEOUT_SECONDS"},
+    {.names = {{"--tcp"}},
+     .help = "NCCL_IB_DISABLE=1; under --mpi, Open MPI on\n"
+             "TCP (--mca pml ob1 --mca btl ^openib)",
+     .store = kolorun_store_on, .field = KR_OPT(tcp)},
+    {.names = {{"--mpi-args"}}, .arg = "ARGS",
+     .help = "with --mpi: more words for mpirun", .store = kolorun_store_text,
+     .field = KR_OPT(mpi_args)},
+    {.names = {{"--binding-args"}}, .arg = "ARGS",
+     .help = "with --mpi: mpirun's binding, in place of\n"
+             "--bind-to none",
+     .store = kolorun_store_text, .field = KR_OPT(binding_args)},
+    {.names = {{"--mpi-threads-disable"},
+               {"--no-mpi-threads-disable", KR_OFF | KR_HIDDEN}},
+     .kind = KR_REFUSED_ON, .yaml = "library_options.mpi_threads_disable",
+     .why = "kolo's background thread calls MPI, so kolo needs "
+            "MPI_THREAD_MULTIPLE; mpi4py works on top of kolo as it is"},
+    {.names = {{"--num-nccl-streams"}}, .arg = "1",
+     .help = "accepted (kolo uses one stream)", .kind = KR_ONE,
+     .yaml = "library_options.num_nccl_streams",
+     .why = "kolo uses one NCCL stream per process set; drop it (or give 1)"},
+    {.names = {{"--thread-affinity"}}, .arg = "N", .kind = KR_REFUSED,
+     .why = "kolo does not pin its background thread; pin the whole rank "
+            "(taskset, numactl, or --mpi with --binding-args)"},
+    {.names = {{"--ccl-bgt-affinity"}}, .arg = "N", .kind = KR_REFUSED,
+     .yaml = "library_options.ccl_bgt_affinity",
+     .why = "kolo has no oneCCL backend"},
+
+    {.text = "\nLogging arguments:\n"},
+    {.names = {{"--log-level"}}, .arg = "LEVEL",
+     .help = " (TRACE, DEBUG, INFO, WARNING,\n"
+             "ERROR, FATAL; any case)",
+     .kind = KR_LEVEL, .yaml = "logging.level", .var = "KOLO_LOG_LEVEL",
+     .twin = "HOROVOD_LOG_LEVEL"},
+    {.names = {{"--log-with-timestamp", KR_HIDDEN},
+               {"--no-log-hide-timestamp", KR_HIDDEN},
+               {"--log-without-timestamp", KR_OFF},
+               {"--log-hide-timestamp", KR_OFF | KR_HIDDEN}},
+     .help = "accepted (kolo's log lines carry no time)",
+     .kind = KR_REFUSED_ON, .yaml = "logging.with_timestamp",
+     .why = "kolo's log lines carry no time; --prefix-output-with-timestamp "
+            "stamps every line of the ranks' output"},
+    {.names = {{"--jsrun"}}, .kind = KR_REFUSED_ON,
+     .why = "kolorun has no jsrun launcher; under LSF use --mpi (mpirun), or "
+            "-H"},
+
+    {.text = "\nRefused, with the reason (kolo cannot honour them):",
+     .refused_list = 1},
+    {.text =
+        "\n"
+        "Elastic arguments (an elastic job: --min-np or --host-discovery-script;\n"
+        "the script wraps its loop in hvd.elastic.run; see \"Elastic jobs\" in\n"
+        "kolo's README.md, and docs/launching.md):\n"},
+    {.names = {{"--min-np"}, {"--min-num-proc"}}, .arg = "N",
+     .help = "the job goes on while at least N ranks are\n"
+             "available (default -np); -np N ranks start it",
+     .store = kolorun_store_int, .field = KR_OPT(min_np), .lo = 1,
+     .hi = KOLORUN_MAX_RANKS, .elastic = KR_MAKES_ELASTIC},
+    {.names = {{"--max-np"}, {"--max-num-proc"}}, .arg = "N",
+     .help = "at most N ranks (default: every slot)",
+     .store = kolorun_store_int, .field = KR_OPT(max_np), .lo = 1,
+     .hi = KOLORUN_MAX_RANKS, .elastic = KR_ELASTIC_ONLY},
+    {.names = {{"--host-discovery-script"}}, .arg = "S",
+     .help = "run S (sh -c) about once a second; its lines\n"
+             "'host:slots' or 'host' are the hosts now; a\n"
+             "failing run or a wrong line keeps the last\n"
+             "list (one warning). Without it, -H/--hostfile\n"
+             "are fixed hosts: fault tolerance, no scaling",
+     .store = kolorun_store_nonempty, .field = KR_OPT(discovery),
+     .expects = "a script", .elastic = KR_MAKES_ELASTIC},
+    {.names = {{"--slots-per-host"}}, .arg = "N",
+     .help = "slots of a script line without :slots (1)",
+     .store = kolorun_store_int, .field = KR_OPT(slots_per_host), .lo = 1,
+     .hi = KOLORUN_MAX_RANKS, .elastic = KR_ELASTIC_ONLY},
+    {.names = {{"--elastic-timeout"}}, .arg = "S",
+     .help = "how long to wait for enough slots, at the start\n"
+             "and after a loss, before ending the job (default\n"
+             "HOROVOD_ELASTIC_TIMEOUT, else 600)",
+     .store = kolorun_store_int, .field = KR_OPT(elastic_timeout_s), .lo = 1,
+     .hi = 1000000, .elastic = KR_ELASTIC_ONLY},
+    {.names = {{"--reset-limit"}}, .arg = "N",
+     .help = "end the job rather than publish more than N new\n"
+             "generations (default: no limit)",
+     .store = kolorun_store_int, .field = KR_OPT(reset_limit), .lo = 0,
+     .hi = 1000000, .elastic = KR_ELASTIC_ONLY},
+    {.names = {{"--blacklist-cooldown-range"}}, .arg = "A B",
+     .help = "a failed host comes back after A*2^n + U(0,A)\n"
+             "seconds, within [A, B] (default: never)",
+     .store = kolorun_store_cooldown, .elastic = KR_ELASTIC_ONLY},
+
+    {.text =
+        "A worker runs per (host, slot); when one fails, its host is blacklisted\n"
+        "and its other workers stopped, and the survivors (with any new slots)\n"
+        "form the next generation; kolorun ends non-zero, with one line saying\n"
+        "why, when every rank failed, the reset limit is reached, or too few\n"
+        "ranks remain for --elastic-timeout; 0 when the latest generation's\n"
+        "ranks all exit 0. --tag-output numbers workers in the order they\n"
+        "started. Each worker also gets KOLO_ELASTIC=1, HOROVOD_ELASTIC=1,\n"
+        "KOLO_ELASTIC_ID=host:slot, KOLO_HOSTNAME=host, KOLO_ELASTIC_TIMEOUT.\n"
+        "\n"
+        "Host arguments (see \"Running on several hosts\" in kolo's README.md):\n"},
+    {.names = {{"-H"}, {"--hosts"}, {"--host", KR_HIDDEN}}, .arg = "H:N,...",
+     .help = "hosts and their slots (H alone: 1 slot); ranks\n"
+             "fill the hosts in order, host by host; -np\n"
+             "defaults to the sum of the slots",
+     .store = kolorun_store_text, .field = KR_CMD(hosts)},
+    {.names = {{"--hostfile"}, {"-hostfile", KR_HIDDEN}}, .arg = "FILE",
+     .help = "the same from a file: lines 'host slots=N'\n"
+             "(or 'host': 1 slot); '#' starts a comment",
+     .store = kolorun_store_text, .field = KR_CMD(hostfile)},
+    {.names = {{"--launch-command"}}, .arg = "TMPL",
+     .help = "how a rank starts on another host (default:\n"
+             "ssh -o BatchMode=yes {host} {command}); TMPL is\n"
+             "split at blanks, then {host} (the host as given),\n"
+             "{rank}, {local_rank} and {command} (the rank's\n"
+             "command, environment included, as one shell-\n"
+             "quoted word) are replaced. Without {command}\n"
+             "the words env VAR=VALUE... command args... are\n"
+             "appended, e.g. 'ip netns exec {host}'",
+     .store = kolorun_store_template, .field = KR_OPT(launch_command)},
+    {.names = {{"-p"}, {"--ssh-port"}}, .arg = "PORT", .help = "ssh -p PORT",
+     .store = kolorun_store_digits, .field = KR_OPT(ssh_port), .lo = 1,
+     .hi = 65535, .expects = "a port from 1 to 65535"},
+    {.names = {{"-i"}, {"--ssh-identity-file"}}, .arg = "F",
+     .help = "ssh -i F", .store = kolorun_store_readable,
+     .field = KR_OPT(ssh_identity)},
+    {.names = {{"-x"}}, .arg = "NAME[=VALUE]",
+     .help = "also pass NAME (from here, or VALUE) to the\n"
+             "ranks on other hosts; KOLO_* and HOROVOD_*\n"
+             "always go",
+     .store = kolorun_store_xenv},
+    {.names = {{"--redis"}}, .arg = "HOST:PORT",
+     .help = "ranks meet through this Redis server (keys\n"
+             "under a name of this job, deleted at the end);\n"
+             "or redis://[[USER]:PASSWORD@]HOST[:PORT]",
+     .store = kolorun_store_redis, .field = KR_OPT(redis)},
+    {.names = {{"--start-redis"}},
+     .help = "start redis-server here for the job, on a free\n"
+             "port, and stop it at the end",
+     .store = kolorun_store_on, .field = KR_OPT(start_redis)},
+    {.names = {{"--redis-bind"}}, .arg = "ADDR",
+     .help = "the address --start-redis listens on (default:\n"
+             "this host's address on --network-interface, or\n"
+             "its first non-loopback IPv4 address)",
+     .store = kolorun_store_ipv4, .field = KR_OPT(redis_bind)},
+    {.names = {{"--redis-password"}}, .arg = "PW",
+     .help = "the password of --redis's server (better: export\n"
+             "KOLO_REDIS_PASSWORD, which ps does not show);\n"
+             "--start-redis's has one derived from the job's\n"
+             "secret",
+     .store = kolorun_store_text, .field = KR_OPT(redis_password)},
+    {.names = {{"--redis-user"}}, .arg = "USER",
+     .help = "with --redis-password: a Redis ACL user",
+     .store = kolorun_store_text, .field = KR_OPT(redis_user)},
+    {.names = {{"--rendezvous-dir"}}, .arg = "DIR",
+     .help = "ranks meet in a fresh directory under DIR, a\n"
+             "file system every host shares",
+     .store = kolorun_store_dir, .field = KR_OPT(rdv_base)},
+    {.names = {{"--network-interfaces"}, {"--network-interface", KR_HIDDEN}},
+     .arg = "IF,...",
+     .help = "(or --network-interface IF, repeatable)\n"
+             "ranks bind the address of the first IF of\n"
+             "the last such flag on their host for Gloo;\n"
+             "NCCL_SOCKET_IFNAME gets them all",
+     .store = kolorun_store_nics},
+    {.text =
+        "\n"
+        "Each rank gets KOLO_RANK, KOLO_SIZE, KOLO_LOCAL_RANK, KOLO_LOCAL_SIZE,\n"
+        "KOLO_CROSS_RANK (its host's index), KOLO_CROSS_SIZE (hosts),\n"
+        "KOLO_RENDEZVOUS=file:DIR (a private directory, removed at the end) or\n"
+        "redis:HOST:PORT/JOB, and KOLO_HOSTNAME (127.0.0.1 on one host; unless\n"
+        "already set). Its standard input is /dev/null. Its output goes\n"
+        "to kolorun's stdout and stderr in whole lines (lines over 64 KiB in\n"
+        "pieces); without --tag-output the bytes are unchanged.\n"
+        "\n"
+        "SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the ranks; ranks\n"
+        "still alive 3 s later are killed (a second Ctrl-C kills them at once),\n"
+        "and kolorun then ends by the same signal.\n"
+        "\n"
+        "Exit status:\n"
+        "  0       every rank exited with status 0\n"
+        "  S       the rank named as the cause exited with status S\n"
+        "  128+N   the rank named as the cause was killed by signal N (a\n"
+        "          rank killed goes before ranks that exited with an error\n"
+        "          at about the same time, likely because of it)\n"
+        "  127     a rank could not start: command not found (126: not\n"
+        "          executable)\n"
+        "  1       kolorun itself failed\n"
+        "  2       wrong command line\n"},
+};
+_Static_assert(sizeof kolorun_options / sizeof kolorun_options[0] ==
+                   KOLORUN_NOPTIONS,
+               "KOLORUN_NOPTIONS in cmdline.h counts kolorun_options");
+
+/* ---- --help: the table in its order. */
+
+#define KR_HELP_COLUMN 27 /* where a flag's description starts */
+#define KR_HELP_WIDTH 72  /* the width of a paragraph's lines */
+
+/* A row's spellings as --help shows them: "-np N, --num-proc N, -n N";
+ * a one-letter spelling followed by a longer one leaves the value's word
+ * to it, as getopt's usage does ("-p, --ssh-port PORT"). */
+static size_t kolorun_usage_words(const kolorun_option_t *opt, char *buf,
+                                  size_t cap)
 {
-    size_t n = sizeof kolorun_elastic_flags / sizeof kolorun_elastic_flags[0];
-    for (size_t f = 0; f < n; f++) {
-        const char *v = kolorun_opt_value(argc, argv, i, a,
-                                          kolorun_elastic_flags[f].flag);
-        if (!v && kolorun_elastic_flags[f].alias)
-            v = kolorun_opt_value(argc, argv, i, a,
-                                  kolorun_elastic_flags[f].alias);
-        if (!v)
-            continue;
-        *(int *)((char *)o + kolorun_elastic_flags[f].field) =
-            kolorun_elastic_number(v, kolorun_elastic_flags[f].flag,
-                                   kolorun_elastic_flags[f].lo,
-                                   kolorun_elastic_flags[f].hi);
-        if (kolorun_elastic_flags[f].makes_elastic)
-            o->elastic = 1;
-        else
-            *elastic_flag = kolorun_elastic_flags[f].flag;
-        return 1;
+    const char *shown[KR_SPELLINGS];
+    size_t n = 0, len = 0;
+    for (int s = 0; s < KR_SPELLINGS && opt->names[s].name; s++)
+        if (!(opt->names[s].how & KR_HIDDEN))
+            shown[n++] = opt->names[s].name;
+    buf[0] = '\0';
+    for (size_t s = 0; s < n && len < cap; s++) {
+        int word = opt->arg && !(strlen(shown[s]) == 2 && s + 1 < n);
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s%s%s",
+                                s ? ", " : "", shown[s], word ? " " : "",
+                                word ? opt->arg : "");
     }
-    return 0;
+    return len;
+}
+
+/* A row: its spellings, then its help from KR_HELP_COLUMN on, on the same
+ * line when they leave room, else on the next. */
+static void kolorun_usage_row(FILE *f, const kolorun_option_t *opt)
+{
+    char words[200];
+    const char *p = opt->help;
+    if (kolorun_usage_words(opt, words, sizeof words) + 2 < KR_HELP_COLUMN)
+        fprintf(f, "  %-*s", KR_HELP_COLUMN - 2, words);
+    else
+        fprintf(f, "  %s\n%*s", words, KR_HELP_COLUMN, "");
+    if (opt->var)
+        fputs(opt->var, f); /* a tuning flag's help goes on from it */
+    for (;;) {
+        size_t n = strcspn(p, "\n");
+        fprintf(f, "%.*s\n", (int)n, p);
+        if (p[n] == '\0')
+            break;
+        p += n + 1;
+        fprintf(f, "%*s", KR_HELP_COLUMN, "");
+    }
+}
+
+/* The flags kolo refuses (whatever their value, or on), each by its
+ * first spelling, as the rest of a paragraph whose last line is col
+ * characters long: they have no lines of their own. */
+static void kolorun_usage_refused(FILE *f, size_t col)
+{
+    const char *sep = "";
+    for (size_t i = 0; i < KOLORUN_NOPTIONS; i++) {
+        const kolorun_option_t *opt = &kolorun_options[i];
+        char item[100];
+        size_t n;
+        if (opt->kind != KR_REFUSED && opt->kind != KR_REFUSED_ON &&
+            opt->kind != KR_ONE)
+            continue;
+        n = (size_t)snprintf(item, sizeof item, "%s%s", opt->names[0].name,
+                             opt->kind == KR_ONE ? " other than 1" : "");
+        col += (size_t)fprintf(f, "%s", sep);
+        /* + 1: the comma or full stop that follows it */
+        if (col + 1 + n + 1 > KR_HELP_WIDTH) {
+            fputc('\n', f);
+            col = 0;
+        } else {
+            fputc(' ', f);
+            col++;
+        }
+        col += (size_t)fprintf(f, "%s", item);
+        sep = ",";
+    }
+    fputs(".\n", f);
+}
+
+/* --help: the table in order, its paragraphs and its flags' rows. */
+static void kolorun_usage(FILE *f)
+{
+    for (size_t i = 0; i < KOLORUN_NOPTIONS; i++) {
+        const kolorun_option_t *opt = &kolorun_options[i];
+        if (opt->text)
+            fputs(opt->text, f);
+        if (opt->refused_list)
+            kolorun_usage_refused(f, strlen(strrchr(opt->text, '\n') + 1));
+        if (opt->help)
+            kolorun_usage_row(f, opt);
+    }
+}
+
+/* ---- Reading the command line. */
+
+/* The row that arg spells ("--flag", or "--flag=V" for a flag that takes
+ * a value), and *spelling which of its spellings; NULL when none does. */
+static const kolorun_option_t *kolorun_option_find(
+    const char *arg, const kolorun_spelling_t **spelling)
+{
+    for (size_t i = 0; i < KOLORUN_NOPTIONS; i++) {
+        const kolorun_option_t *opt = &kolorun_options[i];
+        for (int s = 0; s < KR_SPELLINGS && opt->names[s].name; s++) {
+            size_t n = strlen(opt->names[s].name);
+            if (strncmp(arg, opt->names[s].name, n) == 0 &&
+                (arg[n] == '\0' || (arg[n] == '=' && opt->arg))) {
+                *spelling = &opt->names[s];
+                return opt;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* The spelling nearest a mistyped flag ("--verbos": "--verbose"), or NULL
+ * when none is within a third of its length. Every spelling of the table
+ * counts, shown by --help or not, but for one-letter flags, too short to
+ * guess at. */
+static const char *kolorun_closest_option(const char *typed)
+{
+    const char *best = NULL;
+    char want[64];
+    size_t best_d = 99;
+    snprintf(want, sizeof want, "%.*s", (int)strcspn(typed, "="), typed);
+    for (size_t i = 0; i < KOLORUN_NOPTIONS; i++) {
+        const kolorun_spelling_t *names = kolorun_options[i].names;
+        for (int s = 0; s < KR_SPELLINGS && names[s].name; s++) {
+            size_t d = strlen(names[s].name) > 2
+                           ? kolo__edit_distance(want, names[s].name)
+                           : 99;
+            if (d < best_d) {
+                best_d = d;
+                best = names[s].name;
+            }
+        }
+    }
+    return best_d > 0 && best_d * 3 <= strlen(want) ? best : NULL;
+}
+
+__attribute__((noreturn)) static void kolorun_unknown(const char *a)
+{
+    const char *close = kolorun_closest_option(a);
+    kolorun_say("unknown option '%s'%s%s%s (see kolorun --help)", a,
+                close ? " (did you mean " : "", close ? close : "",
+                close ? "?)" : "");
+    exit(2);
+}
+
+/* Takes the flag at argv[c->i], and its value: its row's store keeps it
+ * (or the row refuses it, or it ends kolorun: --help). */
+static void kolorun_take_flag(kolorun_cmdline_t *c)
+{
+    const char *a = c->argv[c->i], *v = NULL;
+    const kolorun_spelling_t *spelling;
+    const kolorun_option_t *opt = kolorun_option_find(a, &spelling);
+    if (!opt)
+        kolorun_unknown(a);
+    /* Refused before its value is read: the refusal says enough. */
+    if (opt->kind == KR_REFUSED)
+        kolorun_refuse(spelling->name, opt->why);
+    if (opt->arg)
+        v = kolorun_opt_value(c->argc, c->argv, &c->i, a, spelling->name);
+    else if (spelling->how & KR_OFF)
+        v = "0";
+    /* A tuning flag's kind says what it does (flags.c); its messages name
+     * the spelling given. */
+    if (opt->kind != KR_NONE)
+        kolorun_knob_apply(&c->opts, opt, v, spelling->name);
+    else
+        opt->store(c, opt, spelling->name, v);
+    c->given[opt - kolorun_options] = 1;
+    if (opt->elastic == KR_MAKES_ELASTIC)
+        c->opts.elastic = 1;
+    else if (opt->elastic == KR_ELASTIC_ONLY)
+        c->elastic_flag = opt->names[0].name;
+}
+
+/* Takes the flags before the command; c->i ends at the command's first
+ * word (after "--", if given). */
+static void kolorun_read_flags(kolorun_cmdline_t *c)
+{
+    for (c->i = 1; c->i < c->argc; c->i++) {
+        const char *a = c->argv[c->i];
+        if (strcmp(a, "--") == 0) {
+            c->i++;
+            break;
+        }
+        if (a[0] != '-' || a[1] == '\0')
+            break; /* the command starts here */
+        kolorun_take_flag(c);
+    }
 }
 
 /* An elastic job's options, checked and completed: hosts from the script
@@ -429,326 +1002,28 @@ static void kolorun_elastic_options(kolorun_opts_t *o)
     }
 }
 
-/* Parses the options; exits 0 after --help, 2 on a wrong command line. */
-void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
+
+/* ---- Once the whole line is read: the checks that the flags go
+ * together, in the order that decides which message a wrong line gets. */
+
+/* Where the ranks go and how many: the hosts (-H or --hostfile), an
+ * elastic job's numbers, the ranks placed on fixed hosts, and -np. */
+static void kolorun_size_job(kolorun_cmdline_t *c)
 {
-    const char *hosts = NULL, *hostfile = NULL, *config_file = NULL;
-    int given[KOLORUN_NKNOBS] = {0}, check_build = 0;
-    const char *elastic_flag = NULL; /* one that needs elastic mode */
-    memset(o, 0, sizeof *o);
-    o->failure_grace_ms = 5000;
-    o->reset_limit = -1;
-    int i;
-    for (i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v;
-        int knob = -1, on = 0;
-        if (strcmp(a, "--") == 0) {
-            i++;
-            break;
-        }
-        if (a[0] != '-' || a[1] == '\0')
-            break; /* the command starts here */
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            kolorun_usage(stdout);
-            exit(0);
-        }
-        if (strcmp(a, "-v") == 0 || strcmp(a, "--version") == 0) {
-            printf("%s\n", PACKAGE_VERSION); /* as horovodrun: the version */
-            exit(0);
-        }
-        if (strcmp(a, "-cb") == 0 || strcmp(a, "--check-build") == 0) {
-            check_build = 1;
-            continue;
-        }
-        if (strcmp(a, "--tag-output") == 0) {
-            o->tag_output = 1;
-            continue;
-        }
-        if (strcmp(a, "--prefix-output-with-timestamp") == 0 ||
-            strcmp(a, "-prefix-timestamp") == 0) {
-            o->timestamp = 1;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--output-filename"))) {
-            if (*v == '\0') {
-                kolorun_say("--output-filename wants a directory");
-                exit(2);
-            }
-            o->output_dir = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--config-file"))) {
-            config_file = v;
-            continue;
-        }
-        if (strcmp(a, "--tcp") == 0) {
-            o->tcp = 1;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--mpi-args"))) {
-            o->mpi_args = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--binding-args"))) {
-            o->binding_args = v;
-            continue;
-        }
-        for (int j = 0; j < KOLORUN_NKNOBS && knob < 0; j++)
-            if ((on = kolorun_knob_match(argc, argv, &i, a, &kolorun_knobs[j],
-                                         &v)) != 0)
-                knob = j;
-        if (knob >= 0) {
-            /* Messages name the spelling given, without its =VALUE. */
-            char what[64];
-            snprintf(what, sizeof what, "%.*s", (int)strcspn(a, "="), a);
-            kolorun_knob_apply(o, &kolorun_knobs[knob], on == 2 ? "0" : v,
-                               what);
-            given[knob] = 1;
-            continue;
-        }
-        if (strcmp(a, "--verbose") == 0) {
-            o->verbose = 1;
-            continue;
-        }
-        if (strcmp(a, "--gloo") == 0) {
-            o->gloo = 1;
-            continue;
-        }
-        if (strcmp(a, "--mpi") == 0) {
-            o->mpi = 1;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "-np")) ||
-            (v = kolorun_opt_value(argc, argv, &i, a, "--num-proc")) ||
-            (v = kolorun_opt_value(argc, argv, &i, a, "--np")) ||
-            (v = kolorun_opt_value(argc, argv, &i, a, "-n"))) {
-            long np = kolorun_parse_long(v, 1, KOLORUN_MAX_RANKS);
-            if (np < 0) {
-                kolorun_say("-np wants a number of ranks from 1 to %d, not "
-                            "'%s'",
-                            KOLORUN_MAX_RANKS, v);
-                exit(2);
-            }
-            o->np = (int)np;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--failure-grace"))) {
-            long s = kolorun_parse_long(v, 0, 3600);
-            if (s < 0) {
-                kolorun_say("--failure-grace wants a whole number of seconds "
-                            "from 0 to 3600, not '%s'",
-                            v);
-                exit(2);
-            }
-            o->failure_grace_ms = s * 1000;
-            o->grace_given = 1;
-            continue;
-        }
-        if (kolorun_elastic_numbers(o, argc, argv, &i, a, &elastic_flag))
-            continue;
-        if ((v = kolorun_opt_value(argc, argv, &i, a,
-                                   "--host-discovery-script"))) {
-            if (*v == '\0') {
-                kolorun_say("--host-discovery-script wants a script");
-                exit(2);
-            }
-            o->discovery = v;
-            o->elastic = 1;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a,
-                                   "--blacklist-cooldown-range"))) {
-            /* two values: A B (horovodrun's nargs=2), A >= 1, B <= 3600 */
-            const char *b = i + 1 < argc ? argv[i + 1] : NULL;
-            long lo = kolorun_parse_long(v, 1, 3600);
-            long hi = b ? kolorun_parse_long(b, 1, 3600) : -1;
-            if (lo < 0 || hi < lo) {
-                kolorun_say("--blacklist-cooldown-range wants two whole "
-                            "numbers of seconds A B, 1 <= A <= B <= 3600, "
-                            "not '%s %s'", v, b ? b : "");
-                exit(2);
-            }
-            i++;
-            o->cooldown_lo = (int)lo;
-            o->cooldown_hi = (int)hi;
-            elastic_flag = "--blacklist-cooldown-range";
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--start-timeout"))) {
-            if (kolorun_parse_long(v, 1, 1000000000L) < 0) {
-                kolorun_say("--start-timeout wants a whole number of seconds "
-                            "(at least 1), not '%s'",
-                            v);
-                exit(2);
-            }
-            o->start_timeout = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "-H")) ||
-            (v = kolorun_opt_value(argc, argv, &i, a, "--host")) ||
-            (v = kolorun_opt_value(argc, argv, &i, a, "--hosts"))) {
-            hosts = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--hostfile")) ||
-            (v = kolorun_opt_value(argc, argv, &i, a, "-hostfile"))) {
-            hostfile = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--launch-command"))) {
-            kolorun_check_template(v);
-            o->launch_command = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--ssh-port")) ||
-            (v = kolorun_opt_value(argc, argv, &i, a, "-p"))) {
-            if (kolorun_parse_long(v, 1, 65535) < 0) {
-                kolorun_say("--ssh-port wants a port from 1 to 65535, not "
-                            "'%s'",
-                            v);
-                exit(2);
-            }
-            o->ssh_port = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a,
-                                   "--ssh-identity-file")) ||
-            (v = kolorun_opt_value(argc, argv, &i, a, "-i"))) {
-            if (access(v, R_OK) != 0) {
-                kolorun_say("--ssh-identity-file %s: %s", v, strerror(errno));
-                exit(2);
-            }
-            o->ssh_identity = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "-x"))) {
-            const char **x = realloc(o->xenv, (size_t)(o->nxenv + 1) *
-                                                  sizeof *x);
-            if (!x) {
-                kolorun_say("out of memory");
-                exit(1);
-            }
-            size_t nl = strcspn(v, "=");
-            if (nl == 0 || strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                     "abcdefghijklmnopqrstuvwxyz"
-                                     "0123456789_") != nl) {
-                kolorun_say("-x wants NAME or NAME=VALUE, not '%s'", v);
-                exit(2);
-            }
-            o->xenv = x;
-            o->xenv[o->nxenv++] = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis"))) {
-            if (strncmp(v, "redis://", 8) == 0) {
-                /* redis://[[USER]:PASSWORD@]HOST[:PORT][/DB]: the user and
-                 * password as --redis-user and --redis-password. Parsed in
-                 * place in a copy that lives as long as kolorun. */
-                static char url[1024], hostport[1100];
-                char *at, *slash;
-                if ((size_t)snprintf(url, sizeof url, "%s", v + 8) >= sizeof url) {
-                    kolorun_say("--redis: the URL is longer than %zu characters",
-                                sizeof url - 1);
-                    exit(2);
-                }
-                if ((at = strrchr(url, '@')) != NULL) {
-                    char *colon;
-                    *at = '\0';
-                    if ((colon = strchr(url, ':')) != NULL) {
-                        *colon = '\0';
-                        o->redis_password = colon + 1;
-                        if (url[0])
-                            o->redis_user = url;
-                    } else {
-                        o->redis_password = url;
-                    }
-                }
-                v = at ? at + 1 : url;
-                if ((slash = strchr(v, '/')) != NULL)
-                    *slash = '\0';
-                if (!strrchr(v, ':') || (v[0] == '[' && strrchr(v, ']') >
-                                                          strrchr(v, ':'))) {
-                    snprintf(hostport, sizeof hostport, "%s:6379", v);
-                    v = hostport;
-                }
-            }
-            const char *c = strrchr(v, ':');
-            if (!c || c == v || kolorun_parse_long(c + 1, 1, 65535) < 0) {
-                kolorun_say("--redis wants HOST:PORT (port from 1 to 65535), "
-                            "not '%s'",
-                            v);
-                exit(2);
-            }
-            o->redis = v;
-            continue;
-        }
-        if (strcmp(a, "--start-redis") == 0) {
-            o->start_redis = 1;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis-bind"))) {
-            struct in_addr ia;
-            if (inet_pton(AF_INET, v, &ia) != 1) {
-                kolorun_say("--redis-bind wants an IPv4 address, not '%s'", v);
-                exit(2);
-            }
-            o->redis_bind = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis-password"))) {
-            o->redis_password = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--redis-user"))) {
-            o->redis_user = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a, "--rendezvous-dir"))) {
-            struct stat st;
-            int bad = stat(v, &st) != 0      ? errno
-                      : !S_ISDIR(st.st_mode) ? ENOTDIR
-                                             : 0;
-            if (bad) {
-                kolorun_say("--rendezvous-dir %s: %s", v, strerror(bad));
-                exit(2);
-            }
-            o->rdv_base = v;
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a,
-                                   "--network-interfaces"))) {
-            kolorun_add_nics(o, v, "--network-interfaces");
-            continue;
-        }
-        if ((v = kolorun_opt_value(argc, argv, &i, a,
-                                   "--network-interface"))) {
-            kolorun_add_nics(o, v, "--network-interface");
-            continue;
-        }
-        const char *close = kolorun_closest_option(a);
-        kolorun_say("unknown option '%s'%s%s%s (see kolorun --help)", a,
-                    close ? " (did you mean " : "", close ? close : "",
-                    close ? "?)" : "");
-        exit(2);
-    }
-    if (config_file)
-        kolorun_config_file(o, config_file, given, o->gloo || o->mpi);
-    if (check_build)
-        kolorun_check_build();
-    if (hosts && hostfile) {
+    kolorun_opts_t *o = &c->opts;
+    if (c->hosts && c->hostfile) {
         kolorun_say("give the hosts with -H or with --hostfile, not both");
         exit(2);
     }
-    if (hosts)
-        kolorun_parse_hosts(o, hosts);
-    else if (hostfile)
-        kolorun_parse_hostfile(o, hostfile);
+    if (c->hosts)
+        kolorun_parse_hosts(o, c->hosts);
+    else if (c->hostfile)
+        kolorun_parse_hostfile(o, c->hostfile);
     if (o->elastic)
         kolorun_elastic_options(o);
-    else if (elastic_flag) {
+    else if (c->elastic_flag) {
         kolorun_say("%s only goes with an elastic job (--min-np or "
-                    "--host-discovery-script)", elastic_flag);
+                    "--host-discovery-script)", c->elastic_flag);
         exit(2);
     }
     if (o->nhosts > 0 && !o->elastic)
@@ -758,6 +1033,12 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
                     "(see kolorun --help)");
         exit(2);
     }
+}
+
+/* Where the ranks meet: one of a private directory, --rendezvous-dir and
+ * Redis, which ranks on other hosts must be able to reach. */
+static void kolorun_check_rendezvous(const kolorun_opts_t *o)
+{
     if (o->redis && o->start_redis) {
         kolorun_say("give --redis HOST:PORT or --start-redis, not both");
         exit(2);
@@ -784,11 +1065,12 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
                     "every host shares");
         exit(2);
     }
-    if (i >= argc) {
-        kolorun_say("no command to run (see kolorun --help)");
-        exit(2);
-    }
-    o->argv = argv + i;
+}
+
+/* --mpi hands the job to mpirun, which places the ranks itself and is a
+ * launcher of its own, unlike --gloo. */
+static void kolorun_check_launcher(const kolorun_opts_t *o)
+{
     if (o->mpi && o->nhosts > 0) {
         kolorun_say("--mpi with -H/--hostfile: start the job with mpirun "
                     "itself (mpirun -H ... prog), or drop --mpi and let "
@@ -800,18 +1082,27 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
                     "(under --mpi, KOLO_CONTROLLER=gloo negotiates over Gloo)");
         exit(2);
     }
-    /* --gloo (or the configuration file's "controller: gloo") means what
-     * it means to horovodrun: Gloo negotiates and moves the tensors, unless
-     * the user named the backends. */
-    if (o->gloo) {
-        static const char *const pairs[][2] = {
-            {"KOLO_CONTROLLER", "HOROVOD_CONTROLLER"},
-            {"KOLO_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS"}};
-        for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
-            if (!getenv(pairs[p][0]) && !getenv(pairs[p][1]))
-                kolorun_setting_put(o, pairs[p][0], pairs[p][1],
-                                    kolorun_strdupf("gloo"));
-    }
+}
+
+/* --gloo (or the configuration file's "controller: gloo") means what it
+ * means to horovodrun: Gloo negotiates and moves the tensors, unless the
+ * user named the backends. */
+static void kolorun_gloo_backends(kolorun_opts_t *o)
+{
+    static const char *const pairs[][2] = {
+        {"KOLO_CONTROLLER", "HOROVOD_CONTROLLER"},
+        {"KOLO_CPU_OPERATIONS", "HOROVOD_CPU_OPERATIONS"}};
+    if (!o->gloo)
+        return;
+    for (size_t p = 0; p < sizeof pairs / sizeof pairs[0]; p++)
+        if (!getenv(pairs[p][0]) && !getenv(pairs[p][1]))
+            kolorun_setting_put(o, pairs[p][0], pairs[p][1],
+                                kolorun_strdupf("gloo"));
+}
+
+/* The flags that mean something only with --mpi, or only without it. */
+static void kolorun_check_mpi_flags(const kolorun_opts_t *o)
+{
     if (o->mpi && o->grace_given) {
         kolorun_say("--failure-grace has no effect with --mpi: mpirun stops "
                     "the whole job when a rank fails");
@@ -824,11 +1115,46 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
     if (o->binding_args && !o->mpi)
         kolorun_refuse("--binding-args", "kolorun does not bind ranks to "
                        "cores; --mpi hands the binding to mpirun");
-    /* horovodrun --tcp: NCCL stays off InfiniBand (and, under --mpi, Open
-     * MPI on TCP, see kolorun_exec_mpirun); Gloo is TCP already. */
+}
+
+/* The network flags, as NCCL's variables for every rank: horovodrun --tcp
+ * keeps NCCL off InfiniBand (and, under --mpi, Open MPI on TCP, see
+ * kolorun_exec_mpirun; Gloo is TCP already), and NCCL gets every
+ * interface of --network-interfaces. */
+static void kolorun_network_settings(kolorun_opts_t *o)
+{
     if (o->tcp)
         kolorun_setting_put(o, "NCCL_IB_DISABLE", NULL, kolorun_strdupf("1"));
     if (o->nics)
         kolorun_setting_put(o, "NCCL_SOCKET_IFNAME", NULL,
                             kolorun_strdupf("%s", o->nics));
+}
+
+/* Parses the options; exits 0 after --help, 2 on a wrong command line. */
+void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
+{
+    kolorun_cmdline_t c;
+    memset(&c, 0, sizeof c);
+    c.argc = argc;
+    c.argv = argv;
+    c.opts.failure_grace_ms = 5000;
+    c.opts.reset_limit = -1;
+    kolorun_read_flags(&c);
+    if (c.config_file)
+        kolorun_config_file(&c.opts, c.config_file, c.given,
+                            c.opts.gloo || c.opts.mpi);
+    if (c.check_build)
+        kolorun_check_build();
+    kolorun_size_job(&c);
+    kolorun_check_rendezvous(&c.opts);
+    if (c.i >= argc) {
+        kolorun_say("no command to run (see kolorun --help)");
+        exit(2);
+    }
+    c.opts.argv = argv + c.i;
+    kolorun_check_launcher(&c.opts);
+    kolorun_gloo_backends(&c.opts);
+    kolorun_check_mpi_flags(&c.opts);
+    kolorun_network_settings(&c.opts);
+    *o = c.opts;
 }
