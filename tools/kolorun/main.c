@@ -122,16 +122,110 @@ static int kolorun_job_secret(void)
     return 0;
 }
 
+/* Now on the wall clock, in microseconds: the job's start, time zero of
+ * every rank's timeline (KOLO_JOB_START_US). */
+static int64_t kolorun_wall_us(void)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return (int64_t)now.tv_sec * 1000000 + now.tv_nsec / 1000;
+}
+
+/* Starts the ranks, or the elastic driver, which starts its workers from
+ * the loop once its hosts are known. A signal that comes while ranks
+ * start is handled once all are started (or the start failed), in the
+ * loop; a failed start stops the job. */
+static void kolorun_start_ranks(kolorun_t *k)
+{
+    if (k->opts.elastic && kolorun_elastic_start(k) != 0) {
+        k->launch_error = 1;
+        kolorun_stop(k, SIGTERM);
+    }
+    for (int r = 0; !k->opts.elastic && r < k->opts.np; r++) {
+        int failed = kolorun_rank_start(k, r, NULL);
+        if (failed) {
+            k->launch_error = failed;
+            kolorun_stop(k, SIGTERM);
+            break;
+        }
+    }
+}
+
+/* Watches the job to its end, and returns its exit status. */
+static int kolorun_watch(kolorun_t *k, int wake_rd)
+{
+    if (kolorun_loop(k, wake_rd) != 0) {
+        /* Cannot watch the ranks any more: do not leave them behind. */
+        k->launch_error = 1;
+        kolorun_signal_ranks(k, SIGKILL);
+        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
+            ;
+        k->holder_reaped = 1;
+    }
+    /* A stopped job leaves nothing behind: whatever the ranks started and
+     * is still in their group (it ignored the signal, or closed its output
+     * so kolorun did not wait for it) goes now. */
+    if (k->stopping)
+        kolorun_kill_now(k);
+    kolorun_end_holder(k);
+    for (int s = 0; s < 2; s++)
+        kolorun_sink_flush(&k->sinks[s]);
+    return kolorun_exit_status(k);
+}
+
+/* The job kolorun starts itself, from its tables to their cleanup: the
+ * output files, signals, hosts and Redis, the rendezvous, the holder,
+ * then the ranks. Returns the exit status. */
+static int kolorun_run(kolorun_t *k)
+{
+    int rc = 1;
+    int wake_rd = -1;
+    if (kolorun_job_alloc(k) != 0) {
+        kolorun_say("out of memory");
+        goto free_memory;
+    }
+    if (k->opts.output_dir && kolorun_outputs_open(k) != 0)
+        goto free_memory;
+    wake_rd = kolorun_signals_setup(k);
+    if (wake_rd < 0)
+        goto free_memory;
+    if (kolorun_hosts_setup(k) != 0)
+        goto stop_redis;
+    if (!k->redis_addr[0] && kolorun_rdv_create(k) != 0)
+        goto stop_redis;
+    if (k->opts.verbose && k->rdv_dir)
+        kolorun_say("rendezvous directory %s", k->rdv_dir);
+    else if (k->opts.verbose)
+        kolorun_say("rendezvous redis:%s/%s", k->redis_addr, k->job_id);
+    if (kolorun_spawn_holder(k, wake_rd) != 0)
+        goto remove_rdv;
+    kolorun_start_ranks(k);
+    rc = kolorun_watch(k, wake_rd);
+
+remove_rdv:
+    kolorun_rdv_remove(k);
+    if (k->redis_addr[0] && k->nstarted > 0 && !k->redis_reaped &&
+        !k->opts.elastic &&
+        (k->failed_rank >= 0 || k->launch_error))
+        kolorun_redis_missing(k);
+    if (k->opts.redis && k->nstarted > 0)
+        kolorun_redis_clean(k);
+stop_redis:
+    kolorun_redis_stop(k);
+
+free_memory:
+    kolorun_elastic_free(k);
+    kolorun_job_free(k);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     kolorun_t k;
+    int rc;
     memset(&k, 0, sizeof k);
     k.failed_rank = -1;
-    {
-        struct timespec now;
-        clock_gettime(CLOCK_REALTIME, &now);
-        k.job_start_us = (int64_t)now.tv_sec * 1000000 + now.tv_nsec / 1000;
-    }
+    k.job_start_us = kolorun_wall_us();
     kolorun_std_fds();
     kolorun_parse(argc, argv, &k.opts);
     kolorun_settings_apply(&k.opts);
@@ -144,76 +238,7 @@ int main(int argc, char **argv)
                                                  ? k.opts.max_np : 1024)
                                           : k.opts.np,
                            k.opts.output_dir != NULL);
-
-    int rc = 1;
-    int wake_rd = -1;
-    if (kolorun_job_alloc(&k) != 0) {
-        kolorun_say("out of memory");
-        goto free_memory;
-    }
-    if (k.opts.output_dir && kolorun_outputs_open(&k) != 0)
-        goto free_memory;
-    wake_rd = kolorun_signals_setup(&k);
-    if (wake_rd < 0)
-        goto free_memory;
-    if (kolorun_hosts_setup(&k) != 0)
-        goto stop_redis;
-    if (!k.redis_addr[0] && kolorun_rdv_create(&k) != 0)
-        goto stop_redis;
-    if (k.opts.verbose && k.rdv_dir)
-        kolorun_say("rendezvous directory %s", k.rdv_dir);
-    else if (k.opts.verbose)
-        kolorun_say("rendezvous redis:%s/%s", k.redis_addr, k.job_id);
-    if (kolorun_spawn_holder(&k, wake_rd) != 0)
-        goto remove_rdv;
-
-    /* A signal that comes while ranks start is handled once all are
-     * started (or the start failed), in the loop. An elastic job's
-     * workers start from the loop, once its hosts are known. */
-    if (k.opts.elastic && kolorun_elastic_start(&k) != 0) {
-        k.launch_error = 1;
-        kolorun_stop(&k, SIGTERM);
-    }
-    for (int r = 0; !k.opts.elastic && r < k.opts.np; r++) {
-        int failed = kolorun_rank_start(&k, r, NULL);
-        if (failed) {
-            k.launch_error = failed;
-            kolorun_stop(&k, SIGTERM);
-            break;
-        }
-    }
-    if (kolorun_loop(&k, wake_rd) != 0) {
-        /* Cannot watch the ranks any more: do not leave them behind. */
-        k.launch_error = 1;
-        kolorun_signal_ranks(&k, SIGKILL);
-        while (waitpid(-1, NULL, 0) > 0 || errno == EINTR)
-            ;
-        k.holder_reaped = 1;
-    }
-    /* A stopped job leaves nothing behind: whatever the ranks started and
-     * is still in their group (it ignored the signal, or closed its output
-     * so kolorun did not wait for it) goes now. */
-    if (k.stopping)
-        kolorun_kill_now(&k);
-    kolorun_end_holder(&k);
-    for (int s = 0; s < 2; s++)
-        kolorun_sink_flush(&k.sinks[s]);
-    rc = kolorun_exit_status(&k);
-
-remove_rdv:
-    kolorun_rdv_remove(&k);
-    if (k.redis_addr[0] && k.nstarted > 0 && !k.redis_reaped &&
-        !k.opts.elastic &&
-        (k.failed_rank >= 0 || k.launch_error))
-        kolorun_redis_missing(&k);
-    if (k.opts.redis && k.nstarted > 0)
-        kolorun_redis_clean(&k);
-stop_redis:
-    kolorun_redis_stop(&k);
-
-free_memory:
-    kolorun_elastic_free(&k);
-    kolorun_job_free(&k);
+    rc = kolorun_run(&k);
     if (k.stop_signal)
         kolorun_raise_default(k.stop_signal);
     return rc;
