@@ -317,13 +317,20 @@ wait_zombies() {
     return 1
 }
 
+# expect_rank1_blamed STATUS WHAT ENDED: after paused_failure, kolorun
+# exited with STATUS, its one line names rank 1 as the cause (WHAT, for the
+# case's name) and how it ENDED, and nothing of the ranks is left.
+expect_rank1_blamed() {
+    expect "exit status $1 (got $rc)" eq "$rc" "$1"
+    expect "one line names rank 1 and $2" \
+        eq "$(grep '^kolorun: ' "$ERR")" "kolorun: rank 1 (pid $(cat "$D/pid.1" 2>/dev/null)) $3"
+    expect "no rank or child of a rank survives" all_gone "$D"/pid.* "$D"/child.*
+}
+
 begin "a rank killed by a signal is the cause, not a survivor reaped before it"
 paused_failure 'kill -KILL "$(cat "$D/pid.1")"; kill "$(cat "$D/child.1")"
     echo "rank 0 gives up" >&2; exit 1'
-expect "exit status 137 (got $rc)" eq "$rc" 137
-expect "one line names rank 1 and signal 9" \
-    eq "$(grep '^kolorun: ' "$ERR")" "kolorun: rank 1 (pid $(cat "$D/pid.1" 2>/dev/null)) was killed by signal 9 (Killed)"
-expect "no rank or child of a rank survives" all_gone "$D"/pid.* "$D"/child.*
+expect_rank1_blamed 137 "signal 9" "was killed by signal 9 (Killed)"
 end
 
 begin "the rank a survivor names as lost is the cause, not the survivor"
@@ -331,10 +338,7 @@ paused_failure 'kill "$(cat "$D/child.1")"; p=$(cat "$D/pid.1")
     while [ "$(awk "{ print \$3 }" /proc/$p/stat)" != Z ]; do sleep 0.05; done
     echo "kolo: allreduce failed: lost rank 1 (pid $p) has exited or was killed" >&2
     exit 1'
-expect "exit status 3 (got $rc)" eq "$rc" 3
-expect "one line names rank 1 and status 3" \
-    eq "$(grep '^kolorun: ' "$ERR")" "kolorun: rank 1 (pid $(cat "$D/pid.1" 2>/dev/null)) exited with status 3"
-expect "no rank or child of a rank survives" all_gone "$D"/pid.* "$D"/child.*
+expect_rank1_blamed 3 "status 3" "exited with status 3"
 end
 
 begin "ranks that ignore SIGTERM are killed after the grace period"
