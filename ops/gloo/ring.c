@@ -429,6 +429,213 @@ static int answer_right(kolo__ring_t *r, kolo__handshake_t *hs, uint8_t *buf,
     }
 }
 
+/* What meet() carries from one step to the next. */
+typedef struct {
+    kolo__ring_t *r;
+    const uint8_t *key;
+    kolo__handshake_t *right; /* this rank's handshake with its right one */
+    double deadline, timeout_s;
+    kolo__ops_warn_fn warn;
+    char *err;
+    size_t errlen;
+    int left;       /* the left neighbour's rank */
+    int found;      /* the left socket; negative while none (meet says) */
+    int right_done; /* the right neighbour has proved the key */
+    uint8_t reply[KOLO__REPLY_BYTES]; /* the right neighbour's, so far */
+    size_t reply_got;
+    stranger_t s[MAX_STRANGERS];
+    struct pollfd p[MAX_STRANGERS + 2];
+    int idx[MAX_STRANGERS + 2]; /* p[k] is: -1 listening, -2 right, i s[i] */
+} meeting_t;
+
+static int meet_watch(meeting_t *m, int np, int fd, int what)
+{
+    m->p[np].fd = fd;
+    m->p[np].events = POLLIN;
+    m->idx[np] = what;
+    return np + 1;
+}
+
+/* The sockets to wait on: the listening one and the strangers' until the
+ * left neighbour is found, the right one until it has proved the key. */
+static int meet_fds(meeting_t *m)
+{
+    int np = 0;
+
+    if (m->found < 0)
+        np = meet_watch(m, np, m->r->lfd, -1);
+    if (!m->right_done)
+        np = meet_watch(m, np, m->r->to_right, -2);
+    for (int i = 0; i < MAX_STRANGERS && m->found < 0; i++)
+        if (m->s[i].fd >= 0)
+            np = meet_watch(m, np, m->s[i].fd, i);
+    return np;
+}
+
+/* The wait ran out: says who did not come. */
+static void meet_timed_out(meeting_t *m)
+{
+    const kolo__ring_t *r = m->r;
+    const int right = (r->rank + 1) % r->size;
+
+    if (m->found < 0)
+        snprintf(m->err, m->errlen,
+                 "ring: rank %d (%s) waited %.1f s for rank %d to "
+                 "connect its ring socket (is rank %d alive, and "
+                 "KOLO_START_TIMEOUT long enough?)",
+                 r->rank, r->self, m->timeout_s, m->left, m->left);
+    else
+        snprintf(m->err, m->errlen,
+                 "ring: rank %d waited %.1f s for rank %d at %s to "
+                 "answer its hello (is rank %d alive, and "
+                 "KOLO_START_TIMEOUT long enough?)",
+                 r->rank, m->timeout_s, right, r->right, right);
+    if (m->found >= 0)
+        close(m->found);
+    m->found = -2;
+}
+
+/* Sleeps until one of the np sockets is ready: 1 when some is, 0 to look
+ * again (interrupted, or a slice passed and no peer gave up), -1 when
+ * meet() ends (found and err say how). */
+static int meet_wait(meeting_t *m, int np)
+{
+    kolo__ring_t *r = m->r;
+    int wait_ms = ms_left(m->deadline), rc;
+
+    if (r->gave_up != NULL && wait_ms > 200)
+        wait_ms = 200; /* a slice: then ask whether a peer gave up */
+    rc = poll(m->p, (nfds_t)np, wait_ms);
+    if (rc < 0 && errno == EINTR)
+        return 0;
+    if (rc == 0 && r->gave_up != NULL) {
+        if (r->gave_up(r->gave_up_arg, m->err, m->errlen)) {
+            m->found = -3;
+            return -1;
+        }
+        if (ms_left(m->deadline) > 0)
+            return 0;
+    }
+    if (rc <= 0) {
+        meet_timed_out(m);
+        return -1;
+    }
+    return 1;
+}
+
+/* Stranger c proved the key: it is the left neighbour. */
+static void meet_left(meeting_t *m, stranger_t *c)
+{
+    m->found = c->fd;
+    c->fd = -1;
+    snprintf(m->r->left, sizeof(m->r->left), "%s", c->from);
+}
+
+/* Takes the handshakes of the ready sockets further (the right
+ * neighbour's reply, the strangers' hellos and proofs); returns whether
+ * the listening socket has connections to accept. */
+static int meet_serve(meeting_t *m, int np)
+{
+    int accept_now = 0;
+
+    for (int k = 0; k < np; k++) {
+        if (m->p[k].revents == 0)
+            continue;
+        if (m->idx[k] == -1) {
+            accept_now = 1;
+            continue;
+        }
+        if (m->idx[k] == -2) {
+            int a = answer_right(m->r, m->right, m->reply, &m->reply_got,
+                                 m->deadline, m->err, m->errlen);
+            if (a < 0) {
+                if (m->found >= 0)
+                    close(m->found);
+                m->found = a == -2 ? -4 : -3;
+                break;
+            }
+            m->right_done = a;
+            continue;
+        }
+        stranger_t *c = &m->s[m->idx[k]];
+        if (m->found >= 0 || c->fd < 0)
+            continue;
+        if (screen(m->r, c, m->warn) == 1)
+            meet_left(m, c);
+    }
+    return accept_now;
+}
+
+/* A free place for a stranger; when all are taken, the first held goes. */
+static stranger_t *meet_slot(meeting_t *m)
+{
+    for (int i = 0; i < MAX_STRANGERS; i++)
+        if (m->s[i].fd < 0)
+            return &m->s[i];
+    drop(m->r, &m->s[0], m->warn,
+         "more connections were waiting to prove the job's "
+         "secret than the ring holds");
+    return &m->s[0];
+}
+
+/* Accepts every connection waiting on the listening socket, each a
+ * stranger until it proves the key. */
+static void meet_accept(meeting_t *m)
+{
+    kolo__ring_t *r = m->r;
+
+    while (m->found < 0) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof(ss);
+        int fd = accept4(r->lfd, (struct sockaddr *)&ss, &len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0 && (errno == EMFILE || errno == ENFILE ||
+                       errno == ENOBUFS || errno == ENOMEM)) {
+            /* The connection stays queued and the socket readable:
+             * waiting on would only spin until the deadline. */
+            snprintf(m->err, m->errlen, "ring: rank %d cannot accept "
+                     "rank %d's connection: %s%s", r->rank, m->left,
+                     strerror(errno), errno == EMFILE ? " (ulimit -n)" : "");
+            m->found = -3;
+            break;
+        }
+        if (fd < 0)
+            break;
+        stranger_t *c = meet_slot(m);
+        c->fd = fd;
+        c->stage = 0;
+        c->got = 0;
+        kolo__handshake_init(&c->hs, hello_magic, (uint32_t)m->left,
+                             (uint32_t)r->rank, m->key);
+        kolo__addr_text(&ss, c->from, sizeof(c->from));
+        /* Its hello may be there already. */
+        if (screen(r, c, m->warn) == 1)
+            meet_left(m, c);
+    }
+}
+
+/* Drops every connection that has not proved the key: those still in the
+ * backlog would go with the listening socket, unreported. */
+static void meet_drop_rest(meeting_t *m)
+{
+    for (;;) {
+        struct sockaddr_storage ss;
+        socklen_t len = sizeof(ss);
+        stranger_t late = {.got = 0};
+        late.fd = accept4(m->r->lfd, (struct sockaddr *)&ss, &len,
+                          SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (late.fd < 0)
+            break;
+        kolo__addr_text(&ss, late.from, sizeof(late.from));
+        drop(m->r, &late, m->warn,
+             "it had not proved the job's secret when the ring connected");
+    }
+    for (int i = 0; i < MAX_STRANGERS; i++)
+        if (m->s[i].fd >= 0)
+            drop(m->r, &m->s[i], m->warn,
+                 "it had not proved the job's secret when the ring connected");
+}
+
 /* Accepts connections until one proves to be the left neighbour, while
  * answering the right neighbour's handshake on to_right; returns the left
  * socket (-2: timed out, -3: failed, -4: the right neighbour went away
@@ -437,160 +644,27 @@ static int meet(kolo__ring_t *r, const uint8_t *key, kolo__handshake_t *right,
                 double deadline, double timeout_s, kolo__ops_warn_fn warn,
                 char *err, size_t errlen)
 {
-    stranger_t s[MAX_STRANGERS];
-    struct pollfd p[MAX_STRANGERS + 2];
-    int idx[MAX_STRANGERS + 2];
-    uint8_t reply[KOLO__REPLY_BYTES];
-    size_t reply_got = 0;
-    const int left = (r->rank - 1 + r->size) % r->size;
-    int found = -1, right_done = 0;
+    meeting_t m = {.r = r, .key = key, .right = right, .deadline = deadline,
+                   .timeout_s = timeout_s, .warn = warn, .err = err,
+                   .errlen = errlen, .left = (r->rank - 1 + r->size) % r->size,
+                   .found = -1};
 
     for (int i = 0; i < MAX_STRANGERS; i++)
-        s[i].fd = -1;
-    while (found < 0 || !right_done) {
-        int np = 0, rc;
-        if (found < 0) {
-            p[np].fd = r->lfd;
-            p[np].events = POLLIN;
-            idx[np++] = -1;
-        }
-        if (!right_done) {
-            p[np].fd = r->to_right;
-            p[np].events = POLLIN;
-            idx[np++] = -2;
-        }
-        for (int i = 0; i < MAX_STRANGERS && found < 0; i++) {
-            if (s[i].fd < 0)
-                continue;
-            p[np].fd = s[i].fd;
-            p[np].events = POLLIN;
-            idx[np++] = i;
-        }
-        int wait_ms = ms_left(deadline);
-        if (r->gave_up != NULL && wait_ms > 200)
-            wait_ms = 200; /* a slice: then ask whether a peer gave up */
-        rc = poll(p, (nfds_t)np, wait_ms);
-        if (rc < 0 && errno == EINTR)
+        m.s[i].fd = -1;
+    while (m.found < 0 || !m.right_done) {
+        int np = meet_fds(&m), ready = meet_wait(&m, np);
+        if (ready < 0)
+            break;
+        if (ready == 0)
             continue;
-        if (rc == 0 && r->gave_up != NULL) {
-            if (r->gave_up(r->gave_up_arg, err, errlen)) {
-                found = -3;
-                break;
-            }
-            if (ms_left(deadline) > 0)
-                continue;
-        }
-        if (rc <= 0) {
-            if (found < 0)
-                snprintf(err, errlen,
-                         "ring: rank %d (%s) waited %.1f s for rank %d to "
-                         "connect its ring socket (is rank %d alive, and "
-                         "KOLO_START_TIMEOUT long enough?)",
-                         r->rank, r->self, timeout_s, left, left);
-            else
-                snprintf(err, errlen,
-                         "ring: rank %d waited %.1f s for rank %d at %s to "
-                         "answer its hello (is rank %d alive, and "
-                         "KOLO_START_TIMEOUT long enough?)",
-                         r->rank, timeout_s, (r->rank + 1) % r->size,
-                         r->right, (r->rank + 1) % r->size);
-            if (found >= 0)
-                close(found);
-            found = -2;
+        int accept_now = meet_serve(&m, np);
+        if (m.found == -3 || m.found == -4)
             break;
-        }
-        int accept_now = 0;
-        for (int k = 0; k < np; k++) {
-            if (p[k].revents == 0)
-                continue;
-            if (idx[k] == -1) {
-                accept_now = 1;
-                continue;
-            }
-            if (idx[k] == -2) {
-                int a = answer_right(r, right, reply, &reply_got, deadline,
-                                     err, errlen);
-                if (a < 0) {
-                    if (found >= 0)
-                        close(found);
-                    found = a == -2 ? -4 : -3;
-                    break;
-                }
-                right_done = a;
-                continue;
-            }
-            stranger_t *c = &s[idx[k]];
-            if (found >= 0 || c->fd < 0)
-                continue;
-            if (screen(r, c, warn) == 1) {
-                found = c->fd;
-                c->fd = -1;
-                snprintf(r->left, sizeof(r->left), "%s", c->from);
-            }
-        }
-        if (found == -3 || found == -4)
-            break;
-        while (accept_now && found < 0) {
-            struct sockaddr_storage ss;
-            socklen_t len = sizeof(ss);
-            int fd = accept4(r->lfd, (struct sockaddr *)&ss, &len,
-                             SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (fd < 0 && (errno == EMFILE || errno == ENFILE ||
-                           errno == ENOBUFS || errno == ENOMEM)) {
-                /* The connection stays queued and the socket readable:
-                 * waiting on would only spin until the deadline. */
-                snprintf(err, errlen, "ring: rank %d cannot accept "
-                         "rank %d's connection: %s%s", r->rank, left,
-                         strerror(errno),
-                         errno == EMFILE ? " (ulimit -n)" : "");
-                found = -3;
-                break;
-            }
-            if (fd < 0)
-                break;
-            int slot = -1;
-            for (int i = 0; i < MAX_STRANGERS && slot < 0; i++)
-                if (s[i].fd < 0)
-                    slot = i;
-            if (slot < 0) { /* full: the first held goes */
-                slot = 0;
-                drop(r, &s[0], warn,
-                     "more connections were waiting to prove the job's "
-                     "secret than the ring holds");
-            }
-            s[slot].fd = fd;
-            s[slot].stage = 0;
-            s[slot].got = 0;
-            kolo__handshake_init(&s[slot].hs, hello_magic, (uint32_t)left,
-                                 (uint32_t)r->rank, key);
-            kolo__addr_text(&ss, s[slot].from, sizeof(s[slot].from));
-            /* Its hello may be there already. */
-            if (screen(r, &s[slot], warn) == 1) {
-                found = s[slot].fd;
-                s[slot].fd = -1;
-                snprintf(r->left, sizeof(r->left), "%s", s[slot].from);
-            }
-        }
+        if (accept_now)
+            meet_accept(&m);
     }
-    /* What is still in the backlog would go with the listening socket,
-     * unreported: take it and say what it was. */
-    for (;;) {
-        struct sockaddr_storage ss;
-        socklen_t len = sizeof(ss);
-        stranger_t late = {.got = 0};
-        late.fd = accept4(r->lfd, (struct sockaddr *)&ss, &len,
-                          SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (late.fd < 0)
-            break;
-        kolo__addr_text(&ss, late.from, sizeof(late.from));
-        drop(r, &late, warn,
-             "it had not proved the job's secret when the ring connected");
-    }
-    for (int i = 0; i < MAX_STRANGERS; i++)
-        if (s[i].fd >= 0)
-            drop(r, &s[i], warn,
-                 "it had not proved the job's secret when the ring connected");
-    return found;
+    meet_drop_rest(&m);
+    return m.found;
 }
 
 int kolo__ring_connect(kolo__ring_t *r, int rank, int size,
@@ -1007,127 +1081,182 @@ static int closed_after(kolo__ring_t *r, const char *what, size_t bytes,
     return KOLO_OK;
 }
 
+/* One allreduce as run_ring() moves it around the ring: the steps sending
+ * and receiving, and how far each has come. */
+typedef struct {
+    kolo__ring_t *r;
+    const plan_t *pl;
+    io_t *io;
+    int steps, last_rs;
+    int ks, kr;       /* the steps sending and receiving */
+    size_t sent, got; /* bytes of those steps so far */
+    size_t done;      /* bytes of step kr reduced or placed */
+    size_t have;      /* bytes in scratch, not yet reduced */
+    where_t w;
+    char *err;
+    size_t errlen;
+    struct iovec iov[MAX_IOV];
+} lap_t;
+
+/* Moves past the steps done, and past those that move nothing (both sides
+ * skip them alike); 0 once every step is sent and received. */
+static int next_steps(lap_t *x)
+{
+    const plan_t *pl = x->pl;
+
+    while (x->ks < x->steps && x->sent == seg_bytes(pl, send_seg(pl, x->ks))) {
+        x->ks++;
+        x->sent = 0;
+    }
+    while (x->kr < x->steps && x->done == seg_bytes(pl, recv_seg(pl, x->kr))) {
+        x->kr++;
+        x->got = x->done = 0;
+        x->io->settled = 0;
+    }
+    if (x->ks == x->steps && x->kr == x->steps)
+        return 0;
+    x->w.step = x->kr + 1;
+    x->w.got = x->got;
+    x->w.want = x->kr < x->steps ? seg_bytes(pl, recv_seg(pl, x->kr)) : 0;
+    return 1;
+}
+
+/* Sends what is ready of step ks: where it lies in several pieces
+ * (tensors), up to MAX_IOV of them (past the first, up to SCRATCH_BYTES)
+ * at once, so that small tensors do not each go out in a packet of their
+ * own. 1: some bytes went, 0: none, -1: the ring failed. */
+static int send_ready(lap_t *x, size_t ready)
+{
+    const plan_t *pl = x->pl;
+    io_t *io = x->io;
+    const size_t es = pl->esize, seg = send_seg(pl, x->ks);
+    size_t at = seg_at(pl, seg) * es + x->sent;
+    size_t left = ready - x->sent, gathered = 0;
+    int niov = 0;
+    ssize_t n;
+
+    while (left > 0 && niov < MAX_IOV && gathered < SCRATCH_BYTES) {
+        size_t len = left;
+        const uint8_t *from =
+            x->ks == 0 && io->s != NULL
+                ? input_at(io, at, len, seg_at(pl, seg + 1) * es, &len)
+                : at_ptr(io, at, len, &len);
+        x->iov[niov].iov_base = (void *)(uintptr_t)from;
+        x->iov[niov++].iov_len = len;
+        at += len;
+        left -= len;
+        gathered += len;
+    }
+    n = send_some(x->r, x->iov, niov, &x->w, x->err, x->errlen);
+    if (n < 0)
+        return -1;
+    x->sent += (size_t)n;
+    return n > 0;
+}
+
+/* n more bytes of a reduce-scatter step came into scratch: the whole
+ * elements among them are reduced into place (and, at the last such step,
+ * finished: these results are complete). */
+static void reduce_received(lap_t *x, size_t at, size_t n)
+{
+    io_t *io = x->io;
+    const size_t es = x->pl->esize;
+    size_t m;
+
+    x->have += n;
+    m = x->have / es;
+    reduce_in(io, at + x->done, x->r->scratch, m);
+    if (x->kr == x->last_rs && io->s != NULL && m > 0)
+        settle(io, (at + x->done) / es, m, 1); /* complete */
+    x->done += m * es;
+    x->have -= m * es;
+    if (x->have > 0)
+        memmove(x->r->scratch, x->r->scratch + m * es, x->have);
+}
+
+/* More bytes of an allgather step came straight into place: the whole
+ * elements among them are settled (drained where they are not placed). */
+static void place_received(lap_t *x, size_t at)
+{
+    io_t *io = x->io;
+    const size_t es = x->pl->esize;
+
+    x->done = x->got;
+    if (io->s != NULL && x->done / es * es > io->settled) {
+        size_t upto = x->done / es * es;
+        settle(io, (at + io->settled) / es, (upto - io->settled) / es, 0);
+        io->settled = upto;
+    }
+}
+
+/* Receives what has come of step kr: into scratch and reduced into place
+ * during the reduce-scatter, straight into place after. 1: some bytes
+ * came, 0: none, -1: the ring failed. */
+static int recv_come(lap_t *x)
+{
+    const plan_t *pl = x->pl;
+    const size_t len = x->w.want;
+    const size_t at = seg_at(pl, recv_seg(pl, x->kr)) * pl->esize;
+    const int rs = x->kr <= x->last_rs;
+    size_t room = rs ? SCRATCH_BYTES - x->have : len - x->got;
+    int niov = 0;
+    ssize_t n;
+
+    if (room > len - x->got)
+        room = len - x->got;
+    if (rs) {
+        x->iov[0].iov_base = x->r->scratch + x->have;
+        x->iov[niov++].iov_len = room;
+    }
+    /* (straight into place: up to MAX_IOV pieces at once) */
+    for (size_t off = x->got; !rs && room > 0 && niov < MAX_IOV;) {
+        size_t run = room;
+        x->iov[niov].iov_base = at_ptr(x->io, at + off, room, &run);
+        x->iov[niov++].iov_len = run;
+        off += run;
+        room -= run;
+    }
+    n = recv_some(x->r, x->iov, niov, &x->w, x->err, x->errlen);
+    if (n <= 0)
+        return n < 0 ? -1 : 0;
+    x->got += (size_t)n;
+    if (rs)
+        reduce_received(x, at, (size_t)n);
+    else
+        place_received(x, at);
+    return 1;
+}
+
 static int run_ring(kolo__ring_t *r, const plan_t *pl, io_t *io,
                     double timeout_s, char *err, size_t errlen)
 {
-    const int steps = 2 * (r->size - 1), last_rs = r->size - 2;
-    const size_t es = pl->esize;
-    int ks = 0, kr = 0;           /* the steps sending and receiving */
-    size_t sent = 0, got = 0;     /* bytes of those steps so far */
-    size_t done = 0;              /* bytes of step kr reduced or placed */
-    size_t have = 0;              /* bytes in scratch, not yet reduced */
-    where_t w = {"ring allreduce", pl->count * es, 0, steps, 0, 0};
-    struct iovec iov[MAX_IOV];
+    const int steps = 2 * (r->size - 1);
+    lap_t x = {.r = r, .pl = pl, .io = io, .steps = steps,
+               .last_rs = r->size - 2, .err = err, .errlen = errlen,
+               .w = {"ring allreduce", pl->count * pl->esize, 0, steps, 0, 0}};
 
-    io->filled = seg_at(pl, send_seg(pl, 0)) * es;
+    io->filled = seg_at(pl, send_seg(pl, 0)) * pl->esize;
     io->settled = 0;
-    for (;;) {
-        int progress = 0;
-        size_t ready = 0;
-        ssize_t n;
+    while (next_steps(&x)) {
+        size_t ready = x.ks < steps ? ready_bytes(pl, x.ks, x.kr, x.done) : 0;
+        int moved = 0, n;
 
-        /* Skip steps that move nothing (both sides skip them alike). */
-        while (ks < steps && sent == seg_bytes(pl, send_seg(pl, ks))) {
-            ks++;
-            sent = 0;
-        }
-        while (kr < steps && done == seg_bytes(pl, recv_seg(pl, kr))) {
-            kr++;
-            got = done = 0;
-            io->settled = 0;
-        }
-        if (ks == steps && kr == steps)
-            break;
-        w.step = kr + 1;
-        w.got = got;
-        w.want = kr < steps ? seg_bytes(pl, recv_seg(pl, kr)) : 0;
-
-        /* Send what is ready: where it lies in several pieces (tensors),
-         * up to MAX_IOV of them (past the first, up to SCRATCH_BYTES) at
-         * once, so that small tensors do not each go out in a packet of
-         * their own. */
-        if (ks < steps)
-            ready = ready_bytes(pl, ks, kr, done);
-        if (sent < ready) {
-            size_t seg = send_seg(pl, ks), at = seg_at(pl, seg) * es + sent;
-            size_t left = ready - sent, gathered = 0;
-            int niov = 0;
-            while (left > 0 && niov < MAX_IOV && gathered < SCRATCH_BYTES) {
-                size_t len = left;
-                const uint8_t *from =
-                    ks == 0 && io->s != NULL
-                        ? input_at(io, at, len, seg_at(pl, seg + 1) * es, &len)
-                        : at_ptr(io, at, len, &len);
-                iov[niov].iov_base = (void *)(uintptr_t)from;
-                iov[niov++].iov_len = len;
-                at += len;
-                left -= len;
-                gathered += len;
-            }
-            n = send_some(r, iov, niov, &w, err, errlen);
-            if (n < 0)
+        if (x.sent < ready) {
+            if ((n = send_ready(&x, ready)) < 0)
                 return r->broken;
-            sent += (size_t)n;
-            progress |= n > 0;
+            moved |= n;
         }
-
-        /* Receive what has come: into scratch and reduced into place
-         * during the reduce-scatter, straight into place after. */
-        if (kr < steps) {
-            size_t seg = recv_seg(pl, kr), len = w.want;
-            size_t at = seg_at(pl, seg) * es;
-            int rs = kr <= last_rs;
-            size_t room = rs ? SCRATCH_BYTES - have : len - got;
-            int niov = 0;
-            if (room > len - got)
-                room = len - got;
-            if (rs) {
-                iov[0].iov_base = r->scratch + have;
-                iov[niov++].iov_len = room;
-            }
-            /* (straight into place: up to MAX_IOV pieces at once) */
-            for (size_t off = got; !rs && room > 0 && niov < MAX_IOV;) {
-                size_t run = room;
-                iov[niov].iov_base = at_ptr(io, at + off, room, &run);
-                iov[niov++].iov_len = run;
-                off += run;
-                room -= run;
-            }
-            n = recv_some(r, iov, niov, &w, err, errlen);
-            if (n < 0)
+        if (x.kr < steps) {
+            if ((n = recv_come(&x)) < 0)
                 return r->broken;
-            if (n > 0) {
-                got += (size_t)n;
-                progress = 1;
-                if (rs) {
-                    size_t m;
-                    have += (size_t)n;
-                    m = have / es;
-                    reduce_in(io, at + done, r->scratch, m);
-                    if (kr == last_rs && io->s != NULL && m > 0)
-                        settle(io, (at + done) / es, m, 1); /* complete */
-                    done += m * es;
-                    have -= m * es;
-                    if (have > 0)
-                        memmove(r->scratch, r->scratch + m * es, have);
-                } else {
-                    done = got;
-                    if (io->s != NULL && done / es * es > io->settled) {
-                        size_t upto = done / es * es;
-                        settle(io, (at + io->settled) / es,
-                               (upto - io->settled) / es, 0);
-                        io->settled = upto;
-                    }
-                }
-            }
+            moved |= n;
         }
-
         /* Neither could move: sleep until one can. */
-        if (!progress && wait_io(r, sent < ready, kr < steps, timeout_s, &w,
-                                 err, errlen) != KOLO_OK)
+        if (!moved && wait_io(r, x.sent < ready, x.kr < steps, timeout_s,
+                              &x.w, err, errlen) != KOLO_OK)
             return r->broken;
     }
-    return closed_after(r, w.what, w.total, timeout_s, err, errlen);
+    return closed_after(r, x.w.what, x.w.total, timeout_s, err, errlen);
 }
 
 static int check_broken(const kolo__ring_t *r, char *err, size_t errlen)
