@@ -642,19 +642,18 @@ static int cores_available(void)
     return (int)sysconf(_SC_NPROCESSORS_ONLN);
 }
 
-static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
-                    size_t errlen)
+/* Starting the backend fails for want of memory: says so. */
+static int shm_oom(char *err, size_t errlen)
 {
-    shm_ctx_t *c = kolo__calloc(1, sizeof(*c));
-    size_t slots_off;
-    double deadline = now_s() + cfg->start_timeout_s;
-    struct sockaddr_un addr;
-    socklen_t alen;
-    int rc, nap = 1;
+    snprintf(err, errlen, "out of memory starting the shared-memory backend");
+    return KOLO_ERR_NO_MEMORY;
+}
 
-    *out = NULL;
-    if (c == NULL)
-        goto oom;
+/* Fills in what the context takes from cfg: its members (every one on this
+ * host), the slot size, the spin and the segment's name. */
+static int shm_configure(shm_ctx_t *c, const kolo__ops_config_t *cfg,
+                         char *err, size_t errlen)
+{
     c->sock = c->stop_fd = -1;
     atomic_init(&c->lost, -1);
     atomic_init(&c->waiting_on, -1);
@@ -667,7 +666,7 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
     c->members = kolo__malloc((size_t)c->n * sizeof(int));
     c->pidfds = kolo__malloc((size_t)c->n * sizeof(int));
     if (c->members == NULL || c->pidfds == NULL)
-        goto oom;
+        return shm_oom(err, errlen);
     for (int j = 0; j < c->n; j++) {
         c->members[j] = cfg->members != NULL ? cfg->members[j] : j;
         c->pidfds[j] = -1;
@@ -675,7 +674,6 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
             snprintf(err, errlen, "shared memory joins ranks of one host, but "
                      "rank %d is on host %d and rank %d on host %d",
                      c->members[0], cfg->hosts[0], c->members[j], cfg->hosts[j]);
-            shm_finalize(c);
             return KOLO_ERR_UNSUPPORTED;
         }
     }
@@ -692,31 +690,43 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
     snprintf(c->name, sizeof(c->name), "/kolo-%08x-%016llx",
              (unsigned)(fnv1a(0xcbf29ce484222325ULL, cfg->rendezvous) & 0xffffffffu),
              (unsigned long long)c->key);
+    return KOLO_OK;
+}
 
-    /* The wake socket first, so peers can send as soon as they attach. */
+/* The wake socket comes first, so peers can send as soon as they attach. */
+static int open_wake_socket(shm_ctx_t *c, char *err, size_t errlen)
+{
+    struct sockaddr_un addr;
+    socklen_t alen;
+    int one = 1;
+
     c->sock = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     c->stop_fd = eventfd(0, EFD_CLOEXEC);
     sock_name(c, c->me, &addr, &alen);
-    {
-        /* Each datagram comes with its sender's credentials. */
-        int one = 1;
-        if (c->sock >= 0)
-            setsockopt(c->sock, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
-    }
+    /* Each datagram comes with its sender's credentials. */
+    if (c->sock >= 0)
+        setsockopt(c->sock, SOL_SOCKET, SO_PASSCRED, &one, sizeof(one));
     if (c->sock < 0 || c->stop_fd < 0 ||
         bind(c->sock, (struct sockaddr *)&addr, alen) != 0) {
         snprintf(err, errlen, "cannot open the wake socket of rank %d: %s",
                  c->members[c->me], strerror(errno));
-        shm_finalize(c);
         return KOLO_ERR_BACKEND;
     }
+    return KOLO_OK;
+}
 
-    rc = c->me == 0 ? create_segment(c, err, errlen)
-                    : open_segment(c, cfg, deadline, err, errlen);
-    if (rc != KOLO_OK) {
-        shm_finalize(c);
+/* Maps the segment (member 0 creates it, the others open it) and waits
+ * until every member has; then unlinks its name, needed by no one now. */
+static int attach_segment(shm_ctx_t *c, const kolo__ops_config_t *cfg,
+                          double deadline, char *err, size_t errlen)
+{
+    size_t slots_off;
+    int rc = c->me == 0 ? create_segment(c, err, errlen)
+                        : open_segment(c, cfg, deadline, err, errlen);
+    int nap = 1;
+
+    if (rc != KOLO_OK)
         return rc;
-    }
     layout(c->n, c->slot, &slots_off);
     c->lines = (line_t *)(c->base + sizeof(header_t));
     c->slots = c->base + slots_off;
@@ -732,19 +742,22 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
                                              "%s%d", used ? ", " : "", c->members[j]);
             snprintf(err, errlen, "rank(s) %s never attached to shared memory "
                      "%s within the start timeout", missing, c->name);
-            shm_finalize(c);
             return KOLO_ERR_TIMEOUT;
         }
-        if (peer_gave_up(cfg, err, errlen)) {
-            shm_finalize(c);
+        if (peer_gave_up(cfg, err, errlen))
             return KOLO_ERR_BACKEND;
-        }
         sleep_ms(nap);
         nap = nap < 20 ? nap * 2 : 20;
     }
-    /* Everyone has it mapped: the name is no longer needed by anyone. */
     if (shm_unlink(c->name) == 0 || errno == ENOENT)
         c->unlinked = 1;
+    return KOLO_OK;
+}
+
+/* A pidfd of every peer and the listener thread that polls them. */
+static int watch_peers(shm_ctx_t *c, char *err, size_t errlen)
+{
+    int rc;
 
     for (int j = 0; j < c->n; j++) {
         if (j == c->me)
@@ -753,35 +766,55 @@ static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
         if (c->pidfds[j] < 0 && errno == ESRCH) {
             snprintf(err, errlen, "rank %d (pid %d) exited while joining shared "
                      "memory", c->members[j], atomic_load(&c->lines[j].pid));
-            shm_finalize(c);
             return KOLO_ERR_RANK_LOST;
         }
     }
     c->fds = kolo__calloc((size_t)c->n + 2, sizeof(*c->fds));
     if (c->fds == NULL)
-        goto oom;
+        return shm_oom(err, errlen);
     rc = kolo__thread_create(&c->listener, NULL, listener_main, c);
     if (rc != 0) {
         snprintf(err, errlen, "cannot start the shared-memory listener "
                  "thread: %s", strerror(rc));
-        shm_finalize(c);
         return KOLO_ERR_BACKEND;
     }
     c->listener_started = 1;
-    /* Every member's listener runs before any step starts. */
+    return KOLO_OK;
+}
+
+/* A first step together: every member's listener runs before any
+ * collective starts. */
+static int first_step(shm_ctx_t *c, const kolo__ops_config_t *cfg, char *err,
+                      size_t errlen)
+{
+    int rc;
+
     c->starting = cfg;
     rc = step_all(c, "start", err, errlen);
     c->starting = NULL;
-    if (rc != KOLO_OK) {
+    return rc;
+}
+
+static int shm_init(const kolo__ops_config_t *cfg, void **out, char *err,
+                    size_t errlen)
+{
+    shm_ctx_t *c = kolo__calloc(1, sizeof(*c));
+    double deadline = now_s() + cfg->start_timeout_s;
+    int rc;
+
+    *out = NULL;
+    if (c == NULL)
+        return shm_oom(err, errlen);
+    if ((rc = shm_configure(c, cfg, err, errlen)) != KOLO_OK ||
+        (rc = open_wake_socket(c, err, errlen)) != KOLO_OK ||
+        (rc = attach_segment(c, cfg, deadline, err, errlen)) != KOLO_OK ||
+        (rc = watch_peers(c, err, errlen)) != KOLO_OK ||
+        (rc = first_step(c, cfg, err, errlen)) != KOLO_OK) {
         shm_finalize(c);
         return rc;
     }
     *out = c;
     return KOLO_OK;
-oom:
-    snprintf(err, errlen, "out of memory starting the shared-memory backend");
-    shm_finalize(c);
-    return KOLO_ERR_NO_MEMORY;
 }
 
 /* ---- collectives ---------------------------------------------------------------- */
@@ -1104,6 +1137,107 @@ static void reduce_members(shm_ctx_t *c, uint32_t s, size_t skip,
         reduce(dst, dst, j == c->me ? own : slot_of(c, s, j) + skip, len);
 }
 
+/* One reduce-scatter as rs_common() moves it, chunk by chunk. */
+typedef struct rs {
+    shm_ctx_t *c;
+    const uint8_t *work;
+    const kolo__ops_stream_t *st;
+    void *out;
+    const size_t *counts;
+    size_t esize;
+    kolo__ops_reduce_fn reduce;
+    size_t part;       /* elements of each rank's part of a slot */
+    size_t *offs;      /* [n]: where each rank's block starts */
+    const uint8_t *own; /* this rank's block in work, or NULL */
+    int own_in_slot;   /* it goes through the slot nonetheless */
+    int may_view;      /* the stream's views may be read in place */
+} rs_t;
+
+/* Where each block starts, and whether this rank's own is read where it
+ * lies. Returns the largest block. */
+static size_t rs_plan(rs_t *x)
+{
+    shm_ctx_t *c = x->c;
+    const size_t esize = x->esize;
+    size_t most = 0;
+
+    for (int j = 0; j < c->n; j++) {
+        x->offs[j] = j == 0 ? 0 : x->offs[j - 1] + x->counts[j - 1];
+        most = x->counts[j] > most ? x->counts[j] : most;
+    }
+    /* From a buffer, this rank's own block is read where it lies unless
+     * out overlaps it other than as the same buffer (which a reduction
+     * may write), or this rank comes third or later: the first
+     * reduction, of ranks 0 and 1, would then overwrite it before its
+     * turn. Then it goes through the slot like the others. */
+    x->own = x->work != NULL ? x->work + x->offs[c->me] * esize : NULL;
+    const size_t own_bytes = x->counts[c->me] * esize;
+    const uint8_t *out = x->out;
+    x->own_in_slot = x->own != NULL && out < x->own + own_bytes &&
+                     x->own < out + own_bytes && (c->me >= 2 || out != x->own);
+    /* The same through a stream that places results where the input may
+     * lie (an in-place allreduce): from the third rank on, its own block
+     * is copied first. */
+    x->may_view = x->out != NULL || c->me < 2;
+    return most;
+}
+
+/* Elements of rank j's block in the chunk from `done`. */
+static size_t rs_block(const rs_t *x, int j, size_t done)
+{
+    size_t m = x->counts[j] > done ? x->counts[j] - done : 0;
+    return m < x->part ? m : x->part;
+}
+
+/* Copies the other ranks' blocks of the chunk from `done` into the parts
+ * of this rank's slot (and its own, where it goes through the slot). */
+static void rs_fill(const rs_t *x, uint8_t *slot, size_t done)
+{
+    const shm_ctx_t *c = x->c;
+    const size_t pslot = x->part * x->esize;
+
+    for (int j = 0; j < c->n; j++) {
+        size_t m;
+        if (j == c->me && !x->own_in_slot)
+            continue;
+        m = rs_block(x, j, done);
+        if (x->st != NULL && m > 0)
+            x->st->fill(x->st->arg, slot + (size_t)j * pslot,
+                        x->offs[j] + done, m);
+        else if (x->st == NULL)
+            memcpy(slot + (size_t)j * pslot,
+                   x->work + (x->offs[j] + done) * x->esize, m * x->esize);
+    }
+}
+
+/* Reduces this rank's block of the chunk from `done` (its runs of its own
+ * input, the peers' slots of step s at byte `at`) into out, or where it
+ * stays, through st->place, tensor by tensor. */
+static void rs_reduce(const rs_t *x, uint32_t s, size_t at, size_t done,
+                      const own_runs_t *runs)
+{
+    shm_ctx_t *c = x->c;
+    const size_t esize = x->esize;
+
+    for (size_t k = 0, pos = 0; k < (size_t)runs->n; pos += runs->len[k++]) {
+        size_t len = runs->len[k], skip = at + pos * esize, run;
+        if (x->out != NULL) {
+            reduce_members(c, s, skip, runs->src[k],
+                           (uint8_t *)x->out + (done + pos) * esize, len,
+                           esize, x->reduce);
+            continue;
+        }
+        for (size_t sub = 0; sub < len; sub += run) { /* by tensor */
+            uint8_t *dst = x->st->place(x->st->arg,
+                                        x->offs[c->me] + done + pos + sub,
+                                        len - sub, &run);
+            reduce_members(c, s, skip + sub * esize,
+                           runs->src[k] + sub * esize, dst, run, esize,
+                           x->reduce);
+        }
+    }
+}
+
 /* The reduce-scatter of both entry points: rank j's block of the result
  * is elements [offs[j], offs[j] + counts[j]) of the input, which comes
  * from `work` or (st not NULL) through st->fill and st->view; this rank's
@@ -1117,84 +1251,43 @@ static int rs_common(shm_ctx_t *c, const uint8_t *work,
                      const size_t *counts, size_t esize,
                      kolo__ops_reduce_fn reduce, char *err, size_t errlen)
 {
-    size_t part = (c->slot / (size_t)c->n & ~(size_t)63) / esize;
-    size_t most = 0, *offs = kolo__malloc((size_t)c->n * sizeof(size_t));
+    rs_t x = {.c = c, .work = work, .st = st, .out = out, .counts = counts,
+              .esize = esize, .reduce = reduce,
+              .part = (c->slot / (size_t)c->n & ~(size_t)63) / esize,
+              .offs = kolo__malloc((size_t)c->n * sizeof(size_t))};
     own_runs_t runs;
+    size_t most;
     int rc = KOLO_OK;
 
-    if (offs == NULL) {
+    if (x.offs == NULL) {
         snprintf(err, errlen, "out of memory in a shared-memory reducescatter");
         return KOLO_ERR_NO_MEMORY;
     }
-    if (part == 0) {
-        free(offs);
+    if (x.part == 0) {
+        free(x.offs);
         snprintf(err, errlen, "shared-memory slots of %zu bytes are too small "
                  "for %d ranks of %zu-byte elements (KOLO_SHM_SLOT_BYTES)",
                  c->slot, c->n, esize);
         return KOLO_ERR_CONFIG;
     }
-    for (int j = 0; j < c->n; j++) {
-        offs[j] = j == 0 ? 0 : offs[j - 1] + counts[j - 1];
-        most = counts[j] > most ? counts[j] : most;
-    }
-    /* From a buffer, this rank's own block is read where it lies unless
-     * out overlaps it other than as the same buffer (which a reduction
-     * may write), or this rank comes third or later: the first
-     * reduction, of ranks 0 and 1, would then overwrite it before its
-     * turn. Then it goes through the slot like the others. */
-    const uint8_t *own = work != NULL ? work + offs[c->me] * esize : NULL;
-    const size_t own_bytes = counts[c->me] * esize;
-    const int own_in_slot =
-        own != NULL && (const uint8_t *)out < own + own_bytes &&
-        own < (const uint8_t *)out + own_bytes &&
-        (c->me >= 2 || (const uint8_t *)out != own);
-    /* The same through a stream that places results where the input may
-     * lie (an in-place allreduce): from the third rank on, its own block
-     * is copied first. */
-    const int may_view = out != NULL || c->me < 2;
-    for (size_t done = 0; done < most || (most == 0 && done == 0); done += part) {
+    most = rs_plan(&x);
+    for (size_t done = 0; done < most || (most == 0 && done == 0);
+         done += x.part) {
         uint32_t s = c->step + 1;
-        size_t pslot = part * esize, m, at;
+        size_t at = (size_t)c->me * x.part * esize;
         uint8_t *slot = slot_of(c, s, c->me);
-        for (int j = 0; j < c->n; j++) {
-            if (j == c->me && !own_in_slot)
-                continue;
-            m = counts[j] > done ? counts[j] - done : 0;
-            m = m < part ? m : part;
-            if (st != NULL && m > 0)
-                st->fill(st->arg, slot + (size_t)j * pslot, offs[j] + done, m);
-            else if (st == NULL)
-                memcpy(slot + (size_t)j * pslot, work + (offs[j] + done) * esize,
-                       m * esize);
-        }
-        m = counts[c->me] > done ? counts[c->me] - done : 0;
-        m = m < part ? m : part;
-        at = (size_t)c->me * pslot;
-        own_block_runs(own == NULL || own_in_slot ? NULL : own + done * esize,
-                       st, may_view, offs[c->me], done, m, esize, slot + at,
-                       &runs);
+        rs_fill(&x, slot, done);
+        own_block_runs(x.own == NULL || x.own_in_slot ? NULL
+                                                      : x.own + done * esize,
+                       st, x.may_view, x.offs[c->me], done,
+                       rs_block(&x, c->me, done), esize, slot + at, &runs);
         if ((rc = step_all(c, "reducescatter", err, errlen)) != KOLO_OK)
             break;
-        for (size_t k = 0, pos = 0; k < (size_t)runs.n; pos += runs.len[k++]) {
-            size_t len = runs.len[k], skip = at + pos * esize, run;
-            if (out != NULL) {
-                reduce_members(c, s, skip, runs.src[k],
-                               (uint8_t *)out + (done + pos) * esize, len,
-                               esize, reduce);
-                continue;
-            }
-            for (size_t sub = 0; sub < len; sub += run) { /* by tensor */
-                uint8_t *dst = st->place(st->arg, offs[c->me] + done + pos + sub,
-                                         len - sub, &run);
-                reduce_members(c, s, skip + sub * esize,
-                               runs.src[k] + sub * esize, dst, run, esize,
-                               reduce);
-            }
-        }
+        rs_reduce(&x, s, at, done, &runs);
         if (most == 0)
             break;
     }
-    free(offs);
+    free(x.offs);
     return rc;
 }
 
