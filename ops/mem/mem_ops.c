@@ -148,6 +148,22 @@ static int before(const struct timespec *a, const struct timespec *b)
            (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
 }
 
+/* The deadline of a wait of s seconds; of none (1e6 s) where s is not
+ * positive. */
+static struct timespec deadline_within(double s)
+{
+    return deadline_after(s > 0 ? s : 1e6);
+}
+
+/* Whether the deadline has come. */
+static int passed(const struct timespec *until)
+{
+    struct timespec now;
+
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return !before(&now, until);
+}
+
 /* ---- wake tokens --------------------------------------------------------- */
 
 static void *delivery_main(void *arg)
@@ -276,21 +292,13 @@ static void ctx_free(mem_ctx_t *c)
     free(c);
 }
 
-static int mem_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
-                    size_t errlen)
+/* A context for cfg's rank, with its delivery thread where it takes wake
+ * tokens; into *out. */
+static int ctx_new(const kolo__ops_config_t *cfg, mem_ctx_t **out, char *err,
+                   size_t errlen)
 {
-    mem_ctx_t *c;
-    mem_group_t *g;
-    mem_member_t *m;
-    struct timespec until;
-    int rc = KOLO_OK;
+    mem_ctx_t *c = kolo__calloc(1, sizeof(*c));
 
-    if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size) {
-        snprintf(err, errlen, "mem: rank %d of %d is not a place in the "
-                 "context", cfg->rank, cfg->size);
-        return KOLO_ERR_INTERNAL;
-    }
-    c = kolo__calloc(1, sizeof(*c));
     if (c == NULL || (c->peer = kolo__calloc((size_t)cfg->size, sizeof(*c->peer))) == NULL) {
         free(c);
         snprintf(err, errlen, "mem: out of memory");
@@ -311,12 +319,20 @@ static int mem_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         }
         c->thread_started = 1;
     }
+    *out = c;
+    return KOLO_OK;
+}
 
-    pthread_mutex_lock(&g_mu);
-    g = group_find(cfg->rendezvous, cfg->prefix);
+/* Finds the group of cfg's context, or makes it, and attaches c as its
+ * member cfg->rank. Under g_mu. */
+static int group_join(mem_ctx_t *c, const kolo__ops_config_t *cfg, char *err,
+                      size_t errlen)
+{
+    mem_group_t *g = group_find(cfg->rendezvous, cfg->prefix);
+    mem_member_t *m;
+    int rc = KOLO_OK;
+
     if (g == NULL && (g = group_new(cfg->rendezvous, cfg->prefix, cfg->size)) == NULL) {
-        pthread_mutex_unlock(&g_mu);
-        ctx_free(c);
         snprintf(err, errlen, "mem: out of memory");
         return KOLO_ERR_NO_MEMORY;
     }
@@ -330,10 +346,8 @@ static int mem_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         rc = KOLO_ERR_BACKEND;
     }
     if (rc != KOLO_OK) {
-        g->refs++;
+        g->refs++; /* (a group just made goes with it) */
         group_unref(g);
-        pthread_mutex_unlock(&g_mu);
-        ctx_free(c);
         return rc;
     }
     m = &g->m[cfg->rank];
@@ -345,21 +359,41 @@ static int mem_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
     g->refs++;
     c->g = g;
     pthread_cond_broadcast(&g->cv);
-    until = deadline_after(cfg->start_timeout_s > 0 ? cfg->start_timeout_s : 1e6);
+    return KOLO_OK;
+}
+
+/* Detaches c from its group again (its start failed). Under g_mu. */
+static void group_leave(mem_ctx_t *c)
+{
+    mem_member_t *m = &c->g->m[c->rank];
+
+    m->attached = 0;
+    m->ctx = NULL;
+    c->g->nattached--;
+    group_unref(c->g);
+}
+
+/* Waits until every member has attached, asking every 50 ms whether a peer
+ * gave up (cfg->abandoned), within the start timeout. Under g_mu, which it
+ * releases while it asks. */
+static int group_wait_all(mem_ctx_t *c, const kolo__ops_config_t *cfg,
+                          char *err, size_t errlen)
+{
+    mem_group_t *g = c->g;
+    struct timespec until = deadline_within(cfg->start_timeout_s);
+
     while (g->nattached < g->size) {
-        struct timespec now, slice = deadline_after(0.05);
+        struct timespec slice = deadline_after(0.05);
         char why[512];
 
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (!before(&now, &until)) {
+        if (passed(&until)) {
             int missing = 0;
             while (missing < g->size && g->m[missing].attached)
                 missing++;
             snprintf(err, errlen, "mem: member %d of context %s did not "
                      "arrive within %g s", missing, g->prefix,
                      cfg->start_timeout_s);
-            rc = KOLO_ERR_TIMEOUT;
-            break;
+            return KOLO_ERR_TIMEOUT;
         }
         if (cfg->abandoned != NULL) {
             why[0] = '\0';
@@ -368,23 +402,37 @@ static int mem_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
             pthread_mutex_lock(&g_mu);
             if (gave_up) {
                 snprintf(err, errlen, "%s", why);
-                rc = KOLO_ERR_BACKEND;
-                break;
+                return KOLO_ERR_BACKEND;
             }
         }
         pthread_cond_timedwait(&g->cv, &g_mu, before(&slice, &until) ? &slice
                                                                      : &until);
     }
+    return KOLO_OK;
+}
+
+static int mem_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
+                    size_t errlen)
+{
+    mem_ctx_t *c;
+    int rc;
+
+    if (cfg->size < 1 || cfg->rank < 0 || cfg->rank >= cfg->size) {
+        snprintf(err, errlen, "mem: rank %d of %d is not a place in the "
+                 "context", cfg->rank, cfg->size);
+        return KOLO_ERR_INTERNAL;
+    }
+    if ((rc = ctx_new(cfg, &c, err, errlen)) != KOLO_OK)
+        return rc;
+    pthread_mutex_lock(&g_mu);
+    rc = group_join(c, cfg, err, errlen);
+    if (rc == KOLO_OK && (rc = group_wait_all(c, cfg, err, errlen)) != KOLO_OK)
+        group_leave(c);
+    pthread_mutex_unlock(&g_mu);
     if (rc != KOLO_OK) {
-        m->attached = 0;
-        m->ctx = NULL;
-        g->nattached--;
-        group_unref(g);
-        pthread_mutex_unlock(&g_mu);
         ctx_free(c);
         return rc;
     }
-    pthread_mutex_unlock(&g_mu);
     *ctx = c;
     return KOLO_OK;
 }
@@ -480,32 +528,19 @@ static int agree(const mem_group_t *g, int ja, const mem_slot_t *a, int jb,
     return ok;
 }
 
-/* Posts this member's contribution to its next collective (`mine`, whose
- * data and sizes are copied) and waits for every member's; on success
- * c->peer[j] is member j's slot. */
-static int post_and_gather(mem_ctx_t *c, const mem_slot_t *mine, const void *data,
-                    char *err, size_t errlen)
+/* This rank's own calls fail at once once it has stopped. */
+static int stopped_here(const mem_member_t *me, char *err, size_t errlen)
 {
-    mem_group_t *g = c->g;
-    mem_member_t *me = &g->m[c->rank];
-    mem_slot_t *slot;
-    struct timespec until;
-    uint64_t s;
-    int rc = KOLO_OK, last = -1;
+    snprintf(err, errlen, "mem: this rank (rank %d) has stopped "
+             "(kolo__mem_kill)", me->global_rank);
+    return KOLO_ERR_RANK_LOST;
+}
 
-    pthread_mutex_lock(&g_mu);
-    me->calls[mine->kind]++;
-    if (me->stopped) {
-        pthread_mutex_unlock(&g_mu);
-        snprintf(err, errlen, "mem: this rank (rank %d) has stopped "
-                 "(kolo__mem_kill)", me->global_rank);
-        return KOLO_ERR_RANK_LOST;
-    }
-    pthread_mutex_unlock(&g_mu);
-
-    /* Slot s % 2 is ours to write: see the essay. */
-    s = ++c->seq;
-    slot = &me->slot[s % 2];
+/* Copies this member's contribution (mine, its data and sizes) into its
+ * slot of the collective. */
+static int slot_write(mem_ctx_t *c, mem_slot_t *slot, const mem_slot_t *mine,
+                      const void *data, char *err, size_t errlen)
+{
     if (slot_grow(slot, mine->len) != 0 ||
         (mine->sizes != NULL && slot->sizes == NULL &&
          (slot->sizes = kolo__malloc((size_t)c->size * sizeof(size_t))) == NULL)) {
@@ -526,22 +561,25 @@ static int post_and_gather(mem_ctx_t *c, const mem_slot_t *mine, const void *dat
         free(slot->sizes);
         slot->sizes = NULL;
     }
+    return KOLO_OK;
+}
 
-    pthread_mutex_lock(&g_mu);
-    me->posted = s;
-    c->wait_seq = s;
-    pthread_cond_broadcast(&g->cv);
-    until = deadline_after(c->timeout_s > 0 ? c->timeout_s : 1e6);
+/* Waits until every member has posted collective s (of kind `kind`). It
+ * fails when this rank stops, when a member that has not posted never
+ * will, and when no member posted for timeout_s. Under g_mu. */
+static int wait_posts(mem_ctx_t *c, uint64_t s, int kind, char *err,
+                      size_t errlen)
+{
+    mem_group_t *g = c->g;
+    const mem_member_t *me = &g->m[c->rank];
+    struct timespec until = deadline_within(c->timeout_s);
+    int last = -1;
+
     for (;;) {
         int n = 0, missing = -1, lost = -1;
-        struct timespec now;
 
-        if (me->stopped) {
-            snprintf(err, errlen, "mem: this rank (rank %d) has stopped "
-                     "(kolo__mem_kill)", me->global_rank);
-            rc = KOLO_ERR_RANK_LOST;
-            break;
-        }
+        if (me->stopped)
+            return stopped_here(me, err, errlen);
         for (int j = 0; j < g->size; j++) {
             if (g->m[j].posted >= s) {
                 n++;
@@ -553,27 +591,54 @@ static int post_and_gather(mem_ctx_t *c, const mem_slot_t *mine, const void *dat
             }
         }
         if (n == g->size)
-            break;
+            return KOLO_OK;
         if (lost >= 0) {
             snprintf(err, errlen, "mem: rank %d %s", g->m[lost].global_rank,
                      gone(&g->m[lost]));
-            rc = KOLO_ERR_RANK_LOST;
-            break;
+            return KOLO_ERR_RANK_LOST;
         }
         if (n > last) { /* progress: the timeout counts from here */
             last = n;
-            until = deadline_after(c->timeout_s > 0 ? c->timeout_s : 1e6);
+            until = deadline_within(c->timeout_s);
         }
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        if (!before(&now, &until)) {
+        if (passed(&until)) {
             snprintf(err, errlen, "mem: rank %d did not join %s within %g s",
-                     g->m[missing].global_rank, kind_names[mine->kind],
+                     g->m[missing].global_rank, kind_names[kind],
                      c->timeout_s);
-            rc = KOLO_ERR_TIMEOUT;
-            break;
+            return KOLO_ERR_TIMEOUT;
         }
         pthread_cond_timedwait(&g->cv, &g_mu, &until);
     }
+}
+
+/* Posts this member's contribution to its next collective (`mine`, whose
+ * data and sizes are copied) and waits for every member's; on success
+ * c->peer[j] is member j's slot. */
+static int post_and_gather(mem_ctx_t *c, const mem_slot_t *mine, const void *data,
+                    char *err, size_t errlen)
+{
+    mem_group_t *g = c->g;
+    mem_member_t *me = &g->m[c->rank];
+    uint64_t s;
+    int rc;
+
+    pthread_mutex_lock(&g_mu);
+    me->calls[mine->kind]++;
+    if (me->stopped) {
+        pthread_mutex_unlock(&g_mu);
+        return stopped_here(me, err, errlen);
+    }
+    pthread_mutex_unlock(&g_mu);
+
+    /* Slot s % 2 is ours to write: see the essay. */
+    s = ++c->seq;
+    if ((rc = slot_write(c, &me->slot[s % 2], mine, data, err, errlen)) != KOLO_OK)
+        return rc;
+    pthread_mutex_lock(&g_mu);
+    me->posted = s;
+    c->wait_seq = s;
+    pthread_cond_broadcast(&g->cv);
+    rc = wait_posts(c, s, mine->kind, err, errlen);
     c->wait_seq = 0;
     for (int j = 0; rc == KOLO_OK && j < g->size; j++) {
         c->peer[j] = &g->m[j].slot[s % 2];
