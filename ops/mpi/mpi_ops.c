@@ -353,13 +353,11 @@ static int prefix_tag(const char *prefix)
     return (int)(h % 32768); /* MPI guarantees tags up to 32767 */
 }
 
-static int mpi_init(const kolo__ops_config_t *cfg, void **ctxp, char *err,
-                    size_t errlen)
+/* Whether MPI can carry cfg's context: initialised and not finalized, at
+ * MPI_THREAD_MULTIPLE, with the job's ranks as MPI_COMM_WORLD's. */
+static int mpi_usable(const kolo__ops_config_t *cfg, char *err, size_t errlen)
 {
-    mpi_ctx_t *c;
-    MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
-    int inited = 0, finalized = 0, level = 0, wrank = -1, wsize = 0, rc;
-    const char *test_max = getenv("KOLO_MPI_TEST_MAX_COUNT");
+    int inited = 0, finalized = 0, level = 0, wrank = -1, wsize = 0;
 
     MPI_Initialized(&inited);
     MPI_Finalized(&finalized);
@@ -394,12 +392,17 @@ static int mpi_init(const kolo__ops_config_t *cfg, void **ctxp, char *err,
                      cfg->global_rank, cfg->members[i], wsize);
             return KOLO_ERR_UNSUPPORTED;
         }
+    return KOLO_OK;
+}
 
-    c = kolo__calloc(1, sizeof(*c));
-    if (c == NULL) {
-        snprintf(err, errlen, "out of memory on rank %d", cfg->global_rank);
-        return KOLO_ERR_NO_MEMORY;
-    }
+/* A context for cfg that holds no MPI object yet (NULL: out of memory). */
+static mpi_ctx_t *ctx_new(const kolo__ops_config_t *cfg)
+{
+    const char *test_max = getenv("KOLO_MPI_TEST_MAX_COUNT");
+    mpi_ctx_t *c = kolo__calloc(1, sizeof(*c));
+
+    if (c == NULL)
+        return NULL;
     c->comm = MPI_COMM_NULL;
     c->op = MPI_OP_NULL;
     for (int i = 0; i <= MAX_ELEM; i++)
@@ -413,44 +416,64 @@ static int mpi_init(const kolo__ops_config_t *cfg, void **ctxp, char *err,
     c->max_count = INT_MAX;
     if (test_max != NULL && atol(test_max) > 0 && atol(test_max) < INT_MAX)
         c->max_count = (size_t)atol(test_max);
+    return c;
+}
 
-    rc = KOLO_ERR_BACKEND;
-    if ((rc = MPI_Comm_group(MPI_COMM_WORLD, &world_group)) != MPI_SUCCESS ||
-        (rc = MPI_Group_incl(world_group, cfg->size, cfg->members, &group)) !=
+/* The communicator of cfg's members, which only they call for (tagged by
+ * the prefix, see the essay); it returns errors instead of aborting. */
+static int comm_create(mpi_ctx_t *c, const kolo__ops_config_t *cfg, char *err,
+                       size_t errlen)
+{
+    MPI_Group world_group = MPI_GROUP_NULL, group = MPI_GROUP_NULL;
+    int rc = KOLO_OK, mrc, wrank = -1;
+
+    if ((mrc = MPI_Comm_group(MPI_COMM_WORLD, &world_group)) != MPI_SUCCESS ||
+        (mrc = MPI_Group_incl(world_group, cfg->size, cfg->members, &group)) !=
             MPI_SUCCESS ||
-        (rc = MPI_Comm_create_group(MPI_COMM_WORLD, group,
-                                    prefix_tag(cfg->prefix), &c->comm)) !=
-            MPI_SUCCESS) {
-        rc = mpi_fail(c, rc, "creating the communicator of the process set",
+        (mrc = MPI_Comm_create_group(MPI_COMM_WORLD, group,
+                                     prefix_tag(cfg->prefix), &c->comm)) !=
+            MPI_SUCCESS)
+        rc = mpi_fail(c, mrc, "creating the communicator of the process set",
                       err, errlen);
-        goto fail;
-    }
-    MPI_Group_free(&group);
-    MPI_Group_free(&world_group);
+    if (group != MPI_GROUP_NULL)
+        MPI_Group_free(&group);
+    if (world_group != MPI_GROUP_NULL)
+        MPI_Group_free(&world_group);
+    if (rc != KOLO_OK)
+        return rc;
     MPI_Comm_set_errhandler(c->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(c->comm, &wrank);
     if (wrank != cfg->rank) {
         snprintf(err, errlen, "rank %d is rank %d of its MPI communicator, "
                  "not %d", cfg->global_rank, wrank, cfg->rank);
-        rc = KOLO_ERR_INTERNAL;
-        goto fail;
+        return KOLO_ERR_INTERNAL;
     }
-    if ((rc = MPI_Op_create(user_op, 1, &c->op)) != MPI_SUCCESS) {
-        rc = mpi_fail(c, rc, "MPI_Op_create", err, errlen);
-        goto fail;
+    return KOLO_OK;
+}
+
+static int mpi_init(const kolo__ops_config_t *cfg, void **ctxp, char *err,
+                    size_t errlen)
+{
+    mpi_ctx_t *c;
+    int rc, mrc;
+
+    if ((rc = mpi_usable(cfg, err, errlen)) != KOLO_OK)
+        return rc;
+    if ((c = ctx_new(cfg)) == NULL) {
+        snprintf(err, errlen, "out of memory on rank %d", cfg->global_rank);
+        return KOLO_ERR_NO_MEMORY;
     }
-    if ((rc = wake_start(c, cfg, err, errlen)) != KOLO_OK)
-        goto fail;
+    rc = comm_create(c, cfg, err, errlen);
+    if (rc == KOLO_OK && (mrc = MPI_Op_create(user_op, 1, &c->op)) != MPI_SUCCESS)
+        rc = mpi_fail(c, mrc, "MPI_Op_create", err, errlen);
+    if (rc == KOLO_OK)
+        rc = wake_start(c, cfg, err, errlen);
+    if (rc != KOLO_OK) {
+        mpi_finalize(c);
+        return rc;
+    }
     *ctxp = c;
     return KOLO_OK;
-
-fail:
-    if (group != MPI_GROUP_NULL)
-        MPI_Group_free(&group);
-    if (world_group != MPI_GROUP_NULL)
-        MPI_Group_free(&world_group);
-    mpi_finalize(c);
-    return rc;
 }
 
 /* ---- collectives -------------------------------------------------------- */

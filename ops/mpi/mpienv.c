@@ -140,15 +140,12 @@ static int mpienv_init_mpi(char *err, size_t errlen)
     return KOLO_OK;
 }
 
-int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, char *err, size_t errlen)
+/* The job's shape: rank and size in the world, on this node (the
+ * shared-memory split) and across nodes (a split by local rank). */
+static int mpienv_shape(kolo__mpienv_t *out, char *err, size_t errlen)
 {
     MPI_Comm local, cross;
-    char buf[4096 + 1];
 
-    memset(out, 0, sizeof(*out));
-    int rc_ = mpienv_init_mpi(err, errlen);
-    if (rc_ != KOLO_OK)
-        return rc_;
     MPI_Comm_rank(g_comm, &out->rank);
     MPI_Comm_size(g_comm, &out->size);
     MPI_TRY("MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)",
@@ -162,69 +159,92 @@ int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, char *err, size_t errl
     MPI_Comm_rank(cross, &out->cross_rank);
     MPI_Comm_size(cross, &out->cross_size);
     MPI_Comm_free(&cross);
+    return KOLO_OK;
+}
 
-    if (g_token[0] == '\0') {
-        memset(buf, 0, sizeof(buf));
-        if (out->rank == 0) {
-            struct timeval tv;
-            gettimeofday(&tv, NULL);
-            snprintf(buf, sizeof(buf), "%lx-%lx-%lx", (long)getpid(),
-                     (long)tv.tv_sec, (long)tv.tv_usec);
-        }
-        MPI_TRY("MPI_Bcast of the job's token",
-                MPI_Bcast(buf, 64, MPI_CHAR, 0, g_comm));
-        buf[sizeof(g_token) - 1] = '\0';
-        memcpy(g_token, buf, sizeof(g_token));
+/* The job's token, drawn by rank 0 and broadcast, once per process. */
+static int mpienv_token(const kolo__mpienv_t *out, char *err, size_t errlen)
+{
+    char buf[64];
+
+    if (g_token[0] != '\0')
+        return KOLO_OK;
+    memset(buf, 0, sizeof(buf));
+    if (out->rank == 0) {
+        struct timeval tv;
+        gettimeofday(&tv, NULL);
+        snprintf(buf, sizeof(buf), "%lx-%lx-%lx", (long)getpid(),
+                 (long)tv.tv_sec, (long)tv.tv_usec);
     }
+    MPI_TRY("MPI_Bcast of the job's token",
+            MPI_Bcast(buf, 64, MPI_CHAR, 0, g_comm));
+    buf[sizeof(g_token) - 1] = '\0';
+    memcpy(g_token, buf, sizeof(g_token));
+    return KOLO_OK;
+}
+
+/* The rendezvous directory for Gloo, which meets through files: rank 0
+ * makes it and broadcasts its path (every rank must be on its host). */
+static int mpienv_make_dir(const kolo__mpienv_t *out, char *err, size_t errlen)
+{
+    char buf[4096 + 1];
+    int bad = 0, any_bad = 0, hosts = out->size / out->local_size;
+
+    memset(buf, 0, sizeof(buf));
+    bad = out->local_size != out->size;
+    MPI_TRY("MPI_Allreduce", MPI_Allreduce(&bad, &any_bad, 1, MPI_INT,
+                                           MPI_MAX, g_comm));
+    if (any_bad)
+        return kolo__ops_fail(err, errlen, KOLO_ERR_CONFIG,
+                             "KOLO_CONTROLLER or KOLO_CPU_OPERATIONS asks "
+                             "for gloo under mpirun, and the ranks span "
+                             "about %d hosts: Gloo needs a rendezvous "
+                             "directory that every host shares; set "
+                             "KOLO_RENDEZVOUS=file:DIR on a shared file "
+                             "system, or use the mpi backend",
+                             hosts > 1 ? hosts : 2);
+    if (out->rank == 0) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(buf, sizeof(buf), "%s/kolo-mpi-XXXXXX",
+                 tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
+        if (mkdtemp(buf) == NULL)
+            buf[0] = '\0';
+    }
+    MPI_TRY("MPI_Bcast of the rendezvous directory",
+            MPI_Bcast(buf, 4096, MPI_CHAR, 0, g_comm));
+    if (buf[0] == '\0')
+        return kolo__ops_fail(err, errlen, KOLO_ERR_CONFIG,
+                             "rank 0 could not create a rendezvous "
+                             "directory for Gloo under mpirun (in "
+                             "$TMPDIR or /tmp); set KOLO_RENDEZVOUS="
+                             "file:DIR");
+    g_dir_owner = out->rank == 0;
+    buf[4000] = '\0';
+    snprintf(g_dir, sizeof(g_dir), "%s", buf);
+    return KOLO_OK;
+}
+
+int kolo__mpienv_start(int need_dir, kolo__mpienv_t *out, char *err, size_t errlen)
+{
+    int any = need_dir, rc;
+
+    memset(out, 0, sizeof(*out));
+    if ((rc = mpienv_init_mpi(err, errlen)) != KOLO_OK ||
+        (rc = mpienv_shape(out, err, errlen)) != KOLO_OK ||
+        (rc = mpienv_token(out, err, errlen)) != KOLO_OK)
+        return rc;
     /* Every rank must take the same branch below (its calls are
      * collective), even when only some ranks asked for Gloo: the settings
      * check in kolo_init then names the difference. */
-    {
-        int any = need_dir;
-        MPI_TRY("MPI_Allreduce", MPI_Allreduce(&need_dir, &any, 1, MPI_INT,
-                                               MPI_MAX, g_comm));
-        need_dir = any;
-    }
-    if (need_dir && g_dir[0] == '\0') {
-        /* Gloo meets through files: a directory every rank can read. */
-        int bad = 0, any_bad = 0, hosts = out->size / out->local_size;
-        memset(buf, 0, sizeof(buf));
-        bad = out->local_size != out->size;
-        MPI_TRY("MPI_Allreduce", MPI_Allreduce(&bad, &any_bad, 1, MPI_INT,
-                                               MPI_MAX, g_comm));
-        if (any_bad)
-            return kolo__ops_fail(err, errlen, KOLO_ERR_CONFIG,
-                                 "KOLO_CONTROLLER or KOLO_CPU_OPERATIONS asks "
-                                 "for gloo under mpirun, and the ranks span "
-                                 "about %d hosts: Gloo needs a rendezvous "
-                                 "directory that every host shares; set "
-                                 "KOLO_RENDEZVOUS=file:DIR on a shared file "
-                                 "system, or use the mpi backend",
-                                 hosts > 1 ? hosts : 2);
-        if (out->rank == 0) {
-            const char *tmp = getenv("TMPDIR");
-            snprintf(buf, sizeof(buf), "%s/kolo-mpi-XXXXXX",
-                     tmp != NULL && tmp[0] != '\0' ? tmp : "/tmp");
-            if (mkdtemp(buf) == NULL)
-                buf[0] = '\0';
-        }
-        MPI_TRY("MPI_Bcast of the rendezvous directory",
-                MPI_Bcast(buf, 4096, MPI_CHAR, 0, g_comm));
-        if (buf[0] == '\0')
-            return kolo__ops_fail(err, errlen, KOLO_ERR_CONFIG,
-                                 "rank 0 could not create a rendezvous "
-                                 "directory for Gloo under mpirun (in "
-                                 "$TMPDIR or /tmp); set KOLO_RENDEZVOUS="
-                                 "file:DIR");
-        g_dir_owner = out->rank == 0;
-        buf[4000] = '\0';
-        snprintf(g_dir, sizeof(g_dir), "%s", buf);
-        snprintf(out->rendezvous, sizeof(out->rendezvous), "file:%.4000s", buf);
-    } else if (need_dir) {
+    MPI_TRY("MPI_Allreduce", MPI_Allreduce(&need_dir, &any, 1, MPI_INT,
+                                           MPI_MAX, g_comm));
+    if (any && g_dir[0] == '\0' &&
+        (rc = mpienv_make_dir(out, err, errlen)) != KOLO_OK)
+        return rc;
+    if (any)
         snprintf(out->rendezvous, sizeof(out->rendezvous), "file:%.4000s", g_dir);
-    } else {
+    else
         snprintf(out->rendezvous, sizeof(out->rendezvous), "mpi:%s", g_token);
-    }
     return KOLO_OK;
 }
 
