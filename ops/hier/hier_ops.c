@@ -74,88 +74,127 @@ static int sub_init(const kolo__ops_t *ops, const kolo__ops_config_t *cfg,
     return ops->init(&sub, ctx, err, errlen);
 }
 
-static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
-                     size_t errlen)
-{
-    hier_ctx_t *h = kolo__calloc(1, sizeof(*h));
-    int *lmem = NULL, *lhost = NULL, *xmem = NULL, *xhost = NULL;
-    int rc = KOLO_ERR_NO_MEMORY;
-    char prefix[256];
-    kolo__hosts_t g = {0};
+/* Whom this rank meets in its host's context and in its cross-host one:
+ * the members grouped by host, and each inner context's members and
+ * hosts. */
+typedef struct hier_plan {
+    kolo__hosts_t g;
+    int *lmem, *lhost; /* [nlocal]: this rank's host */
+    int *xmem, *xhost; /* [nhosts]: this local index on every host */
+} hier_plan_t;
 
-    *out = NULL;
-    if (h == NULL)
-        goto oom;
+static void plan_free(hier_plan_t *p)
+{
+    free(p->lmem), free(p->lhost), free(p->xmem), free(p->xhost);
+    kolo__hosts_free(&p->g);
+}
+
+static int hier_oom(char *err, size_t errlen)
+{
+    snprintf(err, errlen, "out of memory starting hierarchical allreduce");
+    return KOLO_ERR_NO_MEMORY;
+}
+
+/* The backends underneath: shared memory within a host, cfg->cross_ops
+ * across. */
+static int find_backends(hier_ctx_t *h, const kolo__ops_config_t *cfg,
+                         char *err, size_t errlen)
+{
     h->net = cfg->cross_ops != NULL ? kolo__ops_find(cfg->cross_ops) : NULL;
     h->shm = kolo__ops_find("shm");
     if (h->net == NULL || h->shm == NULL || cfg->hosts == NULL) {
         snprintf(err, errlen, "hierarchical allreduce needs shared memory and "
                  "the '%s' backend in this build",
                  cfg->cross_ops ? cfg->cross_ops : "(none)");
-        hier_finalize(h);
         return KOLO_ERR_UNSUPPORTED;
     }
-    if (kolo__hosts_group(cfg->hosts, cfg->size, cfg->rank, &g) != 0)
-        goto oom;
-    h->nlocal = g.nlocal;
-    h->nhosts = g.nhosts;
-    if (!g.same) {
+    return KOLO_OK;
+}
+
+/* Groups the members by host (every host must hold as many) and lists
+ * the members of this rank's host and those with its local index. */
+static int plan_make(hier_plan_t *p, hier_ctx_t *h,
+                     const kolo__ops_config_t *cfg, char *err, size_t errlen)
+{
+    kolo__hosts_t *g = &p->g;
+
+    if (kolo__hosts_group(cfg->hosts, cfg->size, cfg->rank, g) != 0)
+        return hier_oom(err, errlen);
+    h->nlocal = g->nlocal;
+    h->nhosts = g->nhosts;
+    h->me_local = g->me_local;
+    if (!g->same) {
         snprintf(err, errlen, "hierarchical allreduce needs the same number "
                  "of ranks on every host: %d ranks on %d hosts, %d on this one",
                  cfg->size, h->nhosts, h->nlocal);
-        rc = KOLO_ERR_UNSUPPORTED;
-        goto fail;
+        return KOLO_ERR_UNSUPPORTED;
     }
-    lmem = kolo__malloc((size_t)g.nlocal * sizeof(int));
-    lhost = kolo__malloc((size_t)g.nlocal * sizeof(int));
-    xmem = kolo__malloc((size_t)g.nhosts * sizeof(int));
-    xhost = kolo__malloc((size_t)g.nhosts * sizeof(int));
-    if (!lmem || !lhost || !xmem || !xhost)
-        goto oom;
-    /* This rank's host; the member of each host with this local index. */
-    for (int j = 0; j < g.nlocal; j++) {
-        lmem[j] = cfg->members[g.local[j]];
-        lhost[j] = cfg->hosts[g.local[j]];
+    p->lmem = kolo__malloc((size_t)g->nlocal * sizeof(int));
+    p->lhost = kolo__malloc((size_t)g->nlocal * sizeof(int));
+    p->xmem = kolo__malloc((size_t)g->nhosts * sizeof(int));
+    p->xhost = kolo__malloc((size_t)g->nhosts * sizeof(int));
+    if (!p->lmem || !p->lhost || !p->xmem || !p->xhost)
+        return hier_oom(err, errlen);
+    for (int j = 0; j < g->nlocal; j++) {
+        p->lmem[j] = cfg->members[g->local[j]];
+        p->lhost[j] = cfg->hosts[g->local[j]];
     }
-    for (int k = 0; k < g.nhosts; k++) {
-        xmem[k] = cfg->members[g.cross[k]];
-        xhost[k] = cfg->hosts[g.cross[k]];
+    for (int k = 0; k < g->nhosts; k++) {
+        p->xmem[k] = cfg->members[g->cross[k]];
+        p->xhost[k] = cfg->hosts[g->cross[k]];
     }
+    return KOLO_OK;
+}
+
+/* Starts the three inner contexts (the essay), each under a prefix of its
+ * own. */
+static int start_inner(hier_ctx_t *h, const kolo__ops_config_t *cfg,
+                       const hier_plan_t *p, char *err, size_t errlen)
+{
+    char prefix[256];
+    int rc;
 
     snprintf(prefix, sizeof(prefix), "%s/host%d", cfg->prefix,
              cfg->hosts[cfg->rank]);
-    rc = sub_init(h->shm, cfg, g.me_local, h->nlocal, lmem, lhost, prefix,
-                  &h->local, err, errlen);
+    rc = sub_init(h->shm, cfg, p->g.me_local, h->nlocal, p->lmem, p->lhost,
+                  prefix, &h->local, err, errlen);
     if (rc != KOLO_OK)
-        goto fail;
-    snprintf(prefix, sizeof(prefix), "%s/cross%d", cfg->prefix, g.me_local);
-    rc = sub_init(h->net, cfg, g.me_host, h->nhosts, xmem, xhost, prefix,
-                  &h->cross, err, errlen);
+        return rc;
+    snprintf(prefix, sizeof(prefix), "%s/cross%d", cfg->prefix, p->g.me_local);
+    rc = sub_init(h->net, cfg, p->g.me_host, h->nhosts, p->xmem, p->xhost,
+                  prefix, &h->cross, err, errlen);
     if (rc != KOLO_OK)
-        goto fail;
+        return rc;
     snprintf(prefix, sizeof(prefix), "%s/flat", cfg->prefix);
-    rc = sub_init(h->net, cfg, cfg->rank, cfg->size, cfg->members, cfg->hosts,
-                  prefix, &h->flat, err, errlen);
-    if (rc != KOLO_OK)
-        goto fail;
+    return sub_init(h->net, cfg, cfg->rank, cfg->size, cfg->members,
+                    cfg->hosts, prefix, &h->flat, err, errlen);
+}
 
-    h->me_local = g.me_local;
-    h->counts = kolo__calloc((size_t)h->nlocal, sizeof(size_t));
-    h->bytes = kolo__calloc((size_t)h->nlocal, sizeof(size_t));
-    if (h->counts == NULL || h->bytes == NULL)
-        goto oom;
-    free(lmem), free(lhost), free(xmem), free(xhost);
-    kolo__hosts_free(&g);
+static int hier_init(const kolo__ops_config_t *cfg, void **out, char *err,
+                     size_t errlen)
+{
+    hier_ctx_t *h = kolo__calloc(1, sizeof(*h));
+    hier_plan_t p = {.lmem = NULL};
+    int rc;
+
+    *out = NULL;
+    if (h == NULL)
+        return hier_oom(err, errlen);
+    if ((rc = find_backends(h, cfg, err, errlen)) == KOLO_OK &&
+        (rc = plan_make(&p, h, cfg, err, errlen)) == KOLO_OK &&
+        (rc = start_inner(h, cfg, &p, err, errlen)) == KOLO_OK) {
+        h->counts = kolo__calloc((size_t)h->nlocal, sizeof(size_t));
+        h->bytes = kolo__calloc((size_t)h->nlocal, sizeof(size_t));
+        if (h->counts == NULL || h->bytes == NULL)
+            rc = hier_oom(err, errlen);
+    }
+    plan_free(&p);
+    if (rc != KOLO_OK) {
+        hier_finalize(h);
+        return rc;
+    }
     *out = h;
     return KOLO_OK;
-oom:
-    snprintf(err, errlen, "out of memory starting hierarchical allreduce");
-    rc = KOLO_ERR_NO_MEMORY;
-fail:
-    free(lmem), free(lhost), free(xmem), free(xhost);
-    kolo__hosts_free(&g);
-    hier_finalize(h);
-    return rc;
 }
 
 /* Each local rank's share of a batch of count elements: the first ones
