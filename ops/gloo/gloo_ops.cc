@@ -1205,6 +1205,77 @@ void connect_ring(GlooCtx *g, const kolo__ops_config_t *cfg,
 }
 #endif
 
+/* This context's TCP device on cfg->hostname: where Gloo's pairs listen,
+ * a GuardedDevice, whose pairs screen what they accept with the context's
+ * key (Strangers, above). */
+void create_device(GlooCtx *g, const kolo__ops_config_t *cfg, const char *self,
+                   const uint8_t (&key)[KOLO__KEY_BYTES])
+{
+    tcp::attr attr;
+    attr.hostname = cfg->hostname;
+#ifdef KOLO_GLOO_PAIR_LISTENS
+    auto guard = std::make_shared<Guard>();
+    guard->warn = cfg->warn;
+    std::memcpy(guard->key, key, sizeof(key));
+#else
+    (void)key;
+#endif
+    try {
+#ifdef KOLO_GLOO_PAIR_LISTENS
+        g->device = std::make_shared<GuardedDevice>(
+            tcp::CreateDeviceAttr(attr), guard);
+#else
+        g->device = tcp::CreateDevice(attr);
+#endif
+    } catch (const std::exception &e) {
+        throw gloo::IoException(std::string("cannot bind address ") +
+                                cfg->hostname + " on host " + self +
+                                " (KOLO_HOSTNAME, or the address of "
+                                "KOLO_NETWORK_INTERFACE): " + e.what());
+    }
+}
+
+/* Connects Gloo's pairs (bounded by the start timeout); where pairs
+ * listen, a peer that gives up meanwhile ends the wait with its reason
+ * (PairWatch). */
+void connect_mesh(GlooCtx *g, gloo::rendezvous::Store &store,
+                  AbandonCheck &abandoned)
+{
+#ifdef KOLO_GLOO_PAIR_LISTENS
+    PairWatch watch(std::static_pointer_cast<GuardedDevice>(g->device),
+                    abandoned);
+    try {
+        g->context->connectFullMesh(store, g->device);
+    } catch (const std::exception &) {
+        std::string why = watch.gave_up();
+        if (!why.empty())
+            throw Abandoned(why);
+        throw;
+    }
+#else
+    (void)abandoned;
+    g->context->connectFullMesh(store, g->device);
+#endif
+}
+
+/* Wake tokens (the file's head): the receive buffer, a send buffer per
+ * rank and the listener thread, where there are peers to wake this rank. */
+void start_token_listener(GlooCtx *g, const kolo__ops_config_t *cfg)
+{
+    if (g->size <= 1 || cfg->on_wake == nullptr)
+        return;
+    g->on_wake = cfg->on_wake;
+    g->wake_arg = cfg->wake_arg;
+    g->recv_buf =
+        g->context->createUnboundBuffer(&g->recv_token, sizeof(uint64_t));
+    g->send_token.assign(g->size, 0);
+    g->send_pending.assign(g->size, 0);
+    for (int r = 0; r < g->size; r++)
+        g->send_buf.push_back(g->context->createUnboundBuffer(
+            &g->send_token[r], sizeof(uint64_t)));
+    g->listener = std::thread(listen_for_tokens, g);
+}
+
 int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
                          size_t errlen)
 {
@@ -1215,6 +1286,7 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
     }
     g->rank = cfg->rank;
     g->size = cfg->size;
+    /* Every step may throw: guarded() turns what it throws into a status. */
     int rc = guarded("rendezvous", err, errlen, [&] {
         char self[256] = "";
         gethostname(self, sizeof(self) - 1);
@@ -1227,35 +1299,10 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         gloo::rendezvous::PrefixStore prefix(cfg->prefix, *base);
         AbandonCheck abandoned(cfg);
         TimedStore store(prefix, to_ms(cfg->start_timeout_s), abandoned);
-        tcp::attr attr;
-        attr.hostname = cfg->hostname;
-#ifdef KOLO_GLOO_PAIR_LISTENS
-        auto guard = std::make_shared<Guard>();
-        guard->warn = cfg->warn;
-#endif
-#ifdef KOLO_GLOO_PAIR_LISTENS
-        std::shared_ptr<GuardedDevice> guarded_device;
-#endif
         uint8_t key[KOLO__KEY_BYTES] = {0};
         if (cfg->size > 1)
             context_key(store, cfg, where, key);
-#ifdef KOLO_GLOO_PAIR_LISTENS
-        std::memcpy(guard->key, key, sizeof(key));
-#endif
-        try {
-#ifdef KOLO_GLOO_PAIR_LISTENS
-            guarded_device = std::make_shared<GuardedDevice>(
-                tcp::CreateDeviceAttr(attr), guard);
-            g->device = guarded_device;
-#else
-            g->device = tcp::CreateDevice(attr);
-#endif
-        } catch (const std::exception &e) {
-            throw gloo::IoException(std::string("cannot bind address ") +
-                                    cfg->hostname + " on host " + self +
-                                    " (KOLO_HOSTNAME, or the address of "
-                                    "KOLO_NETWORK_INTERFACE): " + e.what());
-        }
+        create_device(g, cfg, self, key);
         g->context =
             std::make_shared<gloo::rendezvous::Context>(cfg->rank, cfg->size);
         /* Connecting is bounded by the start timeout, operations by the
@@ -1265,21 +1312,7 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         if (cfg->size > 1)
             listen_ring(g, cfg, store);
 #endif
-#ifdef KOLO_GLOO_PAIR_LISTENS
-        {
-            PairWatch watch(guarded_device, abandoned);
-            try {
-                g->context->connectFullMesh(store, g->device);
-            } catch (const std::exception &) {
-                std::string why = watch.gave_up();
-                if (!why.empty())
-                    throw Abandoned(why);
-                throw;
-            }
-        }
-#else
-        g->context->connectFullMesh(store, g->device);
-#endif
+        connect_mesh(g, store, abandoned);
         g->context->setTimeout(to_ms(cfg->timeout_s));
         g->timeout_s = cfg->timeout_s;
         if (cfg->members != nullptr)
@@ -1288,18 +1321,7 @@ int gloo_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
         if (cfg->size > 1)
             connect_ring(g, cfg, store, key);
 #endif
-        if (g->size > 1 && cfg->on_wake != nullptr) {
-            g->on_wake = cfg->on_wake;
-            g->wake_arg = cfg->wake_arg;
-            g->recv_buf = g->context->createUnboundBuffer(&g->recv_token,
-                                                          sizeof(uint64_t));
-            g->send_token.assign(g->size, 0);
-            g->send_pending.assign(g->size, 0);
-            for (int r = 0; r < g->size; r++)
-                g->send_buf.push_back(g->context->createUnboundBuffer(
-                    &g->send_token[r], sizeof(uint64_t)));
-            g->listener = std::thread(listen_for_tokens, g);
-        }
+        start_token_listener(g, cfg);
     });
     if (rc != KOLO_OK) {
         delete g;
