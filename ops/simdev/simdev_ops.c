@@ -412,35 +412,36 @@ void kolo__simdev_hold(int device, int on)
     unlock();
 }
 
+/* Sets a rank's entry of a table of armed failures (g_fail_next,
+ * g_fail_start) to `value` and returns what it held (0 for a rank out of
+ * range, which nothing arms). */
+static int swap_armed(int *table, int global_rank, int value)
+{
+    int was;
+
+    if (global_rank < 0 || global_rank >= MAX_RANKS)
+        return 0;
+    lock();
+    was = table[global_rank];
+    table[global_rank] = value;
+    unlock();
+    return was;
+}
+
 void kolo__simdev_fail_next(int global_rank)
 {
-    if (global_rank < 0 || global_rank >= MAX_RANKS)
-        return;
-    lock();
-    g_fail_next[global_rank] = 1;
-    unlock();
+    swap_armed(g_fail_next, global_rank, 1);
 }
 
 void kolo__simdev_fail_start(int global_rank, int code)
 {
-    if (global_rank < 0 || global_rank >= MAX_RANKS)
-        return;
-    lock();
-    g_fail_start[global_rank] = code;
-    unlock();
+    swap_armed(g_fail_start, global_rank, code);
 }
 
 /* The failure kolo__simdev_fail_start armed for this rank, taken. */
 static int take_fail_start(int global_rank)
 {
-    int code = 0;
-    if (global_rank < 0 || global_rank >= MAX_RANKS)
-        return 0;
-    lock();
-    code = g_fail_start[global_rank];
-    g_fail_start[global_rank] = 0;
-    unlock();
-    return code;
+    return swap_armed(g_fail_start, global_rank, 0);
 }
 
 void kolo__simdev_counts(int global_rank, uint64_t *queued, uint64_t *finished)
