@@ -222,40 +222,17 @@ template <typename F> struct scale_half {
     }
 };
 
-/* Integer average: exact division truncating toward zero, in W (int32_t
- * when the divisor fits, which is much cheaper on the GPU than int64_t and
- * gives the same quotient for types up to 32 bits; int64_t otherwise). */
-template <typename T, typename W> struct div_int {
+/* Average: x / d, computed in W and rounded once to T. Integers divide
+ * exactly, truncating toward zero, in int32_t when the divisor fits (much
+ * cheaper on the GPU than int64_t, and the same quotient for types up to
+ * 32 bits), else in int64_t. float32 is correctly rounded in float while
+ * d is exact as a float (d <= 2^24), else in double (see reduce.c's
+ * div_f32); float64 divides in double. */
+template <typename T, typename W> struct div_in {
     W d;
     __device__ __forceinline__ T operator()(T x) const
     {
         return (T)((W)x / d);
-    }
-};
-
-/* float32 / d, correctly rounded: in float while d is exact as a float
- * (d <= 2^24), else in double (see reduce.c's div_f32). */
-struct div_f32 {
-    float d;
-    __device__ __forceinline__ float operator()(float x) const
-    {
-        return x / d;
-    }
-};
-
-struct div_f32_wide {
-    double d;
-    __device__ __forceinline__ float operator()(float x) const
-    {
-        return (float)((double)x / d);
-    }
-};
-
-struct div_f64 {
-    double d;
-    __device__ __forceinline__ double operator()(double x) const
-    {
-        return x / d;
     }
 };
 
@@ -538,9 +515,9 @@ int run_div_int(void *buf, size_t n, int64_t d, cudaStream_t s)
 {
     if constexpr (sizeof(T) <= 4) {
         if (d <= INT32_MAX)
-            return run_inplace<T>(buf, n, div_int<T, int32_t>{(int32_t)d}, s);
+            return run_inplace<T>(buf, n, div_in<T, int32_t>{(int32_t)d}, s);
     }
-    return run_inplace<T>(buf, n, div_int<T, int64_t>{d}, s);
+    return run_inplace<T>(buf, n, div_in<T, int64_t>{d}, s);
 }
 
 } /* namespace */
@@ -611,10 +588,10 @@ int kolo__gpu_average(void *buf, size_t n, int dtype, int64_t divisor,
         return run_inplace<uint16_t>(buf, n, div_half<fmt_bf16>{(float)divisor}, s);
     case KOLO_FLOAT32:
         if (divisor <= (INT64_C(1) << 24))
-            return run_inplace<float>(buf, n, div_f32{(float)divisor}, s);
-        return run_inplace<float>(buf, n, div_f32_wide{(double)divisor}, s);
+            return run_inplace<float>(buf, n, div_in<float, float>{(float)divisor}, s);
+        return run_inplace<float>(buf, n, div_in<float, double>{(double)divisor}, s);
     case KOLO_FLOAT64:
-        return run_inplace<double>(buf, n, div_f64{(double)divisor}, s);
+        return run_inplace<double>(buf, n, div_in<double, double>{(double)divisor}, s);
     default: return (int)cudaErrorInvalidValue;
     }
 }
