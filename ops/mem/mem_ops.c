@@ -429,12 +429,11 @@ static int mem_init(const kolo__ops_config_t *cfg, void **ctx, char *err,
     if (rc == KOLO_OK && (rc = group_wait_all(c, cfg, err, errlen)) != KOLO_OK)
         group_leave(c);
     pthread_mutex_unlock(&g_mu);
-    if (rc != KOLO_OK) {
+    if (rc == KOLO_OK)
+        *ctx = c;
+    else
         ctx_free(c);
-        return rc;
-    }
-    *ctx = c;
-    return KOLO_OK;
+    return rc;
 }
 
 static void mem_finalize(void *ctx)
