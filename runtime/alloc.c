@@ -92,6 +92,16 @@ int kolo__thread_create(pthread_t *t, const pthread_attr_t *attr,
     return pthread_create(t, attr, fn, arg);
 }
 
+void kolo__thread_stop(pthread_t thread, pthread_mutex_t *mu,
+                       pthread_cond_t *cv, int *stop)
+{
+    pthread_mutex_lock(mu);
+    *stop = 1;
+    pthread_cond_signal(cv);
+    pthread_mutex_unlock(mu);
+    pthread_join(thread, NULL);
+}
+
 void kolo__fault_arm(kolo__fault_kind_t kind, long nth, int persistent, int rank)
 {
     fault_t *f = &g_fault[kind];

@@ -43,6 +43,13 @@ char *kolo__strdup(const char *s);
 int kolo__thread_create(pthread_t *t, const pthread_attr_t *attr,
                         void *(*fn)(void *), void *arg);
 
+/* Stops a worker thread that kolo started and that waits on `cv` under
+ * `mu` until *stop is set (the watchdog, the timeline's writer, a test
+ * backend's delivery thread): sets *stop under the lock, wakes the thread
+ * and waits for it to end. */
+void kolo__thread_stop(pthread_t thread, pthread_mutex_t *mu,
+                       pthread_cond_t *cv, int *stop);
+
 /* ---- for the tests ------------------------------------------------------- */
 
 typedef enum kolo__fault_kind {

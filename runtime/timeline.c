@@ -860,13 +860,8 @@ void kolo__timeline_free(kolo__timeline_t *tl)
     if (tl == NULL)
         return;
     kolo__timeline_stop(tl, NULL);
-    if (tl->writer_started) {
-        pthread_mutex_lock(&tl->mu);
-        tl->quit = 1;
-        pthread_cond_signal(&tl->cv);
-        pthread_mutex_unlock(&tl->mu);
-        pthread_join(tl->writer, NULL);
-    }
+    if (tl->writer_started)
+        kolo__thread_stop(tl->writer, &tl->mu, &tl->cv, &tl->quit);
     for (size_t i = 0; i < tl->count; i++) {
         free(tl->ring[(tl->head + i) % RING_SIZE].tensor);
         free(tl->ring[(tl->head + i) % RING_SIZE].args);

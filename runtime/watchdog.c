@@ -162,11 +162,7 @@ void kolo__watchdog_stop(kolo__runtime_t *rt)
 
     if (w == NULL)
         return;
-    pthread_mutex_lock(&w->mu);
-    w->stop = 1;
-    pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&w->mu);
-    pthread_join(w->thread, NULL);
+    kolo__thread_stop(w->thread, &w->mu, &w->cv, &w->stop);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
     free(w);

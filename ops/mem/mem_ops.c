@@ -279,13 +279,8 @@ static void group_unref(mem_group_t *g)
 
 static void ctx_free(mem_ctx_t *c)
 {
-    if (c->thread_started) {
-        pthread_mutex_lock(&c->dmu);
-        c->dstop = 1;
-        pthread_cond_signal(&c->dcv);
-        pthread_mutex_unlock(&c->dmu);
-        pthread_join(c->thread, NULL);
-    }
+    if (c->thread_started)
+        kolo__thread_stop(c->thread, &c->dmu, &c->dcv, &c->dstop);
     pthread_cond_destroy(&c->dcv);
     pthread_mutex_destroy(&c->dmu);
     free(c->peer);
