@@ -199,8 +199,25 @@ static void mode_api(const char *path, int nsteps)
         MUST(kolo_start_timeline(path, 0));
     }
     steps(0, nsteps);
-    if (rank == 0)
+    /* The others enqueue "post.stop" only once rank 0 has stopped its
+     * timeline: their requests reach rank 0, the coordinator, as soon as
+     * they enqueue, and a request that came before the stop is rightly in
+     * the file. They learn of the stop through a file, not a collective
+     * (which would be in the file too). */
+    snprintf(again, sizeof(again), "%s.stopped", path);
+    if (rank == 0) {
         MUST(kolo_stop_timeline());
+        FILE *f = fopen(again, "w");
+        CHECK(f != NULL && fclose(f) == 0, "cannot create %s", again);
+    } else {
+        for (int ms = 0; access(again, F_OK) != 0; ms++) {
+            if (ms == 120000) {
+                CHECK(0, "rank 0 did not stop its timeline in 120 s");
+                break;
+            }
+            usleep(1000);
+        }
+    }
     one_allreduce("post.stop");
     /* A second start writes a new file; a second stop is harmless. */
     snprintf(again, sizeof(again), "%s.again.json", path);
