@@ -21,7 +21,7 @@
 /* ---- a fake environment ------------------------------------------------ */
 
 #define MAX_VARS 32
-static const char *fake_names[MAX_VARS];
+static char fake_names[MAX_VARS][64];
 static const char *fake_values[MAX_VARS];
 static int fake_n;
 static int fake_lookups_of_unknown; /* names outside KOLO_* and HOROVOD_* */
@@ -32,6 +32,7 @@ static void fake_reset(void)
     fake_lookups_of_unknown = 0;
 }
 
+/* Sets (or replaces) one variable; the value is kept by reference. */
 static void fake_set(const char *name, const char *value)
 {
     for (int i = 0; i < fake_n; i++)
@@ -40,9 +41,34 @@ static void fake_set(const char *name, const char *value)
             return;
         }
     ck_assert_int_lt(fake_n, MAX_VARS);
-    fake_names[fake_n] = name;
+    ck_assert_uint_lt(strlen(name), sizeof fake_names[0]);
+    strcpy(fake_names[fake_n], name);
     fake_values[fake_n] = value;
     fake_n++;
+}
+
+/* Sets one "NAME=value" entry, as environ holds it. */
+static void fake_put(const char *entry)
+{
+    char name[sizeof fake_names[0]];
+    size_t len = strcspn(entry, "=");
+
+    ck_assert_msg(entry[len] == '=' && len < sizeof name, "entry %s", entry);
+    memcpy(name, entry, len);
+    name[len] = '\0';
+    fake_set(name, entry + len + 1);
+}
+
+/* Sets the "NAME=value" entries given (NULL ends the list): a launcher's
+ * many variables in one place. */
+static void fake_add(const char *first, ...)
+{
+    va_list ap;
+
+    va_start(ap, first);
+    for (const char *e = first; e != NULL; e = va_arg(ap, const char *))
+        fake_put(e);
+    va_end(ap);
 }
 
 static const char *fake_getenv(const char *name)
@@ -100,6 +126,73 @@ static void bad_value(const char *name, const char *value)
     load_fails(name, quoted, "expected", (const char *)NULL);
 }
 
+/* Where a configuration or a launcher places this rank, compared as a
+ * whole (kolo__config_t and kolo__launchenv_t name the fields alike). */
+typedef struct placement {
+    int64_t rank, size, local_rank, local_size, cross_rank, cross_size;
+} placement_t;
+
+#define PLACEMENT_OF(x)                                                        \
+    ((placement_t){(x).rank, (x).size, (x).local_rank, (x).local_size,         \
+                   (x).cross_rank, (x).cross_size})
+
+/* Rank `rank` of `size`, `local_rank` of `local_size` on its host, whose
+ * place among the hosts is `cross_rank` of `cross_size`. */
+static placement_t placed(int64_t rank, int64_t size, int64_t local_rank,
+                          int64_t local_size, int64_t cross_rank,
+                          int64_t cross_size)
+{
+    return (placement_t){rank, size, local_rank, local_size, cross_rank,
+                         cross_size};
+}
+
+static void expect_placement(placement_t got, placement_t want)
+{
+    ck_assert_msg(memcmp(&got, &want, sizeof got) == 0,
+                  "rank %lld of %lld, local %lld of %lld, cross %lld of %lld; "
+                  "expected rank %lld of %lld, local %lld of %lld, cross %lld "
+                  "of %lld",
+                  (long long)got.rank, (long long)got.size,
+                  (long long)got.local_rank, (long long)got.local_size,
+                  (long long)got.cross_rank, (long long)got.cross_size,
+                  (long long)want.rank, (long long)want.size,
+                  (long long)want.local_rank, (long long)want.local_size,
+                  (long long)want.cross_rank, (long long)want.cross_size);
+}
+
+/* The variables kolo.h documents first: the rank's place and the knobs
+ * every job has. */
+typedef struct config_want {
+    placement_t at;
+    const char *rendezvous, *hostname;
+    int64_t fusion_threshold, cache_capacity, log_level;
+    double cycle_time_ms, timeout_s, start_timeout_s;
+} config_want_t;
+
+static void expect_config(const kolo__config_t *cfg, config_want_t want)
+{
+    expect_placement(PLACEMENT_OF(*cfg), want.at);
+    ck_assert_str_eq(cfg->rendezvous, want.rendezvous);
+    ck_assert_str_eq(cfg->hostname, want.hostname);
+    ck_assert_int_eq(cfg->fusion_threshold, want.fusion_threshold);
+    ck_assert_double_eq(cfg->cycle_time_ms, want.cycle_time_ms);
+    ck_assert_int_eq(cfg->cache_capacity, want.cache_capacity);
+    ck_assert_double_eq(cfg->timeout_s, want.timeout_s);
+    ck_assert_double_eq(cfg->start_timeout_s, want.start_timeout_s);
+    ck_assert_int_eq(cfg->log_level, want.log_level);
+}
+
+/* A fresh environment of one variable, loaded (it must load). */
+static kolo__config_t load_one(const char *name, const char *value)
+{
+    kolo__config_t cfg;
+
+    fake_reset();
+    fake_set(name, value);
+    load_ok(&cfg);
+    return cfg;
+}
+
 /* ---- defaults and parsing ---------------------------------------------- */
 
 START_TEST(defaults)
@@ -109,20 +202,12 @@ START_TEST(defaults)
     fake_reset();
     memset(&cfg, 0x5a, sizeof cfg);
     load_ok(&cfg);
-    ck_assert_int_eq(cfg.rank, 0);
-    ck_assert_int_eq(cfg.size, 1);
-    ck_assert_int_eq(cfg.local_rank, 0);
-    ck_assert_int_eq(cfg.local_size, 1);
-    ck_assert_int_eq(cfg.cross_rank, 0);
-    ck_assert_int_eq(cfg.cross_size, 1);
-    ck_assert_str_eq(cfg.rendezvous, "");
-    ck_assert_str_eq(cfg.hostname, "127.0.0.1");
-    ck_assert_int_eq(cfg.fusion_threshold, 128 * 1024 * 1024); /* kolo.h */
-    ck_assert_double_eq(cfg.cycle_time_ms, 5.0);
-    ck_assert_int_eq(cfg.cache_capacity, 1024);
-    ck_assert_double_eq(cfg.timeout_s, 60.0);
-    ck_assert_double_eq(cfg.start_timeout_s, 60.0);
-    ck_assert_int_eq(cfg.log_level, KOLO__LOG_WARNING);
+    expect_config(&cfg, (config_want_t){
+        .at = placed(0, 1, 0, 1, 0, 1),
+        .rendezvous = "", .hostname = "127.0.0.1",
+        .fusion_threshold = 128 * 1024 * 1024, /* kolo.h */
+        .cycle_time_ms = 5.0, .cache_capacity = 1024, .timeout_s = 60.0,
+        .start_timeout_s = 60.0, .log_level = KOLO__LOG_WARNING});
     ck_assert_int_eq(fake_lookups_of_unknown, 0);
 }
 END_TEST
@@ -132,35 +217,20 @@ START_TEST(every_variable_parsed)
     kolo__config_t cfg;
 
     fake_reset();
-    fake_set("KOLO_RANK", "5");
-    fake_set("KOLO_SIZE", "8");
-    fake_set("KOLO_LOCAL_RANK", "1");
-    fake_set("KOLO_LOCAL_SIZE", "4");
-    fake_set("KOLO_CROSS_RANK", "1");
-    fake_set("KOLO_CROSS_SIZE", "2");
-    fake_set("KOLO_RENDEZVOUS", "file:/tmp/kolo-job-42");
-    fake_set("KOLO_HOSTNAME", "node7.cluster");
-    fake_set("KOLO_FUSION_THRESHOLD", "1048577");
-    fake_set("KOLO_CYCLE_TIME", "2.5");
-    fake_set("KOLO_CACHE_CAPACITY", "0");
-    fake_set("KOLO_TIMEOUT_SECONDS", "0.25");
-    fake_set("KOLO_START_TIMEOUT", "300");
-    fake_set("KOLO_LOG_LEVEL", "debug");
+    fake_add("KOLO_RANK=5", "KOLO_SIZE=8", "KOLO_LOCAL_RANK=1",
+             "KOLO_LOCAL_SIZE=4", "KOLO_CROSS_RANK=1", "KOLO_CROSS_SIZE=2",
+             "KOLO_RENDEZVOUS=file:/tmp/kolo-job-42",
+             "KOLO_HOSTNAME=node7.cluster", "KOLO_FUSION_THRESHOLD=1048577",
+             "KOLO_CYCLE_TIME=2.5", "KOLO_CACHE_CAPACITY=0",
+             "KOLO_TIMEOUT_SECONDS=0.25", "KOLO_START_TIMEOUT=300",
+             "KOLO_LOG_LEVEL=debug", (const char *)NULL);
     load_ok(&cfg);
-    ck_assert_int_eq(cfg.rank, 5);
-    ck_assert_int_eq(cfg.size, 8);
-    ck_assert_int_eq(cfg.local_rank, 1);
-    ck_assert_int_eq(cfg.local_size, 4);
-    ck_assert_int_eq(cfg.cross_rank, 1);
-    ck_assert_int_eq(cfg.cross_size, 2);
-    ck_assert_str_eq(cfg.rendezvous, "file:/tmp/kolo-job-42");
-    ck_assert_str_eq(cfg.hostname, "node7.cluster");
-    ck_assert_int_eq(cfg.fusion_threshold, 1048577);
-    ck_assert_double_eq(cfg.cycle_time_ms, 2.5);
-    ck_assert_int_eq(cfg.cache_capacity, 0);
-    ck_assert_double_eq(cfg.timeout_s, 0.25);
-    ck_assert_double_eq(cfg.start_timeout_s, 300.0);
-    ck_assert_int_eq(cfg.log_level, KOLO__LOG_DEBUG);
+    expect_config(&cfg, (config_want_t){
+        .at = placed(5, 8, 1, 4, 1, 2),
+        .rendezvous = "file:/tmp/kolo-job-42", .hostname = "node7.cluster",
+        .fusion_threshold = 1048577, .cycle_time_ms = 2.5,
+        .cache_capacity = 0, .timeout_s = 0.25, .start_timeout_s = 300.0,
+        .log_level = KOLO__LOG_DEBUG});
 }
 END_TEST
 
@@ -169,9 +239,8 @@ START_TEST(local_rank_and_size_default_to_rank_and_size)
     kolo__config_t cfg;
 
     fake_reset();
-    fake_set("KOLO_RANK", "2");
-    fake_set("KOLO_SIZE", "3");
-    fake_set("KOLO_RENDEZVOUS", "file:/x");
+    fake_add("KOLO_RANK=2", "KOLO_SIZE=3", "KOLO_RENDEZVOUS=file:/x",
+             (const char *)NULL);
     load_ok(&cfg);
     ck_assert_int_eq(cfg.local_rank, 2);
     ck_assert_int_eq(cfg.local_size, 3);
@@ -200,12 +269,8 @@ START_TEST(fusion_threshold_suffixes)
         {"8589934592", 8589934592LL},
         {"8589934591G", 8589934591LL * 1024 * 1024 * 1024},
     };
-    kolo__config_t cfg;
-
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        fake_reset();
-        fake_set("KOLO_FUSION_THRESHOLD", cases[i].text);
-        load_ok(&cfg);
+        kolo__config_t cfg = load_one("KOLO_FUSION_THRESHOLD", cases[i].text);
         ck_assert_msg(cfg.fusion_threshold == cases[i].bytes,
                       "KOLO_FUSION_THRESHOLD=%s gave %lld, expected %lld",
                       cases[i].text, (long long)cfg.fusion_threshold,
@@ -293,12 +358,8 @@ START_TEST(log_levels)
         {"off", KOLO__LOG_OFF},         {"DEBUG", KOLO__LOG_DEBUG},
         {"Error", KOLO__LOG_ERROR},
     };
-    kolo__config_t cfg;
-
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        fake_reset();
-        fake_set("KOLO_LOG_LEVEL", cases[i].text);
-        load_ok(&cfg);
+        kolo__config_t cfg = load_one("KOLO_LOG_LEVEL", cases[i].text);
         ck_assert_msg(cfg.log_level == cases[i].level,
                       "KOLO_LOG_LEVEL=%s gave %lld", cases[i].text,
                       (long long)cfg.log_level);
@@ -369,33 +430,46 @@ START_TEST(bad_other_values)
 }
 END_TEST
 
+/* An environment whose rank is not below its size, and the two settings
+ * its message must name. */
+typedef struct rank_case {
+    const char *env[5]; /* "NAME=value" entries, NULL after the last */
+    const char *rank, *size;
+} rank_case_t;
+
+static void expect_ranks_refused(const rank_case_t *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        fake_reset();
+        for (const char *const *e = cases[i].env; *e != NULL; e++)
+            fake_put(*e);
+        load_fails(cases[i].rank, cases[i].size, (const char *)NULL);
+    }
+}
+
 START_TEST(rank_not_below_size)
 {
-    fake_reset();
-    fake_set("KOLO_RANK", "2");
-    fake_set("KOLO_SIZE", "2");
-    fake_set("KOLO_RENDEZVOUS", "file:/tmp/r");
-    load_fails("KOLO_RANK=2", "KOLO_SIZE=2", (const char *)NULL);
-    fake_set("KOLO_RANK", "7");
-    load_fails("KOLO_RANK=7", "KOLO_SIZE=2", (const char *)NULL);
-    /* Without KOLO_SIZE a job has one rank: rank 1 is out of range. */
-    fake_reset();
-    fake_set("KOLO_RANK", "1");
-    load_fails("KOLO_RANK=1", "KOLO_SIZE=1", (const char *)NULL);
+    static const rank_case_t cases[] = {
+        {{"KOLO_RANK=2", "KOLO_SIZE=2", "KOLO_RENDEZVOUS=file:/tmp/r"},
+         "KOLO_RANK=2", "KOLO_SIZE=2"},
+        {{"KOLO_RANK=7", "KOLO_SIZE=2", "KOLO_RENDEZVOUS=file:/tmp/r"},
+         "KOLO_RANK=7", "KOLO_SIZE=2"},
+        /* Without KOLO_SIZE a job has one rank: rank 1 is out of range. */
+        {{"KOLO_RANK=1"}, "KOLO_RANK=1", "KOLO_SIZE=1"},
+    };
+    expect_ranks_refused(cases, sizeof cases / sizeof cases[0]);
 }
 END_TEST
 
 START_TEST(local_and_cross_rank_not_below_size)
 {
-    fake_reset();
-    fake_set("KOLO_SIZE", "4");
-    fake_set("KOLO_RENDEZVOUS", "file:/tmp/r");
-    fake_set("KOLO_LOCAL_RANK", "2");
-    fake_set("KOLO_LOCAL_SIZE", "2");
-    load_fails("KOLO_LOCAL_RANK=2", "KOLO_LOCAL_SIZE=2", (const char *)NULL);
-    fake_reset();
-    fake_set("KOLO_CROSS_RANK", "1");
-    load_fails("KOLO_CROSS_RANK=1", "KOLO_CROSS_SIZE=1", (const char *)NULL);
+    static const rank_case_t cases[] = {
+        {{"KOLO_SIZE=4", "KOLO_RENDEZVOUS=file:/tmp/r", "KOLO_LOCAL_RANK=2",
+          "KOLO_LOCAL_SIZE=2"},
+         "KOLO_LOCAL_RANK=2", "KOLO_LOCAL_SIZE=2"},
+        {{"KOLO_CROSS_RANK=1"}, "KOLO_CROSS_RANK=1", "KOLO_CROSS_SIZE=1"},
+    };
+    expect_ranks_refused(cases, sizeof cases / sizeof cases[0]);
 }
 END_TEST
 
@@ -457,18 +531,16 @@ START_TEST(network_interface_resolved)
 
     /* lo exists on every Linux host, with 127.0.0.1. */
     fake_reset();
-    fake_set("KOLO_NETWORK_INTERFACE", "lo");
-    fake_set("KOLO_HOSTNAME", "10.9.9.9");
+    fake_add("KOLO_NETWORK_INTERFACE=lo", "KOLO_HOSTNAME=10.9.9.9",
+             (const char *)NULL);
     load_ok(&cfg);
     ck_assert_str_eq(cfg.network_interface, "lo");
     ck_assert_str_eq(cfg.hostname, "127.0.0.1");
     /* Absent: the message names the interface, the rank and the host, and
      * lists the interfaces there are. */
     fake_reset();
-    fake_set("KOLO_RANK", "1");
-    fake_set("KOLO_SIZE", "2");
-    fake_set("KOLO_RENDEZVOUS", "file:/tmp/x");
-    fake_set("KOLO_NETWORK_INTERFACE", "kolo-nope0");
+    fake_add("KOLO_RANK=1", "KOLO_SIZE=2", "KOLO_RENDEZVOUS=file:/tmp/x",
+             "KOLO_NETWORK_INTERFACE=kolo-nope0", (const char *)NULL);
     load_fails("KOLO_NETWORK_INTERFACE=kolo-nope0", "rank 1 on host",
                "no interface kolo-nope0", "lo", (const char *)NULL);
     bad_value("KOLO_NETWORK_INTERFACE", "much-too-long-interface");
@@ -502,8 +574,7 @@ START_TEST(first_bad_variable_reported)
     /* Two bad variables: the message is about one of them, whole (the
      * variable with its value), not a mix of the two. */
     fake_reset();
-    fake_set("KOLO_LOG_LEVEL", "loud");
-    fake_set("KOLO_SIZE", "0");
+    fake_add("KOLO_LOG_LEVEL=loud", "KOLO_SIZE=0", (const char *)NULL);
     ck_assert_int_eq(kolo__config_load(&cfg, fake_getenv, &err),
                      KOLO_ERR_CONFIG);
     size_named = strstr(err.msg, "KOLO_SIZE='0'") != NULL;
@@ -544,25 +615,19 @@ START_TEST(horovod_twins_read)
     kolo__config_t cfg;
 
     fake_reset();
-    fake_set("HOROVOD_RANK", "1");
-    fake_set("HOROVOD_SIZE", "2");
-    fake_set("KOLO_RENDEZVOUS", "file:/tmp/job");
-    fake_set("HOROVOD_FUSION_THRESHOLD", "1048576"); /* bytes, as kolo */
-    fake_set("HOROVOD_CYCLE_TIME", "2.5");           /* ms, as kolo */
-    fake_set("HOROVOD_CACHE_CAPACITY", "7");
-    fake_set("HOROVOD_CONTROLLER", "GLOO");          /* Horovod's case */
-    fake_set("HOROVOD_CPU_OPERATIONS", "Gloo");
-    fake_set("HOROVOD_LOG_LEVEL", "FATAL");
-    fake_set("HOROVOD_GLOO_TIMEOUT_SECONDS", "30");
-    fake_set("HOROVOD_START_TIMEOUT", "45");
-    fake_set("HOROVOD_TIMELINE", "/tmp/t.json");
-    fake_set("HOROVOD_TIMELINE_MARK_CYCLES", "1");
-    fake_set("HOROVOD_HIERARCHICAL_ALLREDUCE", "0");
-    fake_set("HOROVOD_AUTOTUNE", "1");
-    fake_set("HOROVOD_AUTOTUNE_LOG", "/tmp/a.csv");
-    fake_set("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE", "10");
-    fake_set("HOROVOD_STALL_CHECK_TIME_SECONDS", "5");
-    fake_set("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "9");
+    fake_add("HOROVOD_RANK=1", "HOROVOD_SIZE=2", "KOLO_RENDEZVOUS=file:/tmp/job",
+             "HOROVOD_FUSION_THRESHOLD=1048576", /* bytes, as kolo */
+             "HOROVOD_CYCLE_TIME=2.5",           /* ms, as kolo */
+             "HOROVOD_CACHE_CAPACITY=7",
+             "HOROVOD_CONTROLLER=GLOO",          /* Horovod's case */
+             "HOROVOD_CPU_OPERATIONS=Gloo", "HOROVOD_LOG_LEVEL=FATAL",
+             "HOROVOD_GLOO_TIMEOUT_SECONDS=30", "HOROVOD_START_TIMEOUT=45",
+             "HOROVOD_TIMELINE=/tmp/t.json", "HOROVOD_TIMELINE_MARK_CYCLES=1",
+             "HOROVOD_HIERARCHICAL_ALLREDUCE=0", "HOROVOD_AUTOTUNE=1",
+             "HOROVOD_AUTOTUNE_LOG=/tmp/a.csv",
+             "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE=10",
+             "HOROVOD_STALL_CHECK_TIME_SECONDS=5",
+             "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=9", (const char *)NULL);
     load_ok(&cfg);
     ck_assert_int_eq(cfg.rank, 1);
     ck_assert_int_eq(cfg.size, 2);
@@ -573,6 +638,9 @@ START_TEST(horovod_twins_read)
     ck_assert_int_eq(cfg.cache_capacity, 7);
     ck_assert_str_eq(cfg.controller, "gloo");
     ck_assert_str_eq(cfg.cpu_operations, "gloo");
+    ck_assert_int_eq(cfg.log_level, KOLO__LOG_ERROR);
+    ck_assert_double_eq(cfg.timeout_s, 30.0);
+    ck_assert_double_eq(cfg.start_timeout_s, 45.0);
     ck_assert_int_eq(cfg.log_level, KOLO__LOG_ERROR);
     ck_assert_double_eq(cfg.timeout_s, 30.0);
     ck_assert_double_eq(cfg.start_timeout_s, 45.0);
@@ -601,8 +669,8 @@ START_TEST(kolo_variable_wins_over_twin)
     kolo__config_t cfg;
 
     fake_reset();
-    fake_set("HOROVOD_FUSION_THRESHOLD", "2097152");
-    fake_set("KOLO_FUSION_THRESHOLD", "1M");
+    fake_add("HOROVOD_FUSION_THRESHOLD=2097152", "KOLO_FUSION_THRESHOLD=1M",
+             (const char *)NULL);
     fake_set("HOROVOD_CYCLE_TIME", "not a number"); /* never read */
     fake_set("KOLO_CYCLE_TIME", "3");
     load_ok(&cfg);
@@ -626,9 +694,8 @@ START_TEST(bad_twin_named)
     load_fails("HOROVOD_CONTROLLER", "'CCL'", "gloo", (const char *)NULL);
     /* horovodrun's ranks: its rendezvous is not kolo's. */
     fake_reset();
-    fake_set("HOROVOD_RANK", "0");
-    fake_set("HOROVOD_SIZE", "2");
-    fake_set("HOROVOD_GLOO_RENDEZVOUS_ADDR", "10.0.0.1");
+    fake_add("HOROVOD_RANK=0", "HOROVOD_SIZE=2",
+             "HOROVOD_GLOO_RENDEZVOUS_ADDR=10.0.0.1", (const char *)NULL);
     load_fails("horovodrun", "kolorun", (const char *)NULL);
 }
 END_TEST
@@ -650,12 +717,8 @@ static int scan_count(char **env, const char *want)
     int n = 0;
     nnotes = 0;
     fake_reset();
-    for (char **e = env; *e; e++) {
-        static char names[32][128];
-        size_t len = strcspn(*e, "=");
-        snprintf(names[e - env], sizeof names[0], "%.*s", (int)len, *e);
-        fake_set(names[e - env], *e + len + 1);
-    }
+    for (char **e = env; *e; e++)
+        fake_put(*e);
     kolo__config_scan(env, fake_getenv, collect_note, NULL);
     for (int i = 0; i < nnotes; i++)
         n += want == NULL || strstr(notes[i], want) != NULL;
@@ -711,6 +774,31 @@ static int detect(kolo__launchenv_t *le, kolo__err_t *err)
     return kolo__launchenv_detect(fake_getenv, le, err);
 }
 
+/* Detects a launcher, which must be `launcher`, placing this rank at `at`
+ * and rank 0's rendezvous server at host:port. */
+static void expect_launch(kolo__launchenv_t *le, const char *launcher,
+                          placement_t at, const char *host, int port)
+{
+    kolo__err_t err;
+    int rc = detect(le, &err);
+
+    ck_assert_msg(rc == 1, "detect gave %d: %s", rc, err.msg);
+    ck_assert_str_eq(le->launcher, launcher);
+    expect_placement(PLACEMENT_OF(*le), at);
+    ck_assert_str_eq(le->host, host);
+    ck_assert_int_eq(le->port, port);
+}
+
+/* The launcher's variables are refused with a message that says `want`. */
+static void expect_refused(const char *want)
+{
+    kolo__launchenv_t le;
+    kolo__err_t err;
+
+    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
+    ck_assert_msg(strstr(err.msg, want) != NULL, "%s", err.msg);
+}
+
 START_TEST(torchrun_places_the_rank)
 {
     kolo__launchenv_t le;
@@ -718,58 +806,32 @@ START_TEST(torchrun_places_the_rank)
 
     fake_reset();
     ck_assert_int_eq(detect(&le, &err), 0); /* no launcher: one rank */
-    fake_set("RANK", "5");
-    fake_set("WORLD_SIZE", "8");
-    fake_set("LOCAL_RANK", "1");
-    fake_set("LOCAL_WORLD_SIZE", "4");
-    fake_set("GROUP_RANK", "1");
-    fake_set("GROUP_WORLD_SIZE", "2");
-    fake_set("MASTER_ADDR", "node0.cluster");
-    fake_set("MASTER_PORT", "29500");
-    fake_set("TORCHELASTIC_RUN_ID", "job7");
-    fake_set("TORCHELASTIC_RESTART_COUNT", "2");
-    /* srun's variables too (srun torchrun ...): torchrun's are the rank's. */
-    fake_set("SLURM_PROCID", "0");
-    fake_set("SLURM_STEP_ID", "0");
-    ck_assert_int_eq(detect(&le, &err), 1);
-    ck_assert_str_eq(le.launcher, "torchrun");
-    ck_assert_int_eq(le.rank, 5);
-    ck_assert_int_eq(le.size, 8);
-    ck_assert_int_eq(le.local_rank, 1);
-    ck_assert_int_eq(le.local_size, 4);
-    ck_assert_int_eq(le.cross_rank, 1);
-    ck_assert_int_eq(le.cross_size, 2);
-    ck_assert_str_eq(le.host, "node0.cluster");
-    ck_assert_int_eq(le.port, 29501);
+    fake_add("RANK=5", "WORLD_SIZE=8", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=4",
+             "GROUP_RANK=1", "GROUP_WORLD_SIZE=2", "MASTER_ADDR=node0.cluster",
+             "MASTER_PORT=29500", "TORCHELASTIC_RUN_ID=job7",
+             "TORCHELASTIC_RESTART_COUNT=2",
+             /* srun's variables too (srun torchrun ...): torchrun's are the
+              * rank's. */
+             "SLURM_PROCID=0", "SLURM_STEP_ID=0", (const char *)NULL);
+    expect_launch(&le, "torchrun", placed(5, 8, 1, 4, 1, 2), "node0.cluster",
+                  29501);
     ck_assert_str_eq(le.rendezvous, "redis:node0.cluster:29501/torchrun-job7-2");
 
     /* One node: the server is reached on loopback. */
-    fake_set("RANK", "1");
-    fake_set("LOCAL_RANK", "1");
-    fake_set("WORLD_SIZE", "2");
-    fake_set("LOCAL_WORLD_SIZE", "2");
-    fake_set("GROUP_RANK", "0");
-    fake_set("GROUP_WORLD_SIZE", "1");
-    ck_assert_int_eq(detect(&le, &err), 1);
-    ck_assert_str_eq(le.host, "127.0.0.1");
-    ck_assert_int_eq(le.cross_size, 1);
+    fake_add("RANK=1", "LOCAL_RANK=1", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2",
+             "GROUP_RANK=0", "GROUP_WORLD_SIZE=1", (const char *)NULL);
+    expect_launch(&le, "torchrun", placed(1, 2, 1, 2, 0, 1), "127.0.0.1", 29501);
 
     /* torch.distributed's env:// without torchrun's local variables. */
     fake_reset();
-    fake_set("RANK", "0");
-    fake_set("WORLD_SIZE", "2");
-    fake_set("MASTER_ADDR", "127.0.0.1");
-    fake_set("MASTER_PORT", "29500");
-    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
-    ck_assert_msg(strstr(err.msg, "LOCAL_RANK is not set") != NULL, "%s", err.msg);
-    fake_set("LOCAL_RANK", "0");
-    fake_set("LOCAL_WORLD_SIZE", "2");
-    fake_set("RANK", "2");
-    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
-    ck_assert_msg(strstr(err.msg, "rank 2 of 2") != NULL, "%s", err.msg);
+    fake_add("RANK=0", "WORLD_SIZE=2", "MASTER_ADDR=127.0.0.1",
+             "MASTER_PORT=29500", (const char *)NULL);
+    expect_refused("LOCAL_RANK is not set");
+    fake_add("LOCAL_RANK=0", "LOCAL_WORLD_SIZE=2", "RANK=2",
+             (const char *)NULL);
+    expect_refused("rank 2 of 2");
     fake_set("RANK", "x");
-    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
-    ck_assert_msg(strstr(err.msg, "RANK='x'") != NULL, "%s", err.msg);
+    expect_refused("RANK='x'");
 }
 END_TEST
 
@@ -780,34 +842,21 @@ START_TEST(srun_places_the_rank)
 
     /* A batch script: SLURM_PROCID, but no step. */
     fake_reset();
-    fake_set("SLURM_PROCID", "0");
-    fake_set("SLURM_NTASKS", "7");
-    fake_set("SLURM_JOB_ID", "4242");
+    fake_add("SLURM_PROCID=0", "SLURM_NTASKS=7", "SLURM_JOB_ID=4242",
+             (const char *)NULL);
     ck_assert_int_eq(detect(&le, &err), 0);
 
     /* srun -n 7 over 3 nodes, 3+3+1 tasks: task 6 on the third node. */
-    fake_set("SLURM_STEP_ID", "3");
-    fake_set("SLURM_PROCID", "6");
-    fake_set("SLURM_LOCALID", "0");
-    fake_set("SLURM_NODEID", "2");
-    fake_set("SLURM_NNODES", "3");
-    fake_set("SLURM_STEP_TASKS_PER_NODE", "3(x2),1");
-    fake_set("SLURM_STEP_NODELIST", "gpu[07-09],cpu1");
-    ck_assert_int_eq(detect(&le, &err), 1);
-    ck_assert_str_eq(le.launcher, "srun");
-    ck_assert_int_eq(le.rank, 6);
-    ck_assert_int_eq(le.size, 7);
-    ck_assert_int_eq(le.local_rank, 0);
-    ck_assert_int_eq(le.local_size, 1);
-    ck_assert_int_eq(le.cross_rank, 2);
-    ck_assert_int_eq(le.cross_size, 3);
-    ck_assert_str_eq(le.host, "gpu07");
-    ck_assert_int_eq(le.port, 30000 + (4242 * 16 + 3) % 30000);
+    fake_add("SLURM_STEP_ID=3", "SLURM_PROCID=6", "SLURM_LOCALID=0",
+             "SLURM_NODEID=2", "SLURM_NNODES=3",
+             "SLURM_STEP_TASKS_PER_NODE=3(x2),1",
+             "SLURM_STEP_NODELIST=gpu[07-09],cpu1", (const char *)NULL);
+    expect_launch(&le, "srun", placed(6, 7, 0, 1, 2, 3), "gpu07",
+                  30000 + (4242 * 16 + 3) % 30000);
     ck_assert_str_eq(strstr(le.rendezvous, "/"), "/srun-4242.3");
     /* The second node has 3. */
-    fake_set("SLURM_NODEID", "1");
-    fake_set("SLURM_PROCID", "4");
-    fake_set("SLURM_LOCALID", "1");
+    fake_add("SLURM_NODEID=1", "SLURM_PROCID=4", "SLURM_LOCALID=1",
+             (const char *)NULL);
     ck_assert_int_eq(detect(&le, &err), 1);
     ck_assert_int_eq(le.local_size, 3);
     /* MASTER_ADDR and MASTER_PORT, when the script sets them, win. */
@@ -817,14 +866,10 @@ START_TEST(srun_places_the_rank)
     ck_assert_str_eq(le.rendezvous, "redis:10.1.1.1:29501/srun-4242.3");
     /* SLURM_NTASKS_PER_NODE when the per-node list is absent. */
     fake_reset();
-    fake_set("SLURM_STEP_ID", "0");
-    fake_set("SLURM_PROCID", "1");
-    fake_set("SLURM_NTASKS", "4");
-    fake_set("SLURM_LOCALID", "1");
-    fake_set("SLURM_NODEID", "0");
-    fake_set("SLURM_NNODES", "2");
-    fake_set("SLURM_NTASKS_PER_NODE", "2");
-    fake_set("SLURM_JOB_NODELIST", "a,b");
+    fake_add("SLURM_STEP_ID=0", "SLURM_PROCID=1", "SLURM_NTASKS=4",
+             "SLURM_LOCALID=1", "SLURM_NODEID=0", "SLURM_NNODES=2",
+             "SLURM_NTASKS_PER_NODE=2", "SLURM_JOB_NODELIST=a,b",
+             (const char *)NULL);
     ck_assert_int_eq(detect(&le, &err), 1);
     ck_assert_int_eq(le.local_size, 2);
     ck_assert_str_eq(le.host, "a");
@@ -834,14 +879,11 @@ START_TEST(srun_places_the_rank)
     ck_assert_int_eq(detect(&le, &err), 1);
     ck_assert_str_eq(le.host, "127.0.0.1");
     /* Missing: named. */
-    fake_set("SLURM_NNODES", "2");
-    fake_set("SLURM_NTASKS_PER_NODE", "2");
-    fake_set("SLURM_JOB_NODELIST", "bad[1-2");
-    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
-    ck_assert_msg(strstr(err.msg, "MASTER_ADDR") != NULL, "%s", err.msg);
+    fake_add("SLURM_NNODES=2", "SLURM_NTASKS_PER_NODE=2",
+             "SLURM_JOB_NODELIST=bad[1-2", (const char *)NULL);
+    expect_refused("MASTER_ADDR");
     fake_set("SLURM_TASKS_PER_NODE", "2(x");
-    ck_assert_int_eq(detect(&le, &err), KOLO_ERR_CONFIG);
-    ck_assert_msg(strstr(err.msg, "SLURM_TASKS_PER_NODE='2(x'") != NULL, "%s", err.msg);
+    expect_refused("SLURM_TASKS_PER_NODE='2(x'");
 }
 END_TEST
 
