@@ -66,6 +66,18 @@ static long failures, nchecks;
 
 #define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
+/* One element of a tensor checked: counted, and when wrong, reported and
+ * counted in `bad` too, by which the callers stop reporting a tensor after
+ * its first few wrong elements. */
+#define CHECK_ELEMENT(bad, ok, ...)                                           \
+    do {                                                                      \
+        nchecks++;                                                            \
+        if (!(ok)) {                                                          \
+            CHECK(0, __VA_ARGS__);                                            \
+            (bad)++;                                                          \
+        }                                                                     \
+    } while (0)
+
 /* ---- deterministic data ------------------------------------------------ */
 
 /* mix (splitmix64) is in testutil.h. */
@@ -276,10 +288,45 @@ static void expect_error(const char *what, int rc, int code_a, int code_b,
         printf("%s: %d %s\n", what, rc, lastmsg);
 }
 
+/* An enqueue that must be refused at once (rc from grab), as expect_error
+ * says, with n1 and n2 in the message; a handle given anyway is waited
+ * for, so that the job goes on. */
+static void expect_refused(const char *what, int rc, const kolo_handle_t *h,
+                           int code_a, int code_b, const char *n1,
+                           const char *n2)
+{
+    expect_error(what, rc, code_a, code_b, n1, n2, NULL);
+    if (rc == KOLO_OK)
+        kolo_wait(*h);
+}
+
 static int wait_ok(kolo_handle_t h, const char *name)
 {
     int rc = grab(kolo_wait(h));
     CHECK(rc == KOLO_OK, "%s: wait: %d %s", name, rc, lastmsg);
+    return rc == KOLO_OK;
+}
+
+/* Checks the status of an enqueue (from grab): one that failed leaves no
+ * handle to wait for (0). */
+static void check_enqueued(int rc, const char *name, kolo_handle_t *h)
+{
+    CHECK(rc == KOLO_OK, "enqueue %s: %d %s", name, rc, lastmsg);
+    if (rc != KOLO_OK)
+        *h = 0;
+}
+
+/* Waits for the result of an allgather, alltoall or reducescatter enqueued
+ * as `name`: 1 when *res holds one to check (and free), 0 when there was
+ * no handle or the wait failed. */
+static int wait_result_ok(kolo_handle_t h, const char *name,
+                          kolo_result_t *res)
+{
+    int rc;
+    if (h == 0)
+        return 0;
+    rc = grab(kolo_wait_result(h, res));
+    CHECK(rc == KOLO_OK, "%s: wait_result: %d %s", name, rc, lastmsg);
     return rc == KOLO_OK;
 }
 
@@ -339,6 +386,57 @@ static void check_result_meta(const char *name, const kolo_result_t *res,
                   "%s: splits[%d] = %lld, expected %lld", name, k,
                   (long long)res->splits[k], (long long)splits[k]);
     }
+}
+
+/* ---- the modes whose results come back as a kolo_result_t --------------- */
+
+/* allgather, alltoall and reducescatter run alike: each step sets up n
+ * tensors, enqueues them in one random order (this rank's own), waits for
+ * them in another and checks each result against what this rank computes
+ * for every rank. A mode gives what differs, for tensor t of its own
+ * array ts. */
+typedef struct result_mode {
+    void *ts;
+    int n;
+    uint64_t seed; /* of this rank's orders, mixed with the rank */
+    void (*setup)(void *ts, int t, int step);
+    /* Enqueues tensor t, the j-th of its step, with handle *h: grab's
+     * status; *name gets the tensor's name. */
+    int (*enqueue)(void *ts, int t, int j, kolo_handle_t *h,
+                   const char **name);
+    void (*check)(void *ts, int t, int step, const kolo_result_t *res);
+    void (*release)(void *ts, int t);
+} result_mode_t;
+
+static void run_result_steps(const result_mode_t *m, int steps)
+{
+    int *order = identity(m->n);
+    kolo_handle_t *h = xmalloc((size_t)m->n * sizeof(*h));
+    const char **names = xmalloc((size_t)m->n * sizeof(*names));
+
+    rng_state = mix(m->seed + (uint64_t)rank);
+    for (int step = 0; step < steps; step++) {
+        for (int t = 0; t < m->n; t++)
+            m->setup(m->ts, t, step);
+        shuffle(order, m->n);
+        for (int j = 0; j < m->n; j++) {
+            int t = order[j], rc = m->enqueue(m->ts, t, j, &h[t], &names[t]);
+            check_enqueued(rc, names[t], &h[t]);
+        }
+        shuffle(order, m->n);
+        for (int j = 0; j < m->n; j++) {
+            kolo_result_t res;
+            if (wait_result_ok(h[order[j]], names[order[j]], &res)) {
+                m->check(m->ts, order[j], step, &res);
+                kolo_result_free(&res);
+            }
+        }
+        for (int t = 0; t < m->n; t++)
+            m->release(m->ts, t);
+    }
+    free(names);
+    free(h);
+    free(order);
 }
 
 /* ======================================================================== */
@@ -511,16 +609,40 @@ static void many_scales(int n)
             continue;
         for (int i = 0; i < C && !bad; i++) {
             double e = (1 + k / 4096.0) * (size * (size + 1) / 2 + size * i);
-            nchecks++;
-            if (b[k][i] != (float)e) {
-                CHECK(0, "scales/%d (prescale %.9g) element %d: got %.9g, "
-                         "expected %.9g", k, 1 + k / 4096.0, i, b[k][i], e);
-                bad++;
-            }
+            CHECK_ELEMENT(bad, b[k][i] == (float)e,
+                          "scales/%d (prescale %.9g) element %d: got %.9g, "
+                          "expected %.9g",
+                          k, 1 + k / 4096.0, i, b[k][i], e);
         }
     }
     free(b);
     free(hs);
+}
+
+/* Enqueues tensor k of the matrix: half the unscaled ones with the plain
+ * call, the others with options; an AVERAGE of bool must be refused. */
+static void matrix_enqueue(mtensor_t *t, int k)
+{
+    kolo_opts_t o;
+    int rc;
+
+    kolo_opts_init(&o);
+    o.op = t->op;
+    matrix_scales(t->dtype, t->op, t->scaled, &o.prescale, &o.postscale);
+    if (!t->scaled && k % 2 == 0)
+        rc = kolo_allreduce_async(t->name, t->in, t->out, t->count, t->dtype,
+                                  t->op, &t->handle);
+    else
+        rc = kolo_allreduce_async_opts(t->name, t->in, t->out, t->count,
+                                       t->dtype, &o, &t->handle);
+    grab(rc);
+    if (t->refused) {
+        expect_refused(t->name, rc, &t->handle, KOLO_ERR_UNSUPPORTED, 0,
+                       t->name, NULL);
+        t->handle = 0;
+    } else {
+        check_enqueued(rc, t->name, &t->handle);
+    }
 }
 
 static void mode_allreduce_matrix(int steps)
@@ -569,34 +691,8 @@ static void mode_allreduce_matrix(int steps)
                 memset(t->out, 0xa5, (size_t)t->count * esize(t->dtype));
         }
         shuffle(order, n);
-        for (int k = 0; k < n; k++) {
-            mtensor_t *t = &ts[order[k]];
-            int rc;
-            kolo_opts_t o;
-            kolo_opts_init(&o);
-            o.op = t->op;
-            matrix_scales(t->dtype, t->op, t->scaled, &o.prescale,
-                          &o.postscale);
-            if (!t->scaled && order[k] % 2 == 0)
-                rc = kolo_allreduce_async(t->name, t->in, t->out, t->count,
-                                          t->dtype, t->op, &t->handle);
-            else
-                rc = kolo_allreduce_async_opts(t->name, t->in, t->out,
-                                               t->count, t->dtype, &o,
-                                               &t->handle);
-            grab(rc);
-            if (t->refused) {
-                expect_error(t->name, rc, KOLO_ERR_UNSUPPORTED, 0, t->name,
-                             NULL, NULL);
-                if (rc == KOLO_OK)
-                    kolo_wait(t->handle);
-                t->handle = 0;
-            } else {
-                CHECK(rc == KOLO_OK, "enqueue %s: %d %s", t->name, rc, lastmsg);
-                if (rc != KOLO_OK)
-                    t->handle = 0;
-            }
-        }
+        for (int k = 0; k < n; k++)
+            matrix_enqueue(&ts[order[k]], order[k]);
         shuffle(order, n);
         for (int k = 0; k < n; k++) {
             mtensor_t *t = &ts[order[k]];
@@ -610,28 +706,24 @@ static void mode_allreduce_matrix(int steps)
                 double tol = 0;
                 if (t->op == KOLO_OP_AVERAGE && is_float(t->dtype))
                     tol = avg_tolerance(t->dtype) * fabs(e);
-                nchecks++;
-                if (!(fabs(g - e) <= tol)) {
-                    CHECK(0, "step %d %s element %lld: got %.17g, expected "
-                             "%.17g", step, t->name, (long long)i, g, e);
-                    bad++;
-                }
+                CHECK_ELEMENT(bad, fabs(g - e) <= tol,
+                              "step %d %s element %lld: got %.17g, expected "
+                              "%.17g",
+                              step, t->name, (long long)i, g, e);
                 if (!t->in_place) {
                     double x = matrix_value(t->dtype, t->op, t->scaled, rank,
                                             order[k], step, i);
-                    nchecks++;
-                    if (tu_get(t->dtype, t->in, i) != x) {
-                        CHECK(0, "step %d %s: input element %lld changed from "
-                                 "%.17g to %.17g", step, t->name, (long long)i,
-                              x, tu_get(t->dtype, t->in, i));
-                        bad++;
-                    }
+                    CHECK_ELEMENT(bad, tu_get(t->dtype, t->in, i) == x,
+                                  "step %d %s: input element %lld changed from "
+                                  "%.17g to %.17g",
+                                  step, t->name, (long long)i, x,
+                                  tu_get(t->dtype, t->in, i));
                 }
             }
         }
     }
     for (int k = 0; k < n; k++) {
-        if (!ts[k].in_place)
+        if (ts[k].out != ts[k].in)
             free(ts[k].out);
         free(ts[k].in);
     }
@@ -673,6 +765,25 @@ typedef struct cztensor {
     kolo_handle_t handle;
 } cztensor_t;
 
+/* Enqueues a float32 tensor with its wire dtype and its kind's op. */
+static void cz_enqueue(cztensor_t *t)
+{
+    kolo_opts_t o;
+
+    kolo_opts_init(&o);
+    CHECK(o.wire_dtype == -1, "kolo_opts_init: wire_dtype %d", o.wire_dtype);
+    o.wire_dtype = t->wire;
+    o.op = (t->kind == CZ_EXACT_AVG || t->kind == CZ_RAND_AVG) ? KOLO_OP_AVERAGE
+           : t->kind == CZ_EXACT_MAX                           ? KOLO_OP_MAX
+                                                               : KOLO_OP_SUM;
+    if (t->kind == CZ_EXACT_SCALED)
+        o.prescale = 0.5, o.postscale = 2;
+    check_enqueued(grab(kolo_allreduce_async_opts(t->name, t->in, t->out,
+                                                  t->count, KOLO_FLOAT32, &o,
+                                                  &t->handle)),
+                   t->name, &t->handle);
+}
+
 static void mode_compression(void)
 {
     /* (600001 float16 elements: more than a piece of ops/hier) */
@@ -706,24 +817,8 @@ static void mode_compression(void)
     order = identity(n);
     rng_state = mix(0x1234 + (uint64_t)rank);
     shuffle(order, n);
-    for (int j = 0; j < n; j++) {
-        cztensor_t *t = &ts[order[j]];
-        kolo_opts_t o;
-        int rc;
-        kolo_opts_init(&o);
-        CHECK(o.wire_dtype == -1, "kolo_opts_init: wire_dtype %d", o.wire_dtype);
-        o.wire_dtype = t->wire;
-        o.op = (t->kind == CZ_EXACT_AVG || t->kind == CZ_RAND_AVG)
-                   ? KOLO_OP_AVERAGE
-                   : t->kind == CZ_EXACT_MAX ? KOLO_OP_MAX : KOLO_OP_SUM;
-        if (t->kind == CZ_EXACT_SCALED)
-            o.prescale = 0.5, o.postscale = 2;
-        rc = grab(kolo_allreduce_async_opts(t->name, t->in, t->out, t->count,
-                                            KOLO_FLOAT32, &o, &t->handle));
-        CHECK(rc == KOLO_OK, "enqueue %s: %d %s", t->name, rc, lastmsg);
-        if (rc != KOLO_OK)
-            t->handle = 0;
-    }
+    for (int j = 0; j < n; j++)
+        cz_enqueue(&ts[order[j]]);
     shuffle(order, n);
     seeds = xmalloc((size_t)size * sizeof(*seeds));
     for (int j = 0; j < n; j++) {
@@ -748,31 +843,26 @@ static void mode_compression(void)
                 tol = 2 * ulp * fabs(e);
             else if (t->kind >= CZ_RAND_SUM) /* inputs and partials round */
                 tol = 8 * size * ulp;
-            nchecks++;
-            if (!(fabs(g - e) <= tol)) {
-                CHECK(0, "%s element %lld: got %.9g, expected %.9g (tolerance "
-                         "%.3g)", t->name, (long long)i, g, e, tol);
-                bad++;
-            }
+            CHECK_ELEMENT(bad, fabs(g - e) <= tol,
+                          "%s element %lld: got %.9g, expected %.9g (tolerance "
+                          "%.3g)",
+                          t->name, (long long)i, g, e, tol);
             /* A result that travelled as float16 / bfloat16 is one of their
              * values (the average may be divided after the expansion). */
             if (t->wire == KOLO_FLOAT16 && t->kind != CZ_EXACT_AVG &&
                 t->kind != CZ_RAND_AVG) {
-                nchecks++;
-                if (!half_exact(t->out[i])) {
-                    CHECK(0, "%s element %lld = %.9g is no float16 value: not "
-                             "compressed?", t->name, (long long)i, g);
-                    bad++;
-                }
+                CHECK_ELEMENT(bad, half_exact(t->out[i]),
+                              "%s element %lld = %.9g is no float16 value: not "
+                              "compressed?",
+                              t->name, (long long)i, g);
             }
             if (t->wire == KOLO_BFLOAT16 && t->kind != CZ_EXACT_AVG &&
                 t->kind != CZ_RAND_AVG) {
-                nchecks++;
-                if (!bf16_exact(t->out[i])) {
-                    CHECK(0, "%s element %lld = %.9g is no bfloat16 value: not "
-                             "compressed?", t->name, (long long)i, g);
-                    bad++;
-                }
+                CHECK_ELEMENT(
+                    bad, bf16_exact(t->out[i]),
+                    "%s element %lld = %.9g is no bfloat16 value: not "
+                    "compressed?",
+                    t->name, (long long)i, g);
             }
             if (t->wire < 0 && !half_exact(t->out[i]))
                 not_half++;
@@ -823,10 +913,8 @@ static void mode_compression(void)
                               tu_get(bad[b].dtype, buf, i));
                 continue;
             }
-            expect_error(bad[b].name, rc, KOLO_ERR_INVALID_ARGUMENT,
-                         KOLO_ERR_UNSUPPORTED, bad[b].name, NULL, NULL);
-            if (rc == KOLO_OK)
-                kolo_wait(h);
+            expect_refused(bad[b].name, rc, &h, KOLO_ERR_INVALID_ARGUMENT,
+                           KOLO_ERR_UNSUPPORTED, bad[b].name, NULL);
         }
         expect_ok("cz/after-refusals");
     }
@@ -888,16 +976,13 @@ static void mode_broadcast(int steps)
         for (int j = 0; j < n; j++) {
             btensor_t *t = &ts[order[j]];
             kolo_opts_t o;
-            int rc;
             kolo_opts_init(&o);
             o.ndim = t->ndim;
             o.shape = t->shape;
-            rc = grab(kolo_broadcast_async(t->name, t->buf, t->count, t->dtype,
-                                           t->root, order[j] % 4 == 1 ? NULL : &o,
-                                           &t->handle));
-            CHECK(rc == KOLO_OK, "enqueue %s: %d %s", t->name, rc, lastmsg);
-            if (rc != KOLO_OK)
-                t->handle = 0;
+            check_enqueued(grab(kolo_broadcast_async(
+                               t->name, t->buf, t->count, t->dtype, t->root,
+                               order[j] % 4 == 1 ? NULL : &o, &t->handle)),
+                           t->name, &t->handle);
         }
         shuffle(order, n);
         for (int j = 0; j < n; j++) {
@@ -908,12 +993,8 @@ static void mode_broadcast(int steps)
             if (order[j] % 5 == 0) {
                 /* kolo_wait_result on a broadcast: done, result zeroed */
                 kolo_result_t res;
-                int rc;
                 memset(&res, 0x5a, sizeof(res));
-                rc = grab(kolo_wait_result(t->handle, &res));
-                CHECK(rc == KOLO_OK, "%s: wait_result: %d %s", t->name, rc,
-                      lastmsg);
-                if (rc != KOLO_OK)
+                if (!wait_result_ok(t->handle, t->name, &res))
                     continue;
                 CHECK(res.data == NULL && res.bytes == 0 && res.ndim == 0 &&
                           res.nsplits == 0 && res.splits == NULL,
@@ -1023,46 +1104,40 @@ static void ag_check(const agtensor_t *a, int t, int step,
     free(splits);
 }
 
+static void ag_step_setup(void *ts, int t, int step)
+{
+    ag_setup((agtensor_t *)ts + t, t, step, "ag/");
+}
+
+/* Every other one with options (none set), the others with none. */
+static int ag_step_enqueue(void *ts, int t, int j, kolo_handle_t *h,
+                           const char **name)
+{
+    agtensor_t *a = (agtensor_t *)ts + t;
+    kolo_opts_t o;
+    kolo_opts_init(&o);
+    *name = a->name;
+    return grab(kolo_allgather_async(a->name, a->in, a->ndim, a->shape,
+                                     a->dtype, j % 2 ? NULL : &o, h));
+}
+
+static void ag_step_check(void *ts, int t, int step, const kolo_result_t *res)
+{
+    ag_check((agtensor_t *)ts + t, t, step, res);
+}
+
+static void ag_step_release(void *ts, int t)
+{
+    free(((agtensor_t *)ts)[t].in);
+}
+
 static void mode_allgather(int steps)
 {
-    enum { N = 24 };
-    agtensor_t ts[N];
-    int *order = identity(N);
+    agtensor_t ts[24];
+    const result_mode_t m = {ts, NELEM(ts), 0xa6, ag_step_setup,
+                             ag_step_enqueue, ag_step_check, ag_step_release};
 
-    rng_state = mix(0xa6 + (uint64_t)rank);
-    for (int step = 0; step < steps; step++) {
-        for (int t = 0; t < N; t++)
-            ag_setup(&ts[t], t, step, "ag/");
-        shuffle(order, N);
-        for (int j = 0; j < N; j++) {
-            agtensor_t *a = &ts[order[j]];
-            kolo_opts_t o;
-            int rc;
-            kolo_opts_init(&o);
-            rc = grab(kolo_allgather_async(a->name, a->in, a->ndim, a->shape,
-                                           a->dtype, j % 2 ? NULL : &o,
-                                           &a->handle));
-            CHECK(rc == KOLO_OK, "enqueue %s: %d %s", a->name, rc, lastmsg);
-            if (rc != KOLO_OK)
-                a->handle = 0;
-        }
-        shuffle(order, N);
-        for (int j = 0; j < N; j++) {
-            agtensor_t *a = &ts[order[j]];
-            kolo_result_t res;
-            int rc;
-            if (a->handle == 0)
-                continue;
-            rc = grab(kolo_wait_result(a->handle, &res));
-            CHECK(rc == KOLO_OK, "%s: wait_result: %d %s", a->name, rc, lastmsg);
-            if (rc == KOLO_OK) {
-                ag_check(a, order[j], step, &res);
-                kolo_result_free(&res);
-            }
-        }
-        for (int t = 0; t < N; t++)
-            free(ts[t].in);
-    }
+    run_result_steps(&m, steps);
     /* An allgather waited with kolo_wait (output dropped) releases it. */
     {
         agtensor_t a;
@@ -1080,7 +1155,6 @@ static void mode_allgather(int steps)
         memset(&z, 0, sizeof(z));
         kolo_result_free(&z);
     }
-    free(order);
 }
 
 /* ======================================================================== */
@@ -1095,7 +1169,6 @@ typedef struct a2a {
     int64_t shape[2];
     int64_t *splits; /* [size * size]: splits[src * size + dst] */
     void *in;
-    kolo_handle_t handle;
 } a2a_t;
 
 static void a2a_setup(a2a_t *a, int t, int step)
@@ -1166,46 +1239,41 @@ static void a2a_check(const a2a_t *a, int t, int step, const kolo_result_t *res)
     free(recv);
 }
 
+static void a2a_step_setup(void *ts, int t, int step)
+{
+    a2a_setup((a2a_t *)ts + t, t, step);
+}
+
+static int a2a_step_enqueue(void *ts, int t, int j, kolo_handle_t *h,
+                            const char **name)
+{
+    a2a_t *a = (a2a_t *)ts + t;
+    (void)j;
+    *name = a->name;
+    return grab(kolo_alltoall_async(
+        a->name, a->in, a->ndim, a->shape, a->dtype,
+        a->null_splits ? NULL : &a->splits[rank * size], NULL, h));
+}
+
+static void a2a_step_check(void *ts, int t, int step, const kolo_result_t *res)
+{
+    a2a_check((a2a_t *)ts + t, t, step, res);
+}
+
+static void a2a_step_release(void *ts, int t)
+{
+    free(((a2a_t *)ts)[t].in);
+    free(((a2a_t *)ts)[t].splits);
+}
+
 static void mode_alltoall(int steps)
 {
-    enum { N = 15 };
-    a2a_t ts[N];
-    int *order = identity(N);
+    a2a_t ts[15];
+    const result_mode_t m = {ts, NELEM(ts), 0xa2, a2a_step_setup,
+                             a2a_step_enqueue, a2a_step_check,
+                             a2a_step_release};
 
-    rng_state = mix(0xa2 + (uint64_t)rank);
-    for (int step = 0; step < steps; step++) {
-        for (int t = 0; t < N; t++)
-            a2a_setup(&ts[t], t, step);
-        shuffle(order, N);
-        for (int j = 0; j < N; j++) {
-            a2a_t *a = &ts[order[j]];
-            int rc = grab(kolo_alltoall_async(
-                a->name, a->in, a->ndim, a->shape, a->dtype,
-                a->null_splits ? NULL : &a->splits[rank * size], NULL,
-                &a->handle));
-            CHECK(rc == KOLO_OK, "enqueue %s: %d %s", a->name, rc, lastmsg);
-            if (rc != KOLO_OK)
-                a->handle = 0;
-        }
-        shuffle(order, N);
-        for (int j = 0; j < N; j++) {
-            a2a_t *a = &ts[order[j]];
-            kolo_result_t res;
-            int rc;
-            if (a->handle == 0)
-                continue;
-            rc = grab(kolo_wait_result(a->handle, &res));
-            CHECK(rc == KOLO_OK, "%s: wait_result: %d %s", a->name, rc, lastmsg);
-            if (rc == KOLO_OK) {
-                a2a_check(a, order[j], step, &res);
-                kolo_result_free(&res);
-            }
-        }
-        for (int t = 0; t < N; t++) {
-            free(ts[t].in);
-            free(ts[t].splits);
-        }
-    }
+    run_result_steps(&m, steps);
 
     /* Bad splits are refused, on every rank alike. */
     {
@@ -1234,7 +1302,6 @@ static void mode_alltoall(int steps)
         free(sp);
         expect_ok("a2a/after-bad-splits");
     }
-    free(order);
 }
 
 /* ======================================================================== */
@@ -1289,7 +1356,6 @@ typedef struct rstensor {
     char name[96];
     int64_t row; /* elements per row */
     void *in;
-    kolo_handle_t handle;
 } rstensor_t;
 
 static void rs_setup(rstensor_t *a, const rscase_t *c, int t, int step,
@@ -1329,13 +1395,10 @@ static void rs_check(const rstensor_t *a, const rscase_t *c, int t, int step,
             double tol = c->op == KOLO_OP_AVERAGE && is_float(c->dtype)
                              ? avg_tolerance(c->dtype) * fabs(e)
                              : 0;
-            nchecks++;
-            if (!(fabs(g - e) <= tol)) {
-                CHECK(0, "step %d %s element %lld of this rank's share: got "
-                         "%.17g, expected %.17g", step, a->name, (long long)i,
-                      g, e);
-                bad++;
-            }
+            CHECK_ELEMENT(bad, fabs(g - e) <= tol,
+                          "step %d %s element %lld of this rank's share: got "
+                          "%.17g, expected %.17g",
+                          step, a->name, (long long)i, g, e);
         }
     free(splits);
 }
@@ -1348,47 +1411,41 @@ static void rs_opts(kolo_opts_t *o, const rscase_t *c)
     o->postscale = c->post;
 }
 
+static void rs_step_setup(void *ts, int t, int step)
+{
+    rs_setup((rstensor_t *)ts + t, &rs_cases[t], t, step, "rs/");
+}
+
+static int rs_step_enqueue(void *ts, int t, int j, kolo_handle_t *h,
+                           const char **name)
+{
+    const rscase_t *c = &rs_cases[t];
+    rstensor_t *a = (rstensor_t *)ts + t;
+    kolo_opts_t o;
+    (void)j;
+    rs_opts(&o, c);
+    *name = a->name;
+    return grab(kolo_reducescatter_async(a->name, a->in, c->ndim, c->shape,
+                                         c->dtype, &o, h));
+}
+
+static void rs_step_check(void *ts, int t, int step, const kolo_result_t *res)
+{
+    rs_check((rstensor_t *)ts + t, &rs_cases[t], t, step, res);
+}
+
+static void rs_step_release(void *ts, int t)
+{
+    free(((rstensor_t *)ts)[t].in);
+}
+
 static void mode_reducescatter(int steps)
 {
-    enum { N = NELEM(rs_cases) };
-    rstensor_t ts[N];
-    int *order = identity(N);
+    rstensor_t ts[NELEM(rs_cases)];
+    const result_mode_t m = {ts, NELEM(ts), 0x125, rs_step_setup,
+                             rs_step_enqueue, rs_step_check, rs_step_release};
 
-    rng_state = mix(0x125 + (uint64_t)rank);
-    for (int step = 0; step < steps; step++) {
-        for (int t = 0; t < N; t++)
-            rs_setup(&ts[t], &rs_cases[t], t, step, "rs/");
-        shuffle(order, N);
-        for (int j = 0; j < N; j++) {
-            const rscase_t *c = &rs_cases[order[j]];
-            rstensor_t *a = &ts[order[j]];
-            kolo_opts_t o;
-            int rc;
-            rs_opts(&o, c);
-            rc = grab(kolo_reducescatter_async(a->name, a->in, c->ndim,
-                                               c->shape, c->dtype, &o,
-                                               &a->handle));
-            CHECK(rc == KOLO_OK, "enqueue %s: %d %s", a->name, rc, lastmsg);
-            if (rc != KOLO_OK)
-                a->handle = 0;
-        }
-        shuffle(order, N);
-        for (int j = 0; j < N; j++) {
-            rstensor_t *a = &ts[order[j]];
-            kolo_result_t res;
-            int rc;
-            if (a->handle == 0)
-                continue;
-            rc = grab(kolo_wait_result(a->handle, &res));
-            CHECK(rc == KOLO_OK, "%s: wait_result: %d %s", a->name, rc, lastmsg);
-            if (rc == KOLO_OK) {
-                rs_check(a, &rs_cases[order[j]], order[j], step, &res);
-                kolo_result_free(&res);
-            }
-        }
-        for (int t = 0; t < N; t++)
-            free(ts[t].in);
-    }
+    run_result_steps(&m, steps);
     /* A tensor of 0 dimensions and an op other than SUM/AVERAGE are
      * refused. */
     {
@@ -1408,21 +1465,23 @@ static void mode_reducescatter(int steps)
                      0, 0, "rs/max", NULL, NULL);
         expect_ok("rs/after-refusals");
     }
-    free(order);
 }
 
 /* ======================================================================== */
 /* into: kolo_reducescatter_into_async / kolo_allgather_into_async           */
 /* ======================================================================== */
 
+/* A bucket's share per rank is one dimension of `count` elements. */
+#define BUCKET(count) {count, 0, 0}, 1
+
 static const rscase_t into_cases[] = {
-    {{1, 0, 0}, 1, KOLO_FLOAT32, KOLO_OP_SUM, 1, 1},
-    {{37, 0, 0}, 1, KOLO_FLOAT32, KOLO_OP_AVERAGE, 1, 1},
-    {{1000, 0, 0}, 1, KOLO_FLOAT32, KOLO_OP_SUM, 0.5, 2},
-    {{65536, 0, 0}, 1, KOLO_FLOAT32, KOLO_OP_AVERAGE, 1, 1},
-    {{301, 0, 0}, 1, KOLO_FLOAT64, KOLO_OP_SUM, 1, 1},
-    {{64, 0, 0}, 1, KOLO_FLOAT16, KOLO_OP_SUM, 1, 1},
-    {{50, 0, 0}, 1, KOLO_INT32, KOLO_OP_AVERAGE, 1, 1},
+    {BUCKET(1), KOLO_FLOAT32, KOLO_OP_SUM, 1, 1},
+    {BUCKET(37), KOLO_FLOAT32, KOLO_OP_AVERAGE, 1, 1},
+    {BUCKET(1000), KOLO_FLOAT32, KOLO_OP_SUM, 0.5, 2},
+    {BUCKET(65536), KOLO_FLOAT32, KOLO_OP_AVERAGE, 1, 1},
+    {BUCKET(301), KOLO_FLOAT64, KOLO_OP_SUM, 1, 1},
+    {BUCKET(64), KOLO_FLOAT16, KOLO_OP_SUM, 1, 1},
+    {BUCKET(50), KOLO_INT32, KOLO_OP_AVERAGE, 1, 1},
 };
 
 /* What a sharded optimizer does with a bucket: every rank's bucket of
@@ -1486,13 +1545,10 @@ static void mode_into(int steps)
                 double g = tu_get(c->dtype, shard[t], i);
                 double tol = c->op == KOLO_OP_AVERAGE && is_float(c->dtype)
                                  ? avg_tolerance(c->dtype) * fabs(e) : 0;
-                nchecks++;
-                if (!(fabs(g - e) <= tol)) {
-                    CHECK(0, "step %d into/rs%d element %lld of the shard: "
-                             "got %.17g, expected %.17g", step, t,
-                          (long long)i, g, e);
-                    bad++;
-                }
+                CHECK_ELEMENT(bad, fabs(g - e) <= tol,
+                              "step %d into/rs%d element %lld of the shard: "
+                              "got %.17g, expected %.17g",
+                              step, t, (long long)i, g, e);
             }
             /* The shard updated: every element plus the rank, then the
              * bucket gathered, in place for even steps. */
@@ -1523,12 +1579,10 @@ static void mode_into(int steps)
             for (int64_t i = 0; i < count * size && bad < 3; i++) {
                 double e = (double)(i / count + (int)(i % count % 7));
                 double g = tu_get(c->dtype, all[t], i);
-                nchecks++;
-                if (g != e) {
-                    CHECK(0, "step %d into/ag%d element %lld: got %.17g, "
-                             "expected %.17g", step, t, (long long)i, g, e);
-                    bad++;
-                }
+                CHECK_ELEMENT(bad, g == e,
+                              "step %d into/ag%d element %lld: got %.17g, "
+                              "expected %.17g",
+                              step, t, (long long)i, g, e);
             }
             free(in[t]);
             free(all[t]);
@@ -1628,13 +1682,10 @@ static void grp_check(group_t *g, int gi, int step)
                     v = trunc(v * 8);
                 e = g->op == KOLO_OP_MAX ? (r ? fmax(e, v) : v) : e + v;
             }
-            nchecks++;
-            if (tu_get(g->dtype, g->bufs[m], i) != e) {
-                CHECK(0, "step %d %s element %lld: got %.17g, expected %.17g",
-                      step, g->names[m], (long long)i,
-                      tu_get(g->dtype, g->bufs[m], i), e);
-                bad++;
-            }
+            CHECK_ELEMENT(bad, tu_get(g->dtype, g->bufs[m], i) == e,
+                          "step %d %s element %lld: got %.17g, expected %.17g",
+                          step, g->names[m], (long long)i,
+                          tu_get(g->dtype, g->bufs[m], i), e);
         }
     }
 }
@@ -2300,10 +2351,8 @@ static void mode_process_sets(void)
         snprintf(idtext, sizeof(idtext), "%d", ps[k].id);
         rc = grab(kolo_allreduce_async_opts("ps/outsider", x, x, 2,
                                             KOLO_FLOAT32, &o, &h));
-        expect_error("allreduce in a set this rank is not in", rc,
-                     KOLO_ERR_INVALID_ARGUMENT, 0, "set", idtext, NULL);
-        if (rc == KOLO_OK)
-            kolo_wait(h);
+        expect_refused("allreduce in a set this rank is not in", rc, &h,
+                       KOLO_ERR_INVALID_ARGUMENT, 0, "set", idtext);
     }
     /* Unknown set. */
     {
@@ -2314,10 +2363,8 @@ static void mode_process_sets(void)
         o.process_set = 77;
         rc = grab(kolo_allreduce_async_opts("ps/unknown", x, x, 2, KOLO_FLOAT32,
                                             &o, &h));
-        expect_error("allreduce in unknown set 77", rc,
-                     KOLO_ERR_INVALID_ARGUMENT, 0, "77", NULL, NULL);
-        if (rc == KOLO_OK)
-            kolo_wait(h);
+        expect_refused("allreduce in unknown set 77", rc, &h,
+                       KOLO_ERR_INVALID_ARGUMENT, 0, "77", NULL);
     }
 
     /* Broadcast with a set-relative root; allgather and barrier in a set. */
@@ -2616,6 +2663,22 @@ static void mismatch_allreduce(const char *name, kolo_dtype_t dtype,
     expect_error(name, rc, KOLO_ERR_MISMATCH, 0, name, w1, w2);
 }
 
+/* Enqueues a float32 SUM allreduce of 4 elements `name`, which stays in
+ * flight, and the same name again: refused at once as a duplicate. */
+static void enqueue_twice(const char *name, float *buf, kolo_handle_t *h)
+{
+    static float again[4]; /* never reduced: the second try is refused */
+    kolo_handle_t hd;
+    char what[64];
+
+    MUST(kolo_allreduce_async(name, buf, buf, 4, KOLO_FLOAT32, KOLO_OP_SUM, h));
+    snprintf(what, sizeof(what), "%s twice", name);
+    expect_error(what,
+                 grab(kolo_allreduce_async(name, again, again, 4, KOLO_FLOAT32,
+                                           KOLO_OP_SUM, &hd)),
+                 KOLO_ERR_DUPLICATE_NAME, 0, name, NULL, NULL);
+}
+
 static void mode_mismatch(void)
 {
     int odd = rank == size - 1; /* the last rank disagrees */
@@ -2752,30 +2815,22 @@ static void mode_mismatch(void)
         o.shape = s23; /* 6 elements, count 5 */
         rc = grab(kolo_allreduce_async_opts("mm/shape-count", buf, buf, 5,
                                             KOLO_FLOAT32, &o, &h));
-        expect_error("mm/shape-count", rc, KOLO_ERR_INVALID_ARGUMENT, 0,
-                     "mm/shape-count", NULL, NULL);
-        if (rc == KOLO_OK)
-            kolo_wait(h);
+        expect_refused("mm/shape-count", rc, &h, KOLO_ERR_INVALID_ARGUMENT, 0,
+                       "mm/shape-count", NULL);
         o.ndim = KOLO_MAX_DIMS + 1;
         o.shape = big;
         rc = grab(kolo_allreduce_async_opts("mm/too-many-dims", buf, buf, 1,
                                             KOLO_FLOAT32, &o, &h));
-        expect_error("mm/too-many-dims", rc, KOLO_ERR_INVALID_ARGUMENT, 0,
-                     "mm/too-many-dims", NULL, NULL);
-        if (rc == KOLO_OK)
-            kolo_wait(h);
+        expect_refused("mm/too-many-dims", rc, &h, KOLO_ERR_INVALID_ARGUMENT,
+                       0, "mm/too-many-dims", NULL);
         rc = grab(kolo_allgather_async("mm/negative-dim", buf, 2, neg,
                                        KOLO_FLOAT32, NULL, &h));
-        expect_error("mm/negative-dim", rc, KOLO_ERR_INVALID_ARGUMENT, 0,
-                     "mm/negative-dim", NULL, NULL);
-        if (rc == KOLO_OK)
-            kolo_wait(h);
+        expect_refused("mm/negative-dim", rc, &h, KOLO_ERR_INVALID_ARGUMENT,
+                       0, "mm/negative-dim", NULL);
         rc = grab(kolo_allreduce_async("mm/bad-op", buf, buf, 2, KOLO_FLOAT32,
                                        (kolo_op_t)17, &h));
-        expect_error("mm/bad-op", rc, KOLO_ERR_INVALID_ARGUMENT,
-                     KOLO_ERR_UNSUPPORTED, "mm/bad-op", NULL, NULL);
-        if (rc == KOLO_OK)
-            kolo_wait(h);
+        expect_refused("mm/bad-op", rc, &h, KOLO_ERR_INVALID_ARGUMENT,
+                       KOLO_ERR_UNSUPPORTED, "mm/bad-op", NULL);
         AFTER();
     }
 
@@ -2814,25 +2869,13 @@ static void mode_mismatch(void)
      * complete before rank 0 enqueues it, "mm/dupB" before rank 1 does, and
      * they do only after everyone has tried the duplicate. */
     {
-        float a[4] = {1, 1, 1, 1}, b[4] = {2, 2, 2, 2}, c[4];
-        kolo_handle_t ha = 0, hb = 0, hd;
+        float a[4] = {1, 1, 1, 1}, b[4] = {2, 2, 2, 2};
+        kolo_handle_t ha = 0, hb = 0;
         int holder_b = size > 1 ? 1 : 0;
-        if (rank != 0) {
-            MUST(kolo_allreduce_async("mm/dupA", a, a, 4, KOLO_FLOAT32,
-                                      KOLO_OP_SUM, &ha));
-            rc = grab(kolo_allreduce_async("mm/dupA", c, c, 4, KOLO_FLOAT32,
-                                           KOLO_OP_SUM, &hd));
-            expect_error("mm/dupA twice", rc, KOLO_ERR_DUPLICATE_NAME, 0,
-                         "mm/dupA", NULL, NULL);
-        }
-        if (rank != holder_b) {
-            MUST(kolo_allreduce_async("mm/dupB", b, b, 4, KOLO_FLOAT32,
-                                      KOLO_OP_SUM, &hb));
-            rc = grab(kolo_allreduce_async("mm/dupB", c, c, 4, KOLO_FLOAT32,
-                                           KOLO_OP_SUM, &hd));
-            expect_error("mm/dupB twice", rc, KOLO_ERR_DUPLICATE_NAME, 0,
-                         "mm/dupB", NULL, NULL);
-        }
+        if (rank != 0)
+            enqueue_twice("mm/dupA", a, &ha);
+        if (rank != holder_b)
+            enqueue_twice("mm/dupB", b, &hb);
         expect_ok("mm/dup-sync");
         if (rank == 0)
             MUST(kolo_allreduce_async("mm/dupA", a, a, 4, KOLO_FLOAT32,
@@ -2902,12 +2945,10 @@ static void mode_allreduce_sizes(void)
                         double g = tu_get(d, out, i);
                         double tol = op == KOLO_OP_AVERAGE
                                          ? avg_tolerance(d) * fabs(e) : 0;
-                        nchecks++;
-                        if (!(fabs(g - e) <= tol)) {
-                            CHECK(0, "%s element %lld: got %.17g, expected "
-                                     "%.17g", name, (long long)i, g, e);
-                            bad++;
-                        }
+                        CHECK_ELEMENT(bad, fabs(g - e) <= tol,
+                                      "%s element %lld: got %.17g, expected "
+                                      "%.17g",
+                                      name, (long long)i, g, e);
                     }
                 if (!in_place)
                     free(out);
@@ -2918,9 +2959,33 @@ static void mode_allreduce_sizes(void)
 
 /* ======================================================================== */
 
+/* The modes, by the name on the command line: each runs some steps (the
+ * number here) or once. */
+static const struct mode {
+    const char *name;
+    void (*run)(int steps);
+    int steps;
+    void (*run_once)(void);
+} modes[] = {
+    {"allreduce-matrix", .run = mode_allreduce_matrix, .steps = 2},
+    {"allreduce-sizes", .run_once = mode_allreduce_sizes},
+    {"compression", .run_once = mode_compression},
+    {"broadcast", .run = mode_broadcast, .steps = 2},
+    {"allgather", .run = mode_allgather, .steps = 3},
+    {"alltoall", .run = mode_alltoall, .steps = 3},
+    {"reducescatter", .run = mode_reducescatter, .steps = 3},
+    {"into", .run = mode_into, .steps = 4},
+    {"grouped", .run = mode_grouped, .steps = 2},
+    {"barrier", .run_once = mode_barrier},
+    {"join", .run_once = mode_join},
+    {"process-sets", .run_once = mode_process_sets},
+    {"mismatch", .run_once = mode_mismatch},
+};
+
 int main(int argc, char **argv)
 {
     const char *mode = argc > 1 ? argv[1] : "allreduce-matrix";
+    const struct mode *m;
     double t0;
 
     MUST(kolo_init());
@@ -2928,36 +2993,18 @@ int main(int argc, char **argv)
     size = kolo_size();
     t0 = now();
 
-    if (strcmp(mode, "allreduce-matrix") == 0)
-        mode_allreduce_matrix(argc > 2 ? atoi(argv[2]) : 2);
-    else if (strcmp(mode, "compression") == 0)
-        mode_compression();
-    else if (strcmp(mode, "allreduce-sizes") == 0)
-        mode_allreduce_sizes();
-    else if (strcmp(mode, "broadcast") == 0)
-        mode_broadcast(2);
-    else if (strcmp(mode, "allgather") == 0)
-        mode_allgather(3);
-    else if (strcmp(mode, "alltoall") == 0)
-        mode_alltoall(3);
-    else if (strcmp(mode, "reducescatter") == 0)
-        mode_reducescatter(3);
-    else if (strcmp(mode, "into") == 0)
-        mode_into(4);
-    else if (strcmp(mode, "grouped") == 0)
-        mode_grouped(2);
-    else if (strcmp(mode, "barrier") == 0)
-        mode_barrier();
-    else if (strcmp(mode, "join") == 0)
-        mode_join();
-    else if (strcmp(mode, "process-sets") == 0)
-        mode_process_sets();
-    else if (strcmp(mode, "mismatch") == 0)
-        mode_mismatch();
-    else {
+    for (m = modes; m < modes + NELEM(modes); m++)
+        if (strcmp(mode, m->name) == 0)
+            break;
+    if (m == modes + NELEM(modes)) {
         fprintf(stderr, "unknown mode %s\n", mode);
         return 2;
     }
+    if (m->run_once != NULL)
+        m->run_once();
+    else /* allreduce-matrix: its number of steps may be given */
+        m->run(argc > 2 && m->run == mode_allreduce_matrix ? atoi(argv[2])
+                                                           : m->steps);
     MUST(kolo_shutdown());
     if (failures) {
         fprintf(stderr, "rank %d: %s: %ld of %ld checks failed\n", rank, mode,
