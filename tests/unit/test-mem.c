@@ -42,6 +42,7 @@ typedef struct job {
     pthread_barrier_t bar;
     rank_ctx_t *ranks;
     int skip_init[MAXR]; /* this rank never arrives */
+    int init_fails;      /* the body checks init's failure, not its success */
 } job_t;
 
 struct rank_ctx {
@@ -51,6 +52,8 @@ struct rank_ctx {
     int init_rc;
     char init_err[256];
     char fail[512]; /* the first thing found wrong; "" if none */
+    int32_t sum;    /* the result of the rank's last count_ranks */
+    char err[256];  /* and its message */
     pthread_t self;
     /* wake tokens received */
     pthread_mutex_t mu;
@@ -127,45 +130,13 @@ static void *rank_main(void *arg)
                                         sizeof(r->init_err));
         if (r->init_rc == KOLO_OK)
             EXPECT(r, r->ctx != NULL, "rank %d: init gave no context", r->rank);
+        if (!j->init_fails)
+            EXPECT(r, r->init_rc == KOLO_OK, "init: %s", r->init_err);
     }
     j->body(r);
     if (r->ctx != NULL)
         kolo__ops_mem.finalize(r->ctx);
     return NULL;
-}
-
-/* Runs `body` on `size` rank threads of a fresh job; asserts that no rank
- * found anything wrong. */
-static void run_job(job_t *j, int size, body_fn body)
-{
-    pthread_t th[MAXR];
-
-    snprintf(j->rdv, sizeof(j->rdv), "mem:test-%d-%d", (int)getpid(),
-             atomic_fetch_add(&g_job_counter, 1));
-    j->size = size;
-    j->body = body;
-    if (j->timeout_s == 0)
-        j->timeout_s = 10;
-    if (j->start_timeout_s == 0)
-        j->start_timeout_s = 10;
-    j->ranks = calloc((size_t)size, sizeof(*j->ranks));
-    ck_assert_ptr_nonnull(j->ranks);
-    ck_assert_int_eq(pthread_barrier_init(&j->bar, NULL, (unsigned)size), 0);
-    for (int i = 0; i < size; i++) {
-        rank_ctx_t *r = &j->ranks[i];
-        r->job = j;
-        r->rank = i;
-        r->foreign_thread = 1;
-        pthread_mutex_init(&r->mu, NULL);
-        pthread_cond_init(&r->cv, NULL);
-        ck_assert_int_eq(pthread_create(&th[i], NULL, rank_main, r), 0);
-    }
-    for (int i = 0; i < size; i++)
-        ck_assert_int_eq(pthread_join(th[i], NULL), 0);
-    for (int i = 0; i < size; i++)
-        ck_assert_msg(j->ranks[i].fail[0] == '\0', "rank %d of %d: %s", i,
-                      size, j->ranks[i].fail);
-    pthread_barrier_destroy(&j->bar);
 }
 
 static void free_job(job_t *j)
@@ -177,20 +148,52 @@ static void free_job(job_t *j)
     free(j->ranks);
 }
 
-static void sum_i32(void *out, const void *a, const void *b, size_t n)
+/* Runs `body` on `size` rank threads of a fresh job set up as `j` says
+ * (its timeouts, 10 s where 0; ranks that never arrive); asserts that no
+ * rank found anything wrong. */
+static void run_job(job_t j, int size, body_fn body)
 {
-    int32_t *o = out;
-    const int32_t *x = a, *y = b;
-    for (size_t i = 0; i < n; i++)
-        o[i] = x[i] + y[i];
+    pthread_t th[MAXR];
+
+    snprintf(j.rdv, sizeof(j.rdv), "mem:test-%d-%d", (int)getpid(),
+             atomic_fetch_add(&g_job_counter, 1));
+    j.size = size;
+    j.body = body;
+    if (j.timeout_s == 0)
+        j.timeout_s = 10;
+    if (j.start_timeout_s == 0)
+        j.start_timeout_s = 10;
+    j.ranks = calloc((size_t)size, sizeof(*j.ranks));
+    ck_assert_ptr_nonnull(j.ranks);
+    ck_assert_int_eq(pthread_barrier_init(&j.bar, NULL, (unsigned)size), 0);
+    for (int i = 0; i < size; i++) {
+        rank_ctx_t *r = &j.ranks[i];
+        r->job = &j;
+        r->rank = i;
+        r->foreign_thread = 1;
+        pthread_mutex_init(&r->mu, NULL);
+        pthread_cond_init(&r->cv, NULL);
+        ck_assert_int_eq(pthread_create(&th[i], NULL, rank_main, r), 0);
+    }
+    for (int i = 0; i < size; i++)
+        ck_assert_int_eq(pthread_join(th[i], NULL), 0);
+    for (int i = 0; i < size; i++)
+        ck_assert_msg(j.ranks[i].fail[0] == '\0', "rank %d of %d: %s", i,
+                      size, j.ranks[i].fail);
+    pthread_barrier_destroy(&j.bar);
+    free_job(&j);
 }
 
-static void max_i32(void *out, const void *a, const void *b, size_t n)
+KOLO_UNIT_REDUCE_FN(sum_i32, int32_t, x + y)
+KOLO_UNIT_REDUCE_FN(max_i32, int32_t, x > y ? x : y)
+
+/* A SUM allreduce of a 1 from every rank: r->sum counts the ranks that
+ * took part; the status, and its message in r->err. */
+static int count_ranks(rank_ctx_t *r)
 {
-    int32_t *o = out;
-    const int32_t *x = a, *y = b;
-    for (size_t i = 0; i < n; i++)
-        o[i] = x[i] > y[i] ? x[i] : y[i];
+    r->sum = 1;
+    return kolo__ops_mem.allreduce(r->ctx, NULL, &r->sum, 1, 4, sum_i32,
+                                   r->err, sizeof(r->err));
 }
 
 /* The value rank r contributes at element i. */
@@ -206,7 +209,6 @@ static void body_collectives(rank_ctx_t *r)
     int32_t in[C], out[C], ref[C];
     int32_t all[MAXR * C];
 
-    EXPECT(r, r->init_rc == KOLO_OK, "init: %s", r->init_err);
     if (r->ctx == NULL)
         return;
 
@@ -339,12 +341,8 @@ static void body_collectives(rank_ctx_t *r)
 
 START_TEST(collectives_match_references)
 {
-    for (int n = 2; n <= 4; n++) {
-        job_t j;
-        memset(&j, 0, sizeof(j));
-        run_job(&j, n, body_collectives);
-        free_job(&j);
-    }
+    for (int n = 2; n <= 4; n++)
+        run_job((job_t){0}, n, body_collectives);
 }
 END_TEST
 
@@ -355,7 +353,6 @@ static void body_wake(rank_ctx_t *r)
     char err[256];
     int rc;
 
-    EXPECT(r, r->init_rc == KOLO_OK, "init: %s", r->init_err);
     if (r->rank == 0) {
         rc = kolo__ops_mem.wake_peers(r->ctx, 7, err, sizeof(err));
         EXPECT(r, rc == KOLO_OK, "wake_peers: %d %s", rc, err);
@@ -379,10 +376,7 @@ static void body_wake(rank_ctx_t *r)
 
 START_TEST(wake_tokens_arrive_from_another_thread)
 {
-    job_t j;
-    memset(&j, 0, sizeof(j));
-    run_job(&j, 3, body_wake);
-    free_job(&j);
+    run_job((job_t){0}, 3, body_wake);
 }
 END_TEST
 
@@ -390,22 +384,19 @@ END_TEST
 
 static void body_timeout(rank_ctx_t *r)
 {
-    char err[256] = "";
-    int32_t x = 1;
     int64_t t0 = kolo__now_us();
     int rc;
 
-    EXPECT(r, r->init_rc == KOLO_OK, "init: %s", r->init_err);
     if (r->rank == 2) {
         /* Never joins the allreduce; leaves once the others gave up. */
         pthread_barrier_wait(&r->job->bar);
         return;
     }
-    rc = kolo__ops_mem.allreduce(r->ctx, NULL, &x, 1, 4, sum_i32, err, sizeof(err));
+    rc = count_ranks(r);
     EXPECT(r, rc == KOLO_ERR_TIMEOUT, "allreduce gave %d (%s), not a timeout",
-           rc, err);
-    EXPECT(r, strstr(err, "rank 2 did not join allreduce") != NULL,
-           "the timeout does not name rank 2: %s", err);
+           rc, r->err);
+    EXPECT(r, strstr(r->err, "rank 2 did not join allreduce") != NULL,
+           "the timeout does not name rank 2: %s", r->err);
     EXPECT(r, kolo__now_us() - t0 >= 250000, "timed out after %lld us",
            (long long)(kolo__now_us() - t0));
     pthread_barrier_wait(&r->job->bar);
@@ -413,11 +404,7 @@ static void body_timeout(rank_ctx_t *r)
 
 START_TEST(timeout_names_the_missing_rank)
 {
-    job_t j;
-    memset(&j, 0, sizeof(j));
-    j.timeout_s = 0.3;
-    run_job(&j, 3, body_timeout);
-    free_job(&j);
+    run_job((job_t){.timeout_s = 0.3}, 3, body_timeout);
 }
 END_TEST
 
@@ -434,12 +421,8 @@ static void body_start_timeout(rank_ctx_t *r)
 
 START_TEST(init_times_out_without_every_rank)
 {
-    job_t j;
-    memset(&j, 0, sizeof(j));
-    j.start_timeout_s = 0.3;
-    j.skip_init[1] = 1;
-    run_job(&j, 2, body_start_timeout);
-    free_job(&j);
+    run_job((job_t){.start_timeout_s = 0.3, .skip_init[1] = 1, .init_fails = 1},
+            2, body_start_timeout);
 }
 END_TEST
 
@@ -447,72 +430,61 @@ END_TEST
 
 static void body_killed(rank_ctx_t *r)
 {
-    char err[256] = "";
-    int32_t x = 1;
     int rc;
 
-    EXPECT(r, r->init_rc == KOLO_OK, "init: %s", r->init_err);
-    rc = kolo__ops_mem.allreduce(r->ctx, NULL, &x, 1, 4, sum_i32, err, sizeof(err));
-    EXPECT(r, rc == KOLO_OK && x == 3, "first allreduce: %d %s", rc, err);
+    rc = count_ranks(r);
+    EXPECT(r, rc == KOLO_OK && r->sum == 3, "first allreduce: %d %s", rc,
+           r->err);
     pthread_barrier_wait(&r->job->bar);
     if (r->rank == 0)
         EXPECT(r, kolo__mem_kill(r->job->rdv, "kolo0/", 1) == 1,
                "kolo__mem_kill marked no context");
     pthread_barrier_wait(&r->job->bar);
-    rc = kolo__ops_mem.allreduce(r->ctx, NULL, &x, 1, 4, sum_i32, err, sizeof(err));
+    rc = count_ranks(r);
     EXPECT(r, rc == KOLO_ERR_RANK_LOST, "allreduce after the kill: %d %s", rc,
-           err);
+           r->err);
     if (r->rank == 1) {
-        EXPECT(r, strstr(err, "this rank (rank 1) has stopped") != NULL,
-               "the stopped rank's own message: %s", err);
-        rc = kolo__ops_mem.wake_peers(r->ctx, 3, err, sizeof(err));
+        EXPECT(r, strstr(r->err, "this rank (rank 1) has stopped") != NULL,
+               "the stopped rank's own message: %s", r->err);
+        rc = kolo__ops_mem.wake_peers(r->ctx, 3, r->err, sizeof(r->err));
         EXPECT(r, rc == KOLO_ERR_RANK_LOST, "its wake_peers: %d", rc);
     } else {
-        EXPECT(r, strstr(err, "rank 1 has stopped") != NULL,
-               "the lost rank is not named: %s", err);
+        EXPECT(r, strstr(r->err, "rank 1 has stopped") != NULL,
+               "the lost rank is not named: %s", r->err);
         /* Sleeping peers learn it from a lost-connection token. */
         EXPECT(r, wait_count(r, &r->lost, 1), "no lost-peer token");
-        rc = kolo__ops_mem.wake_peers(r->ctx, 3, err, sizeof(err));
-        EXPECT(r, rc == KOLO_ERR_RANK_LOST && strstr(err, "rank 1") != NULL,
-               "wake_peers to a stopped rank: %d %s", rc, err);
+        rc = kolo__ops_mem.wake_peers(r->ctx, 3, r->err, sizeof(r->err));
+        EXPECT(r, rc == KOLO_ERR_RANK_LOST && strstr(r->err, "rank 1") != NULL,
+               "wake_peers to a stopped rank: %d %s", rc, r->err);
     }
     pthread_barrier_wait(&r->job->bar);
 }
 
 START_TEST(killed_rank_is_named_by_its_peers)
 {
-    job_t j;
-    memset(&j, 0, sizeof(j));
-    run_job(&j, 3, body_killed);
-    free_job(&j);
+    run_job((job_t){0}, 3, body_killed);
 }
 END_TEST
 
 static void body_finalized(rank_ctx_t *r)
 {
-    char err[256] = "";
-    int32_t x = 1;
     int rc;
 
-    EXPECT(r, r->init_rc == KOLO_OK, "init: %s", r->init_err);
     if (r->rank == 1) {
         kolo__ops_mem.finalize(r->ctx);
         r->ctx = NULL;
         return;
     }
-    rc = kolo__ops_mem.allreduce(r->ctx, NULL, &x, 1, 4, sum_i32, err, sizeof(err));
-    EXPECT(r, rc == KOLO_ERR_RANK_LOST, "allreduce: %d %s", rc, err);
-    EXPECT(r, strstr(err, "rank 1 has left") != NULL,
-           "the finalized rank is not named: %s", err);
+    rc = count_ranks(r);
+    EXPECT(r, rc == KOLO_ERR_RANK_LOST, "allreduce: %d %s", rc, r->err);
+    EXPECT(r, strstr(r->err, "rank 1 has left") != NULL,
+           "the finalized rank is not named: %s", r->err);
 }
 
 START_TEST(finalized_rank_is_lost)
 {
-    job_t j;
-    memset(&j, 0, sizeof(j));
-    j.timeout_s = 30; /* fails by the loss, long before */
-    run_job(&j, 2, body_finalized);
-    free_job(&j);
+    /* It fails by the loss, long before the timeout. */
+    run_job((job_t){.timeout_s = 30}, 2, body_finalized);
 }
 END_TEST
 
@@ -524,7 +496,6 @@ static void body_mismatch(rank_ctx_t *r)
     int32_t x[4] = {0};
     int rc;
 
-    EXPECT(r, r->init_rc == KOLO_OK, "init: %s", r->init_err);
     if (r->rank == 0)
         rc = kolo__ops_mem.allreduce(r->ctx, NULL, x, 4, 4, sum_i32, err, sizeof(err));
     else
@@ -537,20 +508,14 @@ static void body_mismatch(rank_ctx_t *r)
 
 START_TEST(different_collectives_are_refused)
 {
-    job_t j;
-    memset(&j, 0, sizeof(j));
-    run_job(&j, 2, body_mismatch);
-    free_job(&j);
+    run_job((job_t){0}, 2, body_mismatch);
 }
 END_TEST
 
 static void body_waiting_for(rank_ctx_t *r)
 {
-    char err[256] = "";
-    int32_t x = 1;
     int rc;
 
-    EXPECT(r, r->init_rc == KOLO_OK, "init: %s", r->init_err);
     pthread_barrier_wait(&r->job->bar); /* rank 0's context is stored */
     if (r->rank == 1) {
         void *c0 = r->job->ranks[0].ctx;
@@ -564,16 +529,13 @@ static void body_waiting_for(rank_ctx_t *r)
         }
         EXPECT(r, who == 1, "rank 0 waits for %d, not rank 1", who);
     }
-    rc = kolo__ops_mem.allreduce(r->ctx, NULL, &x, 1, 4, sum_i32, err, sizeof(err));
-    EXPECT(r, rc == KOLO_OK && x == 2, "allreduce: %d %s", rc, err);
+    rc = count_ranks(r);
+    EXPECT(r, rc == KOLO_OK && r->sum == 2, "allreduce: %d %s", rc, r->err);
 }
 
 START_TEST(waiting_for_names_the_late_rank)
 {
-    job_t j;
-    memset(&j, 0, sizeof(j));
-    run_job(&j, 2, body_waiting_for);
-    free_job(&j);
+    run_job((job_t){0}, 2, body_waiting_for);
 }
 END_TEST
 

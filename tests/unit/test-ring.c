@@ -35,37 +35,10 @@
 
 static const uint8_t secret[KOLO__KEY_BYTES] = {1, 2, 3, 4, 5, 6, 7};
 
-static void sum_f32(void *o, const void *a, const void *b, size_t n)
-{
-    float *out = o;
-    const float *x = a, *y = b;
-    for (size_t i = 0; i < n; i++)
-        out[i] = x[i] + y[i];
-}
-
-static void sum_f64(void *o, const void *a, const void *b, size_t n)
-{
-    double *out = o;
-    const double *x = a, *y = b;
-    for (size_t i = 0; i < n; i++)
-        out[i] = x[i] + y[i];
-}
-
-static void sum_u8(void *o, const void *a, const void *b, size_t n)
-{
-    uint8_t *out = o;
-    const uint8_t *x = a, *y = b;
-    for (size_t i = 0; i < n; i++)
-        out[i] = (uint8_t)(x[i] + y[i]);
-}
-
-static void max_u16(void *o, const void *a, const void *b, size_t n)
-{
-    uint16_t *out = o;
-    const uint16_t *x = a, *y = b;
-    for (size_t i = 0; i < n; i++)
-        out[i] = x[i] > y[i] ? x[i] : y[i];
-}
+KOLO_UNIT_REDUCE_FN(sum_f32, float, x + y)
+KOLO_UNIT_REDUCE_FN(sum_f64, double, x + y)
+KOLO_UNIT_REDUCE_FN(sum_u8, uint8_t, x + y)
+KOLO_UNIT_REDUCE_FN(max_u16, uint16_t, x > y ? x : y)
 
 /* Warnings the ring gives, counted (its warn function takes no argument). */
 static pthread_mutex_t warn_lock = PTHREAD_MUTEX_INITIALIZER;

@@ -24,6 +24,19 @@
             : _ck_assert_failed(__FILE__, __LINE__,                            \
                                 "Assertion '" #expr "' failed", ##__VA_ARGS__))
 
+/* Defines `static void name(void *out, const void *a, const void *b,
+ * size_t n)`, an element-wise reduction of the kind the backends' ops take
+ * (out[i] = expr, where x and y are a[i] and b[i], of type `type`): the
+ * tests of a backend hand it their own, computed here, not the runtime's. */
+#define KOLO_UNIT_REDUCE_FN(name, type, expr)                                  \
+    static void name(void *out, const void *a, const void *b, size_t n)        \
+    {                                                                          \
+        for (size_t i = 0; i < n; i++) {                                       \
+            type x = ((const type *)a)[i], y = ((const type *)b)[i];           \
+            ((type *)out)[i] = (type)(expr);                                   \
+        }                                                                      \
+    }
+
 /* A suite of one test case, "core", of the given tests, each allowed
  * `timeout` seconds. */
 static inline Suite *kolo_unit_suite(const char *name, double timeout,
