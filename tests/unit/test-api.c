@@ -81,18 +81,24 @@ static void expect_err_(int rc, int code, const char *call, const char *file,
                       kolo_last_error());                                     \
     } while (0)
 
+/* An array of n floats (at least one, so that n = 0 has a buffer too). */
+static float *floats(int64_t n)
+{
+    float *f = malloc((size_t)(n ? n : 1) * sizeof(float));
+
+    ck_assert_ptr_nonnull(f);
+    return f;
+}
+
 /* One allreduce of n floats x[i] = i with prescale 2: the result (a job of
  * one rank) is 2i. Returns its status; checks the values on success. */
 static int allreduce_ok(const char *name, int64_t n)
 {
-    float *x = malloc((size_t)(n ? n : 1) * sizeof(float));
-    float *y = malloc((size_t)(n ? n : 1) * sizeof(float));
+    float *x = floats(n), *y = floats(n);
     kolo_opts_t o;
     kolo_handle_t h;
     int rc;
 
-    ck_assert_ptr_nonnull(x);
-    ck_assert_ptr_nonnull(y);
     for (int64_t i = 0; i < n; i++)
         x[i] = (float)(i % 1000);
     kolo_opts_init(&o);
@@ -200,6 +206,17 @@ static void expect_not_initialized(void)
     ck_assert_ptr_null(kolo_handle_error(1 << 20));
 }
 
+/* What a test ends with: kolo still works after what the test did (an
+ * allreduce of n floats), and shuts down. */
+static void works_then_shut_down(const char *name, int64_t n)
+{
+    int rc = allreduce_ok(name, n);
+
+    ck_assert_msg(rc == KOLO_OK, "allreduce %s returned %d: %s", name, rc,
+                  kolo_last_error());
+    MUST(kolo_shutdown());
+}
+
 /* ---- life cycle ------------------------------------------------------------------ */
 
 START_TEST(calls_before_init)
@@ -209,8 +226,7 @@ START_TEST(calls_before_init)
     MUST(kolo_init());
     ck_assert_int_eq(kolo_rank(), 0);
     ck_assert_int_eq(kolo_size(), 1);
-    MUST(allreduce_ok("after", 100));
-    MUST(kolo_shutdown());
+    works_then_shut_down("after", 100);
 }
 END_TEST
 
@@ -233,8 +249,7 @@ START_TEST(calls_after_shutdown)
     expect_not_initialized();
     /* Initialized again, it works again. */
     MUST(kolo_init());
-    MUST(allreduce_ok("again", 100));
-    MUST(kolo_shutdown());
+    works_then_shut_down("again", 100);
 }
 END_TEST
 
@@ -244,8 +259,7 @@ START_TEST(double_init)
     EXPECT_ERR(kolo_init(), KOLO_ERR_ALREADY_INITIALIZED, "kolo_init");
     ck_assert_int_eq(kolo_is_initialized(), 1);
     /* The first init is untouched. */
-    MUST(allreduce_ok("after/double-init", 1000));
-    MUST(kolo_shutdown());
+    works_then_shut_down("after/double-init", 1000);
 }
 END_TEST
 
@@ -352,8 +366,7 @@ START_TEST(null_pointers)
     MUST(kolo_broadcast_async("t/empty-bc", NULL, 0, KOLO_FLOAT32, 0, NULL, &h));
     MUST(kolo_wait(h));
     /* Nothing above disturbed the job. */
-    MUST(allreduce_ok("after/nulls", 1000));
-    MUST(kolo_shutdown());
+    works_then_shut_down("after/nulls", 1000);
 }
 END_TEST
 
@@ -424,8 +437,7 @@ START_TEST(bad_counts)
     EXPECT_ERR(kolo_broadcast_async("t/rootneg", x, 4, KOLO_FLOAT32, -1, NULL, &h),
                KOLO_ERR_INVALID_ARGUMENT, "t/rootneg", "-1");
     ck_assert_int_eq(h, -1);
-    MUST(allreduce_ok("after/counts", 1000));
-    MUST(kolo_shutdown());
+    works_then_shut_down("after/counts", 1000);
 }
 END_TEST
 
@@ -501,8 +513,7 @@ START_TEST(bad_dtypes_and_ops)
     ck_assert_str_eq(kolo_op_name((kolo_op_t)-1), "unknown");
     ck_assert_str_eq(kolo_strerror(12345), "unknown status");
     ck_assert_str_eq(kolo_strerror(-12345), "unknown status");
-    MUST(allreduce_ok("after/dtypes", 1000));
-    MUST(kolo_shutdown());
+    works_then_shut_down("after/dtypes", 1000);
 }
 END_TEST
 
@@ -562,8 +573,7 @@ START_TEST(bad_names)
     MUST(kolo_allreduce_async(name, x, x, 4, KOLO_FLOAT32, KOLO_OP_SUM, &h));
     MUST(kolo_wait(h));
     ck_assert(x[0] == 1 && x[3] == 4);
-    MUST(allreduce_ok("after/names", 1000));
-    MUST(kolo_shutdown());
+    works_then_shut_down("after/names", 1000);
 }
 END_TEST
 
@@ -592,8 +602,7 @@ START_TEST(bad_handles)
         EXPECT_ERR(kolo_poll(bad[i]), KOLO_ERR_INVALID_HANDLE, num);
         ck_assert_ptr_null(kolo_handle_error(bad[i]));
     }
-    MUST(allreduce_ok("after/handles", 1000));
-    MUST(kolo_shutdown());
+    works_then_shut_down("after/handles", 1000);
 }
 END_TEST
 
@@ -645,8 +654,7 @@ START_TEST(bad_process_sets)
     EXPECT_ERR(kolo_remove_process_set(id), KOLO_ERR_INVALID_ARGUMENT,
                "process set 1");
     ck_assert_int_lt(kolo_barrier(id), 0);
-    MUST(allreduce_ok("after/psets", 1000));
-    MUST(kolo_shutdown());
+    works_then_shut_down("after/psets", 1000);
 }
 END_TEST
 
@@ -690,8 +698,7 @@ START_TEST(invalid_environment)
     /* With the variable fixed, init works. */
     unsetenv(name);
     MUST(kolo_init());
-    MUST(allreduce_ok("after/env", 100));
-    MUST(kolo_shutdown());
+    works_then_shut_down("after/env", 100);
 }
 END_TEST
 
@@ -725,8 +732,7 @@ START_TEST(unwritable_timeline)
                "cannot write the timeline file '/dev/full'", why);
     /* Said once, by the start: the stop has nothing to add. */
     MUST(kolo_stop_timeline());
-    MUST(allreduce_ok("after/timeline", 100));
-    MUST(kolo_shutdown());
+    works_then_shut_down("after/timeline", 100);
     ck_assert_int_eq(count_fds(), fds);
 }
 END_TEST
@@ -802,12 +808,10 @@ static void wrong_calls(void)
 START_TEST(valid_work_in_flight_survives)
 {
     enum { N = 4 * 1024 * 1024 };
-    float *in = malloc(N * sizeof(float)), *out = malloc(N * sizeof(float));
+    float *in = floats(N), *out = floats(N);
     kolo_opts_t o;
     kolo_handle_t h;
 
-    ck_assert_ptr_nonnull(in);
-    ck_assert_ptr_nonnull(out);
     for (int i = 0; i < N; i++)
         in[i] = (float)(i % 4096);
     memset(out, 0, N * sizeof(float));
@@ -883,51 +887,38 @@ START_TEST(init_shutdown_cycles_release_everything)
 }
 END_TEST
 
+/* Adds a test case of the given tests, each run in a clean environment. */
+static TCase *api_tcase(Suite *s, const char *name, double timeout,
+                        const TTest *const *tests, size_t n)
+{
+    TCase *tc = kolo_unit_tcase(s, name, timeout, tests, n);
+
+    tcase_add_checked_fixture(tc, clean_env, NULL);
+    return tc;
+}
+
 static Suite *api_suite(void)
 {
     Suite *s = suite_create("api");
-    TCase *tc = tcase_create("life cycle");
-    tcase_add_checked_fixture(tc, clean_env, NULL);
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, calls_before_init);
-    tcase_add_test(tc, calls_after_shutdown);
-    tcase_add_test(tc, double_init);
-    tcase_add_test(tc, double_shutdown);
-    suite_add_tcase(s, tc);
+    TCase *tc;
 
-    tc = tcase_create("arguments");
-    tcase_add_checked_fixture(tc, clean_env, NULL);
-    tcase_set_timeout(tc, 30);
-    tcase_add_test(tc, null_pointers);
-    tcase_add_test(tc, bad_counts);
-    tcase_add_test(tc, bad_dtypes_and_ops);
-    tcase_add_test(tc, negative_op_refused);
-    tcase_add_test(tc, bad_names);
-    tcase_add_test(tc, bad_handles);
-    tcase_add_test(tc, bad_process_sets);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("environment");
-    tcase_add_checked_fixture(tc, clean_env, NULL);
-    tcase_set_timeout(tc, 30);
+    api_tcase(s, "life cycle", 30,
+              KOLO_UNIT_TESTS(calls_before_init, calls_after_shutdown,
+                              double_init, double_shutdown));
+    api_tcase(s, "arguments", 30,
+              KOLO_UNIT_TESTS(null_pointers, bad_counts, bad_dtypes_and_ops,
+                              negative_op_refused, bad_names, bad_handles,
+                              bad_process_sets));
+    tc = api_tcase(s, "environment", 30, NULL, 0);
     tcase_add_loop_test(tc, invalid_environment, 0,
                         (int)(sizeof(bad_env) / sizeof(bad_env[0])));
     tcase_add_test(tc, unwritable_timeline);
     tcase_add_test(tc, dynamic_timeline);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("work in flight");
-    tcase_add_checked_fixture(tc, clean_env, NULL);
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, valid_work_in_flight_survives);
-    tcase_add_test(tc, wrong_calls_from_another_thread);
-    suite_add_tcase(s, tc);
-
-    tc = tcase_create("resources");
-    tcase_add_checked_fixture(tc, clean_env, NULL);
-    tcase_set_timeout(tc, 60);
-    tcase_add_test(tc, init_shutdown_cycles_release_everything);
-    suite_add_tcase(s, tc);
+    api_tcase(s, "work in flight", 60,
+              KOLO_UNIT_TESTS(valid_work_in_flight_survives,
+                              wrong_calls_from_another_thread));
+    api_tcase(s, "resources", 60,
+              KOLO_UNIT_TESTS(init_shutdown_cycles_release_everything));
     return s;
 }
 

@@ -37,18 +37,34 @@
         }                                                                      \
     }
 
+/* Adds to suite s a test case `name` of the given tests, each allowed
+ * `timeout` seconds; returns it, for fixtures and more tests. */
+static inline TCase *kolo_unit_tcase(Suite *s, const char *name,
+                                     double timeout, const TTest *const *tests,
+                                     size_t n)
+{
+    TCase *tc = tcase_create(name);
+
+    tcase_set_timeout(tc, timeout);
+    for (size_t i = 0; i < n; i++)
+        tcase_add_test(tc, tests[i]);
+    suite_add_tcase(s, tc);
+    return tc;
+}
+
+/* The tests listed, as kolo_unit_tcase's last two arguments. */
+#define KOLO_UNIT_TESTS(...)                                                   \
+    (const TTest *const[]){__VA_ARGS__},                                       \
+        sizeof((const TTest *const[]){__VA_ARGS__}) / sizeof(const TTest *)
+
 /* A suite of one test case, "core", of the given tests, each allowed
  * `timeout` seconds. */
 static inline Suite *kolo_unit_suite(const char *name, double timeout,
                                      const TTest *const *tests, size_t n)
 {
     Suite *s = suite_create(name);
-    TCase *tc = tcase_create("core");
 
-    tcase_set_timeout(tc, timeout);
-    for (size_t i = 0; i < n; i++)
-        tcase_add_test(tc, tests[i]);
-    suite_add_tcase(s, tc);
+    kolo_unit_tcase(s, "core", timeout, tests, n);
     return s;
 }
 
