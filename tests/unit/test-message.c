@@ -211,6 +211,56 @@ static void expect_refused_raw(const raw_t *r, const char *what)
     expect_refused(r->buf, r->len, what);
 }
 
+/* At least n bytes of filler, for names and texts at their limit and one
+ * byte past it. */
+static const char *filler(size_t n)
+{
+    static char bytes[KOLO__MSG_MAX_TEXT + KOLO_MAX_NAME_LEN];
+
+    ck_assert_uint_le(n, sizeof bytes);
+    memset(bytes, 'f', sizeof bytes);
+    return bytes;
+}
+
+/* The message r holds, which must decode. */
+static kolo__msg_t decoded(const raw_t *r)
+{
+    kolo__msg_t m;
+    kolo__err_t err;
+    int rc = decode(r->buf, r->len, &m, &err);
+
+    ck_assert_msg(rc == KOLO_OK, "refused (%d): %s", rc, err.msg);
+    return m;
+}
+
+/* A message of `kind` from rank 0 of one item, with the default
+ * parameters but for the flags (a response's status). */
+static void raw_one(raw_t *r, unsigned kind, const char *name, size_t name_len,
+                    unsigned flags)
+{
+    raw_header(r, kind, 0, 1);
+    raw_request(r, name, name_len, 0, 0, 0, flags, 1);
+}
+
+/* A message of one item named so is refused for its name. */
+static void expect_name_refused(unsigned kind, const char *name,
+                                size_t name_len)
+{
+    raw_t r;
+
+    raw_one(&r, kind, name, name_len, 0);
+    expect_refused_raw(&r, "bad tensor name");
+}
+
+/* An error response whose text is `len` (the length field) and n bytes. */
+static void raw_error_response(raw_t *r, unsigned len, const void *text,
+                               size_t n)
+{
+    raw_one(r, KOLO__MSG_RESPONSES, "t", 1, 1);
+    raw_u16(r, len);
+    raw_bytes(r, text, n);
+}
+
 static char *xstrdup(const char *s)
 {
     char *p = strdup(s);
@@ -239,15 +289,26 @@ static void vary_params(kolo__params_t *p, uint32_t i)
     p->postscale = -(double)i * 0.75;
 }
 
+/* A message of `kind` from `rank` with a list of n zeroed items of
+ * `item_size` bytes (at least one item, for n = 0 too), which it returns. */
+static void *make_message(kolo__msg_t *m, unsigned kind, uint32_t n,
+                          int32_t rank, size_t item_size)
+{
+    void *items = calloc(n ? n : 1, item_size);
+
+    ck_assert_ptr_nonnull(items);
+    memset(m, 0, sizeof *m);
+    m->kind = (uint16_t)kind;
+    m->rank = rank;
+    m->n = n;
+    return items;
+}
+
 /* Request and response lists owned by the test. */
 static void make_requests(kolo__msg_t *m, uint32_t n, int32_t rank)
 {
-    memset(m, 0, sizeof *m);
-    m->kind = KOLO__MSG_REQUESTS;
-    m->rank = rank;
-    m->n = n;
-    m->u.requests = calloc(n ? n : 1, sizeof(kolo__request_t));
-    ck_assert_ptr_nonnull(m->u.requests);
+    m->u.requests = make_message(m, KOLO__MSG_REQUESTS, n, rank,
+                                 sizeof(kolo__request_t));
     for (uint32_t i = 0; i < n; i++) {
         char name[64];
         snprintf(name, sizeof name, "model/layer%u/weight", i);
@@ -261,12 +322,8 @@ static void make_requests(kolo__msg_t *m, uint32_t n, int32_t rank)
 
 static void make_responses(kolo__msg_t *m, uint32_t n, int32_t rank)
 {
-    memset(m, 0, sizeof *m);
-    m->kind = KOLO__MSG_RESPONSES;
-    m->rank = rank;
-    m->n = n;
-    m->u.responses = calloc(n ? n : 1, sizeof(kolo__response_t));
-    ck_assert_ptr_nonnull(m->u.responses);
+    m->u.responses = make_message(m, KOLO__MSG_RESPONSES, n, rank,
+                                  sizeof(kolo__response_t));
     for (uint32_t i = 0; i < n; i++) {
         char name[64], text[128];
         kolo__response_t *r = &m->u.responses[i];
@@ -288,9 +345,9 @@ static void make_responses(kolo__msg_t *m, uint32_t n, int32_t rank)
 }
 
 /* Field by field (not through kolo__params_equal, which is under test
- * too): `got` was decoded from the encoding of `want`. */
-static void assert_params_same(const kolo__params_t *want,
-                               const kolo__params_t *got)
+ * too), the group's key aside: `got` was decoded from what `want` says. */
+static void assert_params_fields(const kolo__params_t *want,
+                                 const kolo__params_t *got)
 {
     ck_assert_uint_eq(got->coll, want->coll);
     ck_assert_uint_eq(got->dtype, want->dtype);
@@ -305,6 +362,13 @@ static void assert_params_same(const kolo__params_t *want,
     ck_assert_mem_eq(&got->postscale, &want->postscale, sizeof(double));
     for (int d = 0; d < KOLO_MAX_DIMS; d++)
         ck_assert_int_eq(got->shape[d], d < want->ndim ? want->shape[d] : 0);
+}
+
+/* `got` was decoded from the encoding of `want`. */
+static void assert_params_same(const kolo__params_t *want,
+                               const kolo__params_t *got)
+{
+    assert_params_fields(want, got);
     /* The key is only sent for a group. */
     ck_assert_str_eq(got->group_key, want->group > 1 ? want->group_key : "");
     ck_assert_int_eq(kolo__params_equal(want, got), 1);
@@ -664,21 +728,30 @@ END_TEST
  * strdup of the mismatch text fails) is sent with an empty text and decodes
  * as "". Run under -fsanitize=undefined: encoding must not pass NULL to
  * memcpy. */
+/* Encodes m into b, which must be `len` bytes long, and decodes that into
+ * d. */
+static void encode_decode(const kolo__msg_t *m, size_t len, kolo__bytes_t *b,
+                          kolo__msg_t *d)
+{
+    kolo__err_t err;
+
+    ck_assert_int_eq(kolo__msg_encode(m, b, &err), KOLO_OK);
+    ck_assert_uint_eq(b->len, len);
+    ck_assert_int_eq(decode(b->data, b->len, d, &err), KOLO_OK);
+}
+
 START_TEST(error_response_without_text_roundtrips)
 {
     kolo__msg_t m, d;
     kolo__bytes_t b = {0};
-    kolo__err_t err;
 
     make_responses(&m, 1, 0);
     m.u.responses[0].status = KOLO_ERR_MISMATCH;
     m.u.responses[0].text = NULL;
-    ck_assert_int_eq(kolo__msg_encode(&m, &b, &err), KOLO_OK);
     /* header | u16 len "grad.0" | params without shape or key | u16 0 */
-    ck_assert_uint_eq(b.len, 16 + 2 + 6 + RAW_PARAMS_FIXED + 2);
+    encode_decode(&m, 16 + 2 + 6 + RAW_PARAMS_FIXED + 2, &b, &d);
     ck_assert_int_eq(b.data[b.len - 2], 0);
     ck_assert_int_eq(b.data[b.len - 1], 0);
-    ck_assert_int_eq(decode(b.data, b.len, &d, &err), KOLO_OK);
     ck_assert_int_eq(d.u.responses[0].status, KOLO_ERR_MISMATCH);
     ck_assert_str_eq(d.u.responses[0].text, "");
     kolo__msg_free(&d);
@@ -705,14 +778,11 @@ START_TEST(ok_response_text_is_not_sent)
 {
     kolo__msg_t m, d;
     kolo__bytes_t b = {0};
-    kolo__err_t err;
 
     make_responses(&m, 1, 0);
     ck_assert_int_eq(m.u.responses[0].status, KOLO_OK);
     m.u.responses[0].text = xstrdup("ignored");
-    ck_assert_int_eq(kolo__msg_encode(&m, &b, &err), KOLO_OK);
-    ck_assert_uint_eq(b.len, 16 + 2 + strlen("grad.0") + RAW_PARAMS_FIXED);
-    ck_assert_int_eq(decode(b.data, b.len, &d, &err), KOLO_OK);
+    encode_decode(&m, 16 + 2 + strlen("grad.0") + RAW_PARAMS_FIXED, &b, &d);
     ck_assert_ptr_null(d.u.responses[0].text);
     kolo__msg_free(&d);
     kolo__msg_free(&m);
@@ -861,25 +931,20 @@ END_TEST
 START_TEST(bad_header_refused)
 {
     raw_t r;
+    kolo__msg_t m;
 
     /* A valid one first, so the refusals below are for the one field. */
-    {
-        kolo__msg_t m;
-        kolo__err_t err;
-        raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
-        raw_request(&r, "t", 1, 0, 0, 0, 0, 1);
-        ck_assert_int_eq(decode(r.buf, r.len, &m, &err), KOLO_OK);
-        ck_assert_str_eq(m.u.requests[0].name, "t");
-        kolo__msg_free(&m);
-        raw_header(&r, KOLO__MSG_RESPONSES, 0, 0);
-        ck_assert_int_eq(decode(r.buf, r.len, &m, &err), KOLO_OK);
-        ck_assert_uint_eq(m.kind, KOLO__MSG_RESPONSES);
-        ck_assert_uint_eq(m.n, 0);
-        kolo__msg_free(&m);
-    }
+    raw_one(&r, KOLO__MSG_REQUESTS, "t", 1, 0);
+    m = decoded(&r);
+    ck_assert_str_eq(m.u.requests[0].name, "t");
+    kolo__msg_free(&m);
+    raw_header(&r, KOLO__MSG_RESPONSES, 0, 0);
+    m = decoded(&r);
+    ck_assert_uint_eq(m.kind, KOLO__MSG_RESPONSES);
+    ck_assert_uint_eq(m.n, 0);
+    kolo__msg_free(&m);
 
-    raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
-    raw_request(&r, "t", 1, 0, 0, 0, 0, 1);
+    raw_one(&r, KOLO__MSG_REQUESTS, "t", 1, 0);
     r.buf[0] ^= 0x20; /* "kOLO" */
     expect_refused_raw(&r, "bad magic or version");
     r.buf[0] ^= 0x20;
@@ -932,48 +997,30 @@ END_TEST
 START_TEST(bad_names_refused)
 {
     raw_t r;
-    char big[KOLO_MAX_NAME_LEN + 2];
+    kolo__msg_t m;
+    const char *big = filler(KOLO_MAX_NAME_LEN + 1);
 
-    memset(big, 'n', sizeof big);
-
-    raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
-    raw_request(&r, "", 0, 0, 0, 0, 0, 1);
+    raw_one(&r, KOLO__MSG_REQUESTS, "", 0, 0);
     raw_bytes(&r, "padding-padding", 15); /* enough bytes for n = 1 */
     expect_refused_raw(&r, "bad tensor name");
 
     /* Exactly the maximum is fine; one more is not. */
-    raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
-    raw_request(&r, big, KOLO_MAX_NAME_LEN, 0, 0, 0, 0, 1);
-    {
-        kolo__msg_t m;
-        kolo__err_t err;
-        ck_assert_int_eq(decode(r.buf, r.len, &m, &err), KOLO_OK);
-        ck_assert_uint_eq(strlen(m.u.requests[0].name), KOLO_MAX_NAME_LEN);
-        kolo__msg_free(&m);
-    }
-    raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
-    raw_request(&r, big, KOLO_MAX_NAME_LEN + 1, 0, 0, 0, 0, 1);
-    expect_refused_raw(&r, "bad tensor name");
-    raw_header(&r, KOLO__MSG_RESPONSES, 0, 1);
-    raw_request(&r, big, KOLO_MAX_NAME_LEN + 1, 0, 0, 0, 0, 1);
-    expect_refused_raw(&r, "bad tensor name");
+    raw_one(&r, KOLO__MSG_REQUESTS, big, KOLO_MAX_NAME_LEN, 0);
+    m = decoded(&r);
+    ck_assert_uint_eq(strlen(m.u.requests[0].name), KOLO_MAX_NAME_LEN);
+    kolo__msg_free(&m);
+    expect_name_refused(KOLO__MSG_REQUESTS, big, KOLO_MAX_NAME_LEN + 1);
+    expect_name_refused(KOLO__MSG_RESPONSES, big, KOLO_MAX_NAME_LEN + 1);
     /* A length of 0xffff with few bytes after it. */
-    raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
-    raw_request(&r, "abcdefghijklmnopqrstuvwxyz", 26, 0, 0, 0, 0, 1);
+    raw_one(&r, KOLO__MSG_REQUESTS, "abcdefghijklmnopqrstuvwxyz", 26, 0);
     r.buf[16] = 0xff;
     r.buf[17] = 0xff;
     expect_refused_raw(&r, "bad tensor name");
 
     /* NUL bytes inside, first or last. */
-    raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
-    raw_request(&r, "ab\0cd", 5, 0, 0, 0, 0, 1);
-    expect_refused_raw(&r, "bad tensor name");
-    raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
-    raw_request(&r, "\0abcd", 5, 0, 0, 0, 0, 1);
-    expect_refused_raw(&r, "bad tensor name");
-    raw_header(&r, KOLO__MSG_RESPONSES, 0, 1);
-    raw_request(&r, "abcd\0", 5, 0, 0, 0, 0, 1);
-    expect_refused_raw(&r, "bad tensor name");
+    expect_name_refused(KOLO__MSG_REQUESTS, "ab\0cd", 5);
+    expect_name_refused(KOLO__MSG_REQUESTS, "\0abcd", 5);
+    expect_name_refused(KOLO__MSG_RESPONSES, "abcd\0", 5);
 
     /* A bad second name after a good first one (frees the first). */
     raw_header(&r, KOLO__MSG_RESPONSES, 0, 2);
@@ -1022,12 +1069,36 @@ static void expect_params_refused(const raw_params_t *bad, const void *tail,
     free(r);
 }
 
+/* What the raw parameters of an item that decodes say, the group's key
+ * aside. */
+static kolo__params_t params_of(const raw_params_t *p)
+{
+    kolo__params_t want;
+
+    memset(&want, 0, sizeof want);
+    want.coll = (uint8_t)p->coll;
+    want.dtype = (uint8_t)p->dtype;
+    want.op = (uint8_t)p->op;
+    want.count = p->count;
+    want.wire = (uint8_t)p->wire;
+    want.ndim = (uint8_t)p->ndim;
+    want.device_type = (uint8_t)p->device_type;
+    want.group = (uint16_t)p->group;
+    want.root = p->root;
+    want.prescale = p->prescale;
+    want.postscale = p->postscale;
+    for (unsigned d = 0; d < KOLO_MAX_DIMS && d < p->ndim; d++)
+        want.shape[d] = p->shape[d];
+    return want;
+}
+
 /* A request with these parameters decodes to exactly them. */
 static void expect_params_ok(const raw_params_t *p)
 {
     raw_t *r = malloc(sizeof *r);
     kolo__msg_t m;
     kolo__err_t err;
+    kolo__params_t want;
     const kolo__params_t *got;
     int rc;
 
@@ -1037,18 +1108,8 @@ static void expect_params_ok(const raw_params_t *p)
     rc = decode(r->buf, r->len, &m, &err);
     ck_assert_msg(rc == KOLO_OK, "refused: %s", err.msg);
     got = &m.u.requests[0].params;
-    ck_assert_uint_eq(got->coll, p->coll);
-    ck_assert_uint_eq(got->dtype, p->dtype);
-    ck_assert_uint_eq(got->op, p->op);
-    ck_assert_int_eq(got->count, p->count);
-    ck_assert_uint_eq(got->wire, p->wire);
-    ck_assert_uint_eq(got->ndim, p->ndim);
-    ck_assert_uint_eq(got->group, p->group);
-    ck_assert_int_eq(got->root, p->root);
-    ck_assert_mem_eq(&got->prescale, &p->prescale, 8);
-    ck_assert_mem_eq(&got->postscale, &p->postscale, 8);
-    for (unsigned d = 0; d < KOLO_MAX_DIMS; d++)
-        ck_assert_int_eq(got->shape[d], d < p->ndim ? p->shape[d] : 0);
+    want = params_of(p);
+    assert_params_fields(&want, got);
     ck_assert_uint_eq(strlen(got->group_key), p->group > 1 ? p->key_len : 0);
     if (p->group > 1)
         ck_assert_mem_eq(got->group_key, p->key, p->key_len);
@@ -1088,8 +1149,7 @@ START_TEST(bad_params_refused)
     }
     /* Request flags are reserved: must be 0. */
     for (unsigned f = 1; f < 256; f *= 2) {
-        raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
-        raw_request(&r, "t", 1, 0, 0, 0, f, 1);
+        raw_one(&r, KOLO__MSG_REQUESTS, "t", 1, f);
         expect_refused_raw(&r, "bad request flags");
     }
 }
@@ -1221,51 +1281,34 @@ END_TEST
 
 START_TEST(bad_status_and_text_refused)
 {
+    const char *big = filler(KOLO__MSG_MAX_TEXT + 1);
     raw_t r;
-    char big[KOLO__MSG_MAX_TEXT + 1];
+    kolo__msg_t m;
 
-    memset(big, 't', sizeof big);
     /* Status bytes 15..255 decode below KOLO_ERR_INTERNAL. */
     for (unsigned s = 15; s < 256; s++) {
-        raw_header(&r, KOLO__MSG_RESPONSES, 0, 1);
-        raw_request(&r, "t", 1, 0, 0, 0, s, 1);
+        raw_one(&r, KOLO__MSG_RESPONSES, "t", 1, s);
         raw_u16(&r, 1);
         raw_u8(&r, 'x');
         expect_refused_raw(&r, "bad response status");
     }
     /* An error status without its text. */
-    raw_header(&r, KOLO__MSG_RESPONSES, 0, 1);
-    raw_request(&r, "t", 1, 0, 0, 0, 1, 1);
+    raw_one(&r, KOLO__MSG_RESPONSES, "t", 1, 1);
     expect_refused_raw(&r, "bad error text");
     /* A text of the maximum length is fine; one byte more is not. */
-    raw_header(&r, KOLO__MSG_RESPONSES, 0, 1);
-    raw_request(&r, "t", 1, 0, 0, 0, 1, 1);
-    raw_u16(&r, KOLO__MSG_MAX_TEXT);
-    raw_bytes(&r, big, KOLO__MSG_MAX_TEXT);
-    {
-        kolo__msg_t m;
-        kolo__err_t err;
-        ck_assert_int_eq(decode(r.buf, r.len, &m, &err), KOLO_OK);
-        ck_assert_int_eq(m.u.responses[0].status, -1);
-        ck_assert_uint_eq(strlen(m.u.responses[0].text), KOLO__MSG_MAX_TEXT);
-        kolo__msg_free(&m);
-    }
-    raw_header(&r, KOLO__MSG_RESPONSES, 0, 1);
-    raw_request(&r, "t", 1, 0, 0, 0, 1, 1);
-    raw_u16(&r, KOLO__MSG_MAX_TEXT + 1);
-    raw_bytes(&r, big, KOLO__MSG_MAX_TEXT + 1);
+    raw_error_response(&r, KOLO__MSG_MAX_TEXT, big, KOLO__MSG_MAX_TEXT);
+    m = decoded(&r);
+    ck_assert_int_eq(m.u.responses[0].status, -1);
+    ck_assert_uint_eq(strlen(m.u.responses[0].text), KOLO__MSG_MAX_TEXT);
+    kolo__msg_free(&m);
+    raw_error_response(&r, KOLO__MSG_MAX_TEXT + 1, big,
+                       KOLO__MSG_MAX_TEXT + 1);
     expect_refused_raw(&r, "bad error text");
     /* A text with a NUL inside. */
-    raw_header(&r, KOLO__MSG_RESPONSES, 0, 1);
-    raw_request(&r, "t", 1, 0, 0, 0, 1, 1);
-    raw_u16(&r, 3);
-    raw_bytes(&r, "a\0b", 3);
+    raw_error_response(&r, 3, "a\0b", 3);
     expect_refused_raw(&r, "bad error text");
     /* A text length running past the end. */
-    raw_header(&r, KOLO__MSG_RESPONSES, 0, 1);
-    raw_request(&r, "t", 1, 0, 0, 0, 1, 1);
-    raw_u16(&r, 10);
-    raw_bytes(&r, "short", 5);
+    raw_error_response(&r, 10, "short", 5);
     expect_refused_raw(&r, "bad error text");
 }
 END_TEST
