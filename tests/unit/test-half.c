@@ -38,32 +38,24 @@ static float bitsf(uint32_t u)
     return f;
 }
 
-/* Value of a float16 bit pattern, from the definition of binary16. */
-static double ref_f16_value(uint16_t h)
-{
-    int sign = h >> 15, e = (h >> 10) & 31, m = h & 1023;
-    double v;
-    if (e == 31)
-        v = m ? NAN : INFINITY;
-    else if (e == 0)
-        v = ldexp(m, -24);
-    else
-        v = ldexp(1024 + m, e - 25);
-    return sign ? -v : v;
-}
+/* Both 16-bit formats are binary formats of 1 sign bit, 15 - mbits
+ * exponent bits and mbits mantissa bits: float16 has 10, bfloat16 7. */
+#define F16_MBITS 10
+#define BF16_MBITS 7
 
-/* Value of a bfloat16 bit pattern: 8 exponent bits (bias 127), 7 mantissa
- * bits. */
-static double ref_bf16_value(uint16_t b)
+/* Value of a bit pattern of such a format, from the definition of a
+ * binary format (IEEE 754's binary16 for float16). */
+static double ref_value(uint16_t h, int mbits)
 {
-    int sign = b >> 15, e = (b >> 7) & 255, m = b & 127;
+    int emax = (1 << (15 - mbits)) - 1, bias = emax >> 1;
+    int sign = h >> 15, e = (h >> mbits) & emax, m = h & ((1 << mbits) - 1);
     double v;
-    if (e == 255)
+    if (e == emax)
         v = m ? NAN : INFINITY;
     else if (e == 0)
-        v = ldexp(m, -133);
+        v = ldexp(m, 1 - bias - mbits);
     else
-        v = ldexp(128 + m, e - 134);
+        v = ldexp((1 << mbits) + m, e - bias - mbits);
     return sign ? -v : v;
 }
 
@@ -87,33 +79,20 @@ static double ref_round(double x, int p, int emin, double maxfinite)
     return copysign(r, x);
 }
 
-/* Encodes a value exactly representable in float16 (or infinity). */
-static uint16_t ref_f16_encode(double v)
+/* Encodes a value exactly representable in such a format (or infinity). */
+static uint16_t ref_encode(double v, int mbits)
 {
+    int emax = (1 << (15 - mbits)) - 1, bias = emax >> 1;
     uint16_t sign = signbit(v) ? 0x8000 : 0;
     double av = fabs(v);
     if (isinf(av))
-        return sign | 0x7c00;
-    if (av < ldexp(1, -14))
-        return sign | (uint16_t)ldexp(av, 24);
+        return (uint16_t)(sign | emax << mbits);
+    if (av < ldexp(1, 1 - bias)) /* subnormal */
+        return sign | (uint16_t)ldexp(av, bias - 1 + mbits);
     int ex;
     double m = frexp(av, &ex); /* [0.5, 1) */
-    int mant = (int)ldexp(m, 11) - 1024;
-    return (uint16_t)(sign | ((ex - 1 + 15) << 10) | mant);
-}
-
-static uint16_t ref_bf16_encode(double v)
-{
-    uint16_t sign = signbit(v) ? 0x8000 : 0;
-    double av = fabs(v);
-    if (isinf(av))
-        return sign | 0x7f80;
-    if (av < ldexp(1, -126))
-        return sign | (uint16_t)ldexp(av, 133);
-    int ex;
-    double m = frexp(av, &ex);
-    int mant = (int)ldexp(m, 8) - 128;
-    return (uint16_t)(sign | ((ex - 1 + 127) << 7) | mant);
+    int mant = (int)ldexp(m, mbits + 1) - (1 << mbits);
+    return (uint16_t)(sign | ((ex - 1 + bias) << mbits) | mant);
 }
 
 #define F16_MAX 65504.0
@@ -122,12 +101,13 @@ static uint16_t ref_bf16_encode(double v)
 /* Expected float16 for a non-NaN float. */
 static uint16_t ref_to_f16(float f)
 {
-    return ref_f16_encode(ref_round(f, 11, -14, F16_MAX));
+    return ref_encode(ref_round(f, F16_MBITS + 1, -14, F16_MAX), F16_MBITS);
 }
 
 static uint16_t ref_to_bf16(float f)
 {
-    return ref_bf16_encode(ref_round(f, 8, -126, BF16_MAX));
+    return ref_encode(ref_round(f, BF16_MBITS + 1, -126, BF16_MAX),
+                      BF16_MBITS);
 }
 
 /* splitmix64: a small deterministic generator */
@@ -173,70 +153,162 @@ static float rnd_float(void)
     }
 }
 
-static int f16_is_nan(uint16_t h)
-{
-    return (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
-}
-
-static int bf16_is_nan(uint16_t b)
-{
-    return (b & 0x7f80) == 0x7f80 && (b & 0x7f);
-}
-
 /* The paths to test: 0 = whatever the CPU offers, 1 = forced scalar. */
 static void use_path(int scalar)
 {
     kolo__half_force_scalar(scalar);
 }
 
-/* ---- float16 ------------------------------------------------------------ */
+/* ---- the two formats ----------------------------------------------------- */
 
-/* Every float16 pattern: widened exactly (NaN: quiet NaN with the same sign
- * and payload), and narrowed back to itself (NaN: the quiet version). */
-static void check_f16_exhaustive(void)
+/* What the tests need of a 16-bit format: its mantissa width, the
+ * library's conversions (arrays and one value), the reference rounding,
+ * the float NaNs to narrow, and its own check of what widening pattern x
+ * gave (f). */
+typedef struct format {
+    const char *name;
+    int mbits;
+    void (*narrow)(const float *, uint16_t *, size_t);
+    void (*widen)(const uint16_t *, float *, size_t);
+    uint16_t (*narrow_one)(float);
+    float (*widen_one)(uint16_t);
+    uint16_t (*ref_narrow)(float);
+    const uint32_t *nans;
+    size_t n_nans;
+    void (*check_pattern)(uint16_t x, float f);
+} format_t;
+
+static int is_nan(const format_t *fmt, uint16_t h)
+{
+    int emax = (1 << (15 - fmt->mbits)) - 1;
+    return ((h >> fmt->mbits) & emax) == emax &&
+           (h & ((1 << fmt->mbits) - 1)) != 0;
+}
+
+/* A NaN's quiet bit: the mantissa's first. */
+static uint16_t quiet_bit(const format_t *fmt)
+{
+    return (uint16_t)(1 << (fmt->mbits - 1));
+}
+
+/* A float16 NaN widens to a quiet NaN with the same sign and payload. */
+static void check_f16_pattern(uint16_t x, float f)
+{
+    uint32_t u = fbits(f);
+
+    if ((x & 0x7c00) != 0x7c00 || (x & 0x3ff) == 0)
+        return;
+    ck_assert_msg(isnan(f), "0x%04x -> not NaN", x);
+    ck_assert_msg((u >> 31) == (uint32_t)(x >> 15), "sign of 0x%04x", x);
+    ck_assert_msg(u & 0x00400000u, "0x%04x -> signaling", x);
+    ck_assert_msg(((u >> 13) & 0x1ff) == (x & 0x1ffu), "payload of 0x%04x", x);
+}
+
+/* A bfloat16 widens exactly and bit for bit, NaNs included. */
+static void check_bf16_pattern(uint16_t x, float f)
+{
+    ck_assert_uint_eq(fbits(f), (uint32_t)x << 16);
+}
+
+/* float NaNs stay NaN, keep their sign, become quiet, even when their
+ * payload lies only in the bits that are dropped. */
+static const uint32_t f16_nans[] = {0x7f800001, 0xff800001, 0x7fc00000,
+                                    0x7fbfffff, 0xffffffff, 0x7f802000};
+static const uint32_t bf16_nans[] = {0x7f800001, 0xff800001, 0x7fc00000,
+                                     0x7fbfffff, 0xffffffff, 0x7f80ffff};
+
+static const format_t formats[] = {
+    {"float16", F16_MBITS, kolo__f32_to_f16, kolo__f16_to_f32,
+     kolo__float_to_f16, kolo__f16_to_float, ref_to_f16, f16_nans,
+     sizeof f16_nans / sizeof f16_nans[0], check_f16_pattern},
+    {"bfloat16", BF16_MBITS, kolo__f32_to_bf16, kolo__bf16_to_f32,
+     kolo__float_to_bf16, kolo__bf16_to_float, ref_to_bf16, bf16_nans,
+     sizeof bf16_nans / sizeof bf16_nans[0], check_bf16_pattern},
+};
+#define F16 (&formats[0])
+#define BF16 (&formats[1])
+
+/* The loop index of the tests that run for each format and path: the
+ * format (_i / 2: float16, bfloat16) and the path (_i % 2: 0 = run-time,
+ * 1 = forced scalar), which it sets. */
+static const format_t *format_and_path(int i)
+{
+    use_path(i % 2);
+    return &formats[i / 2];
+}
+
+/* ---- every pattern ------------------------------------------------------- */
+
+/* Every pattern: widened exactly (NaN: a quiet NaN, as the format's own
+ * check says), and narrowed back to itself (NaN: the quiet version). */
+static void check_exhaustive(const format_t *fmt)
 {
     uint16_t *h = malloc(65536 * sizeof *h), *back = malloc(65536 * 2);
     float *f = malloc(65536 * sizeof *f);
     ck_assert(h && back && f);
     for (uint32_t i = 0; i < 65536; i++)
         h[i] = (uint16_t)i;
-    kolo__f16_to_f32(h, f, 65536);
-    kolo__f32_to_f16(f, back, 65536);
+    fmt->widen(h, f, 65536);
+    fmt->narrow(f, back, 65536);
     for (uint32_t i = 0; i < 65536; i++) {
         uint16_t x = (uint16_t)i;
-        double ref = ref_f16_value(x);
-        ck_assert_uint_eq(fbits(f[i]), fbits(kolo__f16_to_float(x)));
-        if (f16_is_nan(x)) {
-            uint32_t u = fbits(f[i]);
-            ck_assert_msg(isnan(f[i]), "0x%04x -> not NaN", x);
-            ck_assert_msg((u >> 31) == (uint32_t)(x >> 15), "sign of 0x%04x",
-                          x);
-            ck_assert_msg(u & 0x00400000u, "0x%04x -> signaling", x);
-            ck_assert_msg(((u >> 13) & 0x1ff) == (x & 0x1ffu),
-                          "payload of 0x%04x", x);
-            uint16_t q = (uint16_t)(x | 0x200);
-            ck_assert_msg(back[i] == q, "NaN 0x%04x came back as 0x%04x", x,
+        double ref = ref_value(x, fmt->mbits);
+        fmt->check_pattern(x, f[i]);
+        ck_assert_uint_eq(fbits(f[i]), fbits(fmt->widen_one(x)));
+        if (is_nan(fmt, x)) {
+            ck_assert(isnan(f[i]));
+            ck_assert_msg(back[i] == (x | quiet_bit(fmt)),
+                          "%s NaN 0x%04x came back as 0x%04x", fmt->name, x,
                           back[i]);
         } else {
             ck_assert_msg((double)f[i] == ref && !signbit(f[i]) == !signbit(ref),
-                          "0x%04x -> %a, want %a", x, (double)f[i], ref);
-            ck_assert_msg(back[i] == x, "0x%04x came back as 0x%04x", x,
-                          back[i]);
+                          "%s 0x%04x -> %a, want %a", fmt->name, x,
+                          (double)f[i], ref);
+            ck_assert_msg(back[i] == x, "%s 0x%04x came back as 0x%04x",
+                          fmt->name, x, back[i]);
         }
-        ck_assert_uint_eq(back[i], kolo__float_to_f16(f[i]));
+        ck_assert_uint_eq(back[i], fmt->narrow_one(f[i]));
     }
     free(h);
     free(back);
     free(f);
 }
 
-START_TEST(f16_exhaustive)
+START_TEST(exhaustive)
 {
-    use_path(_i);
-    check_f16_exhaustive();
+    check_exhaustive(format_and_path(_i));
     use_path(0);
 }
 END_TEST
+
+/* ---- rounding corner cases ---------------------------------------------- */
+
+/* One float narrowed by the array path, the one-value path and the
+ * reference gives `want`. */
+static void check_narrowed(const format_t *fmt, float in, uint16_t want)
+{
+    uint16_t got;
+
+    fmt->narrow(&in, &got, 1);
+    ck_assert_msg(got == want, "%s: %a (0x%08x) -> 0x%04x, want 0x%04x",
+                  fmt->name, (double)in, fbits(in), got, want);
+    ck_assert_uint_eq(fmt->narrow_one(in), want);
+    ck_assert_uint_eq(fmt->ref_narrow(in), want);
+}
+
+/* The format's NaNs narrowed: NaN, the same sign, quiet. */
+static void check_nans_narrowed(const format_t *fmt)
+{
+    for (size_t i = 0; i < fmt->n_nans; i++) {
+        float f = bitsf(fmt->nans[i]);
+        uint16_t got;
+        fmt->narrow(&f, &got, 1);
+        ck_assert_msg(is_nan(fmt, got) && (got & quiet_bit(fmt)) &&
+                          (got >> 15) == (fmt->nans[i] >> 31),
+                      "%s: NaN 0x%08x -> 0x%04x", fmt->name, fmt->nans[i],
+                      got);
+    }
+}
 
 static const struct {
     float in;
@@ -285,96 +357,9 @@ static const struct {
 START_TEST(f16_rounding_cases)
 {
     use_path(_i);
-    size_t n = sizeof f16_cases / sizeof f16_cases[0];
-    for (size_t i = 0; i < n; i++) {
-        uint16_t got;
-        kolo__f32_to_f16(&f16_cases[i].in, &got, 1);
-        ck_assert_msg(got == f16_cases[i].out, "%a -> 0x%04x, want 0x%04x",
-                      (double)f16_cases[i].in, got, f16_cases[i].out);
-        ck_assert_uint_eq(kolo__float_to_f16(f16_cases[i].in),
-                          f16_cases[i].out);
-        ck_assert_uint_eq(ref_to_f16(f16_cases[i].in), f16_cases[i].out);
-    }
-    /* float NaNs stay NaN, keep their sign, become quiet, even when their
-     * payload lies only in the bits that are dropped */
-    static const uint32_t nans[] = {0x7f800001, 0xff800001, 0x7fc00000,
-                                    0x7fbfffff, 0xffffffff, 0x7f802000};
-    for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
-        float f = bitsf(nans[i]);
-        uint16_t got;
-        kolo__f32_to_f16(&f, &got, 1);
-        ck_assert_msg(f16_is_nan(got) && (got & 0x200) &&
-                          (got >> 15) == (nans[i] >> 31),
-                      "NaN 0x%08x -> 0x%04x", nans[i], got);
-    }
-    use_path(0);
-}
-END_TEST
-
-/* Random floats against the independent reference. */
-START_TEST(f16_random_vs_reference)
-{
-    use_path(_i);
-    enum { N = 1000000 };
-    float *f = malloc(N * sizeof *f);
-    uint16_t *h = malloc(N * sizeof *h);
-    ck_assert(f && h);
-    for (size_t i = 0; i < N; i++)
-        f[i] = rnd_float();
-    kolo__f32_to_f16(f, h, N);
-    for (size_t i = 0; i < N; i++) {
-        if (isnan(f[i])) {
-            ck_assert_msg(f16_is_nan(h[i]), "NaN %08x", fbits(f[i]));
-            continue;
-        }
-        uint16_t want = ref_to_f16(f[i]);
-        ck_assert_msg(h[i] == want, "%a (0x%08x) -> 0x%04x, want 0x%04x",
-                      (double)f[i], fbits(f[i]), h[i], want);
-    }
-    free(f);
-    free(h);
-    use_path(0);
-}
-END_TEST
-
-/* ---- bfloat16 ----------------------------------------------------------- */
-
-static void check_bf16_exhaustive(void)
-{
-    uint16_t *b = malloc(65536 * sizeof *b), *back = malloc(65536 * 2);
-    float *f = malloc(65536 * sizeof *f);
-    ck_assert(b && back && f);
-    for (uint32_t i = 0; i < 65536; i++)
-        b[i] = (uint16_t)i;
-    kolo__bf16_to_f32(b, f, 65536);
-    kolo__f32_to_bf16(f, back, 65536);
-    for (uint32_t i = 0; i < 65536; i++) {
-        uint16_t x = (uint16_t)i;
-        double ref = ref_bf16_value(x);
-        /* widening is exact and bit for bit, NaNs included */
-        ck_assert_uint_eq(fbits(f[i]), (uint32_t)x << 16);
-        ck_assert_uint_eq(fbits(f[i]), fbits(kolo__bf16_to_float(x)));
-        if (bf16_is_nan(x)) {
-            ck_assert(isnan(f[i]));
-            ck_assert_msg(back[i] == (x | 0x40),
-                          "NaN 0x%04x came back as 0x%04x", x, back[i]);
-        } else {
-            ck_assert_msg((double)f[i] == ref && !signbit(f[i]) == !signbit(ref),
-                          "0x%04x -> %a, want %a", x, (double)f[i], ref);
-            ck_assert_msg(back[i] == x, "0x%04x came back as 0x%04x", x,
-                          back[i]);
-        }
-        ck_assert_uint_eq(back[i], kolo__float_to_bf16(f[i]));
-    }
-    free(b);
-    free(back);
-    free(f);
-}
-
-START_TEST(bf16_exhaustive)
-{
-    use_path(_i);
-    check_bf16_exhaustive();
+    for (size_t i = 0; i < sizeof f16_cases / sizeof f16_cases[0]; i++)
+        check_narrowed(F16, f16_cases[i].in, f16_cases[i].out);
+    check_nans_narrowed(F16);
     use_path(0);
 }
 END_TEST
@@ -407,52 +392,41 @@ static const struct {
 START_TEST(bf16_rounding_cases)
 {
     use_path(_i);
-    size_t n = sizeof bf16_cases / sizeof bf16_cases[0];
-    for (size_t i = 0; i < n; i++) {
-        float f = bitsf(bf16_cases[i].in);
-        uint16_t got;
-        kolo__f32_to_bf16(&f, &got, 1);
-        ck_assert_msg(got == bf16_cases[i].out,
-                      "0x%08x -> 0x%04x, want 0x%04x", bf16_cases[i].in, got,
-                      bf16_cases[i].out);
-        ck_assert_uint_eq(kolo__float_to_bf16(f), bf16_cases[i].out);
-        ck_assert_uint_eq(ref_to_bf16(f), bf16_cases[i].out);
-    }
-    static const uint32_t nans[] = {0x7f800001, 0xff800001, 0x7fc00000,
-                                    0x7fbfffff, 0xffffffff, 0x7f80ffff};
-    for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
-        float f = bitsf(nans[i]);
-        uint16_t got;
-        kolo__f32_to_bf16(&f, &got, 1);
-        ck_assert_msg(bf16_is_nan(got) && (got & 0x40) &&
-                          (got >> 15) == (nans[i] >> 31),
-                      "NaN 0x%08x -> 0x%04x", nans[i], got);
-    }
+    for (size_t i = 0; i < sizeof bf16_cases / sizeof bf16_cases[0]; i++)
+        check_narrowed(BF16, bitsf(bf16_cases[i].in), bf16_cases[i].out);
+    check_nans_narrowed(BF16);
     use_path(0);
 }
 END_TEST
 
-START_TEST(bf16_random_vs_reference)
+/* ---- random floats against the independent reference ------------------- */
+
+static void check_random(const format_t *fmt)
 {
-    use_path(_i);
     enum { N = 1000000 };
     float *f = malloc(N * sizeof *f);
-    uint16_t *b = malloc(N * sizeof *b);
-    ck_assert(f && b);
+    uint16_t *h = malloc(N * sizeof *h);
+    ck_assert(f && h);
     for (size_t i = 0; i < N; i++)
         f[i] = rnd_float();
-    kolo__f32_to_bf16(f, b, N);
+    fmt->narrow(f, h, N);
     for (size_t i = 0; i < N; i++) {
         if (isnan(f[i])) {
-            ck_assert_msg(bf16_is_nan(b[i]), "NaN %08x", fbits(f[i]));
+            ck_assert_msg(is_nan(fmt, h[i]), "%s: NaN %08x", fmt->name,
+                          fbits(f[i]));
             continue;
         }
-        uint16_t want = ref_to_bf16(f[i]);
-        ck_assert_msg(b[i] == want, "%a (0x%08x) -> 0x%04x, want 0x%04x",
-                      (double)f[i], fbits(f[i]), b[i], want);
+        uint16_t want = fmt->ref_narrow(f[i]);
+        ck_assert_msg(h[i] == want, "%s: %a (0x%08x) -> 0x%04x, want 0x%04x",
+                      fmt->name, (double)f[i], fbits(f[i]), h[i], want);
     }
     free(f);
-    free(b);
+    free(h);
+}
+
+START_TEST(random_vs_reference)
+{
+    check_random(format_and_path(_i));
     use_path(0);
 }
 END_TEST
@@ -467,7 +441,7 @@ static const size_t g_lengths[] = {0,  1,  2,  7,   8,   9,    15,   16,
  * tail length occur), plus once over the whole million elements, and
  * compares the bits. Guard elements after each output check that nothing
  * is written past n. */
-static void compare_paths(int bf)
+static void compare_paths(const format_t *fmt)
 {
     enum { N = 1000000, GUARD = 16 };
     float *f = malloc(N * sizeof *f);
@@ -481,10 +455,6 @@ static void compare_paths(int bf)
         f[i] = rnd_float();
         h[i] = (uint16_t)rnd();
     }
-    void (*narrow)(const float *, uint16_t *, size_t) =
-        bf ? kolo__f32_to_bf16 : kolo__f32_to_f16;
-    void (*widen)(const uint16_t *, float *, size_t) =
-        bf ? kolo__bf16_to_f32 : kolo__f16_to_f32;
 
     for (size_t li = 0; li <= sizeof g_lengths / sizeof g_lengths[0]; li++) {
         for (size_t start = 0; start < 9; start++) {
@@ -496,11 +466,11 @@ static void compare_paths(int bf)
             memset(fv, 0xab, (n + GUARD) * sizeof *fv);
             memset(fs, 0xab, (n + GUARD) * sizeof *fs);
             use_path(0);
-            narrow(f + start, hv + start, n);
-            widen(h + start, fv + start, n);
+            fmt->narrow(f + start, hv + start, n);
+            fmt->widen(h + start, fv + start, n);
             use_path(1);
-            narrow(f + start, hs + start, n);
-            widen(h + start, fs + start, n);
+            fmt->narrow(f + start, hs + start, n);
+            fmt->widen(h + start, fs + start, n);
             use_path(0);
             for (size_t i = 0; i < n + GUARD; i++) {
                 ck_assert_msg(hv[start + i] == hs[start + i],
@@ -527,15 +497,9 @@ static void compare_paths(int bf)
     free(fs);
 }
 
-START_TEST(f16_vector_equals_scalar)
+START_TEST(vector_equals_scalar)
 {
-    compare_paths(0);
-}
-END_TEST
-
-START_TEST(bf16_vector_equals_scalar)
-{
-    compare_paths(1);
+    compare_paths(&formats[_i]);
 }
 END_TEST
 
@@ -580,15 +544,14 @@ static Suite *half_suite(void)
     TCase *tc = tcase_create("conversions");
     /* exhaustive and million-element loops are slow under sanitizers */
     tcase_set_timeout(tc, 600);
+    /* loop index _i: see format_and_path */
+    tcase_add_loop_test(tc, exhaustive, 0, 4);
+    tcase_add_loop_test(tc, random_vs_reference, 0, 4);
     /* loop index _i: 0 = run-time path, 1 = forced scalar */
-    tcase_add_loop_test(tc, f16_exhaustive, 0, 2);
     tcase_add_loop_test(tc, f16_rounding_cases, 0, 2);
-    tcase_add_loop_test(tc, f16_random_vs_reference, 0, 2);
-    tcase_add_loop_test(tc, bf16_exhaustive, 0, 2);
     tcase_add_loop_test(tc, bf16_rounding_cases, 0, 2);
-    tcase_add_loop_test(tc, bf16_random_vs_reference, 0, 2);
-    tcase_add_test(tc, f16_vector_equals_scalar);
-    tcase_add_test(tc, bf16_vector_equals_scalar);
+    /* loop index _i: the format */
+    tcase_add_loop_test(tc, vector_equals_scalar, 0, 2);
     tcase_add_test(tc, force_scalar_switch);
     tcase_add_loop_test(tc, rounding_mode_independent, 0, 2);
     suite_add_tcase(s, tc);
