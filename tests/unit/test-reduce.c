@@ -70,20 +70,6 @@ static int int_signed(kolo_dtype_t d)
            d == KOLO_INT64;
 }
 
-/* Reads / writes element i of an integer buffer as a wide value. */
-static __int128 get_int(const void *buf, size_t i, kolo_dtype_t d)
-{
-    switch (d) {
-    case KOLO_UINT8: return ((const uint8_t *)buf)[i];
-    case KOLO_INT8: return ((const int8_t *)buf)[i];
-    case KOLO_UINT16: return ((const uint16_t *)buf)[i];
-    case KOLO_INT16: return ((const int16_t *)buf)[i];
-    case KOLO_INT32: return ((const int32_t *)buf)[i];
-    case KOLO_INT64: return ((const int64_t *)buf)[i];
-    default: return 0;
-    }
-}
-
 /* v modulo 2^bits, as the type's value (two's complement if signed) */
 static __int128 wrap(__int128 v, kolo_dtype_t d)
 {
@@ -94,6 +80,15 @@ static __int128 wrap(__int128 v, kolo_dtype_t d)
     if (int_signed(d) && v >= m / 2)
         v -= m;
     return v;
+}
+
+/* Element i of an integer buffer as a wide value: its bits (the host is
+ * little-endian, as message.c asserts) as the type's value. */
+static __int128 get_int(const void *buf, size_t i, kolo_dtype_t d)
+{
+    uint64_t bits = 0;
+    memcpy(&bits, (const char *)buf + i * esize(d), esize(d));
+    return wrap(bits, d);
 }
 
 /* float16 / bfloat16 reference decode and rounding (independent of half.c) */
@@ -148,6 +143,12 @@ static uint16_t ref_half_round(long double x, int bf)
     frexpl(r, &ex);
     int mant = (int)ldexpl(r, -(ex - 1) + mbits) - (1 << mbits);
     return (uint16_t)(sign | ((ex - 1 + bias) << mbits) | mant);
+}
+
+/* Whether g is v rounded once to the 16-bit format (a NaN for NaN). */
+static int half_rounds(uint16_t g, long double v, int bf)
+{
+    return isnan(v) ? half_is_nan(g, bf) : g == ref_half_round(v, bf);
 }
 
 /* Random float of moderate size, with specials now and then. */
@@ -516,11 +517,7 @@ START_TEST(half_sum_rounds_once)
             float x = (float)ref_half_value(a[i], bf);
             float y = (float)ref_half_value(b[i], bf);
             float s = x + y;
-            if (isnan(s)) {
-                ck_assert(half_is_nan(o[i], bf));
-                continue;
-            }
-            ck_assert_msg(o[i] == ref_half_round(s, bf),
+            ck_assert_msg(half_rounds(o[i], s, bf),
                           "0x%04x + 0x%04x = 0x%04x, want 0x%04x", a[i], b[i],
                           o[i], ref_half_round(s, bf));
         }
@@ -545,10 +542,33 @@ static __int128 ref_trunc_div(__int128 x, int64_t d)
     return x < 0 ? -q : q;
 }
 
-/* Checks buf == orig / d elementwise (rules of kolo__average). */
-static void check_average(const void *got, const void *orig, size_t n,
-                          kolo_dtype_t d, int64_t div)
+/* A fresh input of n random elements of d (and a spare byte, so that n = 0
+ * allocates too). */
+static char *fresh_input(size_t n, kolo_dtype_t d)
 {
+    char *orig = malloc(n * esize(d) + 1);
+    ck_assert(orig);
+    fill(orig, n, d);
+    return orig;
+}
+
+/* A copy of the input to work on. */
+static char *copy_of(const char *orig, size_t n, kolo_dtype_t d)
+{
+    char *buf = malloc(n * esize(d) + 1);
+    ck_assert(buf);
+    memcpy(buf, orig, n * esize(d));
+    return buf;
+}
+
+/* Averages a copy of orig over div ranks with kolo__average and checks
+ * it elementwise (the rules of kolo__average). */
+static void check_average(const char *orig, size_t n, kolo_dtype_t d,
+                          int64_t div)
+{
+    char *got = copy_of(orig, n, d);
+
+    kolo__average(got, n, d, div);
     for (size_t i = 0; i < n; i++) {
         if (div <= 1 || d == KOLO_BOOL) {
             ck_assert(memcmp((const char *)got + i * esize(d),
@@ -579,47 +599,51 @@ static void check_average(const void *got, const void *orig, size_t n,
             uint16_t x = ((const uint16_t *)orig)[i];
             uint16_t g = ((const uint16_t *)got)[i];
             long double q = (long double)ref_half_value(x, bf) / div;
-            if (isnan(q)) {
-                ck_assert(half_is_nan(g, bf));
-                continue;
-            }
-            ck_assert_msg(g == ref_half_round(q, bf),
+            ck_assert_msg(half_rounds(g, q, bf),
                           "dtype %d: 0x%04x / %lld = 0x%04x, want 0x%04x", d,
                           x, (long long)div, g, ref_half_round(q, bf));
         }
     }
+    free(got);
+}
+
+/* Runs run_case(d, n, k) for every length n and every k < ncases, on the
+ * run-time path and, for float16 and bfloat16, on the forced scalar one
+ * too. */
+static void for_lengths_and_paths(kolo_dtype_t d, size_t ncases,
+                                  void (*run_case)(kolo_dtype_t d, size_t n,
+                                                   size_t k))
+{
+    for (int scalar = 0; scalar < (is_half(d) ? 2 : 1); scalar++) {
+        kolo__half_force_scalar(scalar);
+        for (size_t li = 0; li < NLENGTHS; li++)
+            for (size_t k = 0; k < ncases; k++)
+                run_case(d, g_lengths[li], k);
+    }
+    kolo__half_force_scalar(0);
+}
+
+/* A random buffer of n elements averaged over g_divisors[k] ranks. */
+static void average_case(kolo_dtype_t d, size_t n, size_t k)
+{
+    int64_t div = g_divisors[k];
+    /* bfloat16 only holds integers up to 256 exactly; above, the float32
+     * quotient is a double rounding */
+    if (d == KOLO_BFLOAT16 && div > 256)
+        return;
+    char *orig = fresh_input(n, d);
+    if (is_half(d) && n > 0) /* all 65536 patterns, spread */
+        for (size_t i = 0; i < n; i++)
+            ((uint16_t *)orig)[i] = (uint16_t)(rnd() >> 48);
+    check_average(orig, n, d, div);
+    free(orig);
 }
 
 START_TEST(average_all)
 {
-    kolo_dtype_t d = (kolo_dtype_t)_i;
-    size_t es = esize(d);
-    for (int scalar = 0; scalar < (is_half(d) ? 2 : 1); scalar++) {
-        kolo__half_force_scalar(scalar);
-        for (size_t li = 0; li < NLENGTHS; li++) {
-            size_t n = g_lengths[li];
-            for (size_t k = 0; k < sizeof g_divisors / sizeof g_divisors[0];
-                 k++) {
-                int64_t div = g_divisors[k];
-                /* bfloat16 only holds integers up to 256 exactly; above,
-                 * the float32 quotient is a double rounding */
-                if (d == KOLO_BFLOAT16 && div > 256)
-                    continue;
-                char *buf = malloc(n * es + 1), *orig = malloc(n * es + 1);
-                ck_assert(buf && orig);
-                fill(orig, n, d);
-                if (is_half(d) && n > 0) /* all 65536 patterns, spread */
-                    for (size_t i = 0; i < n; i++)
-                        ((uint16_t *)orig)[i] = (uint16_t)(rnd() >> 48);
-                memcpy(buf, orig, n * es);
-                kolo__average(buf, n, d, div);
-                check_average(buf, orig, n, d, div);
-                free(buf);
-                free(orig);
-            }
-        }
-    }
-    kolo__half_force_scalar(0);
+    for_lengths_and_paths((kolo_dtype_t)_i,
+                          sizeof g_divisors / sizeof g_divisors[0],
+                          average_case);
 }
 END_TEST
 
@@ -627,17 +651,13 @@ END_TEST
 START_TEST(average_half_exhaustive)
 {
     kolo_dtype_t d = _i ? KOLO_BFLOAT16 : KOLO_FLOAT16;
-    uint16_t *orig = malloc(65536 * 2), *buf = malloc(65536 * 2);
-    ck_assert(orig && buf);
+    uint16_t *orig = malloc(65536 * 2);
+    ck_assert(orig);
     for (uint32_t i = 0; i < 65536; i++)
         orig[i] = (uint16_t)i;
-    for (int64_t div = 2; div <= 16; div++) {
-        memcpy(buf, orig, 65536 * 2);
-        kolo__average(buf, 65536, d, div);
-        check_average(buf, orig, 65536, d, div);
-    }
+    for (int64_t div = 2; div <= 16; div++)
+        check_average((const char *)orig, 65536, d, div);
     free(orig);
-    free(buf);
 }
 END_TEST
 
@@ -696,65 +716,62 @@ static __int128 ref_sat(double r, kolo_dtype_t d)
     return v > mx ? mx : v < mn ? mn : v;
 }
 
-START_TEST(scale_all)
+/* Scales a copy of orig by f with kolo__scale and checks it as Horovod
+ * scales: integers saturated, float32 with the factor rounded to float32,
+ * halves through float32. */
+static void check_scale(const char *orig, size_t n, kolo_dtype_t d, double f)
 {
-    kolo_dtype_t d = (kolo_dtype_t)_i;
     size_t es = esize(d);
-    for (int scalar = 0; scalar < (is_half(d) ? 2 : 1); scalar++) {
-        kolo__half_force_scalar(scalar);
-        for (size_t li = 0; li < NLENGTHS; li++) {
-            size_t n = g_lengths[li];
-            for (size_t k = 0; k < sizeof g_factors / sizeof g_factors[0];
-                 k++) {
-                double f = g_factors[k];
-                char *buf = malloc(n * es + 1), *orig = malloc(n * es + 1);
-                ck_assert(buf && orig);
-                fill(orig, n, d);
-                memcpy(buf, orig, n * es);
-                kolo__scale(buf, n, d, f);
-                for (size_t i = 0; i < n; i++) {
-                    if (d == KOLO_BOOL || f == 1.0) {
-                        ck_assert(memcmp(buf + i * es, orig + i * es, es) ==
-                                  0);
-                    } else if (is_int(d)) {
-                        __int128 x = get_int(orig, i, d);
-                        __int128 want = ref_sat((double)x * f, d);
-                        ck_assert_msg(get_int(buf, i, d) == want,
-                                      "dtype %d: %lld * %g = %lld, want %lld",
-                                      d, (long long)x, f,
-                                      (long long)get_int(buf, i, d),
-                                      (long long)want);
-                    } else if (d == KOLO_FLOAT32) {
-                        /* Horovod's ScaleBuffer: float32 product with
-                         * the factor rounded to float32. */
-                        float x = ((float *)orig)[i];
-                        float want = x * (float)f;
-                        float g = ((float *)buf)[i];
-                        ck_assert(same_f(g, want, fbits(g), fbits(want), 0));
-                    } else if (d == KOLO_FLOAT64) {
-                        double x = ((double *)orig)[i], want = x * f;
-                        double g = ((double *)buf)[i];
-                        ck_assert(same_f(g, want, dbits(g), dbits(want), 0));
-                    } else {
-                        int bf = d == KOLO_BFLOAT16;
-                        uint16_t x = ((uint16_t *)orig)[i];
-                        uint16_t g = ((uint16_t *)buf)[i];
-                        float p = (float)ref_half_value(x, bf) * (float)f;
-                        if (isnan(p))
-                            ck_assert(half_is_nan(g, bf));
-                        else
-                            ck_assert_msg(g == ref_half_round(p, bf),
-                                          "dtype %d: 0x%04x * %g = 0x%04x, "
-                                          "want 0x%04x",
-                                          d, x, f, g, ref_half_round(p, bf));
-                    }
-                }
-                free(buf);
-                free(orig);
-            }
+    char *buf = copy_of(orig, n, d);
+
+    kolo__scale(buf, n, d, f);
+    for (size_t i = 0; i < n; i++) {
+        if (d == KOLO_BOOL || f == 1.0) {
+            ck_assert(memcmp(buf + i * es, orig + i * es, es) == 0);
+        } else if (is_int(d)) {
+            __int128 x = get_int(orig, i, d);
+            __int128 want = ref_sat((double)x * f, d);
+            ck_assert_msg(get_int(buf, i, d) == want,
+                          "dtype %d: %lld * %g = %lld, want %lld", d,
+                          (long long)x, f, (long long)get_int(buf, i, d),
+                          (long long)want);
+        } else if (d == KOLO_FLOAT32) {
+            /* Horovod's ScaleBuffer: float32 product with
+             * the factor rounded to float32. */
+            float x = ((const float *)orig)[i];
+            float want = x * (float)f;
+            float g = ((float *)buf)[i];
+            ck_assert(same_f(g, want, fbits(g), fbits(want), 0));
+        } else if (d == KOLO_FLOAT64) {
+            double x = ((const double *)orig)[i], want = x * f;
+            double g = ((double *)buf)[i];
+            ck_assert(same_f(g, want, dbits(g), dbits(want), 0));
+        } else {
+            int bf = d == KOLO_BFLOAT16;
+            uint16_t x = ((const uint16_t *)orig)[i];
+            uint16_t g = ((uint16_t *)buf)[i];
+            float p = (float)ref_half_value(x, bf) * (float)f;
+            ck_assert_msg(half_rounds(g, p, bf),
+                          "dtype %d: 0x%04x * %g = 0x%04x, want 0x%04x", d, x,
+                          f, g, ref_half_round(p, bf));
         }
     }
-    kolo__half_force_scalar(0);
+    free(buf);
+}
+
+/* A random buffer of n elements scaled by g_factors[k]. */
+static void scale_case(kolo_dtype_t d, size_t n, size_t k)
+{
+    double f = g_factors[k];
+    char *orig = fresh_input(n, d);
+    check_scale(orig, n, d, f);
+    free(orig);
+}
+
+START_TEST(scale_all)
+{
+    for_lengths_and_paths((kolo_dtype_t)_i,
+                          sizeof g_factors / sizeof g_factors[0], scale_case);
 }
 END_TEST
 
@@ -917,13 +934,10 @@ START_TEST(accumulate_all)
                             if (div > 1)
                                 s /= (float)div;
                             uint16_t g = ((uint16_t *)dst)[i];
-                            if (isnan(s))
-                                ck_assert(half_is_nan(g, bf));
-                            else
-                                ck_assert_msg(g == ref_half_round(s, bf),
-                                              "dtype %d i=%zu: 0x%04x, want "
-                                              "0x%04x",
-                                              d, i, g, ref_half_round(s, bf));
+                            ck_assert_msg(half_rounds(g, s, bf),
+                                          "dtype %d i=%zu: 0x%04x, want "
+                                          "0x%04x",
+                                          d, i, g, ref_half_round(s, bf));
                         }
                     }
                     free(acc2);
