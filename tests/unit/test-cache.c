@@ -58,6 +58,23 @@ static kolo__cache_result_t lookup(const kolo__cache_t *c, const char *name,
     return kolo__cache_lookup(c, name, &p, bit);
 }
 
+/* A lookup of (name, count) that must hit; the entry's bit. */
+static size_t expect_hit(const kolo__cache_t *c, const char *name,
+                         int64_t count)
+{
+    size_t bit = SIZE_MAX;
+    ck_assert_int_eq(lookup(c, name, count, &bit), KOLO__CACHE_HIT);
+    return bit;
+}
+
+/* A lookup of (name, count) that must miss. */
+static void expect_miss(const kolo__cache_t *c, const char *name,
+                        int64_t count)
+{
+    size_t bit;
+    ck_assert_int_eq(lookup(c, name, count, &bit), KOLO__CACHE_MISS);
+}
+
 START_TEST(miss_hit_mismatch)
 {
     kolo__cache_t c;
@@ -70,8 +87,7 @@ START_TEST(miss_hit_mismatch)
     ck_assert_uint_eq(put_ok(&c, "w", 10, 0), 0);
     ck_assert_uint_eq(c.count, 1);
 
-    ck_assert_int_eq(lookup(&c, "w", 10, &bit), KOLO__CACHE_HIT);
-    ck_assert_uint_eq(bit, 0);
+    ck_assert_uint_eq(expect_hit(&c, "w", 10), 0);
     /* Same name, any other parameter: mismatch, with the cached bit. */
     bit = 99;
     ck_assert_int_eq(lookup(&c, "w", 11, &bit), KOLO__CACHE_MISMATCH);
@@ -88,9 +104,9 @@ START_TEST(miss_hit_mismatch)
     p.coll = KOLO__COLL_BROADCAST;
     ck_assert_int_eq(kolo__cache_lookup(&c, "w", &p, &bit), KOLO__CACHE_MISMATCH);
     /* Other names, including prefixes and extensions, miss. */
-    ck_assert_int_eq(lookup(&c, "", 10, &bit), KOLO__CACHE_MISS);
-    ck_assert_int_eq(lookup(&c, "w ", 10, &bit), KOLO__CACHE_MISS);
-    ck_assert_int_eq(lookup(&c, "W", 10, &bit), KOLO__CACHE_MISS);
+    expect_miss(&c, "", 10);
+    expect_miss(&c, "w ", 10);
+    expect_miss(&c, "W", 10);
     /* Lookup changes nothing. */
     ck_assert_uint_eq(c.count, 1);
     ck_assert_int_eq(kolo__cache_at(&c, 0)->params.count, 10);
@@ -162,8 +178,7 @@ START_TEST(new_params_fields_mismatch)
     ck_assert(kolo__cache_at(&c, 0)->params.prescale == 0.5);
     ck_assert_int_eq(kolo__cache_at(&c, 0)->params.shape[1], 3);
     /* The other entry was not disturbed. */
-    ck_assert_int_eq(lookup(&c, "other", 6, &bit), KOLO__CACHE_HIT);
-    ck_assert_uint_eq(bit, 1);
+    ck_assert_uint_eq(expect_hit(&c, "other", 6), 1);
     kolo__cache_free(&c);
 }
 END_TEST
@@ -192,19 +207,26 @@ START_TEST(put_returns_lowest_free_bit)
 }
 END_TEST
 
+/* A cache of `capacity` entries holding the first n of "a", "b", "c", ...
+ * with counts 1, 2, 3, ..., put in that order into bits 0, 1, 2, ... */
+static void cache_with(kolo__cache_t *c, size_t capacity, int n)
+{
+    ck_assert_int_eq(kolo__cache_init(c, capacity), 0);
+    for (int i = 0; i < n; i++) {
+        char name[2] = {(char)('a' + i), '\0'};
+        ck_assert_uint_eq(put_ok(c, name, i + 1, 0), (size_t)i);
+    }
+}
+
 START_TEST(put_existing_name_replaces_params_keeps_bit)
 {
     kolo__cache_t c;
     size_t bit;
 
-    ck_assert_int_eq(kolo__cache_init(&c, 4), 0);
-    put_ok(&c, "a", 1, 0);
-    ck_assert_uint_eq(put_ok(&c, "b", 2, 0), 1);
-    put_ok(&c, "c", 3, 0);
+    cache_with(&c, 4, 3);
     ck_assert_uint_eq(put_ok(&c, "b", 20, 0), 1);
     ck_assert_uint_eq(c.count, 3);
-    ck_assert_int_eq(lookup(&c, "b", 20, &bit), KOLO__CACHE_HIT);
-    ck_assert_uint_eq(bit, 1);
+    ck_assert_uint_eq(expect_hit(&c, "b", 20), 1);
     ck_assert_int_eq(lookup(&c, "b", 2, &bit), KOLO__CACHE_MISMATCH);
     ck_assert_int_eq(kolo__cache_at(&c, 1)->params.count, 20);
     /* Replacing in a full cache evicts nothing. */
@@ -219,22 +241,17 @@ END_TEST
 START_TEST(full_cache_evicts_lru)
 {
     kolo__cache_t c;
-    size_t bit;
 
-    ck_assert_int_eq(kolo__cache_init(&c, 3), 0);
-    put_ok(&c, "a", 1, 0); /* bit 0 */
-    put_ok(&c, "b", 2, 0); /* bit 1 */
-    put_ok(&c, "c", 3, 0); /* bit 2 */
+    cache_with(&c, 3, 3);
     /* "a" is the least recently used: evicted, its bit reused. */
     ck_assert_uint_eq(put_ok(&c, "d", 4, 1), 0);
     ck_assert_uint_eq(c.count, 3);
-    ck_assert_int_eq(lookup(&c, "a", 1, &bit), KOLO__CACHE_MISS);
-    ck_assert_int_eq(lookup(&c, "d", 4, &bit), KOLO__CACHE_HIT);
-    ck_assert_uint_eq(bit, 0);
+    expect_miss(&c, "a", 1);
+    ck_assert_uint_eq(expect_hit(&c, "d", 4), 0);
     /* Now "b" is the oldest. */
     ck_assert_uint_eq(put_ok(&c, "e", 5, 1), 1);
-    ck_assert_int_eq(lookup(&c, "b", 2, &bit), KOLO__CACHE_MISS);
-    ck_assert_int_eq(lookup(&c, "c", 3, &bit), KOLO__CACHE_HIT);
+    expect_miss(&c, "b", 2);
+    expect_hit(&c, "c", 3);
     kolo__cache_free(&c);
 }
 END_TEST
@@ -242,28 +259,24 @@ END_TEST
 START_TEST(touch_changes_lru)
 {
     kolo__cache_t c;
-    size_t bit;
 
-    ck_assert_int_eq(kolo__cache_init(&c, 3), 0);
-    put_ok(&c, "a", 1, 0);
-    put_ok(&c, "b", 2, 0);
-    put_ok(&c, "c", 3, 0);
+    cache_with(&c, 3, 3);
     kolo__cache_touch(&c, 0); /* a is now the most recent: b is LRU */
     ck_assert_uint_eq(put_ok(&c, "d", 4, 1), 1);
-    ck_assert_int_eq(lookup(&c, "b", 2, &bit), KOLO__CACHE_MISS);
-    ck_assert_int_eq(lookup(&c, "a", 1, &bit), KOLO__CACHE_HIT);
+    expect_miss(&c, "b", 2);
+    expect_hit(&c, "a", 1);
     /* Order of use now: c, a, d. Touch c and a: d is LRU. */
     kolo__cache_touch(&c, 2);
     kolo__cache_touch(&c, 0);
     ck_assert_uint_eq(put_ok(&c, "e", 5, 1), 1);
-    ck_assert_int_eq(lookup(&c, "d", 4, &bit), KOLO__CACHE_MISS);
+    expect_miss(&c, "d", 4);
     /* A replacing put counts as a use: c, a, e -> put(c) -> a is LRU. */
     ck_assert_uint_eq(put_ok(&c, "c", 33, 0), 2);
     ck_assert_uint_eq(put_ok(&c, "f", 6, 1), 0);
-    ck_assert_int_eq(lookup(&c, "a", 1, &bit), KOLO__CACHE_MISS);
-    ck_assert_int_eq(lookup(&c, "c", 33, &bit), KOLO__CACHE_HIT);
-    ck_assert_int_eq(lookup(&c, "e", 5, &bit), KOLO__CACHE_HIT);
-    ck_assert_int_eq(lookup(&c, "f", 6, &bit), KOLO__CACHE_HIT);
+    expect_miss(&c, "a", 1);
+    expect_hit(&c, "c", 33);
+    expect_hit(&c, "e", 5);
+    expect_hit(&c, "f", 6);
     /* Touching a free or out-of-range bit is a no-op. */
     kolo__cache_erase(&c, 1);
     {
@@ -281,19 +294,16 @@ END_TEST
 START_TEST(erase_frees_bit_and_name)
 {
     kolo__cache_t c;
-    size_t bit;
 
-    ck_assert_int_eq(kolo__cache_init(&c, 2), 0);
-    put_ok(&c, "a", 1, 0);
-    put_ok(&c, "b", 2, 0);
+    cache_with(&c, 2, 2);
     kolo__cache_erase(&c, 0);
     ck_assert_uint_eq(c.count, 1);
     ck_assert_ptr_null(kolo__cache_at(&c, 0));
-    ck_assert_int_eq(lookup(&c, "a", 1, &bit), KOLO__CACHE_MISS);
+    expect_miss(&c, "a", 1);
     /* The freed bit is reused without eviction, even by the same name. */
     ck_assert_uint_eq(put_ok(&c, "a", 7, 0), 0);
-    ck_assert_int_eq(lookup(&c, "a", 7, &bit), KOLO__CACHE_HIT);
-    ck_assert_int_eq(lookup(&c, "b", 2, &bit), KOLO__CACHE_HIT);
+    expect_hit(&c, "a", 7);
+    expect_hit(&c, "b", 2);
     /* Erasing a free or out-of-range bit changes nothing. */
     kolo__cache_erase(&c, 0);
     kolo__cache_erase(&c, 0);
@@ -306,7 +316,7 @@ START_TEST(erase_frees_bit_and_name)
     kolo__cache_erase(&c, 1);
     ck_assert_uint_eq(c.count, 0);
     ck_assert_uint_eq(c.index.count, 0);
-    ck_assert_int_eq(lookup(&c, "b", 2, &bit), KOLO__CACHE_MISS);
+    expect_miss(&c, "b", 2);
     kolo__cache_free(&c);
 }
 END_TEST
@@ -334,14 +344,13 @@ END_TEST
 START_TEST(capacity_one)
 {
     kolo__cache_t c;
-    size_t bit;
 
     ck_assert_int_eq(kolo__cache_init(&c, 1), 0);
     ck_assert_uint_eq(put_ok(&c, "a", 1, 0), 0);
     ck_assert_uint_eq(put_ok(&c, "a", 2, 0), 0);
     ck_assert_uint_eq(put_ok(&c, "b", 3, 1), 0);
-    ck_assert_int_eq(lookup(&c, "a", 2, &bit), KOLO__CACHE_MISS);
-    ck_assert_int_eq(lookup(&c, "b", 3, &bit), KOLO__CACHE_HIT);
+    expect_miss(&c, "a", 2);
+    expect_hit(&c, "b", 3);
     ck_assert_uint_eq(c.count, 1);
     kolo__cache_free(&c);
 }
