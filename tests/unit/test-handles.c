@@ -38,6 +38,35 @@ static kolo_handle_t new_handle(kolo__handles_t *h)
     return id;
 }
 
+/* A fresh table with one handle in flight; its id. */
+static kolo_handle_t table_with_one(kolo__handles_t *h)
+{
+    ck_assert_int_eq(kolo__handles_init(h), 0);
+    return new_handle(h);
+}
+
+/* What a poll (or a wait) of id says: `code`, and for an error `msg`,
+ * in the error record and from kolo__handles_error (before the wait
+ * released it: after, nothing). */
+static void expect_completed(kolo__handles_t *h, kolo_handle_t id, int code,
+                             const char *msg, int wait)
+{
+    kolo__err_t err;
+
+    kolo__err_clear(&err);
+    if (wait)
+        ck_assert_int_eq(kolo__handles_wait(h, id, &err), code);
+    else
+        ck_assert_int_eq(kolo__handles_poll(h, id, &err), code);
+    ck_assert_int_eq(err.code, code);
+    if (code != KOLO_OK)
+        ck_assert_str_eq(err.msg, msg);
+    if (code == KOLO_OK || wait)
+        ck_assert_ptr_null(kolo__handles_error(h, id));
+    else
+        ck_assert_str_eq(kolo__handles_error(h, id), msg);
+}
+
 static void expect_invalid(kolo__handles_t *h, kolo_handle_t id,
                            const char *why)
 {
@@ -85,10 +114,8 @@ START_TEST(poll_in_progress)
 {
     kolo__handles_t h;
     kolo__err_t err;
-    kolo_handle_t id;
+    kolo_handle_t id = table_with_one(&h);
 
-    ck_assert_int_eq(kolo__handles_init(&h), 0);
-    id = new_handle(&h);
     kolo__err_clear(&err);
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(kolo__handles_poll(&h, id, &err), KOLO_IN_PROGRESS);
@@ -99,88 +126,54 @@ START_TEST(poll_in_progress)
 }
 END_TEST
 
-START_TEST(complete_ok_then_poll_and_wait)
+/* A handle completed with `code` and the message `given` (in a buffer
+ * overwritten at once: the table keeps its own copy): polled twice (a poll
+ * releases nothing), then waited for (which releases it), each saying
+ * `code` and `said`. */
+static void completion_is_read(int code, const char *given, const char *said)
 {
     kolo__handles_t h;
-    kolo__err_t err;
-    kolo_handle_t id;
+    kolo_handle_t id = table_with_one(&h);
+    char buf[128];
 
-    ck_assert_int_eq(kolo__handles_init(&h), 0);
-    id = new_handle(&h);
-    /* A message with KOLO_OK is ignored. */
-    kolo__handles_complete(&h, id, KOLO_OK, "ignored");
-    kolo__err_clear(&err);
-    ck_assert_int_eq(kolo__handles_poll(&h, id, &err), KOLO_OK);
-    ck_assert_int_eq(kolo__handles_poll(&h, id, &err), KOLO_OK); /* no release */
-    ck_assert_int_eq(err.code, KOLO_OK);
-    ck_assert_ptr_null(kolo__handles_error(&h, id));
-    ck_assert_int_eq(kolo__handles_wait(&h, id, &err), KOLO_OK);
-    ck_assert_int_eq(err.code, KOLO_OK);
+    if (given != NULL)
+        snprintf(buf, sizeof buf, "%s", given);
+    kolo__handles_complete(&h, id, code, given != NULL ? buf : NULL);
+    memset(buf, 'x', sizeof buf - 1);
+    buf[sizeof buf - 1] = '\0';
+    expect_completed(&h, id, code, said, 0);
+    expect_completed(&h, id, code, said, 0);
+    expect_completed(&h, id, code, said, 1);
     ck_assert_uint_eq(kolo__handles_count(&h), 0);
     kolo__handles_destroy(&h);
+}
+
+START_TEST(complete_ok_then_poll_and_wait)
+{
+    /* A message with KOLO_OK is ignored. */
+    completion_is_read(KOLO_OK, "ignored", NULL);
 }
 END_TEST
 
 START_TEST(complete_error_message_reaches_poll_error_and_wait)
 {
-    kolo__handles_t h;
-    kolo__err_t err;
-    kolo_handle_t id;
     const char *msg = "tensor 'fc1' has 10 elements on rank 0 and 12 on rank 1";
-    char buf[128];
-
-    ck_assert_int_eq(kolo__handles_init(&h), 0);
-    id = new_handle(&h);
-    /* The table keeps its own copy of the message. */
-    strcpy(buf, msg);
-    kolo__handles_complete(&h, id, KOLO_ERR_MISMATCH, buf);
-    memset(buf, 'x', sizeof buf - 1);
-
-    kolo__err_clear(&err);
-    ck_assert_int_eq(kolo__handles_poll(&h, id, &err), KOLO_ERR_MISMATCH);
-    ck_assert_int_eq(err.code, KOLO_ERR_MISMATCH);
-    ck_assert_str_eq(err.msg, msg);
-    ck_assert_str_eq(kolo__handles_error(&h, id), msg);
-    /* Polling did not release it. */
-    ck_assert_str_eq(kolo__handles_error(&h, id), msg);
-
-    kolo__err_clear(&err);
-    ck_assert_int_eq(kolo__handles_wait(&h, id, &err), KOLO_ERR_MISMATCH);
-    ck_assert_int_eq(err.code, KOLO_ERR_MISMATCH);
-    ck_assert_str_eq(err.msg, msg);
-    /* Released now. */
-    ck_assert_ptr_null(kolo__handles_error(&h, id));
-    ck_assert_uint_eq(kolo__handles_count(&h), 0);
-    kolo__handles_destroy(&h);
+    completion_is_read(KOLO_ERR_MISMATCH, msg, msg);
 }
 END_TEST
 
 START_TEST(complete_error_without_message_uses_strerror)
 {
-    kolo__handles_t h;
-    kolo__err_t err;
-    kolo_handle_t id;
-
-    ck_assert_int_eq(kolo__handles_init(&h), 0);
-    id = new_handle(&h);
-    kolo__handles_complete(&h, id, KOLO_ERR_SHUTDOWN, NULL);
-    ck_assert_int_eq(kolo__handles_poll(&h, id, &err), KOLO_ERR_SHUTDOWN);
-    ck_assert_str_eq(err.msg, kolo_strerror(KOLO_ERR_SHUTDOWN));
-    ck_assert_str_eq(kolo__handles_error(&h, id),
-                     kolo_strerror(KOLO_ERR_SHUTDOWN));
-    ck_assert_int_eq(kolo__handles_wait(&h, id, &err), KOLO_ERR_SHUTDOWN);
-    ck_assert_str_eq(err.msg, kolo_strerror(KOLO_ERR_SHUTDOWN));
-    kolo__handles_destroy(&h);
+    completion_is_read(KOLO_ERR_SHUTDOWN, NULL,
+                       kolo_strerror(KOLO_ERR_SHUTDOWN));
 }
 END_TEST
 
 START_TEST(second_wait_says_already_released)
 {
     kolo__handles_t h;
-    kolo_handle_t id;
+    kolo_handle_t id = table_with_one(&h);
 
-    ck_assert_int_eq(kolo__handles_init(&h), 0);
-    id = new_handle(&h);
     new_handle(&h); /* a later one, so id is not the newest */
     kolo__handles_complete(&h, id, KOLO_ERR_BACKEND, "the backend failed");
     ck_assert_int_eq(kolo__handles_wait(&h, id, NULL), KOLO_ERR_BACKEND);
@@ -220,27 +213,17 @@ END_TEST
 START_TEST(complete_twice_keeps_first)
 {
     kolo__handles_t h;
-    kolo__err_t err;
-    kolo_handle_t a, b;
+    kolo_handle_t a = table_with_one(&h), b = new_handle(&h);
 
-    ck_assert_int_eq(kolo__handles_init(&h), 0);
-    a = new_handle(&h);
-    b = new_handle(&h);
     kolo__handles_complete(&h, a, KOLO_ERR_MISMATCH, "first");
     kolo__handles_complete(&h, a, KOLO_OK, NULL);
     kolo__handles_complete(&h, a, KOLO_ERR_SHUTDOWN, "second");
     kolo__handles_complete(&h, b, KOLO_OK, NULL);
     kolo__handles_complete(&h, b, KOLO_ERR_SHUTDOWN, "too late");
-    ck_assert_int_eq(kolo__handles_poll(&h, a, &err), KOLO_ERR_MISMATCH);
-    ck_assert_str_eq(err.msg, "first");
-    ck_assert_str_eq(kolo__handles_error(&h, a), "first");
-    ck_assert_int_eq(kolo__handles_poll(&h, b, NULL), KOLO_OK);
-    ck_assert_ptr_null(kolo__handles_error(&h, b));
-    ck_assert_int_eq(kolo__handles_wait(&h, a, &err), KOLO_ERR_MISMATCH);
-    ck_assert_str_eq(err.msg, "first");
-    kolo__err_clear(&err);
-    ck_assert_int_eq(kolo__handles_wait(&h, b, &err), KOLO_OK);
-    ck_assert_int_eq(err.code, KOLO_OK);
+    expect_completed(&h, a, KOLO_ERR_MISMATCH, "first", 0);
+    expect_completed(&h, b, KOLO_OK, NULL, 0);
+    expect_completed(&h, a, KOLO_ERR_MISMATCH, "first", 1);
+    expect_completed(&h, b, KOLO_OK, NULL, 1);
     kolo__handles_destroy(&h);
 }
 END_TEST
