@@ -25,17 +25,40 @@
 static char values[100000];
 #define VAL(i) ((void *)&values[(i)])
 
+/* The map under test: every case starts with an empty one, freed after
+ * it. */
+static kolo__map_t m;
+
+static void map_setup(void)
+{
+    kolo__map_init(&m);
+}
+
+static void map_teardown(void)
+{
+    kolo__map_free(&m);
+}
+
 static void key_of(int i, char *buf, size_t size)
 {
     snprintf(buf, size, "tensor/%d/grad", i);
 }
 
+/* Puts the keys of 0 .. n - 1, key i with the value VAL(i). */
+static void put_keys(int n)
+{
+    char key[64];
+
+    for (int i = 0; i < n; i++) {
+        key_of(i, key, sizeof key);
+        ck_assert_int_eq(kolo__map_puts(&m, key, VAL(i)), 0);
+    }
+}
+
 START_TEST(empty_map)
 {
-    kolo__map_t m;
     size_t it = 0;
 
-    kolo__map_init(&m);
     ck_assert_ptr_null(kolo__map_gets(&m, "a"));
     ck_assert_ptr_null(kolo__map_dels(&m, "a"));
     ck_assert_int_eq(kolo__map_next(&m, &it, NULL, NULL), 0);
@@ -44,15 +67,11 @@ START_TEST(empty_map)
     /* Free leaves it reusable. */
     ck_assert_int_eq(kolo__map_puts(&m, "a", VAL(1)), 0);
     ck_assert_ptr_eq(kolo__map_gets(&m, "a"), VAL(1));
-    kolo__map_free(&m);
 }
 END_TEST
 
 START_TEST(put_get_del)
 {
-    kolo__map_t m;
-
-    kolo__map_init(&m);
     ck_assert_int_eq(kolo__map_puts(&m, "w1", VAL(1)), 0);
     ck_assert_int_eq(kolo__map_puts(&m, "w2", VAL(2)), 0);
     ck_assert_uint_eq(m.count, 2);
@@ -71,32 +90,26 @@ START_TEST(put_get_del)
     ck_assert_ptr_eq(kolo__map_dels(&m, "w2"), VAL(2));
     ck_assert_uint_eq(m.count, 0);
     ck_assert_ptr_null(kolo__map_gets(&m, "w2"));
-    kolo__map_free(&m);
 }
 END_TEST
 
 START_TEST(keys_are_copied)
 {
-    kolo__map_t m;
     char key[16] = "layer.0";
 
-    kolo__map_init(&m);
     ck_assert_int_eq(kolo__map_puts(&m, key, VAL(7)), 0);
     /* The caller's buffer may change afterwards. */
     strcpy(key, "layer.1");
     ck_assert_ptr_null(kolo__map_gets(&m, "layer.1"));
     ck_assert_ptr_eq(kolo__map_gets(&m, "layer.0"), VAL(7));
-    kolo__map_free(&m);
 }
 END_TEST
 
 START_TEST(replace_keeps_one_key)
 {
-    kolo__map_t m;
     size_t it = 0, seen = 0;
     void *v;
 
-    kolo__map_init(&m);
     ck_assert_int_eq(kolo__map_puts(&m, "k", VAL(1)), 0);
     ck_assert_int_eq(kolo__map_puts(&m, "k", VAL(2)), 0);
     ck_assert_int_eq(kolo__map_puts(&m, "k", VAL(3)), 0);
@@ -109,18 +122,15 @@ START_TEST(replace_keeps_one_key)
     ck_assert_uint_eq(seen, 1);
     ck_assert_ptr_eq(kolo__map_dels(&m, "k"), VAL(3));
     ck_assert_ptr_null(kolo__map_gets(&m, "k"));
-    kolo__map_free(&m);
 }
 END_TEST
 
 START_TEST(many_keys_force_growth)
 {
     enum { N = 20000 };
-    kolo__map_t m;
     char key[64];
     size_t caps_seen = 0, last_cap = 0;
 
-    kolo__map_init(&m);
     for (int i = 0; i < N; i++) {
         key_of(i, key, sizeof key);
         ck_assert_int_eq(kolo__map_puts(&m, key, VAL(i)), 0);
@@ -143,20 +153,14 @@ START_TEST(many_keys_force_growth)
     ck_assert_uint_eq(m.cap & (m.cap - 1), 0);
     key_of(N, key, sizeof key);
     ck_assert_ptr_null(kolo__map_gets(&m, key));
-    kolo__map_free(&m);
 }
 END_TEST
 
 START_TEST(delete_and_reinsert_through_tombstones)
 {
-    kolo__map_t m;
     char key[64];
 
-    kolo__map_init(&m);
-    for (int i = 0; i < 10; i++) {
-        key_of(i, key, sizeof key);
-        ck_assert_int_eq(kolo__map_puts(&m, key, VAL(i)), 0);
-    }
+    put_keys(10);
     /* Delete the even keys: tombstones sit in the odd keys' probe chains. */
     for (int i = 0; i < 10; i += 2) {
         key_of(i, key, sizeof key);
@@ -188,7 +192,6 @@ START_TEST(delete_and_reinsert_through_tombstones)
         ck_assert_ptr_eq(kolo__map_gets(&m, key),
                          VAL(i % 2 ? 200 + i : 100 + i));
     }
-    kolo__map_free(&m);
 }
 END_TEST
 
@@ -200,13 +203,11 @@ START_TEST(churn_against_model)
     enum { KEYS = 3000, LIVE = 40, STEPS = 60000 };
     static unsigned char present[KEYS];
     static int value_of[KEYS];
-    kolo__map_t m;
     char key[64];
     unsigned seed = 12345;
     size_t live = 0, max_cap = 0;
 
     memset(present, 0, sizeof present);
-    kolo__map_init(&m);
     for (int step = 0; step < STEPS; step++) {
         int k;
         seed = seed * 1103515245u + 12345u;
@@ -240,7 +241,6 @@ START_TEST(churn_against_model)
     /* With at most 40 live keys the table must not have grown without
      * bound: tombstones are dropped by same-size rehashes. */
     ck_assert_uint_le(max_cap, 256);
-    kolo__map_free(&m);
 }
 END_TEST
 
@@ -248,18 +248,13 @@ START_TEST(iteration_visits_every_live_key_once)
 {
     enum { N = 1000 };
     static int seen[N];
-    kolo__map_t m;
     char key[64];
     size_t it = 0, total = 0;
     const void *k;
     void *v;
 
     memset(seen, 0, sizeof seen);
-    kolo__map_init(&m);
-    for (int i = 0; i < N; i++) {
-        key_of(i, key, sizeof key);
-        ck_assert_int_eq(kolo__map_puts(&m, key, VAL(i)), 0);
-    }
+    put_keys(N);
     for (int i = 0; i < N; i += 3) {
         key_of(i, key, sizeof key);
         ck_assert_ptr_nonnull(kolo__map_dels(&m, key));
@@ -280,20 +275,17 @@ START_TEST(iteration_visits_every_live_key_once)
         ck_assert_int_eq(seen[i], i % 3 ? 1 : 0);
     /* The iterator stays at its end. */
     ck_assert_int_eq(kolo__map_next(&m, &it, &k, &v), 0);
-    kolo__map_free(&m);
 }
 END_TEST
 
 START_TEST(binary_keys_with_nul_bytes)
 {
-    kolo__map_t m;
     const char a[] = {'x', '\0', 'a'};
     const char b[] = {'x', '\0', 'b'};
     const char c[] = {'x', '\0'};
     const char d[] = {'\0'};
     int64_t id1 = 1, id256 = 256;
 
-    kolo__map_init(&m);
     ck_assert_int_eq(kolo__map_put(&m, a, sizeof a, VAL(1)), 0);
     ck_assert_int_eq(kolo__map_put(&m, b, sizeof b, VAL(2)), 0);
     ck_assert_int_eq(kolo__map_put(&m, c, sizeof c, VAL(3)), 0);
@@ -316,18 +308,15 @@ START_TEST(binary_keys_with_nul_bytes)
     ck_assert_ptr_eq(kolo__map_del(&m, b, sizeof b), VAL(2));
     ck_assert_ptr_eq(kolo__map_get(&m, a, sizeof a), VAL(1));
     ck_assert_ptr_null(kolo__map_get(&m, b, sizeof b));
-    kolo__map_free(&m);
 }
 END_TEST
 
 START_TEST(empty_key)
 {
-    kolo__map_t m;
     size_t it = 0;
     const void *k;
     void *v;
 
-    kolo__map_init(&m);
     ck_assert_ptr_null(kolo__map_gets(&m, ""));
     ck_assert_int_eq(kolo__map_puts(&m, "", VAL(9)), 0);
     ck_assert_int_eq(kolo__map_puts(&m, "a", VAL(8)), 0);
@@ -348,7 +337,6 @@ START_TEST(empty_key)
     ck_assert_ptr_eq(kolo__map_dels(&m, ""), VAL(9));
     ck_assert_ptr_null(kolo__map_gets(&m, ""));
     ck_assert_ptr_eq(kolo__map_gets(&m, "a"), VAL(8));
-    kolo__map_free(&m);
 }
 END_TEST
 
@@ -357,16 +345,11 @@ END_TEST
  * crowd, each time checking that every key is still found. */
 START_TEST(full_table_probe_chains)
 {
-    kolo__map_t m;
     char key[64];
 
-    kolo__map_init(&m);
     /* 16 slots hold 11 keys: the 11th insert sees (10+1)*10 < 16*7, the
      * 12th would see (11+1)*10 >= 112 and grow. */
-    for (int i = 0; i < 11; i++) {
-        key_of(i, key, sizeof key);
-        ck_assert_int_eq(kolo__map_puts(&m, key, VAL(i)), 0);
-    }
+    put_keys(11);
     ck_assert_uint_eq(m.cap, 16);
     for (int round = 0; round < 50; round++) {
         int i = round % 11;
@@ -380,12 +363,22 @@ START_TEST(full_table_probe_chains)
         }
         ck_assert_uint_eq(m.count, 11);
     }
-    kolo__map_free(&m);
 }
 END_TEST
 
-KOLO_UNIT_MAIN("map", 30,
-        empty_map, put_get_del, keys_are_copied, replace_keeps_one_key,
-        many_keys_force_growth, delete_and_reinsert_through_tombstones,
-        churn_against_model, iteration_visits_every_live_key_once,
-        binary_keys_with_nul_bytes, empty_key, full_table_probe_chains)
+int main(void)
+{
+    Suite *s = suite_create("map");
+    TCase *tc = kolo_unit_tcase(
+        s, "core", 30,
+        KOLO_UNIT_TESTS(empty_map, put_get_del, keys_are_copied,
+                        replace_keeps_one_key, many_keys_force_growth,
+                        delete_and_reinsert_through_tombstones,
+                        churn_against_model,
+                        iteration_visits_every_live_key_once,
+                        binary_keys_with_nul_bytes, empty_key,
+                        full_table_probe_chains));
+
+    tcase_add_checked_fixture(tc, map_setup, map_teardown);
+    return kolo_unit_run(s);
+}
