@@ -98,6 +98,16 @@ static kolo_handle_t dpush(prank_t *p, const char *name, kolo__params_t pr,
     return h;
 }
 
+/* A float32 SUM allreduce of n elements in place on the device, on
+ * `stream` (NULL: the default one). */
+static kolo_handle_t dsum(prank_t *p, const char *name, float *buf, int64_t n,
+                          void *stream)
+{
+    return dpush(p, name,
+                 params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM, n),
+                 buf, buf, stream, 0, NULL);
+}
+
 /* Waits a handle as kolo_wait does (api.c): the result ordered on
  * `stream`, or with host set, on the host; hands over a result. */
 static int dwait(prank_t *p, kolo_handle_t h, void *stream, int host,
@@ -284,12 +294,99 @@ START_TEST(allreduce_on_the_device)
 }
 END_TEST
 
+/* Waits for a result handed to the host; NULL (reported) when the wait
+ * failed. */
+static kolo__result_t *dresult(prank_t *p, kolo_handle_t h, const char *what)
+{
+    kolo__result_t *res = NULL;
+    char msg[KOLO__ERR_LEN];
+    int rc = dwait(p, h, NULL, 1, &res, msg, sizeof(msg));
+
+    EXPECT(p, rc == KOLO_OK, "rank %d: %s: %s", p->rank, what, msg);
+    if (rc == KOLO_OK)
+        return res;
+    kolo__result_free(res);
+    return NULL;
+}
+
+/* Rank r gave r + 1 rows of 3, r * 1000 + i; the result stays on the
+ * device. */
+static void check_allgather(prank_t *p, kolo__result_t *res)
+{
+    int n = p->job->size;
+    int64_t total = 0;
+
+    if (res == NULL)
+        return;
+    const int32_t *g = res->data;
+    for (int r = 0, k = 0; r < n; r++) {
+        total += r + 1;
+        EXPECT(p, res->splits[r] == r + 1, "allgather split %d = %lld", r,
+               (long long)res->splits[r]);
+        for (int i = 0; i < (r + 1) * 3; i++, k++)
+            EXPECT(p, g[k] == r * 1000 + i, "allgather[%d] = %d, "
+                   "expected %d", k, (int)g[k], r * 1000 + i);
+    }
+    EXPECT(p, res->shape[0] == total, "allgather rows %lld",
+           (long long)res->shape[0]);
+    EXPECT(p, res->device_type == KOLO_DEVICE_CUDA,
+           "allgather's result is not in device memory");
+    kolo__result_free(res);
+}
+
+/* Rank j sent this rank me + 1 rows, j * 100 + me * 10 + r. */
+static void check_alltoall(prank_t *p, kolo__result_t *res)
+{
+    int n = p->job->size, me = p->rank;
+
+    if (res == NULL)
+        return;
+    const int32_t *g = res->data;
+    for (int j = 0, k = 0; j < n; j++) {
+        EXPECT(p, res->splits[j] == me + 1, "alltoall received %lld rows "
+               "from %d", (long long)res->splits[j], j);
+        for (int r = 0; r <= me; r++, k++)
+            EXPECT(p, g[k] == j * 100 + me * 10 + r, "alltoall[%d] = %d",
+                   k, (int)g[k]);
+    }
+    kolo__result_free(res);
+}
+
+/* This rank's share of rows of the float16 AVERAGE with a postscale of 3
+ * (3 / n, in half precision) of every rank's (r + 1 + i % 3). */
+static void check_reducescatter(prank_t *p, kolo__result_t *res,
+                                int64_t rs_rows)
+{
+    int n = p->job->size, me = p->rank;
+
+    if (res == NULL)
+        return;
+    const uint16_t *g = res->data;
+    int64_t mine = rs_rows / n + (me < rs_rows % n ? 1 : 0), first = 0;
+    for (int r = 0; r < me; r++)
+        first += rs_rows / n + (r < rs_rows % n ? 1 : 0);
+    EXPECT(p, res->shape[0] == mine, "reducescatter rows %lld, expected "
+           "%lld", (long long)res->shape[0], (long long)mine);
+    for (int64_t i = 0; i < mine * 2; i++) {
+        int64_t at = first * 2 + i;
+        float sum = 0, want;
+        for (int r = 0; r < n; r++)
+            sum = h16(sum + (float)(r + 1 + at % 3));
+        /* AVERAGE folded into the postscale: 3 / n, in half. */
+        want = h16(sum * h16((float)(3.0 / n)));
+        EXPECT(p, kolo__f16_to_float(g[i]) == want, "reducescatter[%lld] "
+               "= %.10g, expected %.10g", (long long)i,
+               (double)kolo__f16_to_float(g[i]), (double)want);
+    }
+    kolo__result_free(res);
+}
+
 /* Broadcast, uneven allgather, alltoall with splits, and a reducescatter
  * AVERAGE of float16 with a postscale (Horovod folds the division into
  * the postscale; float16 scaled in half precision). */
 static void body_others(prank_t *p)
 {
-    int n = p->job->size, me = p->rank, rows = me + 1, total = 0;
+    int n = p->job->size, me = p->rank, rows = me + 1;
     int32_t *bc = dmalloc(p, 6 * sizeof(int32_t));
     int32_t *ag = dmalloc(p, (size_t)rows * 3 * sizeof(int32_t));
     int64_t a2a_rows = 0, splits[MAXR];
@@ -301,10 +398,7 @@ static void body_others(prank_t *p)
     kolo__params_t pt = params(KOLO__COLL_ALLTOALL, KOLO_INT32, 0, 1);
     kolo__params_t pr = params(KOLO__COLL_REDUCESCATTER, KOLO_FLOAT16,
                                KOLO_OP_AVERAGE, rs_rows * 2);
-    kolo__result_t *res = NULL;
     kolo_handle_t hb, hg, ht, hr;
-    char msg[KOLO__ERR_LEN];
-    int rc;
 
     for (int i = 0; i < 6; i++)
         bc[i] = me == n - 1 ? 100 + i : -1;
@@ -340,64 +434,10 @@ static void body_others(prank_t *p)
     for (int i = 0; i < 6; i++)
         EXPECT(p, bc[i] == 100 + i, "dev.bcast[%d] = %d", i, (int)bc[i]);
 
-    /* A result handed to the host: kolo_wait_result waits for the device. */
-    rc = dwait(p, hg, NULL, 1, &res, msg, sizeof(msg));
-    EXPECT(p, rc == KOLO_OK, "rank %d: allgather: %s", me, msg);
-    if (rc == KOLO_OK && res != NULL) {
-        const int32_t *g = res->data;
-        for (int r = 0, k = 0; r < n; r++) {
-            total += r + 1;
-            EXPECT(p, res->splits[r] == r + 1, "allgather split %d = %lld", r,
-                   (long long)res->splits[r]);
-            for (int i = 0; i < (r + 1) * 3; i++, k++)
-                EXPECT(p, g[k] == r * 1000 + i, "allgather[%d] = %d, "
-                       "expected %d", k, (int)g[k], r * 1000 + i);
-        }
-        EXPECT(p, res->shape[0] == total, "allgather rows %lld",
-               (long long)res->shape[0]);
-        EXPECT(p, res->device_type == KOLO_DEVICE_CUDA,
-               "allgather's result is not in device memory");
-    }
-    kolo__result_free(res);
-    res = NULL;
-
-    rc = dwait(p, ht, NULL, 1, &res, msg, sizeof(msg));
-    EXPECT(p, rc == KOLO_OK, "rank %d: alltoall: %s", me, msg);
-    if (rc == KOLO_OK && res != NULL) {
-        const int32_t *g = res->data;
-        for (int j = 0, k = 0; j < n; j++) {
-            EXPECT(p, res->splits[j] == me + 1, "alltoall received %lld rows "
-                   "from %d", (long long)res->splits[j], j);
-            for (int r = 0; r <= me; r++, k++)
-                EXPECT(p, g[k] == j * 100 + me * 10 + r, "alltoall[%d] = %d",
-                       k, (int)g[k]);
-        }
-    }
-    kolo__result_free(res);
-    res = NULL;
-
-    rc = dwait(p, hr, NULL, 1, &res, msg, sizeof(msg));
-    EXPECT(p, rc == KOLO_OK, "rank %d: reducescatter: %s", me, msg);
-    if (rc == KOLO_OK && res != NULL) {
-        const uint16_t *g = res->data;
-        int64_t mine = rs_rows / n + (me < rs_rows % n ? 1 : 0), first = 0;
-        for (int r = 0; r < me; r++)
-            first += rs_rows / n + (r < rs_rows % n ? 1 : 0);
-        EXPECT(p, res->shape[0] == mine, "reducescatter rows %lld, expected "
-               "%lld", (long long)res->shape[0], (long long)mine);
-        for (int64_t i = 0; i < mine * 2; i++) {
-            int64_t at = first * 2 + i;
-            float sum = 0, want;
-            for (int r = 0; r < n; r++)
-                sum = h16(sum + (float)(r + 1 + at % 3));
-            /* AVERAGE folded into the postscale: 3 / n, in half. */
-            want = h16(sum * h16((float)(3.0 / n)));
-            EXPECT(p, kolo__f16_to_float(g[i]) == want, "reducescatter[%lld] "
-                   "= %.10g, expected %.10g", (long long)i,
-                   (double)kolo__f16_to_float(g[i]), (double)want);
-        }
-    }
-    kolo__result_free(res);
+    /* Results handed to the host: kolo_wait_result waits for the device. */
+    check_allgather(p, dresult(p, hg, "allgather"));
+    check_alltoall(p, dresult(p, ht, "alltoall"));
+    check_reducescatter(p, dresult(p, hr, "reducescatter"), rs_rows);
     kolo__simdev_free(bc);
     kolo__simdev_free(ag);
     kolo__simdev_free(a2a);
@@ -447,9 +487,7 @@ static void body_ordered(prank_t *p)
             buf[b][i] = (float)(me + b + i);
         snprintf(name, sizeof(name), "ordered.%d", b);
         /* One round each: separate batches. */
-        h[b] = dpush(p, name, params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
-                                     KOLO_OP_SUM, 4),
-                     buf[b], buf[b], stream, 0, NULL);
+        h[b] = dsum(p, name, buf[b], 4, stream);
         EXPECT(p, poll_done(p, h[b]) == KOLO_OK, "rank %d: '%s' did not "
                "complete while the device was held", me, name);
     }
@@ -518,9 +556,7 @@ static void body_ready(prank_t *p)
     kolo_handle_t h;
 
     kolo__simdev_launch(stream, device_of(p), fill_run, &f);
-    h = dpush(p, "ready", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
-                                 KOLO_OP_SUM, 8),
-              buf, buf, stream, 0, NULL);
+    h = dsum(p, "ready", buf, 8, stream);
     dexpect_ok(p, h, stream, "an allreduce behind the program's work");
     kolo__simdev_sync(stream, device_of(p));
     for (int i = 0; i < 8; i++)
@@ -551,12 +587,10 @@ static void body_async_failure(prank_t *p)
     int rc;
 
     kolo__simdev_hold(device_of(p), 1);
-    ha = dpush(p, "fail.a", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
-                                   KOLO_OP_SUM, 4), a, a, NULL, 0, NULL);
+    ha = dsum(p, "fail.a", a, 4, NULL);
     EXPECT(p, poll_done(p, ha) == KOLO_OK, "rank %d: fail.a did not complete",
            p->rank);
-    hb = dpush(p, "fail.b", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
-                                   KOLO_OP_SUM, 4), b, b, NULL, 0, NULL);
+    hb = dsum(p, "fail.b", b, 4, NULL);
     EXPECT(p, poll_done(p, hb) == KOLO_OK, "rank %d: fail.b did not complete",
            p->rank);
     pthread_barrier_wait(&p->job->bar);
@@ -608,8 +642,7 @@ static void body_stuck(prank_t *p)
     int rc;
 
     kolo__simdev_hold(device_of(p), 1);
-    h = dpush(p, "stuck", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
-                                 KOLO_OP_SUM, 4), a, a, NULL, 0, NULL);
+    h = dsum(p, "stuck", a, 4, NULL);
     EXPECT(p, poll_done(p, h) == KOLO_OK, "rank %d: 'stuck' did not complete "
            "while the device was held", p->rank);
     rc = wait_set_stopped(p, msg, sizeof(msg));
@@ -653,8 +686,7 @@ static void body_start_fails(prank_t *p)
     kolo_handle_t h;
     int rc;
 
-    h = dpush(p, "start.a", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
-                                   KOLO_OP_SUM, 4), a, a, NULL, 0, NULL);
+    h = dsum(p, "start.a", a, 4, NULL);
     rc = dwait(p, h, NULL, 1, NULL, msg, sizeof(msg));
     EXPECT(p, rc < 0 && strstr(msg, "'start.a'") != NULL &&
               strstr(msg, "rank 1") != NULL && strstr(msg, why) != NULL,
@@ -699,8 +731,7 @@ static void body_shutdown(prank_t *p)
     for (int i = 0; i < 16; i++)
         a[i] = (float)(p->rank + i);
     kolo__simdev_hold(device_of(p), 1);
-    h = dpush(p, "late", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
-                                KOLO_OP_SUM, 16), a, a, NULL, 0, NULL);
+    h = dsum(p, "late", a, 16, NULL);
     dexpect_ok(p, h, NULL, "an allreduce in flight at shutdown");
     g_late[p->rank] = a;
     pthread_create(&g_releaser[p->rank], NULL, release_later, p);
@@ -847,9 +878,7 @@ static void body_timeline(prank_t *p)
 
         usleep(TL_FILL_US / 3); /* the step's host work */
         kolo__simdev_launch(stream, device_of(p), fill_run, &f);
-        ha = dpush(p, "grad.a", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
-                                       KOLO_OP_SUM, 8),
-                   a, a, stream, 0, NULL);
+        ha = dsum(p, "grad.a", a, 8, stream);
         dexpect_ok(p, ha, stream, "grad.a");
         kolo__simdev_sync(stream, device_of(p));
         /* When the program's work on the input was done, on the lane. */
@@ -858,9 +887,7 @@ static void body_timeline(prank_t *p)
         kolo__simdev_hold(device_of(p), 1);
         for (int i = 0; i < 8; i++)
             b[i] = (float)(me * step + i);
-        hb = dpush(p, "grad.b", params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
-                                       KOLO_OP_SUM, 8),
-                   b, b, stream, 0, NULL);
+        hb = dsum(p, "grad.b", b, 8, stream);
         EXPECT(p, poll_done(p, hb) == KOLO_OK, "rank %d: grad.b did not "
                "complete while the device was held", me);
         dexpect_ok(p, hb, stream, "grad.b");
