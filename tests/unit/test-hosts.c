@@ -60,13 +60,22 @@ static void check_all_members(const int *hosts, int size)
     }
 }
 
+/* The grouping of `hosts` from member me's point of view, after every
+ * member's was checked against the reference. */
+static kolo__hosts_t grouped(const int *hosts, int size, int me)
+{
+    kolo__hosts_t g;
+
+    check_all_members(hosts, size);
+    ck_assert_int_eq(kolo__hosts_group(hosts, size, me, &g), 0);
+    return g;
+}
+
 START_TEST(one_host)
 {
     int hosts[] = {3, 3, 3};
-    kolo__hosts_t g;
+    kolo__hosts_t g = grouped(hosts, 3, 1);
 
-    check_all_members(hosts, 3);
-    ck_assert_int_eq(kolo__hosts_group(hosts, 3, 1, &g), 0);
     ck_assert_int_eq(g.nhosts, 1);
     ck_assert_int_eq(g.nlocal, 3);
     ck_assert_int_eq(g.me_local, 1);
@@ -80,10 +89,8 @@ START_TEST(two_by_two_interleaved)
 {
     /* Hosts in order of first appearance: 7 is host 0, 5 is host 1. */
     int hosts[] = {7, 5, 7, 5};
-    kolo__hosts_t g;
+    kolo__hosts_t g = grouped(hosts, 4, 3);
 
-    check_all_members(hosts, 4);
-    ck_assert_int_eq(kolo__hosts_group(hosts, 4, 3, &g), 0);
     ck_assert_int_eq(g.nhosts, 2);
     ck_assert_int_eq(g.me_host, 1);
     ck_assert_int_eq(g.me_local, 1);
@@ -101,10 +108,8 @@ START_TEST(uneven_hosts)
     /* 3 + 1 + 2: nlocal * nhosts equals size on the third host, and still
      * the hosts are not even. */
     int hosts[] = {0, 0, 0, 1, 2, 2};
-    kolo__hosts_t g;
+    kolo__hosts_t g = grouped(hosts, 6, 5);
 
-    check_all_members(hosts, 6);
-    ck_assert_int_eq(kolo__hosts_group(hosts, 6, 5, &g), 0);
     ck_assert_int_eq(g.nlocal * g.nhosts, 6);
     ck_assert_int_eq(g.same, 0);
     ck_assert_int_eq(g.cross[0], 1);
