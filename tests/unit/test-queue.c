@@ -49,15 +49,27 @@ static void sleep_ms(int ms)
     nanosleep(&ts, NULL);
 }
 
+/* The queue under test: every case starts with an empty one, destroyed
+ * after it (with whatever it still holds). */
+static kolo__queue_t q;
+
+static void queue_setup(void)
+{
+    ck_assert_int_eq(kolo__queue_init(&q), 0);
+}
+
+static void queue_teardown(void)
+{
+    kolo__queue_destroy(&q);
+}
+
 START_TEST(take_returns_pushes_in_order)
 {
-    kolo__queue_t q;
     kolo__err_t err;
     kolo__entry_t *list, *e;
     int shutdown = -1, i = 0;
     const char *names[] = {"a", "b", "c", "d", "e"};
 
-    ck_assert_int_eq(kolo__queue_init(&q), 0);
     for (int k = 0; k < 5; k++) {
         kolo__err_clear(&err);
         ck_assert_int_eq(kolo__queue_push(&q, entry(names[k], k + 1), &err),
@@ -85,18 +97,15 @@ START_TEST(take_returns_pushes_in_order)
     ck_assert_ptr_null(e->next);
     kolo__entry_free(e);
     free_list(list);
-    kolo__queue_destroy(&q);
 }
 END_TEST
 
 START_TEST(duplicate_name_refused)
 {
-    kolo__queue_t q;
     kolo__err_t err;
     kolo__entry_t *dup, *list;
     int shutdown;
 
-    ck_assert_int_eq(kolo__queue_init(&q), 0);
     kolo__err_clear(&err);
     ck_assert_int_eq(kolo__queue_push(&q, entry("layer1/weight", 1), &err),
                      KOLO_OK);
@@ -122,18 +131,16 @@ START_TEST(duplicate_name_refused)
                      KOLO_OK);
     ck_assert_int_eq(err.code, KOLO_OK);
     free_list(list);
-    kolo__queue_destroy(&q); /* frees the queued "layer1/bias" */
+    /* The teardown's kolo__queue_destroy frees the queued "layer1/bias". */
 }
 END_TEST
 
 START_TEST(release_allows_repush)
 {
-    kolo__queue_t q;
     kolo__err_t err;
     kolo__entry_t *list;
     int shutdown;
 
-    ck_assert_int_eq(kolo__queue_init(&q), 0);
     ck_assert_int_eq(kolo__queue_push(&q, entry("g", 1), &err), KOLO_OK);
     list = kolo__queue_take(&q, 0, &shutdown);
     ck_assert_ptr_nonnull(list);
@@ -154,17 +161,14 @@ START_TEST(release_allows_repush)
     ck_assert_ptr_null(list->next);
     kolo__queue_release(&q, "g");
     kolo__entry_free(list);
-    kolo__queue_destroy(&q);
 }
 END_TEST
 
 START_TEST(take_timeout_zero_returns_at_once)
 {
-    kolo__queue_t q;
     int shutdown = -1;
     int64_t t0, dt;
 
-    ck_assert_int_eq(kolo__queue_init(&q), 0);
     t0 = kolo__now_us();
     for (int i = 0; i < 100; i++)
         ck_assert_ptr_null(kolo__queue_take(&q, 0, &shutdown));
@@ -175,17 +179,14 @@ START_TEST(take_timeout_zero_returns_at_once)
      * machine. */
     ck_assert_msg(dt < 1000000, "100 takes with timeout 0 took %lld us",
                   (long long)dt);
-    kolo__queue_destroy(&q);
 }
 END_TEST
 
 START_TEST(take_with_timeout_waits_when_empty)
 {
-    kolo__queue_t q;
     int shutdown = -1;
     int64_t t0, dt;
 
-    ck_assert_int_eq(kolo__queue_init(&q), 0);
     t0 = kolo__now_us();
     ck_assert_ptr_null(kolo__queue_take(&q, 200000, &shutdown));
     dt = kolo__now_us() - t0;
@@ -202,19 +203,16 @@ START_TEST(take_with_timeout_waits_when_empty)
     dt = kolo__now_us() - t0;
     ck_assert_msg(dt >= 1290000 && dt < 5000000,
                   "wait(1.3 s) returned after %lld us", (long long)dt);
-    kolo__queue_destroy(&q);
 }
 END_TEST
 
 START_TEST(take_with_timeout_returns_queued_work_at_once)
 {
-    kolo__queue_t q;
     kolo__err_t err;
     kolo__entry_t *list;
     int shutdown;
     int64_t t0, dt;
 
-    ck_assert_int_eq(kolo__queue_init(&q), 0);
     ck_assert_int_eq(kolo__queue_push(&q, entry("x", 1), &err), KOLO_OK);
     t0 = kolo__now_us();
     list = kolo__queue_take(&q, 3000000, &shutdown);
@@ -223,7 +221,6 @@ START_TEST(take_with_timeout_returns_queued_work_at_once)
     ck_assert_msg(dt < 2000000, "take with work queued slept %lld us",
                   (long long)dt);
     kolo__entry_free(list);
-    kolo__queue_destroy(&q);
 }
 END_TEST
 
@@ -247,20 +244,20 @@ static void *take_thread(void *arg)
  * from this thread. */
 static void check_push_wakes(int64_t timeout_us)
 {
-    kolo__queue_t q;
+    kolo__queue_t wq; /* its own: the test makes two */
     kolo__err_t err;
     taker_t t = {0};
     pthread_t th;
     int64_t pushed_us;
 
-    ck_assert_int_eq(kolo__queue_init(&q), 0);
-    t.q = &q;
+    ck_assert_int_eq(kolo__queue_init(&wq), 0);
+    t.q = &wq;
     t.timeout_us = timeout_us;
     t.shutdown = -1;
     ck_assert_int_eq(pthread_create(&th, NULL, take_thread, &t), 0);
     sleep_ms(100); /* let it block */
     pushed_us = kolo__now_us();
-    ck_assert_int_eq(kolo__queue_push(&q, entry("woken", 7), &err), KOLO_OK);
+    ck_assert_int_eq(kolo__queue_push(&wq, entry("woken", 7), &err), KOLO_OK);
     ck_assert_int_eq(pthread_join(th, NULL), 0);
     ck_assert_ptr_nonnull(t.got);
     ck_assert_str_eq(t.got->name, "woken");
@@ -269,7 +266,7 @@ static void check_push_wakes(int64_t timeout_us)
                   "take woke %lld us after the push",
                   (long long)(t.woke_us - pushed_us));
     kolo__entry_free(t.got);
-    kolo__queue_destroy(&q);
+    kolo__queue_destroy(&wq);
 }
 
 START_TEST(push_from_other_thread_wakes_blocked_take)
@@ -281,12 +278,10 @@ END_TEST
 
 START_TEST(request_shutdown_wakes_take)
 {
-    kolo__queue_t q;
     taker_t t = {0};
     pthread_t th;
     int shutdown = -1;
 
-    ck_assert_int_eq(kolo__queue_init(&q), 0);
     t.q = &q;
     t.timeout_us = -1;
     t.shutdown = -1;
@@ -301,18 +296,15 @@ START_TEST(request_shutdown_wakes_take)
     ck_assert_ptr_null(kolo__queue_take(&q, -1, &shutdown));
     ck_assert_int_eq(shutdown, 1);
     ck_assert_int_eq(kolo__queue_wait(&q, -1), 1);
-    kolo__queue_destroy(&q);
 }
 END_TEST
 
 START_TEST(shutdown_take_still_returns_queued_work)
 {
-    kolo__queue_t q;
     kolo__err_t err;
     kolo__entry_t *list;
     int shutdown = -1;
 
-    ck_assert_int_eq(kolo__queue_init(&q), 0);
     ck_assert_int_eq(kolo__queue_push(&q, entry("late", 1), &err), KOLO_OK);
     kolo__queue_request_shutdown(&q);
     /* A request does not refuse pushes; only close does. */
@@ -324,18 +316,15 @@ START_TEST(shutdown_take_still_returns_queued_work)
     ck_assert_ptr_nonnull(list->next);
     ck_assert_str_eq(list->next->name, "later");
     free_list(list);
-    kolo__queue_destroy(&q);
 }
 END_TEST
 
 START_TEST(close_makes_push_fail_with_close_error)
 {
-    kolo__queue_t q;
     kolo__err_t err, close_err, second;
     kolo__entry_t *e, *list;
     int shutdown;
 
-    ck_assert_int_eq(kolo__queue_init(&q), 0);
     ck_assert_int_eq(kolo__queue_push(&q, entry("before", 1), &err), KOLO_OK);
     kolo__err_set(&close_err, KOLO_ERR_SHUTDOWN,
                   "rank 2 shut down: no more tensors can be enqueued");
@@ -363,7 +352,6 @@ START_TEST(close_makes_push_fail_with_close_error)
     ck_assert_str_eq(list->name, "before");
     ck_assert_ptr_null(list->next);
     kolo__entry_free(list);
-    kolo__queue_destroy(&q);
 }
 END_TEST
 
@@ -399,13 +387,11 @@ static void *produce(void *arg)
 START_TEST(concurrent_producers)
 {
     enum { P = 4, N = 2000 };
-    kolo__queue_t q;
     producer_t prod[P];
     pthread_t th[P];
     int next[P] = {0};
     int total = 0, shutdown;
 
-    ck_assert_int_eq(kolo__queue_init(&q), 0);
     for (int p = 0; p < P; p++) {
         prod[p] = (producer_t){&q, p, N, 0};
         ck_assert_int_eq(pthread_create(&th[p], NULL, produce, &prod[p]), 0);
@@ -430,15 +416,25 @@ START_TEST(concurrent_producers)
         ck_assert_int_eq(next[p], N);
     }
     ck_assert_uint_eq(q.in_flight.count, 0);
-    kolo__queue_destroy(&q);
 }
 END_TEST
 
-KOLO_UNIT_MAIN("queue", 30,
-        take_returns_pushes_in_order, duplicate_name_refused,
-        release_allows_repush, take_timeout_zero_returns_at_once,
-        take_with_timeout_waits_when_empty,
-        take_with_timeout_returns_queued_work_at_once,
-        push_from_other_thread_wakes_blocked_take, request_shutdown_wakes_take,
-        shutdown_take_still_returns_queued_work,
-        close_makes_push_fail_with_close_error, concurrent_producers)
+int main(void)
+{
+    Suite *s = suite_create("queue");
+    TCase *tc = kolo_unit_tcase(
+        s, "core", 30,
+        KOLO_UNIT_TESTS(take_returns_pushes_in_order, duplicate_name_refused,
+                        release_allows_repush,
+                        take_timeout_zero_returns_at_once,
+                        take_with_timeout_waits_when_empty,
+                        take_with_timeout_returns_queued_work_at_once,
+                        push_from_other_thread_wakes_blocked_take,
+                        request_shutdown_wakes_take,
+                        shutdown_take_still_returns_queued_work,
+                        close_makes_push_fail_with_close_error,
+                        concurrent_producers));
+
+    tcase_add_checked_fixture(tc, queue_setup, queue_teardown);
+    return kolo_unit_run(s);
+}
