@@ -72,6 +72,20 @@ static void put(const char *name, const char *text)
     fclose(f);
 }
 
+/* Publishes generation g as the driver does: its members (one per line)
+ * and its update, then the generation's number. */
+static void publish(int g, const char *members, const char *update)
+{
+    char name[64], number[32];
+
+    snprintf(name, sizeof(name), "elastic.%d.members", g);
+    put(name, members);
+    snprintf(name, sizeof(name), "elastic.%d.update", g);
+    put(name, update);
+    snprintf(number, sizeof(number), "%d\n", g);
+    put("elastic.generation", number);
+}
+
 static void setup(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/kolo-test-elastic.XXXXXX");
@@ -97,9 +111,7 @@ START_TEST(join_answers)
     ck_assert_int_eq(kolo__elastic_join(rdv, "h:0", 0, 0.2, &p, &err),
                      KOLO_ERR_TIMEOUT);
     ck_assert_ptr_nonnull(strstr(err.msg, "KOLO_ELASTIC_TIMEOUT"));
-    put("elastic.1.members", "h:0\nh:1\n");
-    put("elastic.1.update", "start\n");
-    put("elastic.generation", "1\n");
+    publish(1, "h:0\nh:1\n", "start\n");
     ck_assert_int_eq(kolo__elastic_join(rdv, "h:1", 0, 1, &p, &err), KOLO_OK);
     ck_assert_int_eq(p.generation, 1);
     ck_assert_int_eq(p.rank, 1);
@@ -108,16 +120,12 @@ START_TEST(join_answers)
     ck_assert_int_eq(kolo__elastic_join(rdv, "h:1", 1, 0.2, &p, &err),
                      KOLO_ERR_TIMEOUT);
     ck_assert_int_eq(kolo__elastic_updates(rdv, 1), 0);
-    put("elastic.2.members", "h:0\n");
-    put("elastic.2.update", "removed\n");
-    put("elastic.generation", "2\n");
+    publish(2, "h:0\n", "removed\n");
     ck_assert_int_eq(kolo__elastic_updates(rdv, 1), KOLO__ELASTIC_REMOVED);
     ck_assert_int_eq(kolo__elastic_join(rdv, "h:1", 1, 1, &p, &err),
                      KOLO_ERR_REMOVED);
     ck_assert_ptr_nonnull(strstr(err.msg, "h:1 has been removed"));
-    put("elastic.3.members", "h:0\nh2:0\n");
-    put("elastic.3.update", "added\n");
-    put("elastic.generation", "3\n");
+    publish(3, "h:0\nh2:0\n", "added\n");
     ck_assert_int_eq(kolo__elastic_updates(rdv, 2), KOLO__ELASTIC_ADDED);
     ck_assert_int_eq(kolo__elastic_updates(rdv, 1),
                      KOLO__ELASTIC_ADDED | KOLO__ELASTIC_REMOVED);
