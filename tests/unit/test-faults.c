@@ -55,13 +55,77 @@ static struct {
     int persistent, rank;
 } g_arm;
 
+/* The tensors grad/0 .. grad/5 of the bodies below (one job runs at a
+ * time): each rank's inputs and results. */
+static float g_inputs[MAXR][TENSORS][70000], g_results[MAXR][TENSORS][70000];
+
+/* Fills tensor t with this rank's values and pushes it as "grad/t" (into
+ * name), a float32 SUM allreduce of n elements: its handle, 0 if the push
+ * was refused (err says why). */
+static kolo_handle_t push_grad(prank_t *p, int t, int64_t n, char name[64],
+                               kolo__err_t *err)
+{
+    kolo__params_t pr = params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM, n);
+
+    for (int64_t i = 0; i < n; i++)
+        g_inputs[p->rank][t][i] = rank_val(p->rank, t, i);
+    snprintf(name, 64, "grad/%d", t);
+    return push_try(p->world, name, &pr, g_inputs[p->rank][t],
+                    g_results[p->rank][t], err);
+}
+
+/* What a body checks of tensor t once waited for: its status rc, its name
+ * and the message; arg is the body's own. */
+typedef void (*grad_outcome_fn)(prank_t *p, int t, int rc, const char *name,
+                                const char *msg, void *arg);
+
+/* Waits for every tensor that was pushed (h[t] != 0) and hands its outcome
+ * to `outcome`. */
+static void wait_grads(prank_t *p, const kolo_handle_t *h,
+                       grad_outcome_fn outcome, void *arg)
+{
+    char name[64], msg[KOLO__ERR_LEN + 64];
+
+    for (int t = 0; t < TENSORS; t++) {
+        int rc;
+        if (h[t] == 0)
+            continue;
+        rc = wait_h(p, h[t], msg, sizeof(msg));
+        snprintf(name, sizeof(name), "grad/%d", t);
+        outcome(p, t, rc, name, msg, arg);
+    }
+}
+
+/* A refusal or a failure is counted in the rank's outcome (the first
+ * one's message kept); it must say something. */
+static void count_error(outcome_t *o, const char *msg)
+{
+    if (o->errors++ == 0)
+        snprintf(o->first, sizeof(o->first), "%s", msg);
+}
+
+/* A tensor that completed has the sum; one that failed says why. */
+static void record_outcome(prank_t *p, int t, int rc, const char *name,
+                           const char *msg, void *arg)
+{
+    outcome_t *o = arg;
+
+    if (rc == KOLO_OK) {
+        expect_sum(p, name, t, g_results[p->rank][t], g_counts[t]);
+        return;
+    }
+    EXPECT(p, msg[0] != '\0', "rank %d: %s failed (%d) without a message",
+           p->rank, name, rc);
+    if (rc == KOLO_ERR_TIMEOUT)
+        o->timeouts++;
+    count_error(o, msg);
+}
+
 static void body(prank_t *p)
 {
-    static float in[MAXR][TENSORS][70000], out[MAXR][TENSORS][70000];
     outcome_t *o = &g_out[p->rank];
-    kolo__params_t pr;
     kolo__err_t err;
-    char name[64], msg[KOLO__ERR_LEN + 64];
+    char name[64];
 
     pthread_barrier_wait(&p->job->bar);
     if (p->rank == 0)
@@ -70,35 +134,14 @@ static void body(prank_t *p)
     for (int s = 0; s < STEPS && o->errors == 0; s++) {
         kolo_handle_t h[TENSORS] = {0};
         for (int t = 0; t < TENSORS; t++) {
-            for (int64_t i = 0; i < g_counts[t]; i++)
-                in[p->rank][t][i] = rank_val(p->rank, t, i);
-            snprintf(name, sizeof(name), "grad/%d", t);
-            pr = params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM, g_counts[t]);
-            h[t] = push_try(p->world, name, &pr, in[p->rank][t], out[p->rank][t], &err);
+            h[t] = push_grad(p, t, g_counts[t], name, &err);
             if (h[t] == 0) {
                 EXPECT(p, err.msg[0] != '\0', "rank %d: %s refused without a message",
                        p->rank, name);
-                if (o->errors++ == 0)
-                    snprintf(o->first, sizeof(o->first), "%s", err.msg);
+                count_error(o, err.msg);
             }
         }
-        for (int t = 0; t < TENSORS; t++) {
-            int rc;
-            if (h[t] == 0)
-                continue;
-            rc = wait_h(p, h[t], msg, sizeof(msg));
-            snprintf(name, sizeof(name), "grad/%d", t);
-            if (rc == KOLO_OK) {
-                expect_sum(p, name, t, out[p->rank][t], g_counts[t]);
-                continue;
-            }
-            EXPECT(p, msg[0] != '\0', "rank %d: %s failed (%d) without a message",
-                   p->rank, name, rc);
-            if (rc == KOLO_ERR_TIMEOUT)
-                o->timeouts++;
-            if (o->errors++ == 0)
-                snprintf(o->first, sizeof(o->first), "%s", msg);
-        }
+        wait_grads(p, h, record_outcome, o);
     }
 }
 
@@ -217,10 +260,28 @@ static void diverge_hook(kolo__pset_t *ps)
         kolo__cache_erase(&ps->neg.cache, bit);
 }
 
+/* Step 0 completes with the sums; in step 1, after a rank's cache lost
+ * grad/2, every rank fails every tensor, saying where the caches differ:
+ * rank 0 holds grad/2, the last rank nothing. */
+static void check_diverged(prank_t *p, int t, int rc, const char *name,
+                           const char *msg, void *arg)
+{
+    if (*(const int *)arg == 0) {
+        EXPECT(p, rc == KOLO_OK, "rank %d: %s: %s", p->rank, name, msg);
+        expect_sum(p, name, t, g_results[p->rank][t], g_big[t]);
+        return;
+    }
+    EXPECT(p, rc == KOLO_ERR_INTERNAL &&
+                  strstr(msg, "response caches differ") != NULL &&
+                  strstr(msg, "rank 0 holds 'grad/2'") != NULL &&
+                  strstr(msg, "holds nothing") != NULL,
+           "rank %d: %s after the caches diverged: %d: %s", p->rank, name, rc,
+           msg);
+}
+
 static void body_diverge(prank_t *p)
 {
-    static float in[MAXR][TENSORS][70000], out[MAXR][TENSORS][70000];
-    char name[64], msg[KOLO__ERR_LEN + 64];
+    char name[64];
     kolo__err_t err;
 
     for (int s = 0; s < 2; s++) {
@@ -233,38 +294,14 @@ static void body_diverge(prank_t *p)
                 usleep(1000);
         }
         for (int t = 0; t < TENSORS; t++) {
-            kolo__params_t pr = params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32,
-                                       KOLO_OP_SUM, g_big[t]);
-            for (int64_t i = 0; i < g_big[t]; i++)
-                in[p->rank][t][i] = rank_val(p->rank, t, i);
-            snprintf(name, sizeof(name), "grad/%d", t);
-            h[t] = push_try(p->world, name, &pr, in[p->rank][t], out[p->rank][t], &err);
+            h[t] = push_grad(p, t, g_big[t], name, &err);
             if (s == 0)
                 EXPECT(p, h[t] != 0, "rank %d: %s: %s", p->rank, name, err.msg);
             else if (h[t] == 0)
                 EXPECT(p, strstr(err.msg, "response caches differ") != NULL,
                        "rank %d: %s refused: %s", p->rank, name, err.msg);
         }
-        for (int t = 0; t < TENSORS; t++) {
-            int rc;
-            if (h[t] == 0)
-                continue;
-            rc = wait_h(p, h[t], msg, sizeof(msg));
-            snprintf(name, sizeof(name), "grad/%d", t);
-            if (s == 0) {
-                EXPECT(p, rc == KOLO_OK, "rank %d: %s: %s", p->rank, name, msg);
-                expect_sum(p, name, t, out[p->rank][t], g_big[t]);
-                continue;
-            }
-            /* Every rank fails every tensor, saying where the caches
-             * differ: rank 0 holds grad/2, the last rank nothing. */
-            EXPECT(p, rc == KOLO_ERR_INTERNAL &&
-                          strstr(msg, "response caches differ") != NULL &&
-                          strstr(msg, "rank 0 holds 'grad/2'") != NULL &&
-                          strstr(msg, "holds nothing") != NULL,
-                   "rank %d: %s after the caches diverged: %d: %s", p->rank,
-                   name, rc, msg);
-        }
+        wait_grads(p, h, check_diverged, &s);
     }
 }
 
