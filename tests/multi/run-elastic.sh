@@ -70,6 +70,18 @@ start() {
     echo $! > "$dir/pid.$id"
 }
 
+# start_all DIR ID... — one worker for each id.
+start_all() {
+    local dir=$1 id
+    shift
+    for id in "$@"; do start "$dir" "$id"; done
+}
+
+# case_dir NAME — a fresh directory for a case, with its rendezvous.
+case_dir() {
+    mkdir -p "$work/$1/rdv" && echo "$work/$1"
+}
+
 # wait_progress DIR STEP ID... — until each worker committed STEP.
 wait_progress() {
     local dir=$1 step=$2 t=0
@@ -93,6 +105,22 @@ finish() {
     return $bad
 }
 
+# finished DIR "GEN SIZE" ID... — the workers all exit 0 and agree on the
+# step and the weights, in generation GEN of SIZE ranks.
+finished() {
+    local dir=$1 want=$2
+    shift 2
+    finish "$dir" "$@" && [ "$(agree_done "$dir" "$@")" = "$want" ]
+}
+
+# run_case NAME DESCRIPTION — case_NAME in a fresh directory, reported.
+run_case() {
+    local d ok=1
+    d=$(case_dir "$1")
+    "case_$1" "$d" || ok=0
+    report "$1: $2" $ok "$d"
+}
+
 report() {
     local name=$1 ok=$2 dir=$3
     if [ "$ok" = 1 ]; then
@@ -106,6 +134,18 @@ report() {
             tail -20 "$f"
         done
     fi
+}
+
+# printed DIR LINE... — whether each line starts a line of its worker's
+# output (the worker is the line's second word: "JOIN localhost:1 2 1 2").
+printed() {
+    local dir=$1 line id
+    shift
+    for line in "$@"; do
+        id=${line#* }
+        id=${id%% *}
+        grep -q "^$line" "$dir/out.$id" || return 1
+    done
 }
 
 # The DONE lines of ids agree on the step and the weights; prints "gen size".
@@ -127,87 +167,76 @@ agree_done() {
 }
 
 case_failure() {
-    local d=$work/failure ok=1
-    mkdir -p "$d/rdv"
+    local d=$1 ok=1
     touch "$d/kill.localhost:2.3"
     publish "$d" 1 start localhost:0 localhost:1 localhost:2
-    for id in localhost:0 localhost:1 localhost:2; do start "$d" "$id"; done
+    start_all "$d" localhost:0 localhost:1 localhost:2
     # The launcher learns of the death from the process.
     { wait "$(cat "$d/pid.localhost:2")"; } 2>/dev/null
     publish "$d" 2 failure localhost:0 localhost:1
-    finish "$d" localhost:0 localhost:1 || ok=0
-    grep -q "^LOST localhost:0 3" "$d/out.localhost:0" || ok=0
-    grep -q "^LOST localhost:1 3" "$d/out.localhost:1" || ok=0
-    grep -q "^JOIN localhost:1 2 1 2" "$d/out.localhost:1" || ok=0
-    [ "$(agree_done "$d" localhost:0 localhost:1)" = "2 2" ] || ok=0
-    report "failure: a SIGKILLed worker, the survivors re-form" $ok "$d"
+    finished "$d" "2 2" localhost:0 localhost:1 || ok=0
+    printed "$d" "LOST localhost:0 3" "LOST localhost:1 3" \
+        "JOIN localhost:1 2 1 2" || ok=0
+    [ $ok = 1 ]
 }
 
 case_added() {
-    local d=$work/added ok=1
-    mkdir -p "$d/rdv"
+    local d=$1 ok=1
     publish "$d" 1 start localhost:0 localhost:1
     start "$d" localhost:0 "$d/timeline.json"
     start "$d" localhost:1
     wait_progress "$d" 3 localhost:0 localhost:1 || ok=0
     publish "$d" 2 added localhost:0 localhost:1 127.0.0.1:0
     start "$d" 127.0.0.1:0
-    finish "$d" localhost:0 localhost:1 127.0.0.1:0 || ok=0
-    grep -q "^UPDATED localhost:0 2" "$d/out.localhost:0" || ok=0
+    finished "$d" "2 3" localhost:0 localhost:1 127.0.0.1:0 || ok=0
+    printed "$d" "UPDATED localhost:0 2" "JOIN 127.0.0.1:0 2 2 3" || ok=0
     # The timeline of the last generation is marked with it.
     "$python3" "$src/tools/kolo-timeline" summary "$d/timeline.json" \
         > "$d/summary" 2>&1 || ok=0
     grep -q "rank 0: generation 2: 3 ranks (added)" "$d/summary" || ok=0
-    grep -q "^JOIN 127.0.0.1:0 2 2 3" "$d/out.127.0.0.1:0" || ok=0
-    [ "$(agree_done "$d" localhost:0 localhost:1 127.0.0.1:0)" = "2 3" ] || ok=0
-    report "added: a second host joins at a commit" $ok "$d"
+    [ $ok = 1 ]
 }
 
 case_removed() {
-    local d=$work/removed ok=1
-    mkdir -p "$d/rdv"
+    local d=$1 ok=1
     publish "$d" 1 start localhost:0 localhost:1 localhost:2
-    for id in localhost:0 localhost:1 localhost:2; do start "$d" "$id"; done
+    start_all "$d" localhost:0 localhost:1 localhost:2
     wait_progress "$d" 3 localhost:0 localhost:1 localhost:2 || ok=0
     publish "$d" 2 removed localhost:0 localhost:2
     finish "$d" localhost:0 localhost:1 localhost:2 || ok=0
-    grep -q "^UPDATED localhost:1 1" "$d/out.localhost:1" || ok=0
-    grep -q "^REMOVED localhost:1" "$d/out.localhost:1" || ok=0
-    grep -q "^JOIN localhost:2 2 1 2" "$d/out.localhost:2" || ok=0
+    printed "$d" "UPDATED localhost:1 1" "REMOVED localhost:1" \
+        "JOIN localhost:2 2 1 2" || ok=0
     [ "$(agree_done "$d" localhost:0 localhost:2)" = "2 2" ] || ok=0
-    report "removed: the left-out worker is told, the others go on" $ok "$d"
+    [ $ok = 1 ]
 }
 
 case_ended() {
-    local d=$work/ended ok=1
-    mkdir -p "$d/rdv"
+    local d=$1 ok=1
     start "$d" localhost:0
     sleep 0.5
     printf 'fewer than --min-np 2 ranks for 1 s\n' > "$d/rdv/elastic.end"
     finish "$d" localhost:0 && ok=0
     grep -q "kolorun ended the elastic job: fewer than --min-np 2" "$d/out.localhost:0" || ok=0
-    report "ended: a waiting worker learns why the job ended" $ok "$d"
+    [ $ok = 1 ]
 }
 
 case_overtaken() {
-    local d=$work/overtaken ok=1
-    mkdir -p "$d/rdv"
+    local d=$1 ok=1
     publish "$d" 1 start localhost:0 localhost:1
     start "$d" localhost:0 # localhost:1 never comes
     sleep 1
     publish "$d" 2 removed localhost:0
-    finish "$d" localhost:0 || ok=0
-    grep -q "^JOIN localhost:0 2 0 1" "$d/out.localhost:0" || ok=0
+    finished "$d" "2 1" localhost:0 || ok=0
+    printed "$d" "JOIN localhost:0 2 0 1" || ok=0
     grep -q "generation 2 of the elastic job was published while generation 1 formed" \
         "$d/out.localhost:0" || ok=0
-    [ "$(agree_done "$d" localhost:0)" = "2 1" ] || ok=0
-    report "overtaken: a generation published while one forms is joined instead" $ok "$d"
+    [ $ok = 1 ]
 }
 
-case_failure
-case_overtaken
-case_added
-case_removed
-case_ended
+run_case failure "a SIGKILLed worker, the survivors re-form"
+run_case overtaken "a generation published while one forms is joined instead"
+run_case added "a second host joins at a commit"
+run_case removed "the left-out worker is told, the others go on"
+run_case ended "a waiting worker learns why the job ended"
 echo "$pass passed, $fail failed"
 [ "$fail" = 0 ]
