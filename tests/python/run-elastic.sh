@@ -248,44 +248,46 @@ scale_case added-removed ok
 scale_case added-removed-zero ok
 scale_case reset-limit fail --reset-limit 1
 
+# error_case NAME SCHEDULE PATTERN... -- KOLORUN-ARGS... — the workers of
+# SCHEDULE (main's --exit-schedule) fail: kolorun must end the job with an
+# error of its own (not 0, nor the timeout's 124 or 137) and say each
+# PATTERN (grep -E).
+error_case() {
+    local name=$1 schedule=$2 d=$work/$1 ok=1 st pattern
+    local -a patterns=()
+    shift 2
+    while [ "$1" != -- ]; do
+        patterns+=("$1")
+        shift
+    done
+    shift
+    run "$name" "$@" "$python" "$main" --logfile "$d/log" \
+        --exit-schedule "$schedule"
+    st=$(cat "$d/status")
+    [ "$st" != 0 ] && [ "$st" != 124 ] && [ "$st" != 137 ] || ok=0
+    for pattern in "${patterns[@]}"; do
+        grep -Eq -- "$pattern" "$d/out" || ok=0
+    done
+    report "$name" $ok "$d" "status $st"
+}
+
 # Every worker fails.
-d=$work/all-failed
-mkdir -p "$d"
-run all-failed -np 4 --min-np 2 -H localhost:2,127.0.0.1:2 "$python" "$main" \
-    --logfile "$d/log" --exit-schedule '{"1,0": [0, 1, 2, 3]}'
-ok=1
-[ "$(cat "$d/status")" != 0 ] && [ "$(cat "$d/status")" != 124 ] || ok=0
-grep -q "every rank failed" "$d/out" || ok=0
-report all-failed $ok "$d"
+error_case all-failed '{"1,0": [0, 1, 2, 3]}' "every rank failed" -- \
+    -np 4 --min-np 2 -H localhost:2,127.0.0.1:2
 
 # Horovod skips these two (its issue 2030); here they end cleanly, naming
 # the reason. One worker per host fails: no host is left.
-d=$work/all-hosts-blacklisted
-mkdir -p "$d"
-run all-hosts-blacklisted -np 4 --min-np 2 -H localhost:2,127.0.0.1:2 \
-    --elastic-timeout 5 "$python" "$main" --logfile "$d/log" \
-    --exit-schedule '{"1,0": [0, 2]}'
-ok=1
-st=$(cat "$d/status")
-[ "$st" != 0 ] && [ "$st" != 124 ] && [ "$st" != 137 ] || ok=0
-grep -q "blacklisting host localhost" "$d/out" || ok=0
-grep -q "blacklisting host 127.0.0.1" "$d/out" || ok=0
-grep -Eq "every rank failed|fewer than --min-np" "$d/out" || ok=0
-report all-hosts-blacklisted $ok "$d" "status $st"
+error_case all-hosts-blacklisted '{"1,0": [0, 2]}' \
+    "blacklisting host localhost" "blacklisting host 127.0.0.1" \
+    "every rank failed|fewer than --min-np" -- \
+    -np 4 --min-np 2 -H localhost:2,127.0.0.1:2 --elastic-timeout 5
 
 # -np 4 --min-np 4: a failure leaves 2 slots, fewer than 4, for
 # --elastic-timeout 3 s; the survivors waiting in kolo_init are told.
-d=$work/min-np-timeout
-mkdir -p "$d"
-run min-np-timeout -np 4 --min-np 4 -H localhost:2,127.0.0.1:2 \
-    --elastic-timeout 3 "$python" "$main" --logfile "$d/log" \
-    --exit-schedule '{"1,0": [0]}'
-ok=1
-st=$(cat "$d/status")
-[ "$st" != 0 ] && [ "$st" != 124 ] && [ "$st" != 137 ] || ok=0
-grep -q "fewer than --min-np 4 ranks for 3 s" "$d/out" || ok=0
-grep -q "kolorun ended the elastic job: fewer than --min-np 4" "$d/out" || ok=0
-report min-np-timeout $ok "$d" "status $st"
+error_case min-np-timeout '{"1,0": [0]}' \
+    "fewer than --min-np 4 ranks for 3 s" \
+    "kolorun ended the elastic job: fewer than --min-np 4" -- \
+    -np 4 --min-np 4 -H localhost:2,127.0.0.1:2 --elastic-timeout 3
 
 # A discovery script that fails and prints garbage on some calls.
 d=$work/discovery-garbage
