@@ -580,6 +580,23 @@ static void test_arguments(void)
         {KOLO_FLOAT64, KOLO_FLOAT32}, {KOLO_FLOAT32, KOLO_FLOAT64},
         {KOLO_FLOAT32, KOLO_INT32},   {KOLO_UINT8, KOLO_BOOL},
         {KOLO_FLOAT32, 11},           {-1, KOLO_FLOAT32}};
+    /* One copy that copy_batch must refuse, and why. */
+    const struct {
+        const kolo__gpu_copy_t *copy;
+        int from, to;
+        double scale;
+        const char *why;
+    } refused[] = {
+        {&odd_src, KOLO_FLOAT32, KOLO_FLOAT16, 1.0,
+         "a float32 source not aligned to 4 bytes"},
+        {&odd_dst, KOLO_FLOAT32, KOLO_BFLOAT16, 1.0,
+         "a bfloat16 destination not aligned to 2 bytes"},
+        {&odd_src, KOLO_INT32, KOLO_INT32, 2.0,
+         "a misaligned scaled int32 copy"},
+        {&null_dst, KOLO_FLOAT32, KOLO_FLOAT32, 1.0, "a NULL destination"},
+        {&huge, KOLO_FLOAT64, KOLO_FLOAT64, 1.0,
+         "a byte count that overflows size_t"},
+    };
     char what[120];
     const int inval = (int)cudaErrorInvalidValue;
 
@@ -602,21 +619,13 @@ static void test_arguments(void)
                                    1.0, NULL) == inval,
               what);
     }
-    check(kolo__gpu_copy_batch(&odd_src, 1, KOLO_FLOAT32, KOLO_FLOAT16, 1.0,
-                               NULL) == inval,
-          "copy_batch refuses a float32 source not aligned to 4 bytes");
-    check(kolo__gpu_copy_batch(&odd_dst, 1, KOLO_FLOAT32, KOLO_BFLOAT16, 1.0,
-                               NULL) == inval,
-          "copy_batch refuses a bfloat16 destination not aligned to 2 bytes");
-    check(kolo__gpu_copy_batch(&odd_src, 1, KOLO_INT32, KOLO_INT32, 2.0,
-                               NULL) == inval,
-          "copy_batch refuses a misaligned scaled int32 copy");
-    check(kolo__gpu_copy_batch(&null_dst, 1, KOLO_FLOAT32, KOLO_FLOAT32, 1.0,
-                               NULL) == inval,
-          "copy_batch refuses a NULL destination");
-    check(kolo__gpu_copy_batch(&huge, 1, KOLO_FLOAT64, KOLO_FLOAT64, 1.0,
-                               NULL) == inval,
-          "copy_batch refuses a byte count that overflows size_t");
+    for (size_t r = 0; r < sizeof refused / sizeof *refused; r++) {
+        snprintf(what, sizeof what, "copy_batch refuses %s", refused[r].why);
+        check(kolo__gpu_copy_batch(refused[r].copy, 1, refused[r].from,
+                                   refused[r].to, refused[r].scale,
+                                   NULL) == inval,
+              what);
+    }
 
     for (int dt = 0; dt < KOLO_DTYPE_COUNT_; dt++) {
         snprintf(what, sizeof what, "scale/average/zero of 0 %s are no-ops",
