@@ -21,6 +21,11 @@
 #   multi_job NAME PROG LIMIT [KEEP...]   # the multi-rank scripts' setup
 #                                  # (below)
 #   python_env, python_needs MODULE TAIL   # the Python tests' setup (below)
+#   python_test LIMIT MODULE TAIL  # all of it, for a script with one need
+#   passed_case LINE, failed_case LINE...  # count a case in pass or fail
+#                                  # and print its lines
+#   verdict WHY PASS-LINE FAIL-LINE...  # one of the two (WHY empty:
+#                                  # passed), then smoke_point
 #   kolorun_cases, expect, case_end, cases_summary   # the launcher's
 #                                  # case-by-case scripts (at the end)
 
@@ -105,6 +110,27 @@ skip_if_sanitized() {
     skip_test --counted "a ${kind:-sanitizer} build: $*"
 }
 
+passed_case() {
+    pass=$((pass + 1))
+    echo "$1"
+}
+
+failed_case() {
+    fail=$((fail + 1))
+    printf '%s\n' "$@"
+}
+
+verdict() {
+    local why=$1 line=$2
+    shift 2
+    if [ -z "$why" ]; then
+        passed_case "$line"
+    else
+        failed_case "$@"
+    fi
+    smoke_point "$pass" "$fail"
+}
+
 make_work() {
     WORK=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX") || exit 2
     trap 'rm -rf "$WORK"' EXIT
@@ -161,6 +187,16 @@ python_needs() {
     "" | :) skip_test "configure found no Python interpreter" ;;
     esac
     "$python" -c "import $1" 2>/dev/null || skip_test "$python cannot import $1$2"
+}
+
+# python_test LIMIT MODULE TAIL: the whole setup of a Python test script
+# that needs one module: python_env; limit (KOLO_TEST_TIMEOUT, else LIMIT
+# seconds); python_needs MODULE TAIL; python_kolo.
+python_test() {
+    python_env
+    limit=${KOLO_TEST_TIMEOUT:-$1}
+    python_needs "$2" "$3"
+    python_kolo
 }
 
 # The launcher's case-by-case scripts (tests/test-kolorun*.sh):

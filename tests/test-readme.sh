@@ -46,10 +46,9 @@ python_kolo
 make_work test-readme
 pass=0
 fail=0
-ok() { pass=$((pass + 1)); echo "PASS $1"; }
+ok() { passed_case "PASS $1"; }
 bad() {
-    fail=$((fail + 1))
-    echo "FAIL $1"
+    failed_case "FAIL $1"
     shift
     [ $# -eq 0 ] || printf '    %s\n' "$@"
 }

@@ -29,10 +29,9 @@ multi_job run-agree tests/multi/test-agree 60
 
 pass=0
 fail=0
-ok() { pass=$((pass + 1)); echo "ok - $1"; }
+ok() { passed_case "ok - $1"; }
 bad() {
-    fail=$((fail + 1))
-    echo "FAIL - $1: $2"
+    failed_case "FAIL - $1: $2"
     sed 's/^/    | /' "$log" | tail -n 20
 }
 

@@ -53,8 +53,8 @@ src=${KOLO_TOP_SRCDIR:-$(cd "$(dirname "$0")/../.." && pwd)}
 case $libs in /*) ;; *) libs=$PWD/$libs ;; esac
 step=${KOLO_TEST_JOB_FAULT_STEP:-6}
 
-passed=0
-failed=0
+pass=0
+fail=0
 
 # job VICTIM VAR VALUE ENV...: one 2-rank run; VAR=VALUE only on VICTIM.
 # Output in $log; the status is kolorun's (124/137: the bound). The
@@ -104,8 +104,7 @@ sweep() {
     ref=$(weights)
     count=$(sed -n "s/.*$counted \([0-9]*\).*/\1/p" "$WORK/count" 2>/dev/null)
     if [ $rc -ne 0 ] || [ -z "$count" ] || [ "$(echo "$ref" | wc -l)" != 1 ]; then
-        failed=$((failed + 1))
-        echo "FAIL $name: the clean run (exit $rc, count '${count}')"
+        failed_case "FAIL $name: the clean run (exit $rc, count '${count}')"
         sed 's/^/    | /' "$log" | tail -n 20
         return
     fi
@@ -134,15 +133,10 @@ sweep() {
     (n=$n reached the ${limit} s bound: a hang)"
         fi
     done
-    if [ -z "$bad" ]; then
-        passed=$((passed + 1))
-        echo "PASS $name: $runs runs over $count ${kind}s (every $every): $ok succeeded, $errs clean errors"
-    else
-        failed=$((failed + 1))
-        echo "FAIL $name: $runs runs over $count ${kind}s (every $every): $ok succeeded, $errs clean errors, $((runs - ok - errs)) neither; the first:"
-        echo "$bad"
-    fi
-    smoke_point "$passed" "$failed"
+    verdict "$bad" \
+        "PASS $name: $runs runs over $count ${kind}s (every $every): $ok succeeded, $errs clean errors" \
+        "FAIL $name: $runs runs over $count ${kind}s (every $every): $ok succeeded, $errs clean errors, $((runs - ok - errs)) neither; the first:" \
+        "$bad"
 }
 
 # resource NAME WORD ENV... -- COMMAND...: one run of COMMAND (a job, its
@@ -161,14 +155,12 @@ resource() {
         { [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] &&
             grep -q "$word" "$log" &&
             ! grep -Eq 'timed out|never arrived|KOLO_START_TIMEOUT' "$log"; }; then
-        passed=$((passed + 1))
-        echo "PASS $name: $([ $rc -eq 0 ] && echo "succeeded" || echo "$(grep -m1 "$word" "$log" | cut -c1-160)")"
+        passed_case "PASS $name: $([ $rc -eq 0 ] && echo "succeeded" || echo "$(grep -m1 "$word" "$log" | cut -c1-160)")"
     else
-        failed=$((failed + 1))
-        echo "FAIL $name: exit $rc"
+        failed_case "FAIL $name: exit $rc"
         sed 's/^/    | /' "$log" | tail -n 20
     fi
-    smoke_point "$passed" "$failed"
+    smoke_point "$pass" "$fail"
 }
 
 # Other resources: rank 1 with only a few descriptors (ulimit -n), and
@@ -273,16 +265,14 @@ elif "$python" -c 'import torch' 2>/dev/null; then
             grep "^rank 0: caught: " "$log" |
             grep -Eq "rank 1 (had failed|has shut down, which stops the job \(it had failed): .*out of memory" &&
             ! grep -Eq 'KOLO_TIMEOUT_SECONDS|timed out' "$log"; then
-            passed=$((passed + 1))
-            echo "PASS catch $backend: rank 1 caught out of memory (from allocation $half on) and went on; rank 0: $(grep -m1 "^rank 0: caught" "$log" | cut -c1-140)"
+            passed_case "PASS catch $backend: rank 1 caught out of memory (from allocation $half on) and went on; rank 0: $(grep -m1 "^rank 0: caught" "$log" | cut -c1-140)"
         else
-            failed=$((failed + 1))
-            echo "FAIL catch $backend: exit $rc"
+            failed_case "FAIL catch $backend: exit $rc"
             sed 's/^/    | /' "$log" | tail -n 20
         fi
     done
 else
     echo "NOTE: $python cannot import torch: no kolo.torch sweep"
 fi
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

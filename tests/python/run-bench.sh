@@ -14,10 +14,7 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../script-lib.sh"
-python_env
-limit=${KOLO_TEST_TIMEOUT:-300}
-python_needs torch ": kolo.bench needs it"
-python_kolo
+python_test 300 torch ": kolo.bench needs it"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 pass=0

@@ -19,10 +19,7 @@
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../script-lib.sh"
-python_env
-limit=${KOLO_TEST_TIMEOUT:-60}
-python_needs numpy " (python3-numpy): no kolorun blame test"
-python_kolo
+python_test 60 numpy " (python3-numpy): no kolorun blame test"
 make_work run-blame
 export TMPDIR=$WORK/tmp
 mkdir -p "$TMPDIR"
@@ -68,14 +65,8 @@ for np in ${KOLO_TEST_NP:-2 3 4}; do
     run $i: victim rank $victim ($kind): no other rank named its exception"
         fi
     done
-    if [ -z "$bad" ]; then
-        pass=$((pass + 1))
-        echo "PASS np=$np: $runs jobs, kolorun named the victim every time"
-    else
-        fail=$((fail + 1))
-        echo "FAIL np=$np: kolorun blamed the wrong rank:$bad"
-    fi
-    smoke_point "$pass" "$fail"
+    verdict "$bad" "PASS np=$np: $runs jobs, kolorun named the victim every time" \
+        "FAIL np=$np: kolorun blamed the wrong rank:$bad"
 done
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
