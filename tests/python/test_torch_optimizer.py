@@ -43,6 +43,20 @@ def named(model):
     return [(prefix + "." + n, p) for n, p in model.named_parameters()]
 
 
+def rank_grads(ref, ropt, loss, size):
+    """Every rank's gradients of the reference model (of its parameters
+    that take one), from loss(ref, r, size) for each rank r. With
+    set_to_none=False: torch 2's zero_grad() sets the gradients to None,
+    torch 1.13's zeroes them; the reference writes into them."""
+    grads = []
+    for r in range(size):
+        ropt.zero_grad(set_to_none=False)
+        loss(ref, r, size).backward()
+        grads.append([p.grad.clone() for p in ref.parameters()
+                      if p.requires_grad])
+    return grads
+
+
 def params(model):
     return [p.detach().clone() for p in model.parameters()]
 
@@ -544,13 +558,7 @@ def test_sparse_adam(rank, size, mode):
         p.grad = p.data.new_zeros(p.size()).to_sparse()
     ropt.step()
     for step in range(2):
-        grads = []
-        # set_to_none=False: torch 2's zero_grad() sets the gradients to
-        # None, torch 1.13's zeroes them; the reference writes into them
-        for r in range(size):
-            ropt.zero_grad(set_to_none=False)
-            sparse_loss(ref, r, size).backward()
-            grads.append([p.grad.clone() for p in ref.parameters()])
+        grads = rank_grads(ref, ropt, sparse_loss, size)
         ropt.zero_grad(set_to_none=False)
         for i, p in enumerate(ref.parameters()):
             gs = [g[i] for g in grads]
@@ -676,12 +684,7 @@ def test_broadcast_optimizer_state_as_horovod(rank, size, make):
             p.grad = p.data.new(p.size()).zero_()
     ropt.step()
     for step in range(2):
-        grads = []
-        for r in range(size):
-            ropt.zero_grad(set_to_none=False)
-            state_loss(ref, r, size).backward()
-            grads.append([p.grad.clone() for p in ref.parameters()
-                          if p.requires_grad])
+        grads = rank_grads(ref, ropt, state_loss, size)
         live = [p for p in ref.parameters() if p.requires_grad]
         for i, p in enumerate(live):
             p.grad.copy_(sum(g[i] for g in grads) / size)

@@ -55,6 +55,23 @@ def assert_close(m1, m2, tol):
         assert d <= tol, "%s differs by %g" % (n, d)
 
 
+def train_in_step(pairs, steps):
+    """Trains each (model, optimizer) of `pairs` on the same batches, one
+    step after the other: the steps given."""
+    for step in steps:
+        for m, o in pairs:
+            o.zero_grad()
+            loss_of(m, step).backward()
+            o.step()
+
+
+def copy_of(model):
+    """A fresh model with model's weights."""
+    m = make_model()
+    m.load_state_dict(model.state_dict())
+    return m
+
+
 def train_pair(make_dist, make_zero, steps, dtype=torch.float64, passes=1,
                width=24):
     m1, m2 = make_model(dtype=dtype, width=width), make_model(dtype=dtype,
@@ -281,37 +298,26 @@ def test_state_dict_round_trip(tmp_path):
     pair = hvd.ProcessSet([0, 1])
     hvd.add_process_set(pair)
     try:
-        m3 = make_model()
-        m3.load_state_dict(m2.state_dict())
+        m3 = copy_of(m2)
         o3 = hvd.ZeroRedundancyOptimizer(m3.parameters(), torch.optim.Adam,
                                          pair, bucket_cap_mb=TINY, lr=0.5)
         o3.load_state_dict(sd)
         assert o3.param_groups[0]["lr"] == 0.01
-        m4 = make_model()
-        m4.load_state_dict(m2.state_dict())
+        m4 = copy_of(m2)
         o4 = hvd.DistributedOptimizer(torch.optim.Adam(m4.parameters(),
                                                        lr=0.5), named(m4))
         o4.load_state_dict(sd)
-        for step in range(5, 9):
-            for m, o in ((m1, o1), (m4, o4)):
-                o.zero_grad()
-                loss_of(m, step).backward()
-                o.step()
+        train_in_step(((m1, o1), (m4, o4)), range(5, 9))
         assert_close(m1, m4, 1e-12)
         if pair.included():
             # Two ranks: the reference averages the first two ranks'
             # batches only.
-            m5 = make_model()
-            m5.load_state_dict(m2.state_dict())
+            m5 = copy_of(m2)
             o5 = hvd.DistributedOptimizer(
                 torch.optim.Adam(m5.parameters(), lr=0.5),
                 [("pair." + n, p) for n, p in named(m5)], process_set=pair)
             o5.load_state_dict(sd)
-            for step in range(5, 9):
-                for m, o in ((m5, o5), (m3, o3)):
-                    o.zero_grad()
-                    loss_of(m, step).backward()
-                    o.step()
+            train_in_step(((m5, o5), (m3, o3)), range(5, 9))
             assert_close(m5, m3, 1e-12)
             assert same_on_every_rank(m3, pair)
     finally:
@@ -334,11 +340,7 @@ def test_process_set():
                                       process_set=ps)
         o2 = hvd.ZeroRedundancyOptimizer(m2.parameters(), torch.optim.Adam,
                                          ps, lr=0.01, bucket_cap_mb=TINY)
-        for step in range(6):
-            for m, o in ((m1, o1), (m2, o2)):
-                o.zero_grad()
-                loss_of(m, step).backward()
-                o.step()
+        train_in_step(((m1, o1), (m2, o2)), range(6))
         assert_close(m1, m2, 1e-12)
         if ps.included():
             assert same_on_every_rank(m2, ps)
@@ -458,11 +460,7 @@ def test_parameter_without_gradient_and_frozen():
                                                     lr=0.01), named(m1))
     o2 = hvd.ZeroRedundancyOptimizer(m2.parameters(), torch.optim.AdamW,
                                      lr=0.01, bucket_cap_mb=TINY)
-    for step in range(4):
-        for m, o in ((m1, o1), (m2, o2)):
-            o.zero_grad()
-            loss_of(m, step).backward()
-            o.step()
+    train_in_step(((m1, o1), (m2, o2)), range(4))
     assert_close(m1, m2, 1e-12)
     assert torch.equal(m2.seq[0].bias, make_model()[0].bias)
     assert not torch.equal(m2.extra.weight, WithUnused().extra.weight)
@@ -537,11 +535,7 @@ def test_join_with_uneven_data():
     hvd.broadcast_optimizer_state(o1, root_rank=hvd.size() - 1)
     assert_close(m1, m2, 1e-12)
     # and the sharded optimizer goes on afterwards, every rank training
-    for step in range(2):
-        for m, o in ((m1, o1), (m2, o2)):
-            o.zero_grad()
-            loss_of(m, 50 + step).backward()
-            o.step()
+    train_in_step(((m1, o1), (m2, o2)), range(50, 52))
     assert same_on_every_rank(m2)
     assert_close(m1, m2, 1e-12)
 
