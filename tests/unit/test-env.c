@@ -615,7 +615,8 @@ START_TEST(horovod_twins_read)
     kolo__config_t cfg;
 
     fake_reset();
-    fake_add("HOROVOD_RANK=1", "HOROVOD_SIZE=2", "KOLO_RENDEZVOUS=file:/tmp/job",
+    fake_add("HOROVOD_RANK=1", "HOROVOD_SIZE=2",
+             "KOLO_RENDEZVOUS=file:/tmp/job",
              "HOROVOD_FUSION_THRESHOLD=1048576", /* bytes, as kolo */
              "HOROVOD_CYCLE_TIME=2.5",           /* ms, as kolo */
              "HOROVOD_CACHE_CAPACITY=7",
@@ -820,7 +821,8 @@ START_TEST(torchrun_places_the_rank)
     /* One node: the server is reached on loopback. */
     fake_add("RANK=1", "LOCAL_RANK=1", "WORLD_SIZE=2", "LOCAL_WORLD_SIZE=2",
              "GROUP_RANK=0", "GROUP_WORLD_SIZE=1", (const char *)NULL);
-    expect_launch(&le, "torchrun", placed(1, 2, 1, 2, 0, 1), "127.0.0.1", 29501);
+    expect_launch(&le, "torchrun", placed(1, 2, 1, 2, 0, 1), "127.0.0.1",
+                  29501);
 
     /* torch.distributed's env:// without torchrun's local variables. */
     fake_reset();

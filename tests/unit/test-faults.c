@@ -65,7 +65,8 @@ static float g_inputs[MAXR][TENSORS][70000], g_results[MAXR][TENSORS][70000];
 static kolo_handle_t push_grad(prank_t *p, int t, int64_t n, char name[64],
                                kolo__err_t *err)
 {
-    kolo__params_t pr = params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM, n);
+    kolo__params_t pr =
+        params(KOLO__COLL_ALLREDUCE, KOLO_FLOAT32, KOLO_OP_SUM, n);
 
     for (int64_t i = 0; i < n; i++)
         g_inputs[p->rank][t][i] = rank_val(p->rank, t, i);
