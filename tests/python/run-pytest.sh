@@ -65,7 +65,7 @@ else
            test_torch_mixed_precision.py test_torch_scaling.py
            test_torch_cuda.py test_lifecycle.py test_torch_horovod_api.py
            test_torch_adasum.py test_torch_sync_batch_norm.py
-           test_elastic.py test_torch_compile.py)
+           test_elastic.py test_torch_compile.py test_torch_zero.py)
 fi
 
 # A sanitizer build of libkolo: preload its runtime (ThreadSanitizer: skip).
