@@ -41,6 +41,8 @@ if [ $rc -eq 0 ] && grep -q '^small .*(torch/capi: higher is better)$' "$tmp/log
 import json, math, sys
 doc = json.load(open(sys.argv[1]))
 assert doc["tool"] == "kolo.bench" and doc["ranks"] == 2, doc
+# kolorun gave the ranks a secret; a results file must not carry it
+assert doc["env"].get("KOLO_RENDEZVOUS") and "KOLO_SECRET" not in doc["env"]
 res = {r["workload"]: r for r in doc["results"]}
 assert sorted(res) == ["resnet50", "small"], sorted(res)
 assert res["small"]["count"] == 50

@@ -368,9 +368,11 @@ def _write_json(b, results):
            "warmup": b.args.warmup, "library": b._lib.path,
            "python": sys.version.split()[0],
            "torch": b.torch.__version__,
+           # (never the job's secret: a results file is shared)
            "env": {k: v for k, v in os.environ.items()
                    if k.startswith("KOLO_") and k not in
-                   ("KOLO_RANK", "KOLO_LOCAL_RANK", "KOLO_CROSS_RANK")},
+                   ("KOLO_RANK", "KOLO_LOCAL_RANK", "KOLO_CROSS_RANK",
+                    "KOLO_SECRET")},
            "results": results}
     with open(b.args.json, "w") as fp:
         json.dump(doc, fp, indent=1)
