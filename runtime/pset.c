@@ -405,11 +405,12 @@ static int start_threads(kolo__pset_t *ps, kolo__err_t *err)
         return rc;
     }
     if (kolo__thread_create(&ps->thread, NULL, set_thread, ps) != 0) {
+        int id = ps->id; /* (the set is freed before the message) */
         release_ops(ps);
         pset_free(ps);
         return kolo__err_set(err, KOLO_ERR_INTERNAL,
                              "cannot start the background thread of process "
-                             "set %d", ps->id);
+                             "set %d", id);
     }
     ps->thread_started = 1;
     return KOLO_OK;
