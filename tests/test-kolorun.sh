@@ -571,6 +571,11 @@ expect "mistyped option: the nearest suggested" has "'--verbos' (did you mean --
 kr -np 2 --stall-check-shutdown-time-second=3 true
 expect "mistyped option with a value: the nearest suggested" \
     has "(did you mean --stall-check-shutdown-time-seconds?)" "$ERR"
+# (suggestions come from kolorun's table of flags: a hidden spelling,
+# horovodrun's other --np, loses a tie to one --help shows)
+kr -np 2 --cp true
+expect "mistyped option: a shown spelling before a hidden one" \
+    has "'--cp' (did you mean --tcp?)" "$ERR"
 # --mpi runs the job through mpirun (tests/multi/run-mpi.sh); options that
 # mean nothing there are refused before mpirun starts.
 # --gloo means horovodrun's: Gloo negotiates and moves the tensors, unless

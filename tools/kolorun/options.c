@@ -857,6 +857,7 @@ static const char *kolorun_closest_option(const char *typed)
     const char *best = NULL;
     char want[64];
     size_t best_d = 99;
+    int best_hidden = 0;
     snprintf(want, sizeof want, "%.*s", (int)strcspn(typed, "="), typed);
     for (size_t i = 0; i < KOLORUN_NOPTIONS; i++) {
         const kolorun_spelling_t *names = kolorun_options[i].names;
@@ -864,7 +865,12 @@ static const char *kolorun_closest_option(const char *typed)
             size_t d = strlen(names[s].name) > 2
                            ? kolo__edit_distance(want, names[s].name)
                            : 99;
-            if (d < best_d) {
+            /* On a tie, a spelling --help shows wins over a hidden one
+             * (--cp: --tcp, not horovodrun's other spelling --np). */
+            int shown = !(names[s].how & KR_HIDDEN);
+            if (d < best_d ||
+                (d == best_d && shown && best_hidden)) {
+                best_hidden = !shown;
                 best_d = d;
                 best = names[s].name;
             }
