@@ -665,11 +665,14 @@ static int shm_configure(shm_ctx_t *c, const kolo__ops_config_t *cfg,
     c->warn = cfg->warn;
     c->members = kolo__malloc((size_t)c->n * sizeof(int));
     c->pidfds = kolo__malloc((size_t)c->n * sizeof(int));
+    /* None open yet, whatever fails next: shm_finalize closes what is not
+     * -1, and would otherwise close whatever numbers the memory held. */
+    for (int j = 0; c->pidfds != NULL && j < c->n; j++)
+        c->pidfds[j] = -1;
     if (c->members == NULL || c->pidfds == NULL)
         return shm_oom(err, errlen);
     for (int j = 0; j < c->n; j++) {
         c->members[j] = cfg->members != NULL ? cfg->members[j] : j;
-        c->pidfds[j] = -1;
         if (cfg->hosts != NULL && cfg->hosts[j] != cfg->hosts[0]) {
             snprintf(err, errlen, "shared memory joins ranks of one host, but "
                      "rank %d is on host %d and rank %d on host %d",
