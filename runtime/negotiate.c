@@ -368,6 +368,18 @@ static int ready_push(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
     return KOLO_OK;
 }
 
+/* ready_push for an entry that no list holds any more (taken off `sent`,
+ * or a joined rank's stand-in): if it cannot be pushed, it fails here,
+ * since stopping the set fails only the entries its lists hold. */
+static int ready_or_fail(kolo__pset_t *ps, kolo__entry_t *e, kolo__err_t *err)
+{
+    int rc = ready_push(ps, e, err);
+
+    if (rc != KOLO_OK)
+        kolo__fail_entry(ps, e, err);
+    return rc;
+}
+
 /* Takes a waiting entry off a cache bit and sends it through the full round
  * next cycle. */
 static void unhit(kolo__pset_t *ps, size_t bit)
@@ -997,7 +1009,7 @@ static int response_apply(kolo__pset_t *ps, const kolo__response_t *r,
     }
     if (r->params.group <= 1)
         cache_response(ps, r);
-    return ready_push(ps, e, err);
+    return ready_or_fail(ps, e, err);
 }
 
 /* Applies the coordinator's answer, in its order. */
@@ -1556,7 +1568,7 @@ static int plan_hits(kolo__pset_t *ps, kolo__err_t *err)
         } else if (ps->neg.joined[ps->rank] &&
                    (c = kolo__cache_at(&ps->neg.cache, b)) != NULL && c->name != NULL) {
             KOLO__CHECK(standin(ps, c->name, &c->params, &e, err));
-            KOLO__CHECK(ready_push(ps, e, err));
+            KOLO__CHECK(ready_or_fail(ps, e, err));
         }
     }
     return KOLO_OK;

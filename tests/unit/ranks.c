@@ -22,6 +22,8 @@ static const char *no_env(const char *name)
     return NULL;
 }
 
+int64_t ranks_cache_capacity = -1;
+
 /* A runtime for one rank, as kolo_init sets one up, over ops/mem. */
 static int runtime_init(prank_t *p, kolo__err_t *err)
 {
@@ -43,6 +45,8 @@ static int runtime_init(prank_t *p, kolo__err_t *err)
     rt->cfg.timeout_s = p->job->timeout_s > 0 ? p->job->timeout_s : 20;
     if (p->job->stall_check_s > 0)
         rt->cfg.stall_check_s = p->job->stall_check_s;
+    if (ranks_cache_capacity >= 0)
+        rt->cfg.cache_capacity = ranks_cache_capacity;
     rt->rank = p->rank;
     rt->size = n;
     if (kolo__handles_init(&p->handles) != 0)

@@ -50,6 +50,9 @@ struct prank {
 /* Starts set `id` of `size` global ranks on this rank (a member) and
  * enters it in the set table. */
 kolo__pset_t *set_start(prank_t *p, int id, const int *ranks, int size);
+/* KOLO_CACHE_CAPACITY of the ranks of the jobs that start from now on
+ * (-1, at first: the default). */
+extern int64_t ranks_cache_capacity;
 /* Runs body on `size` ranks; fails the test with the first rank's
  * complaint. */
 void run_job(int size, body_fn body);

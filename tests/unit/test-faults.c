@@ -234,6 +234,18 @@ START_TEST(one_allocation_fails_on_the_last_of_3_ranks)
 }
 END_TEST
 
+/* With a response cache of 2 entries a round has room for 3 ready tensors
+ * (the cache's size and one): more than that grow the list of what is
+ * ready, and that growth can fail too, for a tensor that is then in no
+ * other list. */
+START_TEST(one_allocation_fails_with_a_cache_of_2)
+{
+    ranks_cache_capacity = 2;
+    sweep(2, KOLO__FAULT_ALLOC, 0, 1);
+    ranks_cache_capacity = -1;
+}
+END_TEST
+
 
 /* ---- the ranks' response caches diverge ------------------------------- */
 
@@ -392,6 +404,7 @@ int main(void)
     tcase_add_test(tc, one_allocation_fails_on_rank_1);
     tcase_add_test(tc, allocations_fail_from_then_on_on_rank_0);
     tcase_add_test(tc, one_allocation_fails_on_the_last_of_3_ranks);
+    tcase_add_test(tc, one_allocation_fails_with_a_cache_of_2);
     suite_add_tcase(s, tc);
     sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
