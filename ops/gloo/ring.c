@@ -510,6 +510,8 @@ static int meet_wait(meeting_t *m, int np)
         return 0;
     if (rc == 0 && r->gave_up != NULL) {
         if (r->gave_up(r->gave_up_arg, m->err, m->errlen)) {
+            if (m->found >= 0)
+                close(m->found); /* the left neighbour's, no longer used */
             m->found = -3;
             return -1;
         }
