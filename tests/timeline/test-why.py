@@ -4,13 +4,14 @@ here, in the format docs/flight.md gives, one directory per situation:
 
   not_enqueued  a rank stuck in its own code (4 ranks, its Python stack in
                 the dump); the same after a stall shutdown (failed records,
-                the stacks only in rank2.stacks)
+                the stacks only in rank2.stacks); a rank that had shut down
   deadlock      a rank skipped a tensor and waits on another (3 ranks; 2
                 ranks; after the runtime failed them)
   backend       a rank inside a Gloo allreduce the others finished
   no_dump       a rank without a dump; one whose only dump is far older
                 than the others' (it dumped on SIGUSR1, then was killed)
   mismatch      the ranks disagreed on a shape
+  error         an error the others' errors followed
   finished      every rank shut down, nothing pending (+ the latest rank)
   straggler     rank 0's figures warned of rank 2
   running, unknown  nothing stuck; every rank waiting on a tensor all have
@@ -410,6 +411,44 @@ def case_mismatch(work):
         re.escape("the ranks disagreed (none of them failed): " + err))
 
 
+def case_shut_down(work):
+    """Rank 1 shut down 30 s ago, while rank 0 went on to wait on grad.x."""
+    now = T + 60.0
+    job = Job(2, now)
+    job.steps(20, ["grad.a"], now - 33.0)
+    job.wait(0, job.enqueue(0, "grad.x", now - 30.0), now - 30.0)
+    job.dumps[0]["reason"] = "stall warning"
+    job.dumps[1].update(reason="shutdown", time=now - 30.5)
+    check("not_enqueued: a rank that had shut down", job.write(
+        os.path.join(work, "left")), "not_enqueued", [1], "grad.x",
+        re.escape("rank 1 never enqueued 'grad.x' (its 21st allreduce); "
+                  "rank 0 waited 30 s for it; rank 1 had shut down "
+                  "(kolo_shutdown, at %s): it left the job before that "
+                  "collective" % clock(now - 30.5)))
+
+
+def case_error(work):
+    """Rank 1's enqueue of grad/7 failed for want of memory; ranks 0 and 2
+    failed theirs a second later because of it."""
+    now = T + 90.0
+    job = Job(3, now)
+    job.steps(5, ["grad/7"], now - 5.0)
+    first = "out of memory enqueuing tensor 'grad/7'"
+    for r in range(3):
+        err = first if r == 1 else (
+            "rank 1 had failed: %s; so rank %d's allreduce of tensor "
+            "'grad/7' failed" % (first, r))
+        rec = job.enqueue(r, "grad/7", now - 2.5)
+        at = now - (2.0 if r == 1 else 1.0)
+        rec.update(state="failed", ended=at, error=err)
+        job.dumps[r]["reason"] = "error: " + err
+    check("error: the first one, named with its rank", job.write(
+        os.path.join(work, "oom")), "error", [1], "grad/7",
+        re.escape("rank 1 reported the first error, at %s: %s; start from "
+                  "it (ranks 0, 2's errors followed)"
+                  % (clock(now - 2.0), first)))
+
+
 def with_stragglers(job, warned):
     job.dumps[0]["stragglers"] = {
         "window_s": 30.2, "rounds": 512, "warned": warned,
@@ -553,7 +592,8 @@ def main():
     try:
         for case in (case_not_enqueued, case_after_stall_shutdown,
                      case_deadlock, case_backend, case_no_dump,
-                     case_mismatch, case_finished, case_straggler,
+                     case_mismatch, case_shut_down, case_error,
+                     case_finished, case_straggler,
                      case_running_unknown, case_reading, case_pip_command):
             case(work)
     finally:
