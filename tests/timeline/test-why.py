@@ -4,7 +4,8 @@ here, in the format docs/flight.md gives, one directory per situation:
 
   not_enqueued  a rank stuck in its own code (4 ranks, its Python stack in
                 the dump); the same after a stall shutdown (failed records,
-                the stacks only in rank2.stacks); a rank that had shut down
+                the stacks only in rank2.stacks, written by faulthandler);
+                a rank that had shut down
   deadlock      a rank skipped a tensor and waits on another (3 ranks; 2
                 ranks; after the runtime failed them)
   backend       a rank inside a Gloo allreduce the others finished
@@ -262,8 +263,7 @@ def case_after_stall_shutdown(work):
     job.dumps[2]["time"] = job.now + 9.0
     job.dumps[2]["reason"] = "kolorun stopping the job"
     path = job.write(os.path.join(work, "user-stopped"))
-    with open(os.path.join(path, "rank2.stacks"), "w") as f:
-        f.write(STACKS.replace("line 17", "line 16") + STACKS)
+    real_stacks(os.path.join(path, "rank2.stacks"))
     check("not_enqueued after a stall shutdown (failed records, "
           "rank2.stacks)", path, "not_enqueued", [2], "grad/fc3.weight",
           re.escape("rank 2 never enqueued 'grad/fc3.weight' (its 1533rd "
@@ -271,8 +271,33 @@ def case_after_stall_shutdown(work):
                     "training thread was outside kolo for the last 70.8 s: "
                     "it is stuck in your code"),
           [r"rank 2's main thread \(from rank2.stacks\)",
-           r'File "/job/data.py", line 17 in load_batch',
+           r'^    File ".*stacks.py", line \d+ in load_batch$',
+           r'^    File ".*stacks.py", line \d+ in train_step$',
            r"rank 0 said: stall shutdown after 70 s: rank 2 is missing"])
+
+
+STACKS_PY = """\
+import faulthandler, signal, sys, threading, time
+out = open(sys.argv[1], "a")
+faulthandler.register(signal.SIGUSR1, file=out, all_threads=True)
+threading.Thread(target=time.sleep, args=(5,), daemon=True).start()
+def load_batch():
+    signal.raise_signal(signal.SIGUSR1)
+def train_step():
+    load_batch()
+train_step()
+train_step()
+"""
+
+
+def real_stacks(path):
+    """A stacks file as kolo's binding has faulthandler write it: two
+    dumps appended, each of a helper thread and the main thread."""
+    script = os.path.join(os.path.dirname(path), "stacks.py")
+    with open(script, "w") as f:
+        f.write(STACKS_PY)
+    subprocess.run([PY, script, path], check=True, timeout=60)
+    os.unlink(script)
 
 
 def deadlock_job(size, failed=False):
