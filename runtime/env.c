@@ -172,6 +172,13 @@ static int parse_string(const char *text, void *field, const char **expected)
     return 0;
 }
 
+/* KOLO_FLIGHT_RECORDER: its ring takes about 600 bytes a record. */
+static int parse_records(const char *text, void *field, const char **expected)
+{
+    *expected = "a number of records from 0 (off) to 1000000";
+    return parse_int(text, field, 0, 1000000);
+}
+
 static int parse_elastic_id(const char *text, void *field,
                             const char **expected)
 {
@@ -298,6 +305,16 @@ static const config_row_t rows[] = {
     {"KOLO_TIMELINE_ALL_RANKS", "0",
      "1: every rank writes its own timeline, FILE with the rank before .json",
      parse_nonneg, F(timeline_all_ranks), PER_RANK, NULL},
+    {"KOLO_FLIGHT_RECORDER", "2048", "the flight recorder: the last N "
+     "collectives of this rank (tensor, timings, fusion batch, how each "
+     "ended) and where its threads are, written to KOLO_FLIGHT_DIR when "
+     "kolo reports an error, a stall or a timeout, on SIGUSR1 and at "
+     "shutdown (0: off, no records, no SIGUSR1 handler)", parse_records,
+     F(flight_recorder), PER_RANK, NULL},
+    {"KOLO_FLIGHT_DIR", "", "where the flight recorder writes its dumps "
+     "(DIR/rankR.json; created if missing; kolorun sets it, --flight-dir); "
+     "unset: no dump files; read them with kolo-timeline why DIR",
+     parse_string, F(flight_dir), PER_RANK, NULL},
     {"KOLO_JOB_START_US", "0", "the job's start (kolorun sets it): time zero "
      "of every rank's timeline", parse_nonneg, F(job_start_us), PER_RANK, NULL},
     {"KOLO_STALL_CHECK_DISABLE", "0", "1: no stall check at all, neither "

@@ -47,6 +47,8 @@ typedef struct kolo__config {
     int64_t elastic;         /* KOLO_ELASTIC: kolorun's elastic mode */
     char elastic_id[300];    /* KOLO_ELASTIC_ID: this worker's host:slot */
     double elastic_timeout_s; /* KOLO_ELASTIC_TIMEOUT */
+    int64_t flight_recorder; /* KOLO_FLIGHT_RECORDER: records kept; 0 off */
+    char flight_dir[4096];   /* KOLO_FLIGHT_DIR: where dumps go; "" none */
 } kolo__config_t;
 
 /* Reads every variable through `getenv_fn` (getenv in the runtime; a fake

@@ -12,15 +12,27 @@
 #define KOLO_HANDLES_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "common.h"
 #include "map.h"
+
+/* Where the training threads are (the flight recorder's, flight.c, which
+ * also writes it): kept in the handle table because a kolo_wait may
+ * outlast the runtime that kolo_shutdown frees, never the table. */
+typedef struct kolo__handles_waits {
+    atomic_int inside;            /* threads blocked in kolo_wait */
+    _Atomic int64_t since_us;     /* when the first of them entered; 0: none */
+    _Atomic int64_t outside_us;   /* when a thread last left kolo */
+    _Atomic kolo_handle_t handle; /* the handle waited on last */
+} kolo__handles_waits_t;
 
 typedef struct kolo__handles {
     pthread_mutex_t mu;
     pthread_cond_t cv; /* broadcast on every completion */
     kolo__map_t map;   /* id -> record */
     kolo_handle_t next_id;
+    kolo__handles_waits_t waits;
 } kolo__handles_t;
 
 int kolo__handles_init(kolo__handles_t *h);

@@ -134,6 +134,9 @@ int kolo__queue_push_many(kolo__queue_t *q, kolo__entry_t **es, size_t n,
             q->head = es[i];
         q->tail = es[i];
     }
+    atomic_store_explicit(&q->pushed,
+                          atomic_load_explicit(&q->pushed, memory_order_relaxed) + n,
+                          memory_order_relaxed);
     pthread_cond_signal(&q->cv);
 unlock:
     pthread_mutex_unlock(&q->mu);
@@ -192,6 +195,9 @@ kolo__entry_t *kolo__queue_take_round(kolo__queue_t *q, int64_t timeout_us,
     wait_locked(q, timeout_us, next_round);
     list = q->head;
     q->head = q->tail = NULL;
+    atomic_store_explicit(&q->taken,
+                          atomic_load_explicit(&q->pushed, memory_order_relaxed),
+                          memory_order_relaxed);
     *shutdown = q->shutdown_requested;
     if (peer_asks(q, next_round))
         *reason = KOLO__WOKE_PEER;

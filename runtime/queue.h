@@ -21,6 +21,7 @@
 #define KOLO_QUEUE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "common.h"
@@ -57,6 +58,9 @@ typedef struct kolo__entry {
     /* An allreduce whose reduction came with the agreement (negotiate.c):
      * the result, valid until the round's plan has run; else NULL. */
     const void *carried;
+    /* Its record in the flight recorder (flight.c: the recorder's count of
+     * records when it was made, which names the ring's slot); 0: none. */
+    uint64_t flight;
 } kolo__entry_t;
 
 /* Output of an allgather, alltoall or reducescatter (or a join's last
@@ -90,6 +94,10 @@ typedef struct kolo__queue {
     uint64_t wake_round; /* the highest round asked for */
     int closed; /* pushes are refused with close_err */
     kolo__err_t close_err;
+    /* Entries pushed in all, and how many of them the background thread
+     * had taken at its last take (written under mu, read without it by
+     * the flight recorder: pushed == taken, nothing waits in the queue). */
+    _Atomic uint64_t pushed, taken;
 } kolo__queue_t;
 
 int kolo__queue_init(kolo__queue_t *q);

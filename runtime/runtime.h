@@ -83,6 +83,16 @@ typedef struct kolo__pset {
     _Atomic int64_t wait_since_us; /* 0: not waiting */
     const char *_Atomic wait_what;
     int64_t wait_warned_since, wait_warned_us;
+    /* flight.c's (the flight recorder): this rank's enqueues in the set,
+     * in all and by collective (under the API lock); the set's fusion
+     * batches (its background thread's); what a dump reads of the set
+     * while it runs (its background thread stores them, relaxed). */
+    struct {
+        uint64_t seq, nth[KOLO__COLL_COUNT_];
+        int64_t batches;
+        _Atomic int64_t rounds;
+        _Atomic uint64_t completed;
+    } flight;
 
     /* ---- background thread only, each part with its owner ---- */
     /* negotiate.c's: the protocol's state between rounds. */
@@ -163,6 +173,7 @@ struct kolo__runtime {
      * which every context's connections prove; have_job_key 0: none. */
     uint8_t job_key[KOLO__KEY_BYTES];
     int have_job_key;
+    struct kolo__flight *flight; /* flight.c's recorder, or NULL: off */
 };
 
 /* The settings in force: the autotuner's while it runs, else the

@@ -1,0 +1,1323 @@
+/*
+ * flight.c — the flight recorder (interface in flight.h, the dump's
+ * fields in docs/flight.md).
+ *
+ * What it keeps. A ring of KOLO_FLIGHT_RECORDER records per rank, one per
+ * collective this rank enqueued, newest overwriting oldest: the set, the
+ * tensor's name (cut to 120 bytes), the operation, dtype, shape, bytes and
+ * device, its numbers on this rank (seq: the set's enqueues so far; nth:
+ * only this collective's), the times it was enqueued, put in the plan
+ * ("ready"), handed to the backend and ended, its fusion batch, and how it
+ * ended (the error cut to 300 bytes). About 600 bytes a record, allocated
+ * once at kolo_init; nothing else grows with the job.
+ *
+ * Who writes. A record is made by the training thread at enqueue (under
+ * the API lock), which numbers it with the recorder's count of records;
+ * the entry carries that number (e->flight), which names its slot. The
+ * set's background thread then updates it (ready, started, ended), but
+ * only while the slot still holds that number: a record overwritten by a
+ * newer one (more than N collectives in flight) is left alone. Each slot
+ * is guarded by one of 64 striped mutexes, held for a few stores: the
+ * training thread and a background thread meet on one only when their
+ * records are 64 apart; the dump takes them one record at a time. Four
+ * uncontended lock pairs per tensor is the whole cost (kolo-bench's small
+ * and resnet50 workloads cannot tell it from noise).
+ *
+ * Where the threads are. The training threads' state (inside kolo_wait
+ * since when, on which handle; outside since when) is kept in the handle
+ * table (handles.h), which outlives any runtime, by a few relaxed atomics
+ * around each wait; the enqueue marks when the thread last left kolo. A
+ * set's background thread says what it is doing through the watchdog's
+ * two atomics (wait_what, wait_since_us: a negotiation round or a
+ * collective; neither: idle). The queue counts what was pushed and what
+ * the background thread took, so that "blocked in kolo_wait with nothing
+ * of its own waiting in the queue" (kolo__flight_blocked_since, the
+ * negotiation's deadlock proof) is two loads and a compare.
+ *
+ * Dumps. One thread per recorder writes them; it blocks reading a pipe,
+ * never on a timer. Asking for a dump (any thread: an error, the stall
+ * inspector, the watchdog, the negotiation relaying another rank's
+ * request) stores the reason, unless one is pending or the same reason was
+ * dumped within a second, and writes a byte to the pipe. The SIGUSR1
+ * handler only writes a byte too (async-signal safe); the thread tells the
+ * signal's bytes from the requests' by counting the signals kolo raised
+ * itself, and answers a signal from outside with a dump of this rank and
+ * a request that every rank dump (kolo__flight_take_dump_all, at the
+ * global set's next round). The dump goes to DIR/.rankR.json.PID.tmp,
+ * then rename() makes it DIR/rankR.json: a reader sees the previous dump
+ * or the new one, whole. A directory that cannot be written is said once;
+ * the rank then stops trying, and the job goes on.
+ *
+ * Python's stacks. A Python binding registers faulthandler on SIGUSR1
+ * (chained to kolo's handler, which kolo_init installed first) writing
+ * every thread's stack to DIR/rankR.stacks, and hands kolo that file
+ * (kolo_flight_stacks). From then on a dump request raise()s SIGUSR1 in
+ * the asking thread: faulthandler writes the stacks, then calls kolo's
+ * handler, whose byte reaches the thread after the stacks are in the
+ * file; the dump copies what the file gained since the last one.
+ *
+ * Signals belong to the process; a recorder per runtime (the unit tests
+ * run ranks as threads, each with its own): the first recorder opened
+ * owns SIGUSR1 until it closes, the others dump only when asked.
+ */
+#define _GNU_SOURCE /* pipe2 */
+#include "config.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "alloc.h"
+#include "flight.h"
+
+#define NAME_BYTES 120    /* of a tensor's name kept */
+#define ERROR_BYTES 300   /* of an error's text kept */
+#define STRIPES 64        /* mutexes over the ring's slots */
+#define COALESCE_US 1000000 /* the same reason again within this: no dump */
+#define HISTORY 8         /* earlier dumps named in each */
+#define STACKS_MAX (1 << 20) /* of Python's stacks per dump */
+
+enum { ST_EMPTY, ST_ENQUEUED, ST_READY, ST_RUNNING, ST_DONE, ST_FAILED };
+
+typedef struct rec {
+    uint64_t id; /* the recorder's count when it was made; 0: empty */
+    uint64_t seq, nth;
+    kolo_handle_t handle;
+    int64_t shape[KOLO_MAX_DIMS];
+    int64_t bytes;
+    int64_t enqueued_us, ready_us, started_us, ended_us;
+    int64_t batch, batch_bytes;
+    int32_t set, device, batch_tensors;
+    uint8_t coll, dtype, ndim, device_type, state;
+    char name[NAME_BYTES + 4];
+    char error[ERROR_BYTES + 4];
+} rec_t;
+
+/* What the dumps keep of a set besides the set itself: its straggler
+ * figures, and once it stopped, its last state. */
+typedef struct set_note {
+    int id, rank, size, stopped;
+    int *ranks;
+    int64_t rounds;
+    uint64_t enqueued, completed;
+    char why[ERROR_BYTES + 4];
+    char *stragglers;
+} set_note_t;
+
+typedef struct earlier {
+    char reason[160];
+    int64_t us;
+} earlier_t;
+
+struct kolo__flight {
+    kolo__runtime_t *rt;
+    size_t n;
+    rec_t *ring;
+    pthread_mutex_t stripe[STRIPES];
+    _Atomic uint64_t total;        /* records made */
+    _Atomic uint64_t last_enqueue; /* the newest record's id */
+    int64_t clock_offset_us;       /* unix = monotonic + this */
+    /* The dump thread and its requests (mu guards what follows it). */
+    pthread_t thread;
+    int pipe[2];
+    int owns_signal;
+    atomic_int raised;     /* SIGUSR1s raised by kolo, not yet seen */
+    atomic_int dump_all;   /* kolo__flight_take_dump_all's */
+    atomic_int broken;     /* a dump failed: no more */
+    atomic_int has_stacks; /* stacks_fd is set */
+    pthread_mutex_t mu;
+    char pending[KOLO__ERR_LEN + 32];
+    int has_pending, quit, final;
+    char last[KOLO__ERR_LEN + 32];
+    int64_t last_us;
+    earlier_t history[HISTORY];
+    int nhistory;
+    set_note_t *notes;
+    size_t nnotes;
+    int stacks_fd;         /* our own descriptor of it; -1: none */
+    off_t stacks_seen;
+};
+
+/* ---- SIGUSR1 ------------------------------------------------------------- */
+
+static pthread_mutex_t g_sig_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct kolo__flight *g_sig_owner; /* under g_sig_mu */
+static struct sigaction g_sig_prev;      /* the disposition kolo replaced */
+static atomic_int g_sig_fd = -1;         /* the owner's pipe */
+static atomic_int g_sig_depth;
+
+/* Async-signal safe: a byte to the pipe, then the handler kolo replaced,
+ * if it was a function (once: faulthandler chains back to here). */
+static void on_signal(int sig, siginfo_t *info, void *uc)
+{
+    int saved = errno, fd = atomic_load(&g_sig_fd);
+
+    if (fd >= 0) {
+        char b = 'S';
+        ssize_t w = write(fd, &b, 1);
+        (void)w;
+    }
+    if (atomic_fetch_add(&g_sig_depth, 1) == 0) {
+        if (g_sig_prev.sa_flags & SA_SIGINFO) {
+            if (g_sig_prev.sa_sigaction != NULL)
+                g_sig_prev.sa_sigaction(sig, info, uc);
+        } else if (g_sig_prev.sa_handler != SIG_DFL &&
+                   g_sig_prev.sa_handler != SIG_IGN &&
+                   g_sig_prev.sa_handler != NULL)
+            g_sig_prev.sa_handler(sig);
+    }
+    atomic_fetch_sub(&g_sig_depth, 1);
+    errno = saved;
+}
+
+static void claim_signal(struct kolo__flight *fl)
+{
+    struct sigaction sa;
+
+    pthread_mutex_lock(&g_sig_mu);
+    if (g_sig_owner == NULL) {
+        memset(&sa, 0, sizeof(sa));
+        sa.sa_sigaction = on_signal;
+        sa.sa_flags = SA_RESTART | SA_SIGINFO;
+        sigemptyset(&sa.sa_mask);
+        atomic_store(&g_sig_fd, fl->pipe[1]);
+        if (sigaction(SIGUSR1, &sa, &g_sig_prev) == 0) {
+            g_sig_owner = fl;
+            fl->owns_signal = 1;
+        } else {
+            atomic_store(&g_sig_fd, -1);
+            kolo__log(KOLO__LOG_WARNING, "flight recorder: cannot install "
+                      "a SIGUSR1 handler (%s): no dumps on SIGUSR1",
+                      strerror(errno));
+        }
+    }
+    pthread_mutex_unlock(&g_sig_mu);
+}
+
+/* Restores the disposition kolo replaced, unless something was installed
+ * over kolo's since (it may call kolo's handler, which then does
+ * nothing but chain). */
+static void release_signal(struct kolo__flight *fl)
+{
+    struct sigaction cur;
+
+    pthread_mutex_lock(&g_sig_mu);
+    if (g_sig_owner == fl) {
+        atomic_store(&g_sig_fd, -1);
+        if (sigaction(SIGUSR1, NULL, &cur) == 0 &&
+            (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_signal)
+            sigaction(SIGUSR1, &g_sig_prev, NULL);
+        g_sig_owner = NULL;
+        fl->owns_signal = 0;
+    }
+    pthread_mutex_unlock(&g_sig_mu);
+}
+
+/* ---- records ------------------------------------------------------------- */
+
+/* Copies at most max bytes of src, cut where a UTF-8 character starts,
+ * with "..." when cut. */
+static void copy_cut(char *dst, const char *src, size_t max)
+{
+    size_t len = strnlen(src, max + 1);
+
+    if (len <= max) {
+        memcpy(dst, src, len + 1);
+        return;
+    }
+    len = max;
+    while (len > 0 && ((unsigned char)src[len] & 0xC0) == 0x80)
+        len--;
+    memcpy(dst, src, len);
+    memcpy(dst + len, "...", 4);
+}
+
+static pthread_mutex_t *stripe_of(struct kolo__flight *fl, uint64_t id)
+{
+    return &fl->stripe[((id - 1) % fl->n) % STRIPES];
+}
+
+/* The record `id` with its stripe locked, or NULL (nothing locked) when
+ * a newer record took its slot. */
+static rec_t *lock_rec(struct kolo__flight *fl, uint64_t id)
+{
+    rec_t *r = &fl->ring[(id - 1) % fl->n];
+
+    pthread_mutex_lock(stripe_of(fl, id));
+    if (r->id == id)
+        return r;
+    pthread_mutex_unlock(stripe_of(fl, id));
+    return NULL;
+}
+
+static void unlock_rec(struct kolo__flight *fl, uint64_t id)
+{
+    pthread_mutex_unlock(stripe_of(fl, id));
+}
+
+/* The tensor's description, from the entry (the training thread's). */
+static void describe(rec_t *r, const kolo__pset_t *ps, const kolo__entry_t *e)
+{
+    const kolo__params_t *p = &e->params;
+    int rows = p->coll == KOLO__COLL_ALLGATHER || p->coll == KOLO__COLL_ALLTOALL;
+
+    r->set = ps->id;
+    r->handle = e->handle;
+    r->coll = p->coll;
+    r->dtype = p->dtype;
+    r->ndim = p->ndim <= KOLO_MAX_DIMS ? p->ndim : KOLO_MAX_DIMS;
+    memcpy(r->shape, p->shape, sizeof(r->shape));
+    if (rows && r->ndim > 0)
+        r->shape[0] = e->rows;
+    if (r->ndim == 0 && !rows) { /* a count without a shape (C API) */
+        r->ndim = 1;
+        r->shape[0] = p->count;
+    }
+    r->bytes = (rows ? e->rows : 1) * p->count *
+               (int64_t)kolo_dtype_size((kolo_dtype_t)p->dtype);
+    r->device_type = p->device_type;
+    r->device = e->device;
+    r->enqueued_us = e->enqueued_us;
+    r->ready_us = r->started_us = r->ended_us = 0;
+    r->batch = r->batch_bytes = 0;
+    r->batch_tensors = 0;
+    r->state = ST_ENQUEUED;
+    r->error[0] = '\0';
+    copy_cut(r->name, e->name, NAME_BYTES);
+}
+
+void kolo__flight_enqueued(kolo__pset_t *ps, kolo__entry_t *e)
+{
+    struct kolo__flight *fl = ps->rt->flight;
+    uint64_t id;
+    rec_t *r;
+
+    if (ps->rt->handles != NULL)
+        atomic_store_explicit(&ps->rt->handles->waits.outside_us,
+                              e->enqueued_us, memory_order_relaxed);
+    if (fl == NULL)
+        return;
+    id = atomic_fetch_add_explicit(&fl->total, 1, memory_order_relaxed) + 1;
+    e->flight = id;
+    r = &fl->ring[(id - 1) % fl->n];
+    pthread_mutex_lock(stripe_of(fl, id));
+    r->id = id;
+    r->seq = ++ps->flight.seq;
+    r->nth = e->params.coll < KOLO__COLL_COUNT_ ? ++ps->flight.nth[e->params.coll]
+                                                : 0;
+    describe(r, ps, e);
+    pthread_mutex_unlock(stripe_of(fl, id));
+    atomic_store_explicit(&fl->last_enqueue, id, memory_order_relaxed);
+}
+
+void kolo__flight_refused(kolo__pset_t *ps, kolo__entry_t *e)
+{
+    struct kolo__flight *fl = ps->rt->flight;
+    uint64_t id = e->flight;
+    rec_t *r;
+
+    if (fl == NULL || id == 0)
+        return;
+    e->flight = 0;
+    ps->flight.seq--;
+    if (e->params.coll < KOLO__COLL_COUNT_)
+        ps->flight.nth[e->params.coll]--;
+    if ((r = lock_rec(fl, id)) != NULL) {
+        r->id = 0;
+        unlock_rec(fl, id);
+    }
+    /* Enqueues are made under the API lock: it is the newest record. */
+    {
+        uint64_t newest = id;
+        if (atomic_compare_exchange_strong(&fl->total, &newest, id - 1))
+            atomic_store_explicit(&fl->last_enqueue, id - 1,
+                                  memory_order_relaxed);
+    }
+}
+
+void kolo__flight_ready(kolo__pset_t *ps, kolo__entry_t *e, int64_t now_us)
+{
+    struct kolo__flight *fl = ps->rt->flight;
+    rec_t *r;
+
+    if (fl == NULL || e->flight == 0 || (r = lock_rec(fl, e->flight)) == NULL)
+        return;
+    r->ready_us = now_us;
+    r->state = ST_READY;
+    unlock_rec(fl, e->flight);
+}
+
+void kolo__flight_started(kolo__pset_t *ps, kolo__entry_t *const *es,
+                          size_t n, size_t bytes, int64_t now_us)
+{
+    struct kolo__flight *fl = ps->rt->flight;
+    int64_t batch;
+
+    if (fl == NULL)
+        return;
+    batch = ++ps->flight.batches;
+    for (size_t i = 0; i < n; i++) {
+        rec_t *r;
+        if (es[i]->flight == 0 || (r = lock_rec(fl, es[i]->flight)) == NULL)
+            continue;
+        r->started_us = now_us;
+        r->batch = batch;
+        r->batch_tensors = (int32_t)n;
+        r->batch_bytes = (int64_t)bytes;
+        r->state = ST_RUNNING;
+        unlock_rec(fl, es[i]->flight);
+    }
+}
+
+void kolo__flight_ended(kolo__pset_t *ps, kolo__entry_t *e,
+                        const kolo__err_t *err)
+{
+    struct kolo__flight *fl = ps->rt->flight;
+    rec_t *r;
+
+    if (fl == NULL)
+        return;
+    atomic_store_explicit(&ps->flight.completed,
+                          atomic_load_explicit(&ps->flight.completed,
+                                               memory_order_relaxed) + 1,
+                          memory_order_relaxed);
+    if (e->flight == 0 || (r = lock_rec(fl, e->flight)) == NULL)
+        return;
+    r->ended_us = kolo__now_us();
+    if (err != NULL && err->code != KOLO_OK) {
+        r->state = ST_FAILED;
+        copy_cut(r->error, err->msg[0] ? err->msg : kolo_strerror(err->code),
+                 ERROR_BYTES);
+    } else
+        r->state = ST_DONE;
+    unlock_rec(fl, e->flight);
+    /* An error reported through a handle (a shutdown is judged where the
+     * set stops: kolo__flight_set_stopped). */
+    if (err != NULL && err->code != KOLO_OK && err->code != KOLO_ERR_SHUTDOWN)
+        kolo__flight_dump_error(ps->rt, err);
+}
+
+/* ---- the training threads ----------------------------------------------- */
+
+void kolo__flight_waits_begin(kolo__handles_t *h, kolo_handle_t handle)
+{
+    kolo__handles_waits_t *w = &h->waits;
+
+    atomic_store_explicit(&w->handle, handle, memory_order_relaxed);
+    if (atomic_fetch_add(&w->inside, 1) == 0)
+        atomic_store(&w->since_us, kolo__now_us());
+}
+
+void kolo__flight_waits_end(kolo__handles_t *h)
+{
+    kolo__handles_waits_t *w = &h->waits;
+
+    atomic_store_explicit(&w->outside_us, kolo__now_us(), memory_order_relaxed);
+    if (atomic_fetch_sub(&w->inside, 1) == 1)
+        atomic_store(&w->since_us, 0);
+}
+
+void kolo__flight_wait_begin(kolo__runtime_t *rt, kolo_handle_t handle)
+{
+    if (rt->handles != NULL)
+        kolo__flight_waits_begin(rt->handles, handle);
+}
+
+void kolo__flight_wait_end(kolo__runtime_t *rt)
+{
+    if (rt->handles != NULL)
+        kolo__flight_waits_end(rt->handles);
+}
+
+int64_t kolo__flight_blocked_since(kolo__runtime_t *rt, const kolo__pset_t *ps)
+{
+    kolo__handles_waits_t *w;
+    int64_t since;
+
+    if (rt->handles == NULL)
+        return 0;
+    w = &rt->handles->waits;
+    since = atomic_load(&w->since_us);
+    if (since == 0 || atomic_load(&w->inside) == 0)
+        return 0;
+    if (atomic_load_explicit(&ps->queue.pushed, memory_order_relaxed) !=
+        atomic_load_explicit(&ps->queue.taken, memory_order_relaxed))
+        return 0;
+    return since;
+}
+
+int64_t kolo__flight_outside_since(kolo__runtime_t *rt)
+{
+    if (rt->handles == NULL || atomic_load(&rt->handles->waits.inside) > 0)
+        return 0;
+    return atomic_load_explicit(&rt->handles->waits.outside_us,
+                                memory_order_relaxed);
+}
+
+/* ---- asking for dumps ---------------------------------------------------- */
+
+/* A byte for the dump thread (EAGAIN: the pipe is full of bytes it has
+ * yet to read, which wake it as well). */
+static void poke(struct kolo__flight *fl, char b)
+{
+    ssize_t w = write(fl->pipe[1], &b, 1);
+    (void)w;
+}
+
+/* Whether two reasons are of one kind: the same text up to the first
+ * ':' ("error: ...", "timeout: ..."), or the same text. */
+static int same_kind(const char *a, const char *b)
+{
+    size_t n = strcspn(a, ":");
+
+    return n == strcspn(b, ":") && strncmp(a, b, n) == 0;
+}
+
+/* Stores the reason for the dump thread unless a dump is pending (this
+ * request joins it), one of the same kind was dumped within COALESCE_US,
+ * or there is nowhere to write; 1 when a dump is now pending. */
+static int request(struct kolo__flight *fl, const char *reason)
+{
+    int64_t now = kolo__now_us();
+    int fresh = 0;
+
+    if (fl->rt->cfg.flight_dir[0] == '\0' || atomic_load(&fl->broken))
+        return 0;
+    pthread_mutex_lock(&fl->mu);
+    if (!fl->has_pending && !fl->quit &&
+        !(same_kind(fl->last, reason) && now - fl->last_us < COALESCE_US)) {
+        snprintf(fl->pending, sizeof(fl->pending), "%s", reason);
+        fl->has_pending = fresh = 1;
+    }
+    pthread_mutex_unlock(&fl->mu);
+    return fresh;
+}
+
+/* Whether the calling thread can take SIGUSR1 now (raise() would
+ * otherwise leave it pending). */
+static int signal_open_here(void)
+{
+    sigset_t cur;
+
+    return pthread_sigmask(SIG_BLOCK, NULL, &cur) == 0 &&
+           !sigismember(&cur, SIGUSR1);
+}
+
+void kolo__flight_dump(kolo__runtime_t *rt, const char *reason)
+{
+    struct kolo__flight *fl = rt->flight;
+
+    if (fl == NULL || !request(fl, reason))
+        return;
+    /* Python's faulthandler writes the stacks first (see the essay). */
+    if (fl->owns_signal && atomic_load(&fl->has_stacks) && signal_open_here()) {
+        atomic_fetch_add(&fl->raised, 1);
+        raise(SIGUSR1);
+    }
+    poke(fl, 'D');
+}
+
+void kolo__flight_dump_error(kolo__runtime_t *rt, const kolo__err_t *err)
+{
+    char reason[KOLO__ERR_LEN + 16];
+
+    if (rt->flight == NULL)
+        return;
+    snprintf(reason, sizeof(reason), "%s: %s",
+             err->code == KOLO_ERR_TIMEOUT ? "timeout" : "error",
+             err->msg[0] ? err->msg : kolo_strerror(err->code));
+    kolo__flight_dump(rt, reason);
+}
+
+void kolo__flight_dump_all(kolo__runtime_t *rt, const char *reason)
+{
+    if (rt->flight == NULL)
+        return;
+    atomic_store(&rt->flight->dump_all, 1);
+    kolo__flight_dump(rt, reason);
+}
+
+int kolo__flight_take_dump_all(kolo__runtime_t *rt)
+{
+    return rt->flight != NULL && atomic_exchange(&rt->flight->dump_all, 0);
+}
+
+/* ---- what the dumps keep of the sets ------------------------------------- */
+
+/* Set id's note, made if missing; under fl->mu; NULL for want of memory. */
+static set_note_t *note_for(struct kolo__flight *fl, int id)
+{
+    set_note_t *notes;
+
+    for (size_t i = 0; i < fl->nnotes; i++)
+        if (fl->notes[i].id == id)
+            return &fl->notes[i];
+    notes = kolo__realloc(fl->notes, (fl->nnotes + 1) * sizeof(*notes));
+    if (notes == NULL)
+        return NULL;
+    fl->notes = notes;
+    notes += fl->nnotes++;
+    memset(notes, 0, sizeof(*notes));
+    notes->id = id;
+    return notes;
+}
+
+void kolo__flight_set_stopped(kolo__pset_t *ps, const kolo__err_t *why,
+                              int failed)
+{
+    struct kolo__flight *fl = ps->rt->flight;
+    set_note_t *n;
+
+    if (fl == NULL)
+        return;
+    pthread_mutex_lock(&fl->mu);
+    if ((n = note_for(fl, ps->id)) != NULL) {
+        if (n->ranks == NULL)
+            n->ranks = kolo__malloc((size_t)ps->size * sizeof(int));
+        if (n->ranks != NULL)
+            memcpy(n->ranks, ps->ranks, (size_t)ps->size * sizeof(int));
+        n->rank = ps->rank;
+        n->size = ps->size;
+        n->stopped = 1;
+        n->rounds = ps->cycles;
+        n->enqueued = atomic_load(&ps->queue.pushed);
+        n->completed = atomic_load(&ps->flight.completed);
+        copy_cut(n->why, why->msg[0] ? why->msg : kolo_strerror(why->code),
+                 ERROR_BYTES);
+    }
+    pthread_mutex_unlock(&fl->mu);
+    if (failed)
+        kolo__flight_dump_error(ps->rt, why);
+}
+
+void kolo__flight_set_stragglers(kolo__pset_t *ps, const char *json)
+{
+    struct kolo__flight *fl = ps->rt->flight;
+    set_note_t *n;
+
+    if (fl == NULL)
+        return;
+    pthread_mutex_lock(&fl->mu);
+    if ((n = note_for(fl, ps->id)) != NULL) {
+        free(n->stragglers);
+        n->stragglers = json != NULL ? kolo__strdup(json) : NULL;
+    }
+    pthread_mutex_unlock(&fl->mu);
+}
+
+/* ---- the dump's JSON ----------------------------------------------------- */
+
+/* The length of the valid UTF-8 character at s; 0 if none starts there. */
+static size_t utf8_char(const unsigned char *s)
+{
+    unsigned char c = s[0], lo, hi;
+
+    if (c < 0x80)
+        return 1;
+    if (c >= 0xC2 && c <= 0xDF)
+        return (s[1] & 0xC0) == 0x80 ? 2 : 0;
+    if (c >= 0xE0 && c <= 0xEF) {
+        lo = c == 0xE0 ? 0xA0 : 0x80;
+        hi = c == 0xED ? 0x9F : 0xBF;
+        return s[1] >= lo && s[1] <= hi && (s[2] & 0xC0) == 0x80 ? 3 : 0;
+    }
+    if (c >= 0xF0 && c <= 0xF4) {
+        lo = c == 0xF0 ? 0x90 : 0x80;
+        hi = c == 0xF4 ? 0x8F : 0xBF;
+        return s[1] >= lo && s[1] <= hi && (s[2] & 0xC0) == 0x80 &&
+                       (s[3] & 0xC0) == 0x80 ? 4 : 0;
+    }
+    return 0;
+}
+
+/* A JSON string (null for NULL): escaped, bytes that are not UTF-8 as
+ * U+FFFD. */
+static void put_str(FILE *f, const char *text)
+{
+    const unsigned char *s = (const unsigned char *)text;
+
+    if (text == NULL) {
+        fputs("null", f);
+        return;
+    }
+    fputc('"', f);
+    while (*s != '\0') {
+        size_t n = utf8_char(s);
+        if (n == 0)
+            fputs("\\ufffd", f);
+        else if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if (*s == '\n')
+            fputs("\\n", f);
+        else if (*s < 0x20 || *s == 0x7f)
+            fprintf(f, "\\u%04x", *s);
+        else
+            fwrite(s, 1, n, f);
+        s += n > 0 ? n : 1;
+    }
+    fputc('"', f);
+}
+
+/* A time: unix seconds with microseconds, from kolo__now_us's clock;
+ * null for 0 (not reached). */
+static void put_unix(FILE *f, int64_t t)
+{
+    fprintf(f, "%s%lld.%06lld", t < 0 ? "-" : "", (long long)llabs(t / 1000000),
+            (long long)llabs(t % 1000000));
+}
+
+static void put_time(FILE *f, const struct kolo__flight *fl, int64_t us)
+{
+    if (us == 0)
+        fputs("null", f);
+    else
+        put_unix(f, us + fl->clock_offset_us);
+}
+
+static const char *state_name(int state)
+{
+    static const char *const names[] = {"empty", "enqueued", "ready",
+                                        "running", "done", "failed"};
+    return state >= 0 && state <= ST_FAILED ? names[state] : "unknown";
+}
+
+/* {"set", "name", "seq"} of a record, with its enqueue time. */
+static void put_ref(FILE *f, const struct kolo__flight *fl, const rec_t *r,
+                    int with_time)
+{
+    fprintf(f, "{\"set\": %d, \"name\": ", r->set);
+    put_str(f, r->name);
+    fprintf(f, ", \"seq\": %llu", (unsigned long long)r->seq);
+    if (with_time) {
+        fputs(", \"time\": ", f);
+        put_time(f, fl, r->enqueued_us);
+    }
+    fputc('}', f);
+}
+
+static void put_rec(FILE *f, const struct kolo__flight *fl, const rec_t *r)
+{
+    fprintf(f, "{\"seq\": %llu, \"nth\": %llu, \"set\": %d, \"name\": ",
+            (unsigned long long)r->seq, (unsigned long long)r->nth, r->set);
+    put_str(f, r->name);
+    fprintf(f, ", \"op\": \"%s\", \"dtype\": \"%s\", \"shape\": [",
+            kolo__coll_name(r->coll), kolo_dtype_name((kolo_dtype_t)r->dtype));
+    for (int d = 0; d < r->ndim; d++)
+        fprintf(f, "%s%lld", d ? ", " : "", (long long)r->shape[d]);
+    fprintf(f, "], \"bytes\": %lld, \"device\": ", (long long)r->bytes);
+    if (r->device_type == KOLO_DEVICE_CUDA)
+        fprintf(f, "\"cuda:%d\"", r->device);
+    else
+        fputs("\"cpu\"", f);
+    const int64_t *times[] = {&r->enqueued_us, &r->ready_us, &r->started_us,
+                              &r->ended_us};
+    const char *keys[] = {"enqueued", "ready", "started", "ended"};
+    for (int i = 0; i < 4; i++) {
+        fprintf(f, ", \"%s\": ", keys[i]);
+        put_time(f, fl, *times[i]);
+    }
+    if (r->batch > 0)
+        fprintf(f, ", \"batch\": %lld, \"batch_tensors\": %d, \"batch_bytes\": "
+                "%lld", (long long)r->batch, r->batch_tensors,
+                (long long)r->batch_bytes);
+    else
+        fputs(", \"batch\": null, \"batch_tensors\": null, \"batch_bytes\": null",
+              f);
+    fprintf(f, ", \"state\": \"%s\", \"error\": ", state_name(r->state));
+    put_str(f, r->state == ST_FAILED ? r->error : NULL);
+    fputc('}', f);
+}
+
+/* A copy of record id, if it is still in the ring. */
+static int copy_rec(struct kolo__flight *fl, uint64_t id, rec_t *out)
+{
+    rec_t *r;
+
+    if (id == 0 || (r = lock_rec(fl, id)) == NULL)
+        return 0;
+    *out = *r;
+    unlock_rec(fl, id);
+    return 1;
+}
+
+/* The oldest record the ring can still hold. */
+static uint64_t first_kept(const struct kolo__flight *fl, uint64_t total)
+{
+    return total > fl->n ? total - fl->n + 1 : 1;
+}
+
+static void write_records(FILE *f, struct kolo__flight *fl)
+{
+    uint64_t total = atomic_load(&fl->total);
+    int any = 0;
+    rec_t r;
+
+    fputs("\"records\": [", f);
+    for (uint64_t id = first_kept(fl, total); id <= total; id++) {
+        if (!copy_rec(fl, id, &r))
+            continue;
+        fputs(any ? ",\n  " : "\n  ", f);
+        put_rec(f, fl, &r);
+        any = 1;
+    }
+    fputs("]\n", f);
+}
+
+/* The newest record of the handle, if the ring still has it. */
+static int find_handle(struct kolo__flight *fl, kolo_handle_t handle, rec_t *out)
+{
+    uint64_t total = atomic_load(&fl->total), first = first_kept(fl, total);
+
+    for (uint64_t id = total; id >= first && id > 0; id--)
+        if (copy_rec(fl, id, out) && out->handle == handle)
+            return 1;
+    return 0;
+}
+
+static void write_training(FILE *f, struct kolo__flight *fl)
+{
+    kolo__handles_t *h = fl->rt->handles;
+    int inside = h != NULL && atomic_load(&h->waits.inside) > 0;
+    kolo_handle_t handle = h != NULL ? atomic_load(&h->waits.handle) : 0;
+    rec_t r;
+
+    fprintf(f, "\"training\": {\"inside\": %s, \"since\": ",
+            inside ? "\"kolo_wait\"" : "null");
+    put_time(f, fl, h == NULL ? 0
+                    : inside ? atomic_load(&h->waits.since_us)
+                             : atomic_load(&h->waits.outside_us));
+    fputs(", \"waiting_on\": ", f);
+    if (!inside)
+        fputs("null", f);
+    else if (find_handle(fl, handle, &r))
+        put_ref(f, fl, &r, 0);
+    else
+        fprintf(f, "{\"set\": null, \"name\": null, \"seq\": null, "
+                "\"handle\": %lld}", (long long)handle);
+    fputs(", \"last_enqueue\": ", f);
+    if (copy_rec(fl, atomic_load(&fl->last_enqueue), &r))
+        put_ref(f, fl, &r, 1);
+    else
+        fputs("null", f);
+    fputs("},\n", f);
+}
+
+/* One set as a dump shows it, copied under the locks, written after. */
+typedef struct set_view {
+    int id, rank, size, stopped;
+    int *ranks; /* owned */
+    const char *doing;
+    int64_t since, rounds;
+    uint64_t enqueued, completed;
+    char why[ERROR_BYTES + 4];
+    char *stragglers; /* owned */
+} set_view_t;
+
+static int *copy_ranks(const int *ranks, int size)
+{
+    int *copy = ranks != NULL ? kolo__malloc((size_t)size * sizeof(int)) : NULL;
+
+    if (copy != NULL)
+        memcpy(copy, ranks, (size_t)size * sizeof(int));
+    return copy;
+}
+
+/* A running set: its counters and what its background thread does
+ * (the watchdog's marks). */
+static void view_live(set_view_t *v, kolo__pset_t *ps)
+{
+    int64_t since = atomic_load_explicit(&ps->wait_since_us,
+                                         memory_order_relaxed);
+
+    v->id = ps->id;
+    v->rank = ps->rank;
+    v->size = ps->size;
+    v->ranks = copy_ranks(ps->ranks, ps->size);
+    v->doing = since != 0 ? atomic_load_explicit(&ps->wait_what,
+                                                 memory_order_relaxed)
+                          : "idle";
+    v->since = since;
+    v->rounds = atomic_load_explicit(&ps->flight.rounds, memory_order_relaxed);
+    v->enqueued = atomic_load_explicit(&ps->queue.pushed, memory_order_relaxed);
+    v->completed = atomic_load_explicit(&ps->flight.completed,
+                                        memory_order_relaxed);
+}
+
+/* A note on the view of its set; a stopped set no longer in the table
+ * gets a view of its own, from the note. */
+static void apply_note(set_view_t *v, size_t *n, const set_note_t *note)
+{
+    set_view_t *x = NULL;
+
+    for (size_t i = 0; i < *n && x == NULL; i++)
+        if (v[i].id == note->id)
+            x = &v[i];
+    if (x == NULL && !note->stopped)
+        return;
+    if (x == NULL) {
+        x = &v[(*n)++];
+        x->id = note->id;
+        x->rank = note->rank;
+        x->size = note->size;
+        x->ranks = copy_ranks(note->ranks, note->size);
+        x->doing = "idle";
+        x->rounds = note->rounds;
+        x->enqueued = note->enqueued;
+        x->completed = note->completed;
+    }
+    if (note->stopped) {
+        x->stopped = 1;
+        memcpy(x->why, note->why, sizeof(x->why));
+    }
+    if (note->stragglers != NULL)
+        x->stragglers = kolo__strdup(note->stragglers);
+}
+
+/* Every set of the rank: those in the set table, and those stopped. */
+static set_view_t *gather_sets(struct kolo__flight *fl, size_t *count)
+{
+    kolo__runtime_t *rt = fl->rt;
+    set_view_t *v;
+    size_t n = 0;
+
+    pthread_mutex_lock(&rt->sets_mu);
+    pthread_mutex_lock(&fl->mu);
+    v = kolo__calloc((size_t)rt->nsets + fl->nnotes + 1, sizeof(*v));
+    if (v != NULL) {
+        for (int i = 0; i < rt->nsets && rt->sets != NULL; i++)
+            if (rt->sets[i] != NULL)
+                view_live(&v[n++], rt->sets[i]);
+        for (size_t k = 0; k < fl->nnotes; k++)
+            apply_note(v, &n, &fl->notes[k]);
+    }
+    pthread_mutex_unlock(&fl->mu);
+    pthread_mutex_unlock(&rt->sets_mu);
+    *count = n;
+    return v;
+}
+
+static void free_views(set_view_t *v, size_t n)
+{
+    for (size_t i = 0; i < n && v != NULL; i++) {
+        free(v[i].ranks);
+        free(v[i].stragglers);
+    }
+    free(v);
+}
+
+static void put_set(FILE *f, const struct kolo__flight *fl, const set_view_t *v)
+{
+    fprintf(f, "{\"id\": %d, \"rank\": %d, \"size\": %d, \"ranks\": [", v->id,
+            v->rank, v->size);
+    for (int i = 0; i < v->size && v->ranks != NULL; i++)
+        fprintf(f, "%s%d", i ? ", " : "", v->ranks[i]);
+    fputs("], \"background\": {\"doing\": ", f);
+    put_str(f, v->doing);
+    fputs(", \"since\": ", f);
+    put_time(f, fl, v->since);
+    fprintf(f, "}, \"rounds\": %lld, \"enqueued\": %llu, \"completed\": %llu, "
+            "\"stopped\": ", (long long)v->rounds,
+            (unsigned long long)v->enqueued, (unsigned long long)v->completed);
+    put_str(f, v->stopped ? v->why : NULL);
+    fprintf(f, ", \"stragglers\": %s}", v->stragglers ? v->stragglers : "null");
+}
+
+static void write_sets(FILE *f, const struct kolo__flight *fl,
+                       const set_view_t *v, size_t n)
+{
+    const char *global = NULL;
+
+    fputs("\"sets\": [", f);
+    for (size_t i = 0; i < n; i++) {
+        fputs(i ? ",\n  " : "\n  ", f);
+        put_set(f, fl, &v[i]);
+        if (v[i].id == KOLO_GLOBAL_PROCESS_SET)
+            global = v[i].stragglers;
+    }
+    fprintf(f, "],\n\"stragglers\": %s,\n", global ? global : "null");
+}
+
+/* What the stacks file gained since the last dump (its last STACKS_MAX
+ * bytes at most), or NULL. */
+static char *take_stacks(struct kolo__flight *fl)
+{
+    struct stat st;
+    char *buf = NULL;
+
+    pthread_mutex_lock(&fl->mu);
+    if (fl->stacks_fd >= 0 && fstat(fl->stacks_fd, &st) == 0) {
+        off_t from = fl->stacks_seen;
+        if (st.st_size - from > STACKS_MAX)
+            from = st.st_size - STACKS_MAX;
+        if (st.st_size > from && (buf = kolo__malloc((size_t)(st.st_size - from) + 1))) {
+            ssize_t got = pread(fl->stacks_fd, buf, (size_t)(st.st_size - from), from);
+            if (got >= 0)
+                buf[got] = '\0';
+            else {
+                free(buf);
+                buf = NULL;
+            }
+        }
+        fl->stacks_seen = st.st_size;
+    }
+    pthread_mutex_unlock(&fl->mu);
+    return buf;
+}
+
+static void write_head(FILE *f, struct kolo__flight *fl, const char *reason,
+                       int64_t now)
+{
+    const kolo__runtime_t *rt = fl->rt;
+    char host[256] = "";
+
+    if (gethostname(host, sizeof(host) - 1) != 0)
+        host[0] = '\0';
+    fprintf(f, "{\"kolo_flight\": 1,\n\"rank\": %d, \"size\": %d, "
+            "\"local_rank\": %lld, \"cross_rank\": %lld, \"host\": ", rt->rank,
+            rt->size, (long long)rt->cfg.local_rank,
+            (long long)rt->cfg.cross_rank);
+    put_str(f, host);
+    fprintf(f, ", \"pid\": %d, \"elastic_generation\": %u,\n\"reason\": ",
+            (int)getpid(), rt->cfg.elastic ? rt->generation : 0);
+    put_str(f, reason);
+    fputs(", \"time\": ", f);
+    put_time(f, fl, now);
+    fputs(", \"clock_offset\": ", f);
+    put_unix(f, fl->clock_offset_us);
+    fprintf(f, ",\n\"records_kept\": %zu, \"records_total\": %llu,\n"
+            "\"earlier_dumps\": [", fl->n,
+            (unsigned long long)atomic_load(&fl->total));
+    pthread_mutex_lock(&fl->mu);
+    for (int i = 0; i < fl->nhistory; i++) {
+        fputs(i ? ", {\"reason\": " : "{\"reason\": ", f);
+        put_str(f, fl->history[i].reason);
+        fputs(", \"time\": ", f);
+        put_time(f, fl, fl->history[i].us);
+        fputc('}', f);
+    }
+    pthread_mutex_unlock(&fl->mu);
+    fputs("],\n", f);
+}
+
+static void write_json(FILE *f, struct kolo__flight *fl, const char *reason,
+                       int64_t now)
+{
+    size_t nsets = 0;
+    set_view_t *sets = gather_sets(fl, &nsets);
+    char *stacks = take_stacks(fl);
+
+    write_head(f, fl, reason, now);
+    write_training(f, fl);
+    write_sets(f, fl, sets, nsets);
+    fputs("\"python_stacks\": ", f);
+    put_str(f, stacks);
+    fputs(",\n", f);
+    write_records(f, fl);
+    fputs("}\n", f);
+    free_views(sets, nsets);
+    free(stacks);
+}
+
+/* ---- writing a dump ------------------------------------------------------ */
+
+/* mkdir -p, new directories mode 0700. */
+static int make_dirs(const char *dir)
+{
+    char path[sizeof(((kolo__config_t *)0)->flight_dir)];
+
+    snprintf(path, sizeof(path), "%s", dir);
+    for (char *s = path + 1; *s != '\0'; s++) {
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        if (mkdir(path, 0700) != 0 && errno != EEXIST)
+            return -1;
+        *s = '/';
+    }
+    return mkdir(path, 0700) != 0 && errno != EEXIST ? -1 : 0;
+}
+
+/* Said once; the rank writes no more dumps. */
+static void give_up(struct kolo__flight *fl, const char *path, int e)
+{
+    atomic_store(&fl->broken, 1);
+    kolo__log(KOLO__LOG_WARNING, "flight recorder: cannot write %s: %s; no "
+              "dumps from this rank, the job goes on", path, strerror(e));
+}
+
+/* DIR/.rankR.json.PID.tmp, renamed DIR/rankR.json once whole. */
+static void write_dump(struct kolo__flight *fl, const char *reason, int64_t now)
+{
+    const char *dir = fl->rt->cfg.flight_dir;
+    char path[4200], tmp[4200];
+    FILE *f;
+    int e = 0;
+
+    snprintf(path, sizeof(path), "%s/rank%d.json", dir, fl->rt->rank);
+    snprintf(tmp, sizeof(tmp), "%s/.rank%d.json.%d.tmp", dir, fl->rt->rank,
+             (int)getpid());
+    if (make_dirs(dir) != 0 || (f = fopen(tmp, "w")) == NULL) {
+        give_up(fl, path, errno);
+        return;
+    }
+    setvbuf(f, NULL, _IOFBF, 1 << 16);
+    write_json(f, fl, reason, now);
+    if (ferror(f))
+        e = errno ? errno : EIO;
+    if (fclose(f) != 0 && e == 0)
+        e = errno;
+    if (e == 0 && rename(tmp, path) != 0)
+        e = errno;
+    if (e != 0) {
+        unlink(tmp);
+        give_up(fl, path, e);
+    }
+}
+
+/* A dump now, remembered as the last (coalescing) and among the earlier
+ * ones the next dumps name. */
+static void dump_now(struct kolo__flight *fl, const char *reason)
+{
+    int64_t now = kolo__now_us();
+    earlier_t *h;
+
+    if (atomic_load(&fl->broken))
+        return;
+    write_dump(fl, reason, now);
+    pthread_mutex_lock(&fl->mu);
+    snprintf(fl->last, sizeof(fl->last), "%s", reason);
+    fl->last_us = now;
+    if (fl->nhistory == HISTORY)
+        memmove(fl->history, fl->history + 1, (HISTORY - 1) * sizeof(*h));
+    else
+        fl->nhistory++;
+    h = &fl->history[fl->nhistory - 1];
+    copy_cut(h->reason, reason, sizeof(h->reason) - 4);
+    h->us = now;
+    pthread_mutex_unlock(&fl->mu);
+}
+
+/* Takes the pending request and writes its dump. */
+static void write_pending(struct kolo__flight *fl)
+{
+    char reason[sizeof(fl->pending)];
+
+    pthread_mutex_lock(&fl->mu);
+    if (!fl->has_pending) {
+        pthread_mutex_unlock(&fl->mu);
+        return;
+    }
+    memcpy(reason, fl->pending, sizeof(reason));
+    fl->has_pending = 0;
+    pthread_mutex_unlock(&fl->mu);
+    dump_now(fl, reason);
+}
+
+/* ---- the dump thread ----------------------------------------------------- */
+
+/* Whether the bytes read hold a SIGUSR1 that kolo did not raise itself. */
+static int from_outside(struct kolo__flight *fl, const char *buf, size_t n)
+{
+    int outside = 0;
+
+    for (size_t i = 0; i < n; i++) {
+        int raised = atomic_load(&fl->raised);
+        if (buf[i] != 'S')
+            continue;
+        while (raised > 0 &&
+               !atomic_compare_exchange_weak(&fl->raised, &raised, raised - 1))
+            ;
+        if (raised <= 0)
+            outside = 1;
+    }
+    return outside;
+}
+
+static void *flight_main(void *arg)
+{
+    struct kolo__flight *fl = arg;
+    char buf[64];
+    int quit = 0, final;
+
+    while (!quit) {
+        ssize_t got = read(fl->pipe[0], buf, sizeof(buf));
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0)
+            break;
+        if (from_outside(fl, buf, (size_t)got)) {
+            /* Someone wants to see this job: this rank now, every rank at
+             * the next round. */
+            atomic_store(&fl->dump_all, 1);
+            request(fl, "SIGUSR1");
+        }
+        write_pending(fl);
+        pthread_mutex_lock(&fl->mu);
+        quit = fl->quit;
+        pthread_mutex_unlock(&fl->mu);
+    }
+    write_pending(fl);
+    pthread_mutex_lock(&fl->mu);
+    final = fl->final;
+    pthread_mutex_unlock(&fl->mu);
+    if (final)
+        dump_now(fl, "shutdown");
+    return NULL;
+}
+
+/* ---- open and close ------------------------------------------------------ */
+
+/* unix - monotonic, microseconds, from the closest of three readings. */
+static int64_t clock_offset(void)
+{
+    int64_t best = INT64_MAX, off = 0;
+
+    for (int i = 0; i < 3; i++) {
+        struct timespec real;
+        int64_t a = kolo__now_us(), b;
+        clock_gettime(CLOCK_REALTIME, &real);
+        b = kolo__now_us();
+        if (b - a < best) {
+            best = b - a;
+            off = (int64_t)real.tv_sec * 1000000 + real.tv_nsec / 1000 -
+                  (a + b) / 2;
+        }
+    }
+    return off;
+}
+
+static void flight_free(struct kolo__flight *fl)
+{
+    for (int i = 0; i < 2; i++)
+        if (fl->pipe[i] >= 0)
+            close(fl->pipe[i]);
+    if (fl->stacks_fd >= 0)
+        close(fl->stacks_fd);
+    for (size_t i = 0; i < fl->nnotes; i++) {
+        free(fl->notes[i].ranks);
+        free(fl->notes[i].stragglers);
+    }
+    free(fl->notes);
+    for (int i = 0; i < STRIPES; i++)
+        pthread_mutex_destroy(&fl->stripe[i]);
+    pthread_mutex_destroy(&fl->mu);
+    free(fl->ring);
+    free(fl);
+}
+
+/* The pipe (its write end never blocks: a signal handler writes it) and
+ * the thread, which takes no signals. */
+static int start_thread(struct kolo__flight *fl, kolo__err_t *err)
+{
+    sigset_t all, saved;
+    int rc;
+
+    if (pipe2(fl->pipe, O_CLOEXEC) != 0) {
+        fl->pipe[0] = fl->pipe[1] = -1;
+        return kolo__err_set(err, KOLO_ERR_INTERNAL, "rank %d: cannot create "
+                             "the flight recorder's pipe: %s", fl->rt->rank,
+                             strerror(errno));
+    }
+    fcntl(fl->pipe[1], F_SETFL, fcntl(fl->pipe[1], F_GETFL) | O_NONBLOCK);
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &saved);
+    rc = kolo__thread_create(&fl->thread, NULL, flight_main, fl);
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
+    if (rc != 0)
+        return kolo__err_set(err, KOLO_ERR_INTERNAL, "rank %d: cannot start "
+                             "the flight recorder's thread (KOLO_FLIGHT_RECORDER"
+                             "=0 turns it off)", fl->rt->rank);
+    return KOLO_OK;
+}
+
+int kolo__flight_open(kolo__runtime_t *rt, kolo__err_t *err)
+{
+    size_t n = (size_t)rt->cfg.flight_recorder;
+    struct kolo__flight *fl;
+
+    if (n == 0)
+        return KOLO_OK;
+    fl = kolo__calloc(1, sizeof(*fl));
+    if (fl == NULL || (fl->ring = kolo__calloc(n, sizeof(rec_t))) == NULL) {
+        free(fl);
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "rank %d: out of memory "
+                             "for the flight recorder's %zu records (%zu "
+                             "bytes; KOLO_FLIGHT_RECORDER sets how many, 0 "
+                             "none)", rt->rank, n, n * sizeof(rec_t));
+    }
+    fl->rt = rt;
+    fl->n = n;
+    fl->stacks_fd = -1;
+    fl->clock_offset_us = clock_offset();
+    for (int i = 0; i < STRIPES; i++)
+        pthread_mutex_init(&fl->stripe[i], NULL);
+    pthread_mutex_init(&fl->mu, NULL);
+    if (start_thread(fl, err) != KOLO_OK) {
+        flight_free(fl);
+        return err->code;
+    }
+    if (rt->handles != NULL)
+        atomic_store(&rt->handles->waits.outside_us, kolo__now_us());
+    claim_signal(fl);
+    rt->flight = fl;
+    return KOLO_OK;
+}
+
+void kolo__flight_close(kolo__runtime_t *rt)
+{
+    struct kolo__flight *fl = rt->flight;
+
+    if (fl == NULL)
+        return;
+    pthread_mutex_lock(&fl->mu);
+    fl->quit = 1;
+    fl->final = rt->cfg.flight_dir[0] != '\0' && rt->nsets > 0;
+    pthread_mutex_unlock(&fl->mu);
+    poke(fl, 'Q');
+    pthread_join(fl->thread, NULL);
+    release_signal(fl);
+    rt->flight = NULL;
+    flight_free(fl);
+}
+
+int kolo__flight_stacks(kolo__runtime_t *rt, int fd, kolo__err_t *err)
+{
+    struct kolo__flight *fl = rt->flight;
+    struct stat st;
+    int mine = -1, old, mode;
+
+    if (fl == NULL)
+        return kolo__err_set(err, KOLO_ERR_UNSUPPORTED, "kolo_flight_stacks: "
+                             "the flight recorder is off "
+                             "(KOLO_FLIGHT_RECORDER=0)");
+    if (rt->cfg.flight_dir[0] == '\0' && fd >= 0)
+        return kolo__err_set(err, KOLO_ERR_UNSUPPORTED, "kolo_flight_stacks: "
+                             "KOLO_FLIGHT_DIR is not set, so no dumps are "
+                             "written");
+    if (fd >= 0 && ((mode = fcntl(fd, F_GETFL)) < 0 ||
+                    (mode & O_ACCMODE) == O_WRONLY))
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "kolo_flight_stacks(%d): %s", fd, mode < 0
+                             ? strerror(errno)
+                             : "the file must be open for reading too (mode "
+                               "\"a+\")");
+    if (fd >= 0 && (mine = fcntl(fd, F_DUPFD_CLOEXEC, 0)) < 0)
+        return kolo__err_set(err, KOLO_ERR_INTERNAL, "kolo_flight_stacks(%d): "
+                             "%s", fd, strerror(errno));
+    pthread_mutex_lock(&fl->mu);
+    old = fl->stacks_fd;
+    fl->stacks_fd = mine;
+    fl->stacks_seen = mine >= 0 && fstat(mine, &st) == 0 ? st.st_size : 0;
+    atomic_store(&fl->has_stacks, mine >= 0);
+    pthread_mutex_unlock(&fl->mu);
+    if (old >= 0)
+        close(old);
+    return KOLO_OK;
+}
