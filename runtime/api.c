@@ -25,6 +25,7 @@
 #include "built.h"
 #include "elastic.h"
 #include "api.h"
+#include "flight.h"
 #include "launchenv.h"
 #include "mpi/mpienv.h"
 #include "peers.h"
@@ -361,6 +362,20 @@ static void table_add(kolo__runtime_t *rt, kolo__pset_t *ps, int size)
     pthread_mutex_unlock(&rt->sets_mu);
 }
 
+/* Takes set id out of the table (the flight recorder's dumps read it) so
+ * that it can be stopped and freed; NULL if it is not there. */
+static kolo__pset_t *table_take(kolo__runtime_t *rt, int id)
+{
+    kolo__pset_t *ps;
+
+    pthread_mutex_lock(&rt->sets_mu);
+    ps = id < rt->nsets ? rt->sets[id] : NULL;
+    if (ps != NULL)
+        rt->sets[id] = NULL;
+    pthread_mutex_unlock(&rt->sets_mu);
+    return ps;
+}
+
 static void runtime_free(kolo__runtime_t *rt)
 {
     kolo__timeline_free(rt->timeline);
@@ -676,6 +691,9 @@ static void forget_runtime(init_t *in)
      * verdict) learn why when they lose it. */
     if (rt->rank >= 0 && rt->size > 1)
         say_why(rt, &in->err);
+    /* The flight recorder, if it opened, dumps why (and nothing more). */
+    kolo__flight_dump_error(rt, &in->err);
+    kolo__flight_close(rt);
     free(in->all);
     runtime_free(rt);
 }
@@ -718,6 +736,7 @@ int kolo_init(void)
     KOLO__CHECK_GOTO(runtime_new(&in), rc, unlock);
     KOLO__CHECK_GOTO(read_settings(&in), rc, free_runtime);
     take_place(&in);
+    KOLO__CHECK_GOTO(kolo__flight_open(in.rt, &in.err), rc, free_runtime);
     KOLO__CHECK_GOTO(serve_rendezvous(&in.rt->cfg, in.rt->have_job_key
                                                        ? in.rt->job_key : NULL,
                                       &in.err),
@@ -745,7 +764,7 @@ stop_world:
     /* The others are past the agreement: they learn of it from the set's
      * shutdown, and why from here. */
     say_why(in.rt, &in.err);
-    kolo__pset_stop(in.world, NULL);
+    kolo__pset_stop(table_take(in.rt, KOLO_GLOBAL_PROCESS_SET), NULL);
 free_runtime:
     forget_runtime(&in);
     kolo__agree_release();
@@ -777,12 +796,16 @@ int kolo_shutdown(void)
     }
     /* The global set announces the shutdown to the other ranks in its next
      * round, fails what is pending and asks the other sets to stop. */
-    kolo__pset_stop(rt->sets[KOLO_GLOBAL_PROCESS_SET], NULL);
+    kolo__pset_stop(table_take(rt, KOLO_GLOBAL_PROCESS_SET), NULL);
     kolo__err_set(&why, KOLO_ERR_SHUTDOWN,
                   "kolo was shut down on this rank (rank %d)", rt->rank);
-    for (int i = 1; i < rt->nsets; i++)
-        if (rt->sets[i] != NULL)
-            kolo__pset_stop(rt->sets[i], &why);
+    for (int i = 1; i < rt->nsets; i++) {
+        kolo__pset_t *ps = table_take(rt, i);
+        if (ps != NULL)
+            kolo__pset_stop(ps, &why);
+    }
+    /* Every set stopped: the last dump shows how each ended. */
+    kolo__flight_close(rt);
     kolo__passes_free();
     {
         char prefix[32];
@@ -890,6 +913,20 @@ int kolo_stop_timeline(void)
     if ((rt = kolo__api_enter("kolo_stop_timeline", &err)) == NULL)
         return kolo__api_fail(&err);
     rc = kolo__timeline_stop(rt->timeline, &err);
+    kolo__api_leave();
+    return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
+}
+
+int kolo_flight_stacks(int fd)
+{
+    kolo__err_t err;
+    kolo__runtime_t *rt;
+    int rc;
+
+    kolo__err_clear(&err);
+    if ((rt = kolo__api_enter("kolo_flight_stacks", &err)) == NULL)
+        return kolo__api_fail(&err);
+    rc = kolo__flight_stacks(rt, fd, &err);
     kolo__api_leave();
     return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
 }
@@ -1184,19 +1221,14 @@ int kolo_poll(kolo_handle_t handle)
  * the program's stream (`stream` if given, else the one at enqueue), or,
  * for a result handed over to the host, waits until the device has
  * written it (inflight.c). */
-static int wait_handle(kolo_handle_t handle, kolo_result_t *result,
-                       int given, void *stream)
+static int wait_done(kolo__handles_t *h, kolo_handle_t handle,
+                     kolo_result_t *result, int given, void *stream)
 {
     kolo__err_t err;
-    kolo__handles_t *h = kolo__api_handles();
     kolo__handoff_t ho;
     kolo__result_t *out;
     int rc;
 
-    if (result != NULL)
-        memset(result, 0, sizeof(*result));
-    if (h == NULL)
-        return kolo__api_failf(KOLO_ERR_INTERNAL, "the handle table is unavailable");
     kolo__err_clear(&err);
     rc = kolo__handles_wait_handoff(h, handle, &err, &ho);
     if (rc < 0)
@@ -1226,6 +1258,24 @@ static int wait_handle(kolo_handle_t handle, kolo_result_t *result,
         out->splits = NULL;
     }
     kolo__result_free(out);
+    return rc;
+}
+
+/* wait_done, the thread marked inside kolo_wait meanwhile (the flight
+ * recorder's, kept in the handle table). */
+static int wait_handle(kolo_handle_t handle, kolo_result_t *result,
+                       int given, void *stream)
+{
+    kolo__handles_t *h = kolo__api_handles();
+    int rc;
+
+    if (result != NULL)
+        memset(result, 0, sizeof(*result));
+    if (h == NULL)
+        return kolo__api_failf(KOLO_ERR_INTERNAL, "the handle table is unavailable");
+    kolo__flight_waits_begin(h, handle);
+    rc = wait_done(h, handle, result, given, stream);
+    kolo__flight_waits_end(h);
     return rc;
 }
 

@@ -64,6 +64,7 @@
 #include "background.h"
 #include "complete.h"
 #include "execute.h"
+#include "flight.h"
 #include "negotiate.h"
 #include "peers.h"
 #include "reduce.h"
@@ -104,10 +105,13 @@ static void drain_device(kolo__pset_t *ps, const kolo__err_t *why)
 }
 
 /* Ends this rank's part in the set: no more enqueues, everything pending
- * fails with `why`. */
-static void stop_all(kolo__pset_t *ps, const kolo__err_t *cause)
+ * fails with `why`. `own`: this rank's own shutdown stops it. The flight
+ * recorder keeps the set's last state, and dumps when the stop is an
+ * error here: not a shutdown, or one that failed work of this rank. */
+static void stop_all(kolo__pset_t *ps, const kolo__err_t *cause, int own)
 {
     kolo__err_t mapped = *cause, *why = &mapped;
+    uint64_t completed = ps->completed;
     int shutdown;
     kolo__entry_t *e;
 
@@ -128,11 +132,14 @@ static void stop_all(kolo__pset_t *ps, const kolo__err_t *cause)
     ps->nready = 0;
     kolo__negotiate_drain(ps, kolo__fail_entry, why);
     ps->stopped = *why;
+    kolo__flight_set_stopped(ps, cause, cause->code != KOLO_ERR_SHUTDOWN ||
+                                            (!own && ps->completed != completed));
 }
 
 /* The reason a set stops when a rank asked to shut down, or the reason the
- * runtime gave when it closed the queue (the global set stopped). */
-static void stop_reason(kolo__pset_t *ps, int stop_rank, kolo__err_t *err)
+ * runtime gave when it closed the queue (the global set stopped); 1 when
+ * it is this rank's own shutdown. */
+static int stop_reason(kolo__pset_t *ps, int stop_rank, kolo__err_t *err)
 {
     int gstop = ps->ranks[stop_rank];
 
@@ -140,13 +147,15 @@ static void stop_reason(kolo__pset_t *ps, int stop_rank, kolo__err_t *err)
     if (ps->queue.closed) {
         *err = ps->queue.close_err;
         pthread_mutex_unlock(&ps->queue.mu);
-        return;
+        return 0;
     }
     pthread_mutex_unlock(&ps->queue.mu);
-    if (gstop == ps->rt->rank)
+    if (gstop == ps->rt->rank) {
         kolo__err_set(err, KOLO_ERR_SHUTDOWN,
                       "kolo was shut down on this rank (rank %d)", gstop);
-    else if (ps->id == KOLO_GLOBAL_PROCESS_SET) {
+        return 1;
+    }
+    if (ps->id == KOLO_GLOBAL_PROCESS_SET) {
         /* In an elastic job a rank that leaves changes the membership.
          * A rank that stopped after a failure of its own said which
          * (peers.h). */
@@ -163,6 +172,7 @@ static void stop_reason(kolo__pset_t *ps, int stop_rank, kolo__err_t *err)
         kolo__err_set(err, KOLO_ERR_SHUTDOWN,
                       "process set %d was removed or stopped (by rank %d)",
                       ps->id, gstop);
+    return 0;
 }
 
 /* Counts a round that did work; at the end of a window, agrees on the
@@ -288,6 +298,7 @@ static int negotiate_round(kolo__pset_t *ps, cycle_t *c, kolo__err_t *err)
     kolo__watchdog_enter(ps, "a negotiation round");
     rc = kolo__negotiate(ps, fresh, c->shutdown, &c->stop_rank, err);
     kolo__watchdog_enter(ps, NULL);
+    atomic_store_explicit(&ps->flight.rounds, ps->cycles, memory_order_relaxed);
     if (rc == KOLO_OK)
         c->t2 = kolo__now_us();
     return rc;
@@ -361,7 +372,7 @@ static int stop_failed(kolo__pset_t *ps, cycle_t *c, const kolo__err_t *err)
         kolo__fail_entry(ps, c->fresh, err);
         c->fresh = next;
     }
-    stop_all(ps, err);
+    stop_all(ps, err, 0);
     return 1;
 }
 
@@ -370,12 +381,12 @@ static int stop_failed(kolo__pset_t *ps, cycle_t *c, const kolo__err_t *err)
 static int stop_agreed(kolo__pset_t *ps, int stop_rank)
 {
     kolo__err_t err;
+    int own = stop_reason(ps, stop_rank, &err);
 
-    stop_reason(ps, stop_rank, &err);
     if (kolo__negotiate_pending(ps))
         kolo__log(KOLO__LOG_WARNING, "%s; tensors still pending on "
                   "this rank fail", err.msg);
-    stop_all(ps, &err);
+    stop_all(ps, &err, own);
     return 0;
 }
 

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "complete.h"
+#include "flight.h"
 #include "inflight.h"
 #include "peers.h"
 #include "timeline.h"
@@ -91,10 +92,27 @@ int kolo__elastic_status(const kolo__runtime_t *rt, int code)
     return code;
 }
 
+/* The flight recorder's record of the entry ends (flight.c). */
+static void flight_end(kolo__pset_t *ps, kolo__entry_t *e, int status,
+                       const char *msg)
+{
+    kolo__err_t why;
+
+    if (ps->rt->flight == NULL)
+        return;
+    if (status == KOLO_OK) {
+        kolo__flight_ended(ps, e, NULL);
+        return;
+    }
+    kolo__err_set(&why, status, "%s", msg != NULL ? msg : "");
+    kolo__flight_ended(ps, e, &why);
+}
+
 void kolo__complete(kolo__pset_t *ps, kolo__entry_t *e, int status,
                     const char *msg)
 {
     status = kolo__elastic_status(ps->rt, status);
+    flight_end(ps, e, status, msg);
     if (status != KOLO_OK)
         kolo__peers_note_cause(status, msg);
     while (e->tl_depth > 0)

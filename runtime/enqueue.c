@@ -15,6 +15,7 @@
 
 #include "alloc.h"
 #include "api.h"
+#include "flight.h"
 #include "passes.h"
 #include "peers.h"
 #include "pset.h"
@@ -207,10 +208,15 @@ static int push(kolo__pset_t *ps, kolo__entry_t **es, int n,
          * free an entry before this function reads it again. */
         handles[i] = es[i]->handle;
     }
+    for (i = 0; i < n && rc == KOLO_OK; i++)
+        kolo__flight_enqueued(ps, es[i]);
     if (rc == KOLO_OK)
         rc = kolo__queue_push_many(&ps->queue, es, (size_t)n, err);
     if (rc != KOLO_OK) {
-        /* Never handed out: complete and release them at once. */
+        /* Never handed out: complete and release them at once (and the
+         * flight recorder forgets them, newest first). */
+        for (i = n; i-- > 0;)
+            kolo__flight_refused(ps, es[i]);
         for (i = 0; i < n; i++) {
             if (es[i]->handle > 0) {
                 kolo__handles_complete(ps->rt->handles, es[i]->handle, rc,

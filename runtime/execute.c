@@ -16,6 +16,7 @@
 #include "complete.h"
 #include "connect.h"
 #include "execute.h"
+#include "flight.h"
 #include "fusion.h"
 #include "peers.h"
 #include "half.h"
@@ -1261,6 +1262,34 @@ static void end_batch(kolo__pset_t *ps, const size_t *idx, size_t n, int rc,
     }
 }
 
+/* The flight recorder (flight.c): every entry of the plan is ready. */
+static void flight_ready(kolo__pset_t *ps)
+{
+    int64_t now;
+
+    if (ps->rt->flight == NULL)
+        return;
+    now = kolo__now_us();
+    for (size_t i = 0; i < ps->nready; i++)
+        kolo__flight_ready(ps, ps->ready[i], now);
+}
+
+/* ... and a batch goes to the backend: its entries, and its bytes. */
+static void flight_started(kolo__pset_t *ps, const size_t *idx, size_t n,
+                           kolo__entry_t **es)
+{
+    size_t bytes = 0;
+
+    if (ps->rt->flight == NULL)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        es[i] = ps->ready[idx[i]];
+        bytes += (size_t)es[i]->params.count *
+                 kolo_dtype_size((kolo_dtype_t)es[i]->params.dtype);
+    }
+    kolo__flight_started(ps, es, n, bytes, kolo__now_us());
+}
+
 /* Executes the plan in ps->ready; completes every entry of it. */
 int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
 {
@@ -1268,15 +1297,19 @@ int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
     kolo__fusion_item_t *items;
     size_t *order;
     kolo__batch_t *batches;
+    kolo__entry_t **es; /* a batch's entries (the flight recorder's) */
     long nb = 0;
     int rc = KOLO_OK;
 
     if (n == 0)
         return KOLO_OK;
+    flight_ready(ps);
     items = kolo__malloc(n * sizeof(*items));
     order = kolo__malloc(n * sizeof(*order));
     batches = kolo__malloc(n * sizeof(*batches));
+    es = ps->rt->flight != NULL ? kolo__malloc(n * sizeof(*es)) : NULL;
     if (items == NULL || order == NULL || batches == NULL ||
+        (ps->rt->flight != NULL && es == NULL) ||
         (nb = plan(ps, items, order, batches)) < 0)
         rc = kolo__err_set(err, KOLO_ERR_NO_MEMORY,
                            "rank %d: out of memory planning %zu tensors",
@@ -1285,6 +1318,7 @@ int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
         const size_t *idx = order + batches[b].first;
         kolo__done_t *done = NULL;
 
+        flight_started(ps, idx, batches[b].n, es);
         rc = run_batch(ps, idx, batches[b].n, &done, err);
         end_batch(ps, idx, batches[b].n, rc, err);
         kolo__done_release(done);
@@ -1298,5 +1332,6 @@ int kolo__execute(kolo__pset_t *ps, kolo__err_t *err)
     free(items);
     free(order);
     free(batches);
+    free(es);
     return rc;
 }

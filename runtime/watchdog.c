@@ -19,8 +19,9 @@
  * as can be told: the backend names the member it is waiting on when it
  * knows (ops.h: waiting_for; shared memory does), and the peers registry
  * (peers.c) tells whether a rank on this host is stopped or gone. The
- * warning repeats every stall-check period while the wait lasts; a rank
- * that comes back lets the job go on as if nothing happened.
+ * warning repeats every stall-check period while the wait lasts, each
+ * with a flight recorder dump of this rank (flight.c); a rank that comes
+ * back lets the job go on as if nothing happened.
  */
 #include "alloc.h"
 #include "watchdog.h"
@@ -31,6 +32,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "flight.h"
 #include "peers.h"
 
 struct kolo__watchdog {
@@ -80,6 +82,7 @@ static void warn(kolo__runtime_t *rt, kolo__pset_t *ps, int64_t waited_us)
               "without progress", rt->rank, (double)waited_us / 1e6,
               atomic_load_explicit(&ps->wait_what, memory_order_relaxed),
               ps->id, who, trouble, rt->cfg.timeout_s);
+    kolo__flight_dump(rt, "stall warning");
 }
 
 static void *watchdog_main(void *arg)

@@ -55,6 +55,11 @@
  *   KOLO_TIMEOUT_SECONDS            a backend operation that makes no
  *                                   progress for this long fails (60)
  *   KOLO_LOG_LEVEL                  trace|debug|info|warning|error (warning)
+ *   KOLO_FLIGHT_RECORDER            collectives the flight recorder keeps
+ *                                   per rank (2048; 0 = off: no records,
+ *                                   no dumps, no SIGUSR1 handler)
+ *   KOLO_FLIGHT_DIR                 where its dumps go (kolorun sets it;
+ *                                   unset: none); see "Flight recorder"
  * A variable with an invalid value makes kolo_init fail with
  * KOLO_ERR_CONFIG and a message naming the variable.
  */
@@ -660,6 +665,42 @@ KOLO_EXPORT int kolo_start_timeline(const char *path, int mark_cycles);
  * write (a full disk, say) that stopped the timeline earlier: the file
  * then holds what was written before it, valid JSON. */
 KOLO_EXPORT int kolo_stop_timeline(void);
+
+/* ---- Flight recorder ---------------------------------------------------- */
+
+/* Every rank keeps its last KOLO_FLIGHT_RECORDER collectives (name,
+ * operation, dtype, shape, bytes, device; when each was enqueued, put in
+ * the plan, started and ended; its fusion batch; how it ended) and where
+ * its threads are (the training thread inside kolo_wait since when and on
+ * what, or outside kolo since when; each process set's background thread
+ * in a negotiation round, a collective, or idle). Where KOLO_FLIGHT_DIR
+ * names a directory (created, mode 0700, if missing), the rank writes all
+ * that as one JSON object to DIR/rank<R>.json, whole or not at all
+ * (written beside it, then renamed), each dump replacing the last: when
+ * kolo reports an error (a handle's, kolo_init's), when the stall check
+ * warns or stops the job, on a timeout, at kolo_shutdown ("shutdown"), and
+ * on SIGUSR1. kolo_init installs the SIGUSR1 handler (the one it replaces
+ * is called after it, if a function; kolo_shutdown restores it): a SIGUSR1
+ * from outside (kill -USR1 PID, or kolorun's, which signals every rank)
+ * dumps this rank, and every other rank of the job at its next
+ * negotiation round, within about a second; the job goes on. A directory
+ * that cannot be written is said once, then the rank writes no more dumps
+ * and the job goes on. `kolo-timeline why DIR` reads the dumps; the
+ * fields are in docs/flight.md. The recorder's cost is a few stores per
+ * collective and about 600 bytes per record kept.
+ *
+ * kolo_flight_stacks: `fd` is a file, open for reading and appending
+ * (mode "a+"), where the program's own handler of SIGUSR1, installed after
+ * kolo_init and calling kolo's in turn (Python: faulthandler.register(
+ * signal.SIGUSR1, file=f, all_threads=True, chain=True)), writes every
+ * thread's stack. kolo then raises SIGUSR1 for each dump it takes, so that
+ * the stacks are written first, and puts what the file gained since the
+ * last dump in the dump's "python_stacks". kolo keeps its own descriptor
+ * of the file; fd < 0 forgets it (call it before removing that handler).
+ * KOLO_ERR_UNSUPPORTED (fd not used) when the recorder is off or
+ * KOLO_FLIGHT_DIR is not set; KOLO_ERR_INVALID_ARGUMENT for a descriptor
+ * that cannot be read. kolo.init does all this for Python programs. */
+KOLO_EXPORT int kolo_flight_stacks(int fd);
 
 /* ---- What this build has ----------------------------------------------- */
 
