@@ -86,19 +86,43 @@
 
 enum { ST_EMPTY, ST_ENQUEUED, ST_READY, ST_RUNNING, ST_DONE, ST_FAILED };
 
-typedef struct rec {
+/* A record is two parts, each written by one thread under its own
+ * mutexes, so that the training thread and the background thread never
+ * write the same cache lines. What the enqueue writes (256 bytes): */
+typedef struct rec_enq {
     uint64_t id; /* the recorder's count when it was made; 0: empty */
     uint64_t seq, nth;
     kolo_handle_t handle;
+    int64_t enqueued_us, bytes;
     int64_t shape[KOLO_MAX_DIMS];
-    int64_t bytes;
-    int64_t enqueued_us, ready_us, started_us, ended_us;
-    int64_t batch, batch_bytes;
-    int32_t set, device, batch_tensors;
-    uint8_t coll, dtype, ndim, device_type, state;
+    int32_t set, device;
+    uint8_t coll, dtype, ndim, device_type;
     char name[NAME_BYTES + 4];
-    char error[ERROR_BYTES + 4];
+} rec_enq_t;
+
+/* What the set's background thread writes, valid for record `id` only
+ * (an older id: nothing happened to this record since its enqueue); its
+ * first 64 bytes are all that a collective that succeeds touches. */
+typedef struct rec_run {
+    uint64_t id;
+    int64_t ready_us, started_us, ended_us;
+    int64_t batch, batch_bytes;
+    int32_t batch_tensors;
+    uint8_t state;
+    char error[ERROR_BYTES + 20];
+} rec_run_t;
+
+/* A record as a dump reads it. */
+typedef struct rec {
+    rec_enq_t e;
+    rec_run_t r;
 } rec_t;
+
+/* A mutex on a cache line of its own. */
+typedef union stripe {
+    pthread_mutex_t mu;
+    char line[128];
+} stripe_t;
 
 /* What the dumps keep of a set besides the set itself: its straggler
  * figures, and once it stopped, its last state. */
@@ -119,11 +143,16 @@ typedef struct earlier {
 struct kolo__flight {
     kolo__runtime_t *rt;
     size_t n;
-    rec_t *ring;
-    pthread_mutex_t stripe[STRIPES];
+    rec_enq_t *enq;      /* [n], and their mutexes: */
+    stripe_t *enq_mu;    /* [STRIPES] */
+    rec_run_t *run;      /* [n], the same */
+    stripe_t *run_mu;
+    int64_t clock_offset_us; /* unix = monotonic + this */
+    char line[64];       /* (the training thread's counters on a line of
+                            their own) */
     _Atomic uint64_t total;        /* records made */
     _Atomic uint64_t last_enqueue; /* the newest record's id */
-    int64_t clock_offset_us;       /* unix = monotonic + this */
+    char line2[64];
     /* The dump thread and its requests (mu guards what follows it). */
     pthread_t thread;
     int pipe[2];
@@ -239,31 +268,47 @@ static void copy_cut(char *dst, const char *src, size_t max)
     memcpy(dst + len, "...", 4);
 }
 
-static pthread_mutex_t *stripe_of(struct kolo__flight *fl, uint64_t id)
+static size_t slot_of(const struct kolo__flight *fl, uint64_t id)
 {
-    return &fl->stripe[((id - 1) % fl->n) % STRIPES];
+    return (size_t)((id - 1) % fl->n);
 }
 
-/* The record `id` with its stripe locked, or NULL (nothing locked) when
- * a newer record took its slot. */
-static rec_t *lock_rec(struct kolo__flight *fl, uint64_t id)
+static pthread_mutex_t *enq_mu(struct kolo__flight *fl, uint64_t id)
 {
-    rec_t *r = &fl->ring[(id - 1) % fl->n];
-
-    pthread_mutex_lock(stripe_of(fl, id));
-    if (r->id == id)
-        return r;
-    pthread_mutex_unlock(stripe_of(fl, id));
-    return NULL;
+    return &fl->enq_mu[slot_of(fl, id) % STRIPES].mu;
 }
 
-static void unlock_rec(struct kolo__flight *fl, uint64_t id)
+static pthread_mutex_t *run_mu(struct kolo__flight *fl, uint64_t id)
 {
-    pthread_mutex_unlock(stripe_of(fl, id));
+    return &fl->run_mu[slot_of(fl, id) % STRIPES].mu;
+}
+
+/* Record id's background part, its mutex held, made record id's if it
+ * was an older record's; NULL (nothing held) when a newer record's
+ * background thread has written it already (the ring went round while
+ * this collective was in flight). */
+static rec_run_t *lock_run(struct kolo__flight *fl, uint64_t id)
+{
+    rec_run_t *r = &fl->run[slot_of(fl, id)];
+
+    pthread_mutex_lock(run_mu(fl, id));
+    if (r->id > id) {
+        pthread_mutex_unlock(run_mu(fl, id));
+        return NULL;
+    }
+    if (r->id != id) {
+        r->id = id;
+        r->ready_us = r->started_us = r->ended_us = 0;
+        r->batch = r->batch_bytes = 0;
+        r->batch_tensors = 0;
+        r->state = ST_ENQUEUED;
+    }
+    return r;
 }
 
 /* The tensor's description, from the entry (the training thread's). */
-static void describe(rec_t *r, const kolo__pset_t *ps, const kolo__entry_t *e)
+static void describe(rec_enq_t *r, const kolo__pset_t *ps,
+                     const kolo__entry_t *e)
 {
     const kolo__params_t *p = &e->params;
     int rows = p->coll == KOLO__COLL_ALLGATHER || p->coll == KOLO__COLL_ALLTOALL;
@@ -285,11 +330,6 @@ static void describe(rec_t *r, const kolo__pset_t *ps, const kolo__entry_t *e)
     r->device_type = p->device_type;
     r->device = e->device;
     r->enqueued_us = e->enqueued_us;
-    r->ready_us = r->started_us = r->ended_us = 0;
-    r->batch = r->batch_bytes = 0;
-    r->batch_tensors = 0;
-    r->state = ST_ENQUEUED;
-    r->error[0] = '\0';
     copy_cut(r->name, e->name, NAME_BYTES);
 }
 
@@ -297,7 +337,7 @@ void kolo__flight_enqueued(kolo__pset_t *ps, kolo__entry_t *e)
 {
     struct kolo__flight *fl = ps->rt->flight;
     uint64_t id;
-    rec_t *r;
+    rec_enq_t *r;
 
     if (ps->rt->handles != NULL)
         atomic_store_explicit(&ps->rt->handles->waits.outside_us,
@@ -306,22 +346,21 @@ void kolo__flight_enqueued(kolo__pset_t *ps, kolo__entry_t *e)
         return;
     id = atomic_fetch_add_explicit(&fl->total, 1, memory_order_relaxed) + 1;
     e->flight = id;
-    r = &fl->ring[(id - 1) % fl->n];
-    pthread_mutex_lock(stripe_of(fl, id));
+    r = &fl->enq[slot_of(fl, id)];
+    pthread_mutex_lock(enq_mu(fl, id));
     r->id = id;
     r->seq = ++ps->flight.seq;
     r->nth = e->params.coll < KOLO__COLL_COUNT_ ? ++ps->flight.nth[e->params.coll]
                                                 : 0;
     describe(r, ps, e);
-    pthread_mutex_unlock(stripe_of(fl, id));
+    pthread_mutex_unlock(enq_mu(fl, id));
     atomic_store_explicit(&fl->last_enqueue, id, memory_order_relaxed);
 }
 
 void kolo__flight_refused(kolo__pset_t *ps, kolo__entry_t *e)
 {
     struct kolo__flight *fl = ps->rt->flight;
-    uint64_t id = e->flight;
-    rec_t *r;
+    uint64_t id = e->flight, newest = id;
 
     if (fl == NULL || id == 0)
         return;
@@ -329,29 +368,25 @@ void kolo__flight_refused(kolo__pset_t *ps, kolo__entry_t *e)
     ps->flight.seq--;
     if (e->params.coll < KOLO__COLL_COUNT_)
         ps->flight.nth[e->params.coll]--;
-    if ((r = lock_rec(fl, id)) != NULL) {
-        r->id = 0;
-        unlock_rec(fl, id);
-    }
+    pthread_mutex_lock(enq_mu(fl, id));
+    if (fl->enq[slot_of(fl, id)].id == id)
+        fl->enq[slot_of(fl, id)].id = 0;
+    pthread_mutex_unlock(enq_mu(fl, id));
     /* Enqueues are made under the API lock: it is the newest record. */
-    {
-        uint64_t newest = id;
-        if (atomic_compare_exchange_strong(&fl->total, &newest, id - 1))
-            atomic_store_explicit(&fl->last_enqueue, id - 1,
-                                  memory_order_relaxed);
-    }
+    if (atomic_compare_exchange_strong(&fl->total, &newest, id - 1))
+        atomic_store_explicit(&fl->last_enqueue, id - 1, memory_order_relaxed);
 }
 
 void kolo__flight_ready(kolo__pset_t *ps, kolo__entry_t *e, int64_t now_us)
 {
     struct kolo__flight *fl = ps->rt->flight;
-    rec_t *r;
+    rec_run_t *r;
 
-    if (fl == NULL || e->flight == 0 || (r = lock_rec(fl, e->flight)) == NULL)
+    if (fl == NULL || e->flight == 0 || (r = lock_run(fl, e->flight)) == NULL)
         return;
     r->ready_us = now_us;
     r->state = ST_READY;
-    unlock_rec(fl, e->flight);
+    pthread_mutex_unlock(run_mu(fl, e->flight));
 }
 
 void kolo__flight_started(kolo__pset_t *ps, kolo__entry_t *const *es,
@@ -364,15 +399,15 @@ void kolo__flight_started(kolo__pset_t *ps, kolo__entry_t *const *es,
         return;
     batch = ++ps->flight.batches;
     for (size_t i = 0; i < n; i++) {
-        rec_t *r;
-        if (es[i]->flight == 0 || (r = lock_rec(fl, es[i]->flight)) == NULL)
+        rec_run_t *r;
+        if (es[i]->flight == 0 || (r = lock_run(fl, es[i]->flight)) == NULL)
             continue;
         r->started_us = now_us;
         r->batch = batch;
         r->batch_tensors = (int32_t)n;
         r->batch_bytes = (int64_t)bytes;
         r->state = ST_RUNNING;
-        unlock_rec(fl, es[i]->flight);
+        pthread_mutex_unlock(run_mu(fl, es[i]->flight));
     }
 }
 
@@ -380,7 +415,8 @@ void kolo__flight_ended(kolo__pset_t *ps, kolo__entry_t *e,
                         const kolo__err_t *err)
 {
     struct kolo__flight *fl = ps->rt->flight;
-    rec_t *r;
+    int failed = err != NULL && err->code != KOLO_OK;
+    rec_run_t *r;
 
     if (fl == NULL)
         return;
@@ -388,19 +424,17 @@ void kolo__flight_ended(kolo__pset_t *ps, kolo__entry_t *e,
                           atomic_load_explicit(&ps->flight.completed,
                                                memory_order_relaxed) + 1,
                           memory_order_relaxed);
-    if (e->flight == 0 || (r = lock_rec(fl, e->flight)) == NULL)
-        return;
-    r->ended_us = kolo__now_us();
-    if (err != NULL && err->code != KOLO_OK) {
-        r->state = ST_FAILED;
-        copy_cut(r->error, err->msg[0] ? err->msg : kolo_strerror(err->code),
-                 ERROR_BYTES);
-    } else
-        r->state = ST_DONE;
-    unlock_rec(fl, e->flight);
+    if (e->flight != 0 && (r = lock_run(fl, e->flight)) != NULL) {
+        r->ended_us = kolo__now_us();
+        r->state = failed ? ST_FAILED : ST_DONE;
+        if (failed)
+            copy_cut(r->error, err->msg[0] ? err->msg : kolo_strerror(err->code),
+                     ERROR_BYTES);
+        pthread_mutex_unlock(run_mu(fl, e->flight));
+    }
     /* An error reported through a handle (a shutdown is judged where the
      * set stops: kolo__flight_set_stopped). */
-    if (err != NULL && err->code != KOLO_OK && err->code != KOLO_ERR_SHUTDOWN)
+    if (failed && err->code != KOLO_ERR_SHUTDOWN)
         kolo__flight_dump_error(ps->rt, err);
 }
 
@@ -689,7 +723,7 @@ static const char *state_name(int state)
 }
 
 /* {"set", "name", "seq"} of a record, with its enqueue time. */
-static void put_ref(FILE *f, const struct kolo__flight *fl, const rec_t *r,
+static void put_ref(FILE *f, const struct kolo__flight *fl, const rec_enq_t *r,
                     int with_time)
 {
     fprintf(f, "{\"set\": %d, \"name\": ", r->set);
@@ -702,24 +736,13 @@ static void put_ref(FILE *f, const struct kolo__flight *fl, const rec_t *r,
     fputc('}', f);
 }
 
-static void put_rec(FILE *f, const struct kolo__flight *fl, const rec_t *r)
+/* What happened to the record after its enqueue: times, batch, state. */
+static void put_run(FILE *f, const struct kolo__flight *fl, const rec_run_t *r)
 {
-    fprintf(f, "{\"seq\": %llu, \"nth\": %llu, \"set\": %d, \"name\": ",
-            (unsigned long long)r->seq, (unsigned long long)r->nth, r->set);
-    put_str(f, r->name);
-    fprintf(f, ", \"op\": \"%s\", \"dtype\": \"%s\", \"shape\": [",
-            kolo__coll_name(r->coll), kolo_dtype_name((kolo_dtype_t)r->dtype));
-    for (int d = 0; d < r->ndim; d++)
-        fprintf(f, "%s%lld", d ? ", " : "", (long long)r->shape[d]);
-    fprintf(f, "], \"bytes\": %lld, \"device\": ", (long long)r->bytes);
-    if (r->device_type == KOLO_DEVICE_CUDA)
-        fprintf(f, "\"cuda:%d\"", r->device);
-    else
-        fputs("\"cpu\"", f);
-    const int64_t *times[] = {&r->enqueued_us, &r->ready_us, &r->started_us,
-                              &r->ended_us};
-    const char *keys[] = {"enqueued", "ready", "started", "ended"};
-    for (int i = 0; i < 4; i++) {
+    const int64_t *times[] = {&r->ready_us, &r->started_us, &r->ended_us};
+    const char *keys[] = {"ready", "started", "ended"};
+
+    for (int i = 0; i < 3; i++) {
         fprintf(f, ", \"%s\": ", keys[i]);
         put_time(f, fl, *times[i]);
     }
@@ -732,18 +755,53 @@ static void put_rec(FILE *f, const struct kolo__flight *fl, const rec_t *r)
               f);
     fprintf(f, ", \"state\": \"%s\", \"error\": ", state_name(r->state));
     put_str(f, r->state == ST_FAILED ? r->error : NULL);
+}
+
+static void put_rec(FILE *f, const struct kolo__flight *fl, const rec_t *r)
+{
+    const rec_enq_t *e = &r->e;
+    rec_run_t none = {.state = ST_ENQUEUED};
+
+    fprintf(f, "{\"seq\": %llu, \"nth\": %llu, \"set\": %d, \"name\": ",
+            (unsigned long long)e->seq, (unsigned long long)e->nth, e->set);
+    put_str(f, e->name);
+    fprintf(f, ", \"op\": \"%s\", \"dtype\": \"%s\", \"shape\": [",
+            kolo__coll_name(e->coll), kolo_dtype_name((kolo_dtype_t)e->dtype));
+    for (int d = 0; d < e->ndim; d++)
+        fprintf(f, "%s%lld", d ? ", " : "", (long long)e->shape[d]);
+    fprintf(f, "], \"bytes\": %lld, \"device\": ", (long long)e->bytes);
+    if (e->device_type == KOLO_DEVICE_CUDA)
+        fprintf(f, "\"cuda:%d\"", e->device);
+    else
+        fputs("\"cpu\"", f);
+    fputs(", \"enqueued\": ", f);
+    put_time(f, fl, e->enqueued_us);
+    put_run(f, fl, r->r.id == e->id ? &r->r : &none);
     fputc('}', f);
 }
 
-/* A copy of record id, if it is still in the ring. */
+/* Record id's enqueue part, if the ring still holds it. */
+static int copy_enq(struct kolo__flight *fl, uint64_t id, rec_enq_t *out)
+{
+    int ok;
+
+    if (id == 0)
+        return 0;
+    pthread_mutex_lock(enq_mu(fl, id));
+    *out = fl->enq[slot_of(fl, id)];
+    pthread_mutex_unlock(enq_mu(fl, id));
+    ok = out->id == id;
+    return ok;
+}
+
+/* A copy of record id, if the ring still holds it. */
 static int copy_rec(struct kolo__flight *fl, uint64_t id, rec_t *out)
 {
-    rec_t *r;
-
-    if (id == 0 || (r = lock_rec(fl, id)) == NULL)
+    if (!copy_enq(fl, id, &out->e))
         return 0;
-    *out = *r;
-    unlock_rec(fl, id);
+    pthread_mutex_lock(run_mu(fl, id));
+    out->r = fl->run[slot_of(fl, id)];
+    pthread_mutex_unlock(run_mu(fl, id));
     return 1;
 }
 
@@ -771,12 +829,13 @@ static void write_records(FILE *f, struct kolo__flight *fl)
 }
 
 /* The newest record of the handle, if the ring still has it. */
-static int find_handle(struct kolo__flight *fl, kolo_handle_t handle, rec_t *out)
+static int find_handle(struct kolo__flight *fl, kolo_handle_t handle,
+                       rec_enq_t *out)
 {
     uint64_t total = atomic_load(&fl->total), first = first_kept(fl, total);
 
     for (uint64_t id = total; id >= first && id > 0; id--)
-        if (copy_rec(fl, id, out) && out->handle == handle)
+        if (copy_enq(fl, id, out) && out->handle == handle)
             return 1;
     return 0;
 }
@@ -786,7 +845,7 @@ static void write_training(FILE *f, struct kolo__flight *fl)
     kolo__handles_t *h = fl->rt->handles;
     int inside = h != NULL && atomic_load(&h->waits.inside) > 0;
     kolo_handle_t handle = h != NULL ? atomic_load(&h->waits.handle) : 0;
-    rec_t r;
+    rec_enq_t r;
 
     fprintf(f, "\"training\": {\"inside\": %s, \"since\": ",
             inside ? "\"kolo_wait\"" : "null");
@@ -802,7 +861,7 @@ static void write_training(FILE *f, struct kolo__flight *fl)
         fprintf(f, "{\"set\": null, \"name\": null, \"seq\": null, "
                 "\"handle\": %lld}", (long long)handle);
     fputs(", \"last_enqueue\": ", f);
-    if (copy_rec(fl, atomic_load(&fl->last_enqueue), &r))
+    if (copy_enq(fl, atomic_load(&fl->last_enqueue), &r))
         put_ref(f, fl, &r, 1);
     else
         fputs("null", f);
@@ -1081,8 +1140,9 @@ static void write_dump(struct kolo__flight *fl, const char *reason, int64_t now)
     }
 }
 
-/* A dump now, remembered as the last (coalescing) and among the earlier
- * ones the next dumps name. */
+/* A dump now, remembered as the last (requests of its kind coalesce with
+ * it from now on) and, once written, among the earlier ones the next
+ * dumps name. */
 static void dump_now(struct kolo__flight *fl, const char *reason)
 {
     int64_t now = kolo__now_us();
@@ -1090,10 +1150,12 @@ static void dump_now(struct kolo__flight *fl, const char *reason)
 
     if (atomic_load(&fl->broken))
         return;
-    write_dump(fl, reason, now);
     pthread_mutex_lock(&fl->mu);
     snprintf(fl->last, sizeof(fl->last), "%s", reason);
     fl->last_us = now;
+    pthread_mutex_unlock(&fl->mu);
+    write_dump(fl, reason, now);
+    pthread_mutex_lock(&fl->mu);
     if (fl->nhistory == HISTORY)
         memmove(fl->history, fl->history + 1, (HISTORY - 1) * sizeof(*h));
     else
@@ -1205,10 +1267,15 @@ static void flight_free(struct kolo__flight *fl)
         free(fl->notes[i].stragglers);
     }
     free(fl->notes);
-    for (int i = 0; i < STRIPES; i++)
-        pthread_mutex_destroy(&fl->stripe[i]);
+    for (int i = 0; i < STRIPES && fl->enq_mu && fl->run_mu; i++) {
+        pthread_mutex_destroy(&fl->enq_mu[i].mu);
+        pthread_mutex_destroy(&fl->run_mu[i].mu);
+    }
     pthread_mutex_destroy(&fl->mu);
-    free(fl->ring);
+    free(fl->enq);
+    free(fl->run);
+    free(fl->enq_mu);
+    free(fl->run_mu);
     free(fl);
 }
 
@@ -1237,6 +1304,40 @@ static int start_thread(struct kolo__flight *fl, kolo__err_t *err)
     return KOLO_OK;
 }
 
+/* The ring and its mutexes, on cache lines of their own; NULL for want
+ * of memory. */
+static struct kolo__flight *flight_new(size_t n)
+{
+    struct kolo__flight *fl = kolo__calloc(1, sizeof(*fl));
+
+    if (fl == NULL)
+        return NULL;
+    fl->n = n;
+    fl->enq = kolo__aligned_alloc(64, n * sizeof(rec_enq_t));
+    fl->run = kolo__aligned_alloc(64, n * sizeof(rec_run_t));
+    fl->enq_mu = kolo__aligned_alloc(64, STRIPES * sizeof(stripe_t));
+    fl->run_mu = kolo__aligned_alloc(64, STRIPES * sizeof(stripe_t));
+    fl->pipe[0] = fl->pipe[1] = fl->stacks_fd = -1;
+    pthread_mutex_init(&fl->mu, NULL);
+    for (int i = 0; i < STRIPES && fl->enq_mu && fl->run_mu; i++) {
+        pthread_mutex_init(&fl->enq_mu[i].mu, NULL);
+        pthread_mutex_init(&fl->run_mu[i].mu, NULL);
+    }
+    if (fl->enq == NULL || fl->run == NULL || fl->enq_mu == NULL ||
+        fl->run_mu == NULL) {
+        if (fl->enq_mu == NULL || fl->run_mu == NULL) { /* none to destroy */
+            free(fl->enq_mu);
+            free(fl->run_mu);
+            fl->enq_mu = fl->run_mu = NULL;
+        }
+        flight_free(fl);
+        return NULL;
+    }
+    memset(fl->enq, 0, n * sizeof(rec_enq_t));
+    memset(fl->run, 0, n * sizeof(rec_run_t));
+    return fl;
+}
+
 int kolo__flight_open(kolo__runtime_t *rt, kolo__err_t *err)
 {
     size_t n = (size_t)rt->cfg.flight_recorder;
@@ -1244,21 +1345,14 @@ int kolo__flight_open(kolo__runtime_t *rt, kolo__err_t *err)
 
     if (n == 0)
         return KOLO_OK;
-    fl = kolo__calloc(1, sizeof(*fl));
-    if (fl == NULL || (fl->ring = kolo__calloc(n, sizeof(rec_t))) == NULL) {
-        free(fl);
+    if ((fl = flight_new(n)) == NULL)
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "rank %d: out of memory "
                              "for the flight recorder's %zu records (%zu "
                              "bytes; KOLO_FLIGHT_RECORDER sets how many, 0 "
-                             "none)", rt->rank, n, n * sizeof(rec_t));
-    }
+                             "none)", rt->rank, n,
+                             n * (sizeof(rec_enq_t) + sizeof(rec_run_t)));
     fl->rt = rt;
-    fl->n = n;
-    fl->stacks_fd = -1;
     fl->clock_offset_us = clock_offset();
-    for (int i = 0; i < STRIPES; i++)
-        pthread_mutex_init(&fl->stripe[i], NULL);
-    pthread_mutex_init(&fl->mu, NULL);
     if (start_thread(fl, err) != KOLO_OK) {
         flight_free(fl);
         return err->code;
