@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "flight.h"
 #include "ranks.h"
 #include "timeline.h"
 
@@ -23,6 +24,8 @@ static const char *no_env(const char *name)
 }
 
 int64_t ranks_cache_capacity = -1;
+int64_t ranks_flight_recorder = 0;
+const char *ranks_flight_dir = "";
 
 /* A runtime for one rank, as kolo_init sets one up, over ops/mem. */
 static int runtime_init(prank_t *p, kolo__err_t *err)
@@ -47,6 +50,9 @@ static int runtime_init(prank_t *p, kolo__err_t *err)
         rt->cfg.stall_check_s = p->job->stall_check_s;
     if (ranks_cache_capacity >= 0)
         rt->cfg.cache_capacity = ranks_cache_capacity;
+    rt->cfg.flight_recorder = ranks_flight_recorder;
+    snprintf(rt->cfg.flight_dir, sizeof(rt->cfg.flight_dir), "%s",
+             ranks_flight_dir);
     rt->rank = p->rank;
     rt->size = n;
     if (kolo__handles_init(&p->handles) != 0)
@@ -58,7 +64,7 @@ static int runtime_init(prank_t *p, kolo__err_t *err)
     rt->set_sizes = calloc(4, sizeof(*rt->set_sizes));
     if (rt->timeline == NULL || rt->sets == NULL || rt->set_sizes == NULL)
         return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "runtime");
-    return KOLO_OK;
+    return kolo__flight_open(rt, err);
 }
 
 /* Starts set `id` of `size` global ranks on this rank (a member) and
@@ -84,19 +90,36 @@ kolo__pset_t *set_start(prank_t *p, int id, const int *ranks, int size)
     return ps;
 }
 
-/* As kolo_shutdown: the global set first, then the others. */
+/* Set id, taken out of the set table (the flight recorder reads it). */
+static kolo__pset_t *set_take(kolo__runtime_t *rt, int id)
+{
+    kolo__pset_t *ps = NULL;
+
+    pthread_mutex_lock(&rt->sets_mu);
+    if (rt->sets != NULL && id < rt->nsets) {
+        ps = rt->sets[id];
+        rt->sets[id] = NULL;
+    }
+    pthread_mutex_unlock(&rt->sets_mu);
+    return ps;
+}
+
+/* As kolo_shutdown: the global set first, then the others, then the
+ * flight recorder. */
 static void runtime_stop(prank_t *p)
 {
     kolo__runtime_t *rt = &p->rt;
+    kolo__pset_t *ps;
     kolo__err_t why;
 
-    if (rt->sets != NULL && rt->nsets > 0 && rt->sets[0] != NULL)
-        kolo__pset_stop(rt->sets[0], NULL);
+    if ((ps = set_take(rt, KOLO_GLOBAL_PROCESS_SET)) != NULL)
+        kolo__pset_stop(ps, NULL);
     kolo__err_set(&why, KOLO_ERR_SHUTDOWN,
                   "kolo was shut down on this rank (rank %d)", rt->rank);
     for (int i = 1; i < rt->nsets; i++)
-        if (rt->sets[i] != NULL)
-            kolo__pset_stop(rt->sets[i], &why);
+        if ((ps = set_take(rt, i)) != NULL)
+            kolo__pset_stop(ps, &why);
+    kolo__flight_close(rt);
     kolo__timeline_free(rt->timeline);
     free(rt->sets);
     free(rt->set_sizes);
@@ -189,7 +212,9 @@ kolo_handle_t push_try(kolo__pset_t *ps, const char *name,
         return 0;
     }
     h = e->handle;
+    kolo__flight_enqueued(ps, e);
     if (kolo__queue_push(&ps->queue, e, err) != KOLO_OK) {
+        kolo__flight_refused(ps, e);
         kolo__handles_complete(ps->rt->handles, h, err->code, err->msg);
         kolo__handles_wait(ps->rt->handles, h, NULL);
         kolo__entry_free(e);
@@ -234,7 +259,9 @@ int wait_h(prank_t *p, kolo_handle_t h, char *msg, size_t len)
     kolo__err_clear(&err);
     if (h == 0)
         return KOLO_ERR_INVALID_HANDLE;
+    kolo__flight_wait_begin(&p->rt, h);
     rc = kolo__handles_wait(p->rt.handles, h, &err);
+    kolo__flight_wait_end(&p->rt);
     if (msg != NULL)
         snprintf(msg, len, "%s", rc == KOLO_OK ? "" : err.msg);
     return rc;

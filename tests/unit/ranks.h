@@ -2,7 +2,7 @@
  * ranks.h — several ranks as threads of one process, each with its own
  * kolo__runtime_t and global process set built the way kolo_init builds
  * them, over the in-memory backend (ops/mem): the harness of the engine's
- * unit tests (test-protocol.c, test-device.c), in ranks.c.
+ * unit tests (test-protocol.c, test-device.c, test-flight.c), in ranks.c.
  *
  * run_job starts `size` threads, each running `body` on its rank once the
  * global set is up, and stops them as kolo_shutdown would; the first thing
@@ -53,6 +53,11 @@ kolo__pset_t *set_start(prank_t *p, int id, const int *ranks, int size);
 /* KOLO_CACHE_CAPACITY of the ranks of the jobs that start from now on
  * (-1, at first: the default). */
 extern int64_t ranks_cache_capacity;
+/* Their KOLO_FLIGHT_RECORDER (0, at first: off; the harness opens and
+ * closes each rank's recorder as kolo_init and kolo_shutdown do) and
+ * KOLO_FLIGHT_DIR ("", at first). */
+extern int64_t ranks_flight_recorder;
+extern const char *ranks_flight_dir;
 /* Runs body on `size` ranks; fails the test with the first rank's
  * complaint. */
 void run_job(int size, body_fn body);
