@@ -9,9 +9,11 @@ waited on (synchronize) or kolo is shut down.
 """
 
 import atexit
+import faulthandler
 import sys
 import ctypes
 import os
+import signal
 import itertools
 import threading
 import warnings
@@ -142,6 +144,57 @@ def check(rc, what=""):
 
 _lock = threading.RLock()
 _atexit_registered = False
+_stacks = None  # the flight recorder's stacks file, while faulthandler writes it
+
+
+def _stacks_start():
+    """The flight recorder's Python stacks (kolo.h, kolo_flight_stacks):
+    where the recorder writes dumps (KOLO_FLIGHT_DIR), faulthandler writes
+    every thread's stack to DIR/rank<R>.stacks on SIGUSR1, then calls
+    kolo's handler (kolo_init installed it first), and each dump carries
+    what the file gained since the last one."""
+    global _stacks
+    folder = os.environ.get("KOLO_FLIGHT_DIR", "")
+    if _stacks is not None or not folder or not _lib.has("kolo_flight_stacks"):
+        return
+    path = os.path.join(folder, "rank%d.stacks" % lib.kolo_rank())
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        f = open(path, "a+")
+    except OSError:
+        return  # the recorder says once that it cannot write there
+    if lib.kolo_flight_stacks(f.fileno()) != _lib.OK:  # the recorder is off
+        _stacks_close(f)
+        return
+    try:
+        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True,
+                              chain=True)
+    except (RuntimeError, ValueError, OSError):
+        lib.kolo_flight_stacks(-1)
+        _stacks_close(f)
+        return
+    _stacks = f
+
+
+def _stacks_stop():
+    global _stacks
+    if _stacks is None:
+        return
+    faulthandler.unregister(signal.SIGUSR1)
+    lib.kolo_flight_stacks(-1)
+    _stacks_close(_stacks)
+    _stacks = None
+
+
+def _stacks_close(f):
+    # A stacks file no dump asked for is not left behind.
+    try:
+        empty = os.fstat(f.fileno()).st_size == 0
+        f.close()
+        if empty:
+            os.remove(f.name)
+    except OSError:
+        pass
 
 
 def init(comm=None, process_sets=None):
@@ -162,6 +215,7 @@ def init(comm=None, process_sets=None):
             rc = lib.kolo_init()
             if rc != _lib.OK and rc != _lib.ERR_ALREADY_INITIALIZED:
                 raise KoloError(_message(rc, "kolo_init"), rc)
+            _stacks_start()
             _drop_pending()
             _noname.clear()  # a new job: unnamed operations count afresh
             if not _atexit_registered:
@@ -182,6 +236,7 @@ def _shutdown(stop):
     with _lock:
         if not lib.kolo_is_initialized():
             return
+        _stacks_stop()
         rc = stop()
         _drop_pending()
         for ps in list(_registered_sets.values()):

@@ -215,14 +215,18 @@ _PROTOTYPES = {
     "kolo_elastic": (_I, []),
     "kolo_elastic_generation": (_I, []),
     "kolo_hosts_updated": (_I, []),
+    "kolo_flight_stacks": (_I, [_I]),
 }
 
 # Functions that a library older than the bindings may lack: declared when
 # present; the bindings check `has(name)` before they use them.
 # kolo_elastic, kolo_elastic_generation and kolo_hosts_updated came with
 # elastic training (issue 21): kolo/_core.py answers 0 for them without it.
+# kolo_flight_stacks came with the flight recorder (issue 52): without it
+# the dumps carry no Python stacks.
 _OPTIONAL = {"kolo_built", "kolo_enabled", "kolo_elastic",
-             "kolo_elastic_generation", "kolo_hosts_updated"}
+             "kolo_elastic_generation", "kolo_hosts_updated",
+             "kolo_flight_stacks"}
 
 
 def _declare():
