@@ -736,7 +736,6 @@ int kolo_init(void)
     KOLO__CHECK_GOTO(runtime_new(&in), rc, unlock);
     KOLO__CHECK_GOTO(read_settings(&in), rc, free_runtime);
     take_place(&in);
-    KOLO__CHECK_GOTO(kolo__flight_open(in.rt, &in.err), rc, free_runtime);
     KOLO__CHECK_GOTO(serve_rendezvous(&in.rt->cfg, in.rt->have_job_key
                                                        ? in.rt->job_key : NULL,
                                       &in.err),
@@ -746,6 +745,7 @@ int kolo_init(void)
     /* From here until the settings are agreed, a failure of this rank is
      * published where the others wait for its settings (agree.h). */
     in.told = 0;
+    KOLO__CHECK_GOTO(kolo__flight_open(in.rt, &in.err), rc, free_runtime);
     KOLO__CHECK_GOTO(open_timeline(&in), rc, free_runtime);
     KOLO__CHECK_GOTO(list_world(&in), rc, free_runtime);
     KOLO__CHECK_GOTO(agree_with_the_others(&in), rc, free_runtime);

@@ -107,7 +107,8 @@ static void drain_device(kolo__pset_t *ps, const kolo__err_t *why)
 /* Ends this rank's part in the set: no more enqueues, everything pending
  * fails with `why`. `own`: this rank's own shutdown stops it. The flight
  * recorder keeps the set's last state, and dumps when the stop is an
- * error here: not a shutdown, or one that failed work of this rank. */
+ * error here: not a shutdown (its cause, first), or another rank's
+ * shutdown that failed work of this rank. */
 static void stop_all(kolo__pset_t *ps, const kolo__err_t *cause, int own)
 {
     kolo__err_t mapped = *cause, *why = &mapped;
@@ -117,6 +118,9 @@ static void stop_all(kolo__pset_t *ps, const kolo__err_t *cause, int own)
 
     /* An elastic job re-forms after a loss: what fails says so. */
     mapped.code = kolo__elastic_status(ps->rt, cause->code);
+    /* The cause first: what fails with it comes after. */
+    if (cause->code != KOLO_ERR_SHUTDOWN)
+        kolo__flight_dump_error(ps->rt, cause);
 
     kolo__queue_close(&ps->queue, why);
     drain_device(ps, why);
@@ -132,8 +136,8 @@ static void stop_all(kolo__pset_t *ps, const kolo__err_t *cause, int own)
     ps->nready = 0;
     kolo__negotiate_drain(ps, kolo__fail_entry, why);
     ps->stopped = *why;
-    kolo__flight_set_stopped(ps, cause, cause->code != KOLO_ERR_SHUTDOWN ||
-                                            (!own && ps->completed != completed));
+    kolo__flight_set_stopped(ps, cause, cause->code == KOLO_ERR_SHUTDOWN &&
+                                            !own && ps->completed != completed);
 }
 
 /* The reason a set stops when a rank asked to shut down, or the reason the
