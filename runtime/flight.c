@@ -1013,10 +1013,12 @@ static char *take_stacks(struct kolo__flight *fl)
     pthread_mutex_lock(&fl->mu);
     if (fl->stacks_fd >= 0 && fstat(fl->stacks_fd, &st) == 0) {
         off_t from = fl->stacks_seen;
+        size_t len;
         if (st.st_size - from > STACKS_MAX)
             from = st.st_size - STACKS_MAX;
-        if (st.st_size > from && (buf = kolo__malloc((size_t)(st.st_size - from) + 1))) {
-            ssize_t got = pread(fl->stacks_fd, buf, (size_t)(st.st_size - from), from);
+        len = st.st_size > from ? (size_t)(st.st_size - from) : 0;
+        if (len > 0 && (buf = kolo__malloc(len + 1)) != NULL) {
+            ssize_t got = pread(fl->stacks_fd, buf, len, from);
             if (got >= 0)
                 buf[got] = '\0';
             else {
@@ -1122,7 +1124,7 @@ static void write_dump(struct kolo__flight *fl, const char *reason, int64_t now)
     snprintf(path, sizeof(path), "%s/rank%d.json", dir, fl->rt->rank);
     snprintf(tmp, sizeof(tmp), "%s/.rank%d.json.%d.tmp", dir, fl->rt->rank,
              (int)getpid());
-    if (make_dirs(dir) != 0 || (f = fopen(tmp, "w")) == NULL) {
+    if (make_dirs(dir) != 0 || (f = fopen(tmp, "we")) == NULL) {
         give_up(fl, path, errno);
         return;
     }
