@@ -163,6 +163,14 @@ static int parse_seconds(const char *text, void *field, const char **expected)
     return 0;
 }
 
+/* A share of something: 0 to 1. */
+static int parse_share(const char *text, void *field, const char **expected)
+{
+    int rc = parse_seconds(text, field, expected);
+    *expected = "a number from 0 to 1";
+    return rc == 0 && *(double *)field <= 1 ? 0 : -1;
+}
+
 static int parse_string(const char *text, void *field, const char **expected)
 {
     *expected = "at most 4095 characters";
@@ -329,6 +337,15 @@ static const config_row_t rows[] = {
      "stop the job when a tensor waits this long for other ranks (0: off)",
      parse_seconds, F(stall_shutdown_s), PER_RANK,
      "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"},
+    {"KOLO_DEADLOCK_CHECK_SECONDS", "2",
+     "stop the job when every rank has waited this long inside kolo for "
+     "tensors that some rank never enqueued, none able to go on (0: off, "
+     "wait as Horovod does)",
+     parse_seconds, F(deadlock_check_s), PER_RANK, NULL},
+    {"KOLO_STRAGGLER_SHARE", "0.2",
+     "warn when one rank is the last to be ready in most rounds and the "
+     "others wait for it at least this share of the time (0: no measure)",
+     parse_share, F(straggler_share), AGREE, NULL},
     {"KOLO_CONTROLLER", "auto", "backend that negotiates: shm when every "
      "rank is on one host, else gloo (auto), gloo, mpi or shm",
      parse_backend, F(controller), AGREE, "HOROVOD_CONTROLLER"},

@@ -34,6 +34,8 @@ typedef struct kolo__config {
                                   * below are then 0 */
     double stall_check_s;    /* 0: off */
     double stall_shutdown_s; /* 0: off */
+    double deadlock_check_s; /* KOLO_DEADLOCK_CHECK_SECONDS; 0: off */
+    double straggler_share;  /* KOLO_STRAGGLER_SHARE; 0: off */
     char controller[16];     /* KOLO_CONTROLLER: auto, gloo, mpi, shm */
     char cpu_operations[16]; /* KOLO_CPU_OPERATIONS: auto, gloo, mpi, shm */
     int64_t hierarchical;    /* KOLO_HIERARCHICAL_ALLREDUCE: -1 auto, 0, 1 */

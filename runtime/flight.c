@@ -336,12 +336,17 @@ static void describe(rec_enq_t *r, const kolo__pset_t *ps,
 void kolo__flight_enqueued(kolo__pset_t *ps, kolo__entry_t *e)
 {
     struct kolo__flight *fl = ps->rt->flight;
-    uint64_t id;
+    uint64_t id, nth;
     rec_enq_t *r;
 
     if (ps->rt->handles != NULL)
         atomic_store_explicit(&ps->rt->handles->waits.outside_us,
                               e->enqueued_us, memory_order_relaxed);
+    /* Counted with the recorder off too: the requests carry it (the
+     * stall inspector's "21st collective"). */
+    e->seq = ++ps->flight.seq;
+    nth = e->params.coll < KOLO__COLL_COUNT_ ? ++ps->flight.nth[e->params.coll]
+                                             : 0;
     if (fl == NULL)
         return;
     id = atomic_fetch_add_explicit(&fl->total, 1, memory_order_relaxed) + 1;
@@ -349,9 +354,8 @@ void kolo__flight_enqueued(kolo__pset_t *ps, kolo__entry_t *e)
     r = &fl->enq[slot_of(fl, id)];
     pthread_mutex_lock(enq_mu(fl, id));
     r->id = id;
-    r->seq = ++ps->flight.seq;
-    r->nth = e->params.coll < KOLO__COLL_COUNT_ ? ++ps->flight.nth[e->params.coll]
-                                                : 0;
+    r->seq = e->seq;
+    r->nth = nth;
     describe(r, ps, e);
     pthread_mutex_unlock(enq_mu(fl, id));
     atomic_store_explicit(&fl->last_enqueue, id, memory_order_relaxed);
@@ -362,12 +366,15 @@ void kolo__flight_refused(kolo__pset_t *ps, kolo__entry_t *e)
     struct kolo__flight *fl = ps->rt->flight;
     uint64_t id = e->flight, newest = id;
 
+    if (e->seq != 0) {
+        e->seq = 0;
+        ps->flight.seq--;
+        if (e->params.coll < KOLO__COLL_COUNT_)
+            ps->flight.nth[e->params.coll]--;
+    }
     if (fl == NULL || id == 0)
         return;
     e->flight = 0;
-    ps->flight.seq--;
-    if (e->params.coll < KOLO__COLL_COUNT_)
-        ps->flight.nth[e->params.coll]--;
     pthread_mutex_lock(enq_mu(fl, id));
     if (fl->enq[slot_of(fl, id)].id == id)
         fl->enq[slot_of(fl, id)].id = 0;

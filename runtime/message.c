@@ -173,6 +173,8 @@ int kolo__msg_encode(const kolo__msg_t *msg, kolo__bytes_t *out,
             const kolo__request_t *r = &msg->u.requests[i];
             put_str(&w, r->name, KOLO_MAX_NAME_LEN);
             put_params(&w, &r->params, 0);
+            put_i64(&w, r->age_us);
+            put_i64(&w, (int64_t)r->seq);
         } else {
             const kolo__response_t *r = &msg->u.responses[i];
             put_str(&w, r->name, KOLO_MAX_NAME_LEN);
@@ -359,10 +361,14 @@ static int read_item(decoder_t *d, kolo__msg_t *msg, uint32_t i)
         return MALFORMED;
     if (!requests)
         return read_status(d, &msg->u.responses[i], last);
-    if (last == 0)
-        return 0;
     d->what = "request flags";
-    return MALFORMED;
+    if (last != 0)
+        return MALFORMED;
+    d->what = "request age and sequence";
+    if (get(&d->r, &msg->u.requests[i].age_us, 8) != 0 ||
+        get(&d->r, &msg->u.requests[i].seq, 8) != 0)
+        return MALFORMED;
+    return 0;
 }
 
 int kolo__msg_decode(const uint8_t *data, size_t len, int from_rank,

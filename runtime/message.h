@@ -6,9 +6,9 @@
  * list goes from the coordinator to every rank: the tensors that are now
  * ready everywhere (or failed), in the order every rank executes them.
  *
- * Wire format (little-endian, no padding), version 3:
+ * Wire format (little-endian, no padding), version 4:
  *   header:   u32 magic 'KOLO' | u16 version | u16 kind | i32 rank | u32 n
- *   request:  u16 name_len | name | params(flags = 0)
+ *   request:  u16 name_len | name | params(flags = 0) | i64 age_us | u64 seq
  *   response: u16 name_len | name | params(flags = -status) |
  *             [status != OK: u16 text_len | text]
  *   params:   u8 coll | u8 dtype | u8 op | u8 flags | i64 count |
@@ -28,7 +28,7 @@
 #include "common.h"
 
 #define KOLO__MSG_MAGIC 0x4f4c4f4bu /* "KOLO" */
-#define KOLO__MSG_VERSION 3
+#define KOLO__MSG_VERSION 4
 #define KOLO__MSG_MAX_TEXT 4000
 
 /* The collectives, numbered 0, 1, ... in this order: the numbers travel
@@ -81,6 +81,12 @@ int kolo__params_equal(const kolo__params_t *a, const kolo__params_t *b);
 typedef struct kolo__request {
     char *name; /* owned, NUL-terminated */
     kolo__params_t params;
+    /* Not compared between ranks; for the coordinator's stall inspector:
+     * how long the sender has had the tensor (so that a wait is counted
+     * from its enqueue, not from when the request came), and the sender's
+     * enqueue count in the set (its "21st collective"; 0: not known). */
+    int64_t age_us;
+    uint64_t seq;
 } kolo__request_t;
 
 typedef struct kolo__response {

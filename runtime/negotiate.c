@@ -110,11 +110,15 @@
 #include "complete.h"
 #include "negotiate.h"
 #include "reduce.h"
+#include "flight.h"
 #include "runtime.h"
+#include "stall.h"
+#include "straggler.h"
 #include "timeline.h"
 
 #define FLAG_NO_UNCACHED 1ULL
 #define FLAG_NONE_PENDING 2ULL
+#define FLAG_NO_HITS 4ULL
 
 #define BIT_GET(words, b) (((words)[(b) / 64] >> ((b) % 64)) & 1ULL)
 #define BIT_SET(words, b) ((words)[(b) / 64] |= 1ULL << ((b) % 64))
@@ -156,14 +160,17 @@ int kolo__negotiate_init(kolo__pset_t *ps)
     size_t cap = (size_t)ps->rt->cfg.cache_capacity;
     size_t rank_words = ((size_t)ps->size + 63) / 64;
 
-    if (kolo__cache_init(&ps->neg.cache, cap) != 0)
+    if (kolo__cache_init(&ps->neg.cache, cap) != 0 || kolo__stall_init(ps) != 0 ||
+        kolo__straggler_new(ps) != 0)
         return -1;
     ps->neg.hits = kolo__calloc(cap ? cap : 1, sizeof(*ps->neg.hits));
     ps->neg.joined = kolo__calloc((size_t)ps->size, 1);
     ps->neg.hit_words = (cap + 63) / 64;
     ps->neg.shut_word = 1;
     ps->neg.join_word = ps->neg.shut_word + rank_words;
-    ps->neg.hit_word = ps->neg.join_word + rank_words;
+    ps->neg.blocked_word = ps->neg.join_word + rank_words;
+    ps->neg.dump_word = ps->neg.blocked_word + rank_words;
+    ps->neg.hit_word = ps->neg.dump_word + rank_words;
     ps->neg.inv_word = ps->neg.hit_word + ps->neg.hit_words;
     ps->neg.check_word = ps->neg.inv_word + ps->neg.hit_words;
     ps->neg.nwords = ps->neg.check_word + 2;
@@ -219,6 +226,7 @@ static void pending_name_free(kolo__pending_name_t *p)
         free(p->params);
         free(p->have);
         free(p->at_us);
+        free(p->seq);
         free(p);
     }
 }
@@ -233,6 +241,9 @@ void kolo__negotiate_free(kolo__pset_t *ps)
     kolo__map_free(&ps->neg.table);
     kolo__map_free(&ps->neg.sent);
     kolo__cache_free(&ps->neg.cache);
+    kolo__stall_free(ps);
+    kolo__straggler_free(ps->neg.straggler);
+    ps->neg.straggler = NULL;
     free(ps->neg.hits);
     free(ps->neg.bits);
     free(ps->neg.joined);
@@ -666,13 +677,14 @@ static kolo__pending_name_t *pending_name_new(kolo__pset_t *ps,
         (p->params = kolo__calloc((size_t)ps->size, sizeof(*p->params))) == NULL ||
         (p->have = kolo__calloc((size_t)ps->size, 1)) == NULL ||
         (p->at_us = kolo__calloc((size_t)ps->size, sizeof(*p->at_us))) == NULL ||
+        (p->seq = kolo__calloc((size_t)ps->size, sizeof(*p->seq))) == NULL ||
         kolo__map_puts(&ps->neg.table, q->name, p) != 0) {
         pending_name_free(p);
         return NULL;
     }
     p->name = q->name;
     q->name = NULL;
-    p->first_us = kolo__now_us();
+    p->first_us = p->waited_from_us = kolo__now_us();
     return p;
 }
 
@@ -695,6 +707,10 @@ static int table_ask(kolo__pset_t *ps, resp_list_t *out, int r,
         if (r != ps->rank)
             tl_asked(ps, p, r);
     }
+    /* Waits count from the enqueue (the essay of stall.c). */
+    if (q->age_us > 0 && kolo__now_us() - q->age_us < p->waited_from_us)
+        p->waited_from_us = kolo__now_us() - q->age_us;
+    p->seq[r] = q->seq;
     p->params[r] = q->params;
     return complete(ps, p) ? answer(ps, out, p, err) : KOLO_OK;
 }
@@ -783,21 +799,12 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
 
 /* ---- one round ------------------------------------------------------------ */
 
-/* Half the stall time (the essay's "Stalls"), 0 without a stall check. */
-static int64_t stall_half_us(const kolo__pset_t *ps)
-{
-    const kolo__config_t *cfg = &ps->rt->cfg;
-    double limit = cfg->stall_check_s > 0 ? cfg->stall_check_s
-                                          : cfg->stall_shutdown_s;
-    return limit > 0 ? (int64_t)(limit * 5e5) : 0;
-}
-
 /* How long a tensor sent to the coordinator waits unanswered before it is
  * sent again: half the stall time, or 30 s with the inspector off (the
  * essay's "Stalls"). */
 static int64_t reask_us(const kolo__pset_t *ps)
 {
-    int64_t half = stall_half_us(ps);
+    int64_t half = kolo__stall_half_us(ps);
     return half > 0 ? half : 30 * 1000000LL;
 }
 
@@ -833,6 +840,12 @@ typedef struct full_round {
 /* Encodes this rank's request list into neg.send_buf: its uncached
  * tensors, and those sent long ago and still unanswered (sent again: the
  * essay's "Stalls"). */
+/* The request for e (its name borrowed). */
+static kolo__request_t request_of(const kolo__entry_t *e, int64_t now)
+{
+    return (kolo__request_t){e->name, e->params, now - e->enqueued_us, e->seq};
+}
+
 static int requests_encode(kolo__pset_t *ps, full_round_t *fr, kolo__err_t *err)
 {
     int64_t now = kolo__now_us(), again = reask_us(ps);
@@ -852,14 +865,14 @@ static int requests_encode(kolo__pset_t *ps, full_round_t *fr, kolo__err_t *err)
     n = 0;
     for (kolo__entry_t *e = ps->neg.uncached_head; e != NULL; e = e->next) {
         e->asked_us = now;
-        fr->reqs[n++] = (kolo__request_t){e->name, e->params};
+        fr->reqs[n++] = request_of(e, now);
     }
     while (kolo__map_next(&ps->neg.sent, &it, NULL, &v)) {
         kolo__entry_t *e = v;
         if (now - e->asked_us < again)
             continue;
         e->asked_us = now;
-        fr->reqs[n++] = (kolo__request_t){e->name, e->params};
+        fr->reqs[n++] = request_of(e, now);
     }
     kolo__msg_t m = {KOLO__MSG_REQUESTS, ps->rank, n, {.requests = fr->reqs}};
     return kolo__msg_encode(&m, &ps->neg.send_buf, err);
@@ -1046,97 +1059,6 @@ free_requests:
     free(fr.reqs);
     free(fr.lens);
     return rc;
-}
-
-/* The coordinator's stall inspector (see the essay): writes which ranks
- * miss which tensors, for the tensors waiting longer than `limit_us`.
- * Returns how many tensors that is. */
-static int stall_report(const kolo__pset_t *ps, int64_t now, int64_t limit_us,
-                        char *out, size_t len)
-{
-    enum { MAX_RANKS = 8, MAX_NAMES = 5 };
-    size_t used = 0;
-    int nstalled = 0, nranks = 0;
-
-    out[0] = '\0';
-    for (int r = 0; r < ps->size && nranks < MAX_RANKS; r++) {
-        char names[1024];
-        size_t nused = 0, it = 0;
-        void *v;
-        int listed = 0, more = 0, k;
-
-        names[0] = '\0';
-        while (kolo__map_next(&ps->neg.table, &it, NULL, &v)) {
-            const kolo__pending_name_t *p = v;
-            if (p->have[r] || ps->neg.joined[r] || now - p->first_us < limit_us)
-                continue;
-            if (listed == MAX_NAMES) {
-                more++;
-                continue;
-            }
-            k = snprintf(names + nused, sizeof(names) - nused, "%s'%.100s' (%.0f s)",
-                         listed ? ", " : "", p->name,
-                         (double)(now - p->first_us) / 1e6);
-            if (k > 0 && (size_t)k < sizeof(names) - nused)
-                nused += (size_t)k;
-            listed++;
-        }
-        if (listed == 0)
-            continue;
-        k = snprintf(out + used, len - used, "%srank %d is missing %s%s", used ? "; " : "",
-                     ps->ranks[r], names, more ? " and more" : "");
-        if (k > 0 && (size_t)k < len - used)
-            used += (size_t)k;
-        nranks++;
-        nstalled += listed + more;
-    }
-    return nstalled;
-}
-
-static void stall_check(kolo__pset_t *ps)
-{
-    const kolo__config_t *cfg = &ps->rt->cfg;
-    int64_t now = kolo__now_us();
-    char list[KOLO__MSG_MAX_TEXT - 200];
-
-    if (ps->rank != 0 || ps->neg.table.count == 0 || ps->neg.stall_fatal.code != KOLO_OK)
-        return;
-    if (cfg->stall_shutdown_s > 0 &&
-        stall_report(ps, now, (int64_t)(cfg->stall_shutdown_s * 1e6), list,
-                     sizeof(list)) > 0) {
-        /* The job stops: name everything some rank is missing now, not
-         * only what crossed the limit first (two ranks, each waiting for
-         * what the other never sends, cross it milliseconds apart). */
-        stall_report(ps, now, 0, list, sizeof(list));
-        kolo__err_set(&ps->neg.stall_fatal, KOLO_ERR_TIMEOUT,
-                      "stall: ranks waited more than %g s "
-                      "(KOLO_STALL_SHUTDOWN_TIME_SECONDS) for tensors other "
-                      "ranks never enqueued: %s",
-                      cfg->stall_shutdown_s, list);
-        kolo__log(KOLO__LOG_ERROR, "%s", ps->neg.stall_fatal.msg);
-        return;
-    }
-    if (cfg->stall_check_s > 0 &&
-        now - ps->neg.stall_warned_us >= (int64_t)(cfg->stall_check_s * 1e6) &&
-        stall_report(ps, now, (int64_t)(cfg->stall_check_s * 1e6), list,
-                     sizeof(list)) > 0) {
-        ps->neg.stall_warned_us = now;
-        kolo__log(KOLO__LOG_WARNING,
-                  "stall: some ranks have waited more than %g s "
-                  "(KOLO_STALL_CHECK_TIME_SECONDS) for tensors other ranks "
-                  "have not enqueued: %s",
-                  cfg->stall_check_s, list);
-        if (!ps->neg.stall_hinted) /* (after the list, which may be long) */
-            kolo__log(KOLO__LOG_WARNING,
-                      "stall: this usually means that a rank skipped a "
-                      "collective the others ran (a condition true on some "
-                      "ranks only) or ran fewer steps (uneven data: "
-                      "hvd.join() lets the others finish); to end the job "
-                      "instead of waiting, set "
-                      "KOLO_STALL_SHUTDOWN_TIME_SECONDS (kolorun "
-                      "--stall-check-shutdown-time-seconds S)");
-        ps->neg.stall_hinted = 1;
-    }
 }
 
 /* ---- when the caches disagree -------------------------------------------- */
@@ -1412,20 +1334,22 @@ static void bits_invalid(kolo__pset_t *ps, uint64_t *v)
 {
     uint64_t *inv = v + ps->neg.inv_word;
     size_t cap = ps->neg.cache.capacity;
-    int64_t half = stall_half_us(ps);
+    int64_t half = kolo__stall_half_us(ps);
 
     /* Bits this rank could not store last round (cache.h). */
     for (size_t w = 0; w < ps->neg.hit_words; w++) {
         inv[w] &= ~ps->neg.lost[w];
         ps->neg.lost[w] = 0;
     }
-    if (half > 0) {
+    if (half > 0 || kolo__stall_release_hits(ps, kolo__now_us())) {
         /* Tensors long on a cache bit go to the coordinator, who can tell
-         * which ranks are missing (the essay's "Stalls"). */
+         * which ranks are missing (the essay's "Stalls"); all of them when
+         * every rank is blocked (a deadlock is suspected: stall.c). */
         int64_t now = kolo__now_us();
+        int all = kolo__stall_release_hits(ps, now);
         for (size_t b = 0; b < cap; b++)
             if (ps->neg.hits[b] != NULL &&
-                now - ps->neg.hits[b]->enqueued_us > half)
+                (all || now - ps->neg.hits[b]->enqueued_us > half))
                 BIT_CLR(inv, b);
     }
     /* Names this rank enqueued with other parameters than cached. */
@@ -1461,8 +1385,15 @@ static void bits_flags(kolo__pset_t *ps, uint64_t *v, int shutdown)
         v[0] &= ~FLAG_NO_UNCACHED;
     if (kolo__negotiate_pending(ps))
         v[0] &= ~FLAG_NONE_PENDING;
+    if (ps->neg.nhits > 0)
+        v[0] &= ~FLAG_NO_HITS;
     if (shutdown)
         BIT_CLR(v + ps->neg.shut_word, (size_t)ps->rank);
+    /* What the stall inspector and the flight recorder learn (stall.c) */
+    if (kolo__flight_blocked_since(ps->rt, ps) != 0)
+        BIT_CLR(v + ps->neg.blocked_word, (size_t)ps->rank);
+    if (ps->id == KOLO_GLOBAL_PROCESS_SET && kolo__flight_take_dump_all(ps->rt))
+        BIT_CLR(v + ps->neg.dump_word, (size_t)ps->rank);
 }
 
 /* Builds this rank's vector (its layout in the essay). */
@@ -1524,6 +1455,23 @@ static int read_joins(kolo__pset_t *ps, kolo__err_t *err)
     return KOLO_OK;
 }
 
+/* A rank that was asked for a flight-recorder dump (SIGUSR1, a stall)
+ * asks every rank: each writes its own (the asker has). */
+static void read_dumps(kolo__pset_t *ps)
+{
+    const uint64_t *dump = ps->neg.bits + ps->neg.dump_word;
+    char why[48];
+
+    for (int r = 0; r < ps->size; r++)
+        if (!BIT_GET(dump, (size_t)r)) {
+            if (r != ps->rank) {
+                snprintf(why, sizeof(why), "asked by rank %d", ps->ranks[r]);
+                kolo__flight_dump(ps->rt, why);
+            }
+            return;
+        }
+}
+
 /* What the reduced vector says besides its hits: whether the caches still
  * agree, whether some rank has tensors waiting, the lowest rank that asks
  * to shut down (*stop_rank), and who has joined. */
@@ -1539,6 +1487,7 @@ static int bits_read(kolo__pset_t *ps, int *stop_rank, kolo__err_t *err)
             *stop_rank = r;
             break;
         }
+    read_dumps(ps);
     return read_joins(ps, err);
 }
 
@@ -1617,7 +1566,10 @@ int kolo__negotiate(kolo__pset_t *ps, kolo__entry_t *fresh, int shutdown,
     /* Step 2, only when some rank has tensors the cache cannot settle. */
     if (!(ps->neg.bits[0] & FLAG_NO_UNCACHED))
         KOLO__CHECK(full_round(ps, err));
-    stall_check(ps);
+    kolo__stall_observe(ps, ps->neg.bits + ps->neg.blocked_word,
+                        !(ps->neg.bits[0] & FLAG_NO_HITS));
+    kolo__stall_check(ps);
+    KOLO__CHECK(kolo__straggler_round(ps, err));
     ps->cycles++;
     return KOLO_OK;
 }

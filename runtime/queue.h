@@ -36,6 +36,8 @@ typedef struct kolo__entry {
     void *output;
     kolo__params_t params;
     int64_t enqueued_us;
+    uint64_t seq;     /* this rank's enqueue count in its set, 1-based
+                         (flight.c sets it; 0: not counted) */
     int64_t asked_us; /* when this rank last sent it to the coordinator */
     int64_t rows;    /* allgather, alltoall: this rank's first dimension */
     int64_t *splits; /* alltoall: rows sent to each rank (owned) */

@@ -50,11 +50,16 @@ typedef struct kolo__pending_name {
     uint8_t *have;          /* [size]: 1 asked, 2 asked and its timeline
                                instant written */
     int64_t *at_us;         /* [size]: when each rank's request came */
+    uint64_t *seq;          /* [size]: its place in each rank's enqueues
+                               (the request's seq; 0: not known) */
     int nhave;
     int64_t first_us;       /* when the first rank asked */
+    int64_t waited_from_us; /* when the first rank enqueued it (the
+                               requests' ages): what stall times count */
 } kolo__pending_name_t;
 
 typedef struct kolo__runtime kolo__runtime_t;
+typedef struct kolo__straggler kolo__straggler_t; /* straggler.c */
 
 typedef struct kolo__pset {
     kolo__runtime_t *rt;
@@ -120,10 +125,20 @@ typedef struct kolo__pset {
         kolo__bytes_t carry_msg, carry_all, carry_out;
         int any_pending;       /* some rank had tensors waiting at the last
                                   round (the loop reads it) */
-        /* stall inspector (the coordinator) */
+        /* stall inspector (stall.c; the coordinator's but `blocked`,
+         * all_blocked_us and hits_anywhere, which every rank keeps) */
         int64_t stall_warned_us;  /* last warning */
         int stall_hinted;         /* the causes were said (once) */
         kolo__err_t stall_fatal;  /* set: the next round stops the job */
+        size_t blocked_word, dump_word; /* the vector's words for them */
+        uint8_t *blocked;         /* [size]: rank r's training thread was
+                                     blocked in kolo_wait at the last round */
+        int64_t *outside_us;      /* [size]: since when rank r has not been
+                                     seen blocked (0: it was) */
+        int64_t all_blocked_us;   /* since when every rank has been blocked
+                                     with nothing ready (0: not) */
+        int hits_anywhere;        /* some rank had tensors on cache bits */
+        kolo__straggler_t *straggler; /* straggler.c's, or NULL */
         /* join (global set only) */
         kolo__entry_t *join_entry; /* this rank's pending join */
         uint8_t *joined;       /* [size]: ranks joined at the last round */

@@ -45,6 +45,7 @@
 typedef struct raw {
     uint8_t buf[1 << 16];
     size_t len;
+    unsigned kind; /* the header's: a request item ends with age and seq */
 } raw_t;
 
 static void raw_u8(raw_t *r, unsigned v) { r->buf[r->len++] = (uint8_t)v; }
@@ -74,6 +75,7 @@ static void raw_bytes(raw_t *r, const void *p, size_t n)
 static void raw_header(raw_t *r, unsigned kind, int32_t rank, uint32_t n)
 {
     r->len = 0;
+    r->kind = kind;
     raw_u32(r, KOLO__MSG_MAGIC);
     raw_u16(r, KOLO__MSG_VERSION);
     raw_u16(r, kind);
@@ -145,13 +147,18 @@ static void raw_params(raw_t *r, const raw_params_t *p)
     }
 }
 
-/* One item: u16 name_len | name | params. */
+/* One item: u16 name_len | name | params, and a request's i64 age_us |
+ * u64 seq (here 5 and 7). */
 static void raw_item(raw_t *r, const char *name, size_t name_len,
                      const raw_params_t *p)
 {
     raw_u16(r, (unsigned)name_len);
     raw_bytes(r, name, name_len);
     raw_params(r, p);
+    if (r->kind == KOLO__MSG_REQUESTS && p->flags == 0) {
+        raw_i64(r, 5);
+        raw_i64(r, 7);
+    }
 }
 
 /* One item with the default values of the version-2 fields. */
@@ -317,6 +324,8 @@ static void make_requests(kolo__msg_t *m, uint32_t n, int32_t rank)
                           (int)(i % KOLO_DTYPE_COUNT_), (int)(i % KOLO_OP_COUNT_),
                           (int64_t)i * 1000003);
         vary_params(&m->u.requests[i].params, i);
+        m->u.requests[i].age_us = (int64_t)i * 61000000 - 3;
+        m->u.requests[i].seq = (uint64_t)i * 0x100000001ULL + 1;
     }
 }
 
@@ -384,6 +393,8 @@ static void assert_same(const kolo__msg_t *a, const kolo__msg_t *b)
             const kolo__request_t *x = &a->u.requests[i], *y = &b->u.requests[i];
             ck_assert_str_eq(x->name, y->name);
             assert_params_same(&x->params, &y->params);
+            ck_assert_int_eq(x->age_us, y->age_us);
+            ck_assert_uint_eq(x->seq, y->seq);
         } else {
             const kolo__response_t *x = &a->u.responses[i],
                                    *y = &b->u.responses[i];
@@ -424,7 +435,7 @@ START_TEST(small_request_has_documented_bytes)
     kolo__bytes_t b = {0};
     kolo__err_t err;
     raw_t want;
-    kolo__request_t req = {(char *)"ab", {0}};
+    kolo__request_t req = {(char *)"ab", {0}, 5, 7};
 
     memset(&m, 0, sizeof m);
     m.kind = KOLO__MSG_REQUESTS;
@@ -439,12 +450,12 @@ START_TEST(small_request_has_documented_bytes)
     raw_request(&want, "ab", 2, 0, KOLO_FLOAT32, KOLO_OP_AVERAGE, 0,
                 0x0102030405060708LL);
     /* header | u16 + "ab" | 4 u8 | count | wire ndim device | group | root
-     * | prescale | postscale; no shape, no key. */
-    ck_assert_uint_eq(b.len, 16 + 2 + 2 + 4 + 8 + 1 + 1 + 1 + 2 + 4 + 8 + 8);
+     * | prescale | postscale; no shape, no key | age | seq. */
+    ck_assert_uint_eq(b.len, 16 + 2 + 2 + 4 + 8 + 1 + 1 + 1 + 2 + 4 + 8 + 8 + 8 + 8);
     ck_assert_uint_eq(b.len, want.len);
     ck_assert_mem_eq(b.data, want.buf, want.len);
-    /* "KOLO" in memory, as the magic's comment says, then version 3. */
-    ck_assert_mem_eq(b.data, "KOLO\x03\x00", 6);
+    /* "KOLO" in memory, as the magic's comment says, then version 4. */
+    ck_assert_mem_eq(b.data, "KOLO\x04\x00", 6);
     /* wire = dtype by default; the scales are 1.0 (0x3ff0000000000000). */
     ck_assert_uint_eq(b.data[32], KOLO_FLOAT32);
     ck_assert_mem_eq(b.data + 41, "\0\0\0\0\0\0\xf0\x3f\0\0\0\0\0\0\xf0\x3f", 16);
@@ -462,7 +473,7 @@ END_TEST
 START_TEST(full_request_has_literal_bytes)
 {
     static const uint8_t expected[] = {
-        'K', 'O', 'L', 'O', 3, 0, /* magic, version */
+        'K', 'O', 'L', 'O', 4, 0, /* magic, version */
         1, 0,                     /* kind: requests */
         0xfe, 0xff, 0xff, 0xff,   /* rank -2 */
         1, 0, 0, 0,               /* n */
@@ -479,11 +490,13 @@ START_TEST(full_request_has_literal_bytes)
         0x05, 0, 0, 0, 0, 0, 0, 0,                      /* shape[0] 5 */
         0x00, 0x01, 0, 0, 0, 0, 0, 0x7f,                /* shape[1] */
         3, 0, 'g', '/', 'x',                            /* group key */
+        5, 0, 0, 0, 0, 0, 0, 0,                         /* age_us */
+        7, 0, 0, 0, 0, 0, 0, 0,                         /* seq */
     };
     kolo__msg_t m, d;
     kolo__bytes_t b = {0};
     kolo__err_t err;
-    kolo__request_t req = {(char *)"ab", {0}};
+    kolo__request_t req = {(char *)"ab", {0}, 5, 7};
     raw_t want;
     raw_params_t p;
 
@@ -546,8 +559,8 @@ START_TEST(group_key_sent_only_for_groups)
     kolo__msg_t m, d;
     kolo__bytes_t b = {0};
     kolo__err_t err;
-    kolo__request_t req = {(char *)"t", {0}};
-    const size_t base = 16 + 2 + 1 + RAW_PARAMS_FIXED;
+    kolo__request_t req = {(char *)"t", {0}, 5, 7};
+    const size_t base = 16 + 2 + 1 + RAW_PARAMS_FIXED + 16; /* age, seq */
 
     memset(&m, 0, sizeof m);
     m.kind = KOLO__MSG_REQUESTS;
@@ -559,9 +572,9 @@ START_TEST(group_key_sent_only_for_groups)
         req.params.group = (uint16_t)group;
         ck_assert_int_eq(kolo__msg_encode(&m, &b, &err), KOLO_OK);
         ck_assert_uint_eq(b.len, base + (group > 1 ? 2 : 0));
-        if (group > 1) {
-            ck_assert_int_eq(b.data[b.len - 2], 0);
-            ck_assert_int_eq(b.data[b.len - 1], 0);
+        if (group > 1) { /* an empty key's length, before age and seq */
+            ck_assert_int_eq(b.data[b.len - 18], 0);
+            ck_assert_int_eq(b.data[b.len - 17], 0);
         }
         ck_assert_int_eq(decode(b.data, b.len, &d, &err), KOLO_OK);
         assert_params_same(&req.params, &d.u.requests[0].params);
@@ -1049,7 +1062,10 @@ static void expect_params_refused(const raw_params_t *bad, const void *tail,
         raw_header(r, kind, 0, variant == 2 ? 2 : 1);
         if (variant == 2)
             raw_item(r, "good", 4, &good);
-        raw_item(r, "t", 1, &p);
+        /* (no request's age and seq: the decoder stops at the params) */
+        raw_u16(r, 1);
+        raw_bytes(r, "t", 1);
+        raw_params(r, &p);
         raw_bytes(r, tail, tail_len);
         if (variant == 3)
             for (int k = 0; k < 64; k++)
@@ -1272,8 +1288,15 @@ START_TEST(bad_v2_params_refused)
         for (size_t cut = 1; cut <= 8 * KOLO_MAX_DIMS; cut++) {
             raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
             raw_item(&r, "t", 1, &p);
-            r.len -= cut;
+            r.len -= cut + 16; /* (and the request's age and seq) */
             expect_refused_raw(&r, "bad tensor parameters");
+        }
+        /* A request cut in its age or seq. */
+        for (size_t cut = 1; cut <= 16; cut++) {
+            raw_header(&r, KOLO__MSG_REQUESTS, 0, 1);
+            raw_item(&r, "t", 1, &p);
+            r.len -= cut;
+            expect_refused_raw(&r, "bad request age and sequence");
         }
     }
 }
