@@ -23,6 +23,7 @@
 #include "negotiate.h"
 #include "peers.h"
 #include "pset.h"
+#include "straggler.h"
 
 static void pset_free(kolo__pset_t *ps)
 {
@@ -82,6 +83,8 @@ static void *set_thread(void *arg)
     kolo__fault_thread_rank(rt->rank); /* (the unit tests' fault injection) */
     if (kolo__background_main(ps))
         leave(ps);
+    if (ps->id == KOLO_GLOBAL_PROCESS_SET && ps->rank == 0)
+        kolo__straggler_write(ps);
     if (ps->id == KOLO_GLOBAL_PROCESS_SET) {
         pthread_mutex_lock(&rt->sets_mu);
         for (int i = 1; i < rt->nsets; i++)

@@ -18,10 +18,10 @@
  * Per rank it keeps, over the job: how often it was last, how long the
  * others waited for it in all, and its last RING latenesses (their median
  * is what the end of the job says); and over the last NWIN windows the same
- * counts, which is what the warning looks at. A rank that was last in at
- * least LAST_SHARE of the window's rounds while the others waited for it at
- * least KOLO_STRAGGLER_SHARE of the window's time (default 0.2: a fifth of
- * every step) is a straggler: one warning names it, how late, over what
+ * counts, which is what the warning looks at. A rank that accounts for at
+ * least WAIT_SHARE of all the waiting of those windows, the others having
+ * waited for it at least KOLO_STRAGGLER_SHARE of their time (default 0.2:
+ * a fifth of every step), is a straggler: one warning names it, how late, over what
  * window, and another only when the straggler changes (or the job is no
  * longer held back, and then is again). In a balanced job the last rank
  * changes from round to round and the waits are short: no warning.
@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "alloc.h"
 #include "complete.h"
@@ -43,7 +44,8 @@
 #define WINDOW 32     /* rounds per gather */
 #define NWIN 8        /* windows the warning looks at */
 #define RING 256      /* latenesses kept per rank, for the median */
-#define LAST_SHARE 0.75
+#define MIN_LATE_US 1000 /* a wait shorter than this is no lateness */
+#define WAIT_SHARE 0.6 /* of all the waiting, for one rank */
 
 typedef struct per_rank {
     uint64_t last;                 /* rounds it came last, whole job */
@@ -62,7 +64,8 @@ struct kolo__straggler {
     int64_t start_us;              /* the first judged round */
     int64_t win_start[NWIN];       /* each window's first round */
     int win;                       /* the window being filled */
-    uint64_t rounds;               /* rounds judged */
+    uint64_t rounds;               /* rounds in which a rank came late */
+    uint64_t rounds_all;           /* rounds gathered */
     int warned;                    /* the rank warned of, or -1 */
 };
 
@@ -100,8 +103,10 @@ void kolo__straggler_free(kolo__straggler_t *s)
 
 /* ---- the coordinator's judgement --------------------------------------- */
 
-/* Round k of the window: who came last, and how late. */
-static void judge_round(kolo__straggler_t *s, int k)
+/* Round k of the window: who came last, and how late; a round in which
+ * nobody waited MIN_LATE_US says nothing (the ranks came together, as in
+ * every round of a step after its first) and is not counted. */
+static int judge_round(kolo__straggler_t *s, int k)
 {
     int last = 0;
     int32_t lo = INT32_MAX, hi = 0;
@@ -115,47 +120,56 @@ static void judge_round(kolo__straggler_t *s, int k)
         if (w > hi)
             hi = w;
     }
+    if (hi - lo < MIN_LATE_US)
+        return 0;
     per_rank_t *p = &s->ranks[last];
     p->last++;
     p->late_s += (double)(hi - lo) / 1e6;
     p->ring[p->nring++ % RING] = hi - lo;
     p->win_last[s->win]++;
     p->win_late[s->win] += (double)(hi - lo) / 1e6;
+    return 1;
 }
 
-/* Over the last NWIN windows: the rank last most often, its share of the
- * rounds and the share of the time the others waited for it. */
-static int window_leader(const kolo__straggler_t *s, int64_t now,
-                         double *last_share, double *time_share,
-                         double *span_s, uint64_t *rounds)
+/* Over the last NWIN windows: the rank the others waited for longest, the
+ * share of the rounds it came last, its share of all the waiting, and the
+ * share of the time the others waited for it. */
+typedef struct leader {
+    int rank;
+    double last_share, wait_share, time_share, span_s;
+    uint64_t rounds;
+} leader_t;
+
+static leader_t window_leader(const kolo__straggler_t *s, int64_t now)
 {
+    leader_t l = {0, 0, 0, 0, 0, 0};
     int64_t first = now;
-    int best = 0;
-    uint64_t most = 0, all = 0;
-    double late = 0;
+    uint64_t most_last = 0;
+    double most = -1, all = 0;
 
     for (int w = 0; w < NWIN; w++)
         if (s->win_start[w] != 0 && s->win_start[w] < first)
             first = s->win_start[w];
     for (int r = 0; r < s->size; r++) {
         uint64_t c = 0;
-        double l = 0;
+        double late = 0;
         for (int w = 0; w < NWIN; w++) {
             c += s->ranks[r].win_last[w];
-            l += s->ranks[r].win_late[w];
+            late += s->ranks[r].win_late[w];
         }
-        all += c;
-        if (c > most) {
-            most = c;
-            best = r;
-            late = l;
+        l.rounds += c;
+        all += late;
+        if (late > most) {
+            most = late;
+            most_last = c;
+            l.rank = r;
         }
     }
-    *span_s = (double)(now - first) / 1e6;
-    *rounds = all;
-    *last_share = all ? (double)most / (double)all : 0;
-    *time_share = *span_s > 0 ? late / *span_s : 0;
-    return best;
+    l.span_s = (double)(now - first) / 1e6;
+    l.last_share = l.rounds ? (double)most_last / (double)l.rounds : 0;
+    l.wait_share = all > 0 ? most / all : 0;
+    l.time_share = l.span_s > 0 ? most / l.span_s : 0;
+    return l;
 }
 
 static int cmp_i32(const void *a, const void *b)
@@ -180,42 +194,42 @@ static double median_late_s(const per_rank_t *p)
 /* Warns when the window's leader holds the job back (see the essay). */
 static void maybe_warn(kolo__pset_t *ps, kolo__straggler_t *s, int64_t now)
 {
-    double last_share, time_share, span_s;
-    uint64_t rounds;
-    int r = window_leader(s, now, &last_share, &time_share, &span_s, &rounds);
-    int held = rounds >= (uint64_t)WINDOW * 2 && last_share >= LAST_SHARE &&
-               time_share >= ps->rt->cfg.straggler_share;
+    double share = ps->rt->cfg.straggler_share;
+    leader_t l = window_leader(s, now);
+    int held = l.rounds >= (uint64_t)WINDOW && l.wait_share >= WAIT_SHARE &&
+               l.time_share >= share;
 
     if (!held) {
-        if (s->warned >= 0 && time_share < ps->rt->cfg.straggler_share / 2)
+        if (s->warned >= 0 && l.time_share < share / 2)
             s->warned = -1; /* no longer held back */
         return;
     }
-    if (r == s->warned)
+    if (l.rank == s->warned)
         return;
-    s->warned = r;
+    s->warned = l.rank;
     kolo__log(KOLO__LOG_WARNING,
-              "straggler: rank %d was the last to be ready in %.0f%% of the "
-              "last %llu rounds (%.1f s), a median %.0f ms after the first; "
-              "the others waited for it %.0f%% of that time "
-              "(KOLO_STRAGGLER_SHARE=%g): it computes slower, or its host, "
-              "GPU or data loading is busier",
-              ps->ranks[r], last_share * 100, (unsigned long long)rounds,
-              span_s, median_late_s(&s->ranks[r]) * 1e3, time_share * 100,
-              ps->rt->cfg.straggler_share);
+              "straggler: rank %d kept the others waiting %.0f%% of the last "
+              "%.1f s (it came last in %.0f%% of %llu rounds in which a rank "
+              "was late, a median "
+              "%.0f ms after the first; KOLO_STRAGGLER_SHARE=%g): it computes "
+              "slower, or its host, GPU or data loading is busier",
+              ps->ranks[l.rank], l.time_share * 100, l.span_s,
+              l.last_share * 100, (unsigned long long)l.rounds,
+              median_late_s(&s->ranks[l.rank]) * 1e3, share);
 }
 
 /* ---- the figures, for the dumps and the end of the job ------------------ */
 
-/* The rank last most often over the job; -1 before any round. */
+/* The rank the others waited for longest over the job; -1 before any
+ * round. */
 static int job_leader(const kolo__straggler_t *s)
 {
     int best = -1;
-    uint64_t most = 0;
+    double most = -1;
 
-    for (int r = 0; r < s->size; r++)
-        if (s->ranks[r].last > most) {
-            most = s->ranks[r].last;
+    for (int r = 0; r < s->size && s->rounds > 0; r++)
+        if (s->ranks[r].late_s > most) {
+            most = s->ranks[r].late_s;
             best = r;
         }
     return best;
@@ -254,15 +268,35 @@ void kolo__straggler_line(const kolo__pset_t *ps, char *out, size_t len)
     if (s == NULL || s->ranks == NULL || (r = job_leader(s)) < 0)
         return;
     snprintf(out, len,
-             "latest rank: %d, last in %.0f%% of %llu rounds over %.1f s, "
+             "latest rank: %d, last in %.0f%% of the %llu rounds (of %llu) in "
+             "which a rank was 1 ms late or more, over %.1f s, "
              "median %.1f ms late; the others waited for it %.0f%% of the "
              "time",
              ps->ranks[r], 100.0 * (double)s->ranks[r].last / (double)s->rounds,
-             (unsigned long long)s->rounds,
+             (unsigned long long)s->rounds, (unsigned long long)s->rounds_all,
              (double)(kolo__now_us() - s->start_us) / 1e6,
              median_late_s(&s->ranks[r]) * 1e3,
              100.0 * s->ranks[r].late_s /
                  ((double)(kolo__now_us() - s->start_us) / 1e6 + 1e-9));
+}
+
+void kolo__straggler_write(const kolo__pset_t *ps)
+{
+    const char *dir = ps->rt->cfg.flight_dir;
+    char line[512], path[4200], tmp[4240];
+    FILE *f;
+
+    kolo__straggler_line(ps, line, sizeof(line));
+    if (line[0] == '\0' || dir[0] == '\0')
+        return;
+    snprintf(path, sizeof(path), "%s/stragglers.txt", dir);
+    snprintf(tmp, sizeof(tmp), "%s/.stragglers.txt.%ld.tmp", dir, (long)getpid());
+    f = fopen(tmp, "w");
+    if (f == NULL)
+        return; /* (the flight recorder has said that DIR cannot be written) */
+    fprintf(f, "%s\n", line);
+    if (fclose(f) != 0 || rename(tmp, path) != 0)
+        unlink(tmp);
 }
 
 /* ---- every rank, every round ------------------------------------------- */
@@ -297,8 +331,8 @@ static int window_end(kolo__pset_t *ps, kolo__straggler_t *s, int64_t now,
     if (ps->rank != 0)
         return KOLO_OK;
     for (int k = 0; k < WINDOW; k++)
-        judge_round(s, k);
-    s->rounds += WINDOW;
+        s->rounds += (uint64_t)judge_round(s, k);
+    s->rounds_all += WINDOW;
     maybe_warn(ps, s, now);
     publish(ps, s, now);
     /* The next window replaces the oldest. */

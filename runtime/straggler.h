@@ -20,5 +20,8 @@ int kolo__straggler_round(kolo__pset_t *ps, kolo__err_t *err);
 /* The coordinator's one line on the latest rank over the job ("" when it
  * has none). */
 void kolo__straggler_line(const kolo__pset_t *ps, char *out, size_t len);
+/* The coordinator of the global set, when it stops: that line in
+ * KOLO_FLIGHT_DIR/stragglers.txt, which kolorun prints. */
+void kolo__straggler_write(const kolo__pset_t *ps);
 
 #endif /* KOLO_STRAGGLER_H */
