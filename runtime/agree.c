@@ -246,29 +246,55 @@ static int never_arrived(const kolo__config_t *cfg, const char *list, int m,
                          m > 1 ? "s" : "", list, cfg->start_timeout_s);
 }
 
-/* Rank 0: waits for every text, judges, publishes the verdict. */
-static int judge_all(const kolo__config_t *cfg, kolo__store_t *st, unsigned gen,
-                     const char *topic, kolo__agree_judge_fn judge, void *arg,
-                     kolo__err_t *err)
+/* Rank 0 publishes the verdict, "RC MESSAGE", through the store it
+ * holds and from a buffer of its own: every other rank waits for it, so
+ * a verdict that is not published (memory ran out) must not let rank 0
+ * go on alone while they wait out their timeouts; it fails instead. */
+static int publish_verdict(const kolo__config_t *cfg, kolo__store_t *st,
+                           unsigned gen, const char *topic, int rc,
+                           const char *msg, kolo__err_t *err)
 {
-    int n = (int)cfg->size, rc = KOLO_OK, m = 0;
-    char **texts = kolo__calloc((size_t)n, sizeof(char *));
-    int *miss = kolo__calloc((size_t)n, sizeof(int));
-    char key[256], who[16], *verdict;
-    int64_t deadline = kolo__now_us() + (int64_t)(cfg->start_timeout_s * 1e6);
-    kolo__err_t verdict_err;
+    char key[256], verdict[KOLO__ERR_LEN + 16];
+    kolo__err_t e;
 
-    kolo__err_clear(&verdict_err);
-    if (texts == NULL || miss == NULL) {
-        /* The others wait for a verdict: this is it. */
-        free(texts);
-        free(miss);
-        kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory agreeing "
-                      "on %s", topic);
-        kolo__agree_failed(cfg, gen, topic, err);
-        return err->code;
+    snprintf(verdict, sizeof(verdict), "%d %s", rc, msg);
+    key_of(key, sizeof(key), gen, topic, "verdict");
+    if (kolo__store_set(st, key, verdict, strlen(verdict), &e) == KOLO_OK)
+        return KOLO_OK;
+    return kolo__err_set(err, e.code, "rank %lld: cannot publish the "
+                         "verdict on %s: %s", (long long)cfg->rank, topic,
+                         e.msg);
+}
+
+/* Rank 0's own failure while judging (memory, the store) is the verdict:
+ * the others return it ("rank 0: out of memory reading ...") instead of
+ * waiting for one. A newer elastic membership is not: they see it too. */
+static int judge_failed(const kolo__config_t *cfg, kolo__store_t *st,
+                        unsigned gen, const char *topic, kolo__err_t *err)
+{
+    char self[32], msg[KOLO__ERR_LEN + 32];
+    kolo__err_t e;
+
+    if (err->code != KOLO_ERR_MEMBERSHIP) {
+        snprintf(msg, sizeof(msg), "%s%s",
+                 who_failed(cfg, err->msg, self, sizeof(self)), err->msg);
+        if (publish_verdict(cfg, st, gen, topic, err->code, msg, &e) != KOLO_OK)
+            kolo__debug("cannot tell the other ranks why: %s", e.msg);
     }
-    for (int r = 0; r < n && rc == KOLO_OK; r++) {
+    return err->code;
+}
+
+/* Rank 0: every rank's text (texts[r], NULL for those that did not come
+ * within KOLO_START_TIMEOUT, listed in miss[*m]). */
+static int collect_texts(const kolo__config_t *cfg, kolo__store_t *st,
+                         unsigned gen, const char *topic, char **texts,
+                         int *miss, int *m, kolo__err_t *err)
+{
+    int64_t deadline = kolo__now_us() + (int64_t)(cfg->start_timeout_s * 1e6);
+    char key[256], who[16];
+    int rc = KOLO_OK;
+
+    for (int r = 0; r < (int)cfg->size && rc == KOLO_OK; r++) {
         snprintf(who, sizeof(who), "%d", r);
         key_of(key, sizeof(key), gen, topic, who);
         /* The start timeout is one budget for all ranks, not one each. */
@@ -276,40 +302,66 @@ static int judge_all(const kolo__config_t *cfg, kolo__store_t *st, unsigned gen,
         rc = wait_key(cfg, st, gen, key, left > 0 ? (double)left / 1e6 : 0,
                       &texts[r], err);
         if (rc == KOLO_ERR_TIMEOUT) {
-            miss[m++] = r;
+            miss[(*m)++] = r;
             rc = KOLO_OK;
         }
     }
-    for (int r = 0; rc == KOLO_OK && r < n; r++)
+    return rc;
+}
+
+/* Rank 0's verdict on the texts collected: a rank's failure, the ranks
+ * that never arrived, or the judge's. */
+static int decide(const kolo__config_t *cfg, char **texts, const int *miss,
+                  int m, kolo__agree_judge_fn judge, void *arg,
+                  kolo__err_t *verdict)
+{
+    int n = (int)cfg->size;
+
+    for (int r = 0; r < n; r++)
         if (texts[r] != NULL && texts[r][0] == FAILED_MARK) {
             /* A rank that failed before it could take part (agree.h:
              * kolo__agree_failed): its reason is every rank's. */
             const char *sp = strchr(texts[r], ' ');
             int code = atoi(texts[r] + 1);
-            rc = kolo__err_set(&verdict_err, code != KOLO_OK ? code : KOLO_ERR_INTERNAL,
-                               "%s", sp != NULL ? sp + 1 : texts[r] + 1);
+            return kolo__err_set(verdict, code != KOLO_OK ? code : KOLO_ERR_INTERNAL,
+                                 "%s", sp != NULL ? sp + 1 : texts[r] + 1);
         }
-    if (rc != KOLO_OK) {
-        /* decided above */
-    } else if (m > 0) {
+    if (m > 0) {
         char list[160];
         list_ranks(miss, m, list, sizeof(list));
-        rc = never_arrived(cfg, list, m, &verdict_err);
-    } else {
-        rc = judge(texts, n, arg, &verdict_err);
+        return never_arrived(cfg, list, m, verdict);
     }
-    if (rc == KOLO_OK || verdict_err.msg[0] != '\0') {
-        /* Publish what was decided, success or failure. */
-        kolo__err_t e;
-        int len = snprintf(NULL, 0, "%d %s", rc, verdict_err.msg);
-        verdict = kolo__malloc((size_t)len + 1);
-        if (verdict != NULL) {
-            snprintf(verdict, (size_t)len + 1, "%d %s", rc, verdict_err.msg);
-            key_of(key, sizeof(key), gen, topic, "verdict");
-            if (kolo__store_set(st, key, verdict, (size_t)len, &e) != KOLO_OK)
-                kolo__log(KOLO__LOG_WARNING, "cannot publish the verdict on "
-                          "%s: %s", topic, e.msg);
-            free(verdict);
+    return judge(texts, n, arg, verdict);
+}
+
+/* Rank 0: waits for every text, judges, publishes the verdict. */
+static int judge_all(const kolo__config_t *cfg, kolo__store_t *st, unsigned gen,
+                     const char *topic, kolo__agree_judge_fn judge, void *arg,
+                     kolo__err_t *err)
+{
+    int n = (int)cfg->size, rc, m = 0;
+    char **texts = kolo__calloc((size_t)n, sizeof(char *));
+    int *miss = kolo__calloc((size_t)n, sizeof(int));
+    kolo__err_t verdict_err;
+
+    kolo__err_clear(&verdict_err);
+    if (texts == NULL || miss == NULL) {
+        free(texts);
+        free(miss);
+        kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory agreeing "
+                      "on %s", topic);
+        return judge_failed(cfg, st, gen, topic, err);
+    }
+    rc = collect_texts(cfg, st, gen, topic, texts, miss, &m, err);
+    if (rc != KOLO_OK) {
+        judge_failed(cfg, st, gen, topic, err);
+    } else {
+        kolo__err_t unpublished;
+        rc = decide(cfg, texts, miss, m, judge, arg, &verdict_err);
+        if (publish_verdict(cfg, st, gen, topic, rc, verdict_err.msg,
+                            &unpublished) != KOLO_OK && rc == KOLO_OK) {
+            verdict_err = unpublished; /* not going on alone */
+            rc = unpublished.code;
         }
         if (rc != KOLO_OK)
             *err = verdict_err;
