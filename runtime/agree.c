@@ -499,14 +499,12 @@ void kolo__agree_release(void)
 void kolo__agree_failed(const kolo__config_t *cfg, unsigned gen,
                         const char *topic, const kolo__err_t *why)
 {
-    kolo__store_t *st = NULL;
     char key[256], who[16], text[KOLO__ERR_LEN + 64];
     kolo__err_t e;
     int len;
 
     kolo__agree_release();
-    if (cfg->size == 1 || cfg->mpi_launched || cfg->rendezvous[0] == '\0' ||
-        kolo__store_open(cfg->rendezvous, cfg->timeout_s, &st, &e) != KOLO_OK)
+    if (cfg->size == 1 || cfg->mpi_launched || cfg->rendezvous[0] == '\0')
         return; /* under MPI the launcher ends the job */
     /* Rank 0 judges: its failure is the verdict itself. */
     char self[32], mark[2] = {FAILED_MARK, '\0'};
@@ -519,9 +517,10 @@ void kolo__agree_failed(const kolo__config_t *cfg, unsigned gen,
                    why->code != KOLO_OK ? why->code : KOLO_ERR_INTERNAL,
                    who_failed(cfg, why->msg, self, sizeof(self)), why->msg);
     key_of(key, sizeof(key), gen, topic, who);
-    if (len > 0 && kolo__store_set(st, key, text, strlen(text), &e) != KOLO_OK)
+    /* (without allocating where it can: this rank may be out of memory) */
+    if (len > 0 && kolo__store_set_once(cfg->rendezvous, cfg->timeout_s, key,
+                                        text, strlen(text), &e) != KOLO_OK)
         kolo__debug("cannot tell the other ranks why: %s", e.msg);
-    kolo__store_close(st);
 }
 
 /* ---- the outcome of a connection ------------------------------------------ */

@@ -587,6 +587,28 @@ int kolo__store_set(kolo__store_t *s, const char *key, const char *value,
                       : file_set(s, key, value, len, err);
 }
 
+int kolo__store_set_once(const char *rendezvous, double io_timeout_s,
+                         const char *key, const char *value, size_t len,
+                         kolo__err_t *err)
+{
+    kolo__store_t *s, files;
+    int rc;
+
+    if (strncmp(rendezvous, "file:", 5) == 0) {
+        /* A file store is only its names: on the stack, nothing to
+         * allocate (the rank telling may be out of memory). */
+        snprintf(files.dir, sizeof(files.dir), "%s", rendezvous + 5);
+        snprintf(files.where, sizeof(files.where), "%.590s", rendezvous);
+        files.job[0] = '\0';
+        files.fd = -1;
+        return file_set(&files, key, value, len, err);
+    }
+    KOLO__CHECK(kolo__store_open(rendezvous, io_timeout_s, &s, err));
+    rc = kolo__store_set(s, key, value, len, err);
+    kolo__store_close(s);
+    return rc;
+}
+
 int kolo__store_get(kolo__store_t *s, const char *key, double wait_s,
                     char **value, kolo__err_t *err)
 {

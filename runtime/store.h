@@ -27,6 +27,13 @@ void kolo__store_close(kolo__store_t *s);
 int kolo__store_set(kolo__store_t *s, const char *key, const char *value,
                     size_t len, kolo__err_t *err);
 
+/* Opens, sets one key and closes; for a file rendezvous without
+ * allocating anything, so that a rank out of memory can still tell the
+ * others why it fails. */
+int kolo__store_set_once(const char *rendezvous, double io_timeout_s,
+                         const char *key, const char *value, size_t len,
+                         kolo__err_t *err);
+
 /* The value of key into *value (malloc'ed, NUL-terminated; the caller
  * frees it), waiting for it up to wait_s seconds (0: look once). Returns
  * KOLO_OK, KOLO_ERR_TIMEOUT when the key did not appear (with *value
