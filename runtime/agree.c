@@ -440,21 +440,25 @@ out:
 }
 #endif
 
-int kolo__agree(const kolo__config_t *cfg, unsigned gen, const char *topic,
-                const char *mine, kolo__agree_judge_fn judge, void *arg,
-                kolo__err_t *err)
+/* kolo__agree; own (or NULL): this rank's failure, which its text
+ * carries, told the others (and returned) in place of the store's when
+ * its text cannot be published (memory ran out opening the store): what
+ * it failed at, not what it then could not do. */
+static int agree(const kolo__config_t *cfg, unsigned gen, const char *topic,
+                 const char *mine, kolo__agree_judge_fn judge, void *arg,
+                 const kolo__err_t *own, kolo__err_t *err)
 {
     kolo__store_t *st = NULL;
     char key[256], who[16];
     int rc;
 
     if (cfg->size == 1) {
-        char *own = kolo__strdup(mine);
-        if (own == NULL)
+        char *text = kolo__strdup(mine);
+        if (text == NULL)
             return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory "
                                  "agreeing on %s", topic);
-        rc = judge(&own, 1, arg, err);
-        free(own);
+        rc = judge(&text, 1, arg, err);
+        free(text);
         return rc;
     }
 #ifdef KOLO_HAVE_MPI
@@ -475,8 +479,20 @@ int kolo__agree(const kolo__config_t *cfg, unsigned gen, const char *topic,
         kolo__store_close(st);
     }
     /* This rank's text is not there: the others would wait for it. */
+    if (own != NULL) {
+        char self[32];
+        const char *prefix = who_failed(cfg, own->msg, self, sizeof(self));
+        rc = kolo__err_set(err, own->code, "%s%s", prefix, own->msg);
+    }
     kolo__agree_failed(cfg, gen, topic, err);
     return rc;
+}
+
+int kolo__agree(const kolo__config_t *cfg, unsigned gen, const char *topic,
+                const char *mine, kolo__agree_judge_fn judge, void *arg,
+                kolo__err_t *err)
+{
+    return agree(cfg, gen, topic, mine, judge, arg, NULL, err);
 }
 
 /* One descriptor kept for telling the others: a rank that failed for
@@ -629,7 +645,9 @@ static int judge_outcome(char *const *texts, int n, void *arg, kolo__err_t *err)
 int kolo__outcome_agree(kolo__outcome_t *o, int rc, const kolo__err_t *mine,
                         kolo__err_t *err)
 {
-    char *text = kolo__malloc(KOLO__AGREE_MAX);
+    /* (on the stack: a member that ran out of memory connecting must
+     * still say what for, not only that it could not agree) */
+    char text[KOLO__ERR_LEN + 64];
     int gave_up = rc != KOLO_OK &&
                   strstr(mine->msg, GAVE_UP_PREFIX) != NULL;
 
@@ -640,23 +658,16 @@ int kolo__outcome_agree(kolo__outcome_t *o, int rc, const kolo__err_t *mine,
     if (rc != KOLO_OK)
         kolo__agree_release();
     o->agreed = 1;
-    if (text == NULL) {
-        kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory agreeing on %s",
-                      o->topic);
-        kolo__agree_failed(o->cfg, o->gen, o->topic, err);
-        return err->code;
-    }
     if (rc == KOLO_OK) {
-        snprintf(text, KOLO__AGREE_MAX, "%d 0 ", rc);
+        snprintf(text, sizeof(text), "%d 0 ", rc);
     } else {
         /* Every rank returns the message that wins: it names the rank it
          * comes from ("rank 1: out of memory creating process set 0"). */
         char self[32];
-        snprintf(text, KOLO__AGREE_MAX, "%d %d %s%s", rc, gave_up,
+        snprintf(text, sizeof(text), "%d %d %s%s", rc, gave_up,
                  gave_up ? "" : who_failed(o->cfg, mine->msg, self, sizeof(self)),
                  mine->msg);
     }
-    rc = kolo__agree(o->cfg, o->gen, o->topic, text, judge_outcome, NULL, err);
-    free(text);
-    return rc;
+    return agree(o->cfg, o->gen, o->topic, text, judge_outcome, NULL,
+                 rc != KOLO_OK && !gave_up ? mine : NULL, err);
 }
