@@ -24,9 +24,14 @@
 #
 # A clean run first counts the victim's allocations (KOLO_TEST_COUNT_FILE)
 # and gives the reference: the hash of the trained weights. Then for each
-# n, every run must end (`timeout` far above the job's own limits, set to
-# 60 s: a run that needed one of them waited for a rank that was never
-# coming) with either
+# n, every run must end within its bound (`timeout`, 100 s: the limit
+# below), the job's own waits (KOLO_TIMEOUT_SECONDS, KOLO_START_TIMEOUT)
+# set to three times that, so that a run that ends only when one of them
+# fires, because a rank waited for one that was never coming, reaches the
+# bound and fails the case as a hang (as rank 0 out of memory from its
+# 41st allocation on once did: its kolo_init went on while rank 1 waited
+# for a verdict, and the job ended KOLO_TIMEOUT_SECONDS later); with
+# either
 #   - success: status 0 and the reference's weights on every rank, or
 #   - a clean error: status non-zero, "out of memory" (or, for threads,
 #     "thread") in the messages of every rank that printed any (the rank
@@ -37,7 +42,9 @@
 # Each n costs a job's start (about 0.4 s here; every n of the four is
 # eight minutes), so make test sweeps every 6th n, and
 # KOLO_TEST_JOB_FAULT_STEP=K every K-th (1: every n; CI's sanitizer runs
-# 80). KOLO_TEST_FAULT_ONLY=WORD runs only the configurations whose name
+# 80); but while the victim's kolo_init fails (about 40 allocations, where
+# every rank waits for the others: a failure not told is a hang) six
+# times more densely (every n by default). KOLO_TEST_FAULT_ONLY=WORD runs only the configurations whose name
 # has WORD. (tests/unit/test-faults sweeps every n of the protocol itself,
 # ranks as threads.)
 # Prints one line per configuration with its runs, successes and clean
@@ -56,6 +63,9 @@ step=${KOLO_TEST_JOB_FAULT_STEP:-6}
 pass=0
 fail=0
 
+# The job's own waits, far beyond each run's bound (above).
+waits=$((limit * 3))
+
 # job VICTIM VAR VALUE ENV...: one 2-rank run; VAR=VALUE only on VICTIM.
 # Output in $log; the status is kolorun's (124/137: the bound). The
 # others get 2 s to report a failure before kolorun stops them (its
@@ -65,7 +75,7 @@ job() {
     local victim=$1 var=$2 value=$3
     shift 3
     env "$@" LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        KOLO_START_TIMEOUT=60 KOLO_TIMEOUT_SECONDS=60 \
+        KOLO_START_TIMEOUT=$waits KOLO_TIMEOUT_SECONDS=$waits \
         FAULT_VICTIM="$victim" FAULT_VAR="$var" FAULT_VALUE="$value" \
         timeout -k 5 "$limit" "$kolorun" --failure-grace 2 -np 2 sh -c \
         'if [ "$KOLO_RANK" = "$FAULT_VICTIM" ]; then export "$FAULT_VAR=$FAULT_VALUE"; fi
@@ -91,6 +101,7 @@ named() {
 # n-th fails) or "+" (it and every later one).
 sweep() {
     local name=$1 victim=$2 kind=$3 suffix=$4 count ref n rc runs=0 ok=0 errs=0
+    local next init=0
     local bad="" word=memory var=KOLO_TEST_FAIL_ALLOC counted=allocations
     shift 4
     case $name in *"${KOLO_TEST_FAULT_ONLY:-}"*) ;; *) return ;; esac
@@ -113,10 +124,17 @@ sweep() {
     # A Python job takes seconds to start: 7 times more thinly (but every
     # n by hand, with step 1).
     [ "${cmd[0]}" = "$prog" ] || [ "$step" -eq 1 ] || every=$((step * 7))
-    for ((n = 1; n <= count; n += every)); do
+    local init_every=$(((every + 5) / 6))
+    for ((n = 1; n <= count; n += next)); do
         job "$victim" "$var" "$n$suffix" "$@"
         rc=$?
         runs=$((runs + 1))
+        # More densely while the victim's kolo_init fails (train_mlp's).
+        next=$every
+        if [ "${cmd[0]}" = "$prog" ] && grep -q "^rank $victim: kolo_init failed" "$log"; then
+            next=$init_every
+            init=$((init + 1))
+        fi
         if [ $rc -eq 0 ] && [ "$(weights)" = "$ref" ]; then
             ok=$((ok + 1))
         elif [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] &&
@@ -130,12 +148,12 @@ sweep() {
                     head -n 20 | sed 's/^/    | /'
                 echo "    (last lines:)"; sed 's/^/    | /' "$log" | tail -n 8)
             [ $rc -ne 124 ] && [ $rc -ne 137 ] || bad="$bad
-    (n=$n reached the ${limit} s bound: a hang)"
+    (n=$n reached the ${limit} s bound, the job's own waits set to $waits s: a hang)"
         fi
     done
     verdict "$bad" \
-        "PASS $name: $runs runs over $count ${kind}s (every $every): $ok succeeded, $errs clean errors" \
-        "FAIL $name: $runs runs over $count ${kind}s (every $every): $ok succeeded, $errs clean errors, $((runs - ok - errs)) neither; the first:" \
+        "PASS $name: $runs runs over $count ${kind}s (every $init_every while kolo_init failed: $init, then every $every): $ok succeeded, $errs clean errors" \
+        "FAIL $name: $runs runs over $count ${kind}s (every $init_every while kolo_init failed: $init, then every $every): $ok succeeded, $errs clean errors, $((runs - ok - errs)) neither; the first:" \
         "$bad"
 }
 
@@ -148,7 +166,7 @@ resource() {
     job 0 X 1 >/dev/null # the reference
     ref=$(weights)
     env LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        KOLO_START_TIMEOUT=60 KOLO_TIMEOUT_SECONDS=60 \
+        KOLO_START_TIMEOUT=$waits KOLO_TIMEOUT_SECONDS=$waits \
         timeout -k 5 "$limit" "$@" >"$log" 2>&1
     rc=$?
     if { [ $rc -eq 0 ] && [ "$(weights)" = "$ref" ]; } ||
@@ -245,7 +263,7 @@ elif "$python" -c 'import torch' 2>/dev/null; then
     cmd=("$prog" --steps 5 --min-accuracy 0)
     # A program that catches kolo's error and goes on without kolo: rank 1
     # runs out of memory halfway and sleeps; rank 0 must fail at once,
-    # naming rank 1's cause, not after KOLO_TIMEOUT_SECONDS (60 s here)
+    # naming rank 1's cause, not after KOLO_TIMEOUT_SECONDS ($waits s here)
     # or rank 1's exit (never: kolorun stops it once rank 0 has failed).
     for backend in shm gloo; do
         case "catch $backend" in *"${KOLO_TEST_FAULT_ONLY:-}"*) ;; *) continue ;; esac
