@@ -141,7 +141,8 @@ int kolo__watchdog_start(kolo__runtime_t *rt, kolo__err_t *err)
     if (rt->cfg.stall_check_s <= 0 || rt->size == 1)
         return KOLO_OK;
     if ((w = kolo__calloc(1, sizeof(*w))) == NULL)
-        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory in kolo_init");
+        return kolo__err_set(err, KOLO_ERR_NO_MEMORY, "out of memory starting "
+                             "the stall watchdog in kolo_init");
     pthread_mutex_init(&w->mu, NULL);
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
