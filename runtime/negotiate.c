@@ -779,6 +779,10 @@ static int coordinate(kolo__pset_t *ps, const uint8_t *recv, size_t stride,
         if (!requests_decode(r, recv + (size_t)r * stride, lens[r], &msg,
                              &derr)) {
             resp_list_free(&out);
+            if (derr.code == KOLO_ERR_NO_MEMORY) /* the coordinator's own */
+                return kolo__err_set(err, KOLO_ERR_NO_MEMORY,
+                                     "rank %d (the coordinator): %s",
+                                     ps->ranks[0], derr.msg);
             kolo__log(KOLO__LOG_ERROR, "%s", derr.msg);
             return answer_stop(ps, KOLO_ERR_INTERNAL, derr.msg, err);
         }
