@@ -28,9 +28,11 @@
 #                     device time, the device's wait for the program's
 #                     inputs and the program's stream's wait for kolo
 #   stall inspector   one rank withholds a tensor: rank 0 warns naming the
-#                     rank and the tensor (KOLO_STALL_CHECK_TIME_SECONDS=1);
-#                     KOLO_STALL_SHUTDOWN_TIME_SECONDS=2 fails every rank's
-#                     handle with that message and ends the job
+#                     rank and the tensor (KOLO_STALL_CHECK_TIME_SECONDS=1),
+#                     and that the rank is outside kolo, in its own code;
+#                     KOLO_STALL_SHUTDOWN_TIME_SECONDS=2 (the deadlock check
+#                     off: tests/flight has it) fails every rank's handle
+#                     with that message and ends the job
 #
 # Usage: tests/timeline/run-timeline.sh   (from the build directory; `make
 # check` runs it with KOLO_TOP_BUILDDIR and KOLO_TOP_SRCDIR set)
@@ -237,11 +239,14 @@ for np in 2 3; do
         "$kolorun" --tag-output -np "$np" "$prog" stall-warn; then
         grep_log "np=$np   rank 0 warns: rank $((np - 1)) is missing 'grad.withheld'" \
             "^\[0\]<stderr>:\[kolo rank 0\] WARNING: stall: .*rank $((np - 1)) is missing 'grad\.withheld'"
-        grep_log "np=$np   and says what usually causes it and how to end the job" \
-            "^\[0\]<stderr>:\[kolo rank 0\] WARNING: stall: this usually means .*hvd.join().*--stall-check-shutdown-time-seconds"
+        grep_log "np=$np   and that rank $((np - 1)) is outside kolo, in its own code" \
+            "^\[0\]<stderr>:\[kolo rank 0\] WARNING: stall: .*rank $((np - 1)) has been outside kolo for [0-9.]+ s \(in its own code\)"
+        grep_log "np=$np   and how to see where (the dumps, kolo-timeline why)" \
+            "^\[0\]<stderr>:\[kolo rank 0\] WARNING: stall: a rank outside kolo .*stuck in its own code.*kolo-timeline why DIR"
     fi
     if run "np=$np stall shutdown (KOLO_STALL_SHUTDOWN_TIME_SECONDS=2)" \
         env KOLO_STALL_SHUTDOWN_TIME_SECONDS=2 TL_STALL_BOUND_S=8 \
+        KOLO_DEADLOCK_CHECK_SECONDS=0 \
         KOLO_TIMELINE="$d/stall.json" \
         "$kolorun" --tag-output -np "$np" "$prog" stall-shutdown; then
         for ((r = 0; r < np; r++)); do
