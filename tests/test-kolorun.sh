@@ -34,12 +34,18 @@ end() {
     case_end
 }
 
+# The cases read the ranks' output as the ranks wrote it: kr and start_bg
+# give kolorun --no-tag-output first (a --tag-output after it wins);
+# KR_TAGGED=1 leaves kolorun's default, the rank prefix.
+untagged() { [ -n "${KR_TAGGED-}" ] || echo --no-tag-output; }
+
 # kr ARGS...: runs kolorun with ARGS, at most KR_LIMIT (20) seconds; stdout
 # in $OUT, stderr in $ERR, exit status in $rc, run time in $ms.
 kr() {
     local t0
     t0=$(date +%s%N)
-    timeout -k 5 "${KR_LIMIT:-20}" "$KOLORUN" "$@" >"$OUT" 2>"$ERR" </dev/null
+    # shellcheck disable=SC2046
+    timeout -k 5 "${KR_LIMIT:-20}" "$KOLORUN" $(untagged) "$@" >"$OUT" 2>"$ERR" </dev/null
     rc=$?
     ms=$((($(date +%s%N) - t0) / 1000000))
 }
@@ -72,7 +78,8 @@ all_gone() {
 # start_bg ARGS...: starts kolorun in the background ($kp), with a watchdog
 # that kills it after 30 s; disarm stops the watchdog.
 start_bg() {
-    "$KOLORUN" "$@" >"$OUT" 2>"$ERR" </dev/null &
+    # shellcheck disable=SC2046
+    "$KOLORUN" $(untagged) "$@" >"$OUT" 2>"$ERR" </dev/null &
     kp=$!
     rm -f "$WORK/wd"
     (
@@ -166,8 +173,8 @@ expect "stderr" eq "$(sort "$ERR")" "err 0
 err 1"
 end
 
-begin "--tag-output prefixes [rank]<stdout>: and [rank]<stderr>:"
-kr -np 2 --tag-output sh -c 'echo "out $KOLO_RANK"; echo "err $KOLO_RANK" >&2; printf "no newline $KOLO_RANK"'
+begin "by default every line is prefixed [rank]<stdout>: or [rank]<stderr>:, as horovodrun"
+KR_TAGGED=1 kr -np 2 sh -c 'echo "out $KOLO_RANK"; echo "err $KOLO_RANK" >&2; printf "no newline $KOLO_RANK"'
 expect "exit status 0" eq "$rc" 0
 expect "stdout lines tagged, the last line ended" eq "$(sort "$OUT")" "[0]<stdout>:no newline 0
 [0]<stdout>:out 0
@@ -175,6 +182,20 @@ expect "stdout lines tagged, the last line ended" eq "$(sort "$OUT")" "[0]<stdou
 [1]<stdout>:out 1"
 expect "stderr lines tagged" eq "$(sort "$ERR")" "[0]<stderr>:err 0
 [1]<stderr>:err 1"
+# horovodrun's safe_shell_exec ends a line at \r too: a progress bar
+# shows as it is redrawn, each redraw prefixed.
+KR_TAGGED=1 kr -np 1 sh -c 'printf "10%%\r50%%\r100%%\n"'
+expect "a line ends at \\r too (got $(od -c "$OUT" | head -n 3 | tr -s ' \n' ' '))" \
+    eq "$(od -An -c "$OUT" | tr -d ' \n')" \
+    "$(printf '[0]<stdout>:10%%\r[0]<stdout>:50%%\r[0]<stdout>:100%%\n' | od -An -c | tr -d ' \n')"
+KR_TAGGED=1 kr -np 2 --tag-output sh -c 'echo "out $KOLO_RANK"'
+expect "--tag-output, the default, is accepted quietly" \
+    eq "$rc $(sort "$OUT") $(cat "$ERR")" "0 [0]<stdout>:out 0
+[1]<stdout>:out 1 "
+KR_TAGGED=1 kr -np 2 --tag-output --no-tag-output sh -c 'echo "out $KOLO_RANK"; printf "a\rb\n" >&2'
+expect "--no-tag-output: the bytes unchanged (the last flag wins)" \
+    eq "$(sort "$OUT") $(od -An -c "$ERR" | tr -d ' \n')" "out 0
+out 1 a\rb\na\rb\n"
 end
 
 # check_lines FILE NP N LEN: FILE holds exactly N intact lines
@@ -211,8 +232,8 @@ expect "exit status 0" eq "$rc" 0
 expect "every line intact: $(check_lines "$OUT" 4 2000 5000)" check_lines "$OUT" 4 2000 5000
 end
 
-begin "lines are never mixed with --tag-output, on stderr"
-kr -np 4 --tag-output awk -v OUTFILE=/dev/stderr "$LONG"
+begin "lines are never mixed with the rank prefix, on stderr"
+KR_TAGGED=1 kr -np 4 awk -v OUTFILE=/dev/stderr "$LONG"
 expect "exit status 0" eq "$rc" 0
 expect "every line intact and tagged: $(check_lines "$ERR" 4 2000 5000 '<stderr>:')" \
     check_lines "$ERR" 4 2000 5000 '<stderr>:'
@@ -234,7 +255,7 @@ expect "nothing read" test ! -s "$OUT"
 end
 
 begin "kolorun's stdout closed (| head): ranks see the broken pipe, the job ends"
-timeout 20 "$KOLORUN" -np 2 yes 2>"$ERR" </dev/null | head -n 3 >"$OUT"
+timeout 20 "$KOLORUN" -np 2 --no-tag-output yes 2>"$ERR" </dev/null | head -n 3 >"$OUT"
 rc=${PIPESTATUS[0]}
 expect "head got its lines" eq "$(cat "$OUT")" "y
 y
@@ -539,7 +560,8 @@ expect "ranks started" wait_files 2
 { kill -KILL "$kp"; wait "$kp"; } 2>/dev/null # quiet: no "Killed" from bash
 disarm
 expect "no rank survives" all_gone "$D"/pid.*
-rm -rf "${TMPDIR:?}"/kolo-rdv-* # left behind: SIGKILL gives kolorun no chance
+# left behind: SIGKILL gives kolorun no chance
+rm -rf "${TMPDIR:?}"/kolo-rdv-* "${TMPDIR:?}"/kolo-flight-*
 end
 
 begin "ranks that exit at once: status 0, without delay"

@@ -45,11 +45,13 @@
  * spins. Each pipe has a 64 KiB line buffer. Only whole lines leave it (a
  * line longer than the buffer leaves in 64 KiB pieces, and a last line
  * without a newline leaves at end of file), each batch in one write(), so
- * lines of different ranks never mix. Without --tag-output the bytes pass
- * unchanged; with it every line gets the prefix "[rank]<stdout>:" or
- * "[rank]<stderr>:" — the format of horovodrun and Open MPI's mpirun, so logs
- * and the tools that read them look the same; --prefix-output-with-timestamp
- * puts the local time before it, as horovodrun does. --output-filename DIR
+ * lines of different ranks never mix. Every line gets the prefix
+ * "[rank]<stdout>:" or "[rank]<stderr>:", as horovodrun does by default
+ * (and Open MPI's mpirun with --tag-output), so logs and the tools that
+ * read them look the same; like horovodrun, a line ends at \n or at \r
+ * (a progress bar redrawn with \r shows as it goes). --no-tag-output
+ * passes the bytes unchanged. --prefix-output-with-timestamp puts the
+ * local time before the prefix, as horovodrun does. --output-filename DIR
  * also writes what is shown of each rank's stream to DIR/rank.R/stdout or
  * stderr, horovodrun's layout, from the same loop. A rank's stdout and
  * stderr are two pipes, so their relative order is not kept, as under any

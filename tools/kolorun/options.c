@@ -81,6 +81,16 @@ static void kolorun_store_on(kolorun_cmdline_t *c, const kolorun_option_t *opt,
     *KR_FIELD(c, opt, int) = 1;
 }
 
+/* A switch with an off form: the int at the row's field becomes 1, or 0
+ * for the off form (value "0"). */
+static void kolorun_store_switch(kolorun_cmdline_t *c,
+                                 const kolorun_option_t *opt,
+                                 const char *flag, const char *v)
+{
+    (void)flag;
+    *KR_FIELD(c, opt, int) = v == NULL || strcmp(v, "0") != 0;
+}
+
 /* A value kept as it is (checked where it is used, or not at all). */
 static void kolorun_store_text(kolorun_cmdline_t *c,
                                const kolorun_option_t *opt, const char *flag,
@@ -397,12 +407,16 @@ const kolorun_option_t kolorun_options[] = {
      .store = kolorun_store_on, .field = KR_CMD(check_build)},
     {.names = {{"-v"}, {"--version"}}, .help = "show kolo's version",
      .store = kolorun_show_version},
-    {.names = {{"--tag-output"}},
-     .help = "prefix every output line with its rank\n"
-             "and stream, like horovodrun and mpirun:\n"
+    {.names = {{"--no-tag-output", KR_OFF}, {"--tag-output"}},
+     .help = "pass the ranks' output unchanged; by default\n"
+             "every line (ended by \\n or \\r) is prefixed\n"
+             "with its rank and stream, as horovodrun\n"
+             "does (and mpirun --tag-output):\n"
              "  [1]<stdout>:text\n"
-             "  [1]<stderr>:text",
-     .store = kolorun_store_on, .field = KR_OPT(tag_output)},
+             "  [1]<stderr>:text\n"
+             "horovodrun has no --no-tag-output;\n"
+             "--tag-output (the default) is accepted",
+     .store = kolorun_store_switch, .field = KR_OPT(tag_output)},
     {.names = {{"--prefix-output-with-timestamp"}, {"-prefix-timestamp"}},
      .help = "prefix every output line with the local\n"
              "time, as horovodrun: Mon Jun  5 10:00:00 2023",
@@ -637,7 +651,7 @@ const kolorun_option_t kolorun_options[] = {
         "form the next generation; kolorun ends non-zero, with one line saying\n"
         "why, when every rank failed, the reset limit is reached, or too few\n"
         "ranks remain for --elastic-timeout; 0 when the latest generation's\n"
-        "ranks all exit 0. --tag-output numbers workers in the order they\n"
+        "ranks all exit 0. The rank prefix numbers workers in the order they\n"
         "started. Each worker also gets KOLO_ELASTIC=1, HOROVOD_ELASTIC=1,\n"
         "KOLO_ELASTIC_ID=host:slot, KOLO_HOSTNAME=host, KOLO_ELASTIC_TIMEOUT.\n"
         "\n"
@@ -712,9 +726,10 @@ const kolorun_option_t kolorun_options[] = {
         "KOLO_CROSS_RANK (its host's index), KOLO_CROSS_SIZE (hosts),\n"
         "KOLO_RENDEZVOUS=file:DIR (a private directory, removed at the end) or\n"
         "redis:HOST:PORT/JOB, and KOLO_HOSTNAME (127.0.0.1 on one host; unless\n"
-        "already set). Its standard input is /dev/null. Its output goes\n"
-        "to kolorun's stdout and stderr in whole lines (lines over 64 KiB in\n"
-        "pieces); without --tag-output the bytes are unchanged.\n"
+        "already set). Its standard input is /dev/null. Its output goes to\n"
+        "kolorun's stdout and stderr in whole lines (lines over 64 KiB in\n"
+        "pieces), each prefixed with [rank]<stream>: unless --no-tag-output,\n"
+        "which passes the bytes unchanged.\n"
         "\n"
         "SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the ranks; ranks\n"
         "still alive 3 s later are killed (a second Ctrl-C kills them at once),\n"
@@ -1145,6 +1160,7 @@ void kolorun_parse(int argc, char **argv, kolorun_opts_t *o)
     c.argv = argv;
     c.opts.failure_grace_ms = 5000;
     c.opts.reset_limit = -1;
+    c.opts.tag_output = 1; /* horovodrun's prefix, unless --no-tag-output */
     kolorun_read_flags(&c);
     if (c.config_file)
         kolorun_config_file(&c.opts, c.config_file, c.given,

@@ -1,7 +1,7 @@
 /*
  * output.c — the ranks' output (see "Pipes" in kolorun.h): reading their
- * pipes into line buffers, the prefixes of --tag-output and
- * --prefix-output-with-timestamp, kolorun's batched writes to its own
+ * pipes into line buffers, the rank prefix (on unless --no-tag-output)
+ * and --prefix-output-with-timestamp, kolorun's batched writes to its own
  * stdout and stderr, and the files of --output-filename.
  */
 #define _GNU_SOURCE
@@ -111,9 +111,9 @@ static void kolorun_file_put(kolorun_t *k, int r, int which, const char *prefix,
 
 /* What goes before each line of rank r's stream: with
  * --prefix-output-with-timestamp the local time as horovodrun writes it
- * (Python's time.asctime: "Mon Jun  5 10:00:00 2023"), then with
- * --tag-output "[r]<stdout>:"; a blank between the time and an untagged
- * line. Empty: the bytes pass unchanged. */
+ * (Python's time.asctime: "Mon Jun  5 10:00:00 2023"), then, unless
+ * --no-tag-output, "[r]<stdout>:"; a blank between the time and an
+ * untagged line. Empty: the bytes pass unchanged. */
 static size_t kolorun_line_prefix(const kolorun_t *k, int r, int which,
                                   char *out, size_t n)
 {
@@ -131,6 +131,16 @@ static size_t kolorun_line_prefix(const kolorun_t *k, int r, int which,
     else if (len > 0)
         len += (size_t)snprintf(out + len, n - len, " ");
     return len;
+}
+
+/* The length of the first line of the n bytes at p, its end (\n or \r)
+ * included; 0 when they hold no line end. */
+static size_t kolorun_line_end(const char *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] == '\n' || p[i] == '\r')
+            return i + 1;
+    return 0;
 }
 
 /* Moves the whole lines of one stream to its sink (and its file); at end
@@ -158,10 +168,12 @@ static void kolorun_stream_emit(kolorun_t *k, int r, int which, int at_eof)
         done = end;
     } else {
         for (;;) {
-            char *nl = memchr(st->buf + done, '\n', st->len - done);
-            if (!nl)
+            /* A line ends at \n or at \r, as in horovodrun's
+             * safe_shell_exec: a progress bar redrawn with \r shows as
+             * it goes, each redraw prefixed. */
+            size_t n = kolorun_line_end(st->buf + done, st->len - done);
+            if (n == 0)
                 break;
-            size_t n = (size_t)(nl - (st->buf + done)) + 1;
             kolorun_sink_put(sink, prefix, plen, st->buf + done, n, 0);
             kolorun_file_put(k, r, which, prefix, plen, st->buf + done, n, 0);
             done += n;
