@@ -157,7 +157,7 @@ struct kolorun_option {
 
 /* kolorun's flags and --help's paragraphs, KOLORUN_NOPTIONS rows
  * (options.c checks the count). */
-#define KOLORUN_NOPTIONS 73
+#define KOLORUN_NOPTIONS 74
 extern const kolorun_option_t kolorun_options[];
 
 /* The placeholders of a --launch-command template, four of them (hosts.c

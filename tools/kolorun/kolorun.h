@@ -69,6 +69,18 @@
  * for the ranks, as the shell meant. Signals are blocked around fork() so
  * that a child never runs kolorun's handlers between fork and exec.
  *
+ * The flight recorder (flight.c). Every rank gets KOLO_FLIGHT_DIR
+ * (--flight-dir, the user's, else a directory of kolorun's own, removed
+ * after a job that succeeded), where its runtime writes its dumps. kill
+ * -USR1 of kolorun passes SIGUSR1 on to the ranks here whose runtime said
+ * it takes it (DIR/rank<R>.ready, with the pid to signal: any other
+ * program would die of SIGUSR1), and the job goes on. Before kolorun
+ * stops a job (a rank failed and the failure grace is over, a stop signal
+ * came), those ranks get SIGUSR1 first and kolorun waits, up to 2 s and
+ * without blocking the loop, for their dumps, then goes on as below. At
+ * the end it prints rank 0's DIR/stragglers.txt, and after a failure
+ * names the directory if a rank wrote to it.
+ *
  * Ending. (An elastic job ends otherwise: see "Elastic jobs" below.)
  * When a rank exits non-zero or is killed, and kolorun was not
  * already stopping the job, the job has failed: kolorun prints the rank's

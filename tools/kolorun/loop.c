@@ -42,6 +42,10 @@ static void kolorun_handle_signals(kolorun_t *k)
         kolorun_pending[SIGCHLD] = 0;
         kolorun_reap(k);
     }
+    if (kolorun_pending[SIGUSR1]) {
+        kolorun_pending[SIGUSR1] = 0;
+        kolorun_flight_on_usr1(k);
+    }
     if (kolorun_pending[SIGTSTP]) {
         kolorun_pending[SIGTSTP] = 0;
         kolorun_suspend(k);
@@ -69,8 +73,10 @@ static int64_t kolorun_drain_deadline(const kolorun_t *k)
 }
 
 /* A rank failed, a stop is under way, or the job is over: what the time
- * asks for now. */
-static void kolorun_act_on_deadlines(kolorun_t *k, int64_t now)
+ * asks for now. *dump_until: while the ranks' dumps are awaited before a
+ * stop, when to look again. */
+static void kolorun_act_on_deadlines(kolorun_t *k, int64_t now,
+                                     int64_t *dump_until)
 {
     /* A rank failed a moment ago, or every rank has ended: nothing
      * more is coming that could be the cause. */
@@ -82,8 +88,13 @@ static void kolorun_act_on_deadlines(kolorun_t *k, int64_t now)
     if (k->failed_rank >= 0 && !k->stopping &&
         now - k->failed_ms >= k->opts.failure_grace_ms)
         kolorun_stop(k, SIGTERM);
+    /* The dumps are written, or their time is over: stop the ranks. */
+    if (k->dumping &&
+        (k->killed || !kolorun_flight_waiting(k, now, dump_until)))
+        kolorun_stop_send(k);
     /* Grace is over: kill the rest, ranks or what they left. */
-    if (k->stopping && !k->killed && now - k->stop_ms >= KOLORUN_GRACE_MS)
+    if (k->stopping && !k->dumping && !k->killed &&
+        now - k->stop_ms >= KOLORUN_GRACE_MS)
         kolorun_kill_now(k);
 }
 
@@ -116,7 +127,8 @@ static int kolorun_job_over(kolorun_t *k, int64_t now, int64_t *drain_until)
  * of the ranks, then the policy's descriptor. */
 typedef struct kolorun_pollset {
     struct pollfd *pfd;
-    int *who; /* r * 2 + stream; -1 the self-pipe, -2 the policy's */
+    int *who; /* r * 2 + stream; -1 the self-pipe, -2 the policy's, -3
+               * the flight recorder's directory */
     int n, cap;
 } kolorun_pollset_t;
 
@@ -132,8 +144,8 @@ static void kolorun_pollset_add(kolorun_pollset_t *ps, int fd, int who)
 static int kolorun_pollset_fill(kolorun_t *k, kolorun_pollset_t *ps,
                                 int wake_rd)
 {
-    if (ps->cap < 2 + 2 * k->nstarted) {
-        int ncap = 2 + 2 * k->nstarted + 32;
+    if (ps->cap < 3 + 2 * k->nstarted) {
+        int ncap = 3 + 2 * k->nstarted + 32;
         struct pollfd *p = realloc(ps->pfd, (size_t)ncap * sizeof *p);
         if (p)
             ps->pfd = p;
@@ -154,16 +166,21 @@ static int kolorun_pollset_fill(kolorun_t *k, kolorun_pollset_t *ps,
                 kolorun_pollset_add(ps, k->ranks[r].streams[s].fd, r * 2 + s);
     if (k->policy && k->policy->fd(k) >= 0)
         kolorun_pollset_add(ps, k->policy->fd(k), -2);
+    if (kolorun_flight_fd(k) >= 0)
+        kolorun_pollset_add(ps, kolorun_flight_fd(k), -3);
     return 0;
 }
 
-/* How long poll() may sleep: until the next deadline of a failure, a stop,
- * the drain or the policy; -1 when none is due. */
+/* How long poll() may sleep: until the next deadline of a failure, a stop
+ * (the ranks' dumps first), the drain or the policy; -1 when none is due. */
 static int kolorun_poll_timeout(const kolorun_t *k, int64_t now,
-                                int64_t drain_until, int64_t policy_at)
+                                int64_t drain_until, int64_t policy_at,
+                                int64_t dump_until)
 {
     int64_t deadline = -1;
-    if (k->stopping && !k->killed)
+    if (k->dumping && !k->killed)
+        deadline = dump_until;
+    else if (k->stopping && !k->killed)
         deadline = k->stop_ms + KOLORUN_GRACE_MS;
     else if (k->failed_rank >= 0 && !k->stopping)
         deadline = k->failed_ms + k->opts.failure_grace_ms;
@@ -189,6 +206,8 @@ static void kolorun_poll_dispatch(kolorun_t *k, const kolorun_pollset_t *ps,
             continue;
         if (ps->who[i] == -2)
             k->policy->read(k);
+        else if (ps->who[i] == -3)
+            kolorun_flight_read(k);
         else
             kolorun_stream_read(k, ps->who[i] / 2, ps->who[i] % 2, 0);
     }
@@ -216,15 +235,16 @@ int kolorun_loop(kolorun_t *k, int wake_rd)
         /* The policy (an elastic job's driver): its decisions, and when it
          * next needs to run. */
         int64_t policy_at = k->policy ? k->policy->tick(k) : -1;
-        int64_t now = kolorun_now_ms(), drain_until = -1;
-        kolorun_act_on_deadlines(k, now);
+        int64_t now = kolorun_now_ms(), drain_until = -1, dump_until = now;
+        kolorun_act_on_deadlines(k, now, &dump_until);
         if (kolorun_job_over(k, now, &drain_until))
             break;
         if (kolorun_pollset_fill(k, &ps, wake_rd) != 0) {
             rc = -1;
             break;
         }
-        int timeout = kolorun_poll_timeout(k, now, drain_until, policy_at);
+        int timeout = kolorun_poll_timeout(k, now, drain_until, policy_at,
+                                           dump_until);
         int ready = poll(ps.pfd, (nfds_t)ps.n, timeout);
         if (ready < 0 && errno == EINTR)
             continue;

@@ -197,12 +197,14 @@ static int kolorun_run(kolorun_t *k)
         kolorun_say("rendezvous directory %s", k->rdv_dir);
     else if (k->opts.verbose)
         kolorun_say("rendezvous redis:%s/%s", k->redis_addr, k->job_id);
+    kolorun_flight_setup(k, 0);
     if (kolorun_spawn_holder(k, wake_rd) != 0)
         goto remove_rdv;
     kolorun_start_ranks(k);
     rc = kolorun_watch(k, wake_rd);
 
 remove_rdv:
+    kolorun_flight_end(k, rc);
     kolorun_rdv_remove(k);
     if (k->redis_addr[0] && k->nstarted > 0 && !k->redis_reaped &&
         !k->opts.elastic &&
@@ -232,6 +234,7 @@ int main(int argc, char **argv)
     if (kolorun_job_secret() != 0)
         return 1;
     if (k.opts.mpi) {
+        kolorun_flight_setup(&k, 1);
         return kolorun_exec_mpirun(&k.opts, k.job_start_us);
     }
     kolorun_raise_fd_limit(k.opts.elastic ? (k.opts.max_np < 1024

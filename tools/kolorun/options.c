@@ -428,6 +428,18 @@ const kolorun_option_t kolorun_options[] = {
              "are shown; under --mpi, mpirun's own layout",
      .store = kolorun_store_nonempty, .field = KR_OPT(output_dir),
      .expects = "a directory"},
+    {.names = {{"--flight-dir"}}, .arg = "DIR",
+     .help = "=DIR (made absolute) for every\n"
+             "rank: where ranks write their flight\n"
+             "recorder dumps (DIR/rank<R>.json; read\n"
+             "them with kolo-timeline why DIR). Default:\n"
+             "KOLO_FLIGHT_DIR if set here, else a new\n"
+             "$TMPDIR/kolo-flight-USER-TIME-PID (mode\n"
+             "700), removed after a job that succeeded;\n"
+             "after a job that failed, kept and named in\n"
+             "kolorun's last lines if a rank wrote to it.\n"
+             "Under --mpi: none unless given",
+     .kind = KR_TEXT, .var = "KOLO_FLIGHT_DIR"},
     {.names = {{"--config-file"}}, .arg = "FILE",
      .help = "horovodrun's YAML configuration (controller,\n"
              "params, autotune, timeline, stall_check,\n"
@@ -726,14 +738,20 @@ const kolorun_option_t kolorun_options[] = {
         "KOLO_CROSS_RANK (its host's index), KOLO_CROSS_SIZE (hosts),\n"
         "KOLO_RENDEZVOUS=file:DIR (a private directory, removed at the end) or\n"
         "redis:HOST:PORT/JOB, and KOLO_HOSTNAME (127.0.0.1 on one host; unless\n"
-        "already set). Its standard input is /dev/null. Its output goes to\n"
-        "kolorun's stdout and stderr in whole lines (lines over 64 KiB in\n"
-        "pieces), each prefixed with [rank]<stream>: unless --no-tag-output,\n"
-        "which passes the bytes unchanged.\n"
+        "already set), KOLO_FLIGHT_DIR (see --flight-dir). Its standard input\n"
+        "is /dev/null. Its output goes to kolorun's stdout and stderr in whole\n"
+        "lines (lines over 64 KiB in pieces), each prefixed with [rank]<stream>:\n"
+        "unless --no-tag-output, which passes the bytes unchanged.\n"
         "\n"
         "SIGINT, SIGTERM, SIGHUP and SIGQUIT are passed on to the ranks; ranks\n"
         "still alive 3 s later are killed (a second Ctrl-C kills them at once),\n"
-        "and kolorun then ends by the same signal.\n"
+        "and kolorun then ends by the same signal. SIGUSR1 (kill -USR1 PID of\n"
+        "kolorun) asks the ranks here for a flight recorder dump, and the job\n"
+        "goes on; it goes only to ranks whose kolo said it takes it (it wrote\n"
+        "KOLO_FLIGHT_DIR/rank<R>.ready): any other program would die of it.\n"
+        "Before kolorun stops a job (a rank failed, a signal), those ranks get\n"
+        "SIGUSR1 first, and kolorun waits up to 2 s for their dumps. At the\n"
+        "end, the job's stragglers as rank 0 saw them (DIR/stragglers.txt).\n"
         "\n"
         "Exit status:\n"
         "  0       every rank exited with status 0\n"

@@ -246,8 +246,7 @@ void kolorun_stream_read(kolorun_t *k, int r, int which, int until_empty)
     kolorun_sink_check(k, which);
 }
 
-/* Makes directory path and its parents (mkdir -p); 0 or -1 (errno). */
-static int kolorun_mkdirs(const char *path)
+int kolorun_mkdirs(const char *path, mode_t mode)
 {
     char *p = strdup(path);
     struct stat st;
@@ -263,7 +262,7 @@ static int kolorun_mkdirs(const char *path)
         }
         *q = '/';
     }
-    int rc = mkdir(p, 0777) != 0 && errno != EEXIST ? -1 : 0;
+    int rc = mkdir(p, mode) != 0 && errno != EEXIST ? -1 : 0;
     free(p);
     if (rc == 0 && (stat(path, &st) != 0 || !S_ISDIR(st.st_mode))) {
         errno = ENOTDIR;
@@ -282,7 +281,7 @@ int kolorun_outputs_open(kolorun_t *k)
     int width = 1;
     for (int v = k->opts.np - 1; v >= 10; v /= 10)
         width++;
-    if (kolorun_mkdirs(dir) != 0) {
+    if (kolorun_mkdirs(dir, 0777) != 0) {
         kolorun_say("--output-filename: cannot create the directory %s: %s",
                     dir, strerror(errno));
         return -1;

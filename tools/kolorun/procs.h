@@ -9,6 +9,9 @@
  *   rendezvous.c   the private rendezvous directory, and keys written there
  *   output.c       the ranks' output: pipes, prefixes, --output-filename
  *   signals.c      the signal handler; signalling the ranks' group
+ *   flight.c       the flight recorder's directory (KOLO_FLIGHT_DIR), the
+ *                  ranks' dumps asked for with SIGUSR1, its end-of-job
+ *                  lines
  *   mpi.c          --mpi: the job runs under mpirun instead
  */
 #ifndef KOLORUN_PROCS_H
@@ -88,7 +91,11 @@ typedef struct kolorun {
     sigset_t mask_orig;
 
     /* How the job ends. */
-    int stopping;      /* a stop signal went to the ranks */
+    int stopping;      /* a stop signal went to the ranks (or goes once
+                        * their dumps are written: dumping) */
+    int dumping;       /* stopping, but first waiting for the ranks' flight
+                        * recorder dumps (flight.c) */
+    int stop_sig;      /* the signal the ranks get when stopping */
     int killed;        /* SIGKILL went to the ranks */
     int64_t stop_ms;   /* when stopping began */
     int stop_signal;   /* the signal that stopped the job, 0 if none */
@@ -121,6 +128,13 @@ typedef struct kolorun {
      * rank_host[]. */
     const struct kolorun_policy *policy;
     kolorun_elastic_t *elastic;
+
+    /* The flight recorder (flight.c): KOLO_FLIGHT_DIR of every rank,
+     * absolute, NULL when none; whether kolorun made it (then it removes
+     * it after a job that succeeded); the dumps it waits for. */
+    char *flight_dir;
+    int flight_own;
+    struct kolorun_flight *flight;
 } kolorun_t;
 
 /* Where a rank stands when a policy places it (an elastic worker in the
@@ -147,6 +161,8 @@ void kolorun_job_free(kolorun_t *k);
 int kolorun_rdv_create(kolorun_t *k);
 char *kolorun_rendezvous(const kolorun_t *k);
 void kolorun_rdv_remove(kolorun_t *k);
+/* Removes directory path and all in it, following no link; 0 or -1. */
+int kolorun_rmtree(const char *path);
 /* Writes key = value into the rendezvous directory, as runtime/store.c
  * reads it; 0, or -1 having said why. */
 int kolorun_rdv_dir_set(const kolorun_t *k, const char *key,
@@ -186,6 +202,9 @@ void kolorun_sink_flush(kolorun_sink_t *s);
 void kolorun_stream_close(kolorun_stream_t *st);
 void kolorun_stream_read(kolorun_t *k, int r, int which, int until_empty);
 int kolorun_outputs_open(kolorun_t *k);
+/* Makes directory path, mode `mode`, and its parents (mkdir -p; an
+ * existing directory will do); 0 or -1 (errno). */
+int kolorun_mkdirs(const char *path, mode_t mode);
 
 /* ---- signals.c */
 int kolorun_signals_setup(kolorun_t *k);
@@ -193,6 +212,29 @@ void kolorun_signal_ranks(kolorun_t *k, int sig);
 void kolorun_release_remote(kolorun_t *k, int r);
 /* The names people know signals by ("SIGINT"), for messages. */
 const char *kolorun_signame(int sig);
+
+/* ---- flight.c */
+/* KOLO_FLIGHT_DIR for every rank: --flight-dir's or the user's, made
+ * absolute, else a directory of kolorun's own (none under --mpi: mpi 1).
+ * A directory that cannot be made is said; the job goes on without. */
+void kolorun_flight_setup(kolorun_t *k, int mpi);
+/* SIGUSR1 to the ranks that announced a flight recorder (DIR/rank<R>.ready,
+ * holding the pid that takes it); their count. With wait, kolorun then
+ * waits for their dumps (kolorun_flight_waiting), having written why to
+ * DIR/kolorun-stop.txt. */
+int kolorun_flight_ask(kolorun_t *k, int wait, const char *why);
+/* kill -USR1 to kolorun: the ranks dump, the job goes on. */
+void kolorun_flight_on_usr1(kolorun_t *k);
+/* While dumps are awaited: the inotify descriptor that wakes the loop when
+ * DIR changes (-1: none), reading it, and whether to wait on (0 once every
+ * dump is renewed or the 2 s are over, said for the ranks that wrote
+ * none); *until: the deadline. */
+int kolorun_flight_fd(const kolorun_t *k);
+void kolorun_flight_read(kolorun_t *k);
+int kolorun_flight_waiting(kolorun_t *k, int64_t now, int64_t *until);
+/* The job is over with exit status rc: the stragglers' line, the
+ * directory named (a failure) or removed (kolorun's, after a success). */
+void kolorun_flight_end(kolorun_t *k, int rc);
 
 /* ---- mpi.c */
 int kolorun_exec_mpirun(const kolorun_opts_t *o, int64_t job_start_us);

@@ -106,6 +106,11 @@ static int kolorun_rmtree_at(int dirfd, const char *name, int depth)
     return -1;
 }
 
+int kolorun_rmtree(const char *path)
+{
+    return kolorun_rmtree_at(AT_FDCWD, path, 0);
+}
+
 /* Removes the shared-memory segments (ops/shm) the job's ranks left in
  * /dev/shm. Ranks unlink them as soon as every member has attached, so only
  * a rank killed during start-up leaves one. Their names begin with

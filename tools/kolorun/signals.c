@@ -3,7 +3,7 @@
  * kolorun.h), and signalling the ranks: their group, and by pid those
  * that left it; closing the stdin of ranks on other hosts. What the loop
  * does with a signal (stop the job, pass Ctrl-Z on) is supervision's
- * (stop.c).
+ * (stop.c); SIGUSR1 asks the ranks for dumps (flight.c).
  */
 #define _GNU_SOURCE
 
@@ -67,8 +67,10 @@ int kolorun_signals_setup(kolorun_t *k)
         return -1;
     }
     kolorun_wake_fd = p[1];
+    /* SIGUSR1: the ranks' flight recorder dumps (flight.c). */
     if (kolorun_install(k, SIGCHLD, 0) != 0 ||
-        kolorun_install(k, SIGTSTP, 1) != 0) {
+        kolorun_install(k, SIGTSTP, 1) != 0 ||
+        kolorun_install(k, SIGUSR1, 1) != 0) {
         kolorun_say("cannot install signal handlers: %s", strerror(errno));
         return -1;
     }

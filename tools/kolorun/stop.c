@@ -1,5 +1,6 @@
 /*
- * stop.c — stopping the job: a stop signal forwarded to the ranks, SIGKILL
+ * stop.c — stopping the job: the ranks' flight recorder dumps first (at
+ * most 2 s, flight.c), then a stop signal forwarded to the ranks, SIGKILL
  * after the grace period or at a second Ctrl-C, and Ctrl-Z passed on (see
  * "Signals" in kolorun.h).
  */
@@ -8,6 +9,7 @@
 #include "config.h"
 
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "supervise.h"
@@ -16,21 +18,63 @@
  * twice (by the terminal's group and by a wrapper), not a second Ctrl-C. */
 #define KOLORUN_DOUBLE_INT_MS 500
 
-/* Starts stopping the job: sig now, SIGKILL after the grace period. */
+/* Why kolorun stops the job, in a line for DIR/kolorun-stop.txt. */
+static void kolorun_stop_why(const kolorun_t *k, char *out, size_t n)
+{
+    char how[128];
+    if (k->stop_signal) {
+        snprintf(out, n, "kolorun stopped the job: it got %s",
+                 kolorun_signame(k->stop_signal));
+    } else if (k->failed_rank >= 0) {
+        kolorun_describe(k->failed_status, how, sizeof how);
+        snprintf(out, n, "kolorun stopped the job: rank %d (pid %ld) %s",
+                 k->failed_rank, (long)k->ranks[k->failed_rank].pid, how);
+    } else {
+        snprintf(out, n, "kolorun stopped the job");
+    }
+}
+
+/* Starts stopping the job: the ranks' dumps first (the loop waits for
+ * them, then calls kolorun_stop_send), sig, SIGKILL after the grace
+ * period. */
 void kolorun_stop(kolorun_t *k, int sig)
 {
+    char why[300];
     if (k->stopping)
         return;
     /* Ranks that end from now on are not causes: choose among the failed. */
     if (k->failed_rank < 0)
         kolorun_blame(k);
-    kolorun_release_remote(k, -1);
     k->stopping = 1;
+    k->stop_sig = sig;
+    k->stop_ms = kolorun_now_ms();
+    kolorun_stop_why(k, why, sizeof why);
+    int asked = k->killed ? 0 : kolorun_flight_ask(k, 1, why);
+    if (asked > 0) {
+        k->dumping = 1;
+        if (k->opts.verbose)
+            kolorun_say("asked %d rank%s for a flight recorder dump before "
+                        "stopping the job (waiting at most 2 s)", asked,
+                        asked == 1 ? "" : "s");
+        return;
+    }
+    kolorun_stop_send(k);
+}
+
+/* The dumps are written (or their time is over): the stop signal goes to
+ * the ranks, and the grace period begins. */
+void kolorun_stop_send(kolorun_t *k)
+{
+    k->dumping = 0;
+    if (k->killed)
+        return;
+    kolorun_release_remote(k, -1);
     k->stop_ms = kolorun_now_ms();
     if (k->opts.verbose && k->nalive > 0)
-        kolorun_say("sending %s to %d running rank%s", kolorun_signame(sig),
-                    k->nalive, k->nalive == 1 ? "" : "s");
-    kolorun_signal_ranks(k, sig);
+        kolorun_say("sending %s to %d running rank%s",
+                    kolorun_signame(k->stop_sig), k->nalive,
+                    k->nalive == 1 ? "" : "s");
+    kolorun_signal_ranks(k, k->stop_sig);
 }
 
 /* SIGKILL to the group: the ranks still running and anything they left.

@@ -7,7 +7,8 @@
  * policy asks supervision to start and stop ranks.
  *   loop.c         the poll() loop
  *   ranks.c        ranks starting and ending: reaping, naming the cause
- *   stop.c         stopping the job: forwarded signals, SIGKILL, Ctrl-Z
+ *   stop.c         stopping the job: the ranks' dumps first, forwarded
+ *                  signals, SIGKILL, Ctrl-Z
  */
 #ifndef KOLORUN_SUPERVISE_H
 #define KOLORUN_SUPERVISE_H
@@ -50,6 +51,7 @@ void kolorun_rank_stop(kolorun_t *k, int r, int sig);
 
 /* ---- stop.c */
 void kolorun_stop(kolorun_t *k, int sig);
+void kolorun_stop_send(kolorun_t *k);
 void kolorun_kill_now(kolorun_t *k);
 void kolorun_suspend(kolorun_t *k);
 void kolorun_on_stop_signal(kolorun_t *k, int sig);
