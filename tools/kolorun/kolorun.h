@@ -98,7 +98,14 @@
  * not choose to end; the others end because of it), else a rank that a
  * survivor names in the runtime's words ("lost rank N (pid P)", "rank N
  * (pid P) left ...", "rank N has shut down, which stops the job", "rank N
- * had failed"), else the first one reaped. A rank killed by a signal is
+ * had failed"; a stall shutdown's "rank N is missing 'x' (61 s)" and a
+ * deadlock's "deadlock: rank N skipped 'x' ...", whose line says what it
+ * did: "rank 2 stalled the job: it never enqueued 'x' (the others waited
+ * 61 s); rank 2 (pid P) is still running"), else the first one reaped —
+ * unless the ranks disagreed on a tensor ("ranks disagree on the shape:
+ * ..."): no rank caused that alone, and the line says so ("the ranks
+ * disagreed on tensor 'x' (the shape: rank 0 has [2], rank 1 has [3])";
+ * the status is the first failed rank's). A rank killed by a signal is
  * the cause at once. When no failed rank was killed or named, but the
  * survivors name a rank that has not ended yet (a Python program printing
  * its traceback and tearing down, often slower than the survivors that

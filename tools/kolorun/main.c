@@ -227,6 +227,7 @@ int main(int argc, char **argv)
     int rc;
     memset(&k, 0, sizeof k);
     k.failed_rank = -1;
+    k.accused_rank = -1;
     k.job_start_us = kolorun_wall_us();
     kolorun_std_fds();
     kolorun_parse(argc, argv, &k.opts);

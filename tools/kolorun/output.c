@@ -2,7 +2,10 @@
  * output.c — the ranks' output (see "Pipes" in kolorun.h): reading their
  * pipes into line buffers, the rank prefix (on unless --no-tag-output)
  * and --prefix-output-with-timestamp, kolorun's batched writes to its own
- * stdout and stderr, and the files of --output-filename.
+ * stdout and stderr, and the files of --output-filename. On the way it
+ * reads what the runtime says of the job's end, for kolorun_blame: the
+ * ranks a survivor names as lost, the rank a stall shutdown or a deadlock
+ * names, the tensor ranks disagree on.
  */
 #define _GNU_SOURCE
 
@@ -83,6 +86,116 @@ static void kolorun_note_lost(kolorun_t *k, const char *p, size_t n)
         for (size_t t = 0; t < sizeof tails / sizeof tails[0]; t++)
             if (strncmp(after, tails[t], strlen(tails[t])) == 0)
                 k->ranks[r].named_lost = 1;
+    }
+}
+
+/* The runtime's words for a stall that ends the job (runtime/negotiate.c):
+ *   "stall: ranks waited more than 60 s (KOLO_STALL_SHUTDOWN_TIME_SECONDS)
+ *    for tensors other ranks never enqueued: rank 2 is missing 'x' (61 s),
+ *    ..."
+ * The first rank so named stalled the job. (The stall warning, which
+ * names KOLO_STALL_CHECK_TIME_SECONDS, ends nothing: not read.) */
+static void kolorun_note_stall(kolorun_t *k, const char *line, size_t n)
+{
+    static const char key[] = "(KOLO_STALL_SHUTDOWN_TIME_SECONDS)";
+    static const char missing[] = " is missing '";
+    char text[512];
+    const char *p = memmem(line, n, key, sizeof key - 1);
+    int r, used = 0;
+    double secs = 0;
+    if (!p)
+        return;
+    snprintf(text, sizeof text, "%.*s", (int)(line + n - p), p);
+    for (char *q = strstr(text, "rank "); q; q = strstr(q + 1, "rank ")) {
+        char *name, *end;
+        if (sscanf(q, "rank %d%n", &r, &used) != 1 ||
+            strncmp(q + used, missing, sizeof missing - 1) != 0)
+            continue;
+        name = q + used + sizeof missing - 1;
+        if (r < 0 || r >= k->nstarted || !(end = strstr(name, "' (")) ||
+            sscanf(end, "' (%lf s)", &secs) != 1)
+            continue;
+        k->accused_rank = r;
+        k->ranks[r].named_lost = 1;
+        snprintf(k->accused_why, sizeof k->accused_why,
+                 "stalled the job: it never enqueued '%.*s' (the others "
+                 "waited %.0f s)", (int)(end - name), name, secs);
+        return;
+    }
+}
+
+/* Text from p to the end of a line, without the blanks that end it. */
+static int kolorun_rest_len(const char *p, const char *end)
+{
+    while (end > p && (end[-1] == ' ' || end[-1] == '\t' || end[-1] == '\r'))
+        end--;
+    return (int)(end - p);
+}
+
+/* The runtime's words for a proven deadlock: "deadlock: rank 2 skipped
+ * 'grad.b' (its 21st) and waits on 'metric.a' (its 22nd); ranks 0, 1 wait
+ * on 'grad.b'". Rank 2 is the cause; the rest of the line says why. */
+static void kolorun_note_deadlock(kolorun_t *k, const char *line, size_t n)
+{
+    static const char key[] = "deadlock: rank ";
+    const char *p = memmem(line, n, key, sizeof key - 1), *end = line + n;
+    char text[32];
+    int r, used = 0;
+    if (!p)
+        return;
+    p += sizeof key - 1;
+    snprintf(text, sizeof text, "%.*s", (int)(end - p), p);
+    if (sscanf(text, "%d%n", &r, &used) != 1 || r < 0 || r >= k->nstarted ||
+        strncmp(text + used, " skipped ", 9) != 0)
+        return;
+    p += used + 1;
+    k->accused_rank = r;
+    k->ranks[r].named_lost = 1;
+    snprintf(k->accused_why, sizeof k->accused_why,
+             "deadlocked the job: it %.*s", kolorun_rest_len(p, end), p);
+}
+
+/* The runtime's words for ranks that disagree on a tensor (negotiate.c's
+ * describe_mismatch): "allreduce of tensor 'x': ranks disagree on the
+ * shape: rank 0 has [2, 3], rank 1 has [4]", or "tensor 'x': ranks
+ * disagree on the collective: rank 0 enqueued allreduce, rank 1 enqueued
+ * allgather". No rank caused it alone: kolorun_blame says so. */
+static void kolorun_note_disagreement(kolorun_t *k, const char *line,
+                                      size_t n)
+{
+    static const char key[] = "': ranks disagree on ", tensor[] = "tensor '";
+    const char *p = memmem(line, n, key, sizeof key - 1), *name = NULL;
+    if (!p)
+        return;
+    for (const char *q = line; q < p;) {
+        const char *t = memmem(q, (size_t)(p - q), tensor, sizeof tensor - 1);
+        if (!t)
+            break;
+        name = t + sizeof tensor - 1;
+        q = name;
+    }
+    if (!name)
+        return;
+    const char *detail = p + sizeof key - 1;
+    snprintf(k->disagreement, sizeof k->disagreement, "tensor '%.*s' (%.*s)",
+             (int)(p - name), name, kolorun_rest_len(detail, line + n),
+             detail);
+}
+
+/* What the ranks' whole lines (n bytes at p) say of the job's end. */
+static void kolorun_note_messages(kolorun_t *k, const char *p, size_t n)
+{
+    kolorun_note_lost(k, p, n);
+    for (const char *end = p + n; p < end;) {
+        const char *nl = memchr(p, '\n', (size_t)(end - p));
+        size_t len = nl ? (size_t)(nl - p) : (size_t)(end - p);
+        if (k->accused_rank < 0)
+            kolorun_note_stall(k, p, len);
+        if (k->accused_rank < 0)
+            kolorun_note_deadlock(k, p, len);
+        if (!k->disagreement[0])
+            kolorun_note_disagreement(k, p, len);
+        p += len + (nl != NULL);
     }
 }
 
@@ -188,7 +301,7 @@ static void kolorun_stream_emit(kolorun_t *k, int r, int which, int at_eof)
         }
     }
     if (k->failed_rank < 0)
-        kolorun_note_lost(k, st->buf, done);
+        kolorun_note_messages(k, st->buf, done);
     memmove(st->buf, st->buf + done, st->len - done);
     st->len -= done;
 }

@@ -104,6 +104,14 @@ typedef struct kolorun {
                         * --failure-grace from then */
     int failed_status; /* its wait status */
     int nsuspects;     /* ranks failed before the cause was chosen */
+    /* What the ranks' messages say of a stalled, deadlocked or divergent
+     * job (output.c reads them, kolorun_blame says it): the rank they name
+     * (-1: none) with what it did ("stalled the job: it never enqueued
+     * 'x' (the others waited 61 s)"); or the disagreement of ranks on a
+     * tensor, which names no single cause ("tensor 'x' (the shape: ...)"). */
+    int accused_rank;
+    char accused_why[400];
+    char disagreement[400];
     int launch_error;  /* kolorun itself could not start the job: its exit
                         * status (1; 127 or 126: the command cannot run) */
     int64_t killed_ms;     /* when SIGKILL went out */

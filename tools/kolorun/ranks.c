@@ -79,31 +79,37 @@ int kolorun_blame_waits(const kolorun_t *k, int64_t now)
     return weight <= 0 && kolorun_named_running(k) >= 0;
 }
 
-/* Chooses the cause among the ranks that have failed so far (see "Ending"
- * in kolorun.h) and prints the one line everyone reads. The other ranks
- * are stopped after the failure grace, by the loop: the runtime tells each
- * of them which rank it lost, and a program that reports that and exits
- * should be heard, not killed mid-sentence. */
-void kolorun_blame(kolorun_t *k)
+/* --verbose: the failed ranks that are not the cause. */
+static void kolorun_say_not_causes(const kolorun_t *k, int cause)
 {
-    int best, cause = kolorun_best_suspect(k, &best), running;
-    if (cause < 0)
-        return;
-    if (best <= 0 && (running = kolorun_named_running(k)) >= 0) {
-        /* The others name a rank that stopped taking part but has not
-         * ended (it caught the error and went on, or is stuck): it is the
-         * cause, and the job's status is a failure of its own. */
-        kolorun_say("rank %d (pid %ld) stopped taking part in the job (the "
-                    "other ranks name it) and is still running", running,
-                    (long)k->ranks[running].pid);
-        k->failed_rank = running;
-        k->failed_status = 1 << 8; /* as exit(1) */
-        if (k->opts.verbose)
-            for (int r = 0; r < k->nstarted; r++)
-                if (k->ranks[r].failed_seq)
-                    kolorun_rank_say(k, r, " (not the cause)");
-        return;
-    }
+    if (k->opts.verbose)
+        for (int r = 0; r < k->nstarted; r++)
+            if (r != cause && k->ranks[r].failed_seq)
+                kolorun_rank_say(k, r, " (not the cause)");
+}
+
+/* The rank the runtime's messages accuse (a stall shutdown, a deadlock,
+ * output.c) is the cause: "rank 2 stalled the job: it never enqueued 'x'
+ * (the others waited 61 s); rank 2 (pid 42) exited with status 1", or
+ * "... is still running" (running: it has not ended). */
+static void kolorun_say_accused(const kolorun_t *k, int r, int running)
+{
+    const kolorun_host_t *h = kolorun_host_of(k, r);
+    char how[128], where[400] = "";
+    if (h)
+        snprintf(where, sizeof where, " on host %s", h->name);
+    if (running)
+        snprintf(how, sizeof how, "is still running");
+    else
+        kolorun_describe(k->ranks[r].status, how, sizeof how);
+    kolorun_say("rank %d %s; rank %d%s (pid %ld) %s", r, k->accused_why, r,
+                where, (long)k->ranks[r].pid, how);
+}
+
+/* The usual line: how the cause ended ("rank 1 (pid 42) exited with
+ * status 3"), with what it means for a rank on another host. */
+static void kolorun_say_cause(const kolorun_t *k, int cause)
+{
     const kolorun_host_t *h = kolorun_host_of(k, cause);
     int status = k->ranks[cause].status;
     const char *hint = "";
@@ -118,13 +124,46 @@ void kolorun_blame(kolorun_t *k)
             hint = ": the command cannot be executed there";
     }
     kolorun_rank_say(k, cause, hint);
-    k->failed_rank = cause;
-    k->failed_status = status;
-    if (k->opts.verbose)
-        for (int r = 0; r < k->nstarted; r++)
-            if (r != cause && k->ranks[r].failed_seq)
-                kolorun_rank_say(k, r, " (not the cause)");
 }
+
+/* Chooses the cause among the ranks that have failed so far (see "Ending"
+ * in kolorun.h) and prints the one line everyone reads. The other ranks
+ * are stopped after the failure grace, by the loop: the runtime tells each
+ * of them which rank it lost, and a program that reports that and exits
+ * should be heard, not killed mid-sentence. */
+void kolorun_blame(kolorun_t *k)
+{
+    int best, cause = kolorun_best_suspect(k, &best), running;
+    if (cause < 0)
+        return;
+    if (best <= 0 && (running = kolorun_named_running(k)) >= 0) {
+        /* The others name a rank that stopped taking part but has not
+         * ended (it caught the error and went on, or is stuck): it is the
+         * cause, and the job's status is a failure of its own. */
+        if (running == k->accused_rank)
+            kolorun_say_accused(k, running, 1);
+        else
+            kolorun_say("rank %d (pid %ld) stopped taking part in the job "
+                        "(the other ranks name it) and is still running",
+                        running, (long)k->ranks[running].pid);
+        k->failed_rank = running;
+        k->failed_status = 1 << 8; /* as exit(1) */
+        kolorun_say_not_causes(k, -1);
+        return;
+    }
+    k->failed_rank = cause;
+    k->failed_status = k->ranks[cause].status;
+    if (best == 1 && cause == k->accused_rank)
+        kolorun_say_accused(k, cause, 0);
+    else if (best <= 0 && k->disagreement[0])
+        /* No rank caused it: they disagree. (The status is the first
+         * failed rank's.) */
+        kolorun_say("the ranks disagreed on %s", k->disagreement);
+    else
+        kolorun_say_cause(k, cause);
+    kolorun_say_not_causes(k, cause);
+}
+
 
 static void kolorun_rank_ended(kolorun_t *k, int r, int status)
 {
