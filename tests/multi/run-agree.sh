@@ -21,8 +21,9 @@
 #     lasts, every KOLO_STALL_CHECK_TIME_SECONDS, naming it, and the job
 #     goes on once it is back (before: not a word).
 #
-# Every run is bounded by `timeout`; prints one line per case and
-# "N passed, N failed".
+# kolorun runs with --no-tag-output: the checks read the ranks' lines as
+# they wrote them. Every run is bounded by `timeout`; prints one line per
+# case and "N passed, N failed".
 set -u
 . "$(dirname "$0")/../script-lib.sh"
 multi_job run-agree tests/multi/test-agree 60
@@ -60,7 +61,7 @@ verdict() {
 on_last() {
     local np=$1 assign=$2
     shift 2
-    timeout -k 5 "$limit" "$kolorun" -np "$np" sh -c \
+    timeout -k 5 "$limit" "$kolorun" --no-tag-output -np "$np" sh -c \
         'if [ "$KOLO_RANK" = "$1" ]; then export "$2"; fi; shift 2; exec "$@"' \
         sh "$((np - 1))" "$assign" "$@" >"$log" 2>&1 </dev/null
 }
@@ -107,7 +108,7 @@ else
 fi
 
 name="np=2 KOLO_FUSION_TRESHOLD (a typo): warned, naming KOLO_FUSION_THRESHOLD"
-KOLO_FUSION_TRESHOLD=1 timeout -k 5 "$limit" "$kolorun" -np 2 "$prog" settings ok \
+KOLO_FUSION_TRESHOLD=1 timeout -k 5 "$limit" "$kolorun" --no-tag-output -np 2 "$prog" settings ok \
     >"$log" 2>&1 </dev/null
 rc=$?
 if [ $rc -ne 0 ] || ! passes 2; then
@@ -123,7 +124,7 @@ sets() {
     local np=$1 expect=$2 first=$3 others=$4 name rc
     shift 4
     name="np=$np sets: rank 0 adds {$first}, the others {$others}${*:+ ($*)}"
-    timeout -k 5 "$limit" env "$@" AGREE_EXPECT="$expect" "$kolorun" -np "$np" \
+    timeout -k 5 "$limit" env "$@" AGREE_EXPECT="$expect" "$kolorun" --no-tag-output -np "$np" \
         sh -c 'if [ "$KOLO_RANK" = 0 ]; then AGREE_SET=$1; else AGREE_SET=$2; fi
                export AGREE_SET; shift 2; exec "$@"' \
         sh "$first" "$others" "$prog" sets >"$log" 2>&1 </dev/null
@@ -155,7 +156,7 @@ small_shm() {
     fi
     KOLO_START_TIMEOUT=600 timeout -k 5 "$limit" unshare -m sh -c \
         'mount -t tmpfs -o size="$0" tmpfs /dev/shm && exec "$@"' "$size" \
-        "$kolorun" -np "$np" "$prog" "$@" >"$log" 2>&1 </dev/null
+        "$kolorun" --no-tag-output -np "$np" "$prog" "$@" >"$log" 2>&1 </dev/null
     rc=$?
     verdict "$name" $rc "$np" ": a rank waited for the failed one" "exit $rc"
 }
@@ -173,7 +174,7 @@ freeze() {
     shift 2
     name="np=$np freeze: rank $last stopped for $secs s is named by the others${*:+ ($*)}"
     timeout -k 5 "$limit" env "$@" KOLO_STALL_CHECK_TIME_SECONDS=1 \
-        "$kolorun" -np "$np" "$prog" freeze "$secs" >"$log" 2>&1 </dev/null
+        "$kolorun" --no-tag-output -np "$np" "$prog" freeze "$secs" >"$log" 2>&1 </dev/null
     rc=$?
     if [ $rc -ne 0 ] || ! passes "$np"; then
         bad "$name" "exit $rc"

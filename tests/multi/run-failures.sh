@@ -22,8 +22,11 @@
 # survivor printed its PASS line (the program checks the error codes,
 # messages and delays itself), that the run ended within its limit (no
 # hang; a run slower than usual is said), that no rank is left running, and that neither the rendezvous
-# directory (TMPDIR is ours) nor /dev/shm/kolo* leaks. Every run is bounded
-# by `timeout -k 10`. Prints one line per run and "N passed, N failed".
+# directory (TMPDIR is ours; a flight recorder directory only where
+# kolorun names it) nor /dev/shm/kolo* leaks. kolorun runs with
+# --no-tag-output: the checks read the ranks' lines as they wrote them.
+# Every run is bounded by `timeout -k 10`. Prints one line per run and
+# "N passed, N failed".
 #
 # Usage: tests/multi/run-failures.sh   (from the build directory; `make
 # check` runs it with KOLO_TOP_BUILDDIR set)
@@ -58,7 +61,7 @@ elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}'; }
 stop_case() {
     local np=$1 victim=$2 kpid t0 vpid="" gone r alive
     shift 2
-    timeout -k 10 "$limit" env "$@" "$kolorun" --verbose --failure-grace 10 \
+    timeout -k 10 "$limit" env "$@" "$kolorun" --no-tag-output --verbose --failure-grace 10 \
         -np "$np" "$prog" stop "$victim" >"$log" 2>&1 </dev/null &
     kpid=$!
     t0=$(date +%s)
@@ -122,7 +125,7 @@ run() {
         stop_case "$np" "$victim" "$@"
         rc=$?
     else
-        timeout -k 10 "$limit" env "$@" "$kolorun" --verbose \
+        timeout -k 10 "$limit" env "$@" "$kolorun" --no-tag-output --verbose \
             --failure-grace 10 "${opts[@]}" -np "$np" "$prog" "$mode" \
             "$victim" >"$log" 2>&1 </dev/null
         rc=$?
@@ -184,6 +187,14 @@ run() {
             kill -KILL "$pid" 2>/dev/null
         fi
     done
+    # A job that failed keeps its flight recorder directory where a rank
+    # wrote to it, naming it in kolorun's last lines: that one is meant.
+    for d in "$TMPDIR"/kolo-flight-*; do
+        [ -d "$d" ] || continue
+        grep -qF "kolorun: flight recorder dumps in $d;" "$log" ||
+            note "${d##*/} left behind in TMPDIR, not named by kolorun"
+        rm -rf "$d"
+    done
     left=$(ls -A "$TMPDIR")
     [ -z "$left" ] || note "left behind in TMPDIR: $left"
     # Another test script may run beside this one (make -j2): a segment of
@@ -204,7 +215,7 @@ run() {
         fail=$((fail + 1))
         printf 'FAIL %s (exit %d, %ss)%s\n' "$desc" "$rc" "$t" "$why"
         grep -v '^\[kolo rank' "$log" |
-            grep -v '^kolorun: \(rank [0-9]*: pid\|rendezvous\|ranks\|removed\)' |
+            grep -v '^kolorun: \(rank [0-9]*: pid\|rendezvous\|ranks\|removed\|flight recorder directory\)' |
             head -n 40 | cut -c1-400 | sed 's/^/    | /'
     fi
 }

@@ -47,8 +47,9 @@
 # times more densely (every n by default). KOLO_TEST_FAULT_ONLY=WORD runs only the configurations whose name
 # has WORD. (tests/unit/test-faults sweeps every n of the protocol itself,
 # ranks as threads.)
-# Prints one line per configuration with its runs, successes and clean
-# errors, then "N passed, N failed".
+# kolorun runs with --no-tag-output: the checks read the ranks' lines as
+# they wrote them. Prints one line per configuration with its runs,
+# successes and clean errors, then "N passed, N failed".
 set -u
 . "$(dirname "$0")/../script-lib.sh"
 multi_job run-faults examples/train_mlp 100 KOLO_TEST_JOB_FAULT_STEP KOLO_TEST_FAULT_ONLY
@@ -77,7 +78,7 @@ job() {
     env "$@" LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         KOLO_START_TIMEOUT=$waits KOLO_TIMEOUT_SECONDS=$waits \
         FAULT_VICTIM="$victim" FAULT_VAR="$var" FAULT_VALUE="$value" \
-        timeout -k 5 "$limit" "$kolorun" --failure-grace 2 -np 2 sh -c \
+        timeout -k 5 "$limit" "$kolorun" --no-tag-output --failure-grace 2 -np 2 sh -c \
         'if [ "$KOLO_RANK" = "$FAULT_VICTIM" ]; then export "$FAULT_VAR=$FAULT_VALUE"; fi
          exec "$@"' run-faults "${cmd[@]}" >"$log" 2>&1
 }
@@ -190,7 +191,7 @@ few_fds() { # few_fds N ENV...
     # kolorun stops rank 0 (and its shared memory) sooner than another
     # test's check of /dev/shm (run-failures: 2 s) would notice.
     resource "descriptors: rank 1 may open $n files ($*)" "Too many open files" \
-        env "$@" FEW="$n" "$kolorun" --failure-grace 1 -np 2 sh -c \
+        env "$@" FEW="$n" "$kolorun" --no-tag-output --failure-grace 1 -np 2 sh -c \
         '[ "$KOLO_RANK" = 1 ] && ulimit -n "$FEW"; exec "$0" --steps 5 --min-accuracy 0' "$prog"
 }
 case ${KOLO_TEST_FAULT_ONLY:-descriptors} in
@@ -205,7 +206,7 @@ esac
 case ${KOLO_TEST_FAULT_ONLY:-socket} in
 socket)
     resource "socket: rank 1 cannot bind its address (Gloo)" "cannot bind address" \
-        env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo "$kolorun" -np 2 sh -c \
+        env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo "$kolorun" --no-tag-output -np 2 sh -c \
         '[ "$KOLO_RANK" = 1 ] && export KOLO_HOSTNAME=192.0.2.7; exec "$0" --steps 5 --min-accuracy 0' "$prog" ;;
 esac
 if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null 2>&1 &&
@@ -214,7 +215,7 @@ if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null 2>&1 &&
     /dev/shm)
         resource "/dev/shm of 16 KiB (the segment needs 1 MiB)" "/dev/shm" \
             unshare -m sh -c 'mount -t tmpfs -o size=16k tmpfs /dev/shm &&
-                exec "$0" -np 2 "$1" --steps 5 --min-accuracy 0' "$kolorun" "$prog" ;;
+                exec "$0" --no-tag-output -np 2 "$1" --steps 5 --min-accuracy 0' "$kolorun" "$prog" ;;
     esac
     # The rendezvous directory on a read-only file system (root writes
     # anywhere else): kolorun's own (TMPDIR), and one named by
@@ -225,7 +226,7 @@ if [ "$(id -u)" = 0 ] && command -v unshare >/dev/null 2>&1 &&
         resource "rendezvous: kolorun's directory on a read-only file system" \
             "cannot create the rendezvous directory" \
             unshare -m sh -c 'mount -t tmpfs -o ro tmpfs "$2" &&
-                TMPDIR=$2 exec "$0" -np 2 "$1" --steps 5 --min-accuracy 0' \
+                TMPDIR=$2 exec "$0" --no-tag-output -np 2 "$1" --steps 5 --min-accuracy 0' \
             "$kolorun" "$prog" "$ro"
         resource "rendezvous: KOLO_RENDEZVOUS=file:DIR read-only, ranks started by hand" \
             "in the rendezvous directory" \
@@ -270,7 +271,7 @@ elif "$python" -c 'import torch' 2>/dev/null; then
         env KOLO_CONTROLLER=$backend KOLO_CPU_OPERATIONS=$backend \
             KOLO_LIBRARY="$libs/libkolo.so" KOLO_TEST_COUNT_FILE="$WORK/count" \
             LD_LIBRARY_PATH="$libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-            "$kolorun" -np 1 "$python" "$src/tests/python/faults_torch_main.py" catch \
+            "$kolorun" --no-tag-output -np 1 "$python" "$src/tests/python/faults_torch_main.py" catch \
             >"$log" 2>&1
         half=$(($(sed -n 's/.*allocations \([0-9]*\).*/\1/p' "$WORK/count") / 2))
         cmd=("$python" "$src/tests/python/faults_torch_main.py" catch)
