@@ -38,7 +38,9 @@
 # kolorun's status 0, every rank's PASS line (the program checks the
 # reduced values), the stranger's report that it struck every early rank
 # (and that the job closed every connection it held), and kolo's warnings
-# that it dropped a connection, from Gloo's pairs and from kolo's ring. Every run is bounded by `timeout -k 10`.
+# that it dropped a connection, from Gloo's pairs and from kolo's ring.
+# kolorun runs with --no-tag-output: the checks read the ranks' lines as
+# they wrote them. Every run is bounded by `timeout -k 10`.
 # Prints one line per run and "N passed, N failed"; exits 77 (skipped)
 # without Gloo or Python.
 #
@@ -112,7 +114,7 @@ run() {
     # Rank NP-1 waits for the stranger's go before it starts. The launcher:
     # kolorun (--start-redis in mode redis), or torchrun (mode rdv: rank 0
     # serves the rendezvous).
-    local launch=("$kolorun" --start-timeout 60 -np "$np")
+    local launch=("$kolorun" --no-tag-output --start-timeout 60 -np "$np")
     [ "$mode" = redis ] && launch+=(--start-redis)
     [ "$mode" = overwrite ] && launch+=(--redis "127.0.0.1:$redis_port")
     [ "$mode" = rdv ] && launch=(torchrun --nnodes 1 --nproc_per_node "$np"
@@ -221,14 +223,14 @@ if command -v redis-server >/dev/null; then
         STRANGER_REDIS_PASSWORD=the-users-redis-password run 3 overwrite
     # The server's password and an ACL user, as a URL; a wrong password.
     o=$WORK/url.log
-    timeout -k 10 "$limit" "$kolorun" -np 2 \
+    timeout -k 10 "$limit" "$kolorun" --no-tag-output -np 2 \
         --redis "redis://kolo:kolos-own-pw@127.0.0.1:$redis_port/0" \
         "$prog" random 3 >"$o" 2>&1 </dev/null
     check_run "--redis redis://USER:PASSWORD@HOST:PORT (an ACL user): runs" $? 0 "^rank 1 of 2: PASS random" "$o"
-    timeout -k 10 "$limit" "$kolorun" -np 2 --redis "127.0.0.1:$redis_port" \
+    timeout -k 10 "$limit" "$kolorun" --no-tag-output -np 2 --redis "127.0.0.1:$redis_port" \
         --redis-password not-the-password "$prog" random 3 >"$o" 2>&1 </dev/null
     check_run "a wrong --redis-password: refused, named" $? 1 "refused KOLO_REDIS_PASSWORD" "$o"
-    timeout -k 10 "$limit" "$kolorun" -np 2 --redis "127.0.0.1:$redis_port" \
+    timeout -k 10 "$limit" "$kolorun" --no-tag-output -np 2 --redis "127.0.0.1:$redis_port" \
         "$prog" random 3 >"$o" 2>&1 </dev/null
     check_run "no password for a server that wants one: refused, saying what to give" $? 1 \
         "wants a password and refused the one derived from the job's secret" "$o"
@@ -255,7 +257,7 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 timeout -k 10 "$limit" env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
-    "$kolorun" -np 3 "$prog" random 3 >"$w/log" 2>&1 </dev/null
+    "$kolorun" --no-tag-output -np 3 "$prog" random 3 >"$w/log" 2>&1 </dev/null
 jrc=$?
 touch "$w/stop"
 wait "$wpid"
@@ -294,7 +296,7 @@ for _ in $(seq 200); do
     [ -e "$WORK/open/datagrams.ready" ] && break
     sleep 0.05
 done
-timeout -k 10 "$limit" "$kolorun" -np 3 "$prog" soak 60000 >"$o" 2>&1 </dev/null
+timeout -k 10 "$limit" "$kolorun" --no-tag-output -np 3 "$prog" soak 60000 >"$o" 2>&1 </dev/null
 jrc=$?
 wait "$dpid"
 if [ "$jrc" -eq 0 ] && [ "$(grep -c ' PASS soak$' "$o")" = 3 ] &&
@@ -313,7 +315,7 @@ fi
 o=$WORK/odd.log
 # shellcheck disable=SC2016 # the ranks expand these
 timeout -k 10 "$limit" env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
-    "$kolorun" -np 3 bash -c '[ "$KOLO_RANK" = 1 ] &&
+    "$kolorun" --no-tag-output -np 3 bash -c '[ "$KOLO_RANK" = 1 ] &&
         export KOLO_SECRET=another-secret-of-the-wrong-kind; exec "$@"' \
     rank "$prog" random 3 >"$o" 2>&1 </dev/null
 check_run "np=3, rank 1 with another secret: the job fails at once, saying why" $? 1 \
@@ -325,7 +327,7 @@ env -u KOLO_SECRET -u HOROVOD_SECRET_KEY KOLO_REQUIRE_SECRET=1 \
 check_run "KOLO_REQUIRE_SECRET=1 without a secret: refused" $? 1 \
     "KOLO_REQUIRE_SECRET=1, and no job secret is set" "$o"
 KOLO_REQUIRE_SECRET=1 KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
-    timeout -k 10 "$limit" "$kolorun" -np 2 "$prog" random 3 >"$o" 2>&1 </dev/null
+    timeout -k 10 "$limit" "$kolorun" --no-tag-output -np 2 "$prog" random 3 >"$o" 2>&1 </dev/null
 check_run "KOLO_REQUIRE_SECRET=1 under kolorun: runs" $? 0 "^rank 1 of 2: PASS random" "$o"
 KOLO_SECRET=too-short timeout -k 10 "$limit" "$prog" random 3 >"$o" 2>&1 </dev/null
 check_run "a secret of 9 characters: refused" $? 1 \
