@@ -10,8 +10,9 @@
 # none is, or in a build without GPU support, kolo-bench must say so in one
 # line and exit 77, and the case is reported as SKIP with that line (not
 # counted). Timings are not checked: the benchmark is kept out of the timed
-# tests. Each run is bounded in time; prints one line per run and a summary
-# "N passed, N failed".
+# tests. kolorun runs with --no-tag-output: the checks read the table as
+# kolo-bench wrote it. Each run is bounded in time; prints one line per run
+# and a summary "N passed, N failed".
 #
 # Usage: tests/test-kolo-bench.sh   (from the build directory; `make check`
 # runs it with KOLO_TOP_BUILDDIR set)
@@ -158,7 +159,7 @@ checks=("json_ok '$tmp/np2.json' 2 $all"
         "grep -q 'moves tensors over shm .*raw = gloo called directly' '$log'"
         "grep -q '\"raw_backend\": \"gloo\", \"kolo_controller\": \"shm\", \"kolo_cpu_operations\": \"shm\"' '$tmp/np2.json'")
 bound=$long_limit run "np=2 --workload all --quick, JSON" 0 \
-    "$kolorun" -np 2 "$bench" --workload all --quick --json "$tmp/np2.json"
+    "$kolorun" --no-tag-output -np 2 "$bench" --workload all --quick --json "$tmp/np2.json"
 
 # KOLO_CPU_OPERATIONS=gloo puts kolo's tensors on Gloo: the header says so,
 # and the timeline shows that the runtime really reduced them there.
@@ -169,29 +170,29 @@ checks=("json_ok '$tmp/gloo.json' 2 latency,small" "! grep -q WRONG '$log'"
         "! grep -q SHM_ALLREDUCE '$tmp/gloo-timeline.json'")
 run "np=2 KOLO_CPU_OPERATIONS=gloo: kolo's Gloo path against Gloo" 0 \
     env KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo \
-    KOLO_TIMELINE="$tmp/gloo-timeline.json" "$kolorun" -np 2 "$bench" \
+    KOLO_TIMELINE="$tmp/gloo-timeline.json" "$kolorun" --no-tag-output -np 2 "$bench" \
     --workload latency,small --quick --json "$tmp/gloo.json"
 
 checks=("json_ok '$tmp/np3.json' 3 latency,small" "! grep -q WRONG '$log'")
 run "np=3 --workload latency,small --quick, JSON" 0 \
-    "$kolorun" -np 3 "$bench" --workload latency,small --quick \
+    "$kolorun" --no-tag-output -np 3 "$bench" --workload latency,small --quick \
     --json "$tmp/np3.json"
 
 checks=("json_ok '$tmp/np1.json' 1 latency,small,large")
 run "np=1 (local backend) --workload latency,small,large --quick" 0 \
-    "$kolorun" -np 1 "$bench" --workload latency,small,large --quick \
+    "$kolorun" --no-tag-output -np 1 "$bench" --workload latency,small,large --quick \
     --json "$tmp/np1.json"
 
 # A wrong answer must not pass as a fast one.
 checks=("json_ok '$tmp/fault.json' 2 latency,small wrong"
         "grep -q '^latency .*WRONG' '$log'")
 run "np=2 a corrupted result is reported WRONG, exit 1" 1 \
-    env KOLO_BENCH_FAULT=1 "$kolorun" -np 2 "$bench" --workload latency,small \
+    env KOLO_BENCH_FAULT=1 "$kolorun" --no-tag-output -np 2 "$bench" --workload latency,small \
     --quick --json "$tmp/fault.json"
 
 checks=("grep -q \"unknown workload 'bogus'\" '$log'")
 run "np=2 unknown workload: usage, exit 2" 2 \
-    "$kolorun" -np 2 "$bench" --workload bogus
+    "$kolorun" --no-tag-output -np 2 "$bench" --workload bogus
 
 # --backend nccl: a short run on one CUDA device where there is one, with
 # every value checked; else the one-line reason and exit 77, a SKIP. A GPU
@@ -222,7 +223,7 @@ checks=("json_ok '$tmp/nccl.json' 1 $all" "! grep -q WRONG '$log'"
         "grep -q 'every result checked: ok' '$log'")
 bound=$long_limit skip77=nccl_skip_ok run \
     "np=1 --backend nccl --workload all --quick, JSON" 0 \
-    "$kolorun" -np 1 "$bench" --backend nccl --workload all --quick \
+    "$kolorun" --no-tag-output -np 1 "$bench" --backend nccl --workload all --quick \
     --json "$tmp/nccl.json"
 
 echo "$pass passed, $fail failed"
