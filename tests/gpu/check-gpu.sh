@@ -156,7 +156,7 @@ verdict "CUDA collectives (run-gpu.sh)" $rc "$(tail -1 "$OUT/run-gpu.log")"
 
 step bench
 rc=0
-timeout -k 5 150 ./kolorun -np 1 ./kolo-bench --backend nccl --workload all \
+timeout -k 5 150 ./kolorun --no-tag-output -np 1 ./kolo-bench --backend nccl --workload all \
     --max-bytes 256M --json "$OUT/bench.json" >"$OUT/bench.txt" 2>&1 || rc=$?
 tail -40 "$OUT/bench.txt"
 figures=$("$py" - "$OUT/bench.json" <<'EOF' 2>/dev/null
@@ -192,7 +192,7 @@ rc=0
 for prec in fp32 bf16; do
     for mode in ${KOLO_GPU_RESNET_MODES:-plain kolo ddp}; do
         cmd=("$py" "$here/train_resnet50.py" "$mode" "$prec")
-        [ "$mode" = kolo ] && cmd=(./kolorun -np 1 "${cmd[@]}")
+        [ "$mode" = kolo ] && cmd=(./kolorun --no-tag-output -np 1 "${cmd[@]}")
         line=$(timeout -k 5 120 "${cmd[@]}" 2>>"$OUT/resnet50.err" |
             tee "$OUT/resnet50-$mode-$prec.txt" | grep '^RESULT')
         echo "$mode $prec: ${line:-no result}"

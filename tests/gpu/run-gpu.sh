@@ -47,7 +47,7 @@ run "np=2 hierarchical, 2 hosts x 1 rank" env KOLO_HIERARCHICAL_ALLREDUCE=1 \
 # shellcheck disable=SC2016 # expanded by the inner shell
 run "np=2 hierarchical, rank 1 killed in a 256 MiB allreduce" \
     env KOLO_HIERARCHICAL_ALLREDUCE=1 KOLO_TEST_HOSTS=2 KOLO_TIMEOUT_SECONDS=20 \
-    bash -c 'out=$("$0" -np 2 "$1" "$2" lost 2>&1); rc=$?; echo "$out"
+    bash -c 'out=$("$0" --no-tag-output -np 2 "$1" "$2" lost 2>&1); rc=$?; echo "$out"
         echo "kolorun exited $rc (a rank was killed: must not be 0)"
         [ "$rc" -ne 0 ] &&
             echo "$out" | grep -q "^rank 0: lost: [0-9]* passed, 0 failed$"' \
