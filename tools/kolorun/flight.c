@@ -213,12 +213,19 @@ static int kolorun_pid_ours(const kolorun_t *k, pid_t pid)
 }
 
 /* The pid in rank R's .ready file (at dirfd), or, empty, rank R's own
- * (a plain job's); 0 when there is none to believe. */
+ * (a plain job's); 0 when there is none to believe. A plain job's rank on
+ * another host (a directory all hosts share) is its host's to signal. */
 static pid_t kolorun_ready_pid(const kolorun_t *k, int dirfd,
                                const char *name, int rank)
 {
+    const kolorun_host_t *h = NULL;
     char text[32] = "";
     long pid = 0;
+    if (!k->policy && rank < k->nstarted) {
+        h = kolorun_host_of(k, rank);
+        if (h && !h->local)
+            return 0;
+    }
     int fd = openat(dirfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0)
         return 0;
@@ -226,11 +233,9 @@ static pid_t kolorun_ready_pid(const kolorun_t *k, int dirfd,
     close(fd);
     text[n > 0 ? n : 0] = '\0';
     if (sscanf(text, "%ld", &pid) != 1) {
-        const kolorun_host_t *h;
         if (k->policy || rank >= k->nstarted)
             return 0;
-        h = kolorun_host_of(k, rank);
-        pid = h && !h->local ? 0 : k->ranks[rank].pid;
+        pid = k->ranks[rank].pid;
     }
     return kolorun_pid_ours(k, (pid_t)pid) ? (pid_t)pid : 0;
 }
