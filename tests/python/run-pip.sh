@@ -96,7 +96,7 @@ assert p == sys.prefix + "/lib/python%d.%d/site-packages/kolo/_native/libkolo.so
 print(p)'
     run "$name: kolorun -np 2, a kolo.torch job, its timeline summarized by kolo-timeline" \
         env -C "$WORK" PATH="$venv/bin:$PATH" KOLO_TIMELINE="$WORK/$name.json" \
-        sh -c 'kolorun -np 2 python job.py >"$0.out" 2>&1 &&
+        sh -c 'kolorun --no-tag-output -np 2 python job.py >"$0.out" 2>&1 &&
                [ "$(grep -c "^rank [01] of 2 ok " "$0.out")" = 2 ] &&
                kolo-timeline summary "$0.json" | grep -q "pip.sum" ||
                { cat "$0.out"; exit 1; }' "$WORK/$name"
