@@ -279,8 +279,9 @@ end
 
 # stall, deadlock, mismatch: the messages of runtime/negotiate.c, each
 # printed by every rank that fails with it.
-STALL="kolo: stall: ranks waited more than 60 s (KOLO_STALL_SHUTDOWN_TIME_SECONDS) for tensors other ranks never enqueued: rank 2 is missing 'grad/x' (61 s), 'y' (61 s); rank 1 is missing 'z' (3 s)"
-DEADLOCK="RuntimeError: kolo: deadlock: rank 2 skipped 'grad.b' (its 21st) and waits on 'metric.a' (its 22nd); ranks 0, 1 wait on 'grad.b'"
+STALL="kolo: stall: ranks waited more than 60 s (KOLO_STALL_SHUTDOWN_TIME_SECONDS) for tensors other ranks never enqueued: rank 2 is missing 'grad/x' (61 s), 'y' (61 s); rank 2 has been outside kolo for 61.8 s (in its own code); rank 1 is missing 'z' (3 s); rank 1 is waiting inside kolo"
+DEADLOCK="RuntimeError: kolo: deadlock: rank 2 skipped 'grad.b' (its 21st) and waits on 'metric.a' (its 22nd); ranks 0, 1 wait on 'grad.b'. Every rank is waiting inside kolo, so none of these can ever be enqueued: a collective that some ranks run and others skip"
+DIVERGED="kolo: deadlock: the ranks went different ways: rank 0 waits on 'a. b' (its 3rd); rank 1 waits on 'c' (its 3rd). Every rank is waiting inside kolo"
 MISMATCH="kolo: allreduce of tensor 'a.b': ranks disagree on the shape: rank 0 has [2, 3], rank 1 has [4]"
 
 begin "a stall shutdown names the stalled rank, still running, not the first to exit"
@@ -290,10 +291,10 @@ MSG=$STALL kr -np 3 --failure-grace 1 sh -c 'echo $$ >"$D/pid.$KOLO_RANK"
 expect "exit status 1 (got $rc)" eq "$rc" 1
 expect "one cause line (got: $(grep '^kolorun: ' "$ERR" | head -n 2))" \
     eq "$(grep '^kolorun: rank' "$ERR")" \
-    "kolorun: rank 2 stalled the job: it never enqueued 'grad/x' (the others waited 61 s); rank 2 (pid $(cat "$D/pid.2")) is still running"
+    "kolorun: rank 2 stalled the job: it never enqueued 'grad/x' (the others waited 61 s) and was outside kolo for 61.8 s (in its own code); rank 2 (pid $(cat "$D/pid.2")) is still running"
 end
 
-begin "a deadlock names the rank that skipped the collective"
+begin "a deadlock names the rank that skipped the collective, in the message's first sentence"
 MSG=$DEADLOCK kr -np 3 --failure-grace 5 sh -c 'echo $$ >"$D/pid.$KOLO_RANK"
     [ "$KOLO_RANK" = 2 ] && sleep 0.5
     echo "$MSG" >&2; exit 1'
@@ -301,6 +302,13 @@ expect "exit status 1 (got $rc)" eq "$rc" 1
 expect "one cause line (got: $(grep '^kolorun: ' "$ERR" | head -n 2))" \
     eq "$(grep '^kolorun: rank' "$ERR")" \
     "kolorun: rank 2 deadlocked the job: it skipped 'grad.b' (its 21st) and waits on 'metric.a' (its 22nd); ranks 0, 1 wait on 'grad.b'; rank 2 (pid $(cat "$D/pid.2")) exited with status 1"
+end
+
+begin "ranks that went different ways: said so, no rank named"
+MSG=$DIVERGED kr -np 2 sh -c 'echo "$MSG" >&2; exit 1'
+expect "exit status 1 (got $rc)" eq "$rc" 1
+expect "the line (got: $(grep '^kolorun: ' "$ERR"))" eq "$(grep '^kolorun: ' "$ERR")" \
+    "kolorun: the ranks deadlocked: they went different ways: rank 0 waits on 'a. b' (its 3rd); rank 1 waits on 'c' (its 3rd)"
 end
 
 begin "a mismatch is named as the ranks' disagreement, no rank as its cause"

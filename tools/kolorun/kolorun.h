@@ -103,9 +103,10 @@
  * did: "rank 2 stalled the job: it never enqueued 'x' (the others waited
  * 61 s); rank 2 (pid P) is still running"), else the first one reaped —
  * unless the ranks disagreed on a tensor ("ranks disagree on the shape:
- * ..."): no rank caused that alone, and the line says so ("the ranks
- * disagreed on tensor 'x' (the shape: rank 0 has [2], rank 1 has [3])";
- * the status is the first failed rank's). A rank killed by a signal is
+ * ...") or, deadlocked, went different ways: no rank caused that alone,
+ * and the line says so ("the ranks disagreed on tensor 'x' (the shape:
+ * rank 0 has [2], rank 1 has [3])"; the status is the first failed
+ * rank's). A rank killed by a signal is
  * the cause at once. When no failed rank was killed or named, but the
  * survivors name a rank that has not ended yet (a Python program printing
  * its traceback and tearing down, often slower than the survivors that

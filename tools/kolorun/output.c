@@ -89,17 +89,38 @@ static void kolorun_note_lost(kolorun_t *k, const char *p, size_t n)
     }
 }
 
-/* The runtime's words for a stall that ends the job (runtime/negotiate.c):
+/* Where the stall shutdown says rank r's training thread was (text, from
+ * the runtime's "; rank 2 has been outside kolo for 61.8 s (in its own
+ * code)" or "; rank 2 is waiting inside kolo"): " and was outside kolo
+ * for 61.8 s (in its own code)", " and was waiting inside kolo", or "". */
+static void kolorun_stall_where(const char *text, int r, char *out, size_t n)
+{
+    char key[64];
+    const char *p;
+    double secs;
+    out[0] = '\0';
+    snprintf(key, sizeof key, "rank %d has been outside kolo for ", r);
+    if ((p = strstr(text, key)) != NULL &&
+        sscanf(p + strlen(key), "%lf s", &secs) == 1)
+        snprintf(out, n, " and was outside kolo for %.1f s (in its own "
+                 "code)", secs);
+    snprintf(key, sizeof key, "rank %d is waiting inside kolo", r);
+    if (!out[0] && strstr(text, key))
+        snprintf(out, n, " and was waiting inside kolo");
+}
+
+/* The runtime's words for a stall that ends the job (runtime/stall.c):
  *   "stall: ranks waited more than 60 s (KOLO_STALL_SHUTDOWN_TIME_SECONDS)
  *    for tensors other ranks never enqueued: rank 2 is missing 'x' (61 s),
- *    ..."
+ *    'y' (61 s); rank 2 has been outside kolo for 61.8 s (in its own
+ *    code); rank 3 is missing ..."
  * The first rank so named stalled the job. (The stall warning, which
  * names KOLO_STALL_CHECK_TIME_SECONDS, ends nothing: not read.) */
 static void kolorun_note_stall(kolorun_t *k, const char *line, size_t n)
 {
     static const char key[] = "(KOLO_STALL_SHUTDOWN_TIME_SECONDS)";
     static const char missing[] = " is missing '";
-    char text[512];
+    char text[2048], where[100];
     const char *p = memmem(line, n, key, sizeof key - 1);
     int r, used = 0;
     double secs = 0;
@@ -115,11 +136,12 @@ static void kolorun_note_stall(kolorun_t *k, const char *line, size_t n)
         if (r < 0 || r >= k->nstarted || !(end = strstr(name, "' (")) ||
             sscanf(end, "' (%lf s)", &secs) != 1)
             continue;
+        kolorun_stall_where(text, r, where, sizeof where);
         k->accused_rank = r;
         k->ranks[r].named_lost = 1;
         snprintf(k->accused_why, sizeof k->accused_why,
                  "stalled the job: it never enqueued '%.*s' (the others "
-                 "waited %.0f s)", (int)(end - name), name, secs);
+                 "waited %.0f s)%s", (int)(end - name), name, secs, where);
         return;
     }
 }
@@ -132,34 +154,59 @@ static int kolorun_rest_len(const char *p, const char *end)
     return (int)(end - p);
 }
 
-/* The runtime's words for a proven deadlock: "deadlock: rank 2 skipped
- * 'grad.b' (its 21st) and waits on 'metric.a' (its 22nd); ranks 0, 1 wait
- * on 'grad.b'". Rank 2 is the cause; the rest of the line says why. */
+/* The first sentence from p on: up to a ". " outside quotes (a tensor's
+ * name may hold one), else the rest of the line. */
+static int kolorun_sentence_len(const char *p, const char *end)
+{
+    int quoted = 0;
+    for (const char *q = p; q < end; q++) {
+        if (*q == '\'')
+            quoted = !quoted;
+        else if (!quoted && *q == '.' && q + 1 < end && q[1] == ' ')
+            return (int)(q - p);
+    }
+    return kolorun_rest_len(p, end);
+}
+
+/* The runtime's words for a proven deadlock (runtime/stall.c): "deadlock:
+ * rank 2 skipped 'grad.b' (...) and waits on 'metric.a' (...); ranks 0, 1
+ * wait on 'grad.b'. Every rank is waiting inside kolo, ...". Rank 2 (the
+ * first named) is the cause; the first sentence says why. With no rank
+ * that skipped: "deadlock: the ranks went different ways: rank 0 waits on
+ * 'a'; rank 1 waits on 'b'. ...", which names no single cause. */
 static void kolorun_note_deadlock(kolorun_t *k, const char *line, size_t n)
 {
-    static const char key[] = "deadlock: rank ";
+    static const char key[] = "deadlock: ", ways[] = "the ranks went ";
     const char *p = memmem(line, n, key, sizeof key - 1), *end = line + n;
     char text[32];
     int r, used = 0;
     if (!p)
         return;
     p += sizeof key - 1;
+    if ((size_t)(end - p) > sizeof ways &&
+        strncmp(p, ways, sizeof ways - 1) == 0) {
+        if (!k->verdict[0])
+            snprintf(k->verdict, sizeof k->verdict, "the ranks deadlocked: "
+                     "they %.*s", kolorun_sentence_len(p + 10, end), p + 10);
+        return;
+    }
     snprintf(text, sizeof text, "%.*s", (int)(end - p), p);
-    if (sscanf(text, "%d%n", &r, &used) != 1 || r < 0 || r >= k->nstarted ||
-        strncmp(text + used, " skipped ", 9) != 0)
+    if (sscanf(text, "rank %d%n", &r, &used) != 1 || r < 0 ||
+        r >= k->nstarted || strncmp(text + used, " skipped ", 9) != 0)
         return;
     p += used + 1;
     k->accused_rank = r;
     k->ranks[r].named_lost = 1;
     snprintf(k->accused_why, sizeof k->accused_why,
-             "deadlocked the job: it %.*s", kolorun_rest_len(p, end), p);
+             "deadlocked the job: it %.*s", kolorun_sentence_len(p, end), p);
 }
 
 /* The runtime's words for ranks that disagree on a tensor (negotiate.c's
  * describe_mismatch): "allreduce of tensor 'x': ranks disagree on the
  * shape: rank 0 has [2, 3], rank 1 has [4]", or "tensor 'x': ranks
  * disagree on the collective: rank 0 enqueued allreduce, rank 1 enqueued
- * allgather". No rank caused it alone: kolorun_blame says so. */
+ * allgather". No rank caused it alone: kolorun_blame says so ("the ranks
+ * disagreed on tensor 'x' (the shape: ...)"). */
 static void kolorun_note_disagreement(kolorun_t *k, const char *line,
                                       size_t n)
 {
@@ -177,9 +224,9 @@ static void kolorun_note_disagreement(kolorun_t *k, const char *line,
     if (!name)
         return;
     const char *detail = p + sizeof key - 1;
-    snprintf(k->disagreement, sizeof k->disagreement, "tensor '%.*s' (%.*s)",
-             (int)(p - name), name, kolorun_rest_len(detail, line + n),
-             detail);
+    snprintf(k->verdict, sizeof k->verdict,
+             "the ranks disagreed on tensor '%.*s' (%.*s)", (int)(p - name),
+             name, kolorun_rest_len(detail, line + n), detail);
 }
 
 /* What the ranks' whole lines (n bytes at p) say of the job's end. */
@@ -193,7 +240,7 @@ static void kolorun_note_messages(kolorun_t *k, const char *p, size_t n)
             kolorun_note_stall(k, p, len);
         if (k->accused_rank < 0)
             kolorun_note_deadlock(k, p, len);
-        if (!k->disagreement[0])
+        if (!k->verdict[0])
             kolorun_note_disagreement(k, p, len);
         p += len + (nl != NULL);
     }

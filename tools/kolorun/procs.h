@@ -107,11 +107,12 @@ typedef struct kolorun {
     /* What the ranks' messages say of a stalled, deadlocked or divergent
      * job (output.c reads them, kolorun_blame says it): the rank they name
      * (-1: none) with what it did ("stalled the job: it never enqueued
-     * 'x' (the others waited 61 s)"); or the disagreement of ranks on a
-     * tensor, which names no single cause ("tensor 'x' (the shape: ...)"). */
+     * 'x' (the others waited 61 s)"); or, naming no single cause, what
+     * the ranks did ("the ranks disagreed on tensor 'x' (the shape:
+     * ...)", "the ranks deadlocked: went different ways: ..."). */
     int accused_rank;
-    char accused_why[400];
-    char disagreement[400];
+    char accused_why[600];
+    char verdict[600];
     int launch_error;  /* kolorun itself could not start the job: its exit
                         * status (1; 127 or 126: the command cannot run) */
     int64_t killed_ms;     /* when SIGKILL went out */

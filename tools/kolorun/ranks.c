@@ -155,10 +155,10 @@ void kolorun_blame(kolorun_t *k)
     k->failed_status = k->ranks[cause].status;
     if (best == 1 && cause == k->accused_rank)
         kolorun_say_accused(k, cause, 0);
-    else if (best <= 0 && k->disagreement[0])
-        /* No rank caused it: they disagree. (The status is the first
-         * failed rank's.) */
-        kolorun_say("the ranks disagreed on %s", k->disagreement);
+    else if (best <= 0 && k->verdict[0])
+        /* No rank caused it: they disagree, or went different ways. (The
+         * status is the first failed rank's.) */
+        kolorun_say("%s", k->verdict);
     else
         kolorun_say_cause(k, cause);
     kolorun_say_not_causes(k, cause);
