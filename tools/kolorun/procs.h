@@ -113,6 +113,8 @@ typedef struct kolorun {
     int accused_rank;
     char accused_why[600];
     char verdict[600];
+    char cause_line[1400]; /* the line that named the cause (kolorun_blame),
+                            * without "kolorun: "; "" before */
     int launch_error;  /* kolorun itself could not start the job: its exit
                         * status (1; 127 or 126: the command cannot run) */
     int64_t killed_ms;     /* when SIGKILL went out */

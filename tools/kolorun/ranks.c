@@ -20,7 +20,8 @@
 /* Says how rank r ended: "rank 1 (pid 42) exited with status 3", with its
  * host on a job of several hosts (for a rank on another host the pid is the
  * launch command's, which stands for it), then hint. */
-static void kolorun_rank_say(const kolorun_t *k, int r, const char *hint)
+static void kolorun_rank_line(const kolorun_t *k, int r, const char *hint,
+                              char *out, size_t n)
 {
     const kolorun_rank_t *rk = &k->ranks[r];
     const kolorun_host_t *h = kolorun_host_of(k, r);
@@ -28,8 +29,15 @@ static void kolorun_rank_say(const kolorun_t *k, int r, const char *hint)
     kolorun_describe(rk->status, how, sizeof how);
     if (h)
         snprintf(where, sizeof where, " on host %s", h->name);
-    kolorun_say("rank %d%s (pid %ld) %s%s", r, where, (long)rk->pid, how,
-                hint);
+    snprintf(out, n, "rank %d%s (pid %ld) %s%s", r, where, (long)rk->pid, how,
+             hint);
+}
+
+static void kolorun_rank_say(const kolorun_t *k, int r, const char *hint)
+{
+    char line[800];
+    kolorun_rank_line(k, r, hint, line, sizeof line);
+    kolorun_say("%s", line);
 }
 
 /* How likely rank r, one of the failed, is the cause: killed by a signal
@@ -91,8 +99,9 @@ static void kolorun_say_not_causes(const kolorun_t *k, int cause)
 /* The rank the runtime's messages accuse (a stall shutdown, a deadlock,
  * output.c) is the cause: "rank 2 stalled the job: it never enqueued 'x'
  * (the others waited 61 s); rank 2 (pid 42) exited with status 1", or
- * "... is still running" (running: it has not ended). */
-static void kolorun_say_accused(const kolorun_t *k, int r, int running)
+ * "... is still running" (running: it has not ended); into out. */
+static void kolorun_accused_line(const kolorun_t *k, int r, int running,
+                                 char *out, size_t n)
 {
     const kolorun_host_t *h = kolorun_host_of(k, r);
     char how[128], where[400] = "";
@@ -102,13 +111,14 @@ static void kolorun_say_accused(const kolorun_t *k, int r, int running)
         snprintf(how, sizeof how, "is still running");
     else
         kolorun_describe(k->ranks[r].status, how, sizeof how);
-    kolorun_say("rank %d %s; rank %d%s (pid %ld) %s", r, k->accused_why, r,
-                where, (long)k->ranks[r].pid, how);
+    snprintf(out, n, "rank %d %s; rank %d%s (pid %ld) %s", r, k->accused_why,
+             r, where, (long)k->ranks[r].pid, how);
 }
 
 /* The usual line: how the cause ended ("rank 1 (pid 42) exited with
- * status 3"), with what it means for a rank on another host. */
-static void kolorun_say_cause(const kolorun_t *k, int cause)
+ * status 3"), with what it means for a rank on another host; into out. */
+static void kolorun_cause_line(const kolorun_t *k, int cause, char *out,
+                               size_t n)
 {
     const kolorun_host_t *h = kolorun_host_of(k, cause);
     int status = k->ranks[cause].status;
@@ -123,7 +133,7 @@ static void kolorun_say_cause(const kolorun_t *k, int cause)
         else if (WEXITSTATUS(status) == 126)
             hint = ": the command cannot be executed there";
     }
-    kolorun_rank_say(k, cause, hint);
+    kolorun_rank_line(k, cause, hint, out, n);
 }
 
 /* Chooses the cause among the ranks that have failed so far (see "Ending"
@@ -134,6 +144,8 @@ static void kolorun_say_cause(const kolorun_t *k, int cause)
 void kolorun_blame(kolorun_t *k)
 {
     int best, cause = kolorun_best_suspect(k, &best), running;
+    char *line = k->cause_line;
+    size_t n = sizeof k->cause_line;
     if (cause < 0)
         return;
     if (best <= 0 && (running = kolorun_named_running(k)) >= 0) {
@@ -141,26 +153,28 @@ void kolorun_blame(kolorun_t *k)
          * ended (it caught the error and went on, or is stuck): it is the
          * cause, and the job's status is a failure of its own. */
         if (running == k->accused_rank)
-            kolorun_say_accused(k, running, 1);
+            kolorun_accused_line(k, running, 1, line, n);
         else
-            kolorun_say("rank %d (pid %ld) stopped taking part in the job "
-                        "(the other ranks name it) and is still running",
-                        running, (long)k->ranks[running].pid);
+            snprintf(line, n, "rank %d (pid %ld) stopped taking part in the "
+                     "job (the other ranks name it) and is still running",
+                     running, (long)k->ranks[running].pid);
         k->failed_rank = running;
         k->failed_status = 1 << 8; /* as exit(1) */
+        kolorun_say("%s", line);
         kolorun_say_not_causes(k, -1);
         return;
     }
     k->failed_rank = cause;
     k->failed_status = k->ranks[cause].status;
     if (best == 1 && cause == k->accused_rank)
-        kolorun_say_accused(k, cause, 0);
+        kolorun_accused_line(k, cause, 0, line, n);
     else if (best <= 0 && k->verdict[0])
         /* No rank caused it: they disagree, or went different ways. (The
          * status is the first failed rank's.) */
-        kolorun_say("%s", k->verdict);
+        snprintf(line, n, "%s", k->verdict);
     else
-        kolorun_say_cause(k, cause);
+        kolorun_cause_line(k, cause, line, n);
+    kolorun_say("%s", line);
     kolorun_say_not_causes(k, cause);
 }
 

@@ -18,20 +18,17 @@
  * twice (by the terminal's group and by a wrapper), not a second Ctrl-C. */
 #define KOLORUN_DOUBLE_INT_MS 500
 
-/* Why kolorun stops the job, in a line for DIR/kolorun-stop.txt. */
+/* Why kolorun stops the job, in a line for DIR/kolorun-stop.txt: the
+ * signal it got, or the line that named the cause. */
 static void kolorun_stop_why(const kolorun_t *k, char *out, size_t n)
 {
-    char how[128];
-    if (k->stop_signal) {
+    if (k->stop_signal)
         snprintf(out, n, "kolorun stopped the job: it got %s",
                  kolorun_signame(k->stop_signal));
-    } else if (k->failed_rank >= 0) {
-        kolorun_describe(k->failed_status, how, sizeof how);
-        snprintf(out, n, "kolorun stopped the job: rank %d (pid %ld) %s",
-                 k->failed_rank, (long)k->ranks[k->failed_rank].pid, how);
-    } else {
+    else if (k->cause_line[0])
+        snprintf(out, n, "kolorun stopped the job: %s", k->cause_line);
+    else
         snprintf(out, n, "kolorun stopped the job");
-    }
 }
 
 /* Starts stopping the job: the ranks' dumps first (the loop waits for
@@ -39,7 +36,7 @@ static void kolorun_stop_why(const kolorun_t *k, char *out, size_t n)
  * period. */
 void kolorun_stop(kolorun_t *k, int sig)
 {
-    char why[300];
+    char why[1500];
     if (k->stopping)
         return;
     /* Ranks that end from now on are not causes: choose among the failed. */
