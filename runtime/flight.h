@@ -71,12 +71,13 @@ int kolo__flight_take_dump_all(kolo__runtime_t *rt);
 void kolo__flight_set_stopped(kolo__pset_t *ps, const kolo__err_t *why,
                               int failed);
 
-/* Since when (kolo__now_us) this rank's training thread has been blocked
- * in kolo_wait with everything it enqueued in `ps` taken by the set's
- * background thread; 0 when it is not. */
+/* Since when (kolo__now_us's clock, to its tick: a few ms) this rank's
+ * training thread has been blocked in kolo_wait with everything it
+ * enqueued in `ps` taken by the set's background thread; 0 when it is
+ * not. */
 int64_t kolo__flight_blocked_since(kolo__runtime_t *rt, const kolo__pset_t *ps);
 /* Since when the training thread has been outside kolo (returned from its
- * last kolo call); 0 while it is inside. */
+ * last kolo_wait or enqueue; the same clock); 0 while it is inside. */
 int64_t kolo__flight_outside_since(kolo__runtime_t *rt);
 
 /* The negotiation's straggler figures for the dumps: a JSON object's text

@@ -14,6 +14,10 @@
 #     (checked where runtime/negotiate.c relays the request);
 #   - at the end both ranks' last dumps say "shutdown", rank 1's naming
 #     the SIGUSR1 dump among the earlier ones; no temporary file is left.
+# And two short jobs of examples/train_mlp: with KOLO_FLIGHT_DIR where no
+# directory can be made (under a file), each rank says so once and the
+# job ends as it should (the trained weights agree); with
+# KOLO_FLIGHT_RECORDER=0 nothing is written, the directory not even made.
 # Prints one line per check and "N passed, N failed".
 #
 # Usage: tests/multi/run-flight.sh   (from the build directory; `make
@@ -106,6 +110,33 @@ assert "SIGUSR1" in before, before
 left = [f for f in os.listdir(flight) if f.startswith(".") or f.endswith(".tmp")]
 assert not left, left
 '
+
+# A directory that cannot be written: said once per rank, the job goes on.
+mlp=$top/examples/train_mlp
+touch "$WORK/a-file"
+KOLO_FLIGHT_DIR=$WORK/a-file/dumps timeout -k 10 "$limit" "$kolorun" -np 2 \
+    "$mlp" --steps 20 >"$WORK/mlp.out" 2>&1
+rc=$?
+bad=""
+[ "$rc" = 0 ] || bad="kolorun exited $rc"
+grep -q "rank 1: weights identical across 2 ranks" "$WORK/mlp.out" ||
+    bad="$bad; no agreement on the weights"
+for r in 0 1; do
+    n=$(grep -c "flight recorder: cannot write $WORK/a-file/dumps/rank$r.json: Not a directory; no dumps from this rank, the job goes on" "$WORK/mlp.out")
+    [ "$n" = 1 ] || bad="$bad; rank $r said it $n times"
+done
+verdict "$bad" "PASS a dump directory that cannot be made: said once per rank, the job ends well" \
+    "FAIL the unwritable directory: $bad" "$(tail -n 20 "$WORK/mlp.out")"
+
+# The recorder off: nothing written.
+KOLO_FLIGHT_RECORDER=0 KOLO_FLIGHT_DIR=$WORK/off timeout -k 10 "$limit" \
+    "$kolorun" -np 2 "$mlp" --steps 20 >"$WORK/mlp.out" 2>&1
+rc=$?
+bad=""
+[ "$rc" = 0 ] || bad="kolorun exited $rc"
+[ ! -e "$WORK/off" ] || bad="$bad; $(ls -A "$WORK/off" | tr '\n' ' ')written"
+verdict "$bad" "PASS KOLO_FLIGHT_RECORDER=0 writes nothing" \
+    "FAIL KOLO_FLIGHT_RECORDER=0: $bad" "$(tail -n 20 "$WORK/mlp.out")"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]
