@@ -115,7 +115,7 @@ assert not left, left
 mlp=$top/examples/train_mlp
 touch "$WORK/a-file"
 KOLO_FLIGHT_DIR=$WORK/a-file/dumps timeout -k 10 "$limit" "$kolorun" -np 2 \
-    "$mlp" --steps 20 >"$WORK/mlp.out" 2>&1
+    "$mlp" >"$WORK/mlp.out" 2>&1
 rc=$?
 bad=""
 [ "$rc" = 0 ] || bad="kolorun exited $rc"
@@ -130,7 +130,7 @@ verdict "$bad" "PASS a dump directory that cannot be made: said once per rank, t
 
 # The recorder off: nothing written.
 KOLO_FLIGHT_RECORDER=0 KOLO_FLIGHT_DIR=$WORK/off timeout -k 10 "$limit" \
-    "$kolorun" -np 2 "$mlp" --steps 20 >"$WORK/mlp.out" 2>&1
+    "$kolorun" -np 2 "$mlp" >"$WORK/mlp.out" 2>&1
 rc=$?
 bad=""
 [ "$rc" = 0 ] || bad="kolorun exited $rc"
