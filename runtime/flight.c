@@ -450,14 +450,19 @@ void kolo__flight_ended(kolo__pset_t *ps, kolo__entry_t *e,
 /* ---- the training threads ----------------------------------------------- */
 
 /* kolo__now_us's clock to the kernel's tick (a few ms; "since" is read in
- * seconds), for a few ns instead of tens: it runs twice per kolo_wait. */
-static int64_t coarse_now_us(void)
+ * seconds), for a few ns instead of tens: it runs twice per kolo_wait.
+ * Never before the thread's last mark (an enqueue's is exact), so that
+ * the marks keep their order. */
+static int64_t coarse_now_us(const kolo__handles_waits_t *w)
 {
     struct timespec ts;
+    int64_t now, last = atomic_load_explicit(&w->outside_us,
+                                             memory_order_relaxed);
 
     if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0)
         return kolo__now_us();
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    now = (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    return now > last ? now : last;
 }
 
 void kolo__flight_waits_begin(kolo__handles_t *h, kolo_handle_t handle)
@@ -466,14 +471,15 @@ void kolo__flight_waits_begin(kolo__handles_t *h, kolo_handle_t handle)
 
     atomic_store_explicit(&w->handle, handle, memory_order_relaxed);
     if (atomic_fetch_add(&w->inside, 1) == 0)
-        atomic_store(&w->since_us, coarse_now_us());
+        atomic_store(&w->since_us, coarse_now_us(w));
 }
 
 void kolo__flight_waits_end(kolo__handles_t *h)
 {
     kolo__handles_waits_t *w = &h->waits;
 
-    atomic_store_explicit(&w->outside_us, coarse_now_us(), memory_order_relaxed);
+    atomic_store_explicit(&w->outside_us, coarse_now_us(w),
+                          memory_order_relaxed);
     if (atomic_fetch_sub(&w->inside, 1) == 1)
         atomic_store(&w->since_us, 0);
 }

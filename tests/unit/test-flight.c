@@ -376,7 +376,7 @@ static void check_blocked_dump(void)
              "w = t['waiting_on']\n"
              "assert w == {'set': 0, 'name': 'late', 'seq': 1}, w\n"
              "r = d['records'][0]\n"
-             "assert t['since'] >= r['enqueued'] - 0.02, t  # (a clock tick)\n"
+             "assert t['since'] >= r['enqueued'], t\n"
              "assert r['state'] == 'enqueued' and r['ready'] is None, r\n"
              "s = d['sets'][0]\n"
              "assert s['stopped'] is None and s['enqueued'] == 1, s\n"
