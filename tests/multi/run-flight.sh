@@ -14,6 +14,10 @@
 #     (checked where runtime/negotiate.c relays the request);
 #   - at the end both ranks' last dumps say "shutdown", rank 1's naming
 #     the SIGUSR1 dump among the earlier ones; no temporary file is left.
+# A job whose ranks disagree on a tensor (tests/multi/flight_error_job.py):
+# each rank's dump says "error: ..." naming it, with the Python stacks
+# that kolo's own raise of SIGUSR1 (from its background thread) had
+# faulthandler write; the job goes on.
 # And two short jobs of examples/train_mlp: with KOLO_FLIGHT_DIR where no
 # directory can be made (under a file), each rank says so once and the
 # job ends as it should (the trained weights agree); with
@@ -110,6 +114,28 @@ assert "SIGUSR1" in before, before
 left = [f for f in os.listdir(flight) if f.startswith(".") or f.endswith(".tmp")]
 assert not left, left
 '
+
+# An error reported through the handles: dumped, with the stacks.
+mkdir -p "$WORK/err"
+KOLO_FLIGHT_DIR=$WORK/err-flight timeout -k 10 "$limit" "$kolorun" -np 2 \
+    "$python" "$here/flight_error_job.py" "$WORK/err" >"$WORK/err.out" 2>&1
+rc=$?
+bad=""
+[ "$rc" = 0 ] || bad="kolorun exited $rc"
+why=$("$python" - "$WORK/err" 2>&1 <<'EOF2'
+import json, os, sys
+for r in (0, 1):
+    with open(os.path.join(sys.argv[1], "error.rank%d.json" % r), "rb") as f:
+        d = json.loads(f.read().decode("utf-8"))
+    assert d["reason"].startswith("error: ") and "allreduce.odd" in d["reason"], d["reason"]
+    odd = [x for x in d["records"] if x["name"] == "allreduce.odd"]
+    assert odd and odd[0]["state"] == "failed" and "disagree" in odd[0]["error"], odd
+    s = d["python_stacks"]
+    assert s and "flight_error_job.py" in s, s
+EOF2
+) || bad="$bad; $why"
+verdict "$bad" "PASS a mismatch is dumped on both ranks, kolo's raise bringing the stacks" \
+    "FAIL the mismatch's dumps: $bad" "$(tail -n 20 "$WORK/err.out")"
 
 # A directory that cannot be written: said once per rank, the job goes on.
 mlp=$top/examples/train_mlp
