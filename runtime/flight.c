@@ -179,6 +179,7 @@ struct kolo__flight {
     pthread_t thread;
     int pipe[2];
     int owns_signal;
+    int ready_written;   /* DIR/rankR.ready is there (announce_ready) */
     atomic_int raised;     /* SIGUSR1s raised by kolo, not yet seen */
     atomic_int dump_all;   /* kolo__flight_take_dump_all's */
     atomic_int broken;     /* a dump failed: no more */
@@ -1219,6 +1220,52 @@ static void write_dump(struct kolo__flight *fl, const char *reason, int64_t now)
     }
 }
 
+/* DIR/rankR.ready, holding this process's pid: kolorun sends SIGUSR1 only
+ * to ranks that wrote it (a program without a handler dies of it), and
+ * only to that pid (a rank may be a shell wrapper of this process).
+ * Written whole, after the handler is in place; removed before it goes. */
+static void ready_path(const struct kolo__flight *fl, char *path, size_t len)
+{
+    snprintf(path, len, "%s/rank%d.ready", fl->rt->cfg.flight_dir,
+             fl->rt->rank);
+}
+
+static void announce_ready(struct kolo__flight *fl)
+{
+    const char *dir = fl->rt->cfg.flight_dir;
+    char path[4200], tmp[4240];
+    FILE *f;
+
+    if (!fl->owns_signal || dir[0] == '\0')
+        return;
+    ready_path(fl, path, sizeof(path));
+    snprintf(tmp, sizeof(tmp), "%s/.rank%d.ready.%d.tmp", dir, fl->rt->rank,
+             (int)getpid());
+    if (make_dirs(dir) != 0 || (f = fopen(tmp, "we")) == NULL) {
+        give_up(fl, path, errno);
+        return;
+    }
+    fprintf(f, "%d\n", (int)getpid());
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        give_up(fl, path, e);
+        return;
+    }
+    fl->ready_written = 1;
+}
+
+static void withdraw_ready(struct kolo__flight *fl)
+{
+    char path[4200];
+
+    if (!fl->ready_written)
+        return;
+    ready_path(fl, path, sizeof(path));
+    unlink(path);
+    fl->ready_written = 0;
+}
+
 /* A dump now, remembered as the last (requests of its kind coalesce with
  * it from now on) and, once written, among the earlier ones the next
  * dumps name. */
@@ -1439,6 +1486,7 @@ int kolo__flight_open(kolo__runtime_t *rt, kolo__err_t *err)
     if (rt->handles != NULL)
         atomic_store(&rt->handles->waits.outside_us, kolo__now_us());
     claim_signal(fl);
+    announce_ready(fl);
     rt->flight = fl;
     return KOLO_OK;
 }
@@ -1455,6 +1503,7 @@ void kolo__flight_close(kolo__runtime_t *rt)
     pthread_mutex_unlock(&fl->mu);
     poke(fl, 'Q');
     pthread_join(fl->thread, NULL);
+    withdraw_ready(fl);
     release_signal(fl);
     rt->flight = NULL;
     flight_free(fl);
