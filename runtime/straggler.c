@@ -287,8 +287,8 @@ void kolo__straggler_write(const kolo__pset_t *ps)
     FILE *f;
 
     kolo__straggler_line(ps, line, sizeof(line));
-    if (line[0] == '\0' || dir[0] == '\0')
-        return;
+    if (line[0] == '\0' || dir[0] == '\0' || ps->rt->cfg.flight_recorder == 0)
+        return; /* (KOLO_FLIGHT_RECORDER=0: no flight files at all) */
     snprintf(path, sizeof(path), "%s/stragglers.txt", dir);
     snprintf(tmp, sizeof(tmp), "%s/.stragglers.txt.%ld.tmp", dir, (long)getpid());
     f = fopen(tmp, "w");

@@ -165,13 +165,15 @@ void kolorun_flight_setup(kolorun_t *k, int mpi)
 {
     const char *given = getenv("KOLO_FLIGHT_DIR");
     char *dir;
+    if (kolorun_recorder_off())
+        return; /* nothing to make: the ranks write nothing */
     if (given && *given) {
         dir = kolorun_absolute(given);
         if (dir && kolorun_mkdirs(dir, 0700) != 0)
             kolorun_say("warning: cannot create the flight recorder's "
                         "directory %s: %s; the ranks will say whether they "
                         "can write there", dir, strerror(errno));
-    } else if (mpi || kolorun_recorder_off()) {
+    } else if (mpi) {
         return;
     } else {
         dir = kolorun_flight_make();
