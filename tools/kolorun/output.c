@@ -297,9 +297,12 @@ static size_t kolorun_line_prefix(const kolorun_t *k, int r, int which,
  * included; 0 when they hold no line end. */
 static size_t kolorun_line_end(const char *p, size_t n)
 {
-    for (size_t i = 0; i < n; i++)
-        if (p[i] == '\n' || p[i] == '\r')
+    for (size_t i = 0; i < n; i++) {
+        if (p[i] == '\n')
             return i + 1;
+        if (p[i] == '\r') /* "\r\n" is one end; "\r" at the end waits */
+            return i + 1 == n ? 0 : p[i + 1] == '\n' ? i + 2 : i + 1;
+    }
     return 0;
 }
 
