@@ -356,6 +356,8 @@ static int table_reserve(kolo__runtime_t *rt)
 static void table_add(kolo__runtime_t *rt, kolo__pset_t *ps, int size)
 {
     pthread_mutex_lock(&rt->sets_mu);
+    if (rt->nsets > 0)
+        atomic_store(&rt->other_sets, 1);
     rt->sets[rt->nsets] = ps;
     rt->set_sizes[rt->nsets] = size;
     rt->nsets++;
@@ -917,7 +919,7 @@ int kolo_stop_timeline(void)
     return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
 }
 
-int kolo_flight_stacks(int fd)
+int kolo_flight_stacks(int fd, int signum)
 {
     kolo__err_t err;
     kolo__runtime_t *rt;
@@ -926,7 +928,7 @@ int kolo_flight_stacks(int fd)
     kolo__err_clear(&err);
     if ((rt = kolo__api_enter("kolo_flight_stacks", &err)) == NULL)
         return kolo__api_fail(&err);
-    rc = kolo__flight_stacks(rt, fd, &err);
+    rc = kolo__flight_stacks(rt, fd, signum, &err);
     kolo__api_leave();
     return rc == KOLO_OK ? KOLO_OK : kolo__api_fail(&err);
 }

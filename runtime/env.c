@@ -529,7 +529,7 @@ static void derive(kolo__config_t *cfg, const char *(*getenv_fn)(const char *))
     /* Horovod's HOROVOD_STALL_CHECK_DISABLE turns the stall inspector off,
      * warnings and shutdown alike. */
     if (cfg->stall_check_disable > 0)
-        cfg->stall_check_s = cfg->stall_shutdown_s = 0;
+        cfg->stall_check_s = cfg->stall_shutdown_s = cfg->deadlock_check_s = 0;
 }
 
 /* KOLO_<scope>RANK below KOLO_<scope>SIZE, scope "", "LOCAL_" or

@@ -50,17 +50,15 @@
  * or the new one, whole. A directory that cannot be written is said once;
  * the rank then stops trying, and the job goes on.
  *
- * Python's stacks. A Python binding registers faulthandler on SIGUSR1
- * (chained to kolo's handler, which kolo_init installed first) writing
- * every thread's stack to DIR/rankR.stacks, and hands kolo that file
- * (kolo_flight_stacks). From then on a dump request raise()s SIGUSR1 in
- * the asking thread: faulthandler writes the stacks, then calls kolo's
- * handler, whose byte reaches the thread after the stacks are in the
- * file; the dump copies what the file gained since the last one.
- *
- * Signals belong to the process; a recorder per runtime (the unit tests
- * run ranks as threads, each with its own): the first recorder opened
- * owns SIGUSR1 until it closes, the others dump only when asked.
+ * Python's stacks. A Python binding registers faulthandler on a signal
+ * of its own, a real-time one (chain=False), writing every thread's stack
+ * to DIR/rankR.stacks, and hands kolo that file and that signal
+ * (kolo_flight_stacks). Before each dump the dump thread raises that
+ * signal in itself: faulthandler writes the stacks at once, in the
+ * handler, and the dump copies what the file gained since the last one.
+ * kolo never raises SIGUSR1 itself, so a program's own SIGUSR1 handler
+ * (a checkpoint before preemption, a faulthandler the user registered)
+ * runs only when someone sends the signal.
  */
 #define _GNU_SOURCE /* pipe2 */
 #include "config.h"
@@ -180,10 +178,10 @@ struct kolo__flight {
     int pipe[2];
     int owns_signal;
     int ready_written;   /* DIR/rankR.ready is there (announce_ready) */
-    atomic_int raised;     /* SIGUSR1s raised by kolo, not yet seen */
     atomic_int dump_all;   /* kolo__flight_take_dump_all's */
     atomic_int broken;     /* a dump failed: no more */
     atomic_int has_stacks; /* stacks_fd is set */
+    atomic_int stacks_sig; /* the signal its writer takes (0: none) */
     pthread_mutex_t mu;
     char pending[KOLO__ERR_LEN + 32];
     int has_pending, quit, final;
@@ -589,27 +587,12 @@ static int request(struct kolo__flight *fl, const char *reason)
     return fresh;
 }
 
-/* Whether the calling thread can take SIGUSR1 now (raise() would
- * otherwise leave it pending). */
-static int signal_open_here(void)
-{
-    sigset_t cur;
-
-    return pthread_sigmask(SIG_BLOCK, NULL, &cur) == 0 &&
-           !sigismember(&cur, SIGUSR1);
-}
-
 void kolo__flight_dump(kolo__runtime_t *rt, const char *reason)
 {
     struct kolo__flight *fl = rt->flight;
 
     if (fl == NULL || !request(fl, reason))
         return;
-    /* Python's faulthandler writes the stacks first (see the essay). */
-    if (fl->owns_signal && atomic_load(&fl->has_stacks) && signal_open_here()) {
-        atomic_fetch_add(&fl->raised, 1);
-        raise(SIGUSR1);
-    }
     poke(fl, 'D');
 }
 
@@ -1255,15 +1238,40 @@ static void announce_ready(struct kolo__flight *fl)
     fl->ready_written = 1;
 }
 
+/* Removed only while it still holds this pid: after an elastic re-form
+ * another process may have written it under the same rank. */
 static void withdraw_ready(struct kolo__flight *fl)
 {
-    char path[4200];
+    char path[4200], text[32] = "";
+    FILE *f;
 
     if (!fl->ready_written)
         return;
-    ready_path(fl, path, sizeof(path));
-    unlink(path);
     fl->ready_written = 0;
+    ready_path(fl, path, sizeof(path));
+    if ((f = fopen(path, "re")) == NULL)
+        return;
+    if (fgets(text, sizeof(text), f) == NULL)
+        text[0] = '\0';
+    fclose(f);
+    if (atol(text) == (long)getpid())
+        unlink(path);
+}
+
+/* The Python stacks, written by faulthandler in its handler of the
+ * binding's signal, raised here in the dump thread (see the essay). */
+static void ask_stacks(struct kolo__flight *fl)
+{
+    int sig = atomic_load(&fl->stacks_sig);
+    sigset_t one;
+
+    if (sig <= 0 || !atomic_load(&fl->has_stacks))
+        return;
+    sigemptyset(&one);
+    sigaddset(&one, sig);
+    pthread_sigmask(SIG_UNBLOCK, &one, NULL);
+    raise(sig);
+    pthread_sigmask(SIG_BLOCK, &one, NULL);
 }
 
 /* A dump now, remembered as the last (requests of its kind coalesce with
@@ -1276,6 +1284,7 @@ static void dump_now(struct kolo__flight *fl, const char *reason)
 
     if (atomic_load(&fl->broken))
         return;
+    ask_stacks(fl);
     pthread_mutex_lock(&fl->mu);
     snprintf(fl->last, sizeof(fl->last), "%s", reason);
     fl->last_us = now;
@@ -1310,22 +1319,10 @@ static void write_pending(struct kolo__flight *fl)
 
 /* ---- the dump thread ----------------------------------------------------- */
 
-/* Whether the bytes read hold a SIGUSR1 that kolo did not raise itself. */
-static int from_outside(struct kolo__flight *fl, const char *buf, size_t n)
+/* Whether the bytes read hold a SIGUSR1 (kolo never raises it itself). */
+static int from_outside(const char *buf, size_t n)
 {
-    int outside = 0;
-
-    for (size_t i = 0; i < n; i++) {
-        int raised = atomic_load(&fl->raised);
-        if (buf[i] != 'S')
-            continue;
-        while (raised > 0 &&
-               !atomic_compare_exchange_weak(&fl->raised, &raised, raised - 1))
-            ;
-        if (raised <= 0)
-            outside = 1;
-    }
-    return outside;
+    return memchr(buf, 'S', n) != NULL;
 }
 
 static void *flight_main(void *arg)
@@ -1340,7 +1337,7 @@ static void *flight_main(void *arg)
             continue;
         if (got <= 0)
             break;
-        if (from_outside(fl, buf, (size_t)got)) {
+        if (from_outside(buf, (size_t)got)) {
             /* Someone wants to see this job: this rank now, every rank at
              * the next round. */
             atomic_store(&fl->dump_all, 1);
@@ -1509,7 +1506,8 @@ void kolo__flight_close(kolo__runtime_t *rt)
     flight_free(fl);
 }
 
-int kolo__flight_stacks(kolo__runtime_t *rt, int fd, kolo__err_t *err)
+int kolo__flight_stacks(kolo__runtime_t *rt, int fd, int signum,
+                        kolo__err_t *err)
 {
     struct kolo__flight *fl = rt->flight;
     struct stat st;
@@ -1523,6 +1521,11 @@ int kolo__flight_stacks(kolo__runtime_t *rt, int fd, kolo__err_t *err)
         return kolo__err_set(err, KOLO_ERR_UNSUPPORTED, "kolo_flight_stacks: "
                              "KOLO_FLIGHT_DIR is not set, so no dumps are "
                              "written");
+    if (fd >= 0 && (signum <= 0 || signum == SIGUSR1 || signum >= 65))
+        return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
+                             "kolo_flight_stacks(%d, %d): the signal must be "
+                             "one of the program's own, not SIGUSR1", fd,
+                             signum);
     if (fd >= 0 && ((mode = fcntl(fd, F_GETFL)) < 0 ||
                     (mode & O_ACCMODE) == O_WRONLY))
         return kolo__err_set(err, KOLO_ERR_INVALID_ARGUMENT,
@@ -1537,6 +1540,7 @@ int kolo__flight_stacks(kolo__runtime_t *rt, int fd, kolo__err_t *err)
     old = fl->stacks_fd;
     fl->stacks_fd = mine;
     fl->stacks_seen = mine >= 0 && fstat(mine, &st) == 0 ? st.st_size : 0;
+    atomic_store(&fl->stacks_sig, mine >= 0 ? signum : 0);
     atomic_store(&fl->has_stacks, mine >= 0);
     pthread_mutex_unlock(&fl->mu);
     if (old >= 0)

@@ -86,6 +86,7 @@ void kolo__flight_set_stragglers(kolo__pset_t *ps, const char *json);
 
 /* kolo_flight_stacks (kolo.h): the file a Python binding's faulthandler
  * writes every thread's stack to on SIGUSR1 (fd < 0: none any more). */
-int kolo__flight_stacks(kolo__runtime_t *rt, int fd, kolo__err_t *err);
+int kolo__flight_stacks(kolo__runtime_t *rt, int fd, int signum,
+                        kolo__err_t *err);
 
 #endif /* KOLO_FLIGHT_H */

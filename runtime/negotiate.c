@@ -80,6 +80,19 @@
  * the full round, where the coordinator sees the disagreement and reports
  * it. Eviction (cache full) does the same for the evicted bit.
  *
+ * What the round also carries (stall.c, straggler.c, flight.h). The vector
+ * has two more words per 64 ranks: "blocked" (bit r clear: rank r's
+ * training thread is blocked in kolo_wait with its queue empty) and "dump"
+ * (bit r clear: rank r asks every rank for a flight-recorder dump), and a
+ * flag, FLAG_NO_HITS (clear: some rank has tensors on cache bits). After
+ * every round kolo__stall_observe reads them; while every rank is blocked
+ * with nothing ready, each rank sends its tensors on cache bits to the
+ * full round (bits_invalid), so that the coordinator can prove a deadlock
+ * (stall.c's essay). Every 32 rounds that had a plan, the straggler
+ * measure gathers every rank's waits on the coordinator: one more
+ * collective of the round, at the same round on every rank (the plans are
+ * the same everywhere).
+ *
  * Carrying small tensors with the agreement. Where the data moves through
  * a network step of its own (a data backend not limited to one host:
  * Gloo, MPI, hierarchical; not shared memory, whose step costs a few

@@ -181,6 +181,8 @@ struct kolo__runtime {
     kolo__pset_t **sets;   /* [nsets], by id; NULL: removed or not a member */
     int *set_sizes;        /* [nsets]: members, also for non-members; 0: removed */
     int nsets;
+    atomic_int other_sets; /* a set besides the global one was ever added
+                              (stall.c proves no deadlock then) */
     unsigned set_attempts; /* kolo_add_process_set calls that got as far as
                               agreeing (the same count on every rank) */
     struct kolo__watchdog *watchdog; /* watchdog.c, or NULL */

@@ -38,8 +38,12 @@
  * both sides named: which rank skipped which tensor (the others' Nth
  * collective) and what it waits on instead. Horovod would hang there.
  * A program that enqueues from another thread while its training thread
- * waits could be taken for deadlocked: KOLO_DEADLOCK_CHECK_SECONDS=0 turns
- * the check off.
+ * waits could be taken for deadlocked: KOLO_DEADLOCK_CHECK_SECONDS=0 (or
+ * KOLO_STALL_CHECK_DISABLE=1) turns the check off. There is no proof while
+ * a rank is joined (kolo.torch's join waits in one thread while another
+ * steps the optimizer), nor in a job that added process sets (a rank
+ * blocked on another set's handle is not stuck in this one): the stall
+ * inspector speaks there.
  */
 #include <stdarg.h>
 #include <stdint.h>
@@ -94,7 +98,12 @@ void kolo__stall_observe(kolo__pset_t *ps, const uint64_t *blocked_words,
             ps->neg.outside_us[r] = now;
     }
     ps->neg.hits_anywhere = hits_anywhere;
-    if (!all || ps->nready > 0 || !ps->neg.any_pending || ps->size < 2)
+    /* No proof while a rank is joined (kolo.torch's join waits in one
+     * thread while another computes) or where other process sets exist (a
+     * rank blocked on one of their handles is not blocked in this set). */
+    if (!all || ps->nready > 0 || !ps->neg.any_pending || ps->size < 2 ||
+        ps->neg.njoined > 0 || ps->neg.join_entry != NULL ||
+        atomic_load(&ps->rt->other_sets))
         ps->neg.all_blocked_us = 0;
     else if (ps->neg.all_blocked_us == 0)
         ps->neg.all_blocked_us = now;
@@ -216,6 +225,22 @@ static int say_missing(text_t *t, const kolo__pset_t *ps, int r, int64_t now,
     return listed + more;
 }
 
+/* The longest wait of a name some rank lacks. */
+static int64_t oldest_wait(const kolo__pset_t *ps, int64_t now)
+{
+    int64_t oldest = 0;
+
+    for (int r = 0; r < ps->size; r++) {
+        size_t it = 0;
+        void *v;
+        while (kolo__map_next(&ps->neg.table, &it, NULL, &v))
+            if (lacks(ps, v, r, now, 0) &&
+                now - ((const kolo__pending_name_t *)v)->waited_from_us > oldest)
+                oldest = now - ((const kolo__pending_name_t *)v)->waited_from_us;
+    }
+    return oldest;
+}
+
 /* Whether rank r lacks any name that waited at least limit_us. */
 static int rank_lacks(const kolo__pset_t *ps, int r, int64_t now,
                       int64_t limit_us)
@@ -229,23 +254,24 @@ static int rank_lacks(const kolo__pset_t *ps, int r, int64_t now,
     return 0;
 }
 
-/* Writes which ranks miss which tensors, for the tensors waiting longer
- * than limit_us, and where those ranks are; returns how many tensors that
- * is, and in *outside how many of those ranks are outside kolo. */
+/* Writes which ranks miss which tensors, and where those ranks are: the
+ * ranks missing a tensor that has waited limit_us (culprits), or the
+ * others missing some (!culprits), each with what it misses that has
+ * waited names_us; returns how many tensors that is, and in *outside how
+ * many of those ranks are outside kolo. */
 static int stall_report(const kolo__pset_t *ps, int64_t now, int64_t limit_us,
-                        char *out, size_t len, int *outside)
+                        int64_t names_us, int culprits, text_t *t,
+                        int *outside)
 {
-    text_t t = {out, len, 0};
     int nstalled = 0, nranks = 0;
 
-    out[0] = '\0';
-    *outside = 0;
     for (int r = 0; r < ps->size && nranks < MAX_RANKS; r++) {
-        if (!rank_lacks(ps, r, now, limit_us))
+        int old = rank_lacks(ps, r, now, limit_us);
+        if (culprits ? !old : old || !rank_lacks(ps, r, now, 0))
             continue;
-        say(&t, "%srank %d is missing ", nranks ? "; " : "", ps->ranks[r]);
-        nstalled += say_missing(&t, ps, r, now, limit_us);
-        say_where(&t, ps, r, now);
+        say(t, "%srank %d is missing ", t->used ? "; " : "", ps->ranks[r]);
+        nstalled += say_missing(t, ps, r, now, names_us);
+        say_where(t, ps, r, now);
         *outside += ps->neg.outside_us[r] != 0;
         nranks++;
     }
@@ -269,12 +295,16 @@ static void stall_shutdown(kolo__pset_t *ps, int64_t now)
 {
     const kolo__config_t *cfg = &ps->rt->cfg;
     char list[KOLO__MSG_MAX_TEXT - 200];
+    text_t t = {list, sizeof(list), 0};
+    int64_t limit = (int64_t)(cfg->stall_shutdown_s * 1e6);
     int outside;
 
-    /* Name everything some rank is missing now, not only what crossed
-     * the limit first (two ranks, each waiting for what the other never
+    /* The ranks that crossed the limit first, then everything some rank
+     * is missing now (two ranks, each waiting for what the other never
      * sends, cross it milliseconds apart). */
-    stall_report(ps, now, 0, list, sizeof(list), &outside);
+    list[0] = '\0';
+    stall_report(ps, now, limit, 0, 1, &t, &outside);
+    stall_report(ps, now, limit, 0, 0, &t, &outside);
     kolo__err_set(&ps->neg.stall_fatal, KOLO_ERR_TIMEOUT,
                   "stall: ranks waited more than %g s "
                   "(KOLO_STALL_SHUTDOWN_TIME_SECONDS) for tensors other "
@@ -436,10 +466,12 @@ static void deadlock_stop(kolo__pset_t *ps)
 void kolo__stall_check(kolo__pset_t *ps)
 {
     const kolo__config_t *cfg = &ps->rt->cfg;
-    int64_t now = kolo__now_us();
+    int64_t now = kolo__now_us(), check = (int64_t)(cfg->stall_check_s * 1e6);
     char list[KOLO__MSG_MAX_TEXT - 200];
+    text_t t = {list, sizeof(list), 0};
     int outside;
 
+    list[0] = '\0';
     if (ps->rank != 0 || ps->neg.table.count == 0 ||
         ps->neg.stall_fatal.code != KOLO_OK)
         return;
@@ -448,14 +480,11 @@ void kolo__stall_check(kolo__pset_t *ps)
         return;
     }
     if (cfg->stall_shutdown_s > 0 &&
-        stall_report(ps, now, (int64_t)(cfg->stall_shutdown_s * 1e6), list,
-                     sizeof(list), &outside) > 0) {
+        oldest_wait(ps, now) >= (int64_t)(cfg->stall_shutdown_s * 1e6)) {
         stall_shutdown(ps, now);
         return;
     }
-    if (cfg->stall_check_s > 0 &&
-        now - ps->neg.stall_warned_us >= (int64_t)(cfg->stall_check_s * 1e6) &&
-        stall_report(ps, now, (int64_t)(cfg->stall_check_s * 1e6), list,
-                     sizeof(list), &outside) > 0)
+    if (cfg->stall_check_s > 0 && now - ps->neg.stall_warned_us >= check &&
+        stall_report(ps, now, check, check, 1, &t, &outside) > 0)
         stall_warn(ps, now, list, outside);
 }

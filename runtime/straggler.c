@@ -108,11 +108,14 @@ void kolo__straggler_free(kolo__straggler_t *s)
  * every round of a step after its first) and is not counted. */
 static int judge_round(kolo__straggler_t *s, int k)
 {
-    int last = 0;
+    int last = 0, n = 0;
     int32_t lo = INT32_MAX, hi = 0;
 
     for (int r = 0; r < s->size; r++) {
         int32_t w = s->all[(size_t)r * WINDOW + (size_t)k];
+        if (w < 0) /* no tensor of its own in the round (joined) */
+            continue;
+        n++;
         if (w < lo) {
             lo = w;
             last = r;
@@ -120,7 +123,7 @@ static int judge_round(kolo__straggler_t *s, int k)
         if (w > hi)
             hi = w;
     }
-    if (hi - lo < MIN_LATE_US)
+    if (n < 2 || hi - lo < MIN_LATE_US)
         return 0;
     per_rank_t *p = &s->ranks[last];
     p->last++;
@@ -291,7 +294,7 @@ void kolo__straggler_write(const kolo__pset_t *ps)
         return; /* (KOLO_FLIGHT_RECORDER=0: no flight files at all) */
     snprintf(path, sizeof(path), "%s/stragglers.txt", dir);
     snprintf(tmp, sizeof(tmp), "%s/.stragglers.txt.%ld.tmp", dir, (long)getpid());
-    f = fopen(tmp, "w");
+    f = fopen(tmp, "we");
     if (f == NULL)
         return; /* (the flight recorder has said that DIR cannot be written) */
     fprintf(f, "%s\n", line);
@@ -310,7 +313,9 @@ static int32_t own_wait(const kolo__pset_t *ps, int64_t now)
     for (size_t i = 0; i < ps->nready; i++)
         if (ps->ready[i] != NULL && ps->ready[i]->enqueued_us > latest)
             latest = ps->ready[i]->enqueued_us;
-    if (latest == 0 || now <= latest)
+    if (latest == 0) /* a joined rank's stand-ins only: it waits for none */
+        return -1;
+    if (now <= latest)
         return 0;
     return now - latest > INT32_MAX ? INT32_MAX : (int32_t)(now - latest);
 }

@@ -690,17 +690,18 @@ KOLO_EXPORT int kolo_stop_timeline(void);
  * collective and about 600 bytes per record kept.
  *
  * kolo_flight_stacks: `fd` is a file, open for reading and appending
- * (mode "a+"), where the program's own handler of SIGUSR1, installed after
- * kolo_init and calling kolo's in turn (Python: faulthandler.register(
- * signal.SIGUSR1, file=f, all_threads=True, chain=True)), writes every
- * thread's stack. kolo then raises SIGUSR1 for each dump it takes, so that
- * the stacks are written first, and puts what the file gained since the
- * last dump in the dump's "python_stacks". kolo keeps its own descriptor
- * of the file; fd < 0 forgets it (call it before removing that handler).
- * KOLO_ERR_UNSUPPORTED (fd not used) when the recorder is off or
- * KOLO_FLIGHT_DIR is not set; KOLO_ERR_INVALID_ARGUMENT for a descriptor
- * that cannot be read. kolo.init does all this for Python programs. */
-KOLO_EXPORT int kolo_flight_stacks(int fd);
+ * (mode "a+"), where the program's handler of signal `signum` (one of its
+ * own: a real-time signal, never SIGUSR1) writes every thread's stack
+ * (Python: faulthandler.register(signum, file=f, all_threads=True)).
+ * Before each dump kolo raises `signum` in its dump thread, so that the
+ * stacks are written first, and puts what the file gained since the last
+ * dump in the dump's "python_stacks". kolo never raises SIGUSR1 itself.
+ * kolo keeps its own descriptor of the file; fd < 0 forgets it (call it
+ * before removing that handler). KOLO_ERR_UNSUPPORTED (fd not used) when
+ * the recorder is off or KOLO_FLIGHT_DIR is not set;
+ * KOLO_ERR_INVALID_ARGUMENT for a descriptor that cannot be read or
+ * SIGUSR1. kolo.init does all this for Python programs. */
+KOLO_EXPORT int kolo_flight_stacks(int fd, int signum);
 
 /* ---- What this build has ----------------------------------------------- */
 

@@ -147,15 +147,26 @@ _atexit_registered = False
 _stacks = None  # the flight recorder's stacks file, while faulthandler writes it
 
 
+def _stacks_signal():
+    """The signal faulthandler writes the stacks on: a real-time one of
+    kolo's own, so that kolo never raises SIGUSR1 (which the program may
+    handle itself) and a faulthandler the program registered stays as it
+    was."""
+    low = getattr(signal, "SIGRTMIN", 0)
+    return low + 5 if low and low + 5 <= getattr(signal, "SIGRTMAX", 0) else 0
+
+
 def _stacks_start():
     """The flight recorder's Python stacks (kolo.h, kolo_flight_stacks):
     where the recorder writes dumps (KOLO_FLIGHT_DIR), faulthandler writes
-    every thread's stack to DIR/rank<R>.stacks on SIGUSR1, then calls
-    kolo's handler (kolo_init installed it first), and each dump carries
-    what the file gained since the last one."""
+    every thread's stack to DIR/rank<R>.stacks when kolo raises its
+    signal before each dump, and each dump carries what the file gained
+    since the last one."""
     global _stacks
     folder = os.environ.get("KOLO_FLIGHT_DIR", "")
-    if _stacks is not None or not folder or not _lib.has("kolo_flight_stacks"):
+    sig = _stacks_signal()
+    if _stacks is not None or not folder or not sig or \
+            not _lib.has("kolo_flight_stacks"):
         return
     path = os.path.join(folder, "rank%d.stacks" % lib.kolo_rank())
     try:
@@ -163,14 +174,13 @@ def _stacks_start():
         f = open(path, "a+")
     except OSError:
         return  # the recorder says once that it cannot write there
-    if lib.kolo_flight_stacks(f.fileno()) != _lib.OK:  # the recorder is off
+    try:
+        faulthandler.register(sig, file=f, all_threads=True, chain=False)
+    except (RuntimeError, ValueError, OSError):
         _stacks_close(f)
         return
-    try:
-        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True,
-                              chain=True)
-    except (RuntimeError, ValueError, OSError):
-        lib.kolo_flight_stacks(-1)
+    if lib.kolo_flight_stacks(f.fileno(), sig) != _lib.OK:  # recorder off
+        faulthandler.unregister(sig)
         _stacks_close(f)
         return
     _stacks = f
@@ -180,8 +190,8 @@ def _stacks_stop():
     global _stacks
     if _stacks is None:
         return
-    faulthandler.unregister(signal.SIGUSR1)
-    lib.kolo_flight_stacks(-1)
+    lib.kolo_flight_stacks(-1, 0)
+    faulthandler.unregister(_stacks_signal())
     _stacks_close(_stacks)
     _stacks = None
 

@@ -215,7 +215,7 @@ _PROTOTYPES = {
     "kolo_elastic": (_I, []),
     "kolo_elastic_generation": (_I, []),
     "kolo_hosts_updated": (_I, []),
-    "kolo_flight_stacks": (_I, [_I]),
+    "kolo_flight_stacks": (_I, [_I, _I]),
 }
 
 # Functions that a library older than the bindings may lack: declared when
