@@ -243,12 +243,16 @@ static void publish(kolo__pset_t *ps, kolo__straggler_t *s, int64_t now)
     char json[2048];
     size_t used;
     double span = (double)(now - s->start_us) / 1e6;
+    char warned[16] = "null";
 
+    if (s->rounds == 0) /* no rank was late yet: nothing to say */
+        return;
+    if (s->warned >= 0)
+        snprintf(warned, sizeof(warned), "%d", ps->ranks[s->warned]);
     used = (size_t)snprintf(json, sizeof(json),
                             "{\"window_s\": %.3f, \"rounds\": %llu, "
-                            "\"warned\": %d, \"ranks\": [",
-                            span, (unsigned long long)s->rounds,
-                            s->warned >= 0 ? ps->ranks[s->warned] : -1);
+                            "\"warned\": %s, \"ranks\": [",
+                            span, (unsigned long long)s->rounds, warned);
     for (int r = 0; r < s->size && used < sizeof(json) - 160; r++)
         used += (size_t)snprintf(
             json + used, sizeof(json) - used,
