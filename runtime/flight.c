@@ -85,6 +85,7 @@
 #define STACKS_MAX (1 << 20) /* of Python's stacks per dump */
 
 enum { ST_EMPTY, ST_ENQUEUED, ST_READY, ST_RUNNING, ST_DONE, ST_FAILED };
+#define ASKED_MAX 8 /* members whose request times a record keeps */
 
 /* A record is two parts, each written by one thread under its own
  * mutexes, so that the training thread and the background thread never
@@ -114,6 +115,9 @@ typedef struct rec_enq {
 typedef struct rec_run {
     _Atomic uint64_t id;
     _Atomic int64_t ready_us, started_us, ended_us;
+    _Atomic int64_t asked_us[ASKED_MAX]; /* the coordinator's: when each
+                                            member enqueued it (full round) */
+    atomic_int nasked;
     _Atomic int64_t batch, batch_bytes;
     _Atomic int32_t batch_tensors;
     atomic_int state;
@@ -124,6 +128,8 @@ typedef struct rec_run {
 typedef struct run_view {
     uint64_t id;
     int64_t ready_us, started_us, ended_us, batch, batch_bytes;
+    int64_t asked_us[ASKED_MAX];
+    int nasked;
     int32_t batch_tensors;
     int state;
     char error[ERROR_BYTES + 12];
@@ -322,6 +328,7 @@ static rec_run_t *run_of(struct kolo__flight *fl, uint64_t id)
         STORE(r->batch, 0);
         STORE(r->batch_bytes, 0);
         STORE(r->batch_tensors, 0);
+        STORE(r->nasked, 0);
         atomic_store_explicit(&r->id, id, memory_order_release);
     }
     return r;
@@ -422,6 +429,20 @@ void kolo__flight_ready(kolo__pset_t *ps, kolo__entry_t *e, int64_t now_us)
         return;
     STORE(r->ready_us, now_us);
     set_state(r, ST_READY);
+}
+
+void kolo__flight_asked(kolo__pset_t *ps, const kolo__entry_t *e,
+                        const int64_t *at_us)
+{
+    struct kolo__flight *fl = ps->rt->flight;
+    rec_run_t *r;
+    int n = ps->size < ASKED_MAX ? ps->size : ASKED_MAX;
+
+    if (fl == NULL || e->flight == 0 || (r = run_of(fl, e->flight)) == NULL)
+        return;
+    for (int i = 0; i < n; i++)
+        STORE(r->asked_us[i], at_us[i]);
+    atomic_store_explicit(&r->nasked, n, memory_order_release);
 }
 
 void kolo__flight_started(kolo__pset_t *ps, kolo__entry_t *const *es,
@@ -784,6 +805,15 @@ static void put_run(FILE *f, const struct kolo__flight *fl, const run_view_t *r)
         fprintf(f, ", \"%s\": ", keys[i]);
         put_time(f, fl, *times[i]);
     }
+    fputs(", \"members_ready\": ", f);
+    if (r->nasked == 0)
+        fputs("null", f);
+    for (int i = 0; i < r->nasked && i < ASKED_MAX; i++) {
+        fputs(i ? ", " : "[", f);
+        put_time(f, fl, r->asked_us[i]);
+    }
+    if (r->nasked > 0)
+        fputc(']', f);
     if (r->batch > 0)
         fprintf(f, ", \"batch\": %lld, \"batch_tensors\": %d, \"batch_bytes\": "
                 "%lld", (long long)r->batch, r->batch_tensors,
@@ -847,6 +877,9 @@ static void copy_run(struct kolo__flight *fl, uint64_t id, run_view_t *out)
     out->batch = LOAD(r->batch);
     out->batch_bytes = LOAD(r->batch_bytes);
     out->batch_tensors = LOAD(r->batch_tensors);
+    out->nasked = LOAD(r->nasked);
+    for (int i = 0; i < out->nasked && i < ASKED_MAX; i++)
+        out->asked_us[i] = LOAD(r->asked_us[i]);
     out->error[0] = '\0';
     if (out->state == ST_FAILED) {
         pthread_mutex_lock(run_mu(fl, id));

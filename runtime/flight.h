@@ -35,6 +35,12 @@ void kolo__flight_close(kolo__runtime_t *rt);
 void kolo__flight_enqueued(kolo__pset_t *ps, kolo__entry_t *e);
 void kolo__flight_refused(kolo__pset_t *ps, kolo__entry_t *e);
 void kolo__flight_ready(kolo__pset_t *ps, kolo__entry_t *e, int64_t now_us);
+/* The coordinator, answering a name every member has asked for in the
+ * full round: when each member enqueued it, on the coordinator's clock
+ * (its request's age), for its first ASKED_MAX members, kept in e's
+ * record (e: the coordinator's own entry). */
+void kolo__flight_asked(kolo__pset_t *ps, const kolo__entry_t *e,
+                        const int64_t *at_us);
 void kolo__flight_started(kolo__pset_t *ps, kolo__entry_t *const *es,
                           size_t n, size_t bytes, int64_t now_us);
 void kolo__flight_ended(kolo__pset_t *ps, kolo__entry_t *e,

@@ -240,6 +240,7 @@ static void pending_name_free(kolo__pending_name_t *p)
         free(p->have);
         free(p->at_us);
         free(p->seq);
+        free(p->ready_us);
         free(p);
     }
 }
@@ -670,8 +671,11 @@ static void resp_list_free(resp_list_t *l)
 static int answer(kolo__pset_t *ps, resp_list_t *out, kolo__pending_name_t *p,
                   kolo__err_t *err)
 {
+    const kolo__entry_t *mine = kolo__map_gets(&ps->neg.sent, p->name);
     int failed;
 
+    if (mine != NULL) /* the flight recorder: when each member asked */
+        kolo__flight_asked(ps, mine, p->ready_us);
     kolo__map_dels(&ps->neg.table, p->name);
     failed = resp_push(ps, out, p) != 0;
     pending_name_free(p);
@@ -691,6 +695,7 @@ static kolo__pending_name_t *pending_name_new(kolo__pset_t *ps,
         (p->have = kolo__calloc((size_t)ps->size, 1)) == NULL ||
         (p->at_us = kolo__calloc((size_t)ps->size, sizeof(*p->at_us))) == NULL ||
         (p->seq = kolo__calloc((size_t)ps->size, sizeof(*p->seq))) == NULL ||
+        (p->ready_us = kolo__calloc((size_t)ps->size, sizeof(int64_t))) == NULL ||
         kolo__map_puts(&ps->neg.table, q->name, p) != 0) {
         pending_name_free(p);
         return NULL;
@@ -721,8 +726,10 @@ static int table_ask(kolo__pset_t *ps, resp_list_t *out, int r,
             tl_asked(ps, p, r);
     }
     /* Waits count from the enqueue (the essay of stall.c). */
-    if (q->age_us > 0 && kolo__now_us() - q->age_us < p->waited_from_us)
-        p->waited_from_us = kolo__now_us() - q->age_us;
+    if (p->ready_us[r] == 0)
+        p->ready_us[r] = kolo__now_us() - (q->age_us > 0 ? q->age_us : 0);
+    if (p->ready_us[r] < p->waited_from_us)
+        p->waited_from_us = p->ready_us[r];
     p->seq[r] = q->seq;
     p->params[r] = q->params;
     return complete(ps, p) ? answer(ps, out, p, err) : KOLO_OK;

@@ -50,6 +50,8 @@ typedef struct kolo__pending_name {
     uint8_t *have;          /* [size]: 1 asked, 2 asked and its timeline
                                instant written */
     int64_t *at_us;         /* [size]: when each rank's request came */
+    int64_t *ready_us;      /* [size]: when each rank enqueued it, on this
+                               clock (its request's age) */
     uint64_t *seq;          /* [size]: its place in each rank's enqueues
                                (the request's seq; 0: not known) */
     int nhave;

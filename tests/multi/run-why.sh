@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # run-why.sh — jobs that hang, stall, die or lag, each under kolorun (3
-# ranks, shared memory; the deadlock on Gloo as well), and what they say
+# ranks, shared memory; the deadlock on Gloo and at 4 ranks as well), and
+# what they say
 # about themselves: the ranks' messages, kolorun's last lines, and
 # `kolo-timeline why DIR` over the flight recorder's dumps. Each verdict
 # comes from the job that causes it (tests/multi/why_job.py):
@@ -96,17 +97,19 @@ wait_pids() {
     return 1
 }
 
+# case_skip BACKEND NP [ENV...]: the last rank skips 'grad.b'.
 case_skip() {
-    local backend=$1 name=skip-$1
-    shift
-    job "$name" skip "$@"
-    has "$backend skip: every rank fails naming the deadlock's both sides" \
-        "$WORK/$name.out" "^\[2\]<stderr>:.*deadlock: rank 2 skipped 'allreduce\.grad\.b' \(the [0-9]+th collective of rank 0\) and waits on 'allreduce\.metric\.loss'.*; ranks 0, 1 wait on 'allreduce\.grad\.b'"
-    has "$backend skip:   kolorun's last line names rank 2" "$WORK/$name.out" \
-        "^kolorun: .*rank 2.*(skipped|deadlock)"
+    local backend=$1 np=$2 name=skip-$1-$2 last=$(($2 - 1)) others
+    shift 2
+    others=$(seq -s ', ' 0 $((last - 1)))
+    NP=$np job "$name" skip "$@"
+    has "$backend np=$np skip: every rank fails naming the deadlock's both sides" \
+        "$WORK/$name.out" "^\[$last\]<stderr>:.*deadlock: rank $last skipped 'allreduce\.grad\.b' \(the [0-9]+th collective of rank 0\) and waits on 'allreduce\.metric\.loss'.*; ranks $others wait on 'allreduce\.grad\.b'"
+    has "$backend np=$np skip:   kolorun's last line names rank $last" "$WORK/$name.out" \
+        "^kolorun: .*rank $last.*(skipped|deadlock)"
     why "$name"
-    first_line "$backend skip:   why: rank 2 skipped 'grad.b', a deadlock" "$name" \
-        "^rank 2 skipped 'allreduce\.grad\.b'.*deadlock"
+    first_line "$backend np=$np skip:   why: rank $last skipped 'grad.b', a deadlock" "$name" \
+        "^rank $last skipped 'allreduce\.grad\.b'.*deadlock"
 }
 
 case_sleep() {
@@ -172,6 +175,17 @@ case_busy() {
     has "busy:   the job ends right" "$WORK/busy.out" "^\[2\]<stdout>:rank 2: 120 steps, every result right"
     has "busy:   kolorun's last line names rank 2" "$WORK/busy.out" \
         "^kolorun: stragglers: latest rank: 2,"
+    if "$python" - "$WORK/busy/rank0.json" >"$WORK/busy.ready" 2>&1 <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+first = d["records"][0]
+t = first["members_ready"]
+assert first["name"] == "allreduce.grad.a" and len(t) == 3, first
+assert t[2] > max(t[0], t[1]), t  # rank 2 computed 60 ms longer
+PY
+    then ok "busy:   rank 0's first record: rank 2 ready last (members_ready)"
+    else bad "busy: members_ready of rank 0's first record" "$WORK/busy.ready"
+    fi
     job balanced healthy FLIGHT_STEPS=120 FLIGHT_STEP_S=0.02
     hasnt "balanced: no straggler warning" "$WORK/balanced.out" "straggler:"
     has "balanced:   the job ends right" "$WORK/balanced.out" "^\[1\]<stdout>:rank 1: 120 steps, every result right"
@@ -223,8 +237,9 @@ case_mismatch() {
     first_line "mismatch:   why: the ranks disagreed" mismatch "disagree"
 }
 
-case_skip shm
-case_skip gloo KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
+case_skip shm 3
+case_skip gloo 3 KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
+case_skip shm 4
 smoke_point "$pass" "$fail"
 case_sleep
 case_sigstop
