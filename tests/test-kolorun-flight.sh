@@ -323,6 +323,22 @@ expect "on the collective (got: $(grep '^kolorun: ' "$ERR"))" eq "$(grep '^kolor
     "kolorun: the ranks disagreed on tensor 'x' (the collective: rank 0 enqueued allreduce, rank 1 enqueued allgather)"
 end
 
+begin "kolo_init's agreed failure names the rank it names, not the first to exit"
+kr -np 2 sh -c 'echo $$ >"$D/pid.$KOLO_RANK"
+    echo "[kolo rank $KOLO_RANK] ERROR: kolo_init failed: rank 1: out of memory for a response cache of 1024 entries (KOLO_CACHE_CAPACITY)" >&2
+    [ "$KOLO_RANK" = 1 ] && sleep 0.5; exit 1'
+expect "exit status 1 (got $rc)" eq "$rc" 1
+expect "the cause line (got: $(grep '^kolorun: rank' "$ERR"))" \
+    eq "$(grep '^kolorun: rank' "$ERR")" \
+    "kolorun: rank 1 (pid $(cat "$D/pid.1")) exited with status 1"
+kr -np 2 sh -c 'echo $$ >"$D/pid.$KOLO_RANK"
+    echo "[kolo rank $KOLO_RANK] ERROR: kolo_init failed: rank 1 of 2 could not join the job (shm, rendezvous file:/x): out of memory" >&2
+    [ "$KOLO_RANK" = 1 ] && sleep 0.5; exit 1'
+expect "could not join (got: $(grep '^kolorun: rank' "$ERR"))" \
+    eq "$(grep '^kolorun: rank' "$ERR")" \
+    "kolorun: rank 1 (pid $(cat "$D/pid.1")) exited with status 1"
+end
+
 begin "a stall warning (the job goes on) accuses no one"
 kr -np 2 sh -c 'echo $$ >"$D/pid.$KOLO_RANK"
     [ "$KOLO_RANK" = 1 ] && { echo "kolo: stall: some ranks have waited more than 60 s (KOLO_STALL_CHECK_TIME_SECONDS) for tensors other ranks have not enqueued: rank 1 is missing '"'x'"' (61 s)" >&2; exit 0; }

@@ -54,9 +54,27 @@ static void kolorun_sink_put(kolorun_sink_t *s, const char *prefix,
 /* The survivors of a rank that caused a failure name it in the runtime's
  * words: "lost rank 1 (pid 42) has exited or was killed", "rank 1 (pid 42)
  * left the shared-memory allreduce ...", "rank 1 has shut down, which
- * stops the job", "...; rank 1 had failed: ...". Note each rank of this job
+ * stops the job", "...; rank 1 had failed: ...", and kolo_init's (above).
+ * Note each rank of this job
  * so named, for kolorun_blame. A pid that is not the rank's is someone
  * else's text. */
+/* kolo_init's agreed failures name the rank that failed the same way on
+ * every rank: "kolo_init failed: rank 1: out of memory ...", "rank 1 of 2
+ * could not join the job (...)". rank_at points at "rank ", after past its
+ * number. */
+static int kolorun_init_names(const char *start, const char *rank_at,
+                              const char *after)
+{
+    static const char init[] = "kolo_init failed: ";
+    size_t ilen = sizeof init - 1;
+    int m = 0;
+
+    if (after[0] == ':' && (size_t)(rank_at - start) >= ilen &&
+        memcmp(rank_at - ilen, init, ilen) == 0)
+        return 1;
+    return sscanf(after, " of %*d could not join the job%n", &m) == 0 && m > 0;
+}
+
 static void kolorun_note_lost(kolorun_t *k, const char *p, size_t n)
 {
     static const char key[] = "rank ";
@@ -78,6 +96,10 @@ static void kolorun_note_lost(kolorun_t *k, const char *p, size_t n)
         if (sscanf(text, "%d%n", &r, &used) != 1 || r < 0 || r >= k->nstarted)
             continue;
         const char *after = text + used;
+        if (kolorun_init_names(start, p - (sizeof key - 1), after)) {
+            k->ranks[r].named_lost = 1;
+            continue;
+        }
         if (sscanf(after, " (pid %ld)", &pid) == 1) {
             if ((long)k->ranks[r].pid == pid)
                 k->ranks[r].named_lost = 1;
