@@ -7,7 +7,8 @@
 # comes from the job that causes it (tests/multi/why_job.py):
 #
 #   skip      rank 2 skips 'grad.b' and waits on 'metric.loss': a proven
-#             deadlock, every rank fails at once naming both sides
+#             deadlock, every rank fails at once naming both sides (why
+#             also reads the ranks' timelines, written beside the dumps)
 #   sleep     rank 1 sleeps in load_batch(): the stall warning says it is
 #             outside kolo, the stall shutdown stops the job, kolorun and
 #             why name rank 1, why shows load_batch in its stack
@@ -237,7 +238,9 @@ case_mismatch() {
     first_line "mismatch:   why: the ranks disagreed" mismatch "disagree"
 }
 
-case_skip shm 3
+case_skip shm 3 KOLO_TIMELINE="$WORK/skip-shm-3/tl.json" KOLO_TIMELINE_ALL_RANKS=1
+has "shm np=3 skip:   why reads the timelines beside the dumps" \
+    "$WORK/skip-shm-3.why" "timelines: 'allreduce\.grad\.b' failed or was left unfinished \(seen by ranks 0, 1\)"
 case_skip gloo 3 KOLO_CONTROLLER=gloo KOLO_CPU_OPERATIONS=gloo
 case_skip shm 4
 smoke_point "$pass" "$fail"
