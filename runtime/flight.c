@@ -53,9 +53,10 @@
  * Python's stacks. A Python binding registers faulthandler on a signal
  * of its own, a real-time one (chain=False), writing every thread's stack
  * to DIR/rankR.stacks, and hands kolo that file and that signal
- * (kolo_flight_stacks). Before each dump the dump thread raises that
- * signal in itself: faulthandler writes the stacks at once, in the
- * handler, and the dump copies what the file gained since the last one.
+ * (kolo_flight_stacks). Before each dump the dump thread sends that
+ * signal to the thread that registered it (Python's main thread), which
+ * stands still while faulthandler writes the stacks (ask_stacks), and the
+ * dump copies what the file gained since the last one.
  * kolo never raises SIGUSR1 itself, so a program's own SIGUSR1 handler
  * (a checkpoint before preemption, a faulthandler the user registered)
  * runs only when someone sends the signal.
@@ -86,6 +87,7 @@
 
 enum { ST_EMPTY, ST_ENQUEUED, ST_READY, ST_RUNNING, ST_DONE, ST_FAILED };
 #define ASKED_MAX 8 /* members whose request times a record keeps */
+#define STACKS_WAIT_MS 300 /* for the stacks a dump asked for */
 
 /* A record is two parts, each written by one thread under its own
  * mutexes, so that the training thread and the background thread never
@@ -188,6 +190,7 @@ struct kolo__flight {
     atomic_int broken;     /* a dump failed: no more */
     atomic_int has_stacks; /* stacks_fd is set */
     atomic_int stacks_sig; /* the signal its writer takes (0: none) */
+    pthread_t stacks_thread; /* the thread that registered it */
     pthread_mutex_t mu;
     char pending[KOLO__ERR_LEN + 32];
     int has_pending, quit, final;
@@ -1293,18 +1296,39 @@ static void withdraw_ready(struct kolo__flight *fl)
 
 /* The Python stacks, written by faulthandler in its handler of the
  * binding's signal, raised here in the dump thread (see the essay). */
+/* The stacks file's size, or -1. */
+static off_t stacks_size(const struct kolo__flight *fl)
+{
+    struct stat st;
+
+    return fl->stacks_fd >= 0 && fstat(fl->stacks_fd, &st) == 0 ? st.st_size
+                                                                 : -1;
+}
+
+/* The signal goes to the thread that registered the stacks (the binding's:
+ * Python's main thread), which it interrupts: faulthandler then reads that
+ * thread's frames while it stands still (read from another thread while it
+ * runs, they can be half-written: a crash). The dump waits for the file to
+ * stop growing, STACKS_WAIT_MS at most; a thread that never takes the
+ * signal leaves the dump without stacks. */
 static void ask_stacks(struct kolo__flight *fl)
 {
     int sig = atomic_load(&fl->stacks_sig);
-    sigset_t one;
+    off_t before, prev, now;
+    struct timespec tick = {0, 5 * 1000000L};
 
-    if (sig <= 0 || !atomic_load(&fl->has_stacks))
+    if (sig <= 0 || !atomic_load(&fl->has_stacks) ||
+        (before = stacks_size(fl)) < 0 ||
+        pthread_kill(fl->stacks_thread, sig) != 0)
         return;
-    sigemptyset(&one);
-    sigaddset(&one, sig);
-    pthread_sigmask(SIG_UNBLOCK, &one, NULL);
-    raise(sig);
-    pthread_sigmask(SIG_BLOCK, &one, NULL);
+    prev = before;
+    for (int waited = 0; waited < STACKS_WAIT_MS; waited += 5) {
+        nanosleep(&tick, NULL);
+        now = stacks_size(fl);
+        if (now > before && now == prev)
+            return;
+        prev = now;
+    }
 }
 
 /* A dump now, remembered as the last (requests of its kind coalesce with
@@ -1573,6 +1597,7 @@ int kolo__flight_stacks(kolo__runtime_t *rt, int fd, int signum,
     old = fl->stacks_fd;
     fl->stacks_fd = mine;
     fl->stacks_seen = mine >= 0 && fstat(mine, &st) == 0 ? st.st_size : 0;
+    fl->stacks_thread = pthread_self();
     atomic_store(&fl->stacks_sig, mine >= 0 ? signum : 0);
     atomic_store(&fl->has_stacks, mine >= 0);
     pthread_mutex_unlock(&fl->mu);

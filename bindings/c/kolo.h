@@ -693,8 +693,9 @@ KOLO_EXPORT int kolo_stop_timeline(void);
  * (mode "a+"), where the program's handler of signal `signum` (one of its
  * own: a real-time signal, never SIGUSR1) writes every thread's stack
  * (Python: faulthandler.register(signum, file=f, all_threads=True)).
- * Before each dump kolo raises `signum` in its dump thread, so that the
- * stacks are written first, and puts what the file gained since the last
+ * Before each dump kolo sends `signum` to the thread that called
+ * kolo_flight_stacks (which must outlive the registration) and waits a
+ * moment for the stacks, and puts what the file gained since the last
  * dump in the dump's "python_stacks". kolo never raises SIGUSR1 itself.
  * kolo keeps its own descriptor of the file; fd < 0 forgets it (call it
  * before removing that handler). KOLO_ERR_UNSUPPORTED (fd not used) when
