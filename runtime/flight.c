@@ -642,7 +642,11 @@ void kolo__flight_dump_all(kolo__runtime_t *rt, const char *reason)
 
 int kolo__flight_take_dump_all(kolo__runtime_t *rt)
 {
-    return rt->flight != NULL && atomic_exchange(&rt->flight->dump_all, 0);
+    /* (every round of the global set asks: a plain load first, the
+     * locked exchange only when a request is there) */
+    return rt->flight != NULL && atomic_load_explicit(&rt->flight->dump_all,
+                                                      memory_order_relaxed) &&
+           atomic_exchange(&rt->flight->dump_all, 0);
 }
 
 /* ---- what the dumps keep of the sets ------------------------------------- */
